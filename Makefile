@@ -1,0 +1,44 @@
+# fastattn developer commands. `make bench` and `make test` work on a fresh machine: they
+# create .venv (pinned torch/triton and tools) when absent, build and install the package
+# (editable, CMake build cached under build/), then run the benchmarks or the tests.
+PYTHON_BOOTSTRAP ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# CUDA archs: the visible GPU's, else 9.0 (CI compiles the CUDA sources for sm_90 only;
+# setup.py's default for users is "8.0;9.0").
+GPU_ARCH := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1)
+export TORCH_CUDA_ARCH_LIST ?= $(if $(GPU_ARCH),$(GPU_ARCH),9.0)
+export CUDA_HOME ?= /usr/local/cuda
+export MAX_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+PROFILE ?= quick
+PYTEST_ARGS ?=
+
+.PHONY: bench test build venv clean cpu-torch-check
+
+$(VENV)/.installed: requirements/dev.txt
+	test -x $(PY) || $(PYTHON_BOOTSTRAP) -m venv $(VENV)
+	$(PY) -m pip install --upgrade --quiet pip
+	$(PY) -m pip install --quiet -r requirements/dev.txt
+	touch $@
+
+venv: $(VENV)/.installed
+
+# The editable install re-runs the (incremental) CMake build.
+build: $(VENV)/.installed
+	$(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
+	$(PY) -c "import fastattn, sys; info = fastattn.build_info(); print('fastattn build:', info); sys.exit('error' in info)"
+
+test: build
+	$(PY) -m fastattn
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+bench: build
+	$(PY) -m fastattn
+	$(PY) benchmarks/run.py --profile $(PROFILE)
+
+# Builds against the CPU-only torch 2.13.0 in a second venv and runs the CPU-side smoke tests.
+cpu-torch-check:
+	bash .ci/cpu_torch_check.sh
+
+clean:
+	rm -rf build *.egg-info fastattn/_C*.so

@@ -1,0 +1,66 @@
+// The one place that declares every fastattn op schema (TORCH_LIBRARY) and the pybind11 module
+// fastattn._C, which reports how the extension was built. CPU bodies register themselves in
+// csrc/<op>/<op>_cpu.cpp, CUDA bodies in csrc/<op>/<op>_cuda.cu (TORCH_LIBRARY_IMPL).
+#include <torch/extension.h>
+#include <torch/library.h>
+#include <torch/version.h>
+
+#include "common/cpu_isa.h"
+
+#if defined(FASTATTN_WITH_CUDA)
+#include <cuda_runtime_api.h>
+#endif
+
+TORCH_LIBRARY(fastattn, m) {
+  // Positional encodings (csrc/positional). Dropout ops take seed = int64 (2,) on the device.
+  m.def("sinusoidal_table(Tensor positions, int dim, float base, ScalarType dtype) -> Tensor");
+  m.def("add_sinusoidal(Tensor x, int offset, Tensor? offsets, float scale, float base, "
+        "float dropout_p, Tensor? seed) -> Tensor");
+  m.def("add_sinusoidal_backward(Tensor grad, float scale, float dropout_p, Tensor? seed) "
+        "-> Tensor");
+  m.def("embed_with_positions(Tensor tokens, Tensor weight, Tensor? table, int offset, "
+        "Tensor? offsets, float scale, float base, float dropout_p, Tensor? seed, int padding_idx, "
+        "bool deterministic) -> Tensor");
+  m.def("embed_with_positions_backward(Tensor grad, Tensor tokens, int num_weights, "
+        "int padding_idx, int table_rows, int offset, Tensor? offsets, float scale, "
+        "float dropout_p, Tensor? seed, bool deterministic) -> (Tensor, Tensor)");
+  m.def("apply_rotary(Tensor x, Tensor? cos, Tensor? sin, int offset, Tensor? offsets, "
+        "Tensor? position_ids, int rotary_dim, float base, bool interleaved, bool conjugate) "
+        "-> Tensor");
+  m.def("apply_rotary_(Tensor(a!) x, Tensor? cos, Tensor? sin, int offset, Tensor? offsets, "
+        "Tensor? position_ids, int rotary_dim, float base, bool interleaved, bool conjugate) "
+        "-> ()");
+}
+
+namespace {
+
+pybind11::dict build_info() {
+  pybind11::dict info;
+#if defined(FASTATTN_WITH_CUDA)
+  info["cuda"] = true;
+  info["cuda_archs"] = std::string(FASTATTN_CUDA_ARCHS);
+  info["cuda_version"] = std::to_string(CUDART_VERSION / 1000) + "." +
+                         std::to_string((CUDART_VERSION % 1000) / 10);
+#else
+  info["cuda"] = false;
+  info["cuda_archs"] = std::string();
+  info["cuda_version"] = pybind11::none();
+#endif
+  info["torch_version"] = std::string(TORCH_VERSION);
+  info["cpu_isa"] = std::string(fastattn::cpu::isa_name(fastattn::cpu::cpu_isa()));
+#if defined(FASTATTN_DEBUG_CHECKS)
+  info["debug_checks"] = true;
+#else
+  info["debug_checks"] = false;
+#endif
+  return info;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "fastattn native kernels (ops are registered under torch.ops.fastattn)";
+  m.def("build_info", &build_info,
+        "How this extension was built: cuda (bool), cuda_archs, cuda_version, torch_version, "
+        "cpu_isa (the x86 kernel copy chosen at run time), debug_checks");
+}

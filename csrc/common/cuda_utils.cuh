@@ -1,0 +1,51 @@
+// Small helpers shared by the CUDA kernels: dtype conversion, debug bounds checks, launch checks.
+#pragma once
+#include <c10/cuda/CUDAException.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+// Bounds checks inside kernels, compiled in with FASTATTN_DEBUG_CHECKS=1 (setup.py).
+#if defined(FASTATTN_DEBUG_CHECKS)
+#define FASTATTN_DEVICE_CHECK(cond) CUDA_KERNEL_ASSERT(cond)
+#else
+#define FASTATTN_DEVICE_CHECK(cond) ((void)0)
+#endif
+
+// Every launch is followed by this: a bad configuration fails at the call, not later.
+#define FASTATTN_CUDA_LAUNCH_CHECK() C10_CUDA_KERNEL_LAUNCH_CHECK()
+
+namespace fastattn::cuda {
+
+template <typename T> struct AccType { using type = float; };
+template <> struct AccType<double> { using type = double; };
+template <typename T> using acc_t = typename AccType<T>::type;
+
+template <typename T>
+__device__ __forceinline__ acc_t<T> to_acc(T v) { return static_cast<acc_t<T>>(v); }
+template <>
+__device__ __forceinline__ float to_acc<c10::Half>(c10::Half v) {
+  return __half2float(*reinterpret_cast<const __half*>(&v));
+}
+template <>
+__device__ __forceinline__ float to_acc<c10::BFloat16>(c10::BFloat16 v) {
+  return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(&v));
+}
+
+template <typename T>
+__device__ __forceinline__ T from_acc(acc_t<T> v) { return static_cast<T>(v); }
+template <>
+__device__ __forceinline__ c10::Half from_acc<c10::Half>(float v) {
+  const __half h = __float2half_rn(v);
+  return *reinterpret_cast<const c10::Half*>(&h);
+}
+template <>
+__device__ __forceinline__ c10::BFloat16 from_acc<c10::BFloat16>(float v) {
+  const __nv_bfloat16 h = __float2bfloat16_rn(v);
+  return *reinterpret_cast<const c10::BFloat16*>(&h);
+}
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace fastattn::cuda

@@ -1,0 +1,143 @@
+// Argument checks of the positional-encoding ops, shared by the CPU and CUDA op bodies.
+// The Python layer (fastattn/ops/positional.py) checks the same rules first with friendlier
+// messages; these guard direct calls of torch.ops.fastattn.*.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/aminmax.h>
+
+#include "common/checks.h"
+
+namespace fastattn::positional {
+
+// offsets: optional int64 (N,) per-sequence start positions.
+inline void check_offsets(const c10::optional<at::Tensor>& offsets, int64_t N,
+                          const at::Tensor& like, const char* op) {
+  if (!offsets.has_value() || !offsets->defined()) return;
+  FASTATTN_CHECK(offsets->scalar_type() == at::kLong, op, "offsets must be int64, got ",
+                 offsets->scalar_type());
+  FASTATTN_CHECK(offsets->dim() == 1 && offsets->size(0) == N && offsets->is_contiguous(), op,
+                 "offsets must be a contiguous (", N, ",) tensor, got ", offsets->sizes());
+  check_same_device(*offsets, like, op, "offsets", "the input");
+}
+
+// [min, max] of an integer tensor (synchronises on CUDA: used for range errors only).
+inline std::pair<int64_t, int64_t> value_range(const at::Tensor& t) {
+  auto [lo, hi] = at::aminmax(t);
+  return {lo.item<int64_t>(), hi.item<int64_t>()};
+}
+
+// Every position offset + offsets[n] + l (l < L) must be >= 0, and < rows when rows >= 0.
+inline void check_position_range(int64_t offset, const c10::optional<at::Tensor>& offsets,
+                                 int64_t L, int64_t rows, const char* op, const char* what) {
+  int64_t lo = offset, hi = offset;
+  if (offsets.has_value() && offsets->defined() && offsets->numel() > 0) {
+    auto [omin, omax] = value_range(*offsets);
+    lo += omin;
+    hi += omax;
+  }
+  FASTATTN_CHECK(lo >= 0, op, "positions must be >= 0, got a smallest position of ", lo);
+  if (rows >= 0) {
+    FASTATTN_CHECK(hi + L <= rows, op, "positions reach ", hi + L - 1, " but ", what, " has ",
+                   rows, " rows");
+  }
+}
+
+inline void check_add_sinusoidal(const at::Tensor& x, const c10::optional<at::Tensor>& offsets,
+                                 double base, double dropout_p,
+                                 const c10::optional<at::Tensor>& seed, const char* op) {
+  check_float_dtype(x, op, "x");
+  FASTATTN_CHECK(x.dim() == 3, op, "x must be 3-D (N, L, D), got ", x.sizes());
+  check_unit_last_stride(x, op, "x");
+  FASTATTN_CHECK(base > 0.0, op, "base must be > 0, got ", base);
+  check_offsets(offsets, x.size(0), x, op);
+  check_seed(seed, dropout_p, x, op);
+}
+
+inline void check_embed(const at::Tensor& tokens, const at::Tensor& weight,
+                        const c10::optional<at::Tensor>& table, int64_t offset,
+                        const c10::optional<at::Tensor>& offsets, double dropout_p,
+                        const c10::optional<at::Tensor>& seed, const char* op) {
+  FASTATTN_CHECK(tokens.scalar_type() == at::kLong, op, "tokens must be int64, got ",
+                 tokens.scalar_type());
+  FASTATTN_CHECK(tokens.dim() == 2, op, "tokens must be 2-D (N, L), got ", tokens.sizes());
+  check_float_dtype(weight, op, "weight");
+  FASTATTN_CHECK(weight.dim() == 2, op, "weight must be 2-D (num_embeddings, D), got ",
+                 weight.sizes());
+  check_unit_last_stride(weight, op, "weight");
+  check_same_device(tokens, weight, op, "tokens", "weight");
+  if (table.has_value() && table->defined()) {
+    FASTATTN_CHECK(table->scalar_type() == weight.scalar_type(), op,
+                   "the positions table must have weight's dtype ", weight.scalar_type(),
+                   ", got ", table->scalar_type());
+    FASTATTN_CHECK(table->dim() == 2 && table->size(1) == weight.size(1), op,
+                   "the positions table must be (max_len, ", weight.size(1), "), got ",
+                   table->sizes());
+    check_unit_last_stride(*table, op, "positions");
+    check_same_device(*table, weight, op, "positions", "weight");
+  }
+  check_offsets(offsets, tokens.size(0), weight, op);
+  check_seed(seed, dropout_p, weight, op);
+  if (tokens.numel() > 0) {
+    auto [lo, hi] = value_range(tokens);
+    FASTATTN_CHECK(lo >= 0 && hi < weight.size(0), op, "token ids must be in [0, ",
+                   weight.size(0), "), got ids from ", lo, " to ", hi);
+    check_position_range(offset, offsets, tokens.size(1),
+                         table.has_value() && table->defined() ? table->size(0) : -1, op,
+                         "the positions table");
+  }
+}
+
+// cos/sin: (P, rotary_dim / 2) tables in the compute type; position_ids (B, L) int64.
+inline void check_rotary(const at::Tensor& x, const c10::optional<at::Tensor>& cos,
+                         const c10::optional<at::Tensor>& sin, int64_t offset,
+                         const c10::optional<at::Tensor>& offsets,
+                         const c10::optional<at::Tensor>& position_ids, int64_t rotary_dim,
+                         double base, const char* op) {
+  check_float_dtype(x, op, "x");
+  FASTATTN_CHECK(x.dim() == 4, op, "x must be 4-D (B, H, L, D), got ", x.sizes());
+  check_unit_last_stride(x, op, "x");
+  const int64_t D = x.size(3);
+  FASTATTN_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= D, op,
+                 "rotary_dim must be even and in [2, ", D, "], got ", rotary_dim);
+  const bool has_cos = cos.has_value() && cos->defined();
+  const bool has_sin = sin.has_value() && sin->defined();
+  FASTATTN_CHECK(has_cos == has_sin, op, "cos and sin must be given together");
+  const auto compute = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  int64_t rows = -1;
+  if (has_cos) {
+    for (const auto* t : {&*cos, &*sin}) {
+      FASTATTN_CHECK(t->scalar_type() == compute, op, "cos/sin must be ", compute,
+                     " here (the op converts them), got ", t->scalar_type());
+      FASTATTN_CHECK(t->dim() == 2 && t->size(1) == rotary_dim / 2 && t->is_contiguous(), op,
+                     "cos/sin must be contiguous (max_position, rotary_dim / 2 = ",
+                     rotary_dim / 2, "), got ", t->sizes());
+      check_same_device(*t, x, op, "cos/sin", "x");
+    }
+    FASTATTN_CHECK(cos->sizes() == sin->sizes(), op, "cos and sin must have the same shape, got ",
+                   cos->sizes(), " and ", sin->sizes());
+    rows = cos->size(0);
+  } else {
+    FASTATTN_CHECK(base > 0.0, op, "base must be > 0, got ", base);
+  }
+  if (position_ids.has_value() && position_ids->defined()) {
+    const auto& ids = *position_ids;
+    FASTATTN_CHECK(ids.scalar_type() == at::kLong, op, "position_ids must be int64, got ",
+                   ids.scalar_type());
+    FASTATTN_CHECK(ids.dim() == 2 && ids.size(0) == x.size(0) && ids.size(1) == x.size(2) &&
+                       ids.is_contiguous(),
+                   op, "position_ids must be contiguous (B, L) = (", x.size(0), ", ", x.size(2),
+                   "), got ", ids.sizes());
+    check_same_device(ids, x, op, "position_ids", "x");
+    if (ids.numel() > 0) {
+      auto [lo, hi] = value_range(ids);
+      FASTATTN_CHECK(lo >= 0, op, "position_ids must be >= 0, got ", lo);
+      FASTATTN_CHECK(rows < 0 || hi < rows, op, "position_ids reach ", hi,
+                     " but cos/sin have ", rows, " rows");
+    }
+  } else {
+    check_offsets(offsets, x.size(0), x, op);
+    if (x.numel() > 0) check_position_range(offset, offsets, x.size(2), rows, op, "cos/sin");
+  }
+}
+
+}  // namespace fastattn::positional

@@ -1,0 +1,41 @@
+"""fastattn: fused CUDA, Triton and C++ CPU kernels for softmax attention, LSTMs and positional
+encodings, with drop-in PyTorch modules.
+
+Public API (see README.md and the docstrings):
+  backends:   available_backends, use_backend, set_backend, last_backend
+  positional: sinusoidal_table, add_sinusoidal, embed_with_positions, apply_rotary
+  modules:    fastattn.nn
+"""
+from __future__ import annotations
+
+import torch  # noqa: F401  (must load before fastattn._C)
+
+from . import _native
+from ._backend import (BackendError, available_backends, last_backend, set_backend,
+                       use_backend)
+from .ops.positional import add_sinusoidal, apply_rotary, embed_with_positions, sinusoidal_table
+
+__version__ = "0.1.0"
+
+# Triton kernels register their torch ops on import; without triton the backend reports why.
+try:
+    from .triton import positional as _triton_positional  # noqa: F401
+except Exception as _exc:  # ImportError, or a triton too old for these kernels
+    from . import _backend as _b
+    _b.TRITON_IMPORT_ERROR = f"{type(_exc).__name__}: {_exc}"
+
+from . import nn  # noqa: E402
+
+__all__ = [
+    "BackendError", "available_backends", "use_backend", "set_backend", "last_backend",
+    "sinusoidal_table", "add_sinusoidal", "embed_with_positions", "apply_rotary", "nn",
+    "build_info",
+]
+
+
+def build_info() -> dict:
+    """How fastattn._C was built (cuda, cuda_archs, cuda_version, torch_version, cpu_isa), or
+    {'error': ...} when the extension failed to import."""
+    if _native.C is None:
+        return {"error": _native.IMPORT_ERROR}
+    return dict(_native.C.build_info())

@@ -1,0 +1,190 @@
+"""Backend choice: which implementation of an op runs a call.
+
+Four backends: "cuda" (CUDA C++ kernels in fastattn._C), "triton" (Triton kernels; CPU tensors
+only under TRITON_INTERPRET=1), "cpu" (C++ kernels in fastattn._C) and "reference" (plain
+PyTorch, the definition of correct). The choice for a call is, in order: the op's `backend=`
+argument, the innermost `use_backend` context, `set_backend`, the FASTATTN_BACKEND environment
+variable (read at import), then the automatic default for the tensors' device:
+CUDA tensors -> cuda, else triton, else reference; CPU tensors -> cpu, else reference.
+
+An explicitly requested backend that cannot run a call raises BackendError. The automatic
+choice never falls back silently from a kernel that exists to a slower one: when the default
+backend for a device lacks a feature, the op raises unless a fallback is documented for it,
+and `last_backend(op)` always names the backend that actually ran.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import Iterator
+
+import torch
+
+BACKENDS = ("cuda", "triton", "cpu", "reference")
+
+
+class BackendError(RuntimeError):
+    """A backend was asked for that cannot run the call (not built, wrong device, feature)."""
+
+
+_state = threading.local()
+_global_backend: str | None = None
+_env_backend = os.environ.get("FASTATTN_BACKEND") or None
+# op name -> backend that ran its last call. A plain dict keyed by (thread id, op) rather than
+# a threading.local so that torch.compile traces the update instead of breaking the graph.
+_last: dict[tuple[int, str], str] = {}
+
+
+def _validate(name: str | None, what: str) -> str | None:
+    if name is None:
+        return None
+    if not isinstance(name, str) or name not in BACKENDS:
+        raise ValueError(f"{what} must be one of {', '.join(BACKENDS)} or None, got {name!r}")
+    return name
+
+
+if _env_backend is not None:
+    _validate(_env_backend, "FASTATTN_BACKEND")
+
+
+def set_backend(name: str | None) -> None:
+    """Set the process-wide backend (None restores the automatic choice per device)."""
+    global _global_backend
+    _global_backend = _validate(name, "backend")
+
+
+@contextlib.contextmanager
+def use_backend(name: str | None) -> Iterator[None]:
+    """Run the enclosed fastattn calls on backend `name` (None: automatic), on this thread."""
+    _validate(name, "backend")
+    stack = getattr(_state, "stack", None)
+    if stack is None:
+        stack = _state.stack = []
+    stack.append(name)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def requested_backend() -> str | None:
+    """The backend asked for by use_backend / set_backend / FASTATTN_BACKEND, or None."""
+    stack = getattr(_state, "stack", None)
+    if stack:
+        return stack[-1]
+    if _global_backend is not None:
+        return _global_backend
+    return _env_backend
+
+
+def _record(op: str, backend: str) -> None:
+    _last[(threading.get_ident(), op)] = backend
+
+
+def last_backend(op: str) -> str | None:
+    """Backend that ran the last call of public op `op` (e.g. "attention") on this thread."""
+    return _last.get((threading.get_ident(), op))
+
+
+# ---------------------------------------------------------------------------------------------
+# Availability
+
+def _native_status() -> tuple[bool, bool, str]:
+    """(cpu_ok, cuda_built, reason) for the compiled extension."""
+    from . import _native
+    if _native.C is None:
+        return False, False, f"fastattn._C failed to import: {_native.IMPORT_ERROR}"
+    return True, bool(_native.C.build_info()["cuda"]), ""
+
+
+TRITON_IMPORT_ERROR: str | None = None  # set by fastattn/__init__.py when the kernels fail
+
+
+def triton_status() -> str:
+    """'available' or why the Triton backend cannot run here."""
+    if TRITON_IMPORT_ERROR is not None:
+        return f"not available: the Triton kernels did not import ({TRITON_IMPORT_ERROR})"
+    try:
+        import triton  # noqa: F401
+    except Exception as exc:  # pragma: no cover - depends on the environment
+        return f"not available: triton does not import ({exc})"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "available"
+    if torch.cuda.is_available():
+        return "available"
+    return "not available: no CUDA device (set TRITON_INTERPRET=1 to run on CPU tensors)"
+
+
+def available_backends() -> dict[str, str]:
+    """Each backend mapped to "available" or the reason it is not."""
+    cpu_ok, cuda_built, reason = _native_status()
+    status: dict[str, str] = {}
+    if not cpu_ok:
+        status["cuda"] = f"not available: {reason}"
+    elif not cuda_built:
+        status["cuda"] = "not built: fastattn._C was compiled without CUDA"
+    elif not torch.cuda.is_available():
+        status["cuda"] = "not available: built with CUDA, but no CUDA device is visible"
+    else:
+        status["cuda"] = "available"
+    status["triton"] = triton_status()
+    status["cpu"] = "available" if cpu_ok else f"not available: {reason}"
+    status["reference"] = "available"
+    return status
+
+
+_availability_cache: dict[str, str] | None = None
+
+
+def _availability() -> dict[str, str]:
+    global _availability_cache
+    if _availability_cache is None:
+        _availability_cache = available_backends()
+    return _availability_cache
+
+
+def _can_run_device(backend: str, device: torch.device) -> str | None:
+    """None when `backend` can run tensors on `device`, else the reason it cannot."""
+    status = _availability()[backend]
+    if status != "available":
+        return status
+    if backend == "cuda" and device.type != "cuda":
+        return f"the cuda backend runs CUDA tensors, got tensors on {device}"
+    if backend == "cpu" and device.type != "cpu":
+        return f"the cpu backend runs CPU tensors, got tensors on {device}"
+    if backend == "triton":
+        if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            return "the triton backend runs CPU tensors only under TRITON_INTERPRET=1"
+        if device.type not in ("cpu", "cuda"):
+            return f"the triton backend runs CUDA tensors, got tensors on {device}"
+    return None
+
+
+def select_backend(op: str, device: torch.device, backend: str | None = None,
+                   supported: tuple[str, ...] = BACKENDS,
+                   limits: dict[str, str] | None = None) -> str:
+    """The backend that runs this call of `op` on `device`.
+
+    backend: the op's own `backend=` argument (wins over everything else).
+    supported: the backends that implement this op.
+    limits: backend -> why it cannot run this particular call (a feature it lacks). The
+        automatic choice skips such a backend (last_backend shows what ran instead); an
+        explicit request for it raises BackendError with the reason.
+    """
+    limits = limits or {}
+    requested = _validate(backend, "backend") or requested_backend()
+    if requested is not None:
+        if requested not in supported:
+            raise BackendError(f"{op}: backend {requested!r} does not implement this op "
+                               f"(implemented by: {', '.join(supported)})")
+        why = _can_run_device(requested, device) or limits.get(requested)
+        if why is not None:
+            raise BackendError(f"{op}: backend {requested!r} cannot run this call: {why}")
+        return requested
+    order = ("cuda", "triton", "reference") if device.type == "cuda" else ("cpu", "reference")
+    for candidate in order:
+        if (candidate in supported and _can_run_device(candidate, device) is None
+                and candidate not in limits):
+            return candidate
+    return "reference"

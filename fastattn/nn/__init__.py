@@ -1,0 +1,6 @@
+"""Drop-in nn.Modules backed by fastattn's fused ops."""
+from .positional import (LearnedPositionalEmbedding, PositionalEmbedding, RotaryEmbedding,
+                         SinusoidalPositionalEncoding)
+
+__all__ = ["SinusoidalPositionalEncoding", "LearnedPositionalEmbedding", "PositionalEmbedding",
+           "RotaryEmbedding"]

@@ -1,0 +1,139 @@
+"""Positional-encoding modules: thin wrappers over fastattn.ops.positional."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..ops.positional import Offset, add_sinusoidal, apply_rotary, embed_with_positions
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """x * scale + PE, then dropout, in one fused pass ("Attention Is All You Need").
+
+    forward(x, offset=0): x (B, L, d_model) when batch_first else (L, B, d_model); offset an
+    int or an integer (B,) tensor of start positions (for decoding with a cache). Dropout
+    applies in training mode only.
+    """
+
+    def __init__(self, d_model: int, *, dropout: float = 0.0, scale: float = 1.0,
+                 base: float = 10000.0, batch_first: bool = True):
+        super().__init__()
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"SinusoidalPositionalEncoding: dropout must be in [0, 1), got {dropout}")
+        self.d_model, self.dropout, self.scale = d_model, dropout, scale
+        self.base, self.batch_first = base, batch_first
+
+    def forward(self, x: torch.Tensor, offset: Offset = 0) -> torch.Tensor:
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"SinusoidalPositionalEncoding: expected x with {self.d_model} "
+                             f"features in the last dim, got shape {tuple(x.shape)}")
+        return add_sinusoidal(x, offset=offset, scale=self.scale, base=self.base,
+                              dropout_p=self.dropout if self.training else 0.0,
+                              seq_dim=1 if self.batch_first else 0)
+
+    def extra_repr(self) -> str:
+        return (f"{self.d_model}, dropout={self.dropout}, scale={self.scale}, base={self.base}, "
+                f"batch_first={self.batch_first}")
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """x + weight[offset : offset + L] for batch-first x (B, L, d_model), then dropout.
+
+    weight: (max_len, d_model), initialised N(0, 0.02) as in BERT and GPT-2.
+    offset: int or integer (B,) tensor of per-sequence start positions.
+    """
+
+    def __init__(self, max_len: int, d_model: int, *, dropout: float = 0.0):
+        super().__init__()
+        self.max_len, self.d_model, self.dropout = max_len, d_model, dropout
+        self.weight = nn.Parameter(torch.empty(max_len, d_model))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, x: torch.Tensor, offset: Offset = 0) -> torch.Tensor:
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"LearnedPositionalEmbedding: expected x (B, L, {self.d_model}), "
+                             f"got shape {tuple(x.shape)}")
+        L = x.shape[1]
+        if isinstance(offset, torch.Tensor):
+            rows = offset.to(torch.int64).view(-1, 1) + torch.arange(L, device=x.device)
+            if not torch.compiler.is_compiling() and rows.numel() and (
+                    int(rows.min()) < 0 or int(rows.max()) >= self.max_len):
+                raise ValueError(f"LearnedPositionalEmbedding: positions must be in [0, "
+                                 f"{self.max_len}), got offsets {offset.tolist()} with L={L}")
+            pos = self.weight[rows]
+        else:
+            if offset < 0 or offset + L > self.max_len:
+                raise ValueError(f"LearnedPositionalEmbedding: positions {offset}..{offset + L - 1}"
+                                 f" exceed max_len {self.max_len}")
+            pos = self.weight[offset:offset + L]
+        return nn.functional.dropout(x + pos.to(x.dtype), self.dropout, self.training)
+
+    def extra_repr(self) -> str:
+        return f"{self.max_len}, {self.d_model}, dropout={self.dropout}"
+
+
+class PositionalEmbedding(nn.Module):
+    """Token embedding * scale + positions (sinusoidal or learned), then dropout, fused.
+
+    Parameters: weight (num_embeddings, d_model), initialised N(0, 1) as nn.Embedding with the
+    padding_idx row zeroed; position_weight (max_len, d_model) when positions="learned".
+    forward(tokens, offset=0): tokens (B, L) or (L,) -> (B, L, d_model) or (L, d_model).
+    """
+
+    def __init__(self, num_embeddings: int, d_model: int, *, positions: str = "sinusoidal",
+                 max_len: int | None = None, scale: float = 1.0, dropout: float = 0.0,
+                 padding_idx: int | None = None):
+        super().__init__()
+        if positions not in ("sinusoidal", "learned"):
+            raise ValueError(f"PositionalEmbedding: positions must be 'sinusoidal' or 'learned', "
+                             f"got {positions!r}")
+        if positions == "learned" and (max_len is None or max_len < 1):
+            raise ValueError("PositionalEmbedding: positions='learned' needs max_len >= 1")
+        self.num_embeddings, self.d_model, self.positions = num_embeddings, d_model, positions
+        self.max_len, self.scale, self.dropout, self.padding_idx = max_len, scale, dropout, padding_idx
+        self.weight = nn.Parameter(torch.empty(num_embeddings, d_model))
+        nn.init.normal_(self.weight)
+        if padding_idx is not None:
+            with torch.no_grad():
+                self.weight[padding_idx].zero_()
+        if positions == "learned":
+            self.position_weight = nn.Parameter(torch.empty(max_len, d_model))
+            nn.init.normal_(self.position_weight, std=0.02)
+        else:
+            self.register_parameter("position_weight", None)
+
+    def forward(self, tokens: torch.Tensor, offset: Offset = 0) -> torch.Tensor:
+        return embed_with_positions(
+            tokens, self.weight,
+            positions=self.position_weight if self.positions == "learned" else "sinusoidal",
+            scale=self.scale, offset=offset, padding_idx=self.padding_idx,
+            dropout_p=self.dropout if self.training else 0.0)
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_embeddings}, {self.d_model}, positions={self.positions!r}, "
+                f"max_len={self.max_len}, scale={self.scale}, dropout={self.dropout}, "
+                f"padding_idx={self.padding_idx}")
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding of queries and keys (RoPE).
+
+    dim: the number of features rotated (rotary_dim, even, <= head dim).
+    forward(q, k, offset=0): q (B, Hq, L, D), k (B, Hk, L, D) -> rotated (q, k); angles
+    pos * base^(-2i/dim), computed in the kernel. interleaved: GPT-J pairs instead of NeoX halves.
+    """
+
+    def __init__(self, dim: int, *, base: float = 10000.0, interleaved: bool = False):
+        super().__init__()
+        if dim < 2 or dim % 2:
+            raise ValueError(f"RotaryEmbedding: dim must be even and >= 2, got {dim}")
+        self.dim, self.base, self.interleaved = dim, base, interleaved
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor,
+                offset: Offset = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        kwargs = dict(base=self.base, interleaved=self.interleaved, offset=offset,
+                      rotary_dim=self.dim)
+        return apply_rotary(q, **kwargs), apply_rotary(k, **kwargs)
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, base={self.base}, interleaved={self.interleaved}"

@@ -1,0 +1,57 @@
+"""Helpers shared by the public ops: argument checks with clear messages, dropout seeds."""
+from __future__ import annotations
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def check_tensor(op: str, name: str, t, *, dims: int | tuple[int, ...] | None = None,
+                 float_dtype: bool = False, int_dtype: bool = False) -> None:
+    """Raise TypeError/ValueError naming `op` and argument `name` when t breaks a rule."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if float_dtype and t.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{op}: {name} must be float32, float16, bfloat16 or float64, "
+                        f"got {t.dtype}")
+    if int_dtype and (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool):
+        raise TypeError(f"{op}: {name} must be an integer tensor (int64 or int32), got {t.dtype}")
+    if dims is not None:
+        allowed = (dims,) if isinstance(dims, int) else dims
+        if t.dim() not in allowed:
+            want = " or ".join(f"{d}-D" for d in allowed)
+            raise ValueError(f"{op}: {name} must be {want}, got shape {tuple(t.shape)}")
+
+
+def check_same_device(op: str, reference_name: str, reference: torch.Tensor,
+                      **others: torch.Tensor | None) -> None:
+    for name, t in others.items():
+        if t is not None and t.device != reference.device:
+            raise ValueError(f"{op}: {name} must be on the same device as {reference_name} "
+                             f"({reference.device}), got {t.device}")
+
+
+def check_unit_last_stride(op: str, name: str, t: torch.Tensor) -> None:
+    if t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{op}: {name} must have a unit stride in its last dimension, got "
+                         f"strides {t.stride()} (call .contiguous() first)")
+
+
+def check_dropout(op: str, p) -> float:
+    if not isinstance(p, (int, float)) or not 0.0 <= float(p) < 1.0:
+        raise ValueError(f"{op}: dropout_p must be a float in [0, 1), got {p!r}")
+    return float(p)
+
+
+def dropout_seed(p: float, device: torch.device) -> torch.Tensor | None:
+    """Per-call (seed, stream) int64 (2,) on `device`, drawn from torch's generator of that
+    device, so torch.manual_seed makes dropout reproducible; None when p == 0."""
+    if p <= 0.0:
+        return None
+    return torch.randint(0, 2**62, (2,), dtype=torch.int64, device=device)
+
+
+def host_checks_enabled() -> bool:
+    """Range checks that read tensor values on the host (a device sync) run in eager mode only;
+    under torch.compile the native kernels still check, the others rely on their asserts."""
+    return not torch.compiler.is_compiling()

@@ -1,0 +1,463 @@
+"""Positional encodings: sinusoidal tables, fused add-sinusoid, fused embedding + positions,
+and rotary embeddings (public functions, backend choice, autograd, fake implementations).
+
+Backends: "cpu" and "cuda" run the native ops torch.ops.fastattn.<name> (csrc/positional),
+"triton" runs torch.ops.fastattn.<name>_triton (fastattn/triton/positional.py), "reference"
+runs fastattn/reference/positional.py. All four compute the same numbers: angles
+pos * base^(-2i/dim) (inverse frequencies from float64, rounded once), arithmetic in float32
+(float64 for float64 inputs), and dropout from fastattn's Philox stream, so a seeded call gives
+the same mask on every backend.
+"""
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+
+from .. import _backend, _native
+from ..reference import positional as ref
+from ._common import (check_dropout, check_same_device, check_tensor, check_unit_last_stride,
+                      dropout_seed, host_checks_enabled)
+
+Offset = Union[int, torch.Tensor]
+_TRITON_NO_FLOAT64 = "the triton backend computes in float32 and does not take float64"
+
+
+def _native_op(name: str, backend: str):
+    """The registered op that `backend` ("cpu", "cuda" or "triton") runs for `name`."""
+    return getattr(torch.ops.fastattn, name + "_triton" if backend == "triton" else name)
+
+
+def _limits(dtype: torch.dtype) -> dict[str, str]:
+    return {"triton": _TRITON_NO_FLOAT64} if dtype == torch.float64 else {}
+
+
+def _split_offset(op: str, offset: Offset, batch: int, device: torch.device,
+                  what: str = "batch size") -> tuple[int, torch.Tensor | None]:
+    """offset -> (int part, int64 (batch,) tensor part or None)."""
+    if isinstance(offset, torch.Tensor):
+        check_tensor(op, "offset", offset, dims=(0, 1), int_dtype=True)
+        if offset.device != device:
+            raise ValueError(f"{op}: offset must be on the input's device ({device}), "
+                             f"got {offset.device}")
+        if offset.dim() == 1 and offset.shape[0] != batch:
+            raise ValueError(f"{op}: a tensor offset must have shape ({batch},) (the {what}), "
+                             f"got {tuple(offset.shape)}")
+        return 0, offset.to(torch.int64).expand(batch).contiguous()
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise TypeError(f"{op}: offset must be an int or an integer tensor, got "
+                        f"{type(offset).__name__}")
+    if offset < 0:
+        raise ValueError(f"{op}: offset must be >= 0, got {offset}")
+    return offset, None
+
+
+def _check_position_range(op: str, offset: int, offsets: torch.Tensor | None, length: int,
+                          rows: int | None, what: str) -> None:
+    """Positions offset + offsets[n] + l (l < length) must lie in [0, rows)."""
+    if not host_checks_enabled() or length == 0:
+        return
+    lo = hi = offset
+    if offsets is not None and offsets.numel() > 0:
+        omin, omax = torch.aminmax(offsets)
+        lo, hi = lo + int(omin), hi + int(omax)
+    if lo < 0:
+        raise ValueError(f"{op}: positions must be >= 0, got a smallest position of {lo}")
+    if rows is not None and hi + length > rows:
+        raise ValueError(f"{op}: positions reach {hi + length - 1} but {what} has {rows} rows")
+
+
+# ---------------------------------------------------------------------------------------------
+# sinusoidal_table
+
+
+def sinusoidal_table(num_positions: int, dim: int, *, base: float = 10000.0, offset: int = 0,
+                     dtype: torch.dtype | None = None, device: torch.device | str | None = None,
+                     backend: str | None = None) -> torch.Tensor:
+    """The sinusoidal position table of "Attention Is All You Need", interleaved.
+
+    Returns PE (num_positions, dim) with PE[r, 2i] = sin(p / base^(2i/dim)) and
+    PE[r, 2i+1] = cos(p / base^(2i/dim)), p = offset + r. dtype defaults to float32.
+    """
+    op = "sinusoidal_table"
+    if num_positions < 0 or dim < 1:
+        raise ValueError(f"{op}: num_positions must be >= 0 and dim >= 1, got "
+                         f"{num_positions} and {dim}")
+    if base <= 0:
+        raise ValueError(f"{op}: base must be > 0, got {base}")
+    if offset < 0:
+        raise ValueError(f"{op}: offset must be >= 0, got {offset}")
+    dtype = torch.float32 if dtype is None else dtype
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        raise TypeError(f"{op}: dtype must be a floating dtype, got {dtype}")
+    device = torch.device("cpu") if device is None else torch.device(device)
+    positions = torch.arange(offset, offset + num_positions, dtype=torch.int64, device=device)
+    chosen = _backend.select_backend(op, device, backend, limits=_limits(dtype))
+    _backend._record(op, chosen)
+    if chosen == "reference":
+        return ref.sinusoidal_table(positions, dim, float(base), dtype)
+    return _native_op(op, chosen)(positions, dim, float(base), dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# add_sinusoidal
+
+
+def add_sinusoidal(x: torch.Tensor, *, offset: Offset = 0, scale: float = 1.0,
+                   base: float = 10000.0, dropout_p: float = 0.0, seq_dim: int = 1,
+                   backend: str | None = None) -> torch.Tensor:
+    """dropout(x * scale + PE) in one pass, the sinusoid computed on the fly (no table read).
+
+    x: (..., L, ..., D) with the sequence on `seq_dim` and features last; typically (B, L, D)
+        (seq_dim=1, batch first) or (L, B, D) (seq_dim=0). Any strides with a unit last stride.
+    offset: int, or an integer (B,) tensor of per-sequence start positions (3-D x: B is the
+        dimension that is not seq_dim; otherwise the product of the other leading dims).
+    scale: multiplies x first (sqrt(d_model) in the original Transformer).
+    dropout_p: dropout on the sum, scaled by 1/(1-p); reproducible under torch.manual_seed.
+    Returns a tensor shaped and laid out like x.
+    """
+    op = "add_sinusoidal"
+    check_tensor(op, "x", x, float_dtype=True)
+    if x.dim() < 2:
+        raise ValueError(f"{op}: x must have at least 2 dims (L, D), got shape {tuple(x.shape)}")
+    check_unit_last_stride(op, "x", x)
+    p = check_dropout(op, dropout_p)
+    if base <= 0:
+        raise ValueError(f"{op}: base must be > 0, got {base}")
+    nd = x.dim()
+    if not -nd <= seq_dim < nd or seq_dim % nd == nd - 1:
+        raise ValueError(f"{op}: seq_dim must index a dimension other than the last "
+                         f"(features) of a {nd}-D x, got {seq_dim}")
+    sd = seq_dim % nd
+    if nd == 2:
+        x3 = x.unsqueeze(0)
+    elif nd == 3:
+        x3 = x if sd == 1 else x.transpose(0, 1)
+    else:
+        moved = x.movedim(sd, -2)
+        x3 = moved.reshape(-1, moved.shape[-2], moved.shape[-1])
+    off, offsets = _split_offset(op, offset, x3.shape[0], x.device)
+    chosen = _backend.select_backend(op, x.device, backend, limits=_limits(x.dtype))
+    seed = dropout_seed(p, x.device)
+    args = (x3, off, offsets, float(scale), float(base), p, seed)
+    if chosen == "reference":
+        _check_position_range(op, off, offsets, x3.shape[1], None, "")
+        out3 = ref.add_sinusoidal(*args)
+    else:
+        out3 = _native_op(op, chosen)(*args)
+    _backend._record(op, chosen)
+    if nd == 2:
+        return out3[0]
+    if nd == 3:
+        return out3 if sd == 1 else out3.transpose(0, 1)
+    return out3.reshape(moved.shape).movedim(-2, sd)
+
+
+# ---------------------------------------------------------------------------------------------
+# embed_with_positions
+
+
+def embed_with_positions(tokens: torch.Tensor, weight: torch.Tensor, *,
+                         positions: Union[str, torch.Tensor] = "sinusoidal", scale: float = 1.0,
+                         offset: Offset = 0, padding_idx: int | None = None,
+                         dropout_p: float = 0.0, base: float = 10000.0,
+                         deterministic: bool = False,
+                         backend: str | None = None) -> torch.Tensor:
+    """Token lookup + scale + positions + dropout in one pass.
+
+    tokens: (B, L) or (L,) integer ids in [0, num_embeddings).
+    weight: (num_embeddings, D) embedding table; receives gradients (not at padding_idx).
+    positions: "sinusoidal" (computed on the fly) or a learned (max_len, D) table with weight's
+        dtype and device, which receives gradients.
+    offset: int or integer (B,) tensor: token l of sequence b sits at offset[b] + l.
+    padding_idx: as in F.embedding: that row gets no gradient (positions are still added).
+    deterministic: make the backward bitwise reproducible on GPU (sorted sums instead of atomic
+        adds; the CPU backend is always deterministic).
+    Returns (B, L, D) (or (L, D)) = dropout(weight[tokens] * scale + P[offset + l]).
+    """
+    op = "embed_with_positions"
+    check_tensor(op, "tokens", tokens, dims=(1, 2), int_dtype=True)
+    check_tensor(op, "weight", weight, dims=2, float_dtype=True)
+    check_unit_last_stride(op, "weight", weight)
+    check_same_device(op, "weight", weight, tokens=tokens)
+    p = check_dropout(op, dropout_p)
+    table = None
+    if isinstance(positions, torch.Tensor):
+        table = positions
+        check_tensor(op, "positions", table, dims=2, float_dtype=True)
+        check_same_device(op, "weight", weight, positions=table)
+        if table.dtype != weight.dtype or table.shape[1] != weight.shape[1]:
+            raise ValueError(f"{op}: a learned positions table must be (max_len, "
+                             f"{weight.shape[1]}) with weight's dtype {weight.dtype}, got "
+                             f"{tuple(table.shape)} {table.dtype}")
+        check_unit_last_stride(op, "positions", table)
+    elif positions != "sinusoidal":
+        raise ValueError(f"{op}: positions must be 'sinusoidal' or a (max_len, D) tensor, "
+                         f"got {positions!r}")
+    if base <= 0:
+        raise ValueError(f"{op}: base must be > 0, got {base}")
+    V = weight.shape[0]
+    if padding_idx is None:
+        pad = -1
+    else:
+        if not -V <= padding_idx < V:
+            raise ValueError(f"{op}: padding_idx must be in [-{V}, {V}), got {padding_idx}")
+        pad = padding_idx % V
+    unbatched = tokens.dim() == 1
+    tok = (tokens.unsqueeze(0) if unbatched else tokens).to(torch.int64)
+    off, offsets = _split_offset(op, offset, tok.shape[0], weight.device)
+    chosen = _backend.select_backend(op, weight.device, backend, limits=_limits(weight.dtype))
+    seed = dropout_seed(p, weight.device)
+    args = (tok, weight, table, off, offsets, float(scale), float(base), p, seed, pad,
+            bool(deterministic))
+    if chosen in ("triton", "reference"):  # the native ops check ranges themselves
+        if host_checks_enabled() and tok.numel() > 0:
+            lo, hi = (int(v) for v in torch.aminmax(tok))
+            if lo < 0 or hi >= V:
+                raise IndexError(f"{op}: token ids must be in [0, {V}), got ids from {lo} "
+                                 f"to {hi}")
+        _check_position_range(op, off, offsets, tok.shape[1],
+                              None if table is None else table.shape[0], "the positions table")
+    if chosen == "reference":
+        out = ref.embed_with_positions(*args)
+    else:
+        out = _native_op(op, chosen)(*args)
+    _backend._record(op, chosen)
+    return out[0] if unbatched else out
+
+
+# ---------------------------------------------------------------------------------------------
+# apply_rotary
+
+
+def _inplace_rotary_op(backend: str):
+    ops = torch.ops.fastattn
+    return ops.apply_rotary_triton_ if backend == "triton" else ops.apply_rotary_
+
+
+class _InplaceRotary(torch.autograd.Function):
+    """apply_rotary(inplace=True) on a tensor that needs gradients: rotate in place, mark x
+    dirty, and rotate the gradient back in the backward."""
+
+    @staticmethod
+    def forward(ctx, x, backend, cos, sin, offset, offsets, position_ids, rotary_dim, base,
+                interleaved):
+        _inplace_rotary_op(backend)(x, cos, sin, offset, offsets, position_ids, rotary_dim,
+                                    base, interleaved, False)
+        ctx.mark_dirty(x)
+        ctx.args = (backend, offset, rotary_dim, base, interleaved)
+        ctx.save_for_backward(cos, sin, offsets, position_ids)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        backend, offset, rotary_dim, base, interleaved = ctx.args
+        cos, sin, offsets, position_ids = ctx.saved_tensors
+        g = _native_op("apply_rotary", backend)(grad.contiguous(), cos, sin, offset, offsets,
+                                                position_ids, rotary_dim, base, interleaved,
+                                                True)
+        return g, None, None, None, None, None, None, None, None, None
+
+
+def apply_rotary(x: torch.Tensor, *, cos: torch.Tensor | None = None,
+                 sin: torch.Tensor | None = None, base: float = 10000.0,
+                 interleaved: bool = False, offset: Offset = 0,
+                 position_ids: torch.Tensor | None = None, rotary_dim: int | None = None,
+                 inplace: bool = False, backend: str | None = None) -> torch.Tensor:
+    """Rotary position embedding (RoPE) of x.
+
+    x: (B, H, L, D), any strides with a unit last stride (a (B, L, H, D) tensor passed as
+        x.transpose(1, 2) works without a copy).
+    cos, sin: (max_position, rotary_dim / 2) tables indexed by absolute position; when absent
+        the angles are pos * base^(-2i/rotary_dim), computed in the kernel.
+    interleaved: False = GPT-NeoX layout (feature i pairs with i + rotary_dim/2);
+        True = GPT-J layout (features 2i and 2i+1 pair).
+    offset: int or integer (B,) tensor; token l of sequence b sits at offset[b] + l.
+    position_ids: (B, L) (or (L,)) integer positions; overrides offset.
+    rotary_dim: features rotated (even, <= D; default D, or 2 * cos.shape[1]); the rest pass
+        through unchanged.
+    inplace: rotate x in place and return it (differentiable when x needs gradients).
+    No gradient flows to cos and sin (pass tables that do not require grad).
+    """
+    op = "apply_rotary"
+    check_tensor(op, "x", x, dims=4, float_dtype=True)
+    check_unit_last_stride(op, "x", x)
+    B, H, L, D = x.shape
+    if (cos is None) != (sin is None):
+        raise ValueError(f"{op}: cos and sin must be given together")
+    if rotary_dim is None:
+        rotary_dim = 2 * cos.shape[-1] if cos is not None and cos.dim() == 2 else D
+    if rotary_dim < 2 or rotary_dim % 2 or rotary_dim > D:
+        raise ValueError(f"{op}: rotary_dim must be even and in [2, {D}] (head dim), "
+                         f"got {rotary_dim}")
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    if cos is not None:
+        for name, t in (("cos", cos), ("sin", sin)):
+            check_tensor(op, name, t, dims=2, float_dtype=True)
+            if t.shape[1] != rotary_dim // 2:
+                raise ValueError(f"{op}: {name} must be (max_position, rotary_dim / 2 = "
+                                 f"{rotary_dim // 2}), got {tuple(t.shape)}")
+            if t.requires_grad and torch.is_grad_enabled():
+                raise ValueError(f"{op}: no gradient flows to {name}; pass {name}.detach()")
+        if cos.shape != sin.shape:
+            raise ValueError(f"{op}: cos and sin must have the same shape, got "
+                             f"{tuple(cos.shape)} and {tuple(sin.shape)}")
+        check_same_device(op, "x", x, cos=cos, sin=sin)
+        cos, sin = cos.to(acc).contiguous(), sin.to(acc).contiguous()
+    elif base <= 0:
+        raise ValueError(f"{op}: base must be > 0, got {base}")
+    rows = None if cos is None else cos.shape[0]
+    if position_ids is not None:
+        check_tensor(op, "position_ids", position_ids, dims=(1, 2), int_dtype=True)
+        check_same_device(op, "x", x, position_ids=position_ids)
+        if position_ids.shape[-1] != L or (position_ids.dim() == 2 and position_ids.shape[0] != B):
+            raise ValueError(f"{op}: position_ids must be (B, L) = ({B}, {L}) or (L,), got "
+                             f"{tuple(position_ids.shape)}")
+        position_ids = position_ids.to(torch.int64).expand(B, L).contiguous()
+        off, offsets = 0, None
+    else:
+        off, offsets = _split_offset(op, offset, B, x.device)
+    chosen = _backend.select_backend(op, x.device, backend, limits=_limits(x.dtype))
+    if chosen in ("triton", "reference"):
+        if position_ids is not None:
+            if host_checks_enabled() and position_ids.numel() > 0:
+                lo, hi = (int(v) for v in torch.aminmax(position_ids))
+                if lo < 0 or (rows is not None and hi >= rows):
+                    raise ValueError(f"{op}: position_ids must be in [0, {rows}), got values "
+                                     f"from {lo} to {hi}")
+        else:
+            _check_position_range(op, off, offsets, L, rows, "cos/sin")
+    args = (cos, sin, off, offsets, position_ids, rotary_dim, float(base), bool(interleaved))
+    _backend._record(op, chosen)
+    if chosen == "reference":
+        out = ref.apply_rotary(x, *args)
+        if inplace:
+            return x.copy_(out)
+        return out
+    if not inplace:
+        return _native_op(op, chosen)(x, *args, False)
+    if x.requires_grad and torch.is_grad_enabled():
+        return _InplaceRotary.apply(x, chosen, *args)
+    _inplace_rotary_op(chosen)(x, *args, False)
+    return x
+
+
+# ---------------------------------------------------------------------------------------------
+# Fake implementations (native ops; triton_op derives its own) and autograd (both op sets)
+
+
+def _register_native_fakes() -> None:
+    lib = "fastattn::"
+
+    @torch.library.register_fake(lib + "sinusoidal_table")
+    def _(positions, dim, base, dtype):
+        return positions.new_empty((*positions.shape, dim), dtype=dtype)
+
+    @torch.library.register_fake(lib + "add_sinusoidal")
+    def _(x, offset, offsets, scale, base, dropout_p, seed):
+        return torch.empty_like(x)
+
+    @torch.library.register_fake(lib + "add_sinusoidal_backward")
+    def _(grad, scale, dropout_p, seed):
+        return torch.empty_like(grad)
+
+    @torch.library.register_fake(lib + "embed_with_positions")
+    def _(tokens, weight, table, offset, offsets, scale, base, dropout_p, seed, padding_idx,
+          deterministic):
+        return weight.new_empty((tokens.shape[0], tokens.shape[1], weight.shape[1]))
+
+    @torch.library.register_fake(lib + "embed_with_positions_backward")
+    def _(grad, tokens, num_weights, padding_idx, table_rows, offset, offsets, scale,
+          dropout_p, seed, deterministic):
+        D = grad.shape[2]
+        return grad.new_empty((num_weights, D)), grad.new_empty((max(table_rows, 0), D))
+
+    @torch.library.register_fake(lib + "apply_rotary")
+    def _(x, cos, sin, offset, offsets, position_ids, rotary_dim, base, interleaved,
+          conjugate):
+        return torch.empty_like(x)
+
+    @torch.library.register_fake(lib + "apply_rotary_")
+    def _(x, cos, sin, offset, offsets, position_ids, rotary_dim, base, interleaved,
+          conjugate):
+        return None
+
+
+def register_autograd(suffix: str) -> None:
+    """Attach backward formulas to the op set named fastattn::<op><suffix>."""
+    ops = torch.ops.fastattn
+
+    def add_sinusoidal_setup(ctx, inputs, output):
+        x, offset, offsets, scale, base, dropout_p, seed = inputs
+        ctx.scale, ctx.dropout_p = scale, dropout_p
+        ctx.save_for_backward(seed)
+
+    def add_sinusoidal_backward(ctx, grad):
+        (seed,) = ctx.saved_tensors
+        grad_x = getattr(ops, "add_sinusoidal_backward" + suffix)(grad, ctx.scale, ctx.dropout_p,
+                                                                  seed)
+        return grad_x, None, None, None, None, None, None
+
+    torch.library.register_autograd("fastattn::add_sinusoidal" + suffix, add_sinusoidal_backward,
+                                    setup_context=add_sinusoidal_setup)
+
+    def add_sinusoidal_backward_setup(ctx, inputs, output):
+        grad, scale, dropout_p, seed = inputs
+        ctx.scale, ctx.dropout_p = scale, dropout_p
+        ctx.save_for_backward(seed)
+
+    def add_sinusoidal_double_backward(ctx, grad):
+        # The backward is linear in grad: its own backward is the same operation.
+        (seed,) = ctx.saved_tensors
+        out = getattr(ops, "add_sinusoidal_backward" + suffix)(grad, ctx.scale, ctx.dropout_p,
+                                                               seed)
+        return out, None, None, None
+
+    torch.library.register_autograd("fastattn::add_sinusoidal_backward" + suffix,
+                                    add_sinusoidal_double_backward,
+                                    setup_context=add_sinusoidal_backward_setup)
+
+    def embed_setup(ctx, inputs, output):
+        (tokens, weight, table, offset, offsets, scale, base, dropout_p, seed, padding_idx,
+         deterministic) = inputs
+        ctx.meta = (weight.shape[0], -1 if table is None else table.shape[0], offset, scale,
+                    dropout_p, padding_idx, deterministic)
+        ctx.save_for_backward(tokens, offsets, seed)
+
+    def embed_backward(ctx, grad):
+        num_weights, table_rows, offset, scale, dropout_p, padding_idx, deterministic = ctx.meta
+        tokens, offsets, seed = ctx.saved_tensors
+        grad_weight = grad_table = None
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            grad_weight, grad_table = getattr(ops, "embed_with_positions_backward" + suffix)(
+                grad, tokens, num_weights, padding_idx, table_rows, offset, offsets, scale,
+                dropout_p, seed, deterministic)
+            if table_rows < 0:
+                grad_table = None
+        return (None, grad_weight, grad_table, None, None, None, None, None, None, None, None)
+
+    torch.library.register_autograd("fastattn::embed_with_positions" + suffix, embed_backward,
+                                    setup_context=embed_setup)
+
+    def rotary_setup(ctx, inputs, output):
+        (x, cos, sin, offset, offsets, position_ids, rotary_dim, base, interleaved,
+         conjugate) = inputs
+        ctx.meta = (offset, rotary_dim, base, interleaved, conjugate)
+        ctx.save_for_backward(cos, sin, offsets, position_ids)
+
+    def rotary_backward(ctx, grad):
+        offset, rotary_dim, base, interleaved, conjugate = ctx.meta
+        cos, sin, offsets, position_ids = ctx.saved_tensors
+        # A rotation's transpose is the rotation by the opposite angle.
+        grad_x = getattr(ops, "apply_rotary" + suffix)(grad, cos, sin, offset, offsets,
+                                                       position_ids, rotary_dim, base,
+                                                       interleaved, not conjugate)
+        return grad_x, None, None, None, None, None, None, None, None, None
+
+    torch.library.register_autograd("fastattn::apply_rotary" + suffix, rotary_backward,
+                                    setup_context=rotary_setup)
+
+
+if _native.C is not None:
+    _register_native_fakes()
+    register_autograd("")

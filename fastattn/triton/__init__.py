@@ -1,0 +1,29 @@
+"""Triton kernels of fastattn, one module per op. Imported only when triton is installed.
+
+On CPU tensors the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set before
+import); there bfloat16 arithmetic is not trustworthy, so kernels upcast right after every
+load and launchers let torch round float32 results to bfloat16 (`interpreting()`).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def interpreting(device: torch.device) -> bool:
+    """True when kernels for tensors on `device` run under Triton's CPU interpreter."""
+    return device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def output_buffer(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Where a kernel writes a result of `dtype`: float32 under the interpreter for bfloat16
+    (its float32 -> bfloat16 store truncates instead of rounding to nearest)."""
+    if dtype == torch.bfloat16 and interpreting(device):
+        return torch.empty(shape, dtype=torch.float32, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def finish(buffer: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Round an output_buffer to the result dtype (no-op unless it was widened)."""
+    return buffer if buffer.dtype == dtype else buffer.to(dtype)
