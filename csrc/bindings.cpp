@@ -6,6 +6,7 @@
 #include <torch/version.h>
 
 #include "common/cpu_isa.h"
+#include "common/debug.h"
 
 #if defined(FASTATTN_WITH_CUDA)
 #include <cuda_runtime_api.h>
@@ -31,6 +32,13 @@ TORCH_LIBRARY(fastattn, m) {
         "Tensor? position_ids, int rotary_dim, float base, bool interleaved, bool conjugate) "
         "-> ()");
 }
+
+namespace fastattn {
+std::atomic<bool>& poison_flag() {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
+}  // namespace fastattn
 
 namespace {
 
@@ -63,4 +71,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("build_info", &build_info,
         "How this extension was built: cuda (bool), cuda_archs, cuda_version, torch_version, "
         "cpu_isa (the x86 kernel copy chosen at run time), debug_checks");
+  m.def("_set_poison", [](bool on) { fastattn::poison_flag().store(on); },
+        "Tests: fill every output an op allocates with NaN before its kernel runs");
 }

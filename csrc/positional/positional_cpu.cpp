@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include "common/cpu_isa.h"
+#include "common/debug.h"
 #include "positional/positional.h"
 #include "positional/positional_cpu_kernel.h"
 
@@ -38,6 +39,7 @@ Tensor sinusoidal_table_cpu(const Tensor& positions, int64_t dim, double base,
   auto sizes = positions.sizes().vec();
   sizes.push_back(dim);
   Tensor out = at::empty(sizes, positions.options().dtype(dtype));
+  poison(out);
   Tensor flat = positions.contiguous();
   cpu::SinusoidTableParams p{flat.data_ptr<int64_t>(), out.data_ptr(), flat.numel(), dim, base};
   FASTATTN_DISPATCH_FLOATS(dtype, "positional", [&] { FASTATTN_CPU_ISA_CALL(sinusoidal_table<scalar_t>, p); });
@@ -49,6 +51,7 @@ Tensor add_sinusoidal_impl(const Tensor& x, int64_t offset, const optional<Tenso
                            const optional<Tensor>& seed, bool add_pe, const char* op) {
   check_add_sinusoidal(x, offsets, base, dropout_p, seed, op);
   Tensor out = at::empty_like(x);  // keeps x's layout: (L, B, D) input viewed as (B, L, D)
+  poison(out);
   if (x.numel() == 0) return out;
   auto [s, stream] = read_seed(seed, dropout_p);
   cpu::AddSinusoidalParams p{x.data_ptr(), out.data_ptr(), x.size(0), x.size(1), x.size(2),
@@ -86,6 +89,7 @@ Tensor embed_with_positions_cpu(const Tensor& tokens, const Tensor& weight,
   check_embed(tokens, weight, table, offset, offsets, dropout_p, seed, op);
   const int64_t N = tokens.size(0), L = tokens.size(1), D = weight.size(1);
   Tensor out = at::empty({N, L, D}, weight.options());
+  poison(out);
   if (out.numel() == 0) return out;
   Tensor tok = tokens.contiguous();
   const bool has_table = table.has_value() && table->defined();
@@ -118,6 +122,8 @@ std::tuple<Tensor, Tensor> embed_with_positions_backward_cpu(
   const int64_t N = grad.size(0), L = grad.size(1), D = grad.size(2);
   Tensor grad_weight = at::empty({num_weights, D}, grad.options());
   Tensor grad_table = at::empty({std::max<int64_t>(table_rows, 0), D}, grad.options());
+  poison(grad_weight);
+  poison(grad_table);
   Tensor g = grad.contiguous();
   Tensor tok = tokens.contiguous();
   auto [s, stream] = read_seed(seed, dropout_p);
@@ -155,6 +161,7 @@ Tensor apply_rotary_cpu(const Tensor& x, const optional<Tensor>& cos, const opti
                         const optional<Tensor>& position_ids, int64_t rotary_dim, double base,
                         bool interleaved, bool conjugate) {
   Tensor out = at::empty_like(x);
+  poison(out);
   apply_rotary_into(x, out, cos, sin, offset, offsets, position_ids, rotary_dim, base,
                     interleaved, conjugate, "apply_rotary");
   return out;

@@ -15,6 +15,7 @@
 
 #include "common/cuda_utils.cuh"
 #include "common/philox.h"
+#include "common/debug.h"
 #include "positional/positional.h"
 
 namespace fastattn::positional {
@@ -338,6 +339,7 @@ Tensor sinusoidal_table_cuda(const Tensor& positions, int64_t dim, double base,
   auto sizes = positions.sizes().vec();
   sizes.push_back(dim);
   Tensor out = at::empty(sizes, positions.options().dtype(dtype));
+  poison(out);
   if (out.numel() == 0) return out;
   Tensor flat = positions.contiguous();
   const auto launch = row_launch(flat.numel(), dim);
@@ -356,6 +358,7 @@ Tensor add_sinusoidal_impl(const Tensor& x, int64_t offset, const optional<Tenso
   check_add_sinusoidal(x, offsets, base, dropout_p, seed, op);
   c10::cuda::CUDAGuard guard(x.device());
   Tensor out = at::empty_like(x);
+  poison(out);
   if (x.numel() == 0) return out;
   const int64_t N = x.size(0), L = x.size(1), D = x.size(2);
   const auto launch = row_launch(N * L, D);
@@ -403,6 +406,7 @@ Tensor embed_with_positions_cuda(const Tensor& tokens, const Tensor& weight,
   c10::cuda::CUDAGuard guard(weight.device());
   const int64_t N = tokens.size(0), L = tokens.size(1), D = weight.size(1);
   Tensor out = at::empty({N, L, D}, weight.options());
+  poison(out);
   if (out.numel() == 0) return out;
   Tensor tok = tokens.contiguous();
   const bool has_table = table.has_value() && table->defined();
@@ -431,6 +435,7 @@ template <typename T>
 Tensor finish_accumulator(const Tensor& accum, const Tensor& like, cudaStream_t stream) {
   if (accum.scalar_type() == like.scalar_type()) return accum;
   Tensor out = at::empty(accum.sizes(), like.options());
+  poison(out);
   const int64_t n = accum.numel();
   if (n > 0) {
     cast_kernel<T><<<static_cast<unsigned>(ceil_div(n, 256)), 256, 0, stream>>>(
@@ -533,6 +538,7 @@ Tensor apply_rotary_cuda(const Tensor& x, const optional<Tensor>& cos, const opt
                          const optional<Tensor>& position_ids, int64_t rotary_dim, double base,
                          bool interleaved, bool conjugate) {
   Tensor out = at::empty_like(x);
+  poison(out);
   apply_rotary_into(x, out, cos, sin, offset, offsets, position_ids, rotary_dim, base,
                     interleaved, conjugate, "apply_rotary");
   return out;

@@ -253,7 +253,7 @@ class _InplaceRotary(torch.autograd.Function):
     def backward(ctx, grad):
         backend, offset, rotary_dim, base, interleaved = ctx.args
         cos, sin, offsets, position_ids = ctx.saved_tensors
-        g = _native_op("apply_rotary", backend)(grad.contiguous(), cos, sin, offset, offsets,
+        g = _native_op("apply_rotary", backend)(_unit_last_stride(grad), cos, sin, offset, offsets,
                                                 position_ids, rotary_dim, base, interleaved,
                                                 True)
         return g, None, None, None, None, None, None, None, None, None
@@ -383,6 +383,12 @@ def _register_native_fakes() -> None:
         return None
 
 
+def _unit_last_stride(grad: torch.Tensor) -> torch.Tensor:
+    """Incoming gradients can be expanded (stride 0, from .sum()); kernels need stride 1."""
+    return grad if grad.dim() == 0 or grad.shape[-1] <= 1 or grad.stride(-1) == 1 \
+        else grad.contiguous()
+
+
 def register_autograd(suffix: str) -> None:
     """Attach backward formulas to the op set named fastattn::<op><suffix>."""
     ops = torch.ops.fastattn
@@ -394,8 +400,8 @@ def register_autograd(suffix: str) -> None:
 
     def add_sinusoidal_backward(ctx, grad):
         (seed,) = ctx.saved_tensors
-        grad_x = getattr(ops, "add_sinusoidal_backward" + suffix)(grad, ctx.scale, ctx.dropout_p,
-                                                                  seed)
+        grad_x = getattr(ops, "add_sinusoidal_backward" + suffix)(
+            _unit_last_stride(grad), ctx.scale, ctx.dropout_p, seed)
         return grad_x, None, None, None, None, None, None
 
     torch.library.register_autograd("fastattn::add_sinusoidal" + suffix, add_sinusoidal_backward,
@@ -409,8 +415,8 @@ def register_autograd(suffix: str) -> None:
     def add_sinusoidal_double_backward(ctx, grad):
         # The backward is linear in grad: its own backward is the same operation.
         (seed,) = ctx.saved_tensors
-        out = getattr(ops, "add_sinusoidal_backward" + suffix)(grad, ctx.scale, ctx.dropout_p,
-                                                               seed)
+        out = getattr(ops, "add_sinusoidal_backward" + suffix)(
+            _unit_last_stride(grad), ctx.scale, ctx.dropout_p, seed)
         return out, None, None, None
 
     torch.library.register_autograd("fastattn::add_sinusoidal_backward" + suffix,
@@ -449,9 +455,9 @@ def register_autograd(suffix: str) -> None:
         offset, rotary_dim, base, interleaved, conjugate = ctx.meta
         cos, sin, offsets, position_ids = ctx.saved_tensors
         # A rotation's transpose is the rotation by the opposite angle.
-        grad_x = getattr(ops, "apply_rotary" + suffix)(grad, cos, sin, offset, offsets,
-                                                       position_ids, rotary_dim, base,
-                                                       interleaved, not conjugate)
+        grad_x = getattr(ops, "apply_rotary" + suffix)(
+            _unit_last_stride(grad), cos, sin, offset, offsets, position_ids, rotary_dim, base,
+            interleaved, not conjugate)
         return grad_x, None, None, None, None, None, None, None, None, None
 
     torch.library.register_autograd("fastattn::apply_rotary" + suffix, rotary_backward,

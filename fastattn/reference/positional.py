@@ -72,10 +72,11 @@ def add_sinusoidal(x: torch.Tensor, offset: int, offsets: torch.Tensor | None, s
 def embed_with_positions(tokens: torch.Tensor, weight: torch.Tensor, table: torch.Tensor | None,
                          offset: int, offsets: torch.Tensor | None, scale: float, base: float,
                          dropout_p: float, seed: torch.Tensor | None,
-                         padding_idx: int = -1) -> torch.Tensor:
+                         padding_idx: int = -1, deterministic: bool = False) -> torch.Tensor:
     """dropout(weight[tokens] * scale + P[pos]) for tokens (N, L); P learned (table) or sinusoid.
 
     padding_idx: rows of that token get no gradient (as F.embedding), positions still added.
+    deterministic: accepted for signature parity (PyTorch's own embedding backward decides).
     """
     N, L = tokens.shape
     acc = compute_dtype(weight.dtype)

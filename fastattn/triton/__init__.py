@@ -10,6 +10,8 @@ import os
 
 import torch
 
+from .._debug import poison
+
 
 def interpreting(device: torch.device) -> bool:
     """True when kernels for tensors on `device` run under Triton's CPU interpreter."""
@@ -20,8 +22,15 @@ def output_buffer(shape, dtype: torch.dtype, device: torch.device) -> torch.Tens
     """Where a kernel writes a result of `dtype`: float32 under the interpreter for bfloat16
     (its float32 -> bfloat16 store truncates instead of rounding to nearest)."""
     if dtype == torch.bfloat16 and interpreting(device):
-        return torch.empty(shape, dtype=torch.float32, device=device)
-    return torch.empty(shape, dtype=dtype, device=device)
+        dtype = torch.float32
+    return poison(torch.empty(shape, dtype=dtype, device=device))
+
+
+def output_like(x: torch.Tensor) -> torch.Tensor:
+    """An output laid out like x (float32 under the interpreter for bfloat16), poisoned in tests."""
+    if x.dtype == torch.bfloat16 and interpreting(x.device):
+        return poison(torch.empty(x.shape, dtype=torch.float32, device=x.device))
+    return poison(torch.empty_like(x))
 
 
 def finish(buffer: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -16,7 +16,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 from triton.language.extra import libdevice
 
-from . import finish, interpreting, output_buffer
+from . import finish, interpreting, output_buffer, output_like
 from .random import dropout_multiplier
 
 # ---------------------------------------------------------------------------------------------
@@ -301,10 +301,7 @@ def sinusoidal_table_triton(positions: torch.Tensor, dim: int, base: float,
 
 def _add_sinusoidal(x, offset, offsets, scale, base, dropout_p, seed, add_pe):
     N, L, D = x.shape
-    if x.dtype == torch.bfloat16 and interpreting(x.device):
-        out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    else:
-        out = torch.empty_like(x)
+    out = output_like(x)
     if x.numel() == 0:
         return finish(out, x.dtype)
     seed_arg, threshold, keep_scale = _dropout_args(dropout_p, seed, x)
@@ -430,8 +427,7 @@ def apply_rotary_triton(x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Te
                         offset: int, offsets: torch.Tensor | None,
                         position_ids: torch.Tensor | None, rotary_dim: int, base: float,
                         interleaved: bool, conjugate: bool) -> torch.Tensor:
-    widen = x.dtype == torch.bfloat16 and interpreting(x.device)
-    out = torch.empty(x.shape, dtype=torch.float32, device=x.device) if widen else torch.empty_like(x)
+    out = output_like(x)
     _rotary(x, out, cos, sin, offset, offsets, position_ids, rotary_dim, base, interleaved,
             conjugate, inplace=False)
     return finish(out, x.dtype)

@@ -1,0 +1,47 @@
+"""FlashAttention's tolerance rule (shared/STYLE.md).
+
+A kernel's result passes when its error against a float64 reference is at most `factor` times
+the error of the same reference run in the input's precision, plus a rounding floor:
+    |out - ref64|_max <= factor * |ref_lowp - ref64|_max + floor
+with factor 2 for outputs and 3 for gradients. Both errors are printed before asserting, so a
+failure (and a pass) shows the margin.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def rounding_floor(ref64: torch.Tensor, dtype: torch.dtype) -> float:
+    """Twice the representation error of dtype at the reference's values shifted by 0.3 (the
+    floor FlashAttention's tests add, so exact-zero baselines do not demand exact results)."""
+    r = ref64.to(dtype)
+    return 2.0 * float(((r + 0.3) - 0.3 - r).abs().max()) if r.numel() else 0.0
+
+
+def max_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    if a.numel() == 0:
+        return 0.0
+    diff = (a.detach().double().cpu() - b.detach().double().cpu()).abs()
+    if torch.isnan(diff).any():
+        return float("nan")
+    return float(diff.max())
+
+
+def assert_fa_close(name: str, out: torch.Tensor, ref64: torch.Tensor, ref_lowp: torch.Tensor,
+                    *, factor: float = 2.0, floor: float | None = None) -> None:
+    """Assert out is within FlashAttention's rule of ref64, using ref_lowp as the baseline."""
+    assert out.shape == ref64.shape, f"{name}: shape {tuple(out.shape)} != {tuple(ref64.shape)}"
+    err = max_error(out, ref64)
+    base = max_error(ref_lowp, ref64)
+    if floor is None:
+        floor = rounding_floor(ref64, out.dtype)
+    bound = factor * base + floor
+    print(f"{name}: max error {err:.3e}, reference-in-{out.dtype} error {base:.3e}, "
+          f"bound {bound:.3e}")
+    assert err == err, f"{name}: NaN in the output (an element was not written?)"
+    assert err <= bound, f"{name}: max error {err:.3e} > bound {bound:.3e} (baseline {base:.3e})"
+
+
+def assert_grad_close(name: str, out: torch.Tensor, ref64: torch.Tensor,
+                      ref_lowp: torch.Tensor, **kwargs) -> None:
+    assert_fa_close(name, out, ref64, ref_lowp, factor=kwargs.pop("factor", 3.0), **kwargs)
