@@ -3,6 +3,7 @@ encodings, with drop-in PyTorch modules.
 
 Public API (see README.md and the docstrings):
   backends:   available_backends, use_backend, set_backend, last_backend
+  attention:  attention, merge_attention
   positional: sinusoidal_table, add_sinusoidal, embed_with_positions, apply_rotary
   modules:    fastattn.nn
 """
@@ -13,22 +14,33 @@ import torch  # noqa: F401  (must load before fastattn._C)
 from . import _native
 from ._backend import (BackendError, available_backends, last_backend, set_backend,
                        use_backend)
+from .ops.attention import attention, merge_attention
 from .ops.positional import add_sinusoidal, apply_rotary, embed_with_positions, sinusoidal_table
 
 __version__ = "0.1.0"
 
 # Triton kernels register their torch ops on import; without triton the backend reports why.
-try:
-    from .triton import positional as _triton_positional  # noqa: F401
-except Exception as _exc:  # ImportError, or a triton too old for these kernels
-    from . import _backend as _b
-    _b.TRITON_IMPORT_ERROR = f"{type(_exc).__name__}: {_exc}"
+def _import_triton_kernels() -> None:
+    import importlib
+    import importlib.util
+
+    from . import _backend as backend_state
+    try:
+        for module in ("positional", "attention"):
+            name = f"{__name__}.triton.{module}"
+            if importlib.util.find_spec(name) is not None:
+                importlib.import_module(name)
+    except Exception as exc:  # ImportError, or a triton too old for these kernels
+        backend_state.TRITON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+
+
+_import_triton_kernels()
 
 from . import nn  # noqa: E402
 
 __all__ = [
     "BackendError", "available_backends", "use_backend", "set_backend", "last_backend",
-    "sinusoidal_table", "add_sinusoidal", "embed_with_positions", "apply_rotary", "nn",
+    "attention", "merge_attention", "sinusoidal_table", "add_sinusoidal", "embed_with_positions", "apply_rotary", "nn",
     "build_info",
 ]
 

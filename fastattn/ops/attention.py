@@ -1,0 +1,309 @@
+"""Softmax attention: `attention` and `merge_attention` (public functions, argument checks,
+backend choice, autograd, fake implementations).
+
+Every backend receives the same canonical arguments (see fastattn/reference/attention.py):
+q (B, Hq, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv) with unit last strides; attn_mask
+expanded to (B, Hq, Lq, Lk) without a copy (strides may be 0); key_padding_mask bool (B, Lk);
+alibi_slopes float32 (B, Hq); causal alignment and the sliding window folded into
+(window_lo, window_hi): key j is visible to query i iff i + window_lo <= j <= i + window_hi.
+
+Backends: "cpu"/"cuda" run torch.ops.fastattn.attention_forward / attention_backward
+(csrc/attention), "triton" runs the same ops suffixed _triton (fastattn/triton/attention.py),
+"reference" runs fastattn/reference/attention.py under torch autograd.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence, Union
+
+import torch
+
+from .. import _backend, _native
+from ..reference import attention as ref
+from ..reference.attention import WINDOW_UNBOUNDED
+from ._common import check_dropout, check_same_device, check_tensor, dropout_seed
+
+Causal = Union[bool, str]
+MAX_HEAD_DIM = 256
+
+
+def _native_has(name: str) -> bool:
+    if _native.C is None:
+        return False
+    try:
+        getattr(torch.ops.fastattn, name)
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _op(name: str, backend: str):
+    return getattr(torch.ops.fastattn, name + "_triton" if backend == "triton" else name)
+
+
+def output_like(q: torch.Tensor, Dv: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The attention output buffer (B, Hq, Lq, Dv). It follows q's layout: when q's heads are
+    inner to its sequence (q is a (B, L, H, D) tensor transposed), out is (B, Lq, Hq, Dv) in
+    memory, so out.transpose(1, 2).reshape(B, Lq, Hq * Dv) is free (nn.MultiheadAttention).
+    The native kernels apply the same rule (csrc/attention/attention.h)."""
+    B, Hq, Lq, _ = q.shape
+    dtype = q.dtype if dtype is None else dtype
+    if q.stride(1) < q.stride(2):
+        return q.new_empty((B, Lq, Hq, Dv), dtype=dtype).transpose(1, 2)
+    return q.new_empty((B, Hq, Lq, Dv), dtype=dtype)
+
+
+def window_bounds(causal: Causal, window, Lq: int, Lk: int) -> tuple[int, int]:
+    """(window_lo, window_hi) relative to the query index, from `causal` and `window`."""
+    lo, hi = -WINDOW_UNBOUNDED, WINDOW_UNBOUNDED
+    shift = Lk - Lq  # bottom-right alignment: the last query sees the last key
+    if window is not None:
+        left, right = window
+        if left >= 0:
+            lo = shift - left
+        if right >= 0:
+            hi = shift + right
+    if causal:
+        hi = min(hi, shift if causal == "bottom_right" else 0)
+    return max(lo, -WINDOW_UNBOUNDED), min(hi, WINDOW_UNBOUNDED)
+
+
+def _check_inputs(op, q, k, v):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(op, name, t, dims=4, float_dtype=True)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"{op}: q, k and v must have the same dtype, got {q.dtype}, {k.dtype}, "
+                        f"{v.dtype}")
+    check_same_device(op, "q", q, k=k, v=v)
+    B, Hq, Lq, D = q.shape
+    if k.shape[0] != B or v.shape[0] != B:
+        raise ValueError(f"{op}: q, k and v must have the same batch size, got {q.shape[0]}, "
+                         f"{k.shape[0]}, {v.shape[0]}")
+    if k.shape[1] != v.shape[1]:
+        raise ValueError(f"{op}: k and v must have the same number of heads, got {k.shape[1]} "
+                         f"and {v.shape[1]}")
+    if k.shape[1] == 0 or Hq % k.shape[1] != 0:
+        raise ValueError(f"{op}: q's heads ({Hq}) must be a multiple of k/v's heads "
+                         f"({k.shape[1]}) (GQA/MQA)")
+    if k.shape[2] != v.shape[2]:
+        raise ValueError(f"{op}: k and v must have the same length, got {k.shape[2]} and "
+                         f"{v.shape[2]}")
+    if k.shape[3] != D:
+        raise ValueError(f"{op}: q and k must have the same head dim, got {D} and {k.shape[3]}")
+    for name, d in (("head dim of q/k", D), ("head dim of v", v.shape[3])):
+        if not 1 <= d <= MAX_HEAD_DIM:
+            raise ValueError(f"{op}: {name} must be in [1, {MAX_HEAD_DIM}], got {d}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise ValueError(f"{op}: {name} must have a unit stride in its last dimension, got "
+                             f"strides {t.stride()}")
+
+
+def _canonical_mask(op, attn_mask, q, B, Hq, Lq, Lk):
+    if attn_mask is None:
+        return None
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"{op}: attn_mask must be a tensor, got {type(attn_mask).__name__}")
+    if attn_mask.dtype != torch.bool and not attn_mask.dtype.is_floating_point:
+        raise TypeError(f"{op}: attn_mask must be bool (True = may attend) or floating "
+                        f"(added to the scores), got {attn_mask.dtype}")
+    check_same_device(op, "q", q, attn_mask=attn_mask)
+    if attn_mask.dim() > 4:
+        raise ValueError(f"{op}: attn_mask must broadcast to (B, Hq, Lq, Lk) = "
+                         f"({B}, {Hq}, {Lq}, {Lk}), got shape {tuple(attn_mask.shape)}")
+    try:
+        expanded = attn_mask.expand(B, Hq, Lq, Lk)
+    except RuntimeError:
+        raise ValueError(f"{op}: attn_mask must broadcast to (B, Hq, Lq, Lk) = "
+                         f"({B}, {Hq}, {Lq}, {Lk}), got shape {tuple(attn_mask.shape)}") from None
+    if expanded.dtype.is_floating_point and expanded.dtype not in (q.dtype, torch.float32):
+        expanded = expanded.to(torch.float32)
+    return expanded
+
+
+def _canonical_padding(op, key_padding_mask, q, B, Lk):
+    if key_padding_mask is None:
+        return None
+    check_tensor(op, "key_padding_mask", key_padding_mask, dims=2)
+    if key_padding_mask.dtype != torch.bool:
+        raise TypeError(f"{op}: key_padding_mask must be bool (True = padding to ignore), got "
+                        f"{key_padding_mask.dtype}")
+    if tuple(key_padding_mask.shape) != (B, Lk):
+        raise ValueError(f"{op}: key_padding_mask must be (B, Lk) = ({B}, {Lk}), got "
+                         f"{tuple(key_padding_mask.shape)}")
+    check_same_device(op, "q", q, key_padding_mask=key_padding_mask)
+    return key_padding_mask.contiguous()
+
+
+def _canonical_alibi(op, alibi_slopes, q, B, Hq):
+    if alibi_slopes is None:
+        return None
+    check_tensor(op, "alibi_slopes", alibi_slopes, dims=(1, 2), float_dtype=True)
+    if tuple(alibi_slopes.shape) not in ((Hq,), (B, Hq)):
+        raise ValueError(f"{op}: alibi_slopes must be (Hq,) = ({Hq},) or (B, Hq) = ({B}, {Hq}),"
+                         f" got {tuple(alibi_slopes.shape)}")
+    check_same_device(op, "q", q, alibi_slopes=alibi_slopes)
+    return alibi_slopes.to(torch.float32).expand(B, Hq)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Causal = False,
+              attn_mask: torch.Tensor | None = None,
+              key_padding_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+              scale: float | None = None, alibi_slopes: torch.Tensor | None = None,
+              window: tuple[int, int] | None = None, softcap: float = 0.0,
+              return_lse: bool = False, deterministic: bool = False,
+              backend: str | None = None):
+    """Softmax attention softmax(q k^T * scale + bias) v, fused and tiled (FlashAttention-2
+    style): no (Lq, Lk) tensor is allocated, forward or backward.
+
+    q: (B, Hq, Lq, D); k: (B, Hkv, Lk, D); v: (B, Hkv, Lk, Dv). Hq must be a multiple of Hkv
+        (grouped-query / multi-query attention); D, Dv in [1, 256]; any strides with a unit
+        last stride (a (B, L, H, D) tensor transposed to (B, H, L, D) needs no copy).
+    causal: False; True or "top_left" (query i sees keys j <= i, torch SDPA's is_causal);
+        "bottom_right" (query i sees keys j <= i + Lk - Lq: the last query sees every key, as
+        in decoding with a cache). With Lq=2, Lk=5 ("x" = visible):
+            top_left      bottom_right
+            x . . . .     x x x x .
+            x x . . .     x x x x x
+    attn_mask: bool (True = may attend) or float (added to the scores), broadcastable to
+        (B, Hq, Lq, Lk); read through its strides, never expanded in memory.
+    key_padding_mask: bool (B, Lk), True = padding to ignore (nn.MultiheadAttention's rule).
+    dropout_p: dropout on the attention probabilities (training); reproducible under
+        torch.manual_seed; the backward regenerates the same mask.
+    scale: multiplies q.k (default 1/sqrt(D)).
+    alibi_slopes: float (Hq,) or (B, Hq): adds -slope * |i + Lk - Lq - j| to the scores.
+    window: (left, right) sliding window; query i sees keys j with
+        i + Lk - Lq - left <= j <= i + Lk - Lq + right; -1 leaves a side unbounded.
+    softcap: > 0 replaces scores s by softcap * tanh(s / softcap) (Gemma 2).
+    return_lse: also return lse (B, Hq, Lq) float32 (float64 for float64 inputs), the natural
+        log of each row's sum of exp(scores); -inf for rows with no visible key.
+    deterministic: a bitwise reproducible backward (fastattn's kernels always are: dQ and
+        dK/dV are reduced in fixed order, without atomics).
+    Score pipeline: s = scale * q.k; softcap; + ALiBi; + float attn_mask; then the boolean
+    masks. Rows with no visible key give output 0 (and lse -inf), never NaN.
+    Returns out (B, Hq, Lq, Dv) in q's dtype, or (out, lse) with return_lse.
+    """
+    op = "attention"
+    _check_inputs(op, q, k, v)
+    B, Hq, Lq, D = q.shape
+    Lk = k.shape[2]
+    if causal not in (False, True, "top_left", "bottom_right"):
+        raise ValueError(f"{op}: causal must be False, True, 'top_left' or 'bottom_right', got "
+                         f"{causal!r}")
+    if window is not None:
+        if (not isinstance(window, (tuple, list)) or len(window) != 2
+                or not all(isinstance(w, int) and w >= -1 for w in window)):
+            raise ValueError(f"{op}: window must be None or (left, right) ints >= -1 "
+                             f"(-1 = unbounded), got {window!r}")
+    p = check_dropout(op, dropout_p)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"{op}: scale must be finite, got {scale}")
+    softcap = float(softcap)
+    if not (softcap >= 0.0 and math.isfinite(softcap)):
+        raise ValueError(f"{op}: softcap must be >= 0 (0 = off), got {softcap}")
+    mask = _canonical_mask(op, attn_mask, q, B, Hq, Lq, Lk)
+    padding = _canonical_padding(op, key_padding_mask, q, B, Lk)
+    alibi = _canonical_alibi(op, alibi_slopes, q, B, Hq)
+    window_lo, window_hi = window_bounds(causal, window, Lq, Lk)
+
+    limits: dict[str, str] = {}
+    if q.dtype == torch.float64:
+        limits["triton"] = "the triton backend does not take float64"
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (mask, alibi)):
+        for name in ("cpu", "cuda", "triton"):
+            limits[name] = ("gradients with respect to attn_mask or alibi_slopes are computed "
+                            "by the reference backend only")
+    for name in ("cpu", "cuda"):
+        if name not in limits and not _native_has("attention_forward"):
+            limits[name] = "fastattn._C was built without the attention kernels"
+    chosen = _backend.select_backend(op, q.device, backend, limits=limits)
+    seed = dropout_seed(p, q.device)
+    args = (q, k, v, mask, padding, alibi, scale, softcap, window_lo, window_hi, p, seed)
+    if chosen == "reference":
+        out, lse = ref.attention(*args)
+    else:
+        out, lse = _op("attention_forward", chosen)(*args)
+    _backend._record(op, chosen)
+    return (out, lse) if return_lse else out
+
+
+def merge_attention(outs: Sequence[torch.Tensor],
+                    lses: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine attentions of the same queries over disjoint key sets (split-K decoding, context
+    parallelism): out = sum_i exp(lse_i - lse) out_i with lse = logsumexp_i lse_i.
+
+    outs: sequence of (..., Lq, Dv) partial outputs (same shape and dtype);
+    lses: sequence of (..., Lq) float lse of each part (attention(..., return_lse=True)).
+    Parts with lse -inf (no visible key) contribute nothing; if all are -inf the result is
+    0 with lse -inf. Differentiable with respect to every out and lse.
+    Returns (out in outs[0]'s dtype, lse float32, float64 for float64 outs).
+    """
+    op = "merge_attention"
+    if len(outs) == 0 or len(outs) != len(lses):
+        raise ValueError(f"{op}: outs and lses must be non-empty sequences of the same length, "
+                         f"got {len(outs)} and {len(lses)}")
+    for i, (o, l) in enumerate(zip(outs, lses)):
+        check_tensor(op, f"outs[{i}]", o, float_dtype=True)
+        check_tensor(op, f"lses[{i}]", l, float_dtype=True)
+        if o.shape != outs[0].shape or o.dtype != outs[0].dtype:
+            raise ValueError(f"{op}: every out must match outs[0] ({tuple(outs[0].shape)}, "
+                             f"{outs[0].dtype}), got outs[{i}] {tuple(o.shape)}, {o.dtype}")
+        if tuple(l.shape) != tuple(o.shape[:-1]):
+            raise ValueError(f"{op}: lses[{i}] must have shape {tuple(o.shape[:-1])} (outs "
+                             f"without the last dim), got {tuple(l.shape)}")
+        check_same_device(op, "outs[0]", outs[0], **{f"outs[{i}]": o, f"lses[{i}]": l})
+    return ref.merge_attention(list(outs), list(lses))
+
+
+# ---------------------------------------------------------------------------------------------
+# Fake implementations (native ops) and autograd (native and triton op sets)
+
+
+def _register_native_fakes() -> None:
+    @torch.library.register_fake("fastattn::attention_forward")
+    def _(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap, window_lo,
+          window_hi, dropout_p, seed):
+        B, Hq, Lq, _ = q.shape
+        return output_like(q, v.shape[3]), q.new_empty((B, Hq, Lq), dtype=ref.lse_dtype(q.dtype))
+
+    @torch.library.register_fake("fastattn::attention_backward")
+    def _(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask, alibi_slopes,
+          scale, softcap, window_lo, window_hi, dropout_p, seed, deterministic):
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def register_autograd(suffix: str) -> None:
+    """Attach the backward to fastattn::attention_forward<suffix>."""
+
+    def setup_context(ctx, inputs, output):
+        (q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap, window_lo,
+         window_hi, dropout_p, seed) = inputs
+        out, lse = output
+        ctx.set_materialize_grads(False)
+        ctx.meta = (scale, softcap, window_lo, window_hi, dropout_p)
+        ctx.save_for_backward(q, k, v, out, lse, attn_mask, key_padding_mask, alibi_slopes, seed)
+
+    def backward(ctx, grad_out, grad_lse):
+        q, k, v, out, lse, attn_mask, key_padding_mask, alibi_slopes, seed = ctx.saved_tensors
+        scale, softcap, window_lo, window_hi, dropout_p = ctx.meta
+        if grad_out is None and grad_lse is None:
+            return (None,) * 12
+        if grad_out is None:
+            grad_out = torch.zeros_like(out)
+        if grad_out.stride(-1) != 1:
+            grad_out = grad_out.contiguous()
+        if grad_lse is not None:
+            grad_lse = grad_lse.contiguous()
+        dq, dk, dv = getattr(torch.ops.fastattn, "attention_backward" + suffix)(
+            grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask, alibi_slopes,
+            scale, softcap, window_lo, window_hi, dropout_p, seed, True)
+        return (dq, dk, dv) + (None,) * 9
+
+    torch.library.register_autograd("fastattn::attention_forward" + suffix, backward,
+                                    setup_context=setup_context)
+
+
+if _native_has("attention_forward"):
+    _register_native_fakes()
+    register_autograd("")
