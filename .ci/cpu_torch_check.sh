@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds fastattn against the CPU-only torch 2.13.0 in .venv-cpu (no CUDA sources compiled)
+# and checks it: `python -m fastattn` must report cuda "not built" and cpu, reference and
+# (under TRITON_INTERPRET=1) triton available; then the positional and backend tests run
+# against that installation (from a copy of tests/, so the source tree's CUDA build is not
+# imported instead).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+VENV=${CPU_VENV:-.venv-cpu}
+PYTHON_BOOTSTRAP=$(command -v python3.11 || command -v python3)
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON_BOOTSTRAP" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install --quiet --upgrade pip
+"$VENV/bin/python" -m pip install --quiet torch==2.13.0 triton==3.8.0 numpy pybind11 ninja \
+  "cmake>=3.21,<4" setuptools wheel pytest pytest-timeout hypothesis expecttest
+FASTATTN_CUDA=auto "$VENV/bin/python" -m pip install --quiet --no-build-isolation --no-deps \
+  --force-reinstall .
+work=$(mktemp -d)
+cp -r tests "$work/tests"
+cd "$work"
+report=$(TRITON_INTERPRET=1 "$ROOT/$VENV/bin/python" -m fastattn)
+echo "$report"
+echo "$report" | grep -q "^build .*CUDA not built" || { echo "expected a build without CUDA"; exit 1; }
+echo "$report" | grep -qE "^  cuda +not built" || { echo "expected cuda: not built"; exit 1; }
+for b in cpu reference triton; do
+  echo "$report" | grep -qE "^  $b +available" || { echo "expected $b available"; exit 1; }
+done
+"$ROOT/$VENV/bin/python" -m pytest tests/test_backends.py tests/test_positional.py -q -x \
+  -p no:cacheprovider --timeout=900
+rm -rf "$work"
