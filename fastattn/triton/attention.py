@@ -1,0 +1,613 @@
+"""Triton kernels of softmax attention (FlashAttention-2), forward and backward, registered as
+torch ops fastattn::attention_forward_triton / attention_backward_triton.
+
+Canonical arguments (fastattn/ops/attention.py builds them, fastattn/reference/attention.py
+defines the result): q (B, Hq, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv) with any strides
+and a unit last stride; query head h reads kv head h // (Hq // Hkv). Key j is visible to query
+i iff i + window_lo <= j <= i + window_hi, the bool attn_mask allows it and the key is not
+padding. Score pipeline: s = scale * q.k; softcap * tanh(s / softcap); - slope * |i + Lk - Lq - j|;
++ float attn_mask; hidden keys -> -inf.
+
+Kernels:
+- forward: one program per (BLOCK_M queries, batch * query head); online softmax in base 2
+  over the key tiles that the window leaves visible (tiles entirely outside it are never
+  loaded, which halves causal attention); saves lse (natural log) for the backward.
+- backward: `_bwd_preprocess` computes delta_i = rowsum(dO * O) - grad_lse_i; `_bwd_dkdv`
+  owns BLOCK_N keys of one kv head and loops over every query head of its GQA group and the
+  query tiles that can see those keys, so dK and dV are reduced in registers in a fixed order;
+  `_bwd_dq` owns BLOCK_M queries and loops over the visible key tiles. Both recompute P from
+  q, k and lse. No atomics anywhere: the backward is bitwise reproducible.
+- dropout draws element ((b*Hq + h)*Lq + i)*Lk + j of fastattn's Philox stream (as every other
+  backend), so the backward regenerates the forward's mask; lse is that of undropped scores.
+
+Rows that see no key give out 0 and lse -inf: the running maximum is replaced by 0 while it is
+-inf, so exp(-inf - -inf) never happens. On CUDA the tile sizes are autotuned per head-dim
+class (smaller tiles above 128, so shared memory and registers fit on an H100); under the CPU
+interpreter one tile shape is chosen from the lengths, inputs are upcast to float32 right after
+loading bfloat16 (the interpreter's bfloat16 arithmetic is broken) and bfloat16 results go
+through a float32 buffer that torch rounds.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from . import finish, interpreting
+from . import output_like as grad_buffer_like
+from .._debug import poison
+from .random import dropout_multiplier
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+# attn_mask kinds (constexpr MASK_KIND)
+_NO_MASK, _BOOL_MASK, _FLOAT_MASK = 0, 1, 2
+
+# ---------------------------------------------------------------------------------------------
+# Shared device functions
+
+
+@triton.jit
+def _tanh(x):
+    """tanh from one exp of a non-positive argument: no overflow for any |x| (tl has no tanh
+    on every Triton version, and libdevice is unavailable under the interpreter)."""
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x >= 0, t, -t)
+
+
+@triton.jit
+def _capped_scores(qk, scale, softcap, HAS_SOFTCAP: tl.constexpr):
+    """scale * q.k, soft-capped: softcap * tanh(s / softcap)."""
+    s = qk * scale
+    if HAS_SOFTCAP:
+        s = softcap * _tanh(s / softcap)
+    return s
+
+
+@triton.jit
+def _biased_masked_scores(s, i, j, b, h, mask_ptr, s_mb, s_mh, s_mi, s_mj, pad_ptr, slope,
+                          Lq, Lk, window_lo, window_hi, MASK_KIND: tl.constexpr,
+                          HAS_PAD: tl.constexpr, HAS_ALIBI: tl.constexpr):
+    """Adds ALiBi and the float mask to the (capped) scores s and sets hidden keys to -inf.
+
+    i (query indices) and j (key indices) broadcast to s's shape in either orientation
+    ((M, 1) x (1, N) in the forward and dQ kernels, (1, M) x (N, 1) in the dK/dV kernel).
+    Out-of-range rows and columns are hidden too.
+    """
+    if HAS_ALIBI:
+        s = s - slope * tl.abs(i + (Lk - Lq) - j).to(tl.float32)
+    inside = (i < Lq) & (j < Lk)
+    visible = inside & (j >= i + window_lo) & (j <= i + window_hi)
+    if MASK_KIND != 0:
+        mptr = (mask_ptr + b * s_mb + h * s_mh + i.to(tl.int64) * s_mi
+                + j.to(tl.int64) * s_mj)
+        if MASK_KIND == 1:
+            allowed = tl.load(mptr, mask=inside, other=0)
+            visible = visible & (allowed != 0)
+        else:
+            s = s + tl.load(mptr, mask=inside, other=0.0).to(tl.float32)
+    if HAS_PAD:
+        padding = tl.load(pad_ptr + b * Lk + j, mask=j < Lk, other=1)
+        visible = visible & (padding == 0)
+    return tl.where(visible, s, float("-inf"))
+
+
+@triton.jit
+def _key_range(start_m, Lk, window_lo, window_hi, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr):
+    """[lo, hi) of the key tiles that queries [start_m, start_m + BLOCK_M) can see through the
+    window; lo is a multiple of BLOCK_N. Tiles outside are never loaded."""
+    lo = tl.maximum(start_m + window_lo, 0)
+    lo = (lo // BLOCK_N) * BLOCK_N
+    hi = tl.minimum(start_m + BLOCK_M + window_hi, Lk)
+    return lo, hi
+
+
+@triton.jit
+def _query_range(start_n, Lq, window_lo, window_hi, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr):
+    """[lo, hi) of the query tiles that can see keys [start_n, start_n + BLOCK_N): query i sees
+    key j iff j - window_hi <= i <= j - window_lo."""
+    lo = tl.maximum(start_n - window_hi, 0)
+    lo = (lo // BLOCK_M) * BLOCK_M
+    hi = tl.minimum(start_n + BLOCK_N - window_lo, Lq)
+    return lo, hi
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward
+
+
+@triton.jit
+def _fwd_kernel(Q, K, V, Mask, Pad, Alibi, Seed, Out, Lse,
+                s_qb, s_qh, s_qm, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_ob, s_oh, s_om,
+                s_mb, s_mh, s_mi, s_mj, s_ab, s_ah,
+                Hq, GROUP, Lq, Lk, D, Dv, scale, softcap, window_lo, window_hi,
+                threshold, keep_scale, LQ_CLASS, LK_CLASS,
+                MASK_KIND: tl.constexpr, HAS_PAD: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                HAS_SOFTCAP: tl.constexpr, HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
+                DOT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // Hq
+    h = bh % Hq
+    kvh = h // GROUP
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    m_valid = offs_m < Lq
+    d_valid = offs_d < D
+    dv_valid = offs_dv < Dv
+
+    q = tl.load(Q + b * s_qb + h * s_qh + offs_m.to(tl.int64)[:, None] * s_qm + offs_d[None, :],
+                mask=m_valid[:, None] & d_valid[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    k_base = K + b * s_kb + kvh * s_kh
+    v_base = V + b * s_vb + kvh * s_vh
+    slope = 0.0
+    if HAS_ALIBI:
+        slope = tl.load(Alibi + b * s_ab + h * s_ah)
+    row_element = (bh * Lq + offs_m) * Lk  # dropout element of (i, 0), int64
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max, base-2 units
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    lo, hi = _key_range(start_m, Lk, window_lo, window_hi, BLOCK_M, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_valid = offs_n < Lk
+        rows_n = offs_n.to(tl.int64)[:, None]
+        k = tl.load(k_base + rows_n * s_kn + offs_d[None, :],
+                    mask=n_valid[:, None] & d_valid[None, :], other=0.0)
+        v = tl.load(v_base + rows_n * s_vn + offs_dv[None, :],
+                    mask=n_valid[:, None] & dv_valid[None, :], other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        s = _capped_scores(qk, scale, softcap, HAS_SOFTCAP)
+        s = _biased_masked_scores(s, offs_m[:, None], offs_n[None, :], b, h, Mask, s_mb, s_mh,
+                                  s_mi, s_mj, Pad, slope, Lq, Lk, window_lo, window_hi,
+                                  MASK_KIND, HAS_PAD, HAS_ALIBI)
+        s = s * LOG2E
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # While a row has seen no visible key its max is -inf: subtract 0 instead, so that
+        # exp2(-inf - -inf) = NaN never appears (p and alpha are then 0).
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if HAS_DROPOUT:
+            p = p * dropout_multiplier(Seed, row_element[:, None] + offs_n[None, :], threshold,
+                                       keep_scale)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), m_i * LN2 + tl.log(tl.where(empty, 1.0, l_i)))
+    tl.store(Out + b * s_ob + h * s_oh + offs_m.to(tl.int64)[:, None] * s_om + offs_dv[None, :],
+             out.to(Out.dtype.element_ty), mask=m_valid[:, None] & dv_valid[None, :])
+    tl.store(Lse + bh * Lq + offs_m, lse, mask=m_valid)
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward
+
+
+@triton.jit
+def _bwd_preprocess(Out, DO, GradLse, Delta, s_ob, s_oh, s_om, s_dob, s_doh, s_dom, Hq, Lq, Dv,
+                    HAS_GRAD_LSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """delta_i = rowsum(dO_i * O_i) - grad_lse_i, so that dS = P * (dP - delta) also carries
+    the gradient of lse (d lse_i / d s_ij = P_ij)."""
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // Hq
+    h = bh % Hq
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    m_valid = offs_m < Lq
+    mask = m_valid[:, None] & (offs_dv < Dv)[None, :]
+    rows = offs_m.to(tl.int64)[:, None]
+    o = tl.load(Out + b * s_ob + h * s_oh + rows * s_om + offs_dv[None, :], mask=mask,
+                other=0.0).to(tl.float32)
+    do = tl.load(DO + b * s_dob + h * s_doh + rows * s_dom + offs_dv[None, :], mask=mask,
+                 other=0.0).to(tl.float32)
+    delta = tl.sum(o * do, 1)
+    if HAS_GRAD_LSE:
+        delta -= tl.load(GradLse + bh * Lq + offs_m, mask=m_valid, other=0.0).to(tl.float32)
+    tl.store(Delta + bh * Lq + offs_m, delta, mask=m_valid)
+
+
+@triton.jit
+def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, DK, DV,
+                     s_qb, s_qh, s_qm, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
+                     s_dob, s_doh, s_dom, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
+                     s_mb, s_mh, s_mi, s_mj, s_ab, s_ah,
+                     Hq, GROUP, Lq, Lk, D, Dv, scale, softcap, window_lo, window_hi,
+                     threshold, keep_scale, LQ_CLASS, LK_CLASS,
+                     MASK_KIND: tl.constexpr, HAS_PAD: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                     HAS_SOFTCAP: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dK, dV for BLOCK_N keys of kv head (b, kvh), summed over the GROUP query heads that
+    share it. Scores are computed transposed, (keys, queries), so that every product is a
+    plain tl.dot with one transposed operand (as in Triton's fused-attention tutorial)."""
+    start_n = tl.program_id(0) * BLOCK_N
+    bkv = tl.program_id(1).to(tl.int64)
+    Hkv = Hq // GROUP
+    b = bkv // Hkv
+    kvh = bkv % Hkv
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    n_valid = offs_n < Lk
+    d_valid = offs_d < D
+    dv_valid = offs_dv < Dv
+    rows_n = offs_n.to(tl.int64)[:, None]
+    k = tl.load(K + b * s_kb + kvh * s_kh + rows_n * s_kn + offs_d[None, :],
+                mask=n_valid[:, None] & d_valid[None, :], other=0.0)
+    v = tl.load(V + b * s_vb + kvh * s_vh + rows_n * s_vn + offs_dv[None, :],
+                mask=n_valid[:, None] & dv_valid[None, :], other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    lo, hi = _query_range(start_n, Lq, window_lo, window_hi, BLOCK_M, BLOCK_N)
+    for g in range(0, GROUP):
+        h = kvh * GROUP + g
+        bh = b * Hq + h
+        slope = 0.0
+        if HAS_ALIBI:
+            slope = tl.load(Alibi + b * s_ab + h * s_ah)
+        q_base = Q + b * s_qb + h * s_qh
+        do_base = DO + b * s_dob + h * s_doh
+        for start_m in range(lo, hi, BLOCK_M):
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            m_valid = offs_m < Lq
+            cols_m = offs_m.to(tl.int64)
+            qT = tl.load(q_base + cols_m[None, :] * s_qm + offs_d[:, None],
+                         mask=m_valid[None, :] & d_valid[:, None], other=0.0)
+            do = tl.load(do_base + cols_m[:, None] * s_dom + offs_dv[None, :],
+                         mask=m_valid[:, None] & dv_valid[None, :], other=0.0)
+            if UPCAST:
+                qT = qT.to(tl.float32)
+                do = do.to(tl.float32)
+            lse = tl.load(Lse + bh * Lq + offs_m, mask=m_valid, other=0.0)
+            # Rows without a visible key have lse -inf and only -inf scores: use +inf so that
+            # their P is exp2(-inf) = 0 rather than NaN.
+            lse = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
+            delta = tl.load(Delta + bh * Lq + offs_m, mask=m_valid, other=0.0)
+            qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)
+            sT = _capped_scores(qkT, scale, softcap, HAS_SOFTCAP)
+            sT_masked = _biased_masked_scores(sT, offs_m[None, :], offs_n[:, None], b, h, Mask,
+                                              s_mb, s_mh, s_mi, s_mj, Pad, slope, Lq, Lk,
+                                              window_lo, window_hi, MASK_KIND, HAS_PAD,
+                                              HAS_ALIBI)
+            pT = tl.math.exp2(sT_masked * LOG2E - lse[None, :])
+            dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+            if HAS_DROPOUT:
+                zT = dropout_multiplier(Seed, (bh * Lq + cols_m[None, :]) * Lk + offs_n[:, None],
+                                        threshold, keep_scale)
+                dv += tl.dot((pT * zT).to(do.dtype), do, input_precision=DOT_PRECISION)
+                dpT = dpT * zT
+            else:
+                dv += tl.dot(pT.to(do.dtype), do, input_precision=DOT_PRECISION)
+            dsT = pT * (dpT - delta[None, :])
+            if HAS_SOFTCAP:
+                t = sT / softcap
+                dsT = dsT * (1.0 - t * t)
+            dk += tl.dot(dsT.to(qT.dtype), tl.trans(qT), input_precision=DOT_PRECISION)
+    dk = dk * scale
+    tl.store(DK + b * s_dkb + kvh * s_dkh + rows_n * s_dkn + offs_d[None, :],
+             dk.to(DK.dtype.element_ty), mask=n_valid[:, None] & d_valid[None, :])
+    tl.store(DV + b * s_dvb + kvh * s_dvh + rows_n * s_dvn + offs_dv[None, :],
+             dv.to(DV.dtype.element_ty), mask=n_valid[:, None] & dv_valid[None, :])
+
+
+@triton.jit
+def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, DQ,
+                   s_qb, s_qh, s_qm, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
+                   s_dob, s_doh, s_dom, s_dqb, s_dqh, s_dqm,
+                   s_mb, s_mh, s_mi, s_mj, s_ab, s_ah,
+                   Hq, GROUP, Lq, Lk, D, Dv, scale, softcap, window_lo, window_hi,
+                   threshold, keep_scale, LQ_CLASS, LK_CLASS,
+                   MASK_KIND: tl.constexpr, HAS_PAD: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                   HAS_SOFTCAP: tl.constexpr, HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dQ for BLOCK_M queries of head (b, h), over the key tiles they can see."""
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // Hq
+    h = bh % Hq
+    kvh = h // GROUP
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    m_valid = offs_m < Lq
+    d_valid = offs_d < D
+    dv_valid = offs_dv < Dv
+    rows_m = offs_m.to(tl.int64)[:, None]
+    q = tl.load(Q + b * s_qb + h * s_qh + rows_m * s_qm + offs_d[None, :],
+                mask=m_valid[:, None] & d_valid[None, :], other=0.0)
+    do = tl.load(DO + b * s_dob + h * s_doh + rows_m * s_dom + offs_dv[None, :],
+                 mask=m_valid[:, None] & dv_valid[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    lse = tl.load(Lse + bh * Lq + offs_m, mask=m_valid, other=0.0)
+    lse = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E  # see _bwd_dkdv_kernel
+    delta = tl.load(Delta + bh * Lq + offs_m, mask=m_valid, other=0.0)
+    slope = 0.0
+    if HAS_ALIBI:
+        slope = tl.load(Alibi + b * s_ab + h * s_ah)
+    k_base = K + b * s_kb + kvh * s_kh
+    v_base = V + b * s_vb + kvh * s_vh
+    row_element = (bh * Lq + offs_m) * Lk
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    lo, hi = _key_range(start_m, Lk, window_lo, window_hi, BLOCK_M, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_valid = offs_n < Lk
+        rows_n = offs_n.to(tl.int64)[:, None]
+        k = tl.load(k_base + rows_n * s_kn + offs_d[None, :],
+                    mask=n_valid[:, None] & d_valid[None, :], other=0.0)
+        v = tl.load(v_base + rows_n * s_vn + offs_dv[None, :],
+                    mask=n_valid[:, None] & dv_valid[None, :], other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        s = _capped_scores(qk, scale, softcap, HAS_SOFTCAP)
+        s_masked = _biased_masked_scores(s, offs_m[:, None], offs_n[None, :], b, h, Mask, s_mb,
+                                         s_mh, s_mi, s_mj, Pad, slope, Lq, Lk, window_lo,
+                                         window_hi, MASK_KIND, HAS_PAD, HAS_ALIBI)
+        p = tl.math.exp2(s_masked * LOG2E - lse[:, None])
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        if HAS_DROPOUT:
+            dp = dp * dropout_multiplier(Seed, row_element[:, None] + offs_n[None, :], threshold,
+                                         keep_scale)
+        ds = p * (dp - delta[:, None])
+        if HAS_SOFTCAP:
+            t = s / softcap
+            ds = ds * (1.0 - t * t)
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
+    dq = dq * scale
+    tl.store(DQ + b * s_dqb + h * s_dqh + offs_m.to(tl.int64)[:, None] * s_dqm + offs_d[None, :],
+             dq.to(DQ.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
+
+
+# ---------------------------------------------------------------------------------------------
+# Tile shapes: autotuned on CUDA, one shape under the interpreter
+#
+# Per head-dim class (the padded max(D, Dv)): <= 64, <= 128, > 128. Above 128 the tiles shrink
+# so that q (or k, v, dk, dv) tiles, two pipeline stages of the streamed tiles and the float32
+# accumulators fit an H100's 228 KB of shared memory and its registers. Configs that still do
+# not fit (float32 inputs) fail to compile and the autotuner skips them; each list ends with a
+# small config that fits every case. The key is the head dims and coarse length classes, so
+# that new lengths do not trigger a new tuning run each.
+
+
+def _config(block_m, block_n, warps, stages):
+    return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps,
+                         num_stages=stages)
+
+
+_FWD_CONFIGS = {
+    64: [_config(128, 64, 4, 3), _config(128, 128, 8, 3), _config(64, 64, 4, 3),
+         _config(128, 32, 4, 4), _config(64, 32, 4, 2)],
+    128: [_config(128, 64, 8, 3), _config(128, 32, 4, 3), _config(64, 64, 4, 3),
+          _config(128, 128, 8, 2), _config(64, 32, 4, 2)],
+    256: [_config(64, 64, 4, 2), _config(64, 32, 4, 2), _config(128, 32, 8, 2),
+          _config(32, 32, 4, 1)],
+}
+_DKDV_CONFIGS = {
+    64: [_config(32, 128, 4, 3), _config(64, 64, 4, 3), _config(64, 128, 8, 2),
+         _config(32, 64, 4, 2)],
+    128: [_config(32, 128, 8, 2), _config(64, 64, 8, 2), _config(32, 64, 4, 2),
+          _config(16, 64, 4, 2)],
+    256: [_config(32, 64, 8, 1), _config(32, 32, 4, 2), _config(16, 32, 4, 1)],
+}
+_DQ_CONFIGS = {
+    64: [_config(128, 32, 4, 3), _config(64, 64, 4, 3), _config(128, 64, 8, 2),
+         _config(64, 32, 4, 2)],
+    128: [_config(128, 32, 8, 2), _config(64, 32, 4, 2), _config(64, 64, 8, 2),
+          _config(32, 32, 4, 2)],
+    256: [_config(64, 32, 8, 1), _config(32, 32, 4, 2), _config(32, 16, 4, 1)],
+}
+_TUNE_KEY = ["BLOCK_D", "BLOCK_DV", "LQ_CLASS", "LK_CLASS", "MASK_KIND", "HAS_DROPOUT"]
+
+
+def _tuned(kernel, configs):
+    return {cls: triton.autotune(configs=cfgs, key=_TUNE_KEY)(kernel)
+            for cls, cfgs in configs.items()}
+
+
+_FWD_TUNED = _tuned(_fwd_kernel, _FWD_CONFIGS)
+_DKDV_TUNED = _tuned(_bwd_dkdv_kernel, _DKDV_CONFIGS)
+_DQ_TUNED = _tuned(_bwd_dq_kernel, _DQ_CONFIGS)
+
+
+def _head_class(block_d: int, block_dv: int) -> int:
+    widest = max(block_d, block_dv)
+    return 64 if widest <= 64 else 128 if widest <= 128 else 256
+
+
+def _length_class(length: int) -> int:
+    """Coarse autotune bucket of a sequence length: 64, 256, 1024, 4096, 16384."""
+    c = 64
+    while c < length and c < 16384:
+        c *= 4
+    return c
+
+
+def _interpreter_block(length: int) -> int:
+    # Under the interpreter every tile op is a numpy call: large tiles cost fewer calls, and
+    # tiles beyond the length only waste work.
+    return max(16, min(64, triton.next_power_of_2(max(length, 1))))
+
+
+class _Launch:
+    """Everything the three main kernels share: pointers for optional tensors, strides,
+    constexpr flags, and whether to launch the raw kernel (interpreter) or the tuned one."""
+
+    def __init__(self, q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
+                 window_lo, window_hi, dropout_p, seed):
+        B, Hq, Lq, D = q.shape
+        Hkv, Lk, Dv = k.shape[1], k.shape[2], v.shape[3]
+        self.shape = (B, Hq, Hkv, Lq, Lk, D, Dv)
+        self.interpret = interpreting(q.device)
+        if attn_mask is None:
+            mask_kind, mask_arg, mask_strides = _NO_MASK, q, (0, 0, 0, 0)
+        else:
+            mask_kind = _BOOL_MASK if attn_mask.dtype == torch.bool else _FLOAT_MASK
+            mask_arg, mask_strides = attn_mask, tuple(attn_mask.stride())
+        if alibi_slopes is None:
+            alibi_arg, alibi_strides = q, (0, 0)
+        else:
+            alibi_arg, alibi_strides = alibi_slopes, tuple(alibi_slopes.stride())
+        has_dropout = dropout_p > 0.0
+        self.optional = (mask_arg, key_padding_mask if key_padding_mask is not None else q,
+                         alibi_arg, seed if has_dropout else q)
+        self.trailing_strides = mask_strides + alibi_strides
+        # Triton passes floats as float32, which rounds p and 1/(1-p) exactly as the other
+        # backends do.
+        self.scalars = (Hq, Hq // Hkv, Lq, Lk, D, Dv, float(scale), float(softcap),
+                        int(window_lo), int(window_hi),
+                        float(dropout_p) if has_dropout else 0.0,
+                        1.0 / (1.0 - dropout_p) if has_dropout else 1.0,
+                        _length_class(Lq), _length_class(Lk))
+        block_d = max(16, triton.next_power_of_2(D))
+        block_dv = max(16, triton.next_power_of_2(Dv))
+        if q.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest":
+            precision = "ieee"  # float32 products stay float32, as torch's own matmuls
+        else:
+            precision = "tf32"  # ignored for 16-bit inputs
+        self.meta = dict(MASK_KIND=mask_kind, HAS_PAD=key_padding_mask is not None,
+                         HAS_ALIBI=alibi_slopes is not None, HAS_SOFTCAP=softcap > 0.0,
+                         HAS_DROPOUT=has_dropout,
+                         UPCAST=self.interpret and q.dtype == torch.bfloat16,
+                         DOT_PRECISION=precision, BLOCK_D=block_d, BLOCK_DV=block_dv)
+        self.head_class = _head_class(block_d, block_dv)
+        self.interpreter_blocks = dict(BLOCK_M=_interpreter_block(Lq),
+                                       BLOCK_N=_interpreter_block(Lk))
+
+    def kernel(self, raw, tuned):
+        """(kernel, extra meta-parameters) for this device."""
+        if self.interpret:
+            return wrap_triton(raw), self.interpreter_blocks
+        return wrap_triton(tuned[self.head_class]), {}
+
+
+def _on_device(t: torch.Tensor):
+    """Launch context: the tensor's CUDA device (no-op for CPU tensors under the interpreter)."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+def _strides3(t: torch.Tensor) -> tuple[int, int, int]:
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Torch ops (same schemas as the native ops in csrc/bindings.cpp, suffixed _triton)
+
+
+@triton_op("fastattn::attention_forward_triton", mutates_args=())
+def attention_forward_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             attn_mask: torch.Tensor | None,
+                             key_padding_mask: torch.Tensor | None,
+                             alibi_slopes: torch.Tensor | None, scale: float, softcap: float,
+                             window_lo: int, window_hi: int, dropout_p: float,
+                             seed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    from ..ops.attention import output_like
+
+    launch = _Launch(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
+                     window_lo, window_hi, dropout_p, seed)
+    B, Hq, Hkv, Lq, Lk, D, Dv = launch.shape
+    wide = q.dtype == torch.bfloat16 and launch.interpret  # float32 buffer, rounded by torch
+    out = poison(output_like(q, Dv, torch.float32 if wide else None))
+    lse = poison(torch.empty((B, Hq, Lq), dtype=torch.float32, device=q.device))
+    if B * Hq * Lq > 0:
+        kernel, blocks = launch.kernel(_fwd_kernel, _FWD_TUNED)
+
+        def grid(meta):
+            return (triton.cdiv(Lq, meta["BLOCK_M"]), B * Hq)
+
+        with _on_device(q):
+            kernel[grid](q, k, v, *launch.optional, out, lse, *_strides3(q), *_strides3(k),
+                         *_strides3(v), *_strides3(out), *launch.trailing_strides,
+                         *launch.scalars, **launch.meta, **blocks)
+    return finish(out, q.dtype), lse
+
+
+@triton_op("fastattn::attention_backward_triton", mutates_args=())
+def attention_backward_triton(grad_out: torch.Tensor, grad_lse: torch.Tensor | None,
+                              q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                              out: torch.Tensor, lse: torch.Tensor,
+                              attn_mask: torch.Tensor | None,
+                              key_padding_mask: torch.Tensor | None,
+                              alibi_slopes: torch.Tensor | None, scale: float, softcap: float,
+                              window_lo: int, window_hi: int, dropout_p: float,
+                              seed: torch.Tensor | None,
+                              deterministic: bool) -> tuple[torch.Tensor, torch.Tensor,
+                                                            torch.Tensor]:
+    # `deterministic` needs nothing: these kernels never use atomics, so every backward is
+    # bitwise reproducible.
+    launch = _Launch(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
+                     window_lo, window_hi, dropout_p, seed)
+    B, Hq, Hkv, Lq, Lk, D, Dv = launch.shape
+    dq = grad_buffer_like(q)
+    dk = grad_buffer_like(k)
+    dv = grad_buffer_like(v)
+    if grad_out.shape[-1] > 1 and grad_out.stride(-1) != 1:
+        grad_out = grad_out.contiguous()
+    lse = lse.contiguous()
+    delta = torch.empty((B, Hq, Lq), dtype=torch.float32, device=q.device)
+    has_grad_lse = grad_lse is not None
+    grad_lse_arg = grad_lse.contiguous() if has_grad_lse else lse
+    common = (q, k, v, grad_out, lse, delta, *launch.optional)
+    q_k_v_do_strides = (*_strides3(q), *_strides3(k), *_strides3(v), *_strides3(grad_out))
+    with _on_device(q):
+        if B * Hq * Lq > 0:
+            block_dv = launch.meta["BLOCK_DV"]
+            pre_m = 64 if block_dv <= 128 else 32
+            wrap_triton(_bwd_preprocess)[(triton.cdiv(Lq, pre_m), B * Hq)](
+                out, grad_out, grad_lse_arg, delta, *_strides3(out), *_strides3(grad_out), Hq,
+                Lq, Dv, HAS_GRAD_LSE=has_grad_lse, BLOCK_M=pre_m, BLOCK_DV=block_dv)
+
+            kernel, blocks = launch.kernel(_bwd_dq_kernel, _DQ_TUNED)
+
+            def dq_grid(meta):
+                return (triton.cdiv(Lq, meta["BLOCK_M"]), B * Hq)
+
+            kernel[dq_grid](*common, dq, *q_k_v_do_strides, *_strides3(dq),
+                            *launch.trailing_strides, *launch.scalars, **launch.meta, **blocks)
+        if B * Hkv * Lk > 0:
+            kernel, blocks = launch.kernel(_bwd_dkdv_kernel, _DKDV_TUNED)
+
+            def dkdv_grid(meta):
+                return (triton.cdiv(Lk, meta["BLOCK_N"]), B * Hkv)
+
+            kernel[dkdv_grid](*common, dk, dv, *q_k_v_do_strides, *_strides3(dk),
+                              *_strides3(dv), *launch.trailing_strides, *launch.scalars,
+                              **launch.meta, **blocks)
+    return finish(dq, q.dtype), finish(dk, k.dtype), finish(dv, v.dtype)
+
+
+def _register() -> None:
+    from ..ops.attention import register_autograd
+    register_autograd("_triton")
+
+
+_register()
