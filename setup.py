@@ -58,11 +58,27 @@ class CMakeExtension(Extension):
         super().__init__(name, sources=[])
 
 
+def _replace_file(src: Path, dst: Path) -> None:
+    """Copy src over dst through a rename, so processes that have dst mapped keep a valid file."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    staging = dst.with_name(dst.name + ".tmp")
+    shutil.copy2(src, staging)
+    os.replace(staging, dst)
+
+
 class CMakeBuild(build_ext):
+    def copy_file(self, src, dst, *args, **kwargs):
+        # setuptools copies the built library into the source tree (--inplace, editable
+        # installs) by overwriting it in place; a rename is safe for running processes.
+        if str(dst).endswith(".so"):
+            _replace_file(Path(src), Path(dst))
+            return str(dst), True
+        return super().copy_file(src, dst, *args, **kwargs)
+
     def build_extension(self, ext: Extension) -> None:
         import torch  # the torch we build against: pip install --no-build-isolation
 
-        out_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
+        target = Path(self.get_ext_fullpath(ext.name)).resolve()
         cuda_home = _find_cuda_home()
         use_cuda = _cuda_enabled(torch.version.cuda, cuda_home)
         archs = os.environ.get("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCHS)
@@ -74,7 +90,7 @@ class CMakeBuild(build_ext):
         env["TORCH_CUDA_ARCH_LIST"] = archs
         cmake_args = [
             f"-DPython_EXECUTABLE={sys.executable}",
-            f"-DFASTATTN_OUTPUT_DIR={out_dir}",
+            f"-DFASTATTN_OUTPUT_DIR={build_dir / 'out'}",
             f"-DFASTATTN_CUDA={'ON' if use_cuda else 'OFF'}",
             f"-DFASTATTN_DEBUG_CHECKS={'ON' if os.environ.get('FASTATTN_DEBUG_CHECKS') == '1' else 'OFF'}",
             "-DCMAKE_BUILD_TYPE=Release",
@@ -95,6 +111,9 @@ class CMakeBuild(build_ext):
               flush=True)
         subprocess.run([cmake, "-S", str(ROOT), "-B", str(build_dir), *cmake_args], check=True, env=env)
         subprocess.run([cmake, "--build", str(build_dir), "--parallel", jobs], check=True, env=env)
+        # Each (torch, CUDA) configuration builds in its own folder; its result is copied to
+        # where setuptools expects it.
+        _replace_file(build_dir / "out" / target.name, target)
 
 
 def _ninja_from_pip() -> str | None:

@@ -1,0 +1,1 @@
+"""Public op functions: argument checks, backend choice, autograd and fake implementations."""
