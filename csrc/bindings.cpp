@@ -13,6 +13,15 @@
 #endif
 
 TORCH_LIBRARY(fastattn, m) {
+  // Softmax attention (csrc/attention). Canonical arguments: see fastattn/ops/attention.py.
+  m.def("attention_forward(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, "
+        "Tensor? key_padding_mask, Tensor? alibi_slopes, float scale, float softcap, "
+        "int window_lo, int window_hi, float dropout_p, Tensor? seed) -> (Tensor, Tensor)");
+  m.def("attention_backward(Tensor grad_out, Tensor? grad_lse, Tensor q, Tensor k, Tensor v, "
+        "Tensor out, Tensor lse, Tensor? attn_mask, Tensor? key_padding_mask, "
+        "Tensor? alibi_slopes, float scale, float softcap, int window_lo, int window_hi, "
+        "float dropout_p, Tensor? seed, bool deterministic) -> (Tensor, Tensor, Tensor)");
+
   // Positional encodings (csrc/positional). Dropout ops take seed = int64 (2,) on the device.
   m.def("sinusoidal_table(Tensor positions, int dim, float base, ScalarType dtype) -> Tensor");
   m.def("add_sinusoidal(Tensor x, int offset, Tensor? offsets, float scale, float base, "

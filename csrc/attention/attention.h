@@ -1,0 +1,87 @@
+// Argument checks and output allocation of the attention ops, shared by the CPU and CUDA op
+// bodies. fastattn/ops/attention.py checks the same rules first with friendlier messages and
+// builds the canonical arguments; these guard direct calls of torch.ops.fastattn.*.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+
+#include "common/checks.h"
+
+namespace fastattn::attention {
+
+constexpr int64_t kMaxHeadDim = 256;
+
+inline void check_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const c10::optional<at::Tensor>& attn_mask,
+                          const c10::optional<at::Tensor>& key_padding_mask,
+                          const c10::optional<at::Tensor>& alibi_slopes, double dropout_p,
+                          const c10::optional<at::Tensor>& seed, const char* op) {
+  check_float_dtype(q, op, "q");
+  FASTATTN_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, op,
+                 "q, k and v must be 4-D (B, H, L, D), got ", q.sizes(), ", ", k.sizes(), ", ",
+                 v.sizes());
+  FASTATTN_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), op,
+                 "q, k and v must have the same dtype, got ", q.scalar_type(), ", ",
+                 k.scalar_type(), ", ", v.scalar_type());
+  check_same_device(q, k, op, "q", "k");
+  check_same_device(q, v, op, "q", "v");
+  const int64_t B = q.size(0), Hq = q.size(1), Lq = q.size(2), D = q.size(3);
+  const int64_t Hkv = k.size(1), Lk = k.size(2), Dv = v.size(3);
+  FASTATTN_CHECK(k.size(0) == B && v.size(0) == B, op, "q, k and v must have the same batch");
+  FASTATTN_CHECK(v.size(1) == Hkv && Hkv > 0 && Hq % Hkv == 0, op,
+                 "q's heads must be a multiple of k/v's heads, got ", Hq, " and ", Hkv);
+  FASTATTN_CHECK(v.size(2) == Lk, op, "k and v must have the same length, got ", Lk, " and ",
+                 v.size(2));
+  FASTATTN_CHECK(k.size(3) == D, op, "q and k must have the same head dim, got ", D, " and ",
+                 k.size(3));
+  FASTATTN_CHECK(D >= 1 && D <= kMaxHeadDim && Dv >= 1 && Dv <= kMaxHeadDim, op,
+                 "head dims must be in [1, ", kMaxHeadDim, "], got ", D, " and ", Dv);
+  check_unit_last_stride(q, op, "q");
+  check_unit_last_stride(k, op, "k");
+  check_unit_last_stride(v, op, "v");
+  if (attn_mask.has_value() && attn_mask->defined()) {
+    const auto& m = *attn_mask;
+    FASTATTN_CHECK(m.scalar_type() == at::kBool || m.scalar_type() == at::kFloat ||
+                       m.scalar_type() == q.scalar_type(),
+                   op, "attn_mask must be bool, float32 or q's dtype, got ", m.scalar_type());
+    FASTATTN_CHECK(m.dim() == 4 && m.size(0) == B && m.size(1) == Hq && m.size(2) == Lq &&
+                       m.size(3) == Lk,
+                   op, "attn_mask must be viewed as (B, Hq, Lq, Lk) = (", B, ", ", Hq, ", ", Lq,
+                   ", ", Lk, "), got ", m.sizes());
+    check_same_device(m, q, op, "attn_mask", "q");
+  }
+  if (key_padding_mask.has_value() && key_padding_mask->defined()) {
+    const auto& m = *key_padding_mask;
+    FASTATTN_CHECK(m.scalar_type() == at::kBool && m.dim() == 2 && m.size(0) == B &&
+                       m.size(1) == Lk && m.is_contiguous(),
+                   op, "key_padding_mask must be a contiguous bool (B, Lk) = (", B, ", ", Lk,
+                   "), got ", m.scalar_type(), " ", m.sizes());
+    check_same_device(m, q, op, "key_padding_mask", "q");
+  }
+  if (alibi_slopes.has_value() && alibi_slopes->defined()) {
+    const auto& a = *alibi_slopes;
+    FASTATTN_CHECK(a.scalar_type() == at::kFloat && a.dim() == 2 && a.size(0) == B &&
+                       a.size(1) == Hq,
+                   op, "alibi_slopes must be float32 viewed as (B, Hq) = (", B, ", ", Hq,
+                   "), got ", a.scalar_type(), " ", a.sizes());
+    check_same_device(a, q, op, "alibi_slopes", "q");
+  }
+  check_seed(seed, dropout_p, q, op);
+}
+
+// (B, Hq, Lq, Dv) output following q's layout: (B, Lq, Hq, Dv) in memory when q's heads are
+// inner to its sequence (a transposed (B, L, H, D) input). Same rule as
+// fastattn.ops.attention.output_like.
+inline at::Tensor output_like(const at::Tensor& q, int64_t Dv) {
+  const int64_t B = q.size(0), Hq = q.size(1), Lq = q.size(2);
+  if (q.stride(1) < q.stride(2)) {
+    return at::empty({B, Lq, Hq, Dv}, q.options()).transpose(1, 2);
+  }
+  return at::empty({B, Hq, Lq, Dv}, q.options());
+}
+
+inline at::ScalarType lse_dtype(const at::Tensor& q) {
+  return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+}  // namespace fastattn::attention

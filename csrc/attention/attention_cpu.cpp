@@ -1,0 +1,166 @@
+// CPU bodies of the attention ops: checks, allocation, and the ISA-dispatched FlashAttention-2
+// loops of attention_cpu_kernel.cpp.
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/library.h>
+
+#include "attention/attention.h"
+#include "attention/attention_cpu_kernel.h"
+#include "common/cpu_isa.h"
+#include "common/debug.h"
+
+namespace fastattn::attention {
+namespace {
+
+using at::Tensor;
+using c10::optional;
+
+bool defined(const optional<Tensor>& t) { return t.has_value() && t->defined(); }
+
+cpu::Strides4 strides_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+
+cpu::MaskKind mask_kind(const optional<Tensor>& mask) {
+  if (!defined(mask)) return cpu::MaskKind::none;
+  switch (mask->scalar_type()) {
+    case at::kBool: return cpu::MaskKind::boolean;
+    case at::kFloat: return cpu::MaskKind::float32;
+    case at::kDouble: return cpu::MaskKind::float64;
+    case at::kHalf: return cpu::MaskKind::float16;
+    case at::kBFloat16: return cpu::MaskKind::bfloat16;
+    default: TORCH_CHECK(false, "attention: unsupported attn_mask dtype ", mask->scalar_type());
+  }
+}
+
+cpu::AttentionProblem make_problem(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const optional<Tensor>& attn_mask,
+                                   const optional<Tensor>& key_padding_mask,
+                                   const optional<Tensor>& alibi_slopes, double scale,
+                                   double softcap, int64_t window_lo, int64_t window_hi,
+                                   double dropout_p, const optional<Tensor>& seed) {
+  cpu::AttentionProblem p{};
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.q_s = strides_of(q);
+  p.k_s = strides_of(k);
+  p.v_s = strides_of(v);
+  p.B = q.size(0);
+  p.Hq = q.size(1);
+  p.Hkv = k.size(1);
+  p.Lq = q.size(2);
+  p.Lk = k.size(2);
+  p.D = q.size(3);
+  p.Dv = v.size(3);
+  p.mask_kind = mask_kind(attn_mask);
+  if (defined(attn_mask)) {
+    p.mask = attn_mask->data_ptr();
+    p.mask_sb = attn_mask->stride(0);
+    p.mask_sh = attn_mask->stride(1);
+    p.mask_sq = attn_mask->stride(2);
+    p.mask_sk = attn_mask->stride(3);
+  }
+  p.key_padding = defined(key_padding_mask) ? key_padding_mask->data_ptr<bool>() : nullptr;
+  if (defined(alibi_slopes)) {
+    p.alibi = alibi_slopes->data_ptr<float>();
+    p.alibi_sb = alibi_slopes->stride(0);
+    p.alibi_sh = alibi_slopes->stride(1);
+  }
+  p.scale = scale;
+  p.softcap = softcap;
+  p.window_lo = window_lo;
+  p.window_hi = window_hi;
+  p.dropout_p = dropout_p;
+  if (dropout_p > 0.0) {
+    const int64_t* s = seed->data_ptr<int64_t>();
+    p.seed = static_cast<uint64_t>(s[0]);
+    p.stream = static_cast<uint64_t>(s[1]);
+  }
+  return p;
+}
+
+#define FASTATTN_DISPATCH_ATTENTION(TYPE, ...) \
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, TYPE, "attention_cpu", __VA_ARGS__)
+
+std::tuple<Tensor, Tensor> attention_forward_cpu(
+    const Tensor& q, const Tensor& k, const Tensor& v, const optional<Tensor>& attn_mask,
+    const optional<Tensor>& key_padding_mask, const optional<Tensor>& alibi_slopes,
+    double scale, double softcap, int64_t window_lo, int64_t window_hi, double dropout_p,
+    const optional<Tensor>& seed) {
+  constexpr const char* op = "attention_forward";
+  check_problem(q, k, v, attn_mask, key_padding_mask, alibi_slopes, dropout_p, seed, op);
+  Tensor out = output_like(q, v.size(3));
+  Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(lse_dtype(q)));
+  poison(out);
+  poison(lse);
+  if (out.numel() == 0) return {out, lse};
+  cpu::AttentionForwardParams fp{make_problem(q, k, v, attn_mask, key_padding_mask,
+                                              alibi_slopes, scale, softcap, window_lo,
+                                              window_hi, dropout_p, seed),
+                                 out.data_ptr(), strides_of(out), lse.data_ptr()};
+  FASTATTN_DISPATCH_ATTENTION(q.scalar_type(), [&] {
+    FASTATTN_CPU_ISA_CALL(attention_forward<scalar_t>, fp);
+  });
+  return {out, lse};
+}
+
+std::tuple<Tensor, Tensor, Tensor> attention_backward_cpu(
+    const Tensor& grad_out, const optional<Tensor>& grad_lse, const Tensor& q, const Tensor& k,
+    const Tensor& v, const Tensor& out, const Tensor& lse, const optional<Tensor>& attn_mask,
+    const optional<Tensor>& key_padding_mask, const optional<Tensor>& alibi_slopes,
+    double scale, double softcap, int64_t window_lo, int64_t window_hi, double dropout_p,
+    const optional<Tensor>& seed, bool deterministic) {
+  // The CPU backward is always deterministic (fixed summation order, no atomics).
+  (void)deterministic;
+  constexpr const char* op = "attention_backward";
+  check_problem(q, k, v, attn_mask, key_padding_mask, alibi_slopes, dropout_p, seed, op);
+  FASTATTN_CHECK(grad_out.sizes() == out.sizes() && out.size(3) == v.size(3) &&
+                     out.dim() == 4 && out.size(0) == q.size(0) && out.size(1) == q.size(1) &&
+                     out.size(2) == q.size(2),
+                 op, "grad_out and out must be (B, Hq, Lq, Dv), got ", grad_out.sizes(), " and ",
+                 out.sizes());
+  FASTATTN_CHECK(grad_out.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
+                 op, "grad_out and out must have q's dtype");
+  check_unit_last_stride(grad_out, op, "grad_out");
+  check_unit_last_stride(out, op, "out");
+  FASTATTN_CHECK(lse.scalar_type() == lse_dtype(q) && lse.is_contiguous() && lse.dim() == 3, op,
+                 "lse must be a contiguous ", lse_dtype(q), " (B, Hq, Lq) tensor");
+  Tensor dlse;
+  if (grad_lse.has_value() && grad_lse->defined()) {
+    dlse = grad_lse->to(lse_dtype(q)).contiguous();
+    FASTATTN_CHECK(dlse.sizes() == lse.sizes(), op, "grad_lse must be (B, Hq, Lq)");
+  }
+  Tensor dq = at::empty(q.sizes(), q.options());
+  Tensor dk = at::empty(k.sizes(), k.options());
+  Tensor dv = at::empty(v.sizes(), v.options());
+  poison(dq);
+  poison(dk);
+  poison(dv);
+  if (dq.numel() == 0 && dk.numel() == 0) return {dq, dk, dv};
+  if (q.size(2) == 0 || k.size(2) == 0) {  // nothing attends: every gradient is zero
+    dq.zero_();
+    dk.zero_();
+    dv.zero_();
+    return {dq, dk, dv};
+  }
+  cpu::AttentionBackwardParams bp{make_problem(q, k, v, attn_mask, key_padding_mask,
+                                               alibi_slopes, scale, softcap, window_lo,
+                                               window_hi, dropout_p, seed),
+                                  out.data_ptr(), strides_of(out), grad_out.data_ptr(),
+                                  strides_of(grad_out), lse.data_ptr(),
+                                  dlse.defined() ? dlse.data_ptr() : nullptr,
+                                  dq.data_ptr(), dk.data_ptr(), dv.data_ptr()};
+  FASTATTN_DISPATCH_ATTENTION(q.scalar_type(), [&] {
+    FASTATTN_CPU_ISA_CALL(attention_backward<scalar_t>, bp);
+  });
+  return {dq, dk, dv};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fastattn, CPU, m) {
+  m.impl("attention_forward", &attention_forward_cpu);
+  m.impl("attention_backward", &attention_backward_cpu);
+}
+
+}  // namespace fastattn::attention
