@@ -28,12 +28,13 @@ class BackendError(RuntimeError):
     """A backend was asked for that cannot run the call (not built, wrong device, feature)."""
 
 
+# Per-thread state: `stack` (use_backend contexts) and `last` (op name -> backend that ran its
+# last call). Dynamo traces attribute access on a threading.local (the update is replayed per
+# thread after the graph runs); threading.get_ident() it cannot trace (a graph break under
+# torch.compile(fullgraph=True)), so no thread-id-keyed dict.
 _state = threading.local()
 _global_backend: str | None = None
 _env_backend = os.environ.get("FASTATTN_BACKEND") or None
-# op name -> backend that ran its last call. A plain dict keyed by (thread id, op) rather than
-# a threading.local so that torch.compile traces the update instead of breaking the graph.
-_last: dict[tuple[int, str], str] = {}
 
 
 def _validate(name: str | None, what: str) -> str | None:
@@ -79,12 +80,15 @@ def requested_backend() -> str | None:
 
 
 def _record(op: str, backend: str) -> None:
-    _last[(threading.get_ident(), op)] = backend
+    last = getattr(_state, "last", None)
+    if last is None:
+        last = _state.last = {}
+    last[op] = backend
 
 
 def last_backend(op: str) -> str | None:
     """Backend that ran the last call of public op `op` (e.g. "attention") on this thread."""
-    return _last.get((threading.get_ident(), op))
+    return getattr(_state, "last", {}).get(op)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,6 +141,10 @@ def available_backends() -> dict[str, str]:
 _availability_cache: dict[str, str] | None = None
 
 
+# Evaluated eagerly even while torch.compile traces: the first fastattn call of a process may
+# be a compiled one, and available_backends() calls into the pybind11 module (build_info),
+# which Dynamo cannot trace (a graph break under fullgraph=True).
+@torch.compiler.assume_constant_result
 def _availability() -> dict[str, str]:
     global _availability_cache
     if _availability_cache is None:
