@@ -140,8 +140,10 @@ def add_sinusoidal(x: torch.Tensor, *, offset: Offset = 0, scale: float = 1.0,
     chosen = _backend.select_backend(op, x.device, backend, limits=_limits(x.dtype))
     seed = dropout_seed(p, x.device)
     args = (x3, off, offsets, float(scale), float(base), p, seed)
+    # Every backend rejects per-sequence starts below 0 (the native kernels read no table, so
+    # they do not check positions themselves).
+    _check_position_range(op, off, offsets, x3.shape[1], None, "")
     if chosen == "reference":
-        _check_position_range(op, off, offsets, x3.shape[1], None, "")
         out3 = ref.add_sinusoidal(*args)
     else:
         out3 = _native_op(op, chosen)(*args)
@@ -323,8 +325,9 @@ def apply_rotary(x: torch.Tensor, *, cos: torch.Tensor | None = None,
             if host_checks_enabled() and position_ids.numel() > 0:
                 lo, hi = (int(v) for v in torch.aminmax(position_ids))
                 if lo < 0 or (rows is not None and hi >= rows):
-                    raise ValueError(f"{op}: position_ids must be in [0, {rows}), got values "
-                                     f"from {lo} to {hi}")
+                    allowed = "be >= 0" if rows is None else f"be in [0, {rows}) (cos/sin rows)"
+                    raise ValueError(f"{op}: position_ids must {allowed}, got values from {lo} "
+                                     f"to {hi}")
         else:
             _check_position_range(op, off, offsets, L, rows, "cos/sin")
     args = (cos, sin, off, offsets, position_ids, rotary_dim, float(base), bool(interleaved))
