@@ -1,0 +1,346 @@
+"""Tests of the backend API (fastattn/_backend.py, fastattn/__main__.py, build_info) and of the
+per-ISA copies of the CPU kernels.
+
+Behaviour that is fixed at import time (FASTATTN_BACKEND, FASTATTN_CPU_ISA, TRITON_INTERPRET)
+is tested in subprocesses started with `sys.executable`, from the repository root so that they
+import this checkout of fastattn.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+import fastattn
+
+REPO = Path(__file__).resolve().parents[1]
+BACKENDS = ("cuda", "triton", "cpu", "reference")
+
+
+def python_env(set_vars: dict[str, str] | None = None, unset=()) -> dict[str, str]:
+    env = dict(os.environ)
+    for key in unset:
+        env.pop(key, None)
+    env.update(set_vars or {})
+    return env
+
+
+def run_python(code: str, *args: str, env: dict[str, str] | None = None,
+               module: str | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", module] if module else [sys.executable, "-c", code, *args]
+    return subprocess.run(cmd, cwd=REPO, env=env or python_env(), capture_output=True,
+                          text=True, timeout=600)
+
+
+def _add(backend=None) -> torch.Tensor:
+    return fastattn.add_sinusoidal(torch.randn(2, 3, 4), backend=backend)
+
+
+# ---------------------------------------------------------------------------------------------
+# available_backends, build_info
+
+
+def test_available_backends_keys_and_values():
+    status = fastattn.available_backends()
+    assert tuple(status) == BACKENDS
+    for name, value in status.items():
+        assert isinstance(value, str) and value, name
+        if value != "available":  # a reason a person can act on
+            assert value.startswith(("not available", "not built")), (name, value)
+            assert len(value) > len("not available: "), (name, value)
+    assert status["reference"] == "available"
+    assert status["cpu"] == ("available" if fastattn._native.C is not None
+                             else status["cpu"])
+    info = fastattn.build_info()
+    cuda_ok = "error" not in info and info["cuda"] and torch.cuda.is_available()
+    assert (status["cuda"] == "available") == bool(cuda_ok)
+    if "error" not in info and not info["cuda"]:
+        assert "not built" in status["cuda"]
+    if "error" not in info and info["cuda"] and not torch.cuda.is_available():
+        assert "no CUDA device" in status["cuda"]
+    triton_expected = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+    assert (status["triton"] == "available") == triton_expected
+    assert fastattn.available_backends() == status  # stable
+
+
+def test_build_info():
+    info = fastattn.build_info()
+    assert "error" not in info, info
+    for key in ("cuda", "cuda_archs", "cuda_version", "torch_version", "cpu_isa"):
+        assert key in info, key
+    assert isinstance(info["cuda"], bool)
+    assert info["cpu_isa"] in ("base", "avx2", "avx512")
+    assert torch.__version__.startswith(info["torch_version"]), (torch.__version__, info)
+    if info["cuda"]:
+        assert info["cuda_archs"] and info["cuda_version"]
+        assert all(part.replace(".", "").isdigit()
+                   for part in info["cuda_version"].split("."))
+    else:
+        assert info["cuda_archs"] == "" and info["cuda_version"] is None
+    assert fastattn.build_info() is not fastattn.build_info()  # a copy each call
+
+
+# ---------------------------------------------------------------------------------------------
+# use_backend, set_backend, last_backend
+
+
+def test_use_backend_nests_and_restores():
+    _add()
+    assert fastattn.last_backend("add_sinusoidal") == "cpu"
+    with fastattn.use_backend("reference"):
+        _add()
+        assert fastattn.last_backend("add_sinusoidal") == "reference"
+        with fastattn.use_backend("cpu"):
+            _add()
+            assert fastattn.last_backend("add_sinusoidal") == "cpu"
+            with fastattn.use_backend(None):  # automatic inside a forced context
+                _add()
+                assert fastattn.last_backend("add_sinusoidal") == "cpu"
+        _add()
+        assert fastattn.last_backend("add_sinusoidal") == "reference"
+        _add(backend="cpu")  # the op's own argument wins over the context
+        assert fastattn.last_backend("add_sinusoidal") == "cpu"
+    _add()
+    assert fastattn.last_backend("add_sinusoidal") == "cpu"
+
+
+def test_use_backend_restores_after_an_exception():
+    with pytest.raises(KeyError):
+        with fastattn.use_backend("reference"):
+            raise KeyError("boom")
+    _add()
+    assert fastattn.last_backend("add_sinusoidal") == "cpu"
+    with pytest.raises(fastattn.BackendError):
+        with fastattn.use_backend("cuda"):
+            _add()  # no CUDA tensors here: cuda cannot run this call
+    _add()
+    assert fastattn.last_backend("add_sinusoidal") == "cpu"
+
+
+def test_set_backend_and_none_restores_automatic_choice():
+    fastattn.set_backend("reference")
+    _add()
+    assert fastattn.last_backend("add_sinusoidal") == "reference"
+    with fastattn.use_backend("cpu"):  # the context wins over the process-wide choice
+        _add()
+        assert fastattn.last_backend("add_sinusoidal") == "cpu"
+    _add()
+    assert fastattn.last_backend("add_sinusoidal") == "reference"
+    fastattn.set_backend(None)
+    _add()
+    assert fastattn.last_backend("add_sinusoidal") == "cpu"
+
+
+@pytest.mark.parametrize("name", ("tpu", "CPU", "", 3, "cuda ", "triton_"))
+def test_invalid_backend_names_raise_value_error(name):
+    with pytest.raises(ValueError, match="backend must be one of cuda, triton, cpu, reference"):
+        fastattn.set_backend(name)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        with fastattn.use_backend(name):
+            pass
+    with pytest.raises(ValueError, match="backend must be one of"):
+        _add(backend=name)
+    _add()  # the failed calls left the automatic choice in place
+    assert fastattn.last_backend("add_sinusoidal") == "cpu"
+
+
+def test_backend_error_is_a_runtime_error_with_a_reason():
+    assert issubclass(fastattn.BackendError, RuntimeError)
+    with pytest.raises(fastattn.BackendError, match=r"add_sinusoidal: backend 'cuda' cannot run"):
+        _add(backend="cuda")
+
+
+def test_last_backend_of_an_op_never_called_is_none():
+    assert fastattn.last_backend("no_such_op") is None
+
+
+def test_backend_state_is_per_thread():
+    """use_backend and last_backend belong to the calling thread."""
+    results = {}
+
+    def worker():
+        results["before"] = fastattn.last_backend("add_sinusoidal")
+        _add()  # the main thread's use_backend("reference") does not apply here
+        results["auto"] = fastattn.last_backend("add_sinusoidal")
+        with fastattn.use_backend("reference"):
+            _add()
+        results["ctx"] = fastattn.last_backend("add_sinusoidal")
+
+    with fastattn.use_backend("reference"):
+        _add()
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join()
+        assert fastattn.last_backend("add_sinusoidal") == "reference"
+    assert results == {"before": None, "auto": "cpu", "ctx": "reference"}
+    _add(backend="cpu")
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert fastattn.last_backend("add_sinusoidal") == "cpu"
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment variables and `python -m fastattn` (subprocesses)
+
+
+_ENV_SCRIPT = r"""
+import json, torch, fastattn
+x = torch.randn(2, 3, 4)
+r = {"status": fastattn.available_backends()}
+fastattn.add_sinusoidal(x)
+r["env"] = fastattn.last_backend("add_sinusoidal")
+fastattn.apply_rotary(torch.randn(1, 1, 2, 4))
+r["rotary"] = fastattn.last_backend("apply_rotary")
+with fastattn.use_backend("cpu"):
+    fastattn.add_sinusoidal(x)
+    r["context"] = fastattn.last_backend("add_sinusoidal")
+fastattn.set_backend("cpu")
+fastattn.add_sinusoidal(x)
+r["set"] = fastattn.last_backend("add_sinusoidal")
+fastattn.set_backend(None)
+fastattn.add_sinusoidal(x)
+r["after_set_none"] = fastattn.last_backend("add_sinusoidal")
+try:
+    fastattn.add_sinusoidal(x, backend="triton")
+    r["triton_error"] = None
+except fastattn.BackendError as exc:
+    r["triton_error"] = str(exc)
+print(json.dumps(r))
+"""
+
+
+def test_fastattn_backend_environment_variable():
+    """FASTATTN_BACKEND=reference sets the default; use_backend and set_backend override it;
+    set_backend(None) returns to it. Without TRITON_INTERPRET and a GPU the triton backend
+    reports why it is unavailable and refuses CPU tensors."""
+    env = python_env({"FASTATTN_BACKEND": "reference", "CUDA_VISIBLE_DEVICES": ""},
+                     unset=("TRITON_INTERPRET",))
+    proc = run_python(_ENV_SCRIPT, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["env"] == "reference" and r["rotary"] == "reference"
+    assert r["context"] == "cpu" and r["set"] == "cpu"
+    assert r["after_set_none"] == "reference"
+    assert "TRITON_INTERPRET" in r["status"]["triton"]
+    assert r["status"]["triton"].startswith("not available")
+    assert r["triton_error"] is not None and "TRITON_INTERPRET" in r["triton_error"]
+
+
+def test_fastattn_backend_environment_variable_invalid():
+    proc = run_python("import fastattn", env=python_env({"FASTATTN_BACKEND": "tpu"}))
+    assert proc.returncode != 0
+    assert "FASTATTN_BACKEND must be one of" in proc.stderr and "'tpu'" in proc.stderr
+
+
+def test_python_m_fastattn_report():
+    proc = run_python("", module="fastattn")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"fastattn {fastattn.__version__}"
+    assert any(line.startswith("torch") and torch.__version__ in line for line in lines)
+    build = [line for line in lines if line.startswith("build")]
+    assert len(build) == 1, proc.stdout
+    info = fastattn.build_info()
+    assert f"CPU kernels: {info['cpu_isa']}" in build[0]
+    assert ("CUDA not built" in build[0]) == (not info["cuda"])
+    if info["cuda"]:
+        assert info["cuda_archs"] in build[0] and info["cuda_version"] in build[0]
+    assert "backends" in lines
+    status = fastattn.available_backends()  # the subprocess inherits this environment
+    for name in BACKENDS:
+        assert f"  {name:<10} {status[name]}" in lines, (name, proc.stdout)
+    assert any(line.startswith("device") for line in lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# The per-ISA copies of the CPU kernels agree
+
+
+_ISA_SCRIPT = r"""
+import sys, torch, fastattn
+out = {"isa": fastattn.build_info()["cpu_isa"]}
+for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+    name = str(dtype).split(".")[-1]
+    torch.manual_seed(0)
+    # D = 67: full vectors of every width plus a tail
+    x = torch.randn(3, 37, 67, dtype=torch.float64).to(dtype).requires_grad_()
+    y = fastattn.add_sinusoidal(x, offset=torch.tensor([0, 5, 900]), scale=1.3, backend="cpu")
+    y.backward(torch.randn(y.shape, dtype=torch.float64).to(dtype))
+    out[f"add/{name}"], out[f"add.grad/{name}"] = y.detach(), x.grad
+    torch.manual_seed(1)
+    out[f"add.dropout/{name}"] = fastattn.add_sinusoidal(x.detach(), dropout_p=0.3,
+                                                         backend="cpu")
+    xr = torch.randn(2, 3, 19, 40, dtype=torch.float64).to(dtype).requires_grad_()
+    for interleaved in (False, True):
+        r = fastattn.apply_rotary(xr, rotary_dim=34, offset=7, interleaved=interleaved,
+                                  backend="cpu")
+        r.backward(torch.randn(r.shape, dtype=torch.float64).to(dtype))
+        out[f"rotary{interleaved}/{name}"], out[f"rotary{interleaved}.grad/{name}"] = \
+            r.detach(), xr.grad.clone()
+        xr.grad = None
+    cos = torch.randn(64, 17, dtype=torch.float64).to(dtype)
+    sin = torch.randn(64, 17, dtype=torch.float64).to(dtype)
+    out[f"rotary.tables/{name}"] = fastattn.apply_rotary(
+        xr.detach(), cos=cos, sin=sin, position_ids=torch.randint(0, 64, (2, 19)), backend="cpu")
+    tokens = torch.randint(0, 50, (3, 29))
+    weight = torch.randn(50, 67, dtype=torch.float64).to(dtype).requires_grad_()
+    table = torch.randn(40, 67, dtype=torch.float64).to(dtype).requires_grad_()
+    for positions in ("sinusoidal", table):
+        e = fastattn.embed_with_positions(tokens, weight, positions=positions, scale=2.0,
+                                          offset=torch.tensor([0, 3, 11]), padding_idx=4,
+                                          backend="cpu")
+        e.backward(torch.randn(e.shape, dtype=torch.float64).to(dtype))
+        kind = "sin" if isinstance(positions, str) else "learned"
+        out[f"embed.{kind}/{name}"], out[f"embed.{kind}.grad/{name}"] = e.detach(), \
+            weight.grad.clone()
+        weight.grad = None
+    out[f"embed.learned.table_grad/{name}"] = table.grad
+    torch.manual_seed(2)
+    out[f"embed.dropout/{name}"] = fastattn.embed_with_positions(
+        tokens, weight.detach(), dropout_p=0.4, backend="cpu")
+    out[f"table/{name}"] = fastattn.sinusoidal_table(300, 67, offset=9, dtype=dtype,
+                                                     backend="cpu")
+torch.save(out, sys.argv[1])
+"""
+
+
+def test_cpu_isa_copies_agree(tmp_path):
+    """The base, avx2 and default (avx512 where the CPU has it) copies of the CPU kernels give
+    the same results: to ~1e-6 relative (FMA contraction differs), one ulp after rounding to
+    float16/bfloat16, and the same dropout masks."""
+    runs = {}
+    for isa in ("default", "base", "avx2"):
+        env = python_env({"FASTATTN_CPU_ISA": isa} if isa != "default" else {},
+                         unset=("FASTATTN_CPU_ISA",))
+        path = tmp_path / f"{isa}.pt"
+        runs[isa] = (path, subprocess.Popen(
+            [sys.executable, "-c", _ISA_SCRIPT, str(path)], cwd=REPO, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = {}
+    for isa, (path, proc) in runs.items():
+        _, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, (isa, stderr[-3000:])
+        results[isa] = torch.load(path)
+    default = results["default"]
+    assert default["isa"] in ("base", "avx2", "avx512")
+    assert results["base"]["isa"] == "base"
+    assert results["avx2"]["isa"] == ("base" if default["isa"] == "base" else "avx2")
+    keys = [k for k in default if k != "isa"]
+    assert len(keys) > 40
+    for isa in ("base", "avx2"):
+        for key in keys:
+            a, b = results[isa][key], default[key]
+            assert a.dtype == b.dtype and a.shape == b.shape, (isa, key)
+            assert not torch.isnan(a).any(), (isa, key)
+            if "dropout" in key:
+                assert torch.equal(a == 0, b == 0), (isa, key)
+            ulp = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}.get(a.dtype, 0.0)
+            torch.testing.assert_close(a.double(), b.double(), rtol=max(1e-6, ulp), atol=1e-6,
+                                       msg=lambda m, isa=isa, key=key: f"{isa} {key}: {m}")
