@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "attention/attention_cpu_kernel.h"
@@ -44,22 +45,29 @@ constexpr acc neg_inf() {
   return -std::numeric_limits<acc>::infinity();
 }
 
-// Load rows [r0, r0 + rows) of one (b, h) slice of a (B, H, L, D) tensor as a row-major
-// (rows x D) tile of the compute type.
+// Rows [r0, r0 + rows) of one (b, h) slice of a (B, H, L, D) tensor as a row-major tile of the
+// compute type: the tensor itself when it already is (float storage), else converted into buf.
+// Returns the tile; ld receives its row stride.
 template <typename T>
-void load_tile(const T* base, int64_t stride_l, int64_t r0, int64_t rows, int64_t D,
-               acc_t<T>* tile, int64_t ld) {
-  for (int64_t r = 0; r < rows; ++r) load_row<T>(base + (r0 + r) * stride_l, tile + r * ld, D);
+const acc_t<T>* rows_view(const T* base, int64_t stride_l, int64_t r0, int64_t rows, int64_t D,
+                          acc_t<T>* buf, int64_t& ld) {
+  if constexpr (std::is_same_v<T, acc_t<T>>) {
+    ld = stride_l;
+    return base + r0 * stride_l;
+  } else {
+    for (int64_t r = 0; r < rows; ++r) load_row<T>(base + (r0 + r) * stride_l, buf + r * D, D);
+    ld = D;
+    return buf;
+  }
 }
 
-// Transposed tile: tile[d * ld + r] = X[r0 + r, d] (the B operand of Q K^T and dO V^T).
+// Transposed tile: tile[d * ld_out + r] = X[r0 + r, d] (the B operand of Q K^T and dO V^T).
 template <typename T>
 void load_tile_transposed(const T* base, int64_t stride_l, int64_t r0, int64_t rows, int64_t D,
-                          acc_t<T>* row_buf, acc_t<T>* tile, int64_t ld) {
-  for (int64_t r = 0; r < rows; ++r) {
-    load_row<T>(base + (r0 + r) * stride_l, row_buf, D);
-    for (int64_t d = 0; d < D; ++d) tile[d * ld + r] = row_buf[d];
-  }
+                          acc_t<T>* buf, acc_t<T>* tile, int64_t ld_out) {
+  int64_t ld;
+  const acc_t<T>* src = rows_view<T>(base, stride_l, r0, rows, D, buf, ld);
+  transpose(src, ld, tile, ld_out, rows, D);
 }
 
 // Everything about one (b, h) slice of the score pipeline that does not depend on the tile.
@@ -207,8 +215,9 @@ void attention_forward(const AttentionForwardParams& fp) {
 
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     const int64_t D = p.D, Dv = p.Dv, ldmax = std::max(D, Dv);
-    std::vector<acc> q_t(kBlockQ * D), kt(D * kBlockK), v_t(kBlockK * Dv), s(kBlockQ * kBlockK);
-    std::vector<acc> mult(kBlockQ * kBlockK), o_acc(kBlockQ * Dv), row(std::max(ldmax, kBlockK));
+    std::vector<acc> q_t(kBlockQ * D), qT(D * kBlockQ), kt(D * kBlockK), s(kBlockQ * kBlockK);
+    std::vector<acc> kv_buf(kBlockK * ldmax), mult(kBlockQ * kBlockK), o_acc(kBlockQ * Dv);
+    std::vector<acc> row(std::max(ldmax, kBlockK));
     std::vector<acc> m(kBlockQ), l(kBlockQ);
     std::vector<float> scratch(kBlockK);
     for (int64_t task = begin; task < end; ++task) {
@@ -219,15 +228,19 @@ void attention_forward(const AttentionForwardParams& fp) {
       const T* q_base = Q + b * p.q_s.b + h * p.q_s.h;
       const T* k_base = K + b * p.k_s.b + hk * p.k_s.h;
       const T* v_base = V + b * p.v_s.b + hk * p.v_s.h;
-      load_tile<T>(q_base, p.q_s.l, i0, M, D, q_t.data(), D);
+      int64_t ldq;
+      const acc* q_tile = rows_view<T>(q_base, p.q_s.l, i0, M, D, q_t.data(), ldq);
+      // Q is reused for every key block: transpose it once to the k-major layout the
+      // micro-kernel broadcasts from.
+      transpose(q_tile, ldq, qT.data(), kBlockQ, M, D);
       std::fill(o_acc.begin(), o_acc.begin() + M * Dv, acc(0));
       std::fill(m.begin(), m.begin() + M, neg_inf<acc>());
       std::fill(l.begin(), l.begin() + M, acc(0));
       const auto [kb_first, kb_last] = visible_key_blocks(p, i0, M);
       for (int64_t kb = kb_first; kb < kb_last; ++kb) {
         const int64_t j0 = kb * kBlockK, N = std::min(kBlockK, p.Lk - j0);
-        load_tile_transposed<T>(k_base, p.k_s.l, j0, N, D, row.data(), kt.data(), kBlockK);
-        gemm(M, N, D, static_cast<acc>(p.scale), q_t.data(), D, 1, kt.data(), kBlockK,
+        load_tile_transposed<T>(k_base, p.k_s.l, j0, N, D, kv_buf.data(), kt.data(), kBlockK);
+        gemm(M, N, D, static_cast<acc>(p.scale), qT.data(), 1, kBlockQ, kt.data(), kBlockK,
              s.data(), kBlockK, false);
         ctx.apply(s.data(), kBlockK, i0, M, j0, N, nullptr, row.data());
         if (p.dropout_p > 0.0) {
@@ -236,6 +249,7 @@ void attention_forward(const AttentionForwardParams& fp) {
         for (int64_t r = 0; r < M; ++r) {
           acc* sr = s.data() + r * kBlockK;
           acc row_max = neg_inf<acc>();
+#pragma omp simd reduction(max : row_max)
           for (int64_t n = 0; n < N; ++n) row_max = std::max(row_max, sr[n]);
           const acc m_new = std::max(m[r], row_max);
           if (m_new == neg_inf<acc>()) {  // nothing visible yet in this row
@@ -243,12 +257,11 @@ void attention_forward(const AttentionForwardParams& fp) {
             continue;
           }
           const acc alpha = exp_approx(m[r] - m_new);  // m[r] = -inf gives 0
+#pragma omp simd
+          for (int64_t n = 0; n < N; ++n) sr[n] = exp_approx(sr[n] - m_new);
           acc sum = 0;
-          for (int64_t n = 0; n < N; ++n) {
-            const acc e = exp_approx(sr[n] - m_new);
-            sr[n] = e;
-            sum += e;
-          }
+#pragma omp simd reduction(+ : sum)
+          for (int64_t n = 0; n < N; ++n) sum += sr[n];
           l[r] = l[r] * alpha + sum;
           m[r] = m_new;
           if (alpha != acc(1)) {
@@ -260,8 +273,9 @@ void attention_forward(const AttentionForwardParams& fp) {
             for (int64_t n = 0; n < N; ++n) sr[n] *= mr[n];
           }
         }
-        load_tile<T>(v_base, p.v_s.l, j0, N, Dv, v_t.data(), Dv);
-        gemm(M, Dv, N, acc(1), s.data(), kBlockK, 1, v_t.data(), Dv, o_acc.data(), Dv, true);
+        int64_t ldv;
+        const acc* v_tile = rows_view<T>(v_base, p.v_s.l, j0, N, Dv, kv_buf.data(), ldv);
+        gemm(M, Dv, N, acc(1), s.data(), kBlockK, 1, v_tile, ldv, o_acc.data(), Dv, true);
       }
       T* o_base = O + b * fp.out_s.b + h * fp.out_s.h;
       acc* lse_row = LSE + (b * p.Hq + h) * p.Lq + i0;
@@ -310,6 +324,7 @@ void attention_backward(const AttentionBackwardParams& bp) {
       load_row<T>(dO + b * bp.grad_out_s.b + h * bp.grad_out_s.h + i * bp.grad_out_s.l,
                   g.data(), Dv);
       acc sum = 0;
+#pragma omp simd reduction(+ : sum)
       for (int64_t d = 0; d < Dv; ++d) sum += o[d] * g[d];
       delta[r] = sum - (dLSE != nullptr ? dLSE[r] : acc(0));
     }
@@ -323,7 +338,7 @@ void attention_backward(const AttentionBackwardParams& bp) {
   std::vector<acc> dq_acc(static_cast<size_t>(chunks * rows * D), acc(0));
 
   at::parallel_for(0, pairs * chunks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<acc> k_t(kBlockK * D), kt(D * kBlockK), vt(Dv * kBlockK), row(std::max(D, Dv));
+    std::vector<acc> k_t(kBlockK * D), kt(D * kBlockK), vt(Dv * kBlockK), v_buf(kBlockK * Dv);
     std::vector<acc> q_t(kBlockQ * D), do_t(kBlockQ * Dv), s(kBlockQ * kBlockK);
     std::vector<acc> pd(kBlockQ * kBlockK), dp(kBlockQ * kBlockK), th(kBlockQ * kBlockK);
     std::vector<acc> mult(kBlockQ * kBlockK), dk_acc(kBlockK * D), dv_acc(kBlockK * Dv);
@@ -339,11 +354,10 @@ void attention_backward(const AttentionBackwardParams& bp) {
       const T* v_base = V + b * p.v_s.b + hk * p.v_s.h;
       for (int64_t kb = chunk * blocks_per_chunk; kb < kb_end; ++kb) {
         const int64_t j0 = kb * kBlockK, N = std::min(kBlockK, p.Lk - j0);
-        load_tile<T>(k_base, p.k_s.l, j0, N, D, k_t.data(), D);
-        for (int64_t n = 0; n < N; ++n) {
-          for (int64_t d = 0; d < D; ++d) kt[d * kBlockK + n] = k_t[n * D + d];
-        }
-        load_tile_transposed<T>(v_base, p.v_s.l, j0, N, Dv, row.data(), vt.data(), kBlockK);
+        int64_t ldk;
+        const acc* k_tile = rows_view<T>(k_base, p.k_s.l, j0, N, D, k_t.data(), ldk);
+        transpose(k_tile, ldk, kt.data(), kBlockK, N, D);
+        load_tile_transposed<T>(v_base, p.v_s.l, j0, N, Dv, v_buf.data(), vt.data(), kBlockK);
         std::fill(dk_acc.begin(), dk_acc.begin() + N * D, acc(0));
         std::fill(dv_acc.begin(), dv_acc.begin() + N * Dv, acc(0));
         const auto [qb_first, qb_last] = visible_query_blocks(p, j0, N);
@@ -356,9 +370,11 @@ void attention_backward(const AttentionBackwardParams& bp) {
           acc* dq_h = dq_chunk + (b * p.Hq + h) * p.Lq * D;
           for (int64_t qb = qb_first; qb < qb_last; ++qb) {
             const int64_t i0 = qb * kBlockQ, M = std::min(kBlockQ, p.Lq - i0);
-            load_tile<T>(q_base, p.q_s.l, i0, M, D, q_t.data(), D);
-            load_tile<T>(do_base, bp.grad_out_s.l, i0, M, Dv, do_t.data(), Dv);
-            gemm(M, N, D, static_cast<acc>(p.scale), q_t.data(), D, 1, kt.data(), kBlockK,
+            int64_t ldq, lddo;
+            const acc* q_tile = rows_view<T>(q_base, p.q_s.l, i0, M, D, q_t.data(), ldq);
+            const acc* do_tile =
+                rows_view<T>(do_base, bp.grad_out_s.l, i0, M, Dv, do_t.data(), lddo);
+            gemm(M, N, D, static_cast<acc>(p.scale), q_tile, ldq, 1, kt.data(), kBlockK,
                  s.data(), kBlockK, false);
             ctx.apply(s.data(), kBlockK, i0, M, j0, N, softcap ? th.data() : nullptr,
                       tmp.data());
@@ -375,6 +391,7 @@ void attention_backward(const AttentionBackwardParams& bp) {
                 std::fill(pr, pr + N, acc(0));
                 continue;
               }
+#pragma omp simd
               for (int64_t n = 0; n < N; ++n) sr[n] = exp_approx(sr[n] - lse);
               if (p.dropout_p > 0.0) {
                 const acc* mr = mult.data() + r * kBlockK;
@@ -384,10 +401,9 @@ void attention_backward(const AttentionBackwardParams& bp) {
               }
             }
             // dV += pd^T dO
-            gemm(N, Dv, M, acc(1), pd.data(), 1, kBlockK, do_t.data(), Dv, dv_acc.data(), Dv,
-                 true);
+            gemm(N, Dv, M, acc(1), pd.data(), 1, kBlockK, do_tile, lddo, dv_acc.data(), Dv, true);
             // dP = dO V^T; dS = P * (dP * dropout - Delta); softcap: * (1 - tanh^2); * scale
-            gemm(M, N, Dv, acc(1), do_t.data(), Dv, 1, vt.data(), kBlockK, dp.data(), kBlockK,
+            gemm(M, N, Dv, acc(1), do_tile, lddo, 1, vt.data(), kBlockK, dp.data(), kBlockK,
                  false);
             for (int64_t r = 0; r < M; ++r) {
               const acc* sr = s.data() + r * kBlockK;
@@ -407,8 +423,8 @@ void attention_backward(const AttentionBackwardParams& bp) {
               for (int64_t n = 0; n < N; ++n) dr[n] *= sc;
             }
             // dK += dS^T Q;  dQ += dS K
-            gemm(N, D, M, acc(1), dp.data(), 1, kBlockK, q_t.data(), D, dk_acc.data(), D, true);
-            gemm(M, D, N, acc(1), dp.data(), kBlockK, 1, k_t.data(), D, dq_h + i0 * D, D, true);
+            gemm(N, D, M, acc(1), dp.data(), 1, kBlockK, q_tile, ldq, dk_acc.data(), D, true);
+            gemm(M, D, N, acc(1), dp.data(), kBlockK, 1, k_tile, ldk, dq_h + i0 * D, D, true);
           }
         }
         T* dk_base = dK + ((b * p.Hkv + hk) * p.Lk + j0) * D;

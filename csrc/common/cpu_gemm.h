@@ -12,11 +12,76 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
 namespace fastattn::cpu {
+
+// dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols.
+template <typename acc>
+inline void transpose_generic(const acc* src, int64_t lds, acc* dst, int64_t ldd, int64_t rows,
+                              int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) dst[c * ldd + r] = src[r * lds + c];
+  }
+}
+
+#if defined(__AVX512F__)
+namespace detail {
+// 16 x 16 block transpose in registers (unpack 32-bit, unpack 64-bit, then two 128-bit lane
+// shuffles).
+inline void transpose16x16(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+  }
+  // r[4g + j] holds, in 128-bit lane L, column 4L + j of rows 4g..4g+3. Output row
+  // c = 4L + j needs lane g = lane L of r[4g + j]: a 4 x 4 transpose of 128-bit lanes.
+  for (int j = 0; j < 4; ++j) {
+    const __m512 x0 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x44);
+    const __m512 x1 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xEE);
+    const __m512 x2 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x44);
+    const __m512 x3 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xEE);
+    _mm512_storeu_ps(dst + (0 + j) * ldd, _mm512_shuffle_f32x4(x0, x2, 0x88));
+    _mm512_storeu_ps(dst + (4 + j) * ldd, _mm512_shuffle_f32x4(x0, x2, 0xDD));
+    _mm512_storeu_ps(dst + (8 + j) * ldd, _mm512_shuffle_f32x4(x1, x3, 0x88));
+    _mm512_storeu_ps(dst + (12 + j) * ldd, _mm512_shuffle_f32x4(x1, x3, 0xDD));
+  }
+}
+}  // namespace detail
+
+inline void transpose(const float* src, int64_t lds, float* dst, int64_t ldd, int64_t rows,
+                      int64_t cols) {
+  const int64_t rows16 = rows - rows % 16, cols16 = cols - cols % 16;
+  for (int64_t r = 0; r < rows16; r += 16) {
+    for (int64_t c = 0; c < cols16; c += 16) {
+      detail::transpose16x16(src + r * lds + c, lds, dst + c * ldd + r, ldd);
+    }
+  }
+  if (cols16 < cols) transpose_generic<float>(src + cols16, lds, dst + cols16 * ldd, ldd, rows16, cols - cols16);
+  if (rows16 < rows) transpose_generic<float>(src + rows16 * lds, lds, dst + rows16, ldd, rows - rows16, cols);
+}
+#else
+inline void transpose(const float* src, int64_t lds, float* dst, int64_t ldd, int64_t rows,
+                      int64_t cols) {
+  transpose_generic<float>(src, lds, dst, ldd, rows, cols);
+}
+#endif
+
+inline void transpose(const double* src, int64_t lds, double* dst, int64_t ldd, int64_t rows,
+                      int64_t cols) {
+  transpose_generic<double>(src, lds, dst, ldd, rows, cols);
+}
 
 template <typename acc>
 inline void gemm_generic(int64_t M, int64_t N, int64_t K, acc alpha, const acc* A, int64_t a_m,
@@ -36,12 +101,15 @@ inline void gemm_generic(int64_t M, int64_t N, int64_t K, acc alpha, const acc* 
 #if defined(__AVX512F__)
 namespace detail {
 
-// One MR x 32 block of C (columns masked by mask0/mask1 at the right edge).
+// One MR x 32 block of C (columns masked by mask0/mask1 at the right edge); A is k-major:
+// A(m, k) = A[m + k * a_k]. Every loop over MR is unrolled so the accumulators stay in
+// registers.
 template <int MR>
-inline void gemm_block_avx512(int64_t K, float alpha, const float* A, int64_t a_m, int64_t a_k,
-                              const float* B, int64_t ldb, float* C, int64_t ldc,
-                              bool accumulate, __mmask16 mask0, __mmask16 mask1) {
+__attribute__((always_inline)) inline void gemm_block_avx512(
+    int64_t K, float alpha, const float* A, int64_t a_k, const float* B, int64_t ldb, float* C,
+    int64_t ldc, bool accumulate, __mmask16 mask0, __mmask16 mask1) {
   __m512 c0[MR], c1[MR];
+#pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {
     c0[r] = _mm512_setzero_ps();
     c1[r] = _mm512_setzero_ps();
@@ -53,12 +121,13 @@ inline void gemm_block_avx512(int64_t K, float alpha, const float* A, int64_t a_
     const float* a = A + k * a_k;
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
-      const __m512 ar = _mm512_set1_ps(a[r * a_m]);
+      const __m512 ar = _mm512_set1_ps(a[r]);
       c0[r] = _mm512_fmadd_ps(ar, b0, c0[r]);
       c1[r] = _mm512_fmadd_ps(ar, b1, c1[r]);
     }
   }
   const __m512 va = _mm512_set1_ps(alpha);
+#pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {
     float* c = C + r * ldc;
     __m512 r0 = _mm512_mul_ps(c0[r], va), r1 = _mm512_mul_ps(c1[r], va);
@@ -77,21 +146,10 @@ inline __mmask16 tail_mask(int64_t remaining) {
 }
 
 template <int MR>
-inline void gemm_rows_avx512(int64_t N, int64_t K, float alpha, const float* A, int64_t a_m,
-                             int64_t a_k, const float* B, int64_t ldb, float* C, int64_t ldc,
-                             bool accumulate, float* panel) {
-  // Broadcasting A from rows far apart is slow (8 address streams); with A already k-major
-  // (a_m == 1) it runs at the FMA rate. Pack the MR rows k-major once, reuse for every n.
-  if (a_m != 1) {
-    for (int64_t k = 0; k < K; ++k) {
-      for (int r = 0; r < MR; ++r) panel[k * MR + r] = A[r * a_m + k * a_k];
-    }
-    A = panel;
-    a_m = 1;
-    a_k = MR;
-  }
+inline void gemm_rows_avx512(int64_t N, int64_t K, float alpha, const float* A, int64_t a_k,
+                             const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   for (int64_t n0 = 0; n0 < N; n0 += 32) {
-    gemm_block_avx512<MR>(K, alpha, A, a_m, a_k, B + n0, ldb, C + n0, ldc, accumulate,
+    gemm_block_avx512<MR>(K, alpha, A, a_k, B + n0, ldb, C + n0, ldc, accumulate,
                           tail_mask(N - n0), tail_mask(N - n0 - 16));
   }
 }
@@ -101,31 +159,37 @@ inline void gemm_rows_avx512(int64_t N, int64_t K, float alpha, const float* A, 
 inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t a_m,
                  int64_t a_k, const float* B, int64_t ldb, float* C, int64_t ldc,
                  bool accumulate) {
-  constexpr int MR = 8;
-  constexpr int64_t kPanelK = 512;
-  if (K > kPanelK) {  // keep the packed panel on the stack: split long sums
-    for (int64_t k0 = 0; k0 < K; k0 += kPanelK) {
-      gemm(M, N, std::min(kPanelK, K - k0), alpha, A + k0 * a_k, a_m, a_k, B + k0 * ldb, ldb,
-           C, ldc, accumulate || k0 > 0);
+  // The micro-kernel broadcasts A(m, k) for MR consecutive m: it runs at the FMA rate when A
+  // is k-major (a_m == 1). Otherwise A is transposed once into a k-major buffer (16 x 16
+  // register transposes) and reused for every column block.
+  if (a_m != 1) {
+    static thread_local std::vector<float> buffer;
+    if (static_cast<int64_t>(buffer.size()) < M * K) buffer.resize(M * K);
+    if (a_k == 1) {
+      transpose(A, a_m, buffer.data(), M, M, K);
+    } else {
+      for (int64_t k = 0; k < K; ++k) {
+        for (int64_t m = 0; m < M; ++m) buffer[k * M + m] = A[m * a_m + k * a_k];
+      }
     }
-    return;
+    A = buffer.data();
+    a_k = M;
   }
-  alignas(64) float panel[kPanelK * MR];
+  constexpr int MR = 8;
   int64_t m0 = 0;
   for (; m0 + MR <= M; m0 += MR) {
-    detail::gemm_rows_avx512<MR>(N, K, alpha, A + m0 * a_m, a_m, a_k, B, ldb, C + m0 * ldc, ldc,
-                                 accumulate, panel);
+    detail::gemm_rows_avx512<MR>(N, K, alpha, A + m0, a_k, B, ldb, C + m0 * ldc, ldc, accumulate);
   }
-  const float* Ar = A + m0 * a_m;
+  const float* Ar = A + m0;
   float* Cr = C + m0 * ldc;
   switch (M - m0) {  // remaining rows
-    case 7: detail::gemm_rows_avx512<7>(N, K, alpha, Ar, a_m, a_k, B, ldb, Cr, ldc, accumulate, panel); break;
-    case 6: detail::gemm_rows_avx512<6>(N, K, alpha, Ar, a_m, a_k, B, ldb, Cr, ldc, accumulate, panel); break;
-    case 5: detail::gemm_rows_avx512<5>(N, K, alpha, Ar, a_m, a_k, B, ldb, Cr, ldc, accumulate, panel); break;
-    case 4: detail::gemm_rows_avx512<4>(N, K, alpha, Ar, a_m, a_k, B, ldb, Cr, ldc, accumulate, panel); break;
-    case 3: detail::gemm_rows_avx512<3>(N, K, alpha, Ar, a_m, a_k, B, ldb, Cr, ldc, accumulate, panel); break;
-    case 2: detail::gemm_rows_avx512<2>(N, K, alpha, Ar, a_m, a_k, B, ldb, Cr, ldc, accumulate, panel); break;
-    case 1: detail::gemm_rows_avx512<1>(N, K, alpha, Ar, a_m, a_k, B, ldb, Cr, ldc, accumulate, panel); break;
+    case 7: detail::gemm_rows_avx512<7>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate); break;
+    case 6: detail::gemm_rows_avx512<6>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate); break;
+    case 5: detail::gemm_rows_avx512<5>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate); break;
+    case 4: detail::gemm_rows_avx512<4>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate); break;
+    case 3: detail::gemm_rows_avx512<3>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate); break;
+    case 2: detail::gemm_rows_avx512<2>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate); break;
+    case 1: detail::gemm_rows_avx512<1>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate); break;
     default: break;
   }
 }
