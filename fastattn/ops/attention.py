@@ -27,14 +27,17 @@ Causal = Union[bool, str]
 MAX_HEAD_DIM = 256
 
 
-def _native_has(name: str) -> bool:
+def _native_has(name: str, dispatch_key: str | None = None) -> bool:
+    """Whether fastattn._C declares op `name` (and, with dispatch_key "CPU" or "CUDA", whether
+    it has a kernel for that device)."""
     if _native.C is None:
         return False
     try:
         getattr(torch.ops.fastattn, name)
-        return True
     except (AttributeError, RuntimeError):
         return False
+    return dispatch_key is None or torch._C._dispatch_has_kernel_for_dispatch_key(
+        f"fastattn::{name}", dispatch_key)
 
 
 def _op(name: str, backend: str):
@@ -214,9 +217,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Caus
         for name in ("cpu", "cuda", "triton"):
             limits[name] = ("gradients with respect to attn_mask or alibi_slopes are computed "
                             "by the reference backend only")
-    for name in ("cpu", "cuda"):
-        if name not in limits and not _native_has("attention_forward"):
-            limits[name] = "fastattn._C was built without the attention kernels"
+    for name, key in (("cpu", "CPU"), ("cuda", "CUDA")):
+        if name not in limits and not _native_has("attention_forward", key):
+            limits[name] = f"fastattn._C has no {key} attention kernel in this build"
     chosen = _backend.select_backend(op, q.device, backend, limits=limits)
     seed = dropout_seed(p, q.device)
     args = (q, k, v, mask, padding, alibi, scale, softcap, window_lo, window_hi, p, seed)
