@@ -23,9 +23,11 @@ $(VENV)/.installed: requirements/dev.txt
 
 venv: $(VENV)/.installed
 
-# The editable install re-runs the (incremental) CMake build.
+# The editable install re-runs the (incremental) CMake build. Builds on this machine take a
+# lock so two of them (several checkouts, several sessions) never share its 2 cores.
+BUILD_LOCK ?= /tmp/fastattn-build.lock
 build: $(VENV)/.installed
-	$(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
+	flock $(BUILD_LOCK) $(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
 	$(PY) -c "import fastattn, sys; info = fastattn.build_info(); print('fastattn build:', info); sys.exit('error' in info)"
 
 test: build
