@@ -9,8 +9,7 @@ padding. Score pipeline: s = scale * q.k; softcap * tanh(s / softcap); - slope *
 + float attn_mask; hidden keys -> -inf.
 
 Kernels:
-- forward: one program per (BLOCK_M queries, batch * query head); online softmax in base 2
-  over the key tiles that the window leaves visible (tiles entirely outside it are never
+- forward: one program per (BLOCK_M queries, batch * query head); online softmax over the key tiles that the window leaves visible (tiles entirely outside it are never
   loaded, which halves causal attention); saves lse (natural log) for the backward.
 - backward: `_bwd_preprocess` computes delta_i = rowsum(dO * O) - grad_lse_i; `_bwd_dkdv`
   owns BLOCK_N keys of one kv head and loops over every query head of its GQA group and the
@@ -30,19 +29,19 @@ through a float32 buffer that torch rounds.
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
+from triton.language.extra import libdevice
 
 from . import finish, interpreting
 from . import output_like as grad_buffer_like
 from .._debug import poison
 from .random import dropout_multiplier
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 
 # attn_mask kinds (constexpr MASK_KIND)
 _NO_MASK, _BOOL_MASK, _FLOAT_MASK = 0, 1, 2
@@ -58,6 +57,18 @@ def _tanh(x):
     e = tl.exp(-2.0 * tl.abs(x))
     t = (1.0 - e) / (1.0 + e)
     return tl.where(x >= 0, t, -t)
+
+
+@triton.jit
+def _exp(x, ACCURATE: tl.constexpr):
+    """exp(x). tl.exp is the hardware exp2 of x * log2(e) on a GPU (about 2 ulp, far below the
+    rounding of 16-bit inputs); float32 inputs on a GPU use libdevice's exp, accurate to the
+    last bits as torch's own exp. Under the interpreter tl.exp is numpy's (libdevice functions
+    are unavailable there)."""
+    if ACCURATE:
+        return libdevice.exp(x)
+    else:
+        return tl.exp(x)
 
 
 @triton.jit
@@ -131,8 +142,8 @@ def _fwd_kernel(Q, K, V, Mask, Pad, Alibi, Seed, Out, Lse,
                 threshold, keep_scale, LQ_CLASS, LK_CLASS,
                 MASK_KIND: tl.constexpr, HAS_PAD: tl.constexpr, HAS_ALIBI: tl.constexpr,
                 HAS_SOFTCAP: tl.constexpr, HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
-                DOT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                DOT_PRECISION: tl.constexpr, ACCURATE_EXP: tl.constexpr,
+                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1).to(tl.int64)
     b = bh // Hq
@@ -156,7 +167,7 @@ def _fwd_kernel(Q, K, V, Mask, Pad, Alibi, Seed, Out, Lse,
         slope = tl.load(Alibi + b * s_ab + h * s_ah)
     row_element = (bh * Lq + offs_m) * Lk  # dropout element of (i, 0), int64
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max, base-2 units
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max of the scores
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     lo, hi = _key_range(start_m, Lk, window_lo, window_hi, BLOCK_M, BLOCK_N)
@@ -176,13 +187,14 @@ def _fwd_kernel(Q, K, V, Mask, Pad, Alibi, Seed, Out, Lse,
         s = _biased_masked_scores(s, offs_m[:, None], offs_n[None, :], b, h, Mask, s_mb, s_mh,
                                   s_mi, s_mj, Pad, slope, Lq, Lk, window_lo, window_hi,
                                   MASK_KIND, HAS_PAD, HAS_ALIBI)
-        s = s * LOG2E
+        # The running max is subtracted in natural units ((s - m) is exact near the max), so
+        # lse = m + log(l) keeps full precision.
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # While a row has seen no visible key its max is -inf: subtract 0 instead, so that
-        # exp2(-inf - -inf) = NaN never appears (p and alpha are then 0).
+        # exp(-inf - -inf) = NaN never appears (p and alpha are then 0).
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
+        p = _exp(s - m_safe[:, None], ACCURATE_EXP)
+        alpha = _exp(m_i - m_safe, ACCURATE_EXP)
         l_i = l_i * alpha + tl.sum(p, 1)
         if HAS_DROPOUT:
             p = p * dropout_multiplier(Seed, row_element[:, None] + offs_n[None, :], threshold,
@@ -192,7 +204,7 @@ def _fwd_kernel(Q, K, V, Mask, Pad, Alibi, Seed, Out, Lse,
 
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), m_i * LN2 + tl.log(tl.where(empty, 1.0, l_i)))
+    lse = tl.where(empty, float("-inf"), m_i + tl.log(tl.where(empty, 1.0, l_i)))
     tl.store(Out + b * s_ob + h * s_oh + offs_m.to(tl.int64)[:, None] * s_om + offs_dv[None, :],
              out.to(Out.dtype.element_ty), mask=m_valid[:, None] & dv_valid[None, :])
     tl.store(Lse + bh * Lq + offs_m, lse, mask=m_valid)
@@ -236,7 +248,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, DK, DV,
                      MASK_KIND: tl.constexpr, HAS_PAD: tl.constexpr, HAS_ALIBI: tl.constexpr,
                      HAS_SOFTCAP: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                      UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                     ACCURATE_EXP: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """dK, dV for BLOCK_N keys of kv head (b, kvh), summed over the GROUP query heads that
     share it. Scores are computed transposed, (keys, queries), so that every product is a
@@ -285,7 +297,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, DK, DV,
             lse = tl.load(Lse + bh * Lq + offs_m, mask=m_valid, other=0.0)
             # Rows without a visible key have lse -inf and only -inf scores: use +inf so that
             # their P is exp2(-inf) = 0 rather than NaN.
-            lse = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
+            lse = tl.where(lse == float("-inf"), float("inf"), lse)
             delta = tl.load(Delta + bh * Lq + offs_m, mask=m_valid, other=0.0)
             qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)
             sT = _capped_scores(qkT, scale, softcap, HAS_SOFTCAP)
@@ -293,7 +305,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, DK, DV,
                                               s_mb, s_mh, s_mi, s_mj, Pad, slope, Lq, Lk,
                                               window_lo, window_hi, MASK_KIND, HAS_PAD,
                                               HAS_ALIBI)
-            pT = tl.math.exp2(sT_masked * LOG2E - lse[None, :])
+            pT = _exp(sT_masked - lse[None, :], ACCURATE_EXP)
             dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
             if HAS_DROPOUT:
                 zT = dropout_multiplier(Seed, (bh * Lq + cols_m[None, :]) * Lk + offs_n[:, None],
@@ -323,8 +335,8 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, DQ,
                    threshold, keep_scale, LQ_CLASS, LK_CLASS,
                    MASK_KIND: tl.constexpr, HAS_PAD: tl.constexpr, HAS_ALIBI: tl.constexpr,
                    HAS_SOFTCAP: tl.constexpr, HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                   DOT_PRECISION: tl.constexpr, ACCURATE_EXP: tl.constexpr,
+                   BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """dQ for BLOCK_M queries of head (b, h), over the key tiles they can see."""
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1).to(tl.int64)
@@ -346,7 +358,7 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, DQ,
         q = q.to(tl.float32)
         do = do.to(tl.float32)
     lse = tl.load(Lse + bh * Lq + offs_m, mask=m_valid, other=0.0)
-    lse = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E  # see _bwd_dkdv_kernel
+    lse = tl.where(lse == float("-inf"), float("inf"), lse)  # see _bwd_dkdv_kernel
     delta = tl.load(Delta + bh * Lq + offs_m, mask=m_valid, other=0.0)
     slope = 0.0
     if HAS_ALIBI:
@@ -373,7 +385,7 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, DQ,
         s_masked = _biased_masked_scores(s, offs_m[:, None], offs_n[None, :], b, h, Mask, s_mb,
                                          s_mh, s_mi, s_mj, Pad, slope, Lq, Lk, window_lo,
                                          window_hi, MASK_KIND, HAS_PAD, HAS_ALIBI)
-        p = tl.math.exp2(s_masked * LOG2E - lse[:, None])
+        p = _exp(s_masked - lse[:, None], ACCURATE_EXP)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         if HAS_DROPOUT:
             dp = dp * dropout_multiplier(Seed, row_element[:, None] + offs_n[None, :], threshold,
@@ -455,7 +467,7 @@ def _length_class(length: int) -> int:
 def _interpreter_block(length: int) -> int:
     # Under the interpreter every tile op is a numpy call: large tiles cost fewer calls, and
     # tiles beyond the length only waste work.
-    return max(16, min(64, triton.next_power_of_2(max(length, 1))))
+    return max(16, min(128, triton.next_power_of_2(max(length, 1))))
 
 
 class _Launch:
@@ -498,7 +510,9 @@ class _Launch:
                          HAS_ALIBI=alibi_slopes is not None, HAS_SOFTCAP=softcap > 0.0,
                          HAS_DROPOUT=has_dropout,
                          UPCAST=self.interpret and q.dtype == torch.bfloat16,
-                         DOT_PRECISION=precision, BLOCK_D=block_d, BLOCK_DV=block_dv)
+                         DOT_PRECISION=precision,
+                         ACCURATE_EXP=q.dtype == torch.float32 and not self.interpret,
+                         BLOCK_D=block_d, BLOCK_DV=block_dv)
         self.head_class = _head_class(block_d, block_dv)
         self.interpreter_blocks = dict(BLOCK_M=_interpreter_block(Lq),
                                        BLOCK_N=_interpreter_block(Lk))
@@ -521,9 +535,41 @@ def _strides3(t: torch.Tensor) -> tuple[int, int, int]:
 
 # ---------------------------------------------------------------------------------------------
 # Torch ops (same schemas as the native ops in csrc/bindings.cpp, suffixed _triton)
+#
+# On a GPU they are triton_ops: torch.compile sees the kernels and their fake implementation
+# is the launcher itself, traced with fake tensors. Under TRITON_INTERPRET=1, wrap_triton
+# hands back the interpreted kernel, which would run on fake tensors while tracing; there the
+# same schemas are registered as opaque custom ops with explicit fake implementations, so
+# opcheck and torch.compile work on CPU too.
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@triton_op("fastattn::attention_forward_triton", mutates_args=())
+def _register_op(name: str, fake):
+    def decorate(fn):
+        if _INTERPRET:
+            op = torch.library.custom_op(name, mutates_args=())(fn)
+            op.register_fake(fake)
+            return op
+        return triton_op(name, mutates_args=())(fn)
+    return decorate
+
+
+def _forward_fake(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
+                  window_lo, window_hi, dropout_p, seed):
+    from ..ops.attention import output_like
+    B, Hq, Lq, _ = q.shape
+    return (output_like(q, v.shape[3]),
+            torch.empty((B, Hq, Lq), dtype=torch.float32, device=q.device))
+
+
+def _backward_fake(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask,
+                   alibi_slopes, scale, softcap, window_lo, window_hi, dropout_p, seed,
+                   deterministic):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+@_register_op("fastattn::attention_forward_triton", _forward_fake)
 def attention_forward_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              attn_mask: torch.Tensor | None,
                              key_padding_mask: torch.Tensor | None,
@@ -551,7 +597,7 @@ def attention_forward_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return finish(out, q.dtype), lse
 
 
-@triton_op("fastattn::attention_backward_triton", mutates_args=())
+@_register_op("fastattn::attention_backward_triton", _backward_fake)
 def attention_backward_triton(grad_out: torch.Tensor, grad_lse: torch.Tensor | None,
                               q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               out: torch.Tensor, lse: torch.Tensor,
