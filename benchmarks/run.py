@@ -58,6 +58,9 @@ def main(argv=None) -> int:
             rows += common.run_case(case, device, min_time=min_time)
         print()
         print(common.format_table(rows), flush=True)
+        if hasattr(module, "summary"):
+            for line in module.summary(rows):
+                print(line)
         common.append_csv(csv_path, rows, env)
         failures += sum(1 for r in rows if r.get("status", "").startswith(("FAIL", "ERROR")))
     print(f"\nrows appended to {csv_path}")
