@@ -27,6 +27,7 @@ Causal = Union[bool, str]
 MAX_HEAD_DIM = 256
 
 
+@torch.compiler.assume_constant_result  # fixed at import; torch.compile cannot trace the query
 def _native_has(name: str, dispatch_key: str | None = None) -> bool:
     """Whether fastattn._C declares op `name` (and, with dispatch_key "CPU" or "CUDA", whether
     it has a kernel for that device)."""
