@@ -25,6 +25,7 @@
 #include "common/cpu_convert.h"
 #include "common/cpu_dropout.h"
 #include "common/cpu_gemm.h"
+#include "common/cpu_gemm_bf16.h"
 #include "common/cpu_math.h"
 
 #ifndef FASTATTN_ISA
@@ -198,11 +199,207 @@ inline std::pair<int64_t, int64_t> visible_query_blocks(const AttentionProblem& 
   return {i_lo / kBlockQ, i_hi / kBlockQ + 1};
 }
 
+// ---------------------------------------------------------------------------------------------
+// Operand policies: how the five tile products are computed. FloatTiles runs them on float
+// (double) tiles with the FMA micro-kernel; Bf16Tiles, for bfloat16 storage on CPUs with
+// AVX512-BF16, keeps Q, K, V, dO in bfloat16 pair layouts and rounds P and dS to bfloat16
+// before their products (as the GPU kernels do), accumulating in float.
+
+template <typename T>
+struct FloatTiles {
+  using acc = acc_t<T>;
+  int64_t D, Dv;
+  std::vector<acc> q_buf, qT, k_buf, kt, v_buf, vt, do_buf;
+  const acc *q_rows = nullptr, *k_rows = nullptr, *v_rows = nullptr, *do_rows = nullptr;
+  int64_t ldq = 0, ldk = 0, ldv = 0, lddo = 0;
+
+  FloatTiles(int64_t D_, int64_t Dv_)
+      : D(D_), Dv(Dv_), q_buf(kBlockQ * D_), qT(D_ * kBlockQ), k_buf(kBlockK * D_),
+        kt(D_ * kBlockK), v_buf(kBlockK * Dv_), vt(Dv_ * kBlockK), do_buf(kBlockQ * Dv_) {}
+
+  // The forward loads Q once per task and transposes it to the k-major layout the
+  // micro-kernel broadcasts from; the backward uses Q rows in place.
+  void load_q(const T* base, int64_t stride, int64_t i0, int64_t M, bool backward) {
+    q_rows = rows_view<T>(base, stride, i0, M, D, q_buf.data(), ldq);
+    if (!backward) transpose(q_rows, ldq, qT.data(), kBlockQ, M, D);
+  }
+  void load_k(const T* base, int64_t stride, int64_t j0, int64_t N) {
+    k_rows = rows_view<T>(base, stride, j0, N, D, k_buf.data(), ldk);
+    transpose(k_rows, ldk, kt.data(), kBlockK, N, D);
+  }
+  void load_v(const T* base, int64_t stride, int64_t j0, int64_t N, bool backward) {
+    v_rows = rows_view<T>(base, stride, j0, N, Dv, v_buf.data(), ldv);
+    if (backward) transpose(v_rows, ldv, vt.data(), kBlockK, N, Dv);
+  }
+  void load_do(const T* base, int64_t stride, int64_t i0, int64_t M) {
+    do_rows = rows_view<T>(base, stride, i0, M, Dv, do_buf.data(), lddo);
+  }
+  // S (M x N, ld kBlockK) = scale * Q K^T.
+  void scores(int64_t M, int64_t N, acc scale, bool backward, acc* s) {
+    if (!backward) {
+      gemm(M, N, D, scale, qT.data(), 1, kBlockQ, kt.data(), kBlockK, s, kBlockK, false);
+    } else {
+      gemm(M, N, D, scale, q_rows, ldq, 1, kt.data(), kBlockK, s, kBlockK, false);
+    }
+  }
+  // O (M x Dv) += P V with P (M x N, ld kBlockK).
+  void pv(int64_t M, int64_t N, const acc* p, acc* o) {
+    gemm(M, Dv, N, acc(1), p, kBlockK, 1, v_rows, ldv, o, Dv, true);
+  }
+  // dV (N x Dv) += P^T dO.
+  void dv(int64_t M, int64_t N, const acc* p, acc* dv_acc) {
+    gemm(N, Dv, M, acc(1), p, 1, kBlockK, do_rows, lddo, dv_acc, Dv, true);
+  }
+  // dP (M x N) = dO V^T.
+  void dp(int64_t M, int64_t N, acc* out) {
+    gemm(M, N, Dv, acc(1), do_rows, lddo, 1, vt.data(), kBlockK, out, kBlockK, false);
+  }
+  // dK (N x D) += dS^T Q and dQ (M x D, ld D) += dS K.
+  void dk_dq(int64_t M, int64_t N, const acc* ds, acc* dk_acc, acc* dq) {
+    gemm(N, D, M, acc(1), ds, 1, kBlockK, q_rows, ldq, dk_acc, D, true);
+    gemm(M, D, N, acc(1), ds, kBlockK, 1, k_rows, ldk, dq, D, true);
+  }
+};
+
+#if defined(__AVX512BF16__)
+struct Bf16Tiles {
+  using acc = float;
+  int64_t D, Dv, D2, Dv2;
+  // k-major pair matrices (A operands) and VNNI pair matrices (B operands), see cpu_gemm_bf16.h
+  std::vector<uint32_t> pairs, qA, qB, kA, kB, vA, vB, doA, doB, pA;
+  std::vector<uint16_t> rounded;  // P or dS rounded to bfloat16, (kBlockQ x kBlockK)
+
+  Bf16Tiles(int64_t D_, int64_t Dv_)
+      : D(D_), Dv(Dv_), D2((D_ + 1) / 2), Dv2((Dv_ + 1) / 2),
+        // pair scratch: rows x (cols / 2) for Q, K, V, dO tiles and for P and dS tiles
+        pairs(std::max(kBlockQ, kBlockK) *
+              std::max({(D_ + 1) / 2, (Dv_ + 1) / 2, kBlockQ / 2 + 1, kBlockK / 2 + 1})),
+        qA(D2 * kBlockQ), qB((kBlockQ / 2 + 1) * D_), kA((kBlockK / 2 + 1) * D_),
+        kB(D2 * kBlockK), vA((kBlockK / 2 + 1) * Dv_), vB(Dv2 * kBlockK),
+        doA(Dv2 * kBlockQ), doB((kBlockQ / 2 + 1) * Dv_),
+        pA((std::max(kBlockQ, kBlockK) / 2 + 1) * std::max(kBlockQ, kBlockK)),
+        rounded(kBlockQ * kBlockK) {}
+
+  static const uint16_t* bits(const c10::BFloat16* p) {
+    return reinterpret_cast<const uint16_t*>(p);
+  }
+  // rows x cols bfloat16 rows -> k-major pairs along cols: out[kk * ld_out + r].
+  void pairs_transposed(const uint16_t* x, int64_t ld, int64_t rows, int64_t cols,
+                        uint32_t* out, int64_t ld_out) {
+    const int64_t cols2 = (cols + 1) / 2;
+    pair_columns(x, ld, rows, cols, pairs.data(), cols2);
+    transpose_words(pairs.data(), cols2, out, ld_out, rows, cols2);
+  }
+
+  void load_q(const c10::BFloat16* base, int64_t stride, int64_t i0, int64_t M, bool backward) {
+    const uint16_t* x = bits(base + i0 * stride);
+    pairs_transposed(x, stride, M, D, qA.data(), kBlockQ);          // A of Q K^T
+    if (backward) pair_rows(x, stride, M, D, qB.data(), D);          // B of dS^T Q
+  }
+  void load_k(const c10::BFloat16* base, int64_t stride, int64_t j0, int64_t N) {
+    const uint16_t* x = bits(base + j0 * stride);
+    pairs_transposed(x, stride, N, D, kB.data(), kBlockK);          // B of Q K^T
+    pair_rows(x, stride, N, D, kA.data(), D);                        // B of dS K
+  }
+  void load_v(const c10::BFloat16* base, int64_t stride, int64_t j0, int64_t N, bool backward) {
+    const uint16_t* x = bits(base + j0 * stride);
+    if (backward) {
+      pairs_transposed(x, stride, N, Dv, vB.data(), kBlockK);       // B of dO V^T
+    } else {
+      pair_rows(x, stride, N, Dv, vA.data(), Dv);                    // B of P V
+    }
+  }
+  void load_do(const c10::BFloat16* base, int64_t stride, int64_t i0, int64_t M) {
+    const uint16_t* x = bits(base + i0 * stride);
+    pairs_transposed(x, stride, M, Dv, doA.data(), kBlockQ);        // A of dO V^T
+    pair_rows(x, stride, M, Dv, doB.data(), Dv);                     // B of P^T dO
+  }
+  void scores(int64_t M, int64_t N, float scale, bool /*backward*/, float* s) {
+    gemm_bf16(M, N, D2, scale, qA.data(), kBlockQ, kB.data(), kBlockK, s, kBlockK, false);
+  }
+  // x (M x N float, ld kBlockK) rounded; as A of x @ B: pairs along N, k-major.
+  const uint32_t* round_as_a(int64_t M, int64_t N, const float* x) {
+    round_to_bf16(x, kBlockK, M, N, rounded.data(), kBlockK);
+    pairs_transposed(rounded.data(), kBlockK, M, N, pA.data(), kBlockQ);
+    return pA.data();
+  }
+  // x (M x N float) rounded; as A of x^T @ B: pairs along M, k-major over n.
+  const uint32_t* round_as_a_transposed(int64_t M, int64_t N, const float* x) {
+    round_to_bf16(x, kBlockK, M, N, rounded.data(), kBlockK);
+    pair_rows(rounded.data(), kBlockK, M, N, pA.data(), kBlockK);
+    return pA.data();
+  }
+  void pv(int64_t M, int64_t N, const float* p, float* o) {
+    const uint32_t* a = round_as_a(M, N, p);
+    gemm_bf16(M, Dv, (N + 1) / 2, 1.0f, a, kBlockQ, vA.data(), Dv, o, Dv, true);
+  }
+  void dv(int64_t M, int64_t N, const float* p, float* dv_acc) {
+    const uint32_t* a = round_as_a_transposed(M, N, p);
+    gemm_bf16(N, Dv, (M + 1) / 2, 1.0f, a, kBlockK, doB.data(), Dv, dv_acc, Dv, true);
+  }
+  void dp(int64_t M, int64_t N, float* out) {
+    gemm_bf16(M, N, Dv2, 1.0f, doA.data(), kBlockQ, vB.data(), kBlockK, out, kBlockK, false);
+  }
+  void dk_dq(int64_t M, int64_t N, const float* ds, float* dk_acc, float* dq) {
+    const uint32_t* at = round_as_a_transposed(M, N, ds);
+    gemm_bf16(N, D, (M + 1) / 2, 1.0f, at, kBlockK, qB.data(), D, dk_acc, D, true);
+    const uint32_t* a = round_as_a(M, N, ds);
+    gemm_bf16(M, D, (N + 1) / 2, 1.0f, a, kBlockQ, kA.data(), D, dq, D, true);
+  }
+};
+#endif
+
+template <typename T>
+struct TilesFor {
+  using type = FloatTiles<T>;
+};
+#if defined(__AVX512BF16__)
+template <>
+struct TilesFor<c10::BFloat16> {
+  using type = Bf16Tiles;
+};
+#endif
+
+// Online softmax of one S tile (rows of ld kBlockK): updates m, l, rescales o_acc, and turns S
+// into P (times the dropout multipliers when given).
+template <typename acc>
+void online_softmax(acc* s, int64_t M, int64_t N, acc* m, acc* l, acc* o_acc, int64_t Dv,
+                    const acc* mult) {
+  for (int64_t r = 0; r < M; ++r) {
+    acc* sr = s + r * kBlockK;
+    acc row_max = neg_inf<acc>();
+#pragma omp simd reduction(max : row_max)
+    for (int64_t n = 0; n < N; ++n) row_max = std::max(row_max, sr[n]);
+    const acc m_new = std::max(m[r], row_max);
+    if (m_new == neg_inf<acc>()) {  // nothing visible yet in this row
+      std::fill(sr, sr + N, acc(0));
+      continue;
+    }
+    const acc alpha = exp_approx(m[r] - m_new);  // m[r] = -inf gives 0
+#pragma omp simd
+    for (int64_t n = 0; n < N; ++n) sr[n] = exp_approx(sr[n] - m_new);
+    acc sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t n = 0; n < N; ++n) sum += sr[n];
+    l[r] = l[r] * alpha + sum;
+    m[r] = m_new;
+    if (alpha != acc(1)) {
+      acc* o = o_acc + r * Dv;
+      for (int64_t d = 0; d < Dv; ++d) o[d] *= alpha;
+    }
+    if (mult != nullptr) {
+      const acc* mr = mult + r * kBlockK;
+      for (int64_t n = 0; n < N; ++n) sr[n] *= mr[n];
+    }
+  }
+}
+
 }  // namespace
 
 template <typename T>
 void attention_forward(const AttentionForwardParams& fp) {
-  using acc = acc_t<T>;
+  using Tiles = typename TilesFor<T>::type;
+  using acc = typename Tiles::acc;
   const AttentionProblem& p = fp.p;
   const int64_t q_blocks = (p.Lq + kBlockQ - 1) / kBlockQ;
   const int64_t group = p.Hq / p.Hkv;
@@ -214,68 +411,34 @@ void attention_forward(const AttentionForwardParams& fp) {
   const int64_t tasks = p.B * p.Hq * q_blocks;
 
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    const int64_t D = p.D, Dv = p.Dv, ldmax = std::max(D, Dv);
-    std::vector<acc> q_t(kBlockQ * D), qT(D * kBlockQ), kt(D * kBlockK), s(kBlockQ * kBlockK);
-    std::vector<acc> kv_buf(kBlockK * ldmax), mult(kBlockQ * kBlockK), o_acc(kBlockQ * Dv);
-    std::vector<acc> row(std::max(ldmax, kBlockK));
-    std::vector<acc> m(kBlockQ), l(kBlockQ);
+    const int64_t D = p.D, Dv = p.Dv;
+    Tiles tiles(D, Dv);
+    std::vector<acc> s(kBlockQ * kBlockK), mult(kBlockQ * kBlockK), o_acc(kBlockQ * Dv);
+    std::vector<acc> row(std::max(std::max(D, Dv), kBlockK)), m(kBlockQ), l(kBlockQ);
     std::vector<float> scratch(kBlockK);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t qb = task % q_blocks, bh = task / q_blocks;
       const int64_t b = bh / p.Hq, h = bh % p.Hq, hk = h / group;
       const int64_t i0 = qb * kBlockQ, M = std::min(kBlockQ, p.Lq - i0);
       const ScoreContext<acc> ctx(p, b, h);
-      const T* q_base = Q + b * p.q_s.b + h * p.q_s.h;
       const T* k_base = K + b * p.k_s.b + hk * p.k_s.h;
       const T* v_base = V + b * p.v_s.b + hk * p.v_s.h;
-      int64_t ldq;
-      const acc* q_tile = rows_view<T>(q_base, p.q_s.l, i0, M, D, q_t.data(), ldq);
-      // Q is reused for every key block: transpose it once to the k-major layout the
-      // micro-kernel broadcasts from.
-      transpose(q_tile, ldq, qT.data(), kBlockQ, M, D);
+      tiles.load_q(Q + b * p.q_s.b + h * p.q_s.h, p.q_s.l, i0, M, false);
       std::fill(o_acc.begin(), o_acc.begin() + M * Dv, acc(0));
       std::fill(m.begin(), m.begin() + M, neg_inf<acc>());
       std::fill(l.begin(), l.begin() + M, acc(0));
       const auto [kb_first, kb_last] = visible_key_blocks(p, i0, M);
       for (int64_t kb = kb_first; kb < kb_last; ++kb) {
         const int64_t j0 = kb * kBlockK, N = std::min(kBlockK, p.Lk - j0);
-        load_tile_transposed<T>(k_base, p.k_s.l, j0, N, D, kv_buf.data(), kt.data(), kBlockK);
-        gemm(M, N, D, static_cast<acc>(p.scale), qT.data(), 1, kBlockQ, kt.data(), kBlockK,
-             s.data(), kBlockK, false);
+        tiles.load_k(k_base, p.k_s.l, j0, N);
+        tiles.scores(M, N, static_cast<acc>(p.scale), false, s.data());
         ctx.apply(s.data(), kBlockK, i0, M, j0, N, nullptr, row.data());
-        if (p.dropout_p > 0.0) {
-          dropout_tile<acc>(p, b, h, i0, M, j0, N, mult.data(), kBlockK, scratch.data());
-        }
-        for (int64_t r = 0; r < M; ++r) {
-          acc* sr = s.data() + r * kBlockK;
-          acc row_max = neg_inf<acc>();
-#pragma omp simd reduction(max : row_max)
-          for (int64_t n = 0; n < N; ++n) row_max = std::max(row_max, sr[n]);
-          const acc m_new = std::max(m[r], row_max);
-          if (m_new == neg_inf<acc>()) {  // nothing visible yet in this row
-            std::fill(sr, sr + N, acc(0));
-            continue;
-          }
-          const acc alpha = exp_approx(m[r] - m_new);  // m[r] = -inf gives 0
-#pragma omp simd
-          for (int64_t n = 0; n < N; ++n) sr[n] = exp_approx(sr[n] - m_new);
-          acc sum = 0;
-#pragma omp simd reduction(+ : sum)
-          for (int64_t n = 0; n < N; ++n) sum += sr[n];
-          l[r] = l[r] * alpha + sum;
-          m[r] = m_new;
-          if (alpha != acc(1)) {
-            acc* o = o_acc.data() + r * Dv;
-            for (int64_t d = 0; d < Dv; ++d) o[d] *= alpha;
-          }
-          if (p.dropout_p > 0.0) {
-            const acc* mr = mult.data() + r * kBlockK;
-            for (int64_t n = 0; n < N; ++n) sr[n] *= mr[n];
-          }
-        }
-        int64_t ldv;
-        const acc* v_tile = rows_view<T>(v_base, p.v_s.l, j0, N, Dv, kv_buf.data(), ldv);
-        gemm(M, Dv, N, acc(1), s.data(), kBlockK, 1, v_tile, ldv, o_acc.data(), Dv, true);
+        const bool dropout = p.dropout_p > 0.0;
+        if (dropout) dropout_tile<acc>(p, b, h, i0, M, j0, N, mult.data(), kBlockK, scratch.data());
+        online_softmax<acc>(s.data(), M, N, m.data(), l.data(), o_acc.data(), Dv,
+                            dropout ? mult.data() : nullptr);
+        tiles.load_v(v_base, p.v_s.l, j0, N, false);
+        tiles.pv(M, N, s.data(), o_acc.data());
       }
       T* o_base = O + b * fp.out_s.b + h * fp.out_s.h;
       acc* lse_row = LSE + (b * p.Hq + h) * p.Lq + i0;
@@ -297,7 +460,8 @@ void attention_forward(const AttentionForwardParams& fp) {
 
 template <typename T>
 void attention_backward(const AttentionBackwardParams& bp) {
-  using acc = acc_t<T>;
+  using Tiles = typename TilesFor<T>::type;
+  using acc = typename Tiles::acc;
   const AttentionProblem& p = bp.p;
   const int64_t D = p.D, Dv = p.Dv;
   const int64_t group = p.Hq / p.Hkv;
@@ -338,13 +502,12 @@ void attention_backward(const AttentionBackwardParams& bp) {
   std::vector<acc> dq_acc(static_cast<size_t>(chunks * rows * D), acc(0));
 
   at::parallel_for(0, pairs * chunks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<acc> k_t(kBlockK * D), kt(D * kBlockK), vt(Dv * kBlockK), v_buf(kBlockK * Dv);
-    std::vector<acc> q_t(kBlockQ * D), do_t(kBlockQ * Dv), s(kBlockQ * kBlockK);
-    std::vector<acc> pd(kBlockQ * kBlockK), dp(kBlockQ * kBlockK), th(kBlockQ * kBlockK);
-    std::vector<acc> mult(kBlockQ * kBlockK), dk_acc(kBlockK * D), dv_acc(kBlockK * Dv);
-    std::vector<acc> tmp(kBlockK);
+    Tiles tiles(D, Dv);
+    std::vector<acc> s(kBlockQ * kBlockK), pd(kBlockQ * kBlockK), dp(kBlockQ * kBlockK);
+    std::vector<acc> th(kBlockQ * kBlockK), mult(kBlockQ * kBlockK);
+    std::vector<acc> dk_acc(kBlockK * D), dv_acc(kBlockK * Dv), tmp(kBlockK);
     std::vector<float> scratch(kBlockK);
-    const bool softcap = p.softcap > 0.0;
+    const bool softcap = p.softcap > 0.0, dropout = p.dropout_p > 0.0;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t chunk = task % chunks, pair = task / chunks;
       const int64_t b = pair / p.Hkv, hk = pair % p.Hkv;
@@ -354,10 +517,8 @@ void attention_backward(const AttentionBackwardParams& bp) {
       const T* v_base = V + b * p.v_s.b + hk * p.v_s.h;
       for (int64_t kb = chunk * blocks_per_chunk; kb < kb_end; ++kb) {
         const int64_t j0 = kb * kBlockK, N = std::min(kBlockK, p.Lk - j0);
-        int64_t ldk;
-        const acc* k_tile = rows_view<T>(k_base, p.k_s.l, j0, N, D, k_t.data(), ldk);
-        transpose(k_tile, ldk, kt.data(), kBlockK, N, D);
-        load_tile_transposed<T>(v_base, p.v_s.l, j0, N, Dv, v_buf.data(), vt.data(), kBlockK);
+        tiles.load_k(k_base, p.k_s.l, j0, N);
+        tiles.load_v(v_base, p.v_s.l, j0, N, true);
         std::fill(dk_acc.begin(), dk_acc.begin() + N * D, acc(0));
         std::fill(dv_acc.begin(), dv_acc.begin() + N * Dv, acc(0));
         const auto [qb_first, qb_last] = visible_query_blocks(p, j0, N);
@@ -370,15 +531,12 @@ void attention_backward(const AttentionBackwardParams& bp) {
           acc* dq_h = dq_chunk + (b * p.Hq + h) * p.Lq * D;
           for (int64_t qb = qb_first; qb < qb_last; ++qb) {
             const int64_t i0 = qb * kBlockQ, M = std::min(kBlockQ, p.Lq - i0);
-            int64_t ldq, lddo;
-            const acc* q_tile = rows_view<T>(q_base, p.q_s.l, i0, M, D, q_t.data(), ldq);
-            const acc* do_tile =
-                rows_view<T>(do_base, bp.grad_out_s.l, i0, M, Dv, do_t.data(), lddo);
-            gemm(M, N, D, static_cast<acc>(p.scale), q_tile, ldq, 1, kt.data(), kBlockK,
-                 s.data(), kBlockK, false);
+            tiles.load_q(q_base, p.q_s.l, i0, M, true);
+            tiles.load_do(do_base, bp.grad_out_s.l, i0, M);
+            tiles.scores(M, N, static_cast<acc>(p.scale), true, s.data());
             ctx.apply(s.data(), kBlockK, i0, M, j0, N, softcap ? th.data() : nullptr,
                       tmp.data());
-            if (p.dropout_p > 0.0) {
+            if (dropout) {
               dropout_tile<acc>(p, b, h, i0, M, j0, N, mult.data(), kBlockK, scratch.data());
             }
             // P = exp(S - lse) (0 in rows without visible keys); pd = P * dropout.
@@ -393,23 +551,22 @@ void attention_backward(const AttentionBackwardParams& bp) {
               }
 #pragma omp simd
               for (int64_t n = 0; n < N; ++n) sr[n] = exp_approx(sr[n] - lse);
-              if (p.dropout_p > 0.0) {
+              if (dropout) {
                 const acc* mr = mult.data() + r * kBlockK;
                 for (int64_t n = 0; n < N; ++n) pr[n] = sr[n] * mr[n];
               } else {
                 std::copy(sr, sr + N, pr);
               }
             }
-            // dV += pd^T dO
-            gemm(N, Dv, M, acc(1), pd.data(), 1, kBlockK, do_tile, lddo, dv_acc.data(), Dv, true);
+            tiles.dv(M, N, pd.data(), dv_acc.data());
             // dP = dO V^T; dS = P * (dP * dropout - Delta); softcap: * (1 - tanh^2); * scale
-            gemm(M, N, Dv, acc(1), do_tile, lddo, 1, vt.data(), kBlockK, dp.data(), kBlockK,
-                 false);
+            tiles.dp(M, N, dp.data());
+            const acc sc = static_cast<acc>(p.scale);
             for (int64_t r = 0; r < M; ++r) {
               const acc* sr = s.data() + r * kBlockK;
               acc* dr = dp.data() + r * kBlockK;
               const acc dl = delta_h[i0 + r];
-              if (p.dropout_p > 0.0) {
+              if (dropout) {
                 const acc* mr = mult.data() + r * kBlockK;
                 for (int64_t n = 0; n < N; ++n) dr[n] = sr[n] * (dr[n] * mr[n] - dl);
               } else {
@@ -419,12 +576,9 @@ void attention_backward(const AttentionBackwardParams& bp) {
                 const acc* tr = th.data() + r * kBlockK;
                 for (int64_t n = 0; n < N; ++n) dr[n] *= acc(1) - tr[n] * tr[n];
               }
-              const acc sc = static_cast<acc>(p.scale);
               for (int64_t n = 0; n < N; ++n) dr[n] *= sc;
             }
-            // dK += dS^T Q;  dQ += dS K
-            gemm(N, D, M, acc(1), dp.data(), 1, kBlockK, q_tile, ldq, dk_acc.data(), D, true);
-            gemm(M, D, N, acc(1), dp.data(), kBlockK, 1, k_tile, ldk, dq_h + i0 * D, D, true);
+            tiles.dk_dq(M, N, dp.data(), dk_acc.data(), dq_h + i0 * D);
           }
         }
         T* dk_base = dK + ((b * p.Hkv + hk) * p.Lk + j0) * D;

@@ -54,6 +54,7 @@ struct AttentionBackwardParams {
   template <typename T> void attention_backward(const AttentionBackwardParams&); \
   }
 
+FASTATTN_DECLARE_ATTENTION_KERNELS(avx512bf16)
 FASTATTN_DECLARE_ATTENTION_KERNELS(avx512)
 FASTATTN_DECLARE_ATTENTION_KERNELS(avx2)
 FASTATTN_DECLARE_ATTENTION_KERNELS(base)

@@ -84,6 +84,7 @@ struct RotaryParams {
   template <typename T> void apply_rotary(const RotaryParams&);           \
   }
 
+FASTATTN_DECLARE_POSITIONAL_KERNELS(avx512bf16)
 FASTATTN_DECLARE_POSITIONAL_KERNELS(avx512)
 FASTATTN_DECLARE_POSITIONAL_KERNELS(avx2)
 FASTATTN_DECLARE_POSITIONAL_KERNELS(base)

@@ -1,0 +1,165 @@
+// bfloat16 matrix products with AVX512-BF16 (vdpbf16ps: 16 lanes, each adding the dot product
+// of two bfloat16 pairs to a float accumulator), for the bfloat16 attention tiles.
+//
+// Operands are "pair matrices" of uint32, each word holding two bfloat16 values that are
+// consecutive along the summation (k) dimension:
+//   A2 is k-major:      A2[kk * a_k + m] = (A(m, 2kk), A(m, 2kk+1))
+//   B2 is "VNNI":       B2[kk * ldb + n] = (B(2kk, n), B(2kk+1, n))
+//   C[m * ldc + n] (+)= alpha * sum_kk A2 . B2 (float accumulation, in k order)
+// Odd k is padded with a zero bfloat16. Helpers below build these layouts from row-major
+// bfloat16 tiles or float tiles (rounded to nearest even, as the GPU kernels round P and dS).
+#pragma once
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "common/cpu_gemm.h"
+
+namespace fastattn::cpu {
+
+namespace detail {
+
+template <int MR>
+__attribute__((always_inline)) inline void gemm_bf16_block(
+    int64_t K2, float alpha, const uint32_t* A2, int64_t a_k, const uint32_t* B2, int64_t ldb,
+    float* C, int64_t ldc, bool accumulate, __mmask16 mask0, __mmask16 mask1) {
+  __m512 c0[MR], c1[MR];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+    c0[r] = _mm512_setzero_ps();
+    c1[r] = _mm512_setzero_ps();
+  }
+  for (int64_t kk = 0; kk < K2; ++kk) {
+    const uint32_t* b = B2 + kk * ldb;
+    const __m512bh b0 = (__m512bh)_mm512_maskz_loadu_epi32(mask0, b);
+    const __m512bh b1 = (__m512bh)_mm512_maskz_loadu_epi32(mask1, b + 16);
+    const uint32_t* a = A2 + kk * a_k;
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const __m512bh ar = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[r]));
+      c0[r] = _mm512_dpbf16_ps(c0[r], ar, b0);
+      c1[r] = _mm512_dpbf16_ps(c1[r], ar, b1);
+    }
+  }
+  const __m512 va = _mm512_set1_ps(alpha);
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+    float* c = C + r * ldc;
+    __m512 r0 = _mm512_mul_ps(c0[r], va), r1 = _mm512_mul_ps(c1[r], va);
+    if (accumulate) {
+      r0 = _mm512_add_ps(r0, _mm512_maskz_loadu_ps(mask0, c));
+      r1 = _mm512_add_ps(r1, _mm512_maskz_loadu_ps(mask1, c + 16));
+    }
+    _mm512_mask_storeu_ps(c, mask0, r0);
+    _mm512_mask_storeu_ps(c + 16, mask1, r1);
+  }
+}
+
+template <int MR>
+inline void gemm_bf16_rows(int64_t N, int64_t K2, float alpha, const uint32_t* A2, int64_t a_k,
+                           const uint32_t* B2, int64_t ldb, float* C, int64_t ldc,
+                           bool accumulate) {
+  for (int64_t n0 = 0; n0 < N; n0 += 32) {
+    gemm_bf16_block<MR>(K2, alpha, A2, a_k, B2 + n0, ldb, C + n0, ldc, accumulate,
+                        tail_mask(N - n0), tail_mask(N - n0 - 16));
+  }
+}
+
+}  // namespace detail
+
+inline void gemm_bf16(int64_t M, int64_t N, int64_t K2, float alpha, const uint32_t* A2,
+                      int64_t a_k, const uint32_t* B2, int64_t ldb, float* C, int64_t ldc,
+                      bool accumulate) {
+  constexpr int MR = 8;
+  int64_t m0 = 0;
+  for (; m0 + MR <= M; m0 += MR) {
+    detail::gemm_bf16_rows<MR>(N, K2, alpha, A2 + m0, a_k, B2, ldb, C + m0 * ldc, ldc,
+                               accumulate);
+  }
+  const uint32_t* Ar = A2 + m0;
+  float* Cr = C + m0 * ldc;
+  switch (M - m0) {
+    case 7: detail::gemm_bf16_rows<7>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate); break;
+    case 6: detail::gemm_bf16_rows<6>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate); break;
+    case 5: detail::gemm_bf16_rows<5>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate); break;
+    case 4: detail::gemm_bf16_rows<4>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate); break;
+    case 3: detail::gemm_bf16_rows<3>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate); break;
+    case 2: detail::gemm_bf16_rows<2>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate); break;
+    case 1: detail::gemm_bf16_rows<1>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate); break;
+    default: break;
+  }
+}
+
+// Row-major bfloat16 rows (rows x cols, row stride ld in elements) as pair words along the
+// columns: out[r * ld_out + kk] = (X[r][2kk], X[r][2kk+1]), odd cols padded with 0.
+inline void pair_columns(const uint16_t* X, int64_t ld, int64_t rows, int64_t cols,
+                         uint32_t* out, int64_t ld_out) {
+  const int64_t cols2 = (cols + 1) / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* x = X + r * ld;
+    uint32_t* o = out + r * ld_out;
+    if ((cols & 1) == 0 && (reinterpret_cast<uintptr_t>(x) & 3) == 0) {
+      std::memcpy(o, x, cols2 * 4);
+    } else {
+      for (int64_t kk = 0; kk < cols2; ++kk) {
+        const uint32_t lo = x[2 * kk];
+        const uint32_t hi = 2 * kk + 1 < cols ? x[2 * kk + 1] : 0;
+        o[kk] = lo | (hi << 16);
+      }
+    }
+  }
+}
+
+// Pairs of consecutive rows (the k dimension) interleaved: out[kk * ld_out + c] =
+// (X[2kk][c], X[2kk+1][c]) for kk < ceil(rows / 2); a missing last row is zero.
+inline void pair_rows(const uint16_t* X, int64_t ld, int64_t rows, int64_t cols, uint32_t* out,
+                      int64_t ld_out) {
+  const int64_t rows2 = (rows + 1) / 2;
+  for (int64_t kk = 0; kk < rows2; ++kk) {
+    const uint16_t* x0 = X + 2 * kk * ld;
+    const bool has1 = 2 * kk + 1 < rows;
+    const uint16_t* x1 = has1 ? x0 + ld : nullptr;
+    uint32_t* o = out + kk * ld_out;
+    int64_t c = 0;
+    for (; c + 16 <= cols; c += 16) {
+      const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0 + c)));
+      const __m512i hi = has1 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x1 + c)))
+                              : _mm512_setzero_si512();
+      _mm512_storeu_si512(o + c, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    }
+    for (; c < cols; ++c) o[c] = static_cast<uint32_t>(x0[c]) | (has1 ? static_cast<uint32_t>(x1[c]) << 16 : 0u);
+  }
+}
+
+// float -> bfloat16 (round to nearest even) of a rows x cols tile, row-major both sides.
+inline void round_to_bf16(const float* X, int64_t ld, int64_t rows, int64_t cols, uint16_t* out,
+                          int64_t ld_out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = X + r * ld;
+    uint16_t* o = out + r * ld_out;
+    int64_t c = 0;
+    for (; c + 16 <= cols; c += 16) {
+      const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(x + c));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + c), (__m256i)h);
+    }
+    if (c < cols) {
+      const __mmask16 m = detail::tail_mask(cols - c);
+      const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + c));
+      _mm256_mask_storeu_epi16(o + c, m, (__m256i)h);
+    }
+  }
+}
+
+// uint32 transpose (the float transpose moves bits unchanged).
+inline void transpose_words(const uint32_t* src, int64_t lds, uint32_t* dst, int64_t ldd,
+                            int64_t rows, int64_t cols) {
+  transpose(reinterpret_cast<const float*>(src), lds, reinterpret_cast<float*>(dst), ldd, rows,
+            cols);
+}
+
+}  // namespace fastattn::cpu
+#endif  // __AVX512BF16__
