@@ -132,26 +132,28 @@ def float32_floor(ref64: torch.Tensor, dtype: torch.dtype, extra: float = 0.0) -
     return rounding_floor(ref64, dtype) + 16 * F32_ULP * float(ref64.abs().max()) + extra
 
 
-def cancellation_floors(q, k, v, kw, grad_out) -> tuple[float, float]:
+def cancellation_floors(q, k, v, kw, grad_out, col_sums) -> tuple[float, float]:
     """Extra float32 floors of dq and dk for the cancellation in dS = P * (dP - delta).
 
     Kernels compute dP = dO . v in one float32 dot product and delta = rowsum(dO * O) in
-    another: the difference keeps a residue of a couple of ulps of |dP|, however small the
-    gradient. The reference's softmax backward cancels exactly where a row sees a single key
-    (P = 1), so its baseline error is then ~0. The residue reaches dq through scale * k, and dk
-    through scale * q summed over the queries (and GQA heads) of a key, which add up like a
-    random walk.
+    another: the difference keeps a residue of a few ulps of |dP|, however small the gradient.
+    The reference's softmax backward cancels exactly where a row sees a single key (P = 1), so
+    its baseline error is then ~0. The residue reaches dq through scale * P * k (P sums to 1
+    over a row), and dk through scale * P * q summed over the queries (and GQA heads) that see
+    a key: residues of independent rows add up like a random walk, sqrt(sum_i P_ij) at most.
+    col_sums: sum_i P_ij of each key (dv of the float64 reference for dO = 1).
     """
     B, Hq, Lq, D = q.shape
-    Hkv = k.shape[1]
-    group = Hq // Hkv
+    group = Hq // k.shape[1]
+    if q.numel() == 0 or k.numel() == 0:
+        return 0.0, 0.0
     scale = kw.get("scale", 1.0 / math.sqrt(D))
     keep = 1.0 / (1.0 - kw.get("dropout_p", 0.0))
     vv = v.double().cpu().repeat_interleave(group, dim=1)
     dp = torch.matmul(grad_out.double().cpu(), vv.transpose(-1, -2))
-    residue = 2 * F32_ULP * keep * scale * (float(dp.abs().max()) if dp.numel() else 0.0)
-    dq_floor = residue * float(k.abs().max()) if k.numel() else 0.0
-    dk_floor = residue * float(q.abs().max()) * math.sqrt(Lq * group) if q.numel() else 0.0
+    residue = 4 * F32_ULP * keep * scale * float(dp.abs().max())
+    dq_floor = residue * float(k.abs().max())
+    dk_floor = residue * float(q.abs().max()) * math.sqrt(max(1.0, float(col_sums.max())))
     return dq_floor, dk_floor
 
 
@@ -193,7 +195,9 @@ def check_against_reference(backend, q, k, v, kw, grads=True, lse_grad=True):
     empty = torch.isneginf(ref64[1])
     assert torch.all(out[empty] == 0), "rows without a visible key must give out 0"
     if grads:
-        dq_floor, dk_floor = cancellation_floors(q, k, v, kw, grad_out)
+        ones = torch.ones(B, Hq, Lq, Dv, dtype=torch.float64, device=q.device)
+        col_sums = run_attention("reference", q, k, v, kw, ones, cast=torch.float64)[4]
+        dq_floor, dk_floor = cancellation_floors(q, k, v, kw, grad_out, col_sums)
         for name, i, x, extra in (("dq", 2, q, dq_floor), ("dk", 3, k, dk_floor),
                                   ("dv", 4, v, 0.0)):
             assert got[i].shape == x.shape and got[i].dtype == x.dtype, name

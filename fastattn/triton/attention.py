@@ -109,6 +109,17 @@ def _biased_masked_scores(s, i, j, b, h, mask_ptr, s_mb, s_mh, s_mi, s_mj, pad_p
 
 
 @triton.jit
+def _tile_of_program(length, BLOCK: tl.constexpr):
+    """(first row of this program's tile, batch * head index) from a 1-D grid of
+    B*H*cdiv(length, BLOCK) programs. The tiles of one head are consecutive programs, so they
+    run together and share that head's K/V (or Q/dO) in L2; a 1-D grid also has no 65535 limit
+    on B*H, unlike a grid's second axis."""
+    tiles = tl.cdiv(length, BLOCK)
+    pid = tl.program_id(0).to(tl.int64)
+    return (pid % tiles).to(tl.int32) * BLOCK, pid // tiles
+
+
+@triton.jit
 def _key_range(start_m, Lk, window_lo, window_hi, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr):
     """[lo, hi) of the key tiles that queries [start_m, start_m + BLOCK_M) can see through the
@@ -144,8 +155,7 @@ def _fwd_kernel(Q, K, V, Mask, Pad, Alibi, Seed, Out, Lse,
                 HAS_SOFTCAP: tl.constexpr, HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
                 DOT_PRECISION: tl.constexpr, ACCURATE_EXP: tl.constexpr,
                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1).to(tl.int64)
+    start_m, bh = _tile_of_program(Lq, BLOCK_M)
     b = bh // Hq
     h = bh % Hq
     kvh = h // GROUP
@@ -219,8 +229,7 @@ def _bwd_preprocess(Out, DO, GradLse, Delta, s_ob, s_oh, s_om, s_dob, s_doh, s_d
                     HAS_GRAD_LSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
     """delta_i = rowsum(dO_i * O_i) - grad_lse_i, so that dS = P * (dP - delta) also carries
     the gradient of lse (d lse_i / d s_ij = P_ij)."""
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1).to(tl.int64)
+    start_m, bh = _tile_of_program(Lq, BLOCK_M)
     b = bh // Hq
     h = bh % Hq
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -253,8 +262,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, DK, DV,
     """dK, dV for BLOCK_N keys of kv head (b, kvh), summed over the GROUP query heads that
     share it. Scores are computed transposed, (keys, queries), so that every product is a
     plain tl.dot with one transposed operand (as in Triton's fused-attention tutorial)."""
-    start_n = tl.program_id(0) * BLOCK_N
-    bkv = tl.program_id(1).to(tl.int64)
+    start_n, bkv = _tile_of_program(Lk, BLOCK_N)
     Hkv = Hq // GROUP
     b = bkv // Hkv
     kvh = bkv % Hkv
@@ -338,8 +346,7 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, DQ,
                    DOT_PRECISION: tl.constexpr, ACCURATE_EXP: tl.constexpr,
                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """dQ for BLOCK_M queries of head (b, h), over the key tiles they can see."""
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1).to(tl.int64)
+    start_m, bh = _tile_of_program(Lq, BLOCK_M)
     b = bh // Hq
     h = bh % Hq
     kvh = h // GROUP
@@ -404,11 +411,13 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, DQ,
 # Tile shapes: autotuned on CUDA, one shape under the interpreter
 #
 # Per head-dim class (the padded max(D, Dv)): <= 64, <= 128, > 128. Above 128 the tiles shrink
-# so that q (or k, v, dk, dv) tiles, two pipeline stages of the streamed tiles and the float32
-# accumulators fit an H100's 228 KB of shared memory and its registers. Configs that still do
-# not fit (float32 inputs) fail to compile and the autotuner skips them; each list ends with a
-# small config that fits every case. The key is the head dims and coarse length classes, so
-# that new lengths do not trigger a new tuning run each.
+# so that q (or k, v, dk, dv) tiles, the pipeline stages of the streamed tiles and the float32
+# accumulators fit an H100's shared memory (227 KB a block) and registers. A pruner drops the
+# configs whose tiles would not fit shared memory for this call's dtype and head dims (float32
+# doubles them), keeping at least the smallest; a config that still fails to compile is
+# skipped by the autotuner. The key is the head dims, the mask kind, dropout and coarse length
+# classes, so that new lengths do not trigger a tuning run each. FASTATTN_TRITON_AUTOTUNE=0
+# uses the first config that fits instead of tuning (quicker test runs on a GPU).
 
 
 def _config(block_m, block_n, warps, stages):
@@ -439,16 +448,47 @@ _DQ_CONFIGS = {
     256: [_config(64, 32, 8, 1), _config(32, 32, 4, 2), _config(32, 16, 4, 1)],
 }
 _TUNE_KEY = ["BLOCK_D", "BLOCK_DV", "LQ_CLASS", "LK_CLASS", "MASK_KIND", "HAS_DROPOUT"]
+_SHARED_MEMORY_BUDGET = 192 * 1024  # of the H100's 227 KB, leaving Triton room for scratch
 
 
-def _tuned(kernel, configs):
-    return {cls: triton.autotune(configs=cfgs, key=_TUNE_KEY)(kernel)
+def _pruner(kernel: str):
+    """early_config_prune: drop configs whose resident tile plus `num_stages` streamed tiles
+    exceed the shared-memory budget. The forward and dQ kernels keep a BLOCK_M tile of q (and
+    dO) and stream BLOCK_N tiles of k and v; the dK/dV kernel keeps BLOCK_N keys and streams
+    BLOCK_M tiles of q and dO."""
+    def prune(configs, named_args, **kwargs):
+        meta = {**named_args, **kwargs}
+        d, dv = meta.get("BLOCK_D", 256), meta.get("BLOCK_DV", 256)
+        itemsize = getattr(getattr(meta.get("Q"), "dtype", None), "itemsize", 4)
+
+        def shared_bytes(c):
+            m, n, stages = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], max(c.num_stages, 1)
+            if kernel == "fwd":
+                tiles = m * d + stages * n * (d + dv)
+            elif kernel == "dq":
+                tiles = m * (d + dv) + stages * n * (d + dv)
+            else:
+                tiles = n * (d + dv) + stages * m * (d + dv)
+            return tiles * itemsize
+
+        fitting = [c for c in configs if shared_bytes(c) <= _SHARED_MEMORY_BUDGET]
+        fitting = fitting or [min(configs, key=shared_bytes)]
+        return fitting if _AUTOTUNE else fitting[:1]
+    return prune
+
+
+_AUTOTUNE = os.environ.get("FASTATTN_TRITON_AUTOTUNE", "1") != "0"
+
+
+def _tuned(kernel, configs, name):
+    return {cls: triton.autotune(configs=cfgs, key=_TUNE_KEY,
+                                 prune_configs_by={"early_config_prune": _pruner(name)})(kernel)
             for cls, cfgs in configs.items()}
 
 
-_FWD_TUNED = _tuned(_fwd_kernel, _FWD_CONFIGS)
-_DKDV_TUNED = _tuned(_bwd_dkdv_kernel, _DKDV_CONFIGS)
-_DQ_TUNED = _tuned(_bwd_dq_kernel, _DQ_CONFIGS)
+_FWD_TUNED = _tuned(_fwd_kernel, _FWD_CONFIGS, "fwd")
+_DKDV_TUNED = _tuned(_bwd_dkdv_kernel, _DKDV_CONFIGS, "dkdv")
+_DQ_TUNED = _tuned(_bwd_dq_kernel, _DQ_CONFIGS, "dq")
 
 
 def _head_class(block_d: int, block_dv: int) -> int:
@@ -588,7 +628,7 @@ def attention_forward_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         kernel, blocks = launch.kernel(_fwd_kernel, _FWD_TUNED)
 
         def grid(meta):
-            return (triton.cdiv(Lq, meta["BLOCK_M"]), B * Hq)
+            return (B * Hq * triton.cdiv(Lq, meta["BLOCK_M"]),)
 
         with _on_device(q):
             kernel[grid](q, k, v, *launch.optional, out, lse, *_strides3(q), *_strides3(k),
@@ -627,15 +667,15 @@ def attention_backward_triton(grad_out: torch.Tensor, grad_lse: torch.Tensor | N
     with _on_device(q):
         if B * Hq * Lq > 0:
             block_dv = launch.meta["BLOCK_DV"]
-            pre_m = 64 if block_dv <= 128 else 32
-            wrap_triton(_bwd_preprocess)[(triton.cdiv(Lq, pre_m), B * Hq)](
+            pre_m = max(16, 8192 // block_dv)  # 64 float32 registers a thread per tile
+            wrap_triton(_bwd_preprocess)[(B * Hq * triton.cdiv(Lq, pre_m),)](
                 out, grad_out, grad_lse_arg, delta, *_strides3(out), *_strides3(grad_out), Hq,
                 Lq, Dv, HAS_GRAD_LSE=has_grad_lse, BLOCK_M=pre_m, BLOCK_DV=block_dv)
 
             kernel, blocks = launch.kernel(_bwd_dq_kernel, _DQ_TUNED)
 
             def dq_grid(meta):
-                return (triton.cdiv(Lq, meta["BLOCK_M"]), B * Hq)
+                return (B * Hq * triton.cdiv(Lq, meta["BLOCK_M"]),)
 
             kernel[dq_grid](*common, dq, *q_k_v_do_strides, *_strides3(dq),
                             *launch.trailing_strides, *launch.scalars, **launch.meta, **blocks)
@@ -643,7 +683,7 @@ def attention_backward_triton(grad_out: torch.Tensor, grad_lse: torch.Tensor | N
             kernel, blocks = launch.kernel(_bwd_dkdv_kernel, _DKDV_TUNED)
 
             def dkdv_grid(meta):
-                return (triton.cdiv(Lk, meta["BLOCK_N"]), B * Hkv)
+                return (B * Hkv * triton.cdiv(Lk, meta["BLOCK_N"]),)
 
             kernel[dkdv_grid](*common, dk, dv, *q_k_v_do_strides, *_strides3(dk),
                               *_strides3(dv), *launch.trailing_strides, *launch.scalars,
