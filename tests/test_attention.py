@@ -340,6 +340,24 @@ def test_fully_masked_rows(backend):
     assert torch.all(dk[1] == 0) and torch.all(dv[1] == 0), "padded keys get no gradient"
 
 
+@pytest.mark.parametrize("B,Lq,Lk", [(2, 5, 0), (2, 0, 7), (0, 3, 4)],
+                         ids=["no-keys", "no-queries", "no-batch"])
+def test_empty_shapes(backend, B, Lq, Lk):
+    """Zero keys: every row sees nothing (out 0, lse -inf); zero queries or batch: empty
+    results; gradients have the inputs' shapes."""
+    device = attention_device(backend)
+    q = torch.randn(B, 2, Lq, 8, device=device, requires_grad=True)
+    k = torch.randn(B, 2, Lk, 8, device=device, requires_grad=True)
+    v = torch.randn(B, 2, Lk, 6, device=device, requires_grad=True)
+    out, lse = fastattn.attention(q, k, v, return_lse=True, backend=backend)
+    assert fastattn.last_backend("attention") == backend
+    assert out.shape == (B, 2, Lq, 6) and lse.shape == (B, 2, Lq)
+    assert torch.all(out == 0) and torch.all(torch.isneginf(lse))
+    dq, dk, dv = torch.autograd.grad(out.sum(), (q, k, v))
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    assert torch.all(dq == 0)
+
+
 def test_gqa_matches_repeated_heads(backend):
     """Grouped-query attention equals multi-head attention over repeated k/v heads, and dk/dv
     are the sums of the repeated heads' gradients."""

@@ -295,7 +295,9 @@ def register_autograd(suffix: str) -> None:
             return (None,) * 12
         if grad_out is None:
             grad_out = torch.zeros_like(out)
-        if grad_out.stride(-1) != 1:
+        if grad_out.numel() == 0:
+            grad_out = torch.zeros_like(out)  # an empty expanded grad keeps stride 0 otherwise
+        elif grad_out.stride(-1) != 1:
             grad_out = grad_out.contiguous()
         if grad_lse is not None:
             grad_lse = grad_lse.contiguous()
