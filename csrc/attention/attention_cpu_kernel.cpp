@@ -367,20 +367,13 @@ void online_softmax(acc* s, int64_t M, int64_t N, acc* m, acc* l, acc* o_acc, in
                     const acc* mult) {
   for (int64_t r = 0; r < M; ++r) {
     acc* sr = s + r * kBlockK;
-    acc row_max = neg_inf<acc>();
-#pragma omp simd reduction(max : row_max)
-    for (int64_t n = 0; n < N; ++n) row_max = std::max(row_max, sr[n]);
-    const acc m_new = std::max(m[r], row_max);
+    const acc m_new = std::max(m[r], row_max(sr, N));
     if (m_new == neg_inf<acc>()) {  // nothing visible yet in this row
       std::fill(sr, sr + N, acc(0));
       continue;
     }
     const acc alpha = exp_approx(m[r] - m_new);  // m[r] = -inf gives 0
-#pragma omp simd
-    for (int64_t n = 0; n < N; ++n) sr[n] = exp_approx(sr[n] - m_new);
-    acc sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t n = 0; n < N; ++n) sum += sr[n];
+    const acc sum = exp_shift_sum(sr, N, m_new);
     l[r] = l[r] * alpha + sum;
     m[r] = m_new;
     if (alpha != acc(1)) {
@@ -549,8 +542,7 @@ void attention_backward(const AttentionBackwardParams& bp) {
                 std::fill(pr, pr + N, acc(0));
                 continue;
               }
-#pragma omp simd
-              for (int64_t n = 0; n < N; ++n) sr[n] = exp_approx(sr[n] - lse);
+              exp_shift_sum(sr, N, lse);
               if (dropout) {
                 const acc* mr = mult.data() + r * kBlockK;
                 for (int64_t n = 0; n < N; ++n) pr[n] = sr[n] * mr[n];

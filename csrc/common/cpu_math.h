@@ -4,6 +4,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace fastattn::cpu {
 
@@ -47,5 +51,90 @@ inline float tanh_approx(float x) {
 }
 
 inline double tanh_approx(double x) { return std::tanh(x); }
+
+#if defined(__AVX512F__)
+// exp_approx on 16 lanes (same algorithm and constants).
+inline __m512 exp_approx(__m512 x) {
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 clamped =
+      _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-126.0f)), _mm512_set1_ps(127.0f));
+  const __m512 n = _mm512_roundscale_ps(clamped, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(clamped, n);
+  __m512 p = _mm512_set1_ps(1.525273380405984e-05f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.5403530393381606e-04f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-03f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-03f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-02f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-01f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-01f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  const __m512i bits = _mm512_slli_epi32(
+      _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  const __m512 result = _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+  const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
+  return _mm512_mask_mov_ps(result, underflow, _mm512_setzero_ps());
+}
+#endif
+
+// max over x[0, n) (-inf when n == 0).
+inline float row_max(const float* x, int64_t n) {
+#if defined(__AVX512F__)
+  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(x + i));
+  if (i < n) {
+    const __mmask16 k = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    m = _mm512_mask_max_ps(m, k, m, _mm512_maskz_loadu_ps(k, x + i));
+  }
+  return _mm512_reduce_max_ps(m);
+#else
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+#endif
+}
+
+inline double row_max(const double* x, int64_t n) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+// x[i] = exp(x[i] - shift) for i < n; returns their sum.
+inline float exp_shift_sum(float* x, int64_t n, float shift) {
+#if defined(__AVX512F__)
+  const __m512 s = _mm512_set1_ps(shift);
+  __m512 sum = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 e = exp_approx(_mm512_sub_ps(_mm512_loadu_ps(x + i), s));
+    _mm512_storeu_ps(x + i, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  if (i < n) {
+    const __mmask16 k = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __m512 e = exp_approx(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), s));
+    _mm512_mask_storeu_ps(x + i, k, e);
+    sum = _mm512_mask_add_ps(sum, k, sum, e);
+  }
+  return _mm512_reduce_add_ps(sum);
+#else
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = exp_approx(x[i] - shift);
+    sum += x[i];
+  }
+  return sum;
+#endif
+}
+
+inline double exp_shift_sum(double* x, int64_t n, double shift) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - shift);
+    sum += x[i];
+  }
+  return sum;
+}
 
 }  // namespace fastattn::cpu
