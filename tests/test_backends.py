@@ -75,7 +75,7 @@ def test_build_info():
     for key in ("cuda", "cuda_archs", "cuda_version", "torch_version", "cpu_isa"):
         assert key in info, key
     assert isinstance(info["cuda"], bool)
-    assert info["cpu_isa"] in ("base", "avx2", "avx512")
+    assert info["cpu_isa"] in ("base", "avx2", "avx512", "avx512bf16")
     assert torch.__version__.startswith(info["torch_version"]), (torch.__version__, info)
     if info["cuda"]:
         assert info["cuda_archs"] and info["cuda_version"]
@@ -307,6 +307,16 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
         tokens, weight.detach(), dropout_p=0.4, backend="cpu")
     out[f"table/{name}"] = fastattn.sinusoidal_table(300, 67, offset=9, dtype=dtype,
                                                      backend="cpu")
+    # Attention: GQA, odd head dims and lengths (tails of every vector width), causal.
+    torch.manual_seed(3)
+    q = torch.randn(2, 4, 37, 19, dtype=torch.float64).to(dtype).requires_grad_()
+    k = torch.randn(2, 2, 53, 19, dtype=torch.float64).to(dtype).requires_grad_()
+    v = torch.randn(2, 2, 53, 23, dtype=torch.float64).to(dtype).requires_grad_()
+    o = fastattn.attention(q, k, v, causal="bottom_right", backend="cpu")
+    grads = torch.autograd.grad(o, (q, k, v), torch.randn(o.shape, dtype=torch.float64).to(dtype))
+    out[f"attention/{name}"] = o.detach()
+    for g_name, g in zip("qkv", grads):
+        out[f"attention.d{g_name}/{name}"] = g
 torch.save(out, sys.argv[1])
 """
 
@@ -316,7 +326,7 @@ def test_cpu_isa_copies_agree(tmp_path):
     the same results: to ~1e-6 relative (FMA contraction differs), one ulp after rounding to
     float16/bfloat16, and the same dropout masks."""
     runs = {}
-    for isa in ("default", "base", "avx2"):
+    for isa in ("default", "base", "avx2", "avx512"):
         env = python_env({"FASTATTN_CPU_ISA": isa} if isa != "default" else {},
                          unset=("FASTATTN_CPU_ISA",))
         path = tmp_path / f"{isa}.pt"
@@ -329,12 +339,14 @@ def test_cpu_isa_copies_agree(tmp_path):
         assert proc.returncode == 0, (isa, stderr[-3000:])
         results[isa] = torch.load(path)
     default = results["default"]
-    assert default["isa"] in ("base", "avx2", "avx512")
+    assert default["isa"] in ("base", "avx2", "avx512", "avx512bf16")
     assert results["base"]["isa"] == "base"
     assert results["avx2"]["isa"] == ("base" if default["isa"] == "base" else "avx2")
+    assert results["avx512"]["isa"] == ("avx512" if default["isa"].startswith("avx512")
+                                        else default["isa"])
     keys = [k for k in default if k != "isa"]
     assert len(keys) > 40
-    for isa in ("base", "avx2"):
+    for isa in ("base", "avx2", "avx512"):
         for key in keys:
             a, b = results[isa][key], default[key]
             assert a.dtype == b.dtype and a.shape == b.shape, (isa, key)
@@ -342,5 +354,9 @@ def test_cpu_isa_copies_agree(tmp_path):
             if "dropout" in key:
                 assert torch.equal(a == 0, b == 0), (isa, key)
             ulp = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}.get(a.dtype, 0.0)
-            torch.testing.assert_close(a.double(), b.double(), rtol=max(1e-6, ulp), atol=1e-6,
+            if key.startswith("attention") and a.dtype == torch.bfloat16:
+                # avx512bf16 multiplies bfloat16 operands and rounds P and dS to bfloat16
+                # (as the GPU kernels do); the other copies multiply in float32.
+                ulp = 2.0 ** -4
+            torch.testing.assert_close(a.double(), b.double(), rtol=max(1e-6, ulp), atol=max(1e-6, ulp),
                                        msg=lambda m, isa=isa, key=key: f"{isa} {key}: {m}")
