@@ -23,7 +23,8 @@ Rows that see no key give out 0 and lse -inf: the running maximum is replaced by
 -inf, so exp(-inf - -inf) never happens. On CUDA the tile sizes are autotuned per head-dim
 class (smaller tiles above 128, so shared memory and registers fit on an H100); under the CPU
 interpreter one tile shape is chosen from the lengths, inputs are upcast to float32 right after
-loading bfloat16 (the interpreter's bfloat16 arithmetic is broken) and bfloat16 results go
+loading bfloat16 (the interpreter's bfloat16 arithmetic is broken), P and dS are rounded to
+bfloat16 by bit arithmetic where a GPU casts them for its tensor cores, and bfloat16 results go
 through a float32 buffer that torch rounds.
 """
 from __future__ import annotations
@@ -69,6 +70,21 @@ def _exp(x, ACCURATE: tl.constexpr):
         return libdevice.exp(x)
     else:
         return tl.exp(x)
+
+
+@triton.jit
+def _operand(x, other, UPCAST: tl.constexpr):
+    """x (float32) as the left operand of a tl.dot with `other`: in other's dtype, as
+    FlashAttention does (16-bit P and dS feed the tensor cores). Under the interpreter with
+    bfloat16 inputs (UPCAST: everything is held in float32 there) x is rounded to the nearest
+    bfloat16 by bit arithmetic instead, since the interpreter's own conversion truncates; the
+    CPU run then rounds exactly where a GPU does."""
+    if UPCAST:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return x.to(other.dtype)
 
 
 @triton.jit
@@ -209,7 +225,7 @@ def _fwd_kernel(Q, K, V, Mask, Pad, Alibi, Seed, Out, Lse,
         if HAS_DROPOUT:
             p = p * dropout_multiplier(Seed, row_element[:, None] + offs_n[None, :], threshold,
                                        keep_scale)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(_operand(p, v, UPCAST), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
     empty = l_i == 0.0
@@ -318,15 +334,15 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, DK, DV,
             if HAS_DROPOUT:
                 zT = dropout_multiplier(Seed, (bh * Lq + cols_m[None, :]) * Lk + offs_n[:, None],
                                         threshold, keep_scale)
-                dv += tl.dot((pT * zT).to(do.dtype), do, input_precision=DOT_PRECISION)
+                dv += tl.dot(_operand(pT * zT, do, UPCAST), do, input_precision=DOT_PRECISION)
                 dpT = dpT * zT
             else:
-                dv += tl.dot(pT.to(do.dtype), do, input_precision=DOT_PRECISION)
+                dv += tl.dot(_operand(pT, do, UPCAST), do, input_precision=DOT_PRECISION)
             dsT = pT * (dpT - delta[None, :])
             if HAS_SOFTCAP:
                 t = sT / softcap
                 dsT = dsT * (1.0 - t * t)
-            dk += tl.dot(dsT.to(qT.dtype), tl.trans(qT), input_precision=DOT_PRECISION)
+            dk += tl.dot(_operand(dsT, qT, UPCAST), tl.trans(qT), input_precision=DOT_PRECISION)
     dk = dk * scale
     tl.store(DK + b * s_dkb + kvh * s_dkh + rows_n * s_dkn + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=n_valid[:, None] & d_valid[None, :])
@@ -401,7 +417,7 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, DQ,
         if HAS_SOFTCAP:
             t = s / softcap
             ds = ds * (1.0 - t * t)
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
+        dq += tl.dot(_operand(ds, k, UPCAST), k, input_precision=DOT_PRECISION)
     dq = dq * scale
     tl.store(DQ + b * s_dqb + h * s_dqh + offs_m.to(tl.int64)[:, None] * s_dqm + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
