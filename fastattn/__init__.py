@@ -5,7 +5,7 @@ Public API (see README.md and the docstrings):
   backends:   available_backends, use_backend, set_backend, last_backend
   attention:  attention, merge_attention
   positional: sinusoidal_table, add_sinusoidal, embed_with_positions, apply_rotary
-  modules:    fastattn.nn
+  modules:    fastattn.nn, swap_modules, restore_modules, swap_summary
 """
 from __future__ import annotations
 
@@ -37,11 +37,12 @@ def _import_triton_kernels() -> None:
 _import_triton_kernels()
 
 from . import nn  # noqa: E402
+from .swap import restore_modules, swap_modules, swap_summary  # noqa: E402
 
 __all__ = [
     "BackendError", "available_backends", "use_backend", "set_backend", "last_backend",
     "attention", "merge_attention", "sinusoidal_table", "add_sinusoidal", "embed_with_positions", "apply_rotary", "nn",
-    "build_info",
+    "build_info", "swap_modules", "restore_modules", "swap_summary",
 ]
 
 

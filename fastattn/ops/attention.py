@@ -187,6 +187,24 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Caus
     masks. Rows with no visible key give output 0 (and lse -inf), never NaN.
     Returns out (B, Hq, Lq, Dv) in q's dtype, or (out, lse) with return_lse.
     """
+    out, lse, _ = attention_canonical(
+        q, k, v, causal=causal, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+        dropout_p=dropout_p, scale=scale, alibi_slopes=alibi_slopes, window=window,
+        softcap=softcap, backend=backend)
+    return (out, lse) if return_lse else out
+
+
+def attention_canonical(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                        causal: Causal = False, attn_mask: torch.Tensor | None = None,
+                        key_padding_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+                        scale: float | None = None, alibi_slopes: torch.Tensor | None = None,
+                        window: tuple[int, int] | None = None, softcap: float = 0.0,
+                        backend: str | None = None, seed: torch.Tensor | None = None):
+    """`attention` that also returns the canonical arguments every backend received:
+    (out, lse, (q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap, window_lo,
+    window_hi, dropout_p, seed)). Modules use them to recompute probabilities exactly as the
+    kernel defined them (nn.MultiheadAttention's need_weights); `seed` fixes the dropout draw.
+    """
     op = "attention"
     _check_inputs(op, q, k, v)
     B, Hq, Lq, D = q.shape
@@ -222,14 +240,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Caus
         if name not in limits and not _native_has("attention_forward", key):
             limits[name] = f"fastattn._C has no {key} attention kernel in this build"
     chosen = _backend.select_backend(op, q.device, backend, limits=limits)
-    seed = dropout_seed(p, q.device)
+    if seed is None:
+        seed = dropout_seed(p, q.device)
     args = (q, k, v, mask, padding, alibi, scale, softcap, window_lo, window_hi, p, seed)
     if chosen == "reference":
         out, lse = ref.attention(*args)
     else:
         out, lse = _op("attention_forward", chosen)(*args)
     _backend._record(op, chosen)
-    return (out, lse) if return_lse else out
+    return out, lse, args
 
 
 def merge_attention(outs: Sequence[torch.Tensor],

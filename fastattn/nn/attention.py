@@ -1,0 +1,224 @@
+"""fastattn.nn.MultiheadAttention: torch.nn.MultiheadAttention with its attention computed by
+fastattn.attention (fused, no (L, S) scores unless weights are asked for)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .. import _backend
+from ..ops._common import dropout_seed
+from ..ops.attention import attention_canonical
+from ..reference import attention as ref
+from ..reference.random import dropout_keep_mask
+
+
+def _disable_torch_fast_paths(module: nn.Module, *args) -> None:
+    """A no-op forward pre-hook. Its presence is what torch's TransformerEncoderLayer checks
+    ("forward pre-/hooks are attached") before taking its fused C++ fast path, which would
+    bypass this module in eval mode: with it, every call runs fastattn."""
+    return None
+
+
+class MultiheadAttention(nn.MultiheadAttention):
+    """Drop-in torch.nn.MultiheadAttention routed through fastattn.attention.
+
+    Same constructor, forward(query, key, value, key_padding_mask=None, need_weights=True,
+    attn_mask=None, average_attn_weights=True, is_causal=False), returns, parameter names and
+    state_dict as torch's. Masks keep torch's meaning (a bool attn_mask or key_padding_mask is
+    True where attention is NOT allowed; float masks are added). The attention weights, when
+    need_weights=True, come from a second pass that recomputes the probabilities (with the
+    same dropout mask) from the fused kernel's log-sum-exp; with need_weights=False (what
+    nn.Transformer layers ask for) nothing of size (L, S) is allocated.
+
+    backend: the fastattn backend for this module's calls (None: the usual automatic choice).
+    """
+
+    def __init__(self, *args, backend: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fastattn_backend = backend
+        self.register_forward_pre_hook(_disable_torch_fast_paths)
+
+    @classmethod
+    def from_torch(cls, module: nn.MultiheadAttention, backend: str | None = None):
+        """Turn a torch.nn.MultiheadAttention into this class in place (same object, same
+        Parameters); fastattn.swap_modules uses it."""
+        module.__class__ = cls
+        module.fastattn_backend = backend
+        if not any(hook is _disable_torch_fast_paths
+                   for hook in module._forward_pre_hooks.values()):
+            module.register_forward_pre_hook(_disable_torch_fast_paths)
+        return module
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor,
+                key_padding_mask: Tensor | None = None, need_weights: bool = True,
+                attn_mask: Tensor | None = None, average_attn_weights: bool = True,
+                is_causal: bool = False) -> tuple[Tensor, Tensor | None]:
+        backend = getattr(self, "fastattn_backend", None)
+        if backend is not None:
+            with _backend.use_backend(backend):
+                return self._forward(query, key, value, key_padding_mask, need_weights,
+                                     attn_mask, average_attn_weights, is_causal)
+        return self._forward(query, key, value, key_padding_mask, need_weights, attn_mask,
+                             average_attn_weights, is_causal)
+
+    def _forward(self, query, key, value, key_padding_mask, need_weights, attn_mask,
+                 average_attn_weights, is_causal):
+        if query.dim() not in (2, 3):
+            raise AssertionError(f"query should be unbatched 2D or batched 3D tensor but "
+                                 f"received {query.dim()}-D query tensor")
+        is_batched = query.dim() == 3
+        self_attention = query is key and key is value
+        # Work batch-first when the input is (the projections then need no copies).
+        batch_first = self.batch_first and is_batched
+        if not is_batched:  # (L, E) -> (1, L, E)
+            query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
+            batch_first = True
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask.unsqueeze(0)
+        seq_dim, batch_dim = (1, 0) if batch_first else (0, 1)
+        bsz, tgt_len, embed_dim = query.shape[batch_dim], query.shape[seq_dim], query.shape[2]
+        src_len = key.shape[seq_dim]
+        if embed_dim != self.embed_dim:
+            raise AssertionError(f"was expecting embedding dimension of {self.embed_dim}, but "
+                                 f"got {embed_dim}")
+        if (key.dim() != 3 or value.dim() != 3 or key.shape[batch_dim] != bsz
+                or value.shape[batch_dim] != bsz or value.shape[seq_dim] != src_len):
+            raise AssertionError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must "
+                                 f"match the batch of query {tuple(query.shape)} and each other")
+        if is_causal and attn_mask is None:
+            raise RuntimeError("Need attn_mask if specifying the is_causal hint. You may use the "
+                               "Transformer module method `generate_square_subsequent_mask` to "
+                               "create this mask.")
+        H, Dh = self.num_heads, self.head_dim
+
+        # In-projections in the input's layout, then (N, H, L, Dh) views (no copies).
+        if self_attention and self._qkv_same_embed_dim:
+            q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
+        else:
+            if self._qkv_same_embed_dim:
+                w_q, w_k, w_v = self.in_proj_weight.chunk(3)
+            else:
+                w_q, w_k, w_v = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
+            b_q = b_k = b_v = None
+            if self.in_proj_bias is not None:
+                b_q, b_k, b_v = self.in_proj_bias.chunk(3)
+            q, k, v = F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
+
+        # Masks in fastattn's terms: a bool attn_mask means "may attend" there.
+        mask = self._canonical_attn_mask(attn_mask, bsz, tgt_len, src_len, query.dtype)
+        padding, padding_bias = self._canonical_padding(key_padding_mask, bsz, src_len,
+                                                        query.dtype)
+        extra_columns = 0
+        if self.bias_k is not None and self.bias_v is not None:
+            shape = (bsz, 1, embed_dim) if batch_first else (1, bsz, embed_dim)
+            k = torch.cat([k, self.bias_k.reshape(1, 1, embed_dim).expand(shape)], dim=seq_dim)
+            v = torch.cat([v, self.bias_v.reshape(1, 1, embed_dim).expand(shape)], dim=seq_dim)
+            extra_columns += 1
+
+        def heads(x):  # (N, L, E) or (L, N, E) -> (N, H, L, Dh)
+            if batch_first:
+                return x.view(bsz, x.shape[1], H, Dh).transpose(1, 2)
+            return x.view(x.shape[0], bsz, H, Dh).permute(1, 2, 0, 3)
+
+        q, k, v = heads(q), heads(k), heads(v)
+        if self.add_zero_attn:
+            zeros = k.new_zeros(bsz, H, 1, Dh)
+            k = torch.cat([k, zeros], dim=2)
+            v = torch.cat([v, zeros], dim=2)
+            extra_columns += 1
+        if extra_columns:  # the appended keys are visible to every query
+            mask = self._pad_columns(mask, extra_columns)
+            padding = None if padding is None else F.pad(padding, (0, extra_columns))
+            padding_bias = (None if padding_bias is None
+                            else F.pad(padding_bias, (0, extra_columns)))
+        if padding_bias is not None:  # a float key_padding_mask is added like attn_mask
+            bias = padding_bias.view(bsz, 1, 1, -1)
+            mask = bias if mask is None else (
+                mask + bias if mask.dtype != torch.bool
+                else bias.masked_fill(~mask, float("-inf")))
+
+        causal = False
+        if is_causal and key_padding_mask is None and not need_weights:
+            # torch's rule: the is_causal hint replaces the mask (the mask must be causal).
+            causal, mask = True, None
+        dropout_p = self.dropout if self.training else 0.0
+        seed = dropout_seed(dropout_p, q.device)
+        out, lse, canonical = attention_canonical(
+            q, k, v, causal=causal, attn_mask=mask, key_padding_mask=padding,
+            dropout_p=dropout_p, seed=seed)
+        # out is (N, L, H, Dh) in memory when q's heads are inner (always the case here).
+        if batch_first:
+            out = out.transpose(1, 2).reshape(bsz, tgt_len, embed_dim)
+        else:
+            out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
+        out = F.linear(out, self.out_proj.weight, self.out_proj.bias)
+
+        weights = None
+        if need_weights:
+            weights = self._probabilities(lse, canonical)
+            if average_attn_weights:
+                weights = weights.mean(dim=1)
+        if not is_batched:
+            out = out.squeeze(0)
+            if weights is not None:
+                weights = weights.squeeze(0)
+        return out, weights
+
+    def _canonical_attn_mask(self, attn_mask, bsz, tgt_len, src_len, dtype):
+        if attn_mask is None:
+            return None
+        if attn_mask.dtype != torch.bool and not attn_mask.dtype.is_floating_point:
+            raise AssertionError(f"only bool and floating types of attn_mask are supported, "
+                                 f"got {attn_mask.dtype}")
+        if attn_mask.dim() == 2:
+            if tuple(attn_mask.shape) != (tgt_len, src_len):
+                raise RuntimeError(f"The shape of the 2D attn_mask is {attn_mask.shape}, but "
+                                   f"should be {(tgt_len, src_len)}.")
+            mask = attn_mask.view(1, 1, tgt_len, src_len)
+        elif attn_mask.dim() == 3:
+            if tuple(attn_mask.shape) != (bsz * self.num_heads, tgt_len, src_len):
+                raise RuntimeError(f"The shape of the 3D attn_mask is {attn_mask.shape}, but "
+                                   f"should be {(bsz * self.num_heads, tgt_len, src_len)}.")
+            mask = attn_mask.view(bsz, self.num_heads, tgt_len, src_len)
+        else:
+            raise RuntimeError(f"attn_mask's dimension {attn_mask.dim()} is not supported")
+        if mask.dtype == torch.bool:
+            return ~mask
+        return mask.to(dtype) if mask.dtype != dtype else mask
+
+    def _canonical_padding(self, key_padding_mask, bsz, src_len, dtype):
+        """(bool ignore-mask or None, float additive (N, S) bias or None)."""
+        if key_padding_mask is None:
+            return None, None
+        if tuple(key_padding_mask.shape) != (bsz, src_len):
+            raise AssertionError(f"expecting key_padding_mask shape of {(bsz, src_len)}, but "
+                                 f"got {tuple(key_padding_mask.shape)}")
+        if key_padding_mask.dtype == torch.bool:
+            return key_padding_mask, None
+        if not key_padding_mask.dtype.is_floating_point:
+            raise AssertionError(f"only bool and floating types of key_padding_mask are "
+                                 f"supported, got {key_padding_mask.dtype}")
+        return None, key_padding_mask.to(dtype)
+
+    @staticmethod
+    def _pad_columns(mask, n):
+        if mask is None:
+            return None
+        if mask.dtype == torch.bool:
+            return F.pad(mask, (0, n), value=True)
+        return F.pad(mask, (0, n), value=0.0)
+
+    @staticmethod
+    def _probabilities(lse: Tensor, canonical) -> Tensor:
+        """Attention weights (N, H, L, S) as the kernel used them: exp(scores - lse), dropped
+        out with the call's mask (torch's MultiheadAttention returns dropped-out weights)."""
+        (q, k, v, mask, padding, alibi, scale, softcap, window_lo, window_hi, p,
+         seed) = canonical
+        s = ref.scores(q, k, mask, padding, alibi, scale, softcap, window_lo, window_hi)
+        lse = lse.to(s.dtype).unsqueeze(-1)
+        probs = torch.where(torch.isneginf(lse), torch.zeros_like(s), torch.exp(s - lse))
+        if p > 0.0:
+            probs = probs * dropout_keep_mask(seed, tuple(probs.shape), p, probs.device) \
+                * (1.0 / (1.0 - p))
+        return probs.to(q.dtype)

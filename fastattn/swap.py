@@ -1,0 +1,105 @@
+"""swap_modules / restore_modules: put fastattn's modules into an existing model in place.
+
+Each torch.nn.MultiheadAttention, nn.LSTM and nn.LSTMCell (exact classes) becomes the fastattn
+module of the same family by changing the object's class: the module object, its Parameter
+objects and buffers stay the same, so optimisers, state_dict keys and references held
+elsewhere keep working. restore_modules changes the classes back.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from torch import nn
+
+logger = logging.getLogger("fastattn")
+
+_ORIGINAL = "_fastattn_original_class"
+_NESTED = "_fastattn_original_use_nested_tensor"
+
+
+def _targets() -> list[tuple[type, Callable[[], type | None], str]]:
+    """(torch class, fastattn class getter, family) for every swappable module."""
+    from . import nn as fnn
+    return [
+        (nn.MultiheadAttention, lambda: fnn.MultiheadAttention, "attention"),
+        (nn.LSTM, lambda: getattr(fnn, "LSTM", None), "lstm"),
+        (nn.LSTMCell, lambda: getattr(fnn, "LSTMCell", None), "lstm"),
+    ]
+
+
+def swap_modules(model: nn.Module, *, attention: bool = True, lstm: bool = True,
+                 backend: str | None = None) -> nn.Module:
+    """Replace, in place, every torch.nn.MultiheadAttention (attention=True), nn.LSTM and
+    nn.LSTMCell (lstm=True) of `model` (exact classes, the model itself included) with the
+    fastattn module, sharing the same Parameter objects. Outputs, gradients and state_dict
+    keys stay the same. backend: the fastattn backend the swapped modules use (None: the
+    automatic choice). Swapping twice is harmless. Returns the model; `swap_summary(model)`
+    lists what was swapped (also logged at INFO on the "fastattn" logger).
+    """
+    families = {"attention": attention, "lstm": lstm}
+    swapped = []
+    for name, module in model.named_modules():
+        for torch_cls, fast_cls_getter, family in _targets():
+            if type(module) is not torch_cls or not families[family]:
+                continue
+            fast_cls = fast_cls_getter()
+            if fast_cls is None:
+                raise RuntimeError(f"swap_modules: fastattn has no replacement for "
+                                   f"{torch_cls.__name__} in this version")
+            setattr(module, _ORIGINAL, torch_cls)
+            if hasattr(fast_cls, "from_torch"):
+                fast_cls.from_torch(module, backend=backend)
+            else:
+                module.__class__ = fast_cls
+                module.fastattn_backend = backend
+            swapped.append((name or "<model>", torch_cls.__name__, fast_cls.__name__))
+    if attention:
+        _disable_nested_tensor_encoders(model)
+    for name, before, after in swapped:
+        logger.info("fastattn.swap_modules: %s: %s -> fastattn.nn.%s", name, before, after)
+    return model
+
+
+def _disable_nested_tensor_encoders(model: nn.Module) -> None:
+    """torch's TransformerEncoder may turn padded batches into NestedTensors in eval mode, which
+    only its own fused layers understand: encoders holding swapped attention keep dense
+    tensors (restore_modules puts the setting back)."""
+    from .nn import MultiheadAttention
+    for module in model.modules():
+        if isinstance(module, nn.TransformerEncoder) and getattr(module, "use_nested_tensor", False):
+            if any(isinstance(m, MultiheadAttention) for m in module.modules()):
+                setattr(module, _NESTED, module.use_nested_tensor)
+                module.use_nested_tensor = False
+
+
+def restore_modules(model: nn.Module) -> nn.Module:
+    """Undo swap_modules: every swapped module becomes its torch class again. Returns model."""
+    for module in model.modules():
+        original = getattr(module, _ORIGINAL, None)
+        if original is not None:
+            hooks = module._forward_pre_hooks
+            for key in [k for k, hook in hooks.items()
+                        if getattr(hook, "__module__", "").startswith("fastattn.")]:
+                del hooks[key]
+            module.__class__ = original
+            delattr(module, _ORIGINAL)
+            if hasattr(module, "fastattn_backend"):
+                delattr(module, "fastattn_backend")
+        if hasattr(module, _NESTED):
+            module.use_nested_tensor = getattr(module, _NESTED)
+            delattr(module, _NESTED)
+    return model
+
+
+def swap_summary(model: nn.Module) -> list[tuple[str, str, str]]:
+    """(qualified name, torch class, fastattn class) of every currently swapped module."""
+    out = []
+    for name, module in model.named_modules():
+        original = getattr(module, _ORIGINAL, None)
+        if original is not None:
+            out.append((name or "<model>", original.__name__, type(module).__name__))
+    return out
+
+
+__all__ = ["swap_modules", "restore_modules", "swap_summary"]
