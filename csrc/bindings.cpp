@@ -22,6 +22,11 @@ TORCH_LIBRARY(fastattn, m) {
         "Tensor? alibi_slopes, float scale, float softcap, int window_lo, int window_hi, "
         "float dropout_p, Tensor? seed, bool deterministic) -> (Tensor, Tensor, Tensor)");
 
+  // Additive (Bahdanau) attention scores (csrc/additive_attention):
+  // S[b, i, j] = sum_a v[a] tanh(qp[b, i, a] + kp[b, j, a]), in float (double for double).
+  m.def("additive_scores(Tensor qp, Tensor kp, Tensor v) -> Tensor");
+  m.def("additive_scores_backward(Tensor grad, Tensor qp, Tensor kp, Tensor v) "
+        "-> (Tensor, Tensor, Tensor)");
   // Positional encodings (csrc/positional). Dropout ops take seed = int64 (2,) on the device.
   m.def("sinusoidal_table(Tensor positions, int dim, float base, ScalarType dtype) -> Tensor");
   m.def("add_sinusoidal(Tensor x, int offset, Tensor? offsets, float scale, float base, "

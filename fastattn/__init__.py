@@ -3,7 +3,7 @@ encodings, with drop-in PyTorch modules.
 
 Public API (see README.md and the docstrings):
   backends:   available_backends, use_backend, set_backend, last_backend
-  attention:  attention, merge_attention
+  attention:  attention, merge_attention, additive_attention
   positional: sinusoidal_table, add_sinusoidal, embed_with_positions, apply_rotary
   modules:    fastattn.nn, swap_modules, restore_modules, swap_summary
 """
@@ -14,6 +14,7 @@ import torch  # noqa: F401  (must load before fastattn._C)
 from . import _native
 from ._backend import (BackendError, available_backends, last_backend, set_backend,
                        use_backend)
+from .ops.additive_attention import additive_attention
 from .ops.attention import attention, merge_attention
 from .ops.positional import add_sinusoidal, apply_rotary, embed_with_positions, sinusoidal_table
 
@@ -26,7 +27,7 @@ def _import_triton_kernels() -> None:
 
     from . import _backend as backend_state
     try:
-        for module in ("positional", "attention"):
+        for module in ("positional", "attention", "additive_attention"):
             name = f"{__name__}.triton.{module}"
             if importlib.util.find_spec(name) is not None:
                 importlib.import_module(name)
@@ -41,7 +42,7 @@ from .swap import restore_modules, swap_modules, swap_summary  # noqa: E402
 
 __all__ = [
     "BackendError", "available_backends", "use_backend", "set_backend", "last_backend",
-    "attention", "merge_attention", "sinusoidal_table", "add_sinusoidal", "embed_with_positions", "apply_rotary", "nn",
+    "attention", "merge_attention", "additive_attention", "sinusoidal_table", "add_sinusoidal", "embed_with_positions", "apply_rotary", "nn",
     "build_info", "swap_modules", "restore_modules", "swap_summary",
 ]
 

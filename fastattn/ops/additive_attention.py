@@ -1,0 +1,132 @@
+"""Additive (Bahdanau) attention: score_ij = v . tanh(W_q q_i + W_k k_j + bias), context_i =
+sum_j softmax_j(score_ij) values_j.
+
+The projections W_q q and W_k k + bias are (B, L, A) matrix products; the fused op
+`additive_scores` (cpu/cuda: torch.ops.fastattn.additive_scores, triton: ..._triton, reference:
+fastattn/reference/additive_attention.py) reduces tanh(qp_i + kp_j) against v without forming
+the (B, Lq, Lk, A) tensor the straightforward implementation builds; the masked softmax and the
+weighted sum of values are ordinary torch ops on (B, Lq, Lk) scores.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import _backend, _native
+from ..reference import additive_attention as ref
+from ._common import check_same_device, check_tensor
+
+
+def _has_kernel(dispatch_key: str) -> bool:
+    if _native.C is None:
+        return False
+    return torch._C._dispatch_has_kernel_for_dispatch_key("fastattn::additive_scores",
+                                                          dispatch_key)
+
+
+def additive_attention(query: torch.Tensor, keys: torch.Tensor,
+                       values: torch.Tensor | None = None, *, w_query: torch.Tensor,
+                       w_keys: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None,
+                       key_padding_mask: torch.Tensor | None = None,
+                       return_weights: bool = False, backend: str | None = None):
+    """Bahdanau attention, fused: no (B, Lq, Lk, A) tensor is allocated.
+
+    query: (B, Lq, Dq), or (B, Dq) for one decoder step; keys: (B, Lk, Dk);
+    values: (B, Lk, Dv) (default: keys); w_query: (A, Dq); w_keys: (A, Dk); v: (A,);
+    bias: (A,) or None; key_padding_mask: (B, Lk) bool, True = ignore that key.
+    Returns context (B, Lq, Dv) (or (B, Dv)), and with return_weights also the attention
+    weights (B, Lq, Lk) (or (B, Lk)) in the compute type (float32; float64 for float64).
+    Queries whose keys are all masked get a zero context and zero weights.
+    """
+    op = "additive_attention"
+    check_tensor(op, "query", query, dims=(2, 3), float_dtype=True)
+    check_tensor(op, "keys", keys, dims=3, float_dtype=True)
+    values = keys if values is None else values
+    check_tensor(op, "values", values, dims=3, float_dtype=True)
+    check_tensor(op, "w_query", w_query, dims=2, float_dtype=True)
+    check_tensor(op, "w_keys", w_keys, dims=2, float_dtype=True)
+    check_tensor(op, "v", v, dims=1, float_dtype=True)
+    check_same_device(op, "query", query, keys=keys, values=values, w_query=w_query,
+                      w_keys=w_keys, v=v, bias=bias, key_padding_mask=key_padding_mask)
+    single_step = query.dim() == 2
+    q = query.unsqueeze(1) if single_step else query
+    B, Lq, Dq = q.shape
+    Lk, Dk = keys.shape[1], keys.shape[2]
+    A = v.shape[0]
+    dtypes = {t.dtype for t in (q, keys, values, w_query, w_keys, v)}
+    if len(dtypes) != 1:
+        raise TypeError(f"{op}: query, keys, values and the weights must share one dtype, got "
+                        f"{sorted(str(d) for d in dtypes)}")
+    if keys.shape[0] != B or values.shape[0] != B or values.shape[1] != Lk:
+        raise ValueError(f"{op}: query {tuple(query.shape)}, keys {tuple(keys.shape)} and values "
+                         f"{tuple(values.shape)} must agree in batch and key length")
+    if tuple(w_query.shape) != (A, Dq):
+        raise ValueError(f"{op}: w_query must be (A, Dq) = ({A}, {Dq}), got {tuple(w_query.shape)}")
+    if tuple(w_keys.shape) != (A, Dk):
+        raise ValueError(f"{op}: w_keys must be (A, Dk) = ({A}, {Dk}), got {tuple(w_keys.shape)}")
+    if bias is not None:
+        check_tensor(op, "bias", bias, dims=1, float_dtype=True)
+        if bias.shape[0] != A:
+            raise ValueError(f"{op}: bias must be (A,) = ({A},), got {tuple(bias.shape)}")
+    if key_padding_mask is not None:
+        check_tensor(op, "key_padding_mask", key_padding_mask, dims=2)
+        if key_padding_mask.dtype != torch.bool or tuple(key_padding_mask.shape) != (B, Lk):
+            raise ValueError(f"{op}: key_padding_mask must be bool (B, Lk) = ({B}, {Lk}), got "
+                             f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
+
+    limits = {}
+    if q.dtype == torch.float64:
+        limits["triton"] = "the triton backend does not take float64"
+    for name, key in (("cpu", "CPU"), ("cuda", "CUDA")):
+        if not _has_kernel(key):
+            limits[name] = f"fastattn._C has no {key} additive attention kernel in this build"
+    chosen = _backend.select_backend(op, q.device, backend, limits=limits)
+    qp = torch.nn.functional.linear(q, w_query)
+    kp = torch.nn.functional.linear(keys, w_keys, bias)
+    if chosen == "reference":
+        scores = ref.additive_scores(qp, kp, v)
+    else:
+        name = "additive_scores_triton" if chosen == "triton" else "additive_scores"
+        scores = getattr(torch.ops.fastattn, name)(qp, kp, v)
+    _backend._record(op, chosen)
+    if key_padding_mask is not None:
+        scores = scores.masked_fill(key_padding_mask.unsqueeze(1), float("-inf"))
+        valid = ~key_padding_mask.all(dim=1).view(B, 1, 1)
+        scores = torch.where(valid, scores, torch.zeros_like(scores))
+        weights = torch.softmax(scores, dim=-1) * valid
+    else:
+        weights = torch.softmax(scores, dim=-1)
+    context = torch.matmul(weights.to(values.dtype), values)
+    if single_step:
+        context, weights = context.squeeze(1), weights.squeeze(1)
+    return (context, weights) if return_weights else context
+
+
+def _register_native_fakes() -> None:
+    @torch.library.register_fake("fastattn::additive_scores")
+    def _(qp, kp, v):
+        dtype = torch.float64 if qp.dtype == torch.float64 else torch.float32
+        return qp.new_empty((qp.shape[0], qp.shape[1], kp.shape[1]), dtype=dtype)
+
+    @torch.library.register_fake("fastattn::additive_scores_backward")
+    def _(grad, qp, kp, v):
+        return torch.empty_like(qp), torch.empty_like(kp), torch.empty_like(v)
+
+
+def register_autograd(suffix: str) -> None:
+    """Attach the backward to fastattn::additive_scores<suffix>."""
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    def backward(ctx, grad):
+        qp, kp, v = ctx.saved_tensors
+        return getattr(torch.ops.fastattn, "additive_scores_backward" + suffix)(
+            grad.contiguous(), qp, kp, v)
+
+    torch.library.register_autograd("fastattn::additive_scores" + suffix, backward,
+                                    setup_context=setup_context)
+
+
+if _native.C is not None and hasattr(torch.ops.fastattn, "additive_scores"):
+    _register_native_fakes()
+    register_autograd("")
