@@ -64,6 +64,9 @@ class MultiheadAttention(nn.MultiheadAttention):
 
     def _forward(self, query, key, value, key_padding_mask, need_weights, attn_mask,
                  average_attn_weights, is_causal):
+        if query.is_nested:
+            return self._forward_nested(query, key, value, key_padding_mask, need_weights,
+                                        attn_mask, average_attn_weights, is_causal)
         if query.dim() not in (2, 3):
             raise AssertionError(f"query should be unbatched 2D or batched 3D tensor but "
                                  f"received {query.dim()}-D query tensor")
@@ -90,6 +93,16 @@ class MultiheadAttention(nn.MultiheadAttention):
             raise RuntimeError("Need attn_mask if specifying the is_causal hint. You may use the "
                                "Transformer module method `generate_square_subsequent_mask` to "
                                "create this mask.")
+        if not self._qkv_same_embed_dim and (key.shape[2] != self.kdim
+                                             or value.shape[2] != self.vdim):
+            raise AssertionError(f"expecting key and value features of kdim={self.kdim} and "
+                                 f"vdim={self.vdim}, got key {tuple(key.shape)} and value "
+                                 f"{tuple(value.shape)}")
+        if self._qkv_same_embed_dim and (key.shape[2] != embed_dim
+                                         or value.shape[2] != embed_dim):
+            raise AssertionError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must "
+                                 f"have embed_dim={embed_dim} features (the module was built "
+                                 f"without kdim/vdim)")
         H, Dh = self.num_heads, self.head_dim
 
         # In-projections in the input's layout, then (N, H, L, Dh) views (no copies).
@@ -165,6 +178,25 @@ class MultiheadAttention(nn.MultiheadAttention):
                 weights = weights.squeeze(0)
         return out, weights
 
+    def _forward_nested(self, query, key, value, key_padding_mask, need_weights, attn_mask,
+                        average_attn_weights, is_causal):
+        """NestedTensor self-attention, as torch.nn.TransformerEncoder sends it in eval mode
+        when it packs a padded batch (its "sparsity fast path", which it decides on from the
+        encoder layer alone, so a fastattn module inside does not stop it; swap_modules turns
+        it off, a model built with this class directly does not). The batch is padded back,
+        its lengths become a key_padding_mask, and the output is packed again the same way."""
+        if not (key is query and value is query and query.dim() == 3 and self.batch_first
+                and key_padding_mask is None and attn_mask is None):
+            raise AssertionError("fastattn.nn.MultiheadAttention takes a NestedTensor only as "
+                                 "batch-first self-attention (query is key is value) without "
+                                 "masks, as torch.nn.TransformerEncoder passes it")
+        lengths = torch.tensor([t.shape[0] for t in query.unbind()], device=query.device)
+        padded = query.to_padded_tensor(0.0)
+        keep = torch.arange(padded.shape[1], device=query.device)[None, :] < lengths[:, None]
+        out, weights = self._forward(padded, padded, padded, ~keep, need_weights, None,
+                                     average_attn_weights, is_causal)
+        return torch._nested_tensor_from_mask(out, keep, mask_check=False), weights
+
     def _canonical_attn_mask(self, attn_mask, bsz, tgt_len, src_len, dtype):
         if attn_mask is None:
             return None
@@ -181,8 +213,9 @@ class MultiheadAttention(nn.MultiheadAttention):
                 raise RuntimeError(f"The shape of the 3D attn_mask is {attn_mask.shape}, but "
                                    f"should be {(bsz * self.num_heads, tgt_len, src_len)}.")
             mask = attn_mask.view(bsz, self.num_heads, tgt_len, src_len)
-        else:
-            raise RuntimeError(f"attn_mask's dimension {attn_mask.dim()} is not supported")
+        else:  # torch's _mha_shape_check raises AssertionError here
+            raise AssertionError(f"attn_mask must be None, 2-D (L, S) or 3-D (N * num_heads, L, "
+                                 f"S), got {attn_mask.dim()}-D shape {tuple(attn_mask.shape)}")
         if mask.dtype == torch.bool:
             return ~mask
         return mask.to(dtype) if mask.dtype != dtype else mask
