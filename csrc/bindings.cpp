@@ -22,6 +22,24 @@ TORCH_LIBRARY(fastattn, m) {
         "Tensor? alibi_slopes, float scale, float softcap, int window_lo, int window_hi, "
         "float dropout_p, Tensor? seed, bool deterministic) -> (Tensor, Tensor, Tensor)");
 
+  // Packed variable-length attention (csrc/varlen_attention): q (total_q, Hq, D), k/v
+  // (total_k, Hkv, D/Dv), cu_seqlens int32 (B+1,); causal_mode 0 off, 1 top-left,
+  // 2 bottom-right; window_left/right -1 = unbounded; lse (Hq, total_q).
+  m.def("varlen_attention_forward(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, "
+        "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, Tensor? alibi_slopes, "
+        "float scale, float softcap, int causal_mode, int window_left, int window_right, "
+        "float dropout_p, Tensor? seed) -> (Tensor, Tensor)");
+  m.def("varlen_attention_backward(Tensor grad_out, Tensor? grad_lse, Tensor q, Tensor k, "
+        "Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+        "int max_seqlen_q, int max_seqlen_k, Tensor? alibi_slopes, float scale, float softcap, "
+        "int causal_mode, int window_left, int window_right, float dropout_p, Tensor? seed, "
+        "bool deterministic) -> (Tensor, Tensor, Tensor)");
+  // Attention over a KV cache (csrc/attention_with_kvcache): q (B, Hq, Lq, D) at positions
+  // q_positions[b] + i against keys [0, k_lengths[b]) of k_cache/v_cache (B, Hkv, Lmax, D/Dv),
+  // split over num_splits key ranges merged at the end (flash-decoding). Inference only.
+  m.def("attention_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor k_lengths, "
+        "Tensor q_positions, Tensor? alibi_slopes, float scale, float softcap, int causal_mode, "
+        "int window_left, int window_right, int num_splits) -> (Tensor, Tensor)");
   // Additive (Bahdanau) attention scores (csrc/additive_attention):
   // S[b, i, j] = sum_a v[a] tanh(qp[b, i, a] + kp[b, j, a]), in float (double for double).
   m.def("additive_scores(Tensor qp, Tensor kp, Tensor v) -> Tensor");

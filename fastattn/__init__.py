@@ -3,7 +3,8 @@ encodings, with drop-in PyTorch modules.
 
 Public API (see README.md and the docstrings):
   backends:   available_backends, use_backend, set_backend, last_backend
-  attention:  attention, merge_attention, additive_attention
+  attention:  attention, merge_attention, additive_attention, varlen_attention,
+              pack_padded, unpack_padded, attention_with_kvcache
   positional: sinusoidal_table, add_sinusoidal, embed_with_positions, apply_rotary
   modules:    fastattn.nn, swap_modules, restore_modules, swap_summary
 """
@@ -16,6 +17,8 @@ from ._backend import (BackendError, available_backends, last_backend, set_backe
                        use_backend)
 from .ops.additive_attention import additive_attention
 from .ops.attention import attention, merge_attention
+from .ops.attention_with_kvcache import attention_with_kvcache
+from .ops.varlen_attention import pack_padded, unpack_padded, varlen_attention
 from .ops.positional import add_sinusoidal, apply_rotary, embed_with_positions, sinusoidal_table
 
 __version__ = "0.1.0"
@@ -42,7 +45,8 @@ from .swap import restore_modules, swap_modules, swap_summary  # noqa: E402
 
 __all__ = [
     "BackendError", "available_backends", "use_backend", "set_backend", "last_backend",
-    "attention", "merge_attention", "additive_attention", "sinusoidal_table", "add_sinusoidal", "embed_with_positions", "apply_rotary", "nn",
+    "attention", "merge_attention", "additive_attention", "varlen_attention", "pack_padded",
+    "unpack_padded", "attention_with_kvcache", "sinusoidal_table", "add_sinusoidal", "embed_with_positions", "apply_rotary", "nn",
     "build_info", "swap_modules", "restore_modules", "swap_summary",
 ]
 

@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include "attention/attention.h"
+#include "attention/attention_cpu_common.h"
 #include "attention/attention_cpu_kernel.h"
 #include "common/cpu_isa.h"
 #include "common/debug.h"
@@ -15,69 +16,6 @@ namespace {
 
 using at::Tensor;
 using c10::optional;
-
-bool defined(const optional<Tensor>& t) { return t.has_value() && t->defined(); }
-
-cpu::Strides4 strides_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
-
-cpu::MaskKind mask_kind(const optional<Tensor>& mask) {
-  if (!defined(mask)) return cpu::MaskKind::none;
-  switch (mask->scalar_type()) {
-    case at::kBool: return cpu::MaskKind::boolean;
-    case at::kFloat: return cpu::MaskKind::float32;
-    case at::kDouble: return cpu::MaskKind::float64;
-    case at::kHalf: return cpu::MaskKind::float16;
-    case at::kBFloat16: return cpu::MaskKind::bfloat16;
-    default: TORCH_CHECK(false, "attention: unsupported attn_mask dtype ", mask->scalar_type());
-  }
-}
-
-cpu::AttentionProblem make_problem(const Tensor& q, const Tensor& k, const Tensor& v,
-                                   const optional<Tensor>& attn_mask,
-                                   const optional<Tensor>& key_padding_mask,
-                                   const optional<Tensor>& alibi_slopes, double scale,
-                                   double softcap, int64_t window_lo, int64_t window_hi,
-                                   double dropout_p, const optional<Tensor>& seed) {
-  cpu::AttentionProblem p{};
-  p.q = q.data_ptr();
-  p.k = k.data_ptr();
-  p.v = v.data_ptr();
-  p.q_s = strides_of(q);
-  p.k_s = strides_of(k);
-  p.v_s = strides_of(v);
-  p.B = q.size(0);
-  p.Hq = q.size(1);
-  p.Hkv = k.size(1);
-  p.Lq = q.size(2);
-  p.Lk = k.size(2);
-  p.D = q.size(3);
-  p.Dv = v.size(3);
-  p.mask_kind = mask_kind(attn_mask);
-  if (defined(attn_mask)) {
-    p.mask = attn_mask->data_ptr();
-    p.mask_sb = attn_mask->stride(0);
-    p.mask_sh = attn_mask->stride(1);
-    p.mask_sq = attn_mask->stride(2);
-    p.mask_sk = attn_mask->stride(3);
-  }
-  p.key_padding = defined(key_padding_mask) ? key_padding_mask->data_ptr<bool>() : nullptr;
-  if (defined(alibi_slopes)) {
-    p.alibi = alibi_slopes->data_ptr<float>();
-    p.alibi_sb = alibi_slopes->stride(0);
-    p.alibi_sh = alibi_slopes->stride(1);
-  }
-  p.scale = scale;
-  p.softcap = softcap;
-  p.window_lo = window_lo;
-  p.window_hi = window_hi;
-  p.dropout_p = dropout_p;
-  if (dropout_p > 0.0) {
-    const int64_t* s = seed->data_ptr<int64_t>();
-    p.seed = static_cast<uint64_t>(s[0]);
-    p.stream = static_cast<uint64_t>(s[1]);
-  }
-  return p;
-}
 
 #define FASTATTN_DISPATCH_ATTENTION(TYPE, ...) \
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, TYPE, "attention_cpu", __VA_ARGS__)
@@ -149,7 +87,8 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cpu(
                                   out.data_ptr(), strides_of(out), grad_out.data_ptr(),
                                   strides_of(grad_out), lse.data_ptr(),
                                   dlse.defined() ? dlse.data_ptr() : nullptr,
-                                  dq.data_ptr(), dk.data_ptr(), dv.data_ptr()};
+                                  dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), strides_of(dq),
+                                  strides_of(dk), strides_of(dv)};
   FASTATTN_DISPATCH_ATTENTION(q.scalar_type(), [&] {
     FASTATTN_CPU_ISA_CALL(attention_backward<scalar_t>, bp);
   });

@@ -46,6 +46,50 @@ constexpr acc neg_inf() {
   return -std::numeric_limits<acc>::infinity();
 }
 
+constexpr int64_t kUnbounded = int64_t(1) << 30;
+
+// Where sequence b lives and which keys its queries see (dense, varlen or KV-cache layouts).
+struct Geometry {
+  int64_t q_row0, k_row0;  // first query / key row of the sequence (varlen), else 0
+  int64_t Lq, Lk;          // its lengths
+  int64_t lo, hi;          // key j visible to query i iff i + lo <= j <= i + hi
+  int64_t shift;           // query i sits at key position i + shift (ALiBi distance)
+};
+
+inline Geometry geometry(const AttentionProblem& p, int64_t b) {
+  if (p.cu_q == nullptr && p.k_lengths == nullptr) {
+    return {0, 0, p.Lq, p.Lk, p.window_lo, p.window_hi, p.Lk - p.Lq};
+  }
+  Geometry g{0, 0, p.Lq, p.Lk, 0, 0, 0};
+  if (p.cu_q != nullptr) {
+    g.q_row0 = p.cu_q[b];
+    g.k_row0 = p.cu_k[b];
+    g.Lq = p.cu_q[b + 1] - p.cu_q[b];
+    g.Lk = p.cu_k[b + 1] - p.cu_k[b];
+    g.shift = g.Lk - g.Lq;
+  } else {
+    g.Lk = p.k_lengths[b];
+    g.shift = p.q_positions[b];
+  }
+  g.lo = p.window_left >= 0 ? g.shift - p.window_left : -kUnbounded;
+  g.hi = p.window_right >= 0 ? g.shift + p.window_right : kUnbounded;
+  if (p.causal_mode != 0) g.hi = std::min(g.hi, p.causal_mode == 1 ? int64_t(0) : g.shift);
+  return g;
+}
+
+// Philox element index of probability (b, h, i, j) is row_index(...) + j.
+inline uint64_t dropout_row(const AttentionProblem& p, const Geometry& g, int64_t b, int64_t h,
+                            int64_t i) {
+  if (p.cu_q != nullptr) return static_cast<uint64_t>(((g.q_row0 + i) * p.Hq + h) * p.Lk);
+  return static_cast<uint64_t>(((b * p.Hq + h) * p.Lq + i) * p.Lk);
+}
+
+// Offset of the lse row of (b, h): (B, Hq, Lq) dense, (Hq, total_q) varlen.
+inline int64_t lse_offset(const AttentionProblem& p, const Geometry& g, int64_t b, int64_t h) {
+  if (p.cu_q != nullptr) return h * p.total_q + g.q_row0;
+  return (b * p.Hq + h) * p.Lq;
+}
+
 // Rows [r0, r0 + rows) of one (b, h) slice of a (B, H, L, D) tensor as a row-major tile of the
 // compute type: the tensor itself when it already is (float storage), else converted into buf.
 // Returns the tile; ld receives its row stride.
@@ -75,13 +119,14 @@ void load_tile_transposed(const T* base, int64_t stride_l, int64_t r0, int64_t r
 template <typename acc>
 struct ScoreContext {
   const AttentionProblem& p;
+  const Geometry& g;
   int64_t b, h;
   acc slope;  // ALiBi slope of (b, h), 0 without ALiBi
   const char* mask_base;
   const bool* padding;  // (Lk,) of batch b or nullptr
 
-  ScoreContext(const AttentionProblem& prob, int64_t b_, int64_t h_)
-      : p(prob), b(b_), h(h_), slope(0), mask_base(nullptr), padding(nullptr) {
+  ScoreContext(const AttentionProblem& prob, const Geometry& geo, int64_t b_, int64_t h_)
+      : p(prob), g(geo), b(b_), h(h_), slope(0), mask_base(nullptr), padding(nullptr) {
     if (p.alibi != nullptr) slope = static_cast<acc>(p.alibi[b * p.alibi_sb + h * p.alibi_sh]);
     if (p.mask_kind != MaskKind::none) {
       const int64_t elem = mask_element_size(p.mask_kind);
@@ -107,7 +152,7 @@ struct ScoreContext {
   void apply(acc* s, int64_t ld, int64_t i0, int64_t M, int64_t j0, int64_t N,
              acc* tanh_out, acc* row_tmp) const {
     const acc cap = static_cast<acc>(p.softcap);
-    const int64_t shift = p.Lk - p.Lq;
+    const int64_t shift = g.shift;
     for (int64_t r = 0; r < M; ++r) {
       acc* row = s + r * ld;
       const int64_t i = i0 + r;
@@ -127,8 +172,8 @@ struct ScoreContext {
         for (int64_t n = 0; n < N; ++n) row[n] = padding[j0 + n] ? neg_inf<acc>() : row[n];
       }
       // The window band: keys [i + lo, i + hi] are visible.
-      const int64_t lo = std::clamp<int64_t>(i + p.window_lo - j0, 0, N);
-      const int64_t hi = std::clamp<int64_t>(i + p.window_hi - j0 + 1, 0, N);
+      const int64_t lo = std::clamp<int64_t>(i + g.lo - j0, 0, N);
+      const int64_t hi = std::clamp<int64_t>(i + g.hi - j0 + 1, 0, N);
       for (int64_t n = 0; n < lo; ++n) row[n] = neg_inf<acc>();
       for (int64_t n = hi; n < N; ++n) row[n] = neg_inf<acc>();
     }
@@ -173,28 +218,28 @@ struct ScoreContext {
 
 // Dropout multipliers (0 or 1/(1-p)) of the tile rows [i0, i0+M) x keys [j0, j0+N) of (b, h).
 template <typename acc>
-void dropout_tile(const AttentionProblem& p, int64_t b, int64_t h, int64_t i0, int64_t M,
-                  int64_t j0, int64_t N, acc* mult, int64_t ld, float* scratch) {
+void dropout_tile(const AttentionProblem& p, const Geometry& g, int64_t b, int64_t h, int64_t i0,
+                  int64_t M, int64_t j0, int64_t N, acc* mult, int64_t ld, float* scratch) {
   for (int64_t r = 0; r < M; ++r) {
-    const uint64_t e0 = static_cast<uint64_t>(((b * p.Hq + h) * p.Lq + i0 + r) * p.Lk + j0);
+    const uint64_t e0 = dropout_row(p, g, b, h, i0 + r) + static_cast<uint64_t>(j0);
     dropout_multipliers<acc>(p.seed, p.stream, e0, N, p.dropout_p, scratch, mult + r * ld);
   }
 }
 
 // The key blocks [first, last) that queries [i0, i0 + M) can see.
-inline std::pair<int64_t, int64_t> visible_key_blocks(const AttentionProblem& p, int64_t i0,
+inline std::pair<int64_t, int64_t> visible_key_blocks(const Geometry& g, int64_t i0,
                                                       int64_t M) {
-  const int64_t j_lo = std::max<int64_t>(0, i0 + p.window_lo);
-  const int64_t j_hi = std::min<int64_t>(p.Lk - 1, i0 + M - 1 + p.window_hi);
+  const int64_t j_lo = std::max<int64_t>(0, i0 + g.lo);
+  const int64_t j_hi = std::min<int64_t>(g.Lk - 1, i0 + M - 1 + g.hi);
   if (M <= 0 || j_lo > j_hi) return {0, 0};
   return {j_lo / kBlockK, j_hi / kBlockK + 1};
 }
 
 // The query blocks [first, last) that see some key of [j0, j0 + N).
-inline std::pair<int64_t, int64_t> visible_query_blocks(const AttentionProblem& p, int64_t j0,
+inline std::pair<int64_t, int64_t> visible_query_blocks(const Geometry& g, int64_t j0,
                                                         int64_t N) {
-  const int64_t i_lo = std::max<int64_t>(0, j0 - p.window_hi);
-  const int64_t i_hi = std::min<int64_t>(p.Lq - 1, j0 + N - 1 - p.window_lo);
+  const int64_t i_lo = std::max<int64_t>(0, j0 - g.hi);
+  const int64_t i_hi = std::min<int64_t>(g.Lq - 1, j0 + N - 1 - g.lo);
   if (N <= 0 || i_lo > i_hi) return {0, 0};
   return {i_lo / kBlockQ, i_hi / kBlockQ + 1};
 }
@@ -395,58 +440,105 @@ void attention_forward(const AttentionForwardParams& fp) {
   using acc = typename Tiles::acc;
   const AttentionProblem& p = fp.p;
   const int64_t q_blocks = (p.Lq + kBlockQ - 1) / kBlockQ;
+  const int64_t k_blocks = (p.Lk + kBlockK - 1) / kBlockK;
+  const int64_t splits = std::clamp<int64_t>(p.kv_splits, 1, std::max<int64_t>(k_blocks, 1));
+  const int64_t blocks_per_split = (k_blocks + splits - 1) / splits;
   const int64_t group = p.Hq / p.Hkv;
   const T* Q = static_cast<const T*>(p.q);
   const T* K = static_cast<const T*>(p.k);
   const T* V = static_cast<const T*>(p.v);
   T* O = static_cast<T*>(fp.out);
   acc* LSE = static_cast<acc*>(fp.lse);
-  const int64_t tasks = p.B * p.Hq * q_blocks;
+  const int64_t D = p.D, Dv = p.Dv;
+  // With splits, every (split, row) writes its normalised partial output and lse here; a final
+  // pass merges them (merge_attention's formula). Rows are (b, h, i) of the dense layout.
+  const int64_t rows = p.B * p.Hq * p.Lq;
+  std::vector<acc> part_o(splits > 1 ? splits * rows * Dv : 0), part_lse(splits > 1 ? splits * rows : 0);
+  const int64_t tasks = p.B * p.Hq * q_blocks * splits;
 
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    const int64_t D = p.D, Dv = p.Dv;
     Tiles tiles(D, Dv);
     std::vector<acc> s(kBlockQ * kBlockK), mult(kBlockQ * kBlockK), o_acc(kBlockQ * Dv);
     std::vector<acc> row(std::max(std::max(D, Dv), kBlockK)), m(kBlockQ), l(kBlockQ);
     std::vector<float> scratch(kBlockK);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t qb = task % q_blocks, bh = task / q_blocks;
+      const int64_t split = task % splits, rest = task / splits;
+      const int64_t qb = rest % q_blocks, bh = rest / q_blocks;
       const int64_t b = bh / p.Hq, h = bh % p.Hq, hk = h / group;
-      const int64_t i0 = qb * kBlockQ, M = std::min(kBlockQ, p.Lq - i0);
-      const ScoreContext<acc> ctx(p, b, h);
-      const T* k_base = K + b * p.k_s.b + hk * p.k_s.h;
-      const T* v_base = V + b * p.v_s.b + hk * p.v_s.h;
-      tiles.load_q(Q + b * p.q_s.b + h * p.q_s.h, p.q_s.l, i0, M, false);
+      const Geometry g = geometry(p, b);
+      const int64_t i0 = qb * kBlockQ, M = std::min(kBlockQ, g.Lq - i0);
+      if (M <= 0) continue;  // a shorter sequence of a varlen batch
+      const ScoreContext<acc> ctx(p, g, b, h);
+      const T* k_base = K + b * p.k_s.b + hk * p.k_s.h + g.k_row0 * p.k_s.l;
+      const T* v_base = V + b * p.v_s.b + hk * p.v_s.h + g.k_row0 * p.v_s.l;
+      tiles.load_q(Q + b * p.q_s.b + h * p.q_s.h + g.q_row0 * p.q_s.l, p.q_s.l, i0, M, false);
       std::fill(o_acc.begin(), o_acc.begin() + M * Dv, acc(0));
       std::fill(m.begin(), m.begin() + M, neg_inf<acc>());
       std::fill(l.begin(), l.begin() + M, acc(0));
-      const auto [kb_first, kb_last] = visible_key_blocks(p, i0, M);
+      auto [kb_first, kb_last] = visible_key_blocks(g, i0, M);
+      kb_first = std::max(kb_first, split * blocks_per_split);
+      kb_last = std::min(kb_last, (split + 1) * blocks_per_split);
       for (int64_t kb = kb_first; kb < kb_last; ++kb) {
-        const int64_t j0 = kb * kBlockK, N = std::min(kBlockK, p.Lk - j0);
+        const int64_t j0 = kb * kBlockK, N = std::min(kBlockK, g.Lk - j0);
         tiles.load_k(k_base, p.k_s.l, j0, N);
         tiles.scores(M, N, static_cast<acc>(p.scale), false, s.data());
         ctx.apply(s.data(), kBlockK, i0, M, j0, N, nullptr, row.data());
         const bool dropout = p.dropout_p > 0.0;
-        if (dropout) dropout_tile<acc>(p, b, h, i0, M, j0, N, mult.data(), kBlockK, scratch.data());
+        if (dropout) {
+          dropout_tile<acc>(p, g, b, h, i0, M, j0, N, mult.data(), kBlockK, scratch.data());
+        }
         online_softmax<acc>(s.data(), M, N, m.data(), l.data(), o_acc.data(), Dv,
                             dropout ? mult.data() : nullptr);
         tiles.load_v(v_base, p.v_s.l, j0, N, false);
         tiles.pv(M, N, s.data(), o_acc.data());
       }
-      T* o_base = O + b * fp.out_s.b + h * fp.out_s.h;
-      acc* lse_row = LSE + (b * p.Hq + h) * p.Lq + i0;
       for (int64_t r = 0; r < M; ++r) {
         acc* o = o_acc.data() + r * Dv;
+        acc lse;
         if (l[r] > acc(0)) {
           const acc inv = acc(1) / l[r];
           for (int64_t d = 0; d < Dv; ++d) o[d] *= inv;
-          lse_row[r] = m[r] + std::log(l[r]);
+          lse = m[r] + std::log(l[r]);
         } else {  // no visible key: output 0, lse -inf
           std::fill(o, o + Dv, acc(0));
-          lse_row[r] = neg_inf<acc>();
+          lse = neg_inf<acc>();
         }
-        store_row<T>(o, o_base + (i0 + r) * fp.out_s.l, Dv);
+        if (splits > 1) {
+          const int64_t row_id = (b * p.Hq + h) * p.Lq + i0 + r;
+          std::copy(o, o + Dv, part_o.data() + (split * rows + row_id) * Dv);
+          part_lse[split * rows + row_id] = lse;
+        } else {
+          LSE[lse_offset(p, g, b, h) + i0 + r] = lse;
+          store_row<T>(o, O + b * fp.out_s.b + h * fp.out_s.h + (g.q_row0 + i0 + r) * fp.out_s.l,
+                       Dv);
+        }
       }
+    }
+  });
+  if (splits == 1) return;
+  // Merge: out = sum_s exp(lse_s - lse) out_s, lse = log sum_s exp(lse_s).
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    std::vector<acc> o(Dv);
+    for (int64_t row_id = begin; row_id < end; ++row_id) {
+      const int64_t i = row_id % p.Lq, bh = row_id / p.Lq, b = bh / p.Hq, h = bh % p.Hq;
+      const Geometry g = geometry(p, b);
+      if (i >= g.Lq) continue;
+      acc mx = neg_inf<acc>();
+      for (int64_t sp = 0; sp < splits; ++sp) mx = std::max(mx, part_lse[sp * rows + row_id]);
+      std::fill(o.begin(), o.end(), acc(0));
+      acc lse = neg_inf<acc>();
+      if (mx != neg_inf<acc>()) {
+        acc sum = 0;
+        for (int64_t sp = 0; sp < splits; ++sp) sum += std::exp(part_lse[sp * rows + row_id] - mx);
+        lse = mx + std::log(sum);
+        for (int64_t sp = 0; sp < splits; ++sp) {
+          const acc w = std::exp(part_lse[sp * rows + row_id] - lse);
+          const acc* po = part_o.data() + (sp * rows + row_id) * Dv;
+          for (int64_t d = 0; d < Dv; ++d) o[d] += w * po[d];
+        }
+      }
+      LSE[lse_offset(p, g, b, h) + i] = lse;
+      store_row<T>(o.data(), O + b * fp.out_s.b + h * fp.out_s.h + (g.q_row0 + i) * fp.out_s.l, Dv);
     }
   });
 }
@@ -469,20 +561,27 @@ void attention_backward(const AttentionBackwardParams& bp) {
   T* dQ = static_cast<T*>(bp.dq);
   T* dK = static_cast<T*>(bp.dk);
   T* dV = static_cast<T*>(bp.dv);
-  const int64_t rows = p.B * p.Hq * p.Lq;
+  // Query rows are numbered like lse: (B, Hq, Lq) dense, (Hq, total_q) varlen. The loops below
+  // walk (b, h, i < Lq) and skip rows past a shorter sequence's end.
+  const int64_t rows = p.cu_q != nullptr ? p.Hq * p.total_q : p.B * p.Hq * p.Lq;
+  const int64_t walk = p.B * p.Hq * p.Lq;
 
   // Row terms Delta_i = rowsum(dO_i * O_i) - dlse_i (d lse_i / d s_ij = P_ij).
   std::vector<acc> delta(rows);
-  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
-    std::vector<acc> o(Dv), g(Dv);
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t i = r % p.Lq, bh = r / p.Lq, b = bh / p.Hq, h = bh % p.Hq;
-      load_row<T>(O + b * bp.out_s.b + h * bp.out_s.h + i * bp.out_s.l, o.data(), Dv);
-      load_row<T>(dO + b * bp.grad_out_s.b + h * bp.grad_out_s.h + i * bp.grad_out_s.l,
-                  g.data(), Dv);
+  at::parallel_for(0, walk, 64, [&](int64_t begin, int64_t end) {
+    std::vector<acc> o(Dv), g_row(Dv);
+    for (int64_t w = begin; w < end; ++w) {
+      const int64_t i = w % p.Lq, bh = w / p.Lq, b = bh / p.Hq, h = bh % p.Hq;
+      const Geometry g = geometry(p, b);
+      if (i >= g.Lq) continue;
+      const int64_t qi = g.q_row0 + i;
+      load_row<T>(O + b * bp.out_s.b + h * bp.out_s.h + qi * bp.out_s.l, o.data(), Dv);
+      load_row<T>(dO + b * bp.grad_out_s.b + h * bp.grad_out_s.h + qi * bp.grad_out_s.l,
+                  g_row.data(), Dv);
       acc sum = 0;
 #pragma omp simd reduction(+ : sum)
-      for (int64_t d = 0; d < Dv; ++d) sum += o[d] * g[d];
+      for (int64_t d = 0; d < Dv; ++d) sum += o[d] * g_row[d];
+      const int64_t r = lse_offset(p, g, b, h) + i;
       delta[r] = sum - (dLSE != nullptr ? dLSE[r] : acc(0));
     }
   });
@@ -491,7 +590,7 @@ void attention_backward(const AttentionBackwardParams& bp) {
   const int64_t chunks = std::clamp<int64_t>((kMinBackwardTasks + pairs - 1) / pairs, 1,
                                              std::max<int64_t>(k_blocks, 1));
   const int64_t blocks_per_chunk = (k_blocks + chunks - 1) / chunks;
-  // dQ partial sums in the compute type, one (B, Hq, Lq, D) buffer per chunk.
+  // dQ partial sums in the compute type, one buffer of `rows` rows per chunk.
   std::vector<acc> dq_acc(static_cast<size_t>(chunks * rows * D), acc(0));
 
   at::parallel_for(0, pairs * chunks, 1, [&](int64_t begin, int64_t end) {
@@ -504,33 +603,37 @@ void attention_backward(const AttentionBackwardParams& bp) {
     for (int64_t task = begin; task < end; ++task) {
       const int64_t chunk = task % chunks, pair = task / chunks;
       const int64_t b = pair / p.Hkv, hk = pair % p.Hkv;
-      const int64_t kb_end = std::min(k_blocks, (chunk + 1) * blocks_per_chunk);
+      const Geometry g = geometry(p, b);
+      const int64_t seq_blocks = (g.Lk + kBlockK - 1) / kBlockK;
+      const int64_t kb_end = std::min(seq_blocks, (chunk + 1) * blocks_per_chunk);
       acc* dq_chunk = dq_acc.data() + chunk * rows * D;
-      const T* k_base = K + b * p.k_s.b + hk * p.k_s.h;
-      const T* v_base = V + b * p.v_s.b + hk * p.v_s.h;
+      const T* k_base = K + b * p.k_s.b + hk * p.k_s.h + g.k_row0 * p.k_s.l;
+      const T* v_base = V + b * p.v_s.b + hk * p.v_s.h + g.k_row0 * p.v_s.l;
       for (int64_t kb = chunk * blocks_per_chunk; kb < kb_end; ++kb) {
-        const int64_t j0 = kb * kBlockK, N = std::min(kBlockK, p.Lk - j0);
+        const int64_t j0 = kb * kBlockK, N = std::min(kBlockK, g.Lk - j0);
         tiles.load_k(k_base, p.k_s.l, j0, N);
         tiles.load_v(v_base, p.v_s.l, j0, N, true);
         std::fill(dk_acc.begin(), dk_acc.begin() + N * D, acc(0));
         std::fill(dv_acc.begin(), dv_acc.begin() + N * Dv, acc(0));
-        const auto [qb_first, qb_last] = visible_query_blocks(p, j0, N);
+        const auto [qb_first, qb_last] = visible_query_blocks(g, j0, N);
         for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-          const ScoreContext<acc> ctx(p, b, h);
-          const T* q_base = Q + b * p.q_s.b + h * p.q_s.h;
-          const T* do_base = dO + b * bp.grad_out_s.b + h * bp.grad_out_s.h;
-          const acc* lse_h = LSE + (b * p.Hq + h) * p.Lq;
-          const acc* delta_h = delta.data() + (b * p.Hq + h) * p.Lq;
-          acc* dq_h = dq_chunk + (b * p.Hq + h) * p.Lq * D;
+          const ScoreContext<acc> ctx(p, g, b, h);
+          const T* q_base = Q + b * p.q_s.b + h * p.q_s.h + g.q_row0 * p.q_s.l;
+          const T* do_base =
+              dO + b * bp.grad_out_s.b + h * bp.grad_out_s.h + g.q_row0 * bp.grad_out_s.l;
+          const int64_t row0 = lse_offset(p, g, b, h);
+          const acc* lse_h = LSE + row0;
+          const acc* delta_h = delta.data() + row0;
+          acc* dq_h = dq_chunk + row0 * D;
           for (int64_t qb = qb_first; qb < qb_last; ++qb) {
-            const int64_t i0 = qb * kBlockQ, M = std::min(kBlockQ, p.Lq - i0);
+            const int64_t i0 = qb * kBlockQ, M = std::min(kBlockQ, g.Lq - i0);
             tiles.load_q(q_base, p.q_s.l, i0, M, true);
             tiles.load_do(do_base, bp.grad_out_s.l, i0, M);
             tiles.scores(M, N, static_cast<acc>(p.scale), true, s.data());
             ctx.apply(s.data(), kBlockK, i0, M, j0, N, softcap ? th.data() : nullptr,
                       tmp.data());
             if (dropout) {
-              dropout_tile<acc>(p, b, h, i0, M, j0, N, mult.data(), kBlockK, scratch.data());
+              dropout_tile<acc>(p, g, b, h, i0, M, j0, N, mult.data(), kBlockK, scratch.data());
             }
             // P = exp(S - lse) (0 in rows without visible keys); pd = P * dropout.
             for (int64_t r = 0; r < M; ++r) {
@@ -573,26 +676,30 @@ void attention_backward(const AttentionBackwardParams& bp) {
             tiles.dk_dq(M, N, dp.data(), dk_acc.data(), dq_h + i0 * D);
           }
         }
-        T* dk_base = dK + ((b * p.Hkv + hk) * p.Lk + j0) * D;
-        T* dv_base = dV + ((b * p.Hkv + hk) * p.Lk + j0) * Dv;
+        T* dk_base = dK + b * bp.dk_s.b + hk * bp.dk_s.h + (g.k_row0 + j0) * bp.dk_s.l;
+        T* dv_base = dV + b * bp.dv_s.b + hk * bp.dv_s.h + (g.k_row0 + j0) * bp.dv_s.l;
         for (int64_t n = 0; n < N; ++n) {
-          store_row<T>(dk_acc.data() + n * D, dk_base + n * D, D);
-          store_row<T>(dv_acc.data() + n * Dv, dv_base + n * Dv, Dv);
+          store_row<T>(dk_acc.data() + n * D, dk_base + n * bp.dk_s.l, D);
+          store_row<T>(dv_acc.data() + n * Dv, dv_base + n * bp.dv_s.l, Dv);
         }
       }
     }
   });
 
   // dQ = sum of the chunks' partials, in chunk order.
-  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, walk, 64, [&](int64_t begin, int64_t end) {
     std::vector<acc> sum(D);
-    for (int64_t r = begin; r < end; ++r) {
+    for (int64_t w = begin; w < end; ++w) {
+      const int64_t i = w % p.Lq, bh = w / p.Lq, b = bh / p.Hq, h = bh % p.Hq;
+      const Geometry g = geometry(p, b);
+      if (i >= g.Lq) continue;
+      const int64_t r = lse_offset(p, g, b, h) + i;
       std::copy(dq_acc.data() + r * D, dq_acc.data() + (r + 1) * D, sum.begin());
       for (int64_t c = 1; c < chunks; ++c) {
         const acc* part = dq_acc.data() + (c * rows + r) * D;
         for (int64_t d = 0; d < D; ++d) sum[d] += part[d];
       }
-      store_row<T>(sum.data(), dQ + r * D, D);
+      store_row<T>(sum.data(), dQ + b * bp.dq_s.b + h * bp.dq_s.h + (g.q_row0 + i) * bp.dq_s.l, D);
     }
   });
 }

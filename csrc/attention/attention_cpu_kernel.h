@@ -28,6 +28,24 @@ struct AttentionProblem {
   int64_t window_lo, window_hi;  // key j visible to query i iff i+lo <= j <= i+hi
   double dropout_p;
   uint64_t seed, stream;
+  // Per-sequence geometry (optional; attn_mask and key_padding are then unused).
+  //  - varlen (cu_q != nullptr): q/k/v/out are packed (total, H, D) viewed with batch stride 0;
+  //    sequence b owns query rows [cu_q[b], cu_q[b+1]) and key rows [cu_k[b], cu_k[b+1]);
+  //    Lq, Lk are the largest lengths; lse is (Hq, total_q).
+  //  - KV cache (k_lengths != nullptr): sequence b sees keys [0, k_lengths[b]) and its query i
+  //    sits at position q_positions[b] + i.
+  // The band then follows the rule (causal_mode 0 off, 1 top-left, 2 at the query position;
+  // window_left/right -1 = unbounded), computed per sequence from its own lengths.
+  const int32_t* cu_q = nullptr;
+  const int32_t* cu_k = nullptr;
+  const int32_t* k_lengths = nullptr;
+  const int32_t* q_positions = nullptr;
+  int64_t total_q = 0;
+  int causal_mode = 0;
+  int64_t window_left = -1, window_right = -1;
+  // Forward only: split each row's keys into this many parts computed in parallel and merged
+  // (flash-decoding, for few queries and long caches). 1 = no split.
+  int64_t kv_splits = 1;
 };
 
 struct AttentionForwardParams {
@@ -45,7 +63,8 @@ struct AttentionBackwardParams {
   Strides4 grad_out_s;
   const void* lse;       // (B, Hq, Lq) contiguous, compute type
   const void* grad_lse;  // (B, Hq, Lq) contiguous or nullptr, compute type
-  void *dq, *dk, *dv;    // contiguous (B, H, L, D) outputs
+  void *dq, *dk, *dv;    // contiguous outputs shaped like q, k, v
+  Strides4 dq_s, dk_s, dv_s;
 };
 
 #define FASTATTN_DECLARE_ATTENTION_KERNELS(ISA)                               \

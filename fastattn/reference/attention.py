@@ -63,10 +63,12 @@ def scores(q: torch.Tensor, k: torch.Tensor, attn_mask, key_padding_mask, alibi_
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask, key_padding_mask,
               alibi_slopes, scale: float, softcap: float, window_lo: int, window_hi: int,
-              dropout_p: float, seed) -> tuple[torch.Tensor, torch.Tensor]:
+              dropout_p: float, seed, keep: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, Hq, Lq, Dv) in q's dtype, lse (B, Hq, Lq) float32, float64 for float64 inputs).
-    Differentiable by autograd
-    in every tensor argument, the float attn_mask included."""
+    Differentiable by autograd in every tensor argument, the float attn_mask included.
+    keep: an explicit dropout keep-mask (B, Hq, Lq, Lk) for layouts that number the Philox
+    stream differently (varlen); by default element ((b*Hq + h)*Lq + i)*Lk + j."""
     B, Hq, Lq, _ = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     acc = compute_dtype(q.dtype)
@@ -78,7 +80,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask, key_
     safe_lse = torch.where(empty, torch.zeros_like(lse), lse)
     p = torch.exp(s - safe_lse.unsqueeze(-1))
     if dropout_p > 0.0:
-        keep = dropout_keep_mask(seed, (B, Hq, Lq, Lk), dropout_p, q.device)
+        if keep is None:
+            keep = dropout_keep_mask(seed, (B, Hq, Lq, Lk), dropout_p, q.device)
         p = p * keep * (1.0 / (1.0 - dropout_p))
     vv = v.to(acc).repeat_interleave(Hq // Hkv, dim=1)
     out = torch.matmul(p, vv)

@@ -1,0 +1,177 @@
+// CPU bodies of packed variable-length attention: the tiled kernels of
+// csrc/attention/attention_cpu_kernel.cpp with per-sequence geometry (cu_seqlens), so no work
+// is spent on padding.
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include "attention/attention.h"
+#include "attention/attention_cpu_common.h"
+#include "common/cpu_isa.h"
+#include "common/debug.h"
+
+namespace fastattn::attention {
+namespace {
+
+// (total, H, D) viewed by the kernels as (batch stride 0, head stride, row stride).
+cpu::Strides4 packed_strides(const Tensor& t) { return {0, t.stride(1), t.stride(0)}; }
+
+void check_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_q,
+                  const Tensor& cu_k, int64_t max_q, int64_t max_k, const char* op) {
+  check_float_dtype(q, op, "q");
+  FASTATTN_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, op,
+                 "q, k and v must be packed (total, H, D), got ", q.sizes(), ", ", k.sizes(),
+                 ", ", v.sizes());
+  FASTATTN_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), op,
+                 "q, k and v must have the same dtype");
+  FASTATTN_CHECK(k.size(1) == v.size(1) && k.size(1) > 0 && q.size(1) % k.size(1) == 0, op,
+                 "q's heads must be a multiple of k/v's heads, got ", q.size(1), " and ", k.size(1));
+  FASTATTN_CHECK(k.size(2) == q.size(2) && k.size(0) == v.size(0), op,
+                 "q/k head dims and k/v lengths must match");
+  FASTATTN_CHECK(q.size(2) <= kMaxHeadDim && v.size(2) <= kMaxHeadDim && q.size(2) >= 1 &&
+                     v.size(2) >= 1,
+                 op, "head dims must be in [1, ", kMaxHeadDim, "]");
+  check_unit_last_stride(q, op, "q");
+  check_unit_last_stride(k, op, "k");
+  check_unit_last_stride(v, op, "v");
+  for (const auto* t : {&cu_q, &cu_k}) {
+    FASTATTN_CHECK(t->scalar_type() == at::kInt && t->dim() == 1 && t->is_contiguous() &&
+                       t->numel() >= 1 && t->device().is_cpu(),
+                   op, "cu_seqlens must be contiguous int32 (B+1,) CPU tensors here, got ",
+                   t->scalar_type(), " ", t->sizes(), " on ", t->device());
+  }
+  FASTATTN_CHECK(cu_q.numel() == cu_k.numel(), op,
+                 "cu_seqlens_q and cu_seqlens_k must have the same length");
+  const int32_t* cq = cu_q.data_ptr<int32_t>();
+  const int32_t* ck = cu_k.data_ptr<int32_t>();
+  const int64_t B = cu_q.numel() - 1;
+  FASTATTN_CHECK(cq[0] == 0 && ck[0] == 0, op, "cu_seqlens must start at 0");
+  for (int64_t b = 0; b < B; ++b) {
+    FASTATTN_CHECK(cq[b + 1] >= cq[b] && ck[b + 1] >= ck[b], op,
+                   "cu_seqlens must be non-decreasing");
+    FASTATTN_CHECK(cq[b + 1] - cq[b] <= max_q && ck[b + 1] - ck[b] <= max_k, op,
+                   "a sequence is longer than max_seqlen_q/max_seqlen_k");
+  }
+  FASTATTN_CHECK(cq[B] == q.size(0) && ck[B] == k.size(0), op,
+                 "cu_seqlens must end at the packed lengths (", q.size(0), ", ", k.size(0),
+                 "), got ", cq[B], " and ", ck[B]);
+}
+
+cpu::AttentionProblem varlen_problem(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& cu_q, const Tensor& cu_k, int64_t max_q,
+                                     int64_t max_k, const optional<Tensor>& alibi, double scale,
+                                     double softcap, int64_t causal_mode, int64_t wl, int64_t wr,
+                                     double dropout_p, const optional<Tensor>& seed) {
+  cpu::AttentionProblem p{};
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.q_s = packed_strides(q);
+  p.k_s = packed_strides(k);
+  p.v_s = packed_strides(v);
+  p.B = cu_q.numel() - 1;
+  p.Hq = q.size(1);
+  p.Hkv = k.size(1);
+  p.Lq = max_q;
+  p.Lk = max_k;
+  p.D = q.size(2);
+  p.Dv = v.size(2);
+  p.mask_kind = cpu::MaskKind::none;
+  if (defined(alibi)) {
+    FASTATTN_CHECK(alibi->scalar_type() == at::kFloat && alibi->dim() == 2 &&
+                       alibi->size(0) == p.B && alibi->size(1) == p.Hq,
+                   "varlen_attention: ", "alibi_slopes must be float32 (B, Hq)");
+    p.alibi = alibi->data_ptr<float>();
+    p.alibi_sb = alibi->stride(0);
+    p.alibi_sh = alibi->stride(1);
+  }
+  p.scale = scale;
+  p.softcap = softcap;
+  p.dropout_p = dropout_p;
+  if (dropout_p > 0.0) {
+    const int64_t* s = seed->data_ptr<int64_t>();
+    p.seed = static_cast<uint64_t>(s[0]);
+    p.stream = static_cast<uint64_t>(s[1]);
+  }
+  p.cu_q = cu_q.data_ptr<int32_t>();
+  p.cu_k = cu_k.data_ptr<int32_t>();
+  p.total_q = q.size(0);
+  p.causal_mode = static_cast<int>(causal_mode);
+  p.window_left = wl;
+  p.window_right = wr;
+  return p;
+}
+
+#define FASTATTN_DISPATCH_VARLEN(TYPE, ...) \
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, TYPE, "varlen_cpu", __VA_ARGS__)
+
+std::tuple<Tensor, Tensor> varlen_attention_forward_cpu(
+    const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_q, const Tensor& cu_k,
+    int64_t max_q, int64_t max_k, const optional<Tensor>& alibi, double scale, double softcap,
+    int64_t causal_mode, int64_t wl, int64_t wr, double dropout_p, const optional<Tensor>& seed) {
+  constexpr const char* op = "varlen_attention_forward";
+  check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, op);
+  check_seed(seed, dropout_p, q, op);
+  Tensor out = at::empty({q.size(0), q.size(1), v.size(2)}, q.options());
+  Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(lse_dtype(q)));
+  poison(out);
+  poison(lse);
+  if (out.numel() == 0 && lse.numel() == 0) return {out, lse};
+  cpu::AttentionForwardParams fp{varlen_problem(q, k, v, cu_q, cu_k, max_q, max_k, alibi, scale,
+                                                softcap, causal_mode, wl, wr, dropout_p, seed),
+                                 out.data_ptr(), packed_strides(out), lse.data_ptr()};
+  FASTATTN_DISPATCH_VARLEN(q.scalar_type(), [&] {
+    FASTATTN_CPU_ISA_CALL(attention_forward<scalar_t>, fp);
+  });
+  return {out, lse};
+}
+
+std::tuple<Tensor, Tensor, Tensor> varlen_attention_backward_cpu(
+    const Tensor& grad_out, const optional<Tensor>& grad_lse, const Tensor& q, const Tensor& k,
+    const Tensor& v, const Tensor& out, const Tensor& lse, const Tensor& cu_q, const Tensor& cu_k,
+    int64_t max_q, int64_t max_k, const optional<Tensor>& alibi, double scale, double softcap,
+    int64_t causal_mode, int64_t wl, int64_t wr, double dropout_p, const optional<Tensor>& seed,
+    bool deterministic) {
+  (void)deterministic;  // always deterministic (fixed summation order, no atomics)
+  constexpr const char* op = "varlen_attention_backward";
+  check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, op);
+  check_seed(seed, dropout_p, q, op);
+  FASTATTN_CHECK(grad_out.sizes() == out.sizes() && out.dim() == 3 && out.size(0) == q.size(0),
+                 op, "grad_out and out must be (total_q, Hq, Dv)");
+  check_unit_last_stride(grad_out, op, "grad_out");
+  FASTATTN_CHECK(lse.scalar_type() == lse_dtype(q) && lse.is_contiguous(), op,
+                 "lse must be a contiguous (Hq, total_q) tensor of ", lse_dtype(q));
+  Tensor dlse;
+  if (defined(grad_lse)) dlse = grad_lse->to(lse_dtype(q)).contiguous();
+  Tensor dq = at::empty(q.sizes(), q.options());
+  Tensor dk = at::empty(k.sizes(), k.options());
+  Tensor dv = at::empty(v.sizes(), v.options());
+  poison(dq);
+  poison(dk);
+  poison(dv);
+  if (q.size(0) == 0 || k.size(0) == 0) {
+    dq.zero_();
+    dk.zero_();
+    dv.zero_();
+    return {dq, dk, dv};
+  }
+  cpu::AttentionBackwardParams bp{
+      varlen_problem(q, k, v, cu_q, cu_k, max_q, max_k, alibi, scale, softcap, causal_mode, wl,
+                     wr, dropout_p, seed),
+      out.data_ptr(), packed_strides(out), grad_out.data_ptr(), packed_strides(grad_out),
+      lse.data_ptr(), dlse.defined() ? dlse.data_ptr() : nullptr, dq.data_ptr(), dk.data_ptr(),
+      dv.data_ptr(), packed_strides(dq), packed_strides(dk), packed_strides(dv)};
+  FASTATTN_DISPATCH_VARLEN(q.scalar_type(), [&] {
+    FASTATTN_CPU_ISA_CALL(attention_backward<scalar_t>, bp);
+  });
+  return {dq, dk, dv};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fastattn, CPU, m) {
+  m.impl("varlen_attention_forward", &varlen_attention_forward_cpu);
+  m.impl("varlen_attention_backward", &varlen_attention_backward_cpu);
+}
+
+}  // namespace fastattn::attention

@@ -1,0 +1,153 @@
+"""Decoding with a KV cache: `attention_with_kvcache` appends the new keys and values into
+preallocated caches in place (rotated, when rotary tables are given), rotates the queries, and
+attends over each sequence's cache with a split-K kernel (flash-decoding) when there are few
+queries. Inference only (no autograd).
+
+Backends: "cpu"/"cuda" run torch.ops.fastattn.attention_decode (the attention part; the
+rotation and append run through fastattn's fused rotary kernel and one scatter), "reference"
+fastattn/reference/attention_with_kvcache.py.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import _backend, _native
+from ..reference import attention as dense_ref
+from ..reference import attention_with_kvcache as ref
+from ._common import check_same_device, check_tensor, host_checks_enabled
+from .attention import MAX_HEAD_DIM, output_like
+from .positional import apply_rotary
+from .varlen_attention import causal_mode, window_sides
+
+
+def _has_kernel(dispatch_key: str) -> bool:
+    if _native.C is None:
+        return False
+    try:
+        torch.ops.fastattn.attention_decode
+    except (AttributeError, RuntimeError):
+        return False
+    return torch._C._dispatch_has_kernel_for_dispatch_key("fastattn::attention_decode",
+                                                          dispatch_key)
+
+
+@torch.no_grad()
+def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
+                           cache_seqlens: torch.Tensor, k_new: torch.Tensor | None = None,
+                           v_new: torch.Tensor | None = None,
+                           rotary_cos: torch.Tensor | None = None,
+                           rotary_sin: torch.Tensor | None = None,
+                           rotary_interleaved: bool = False, causal=True, window=None,
+                           softcap: float = 0.0, scale: float | None = None,
+                           alibi_slopes: torch.Tensor | None = None, num_splits: int = 0,
+                           backend: str | None = None) -> torch.Tensor:
+    """Attention of new tokens over a KV cache, appending them first (inference only).
+
+    q: (B, Hq, Lq, D), the queries of tokens at positions cache_seqlens[b] + i.
+    k_cache, v_cache: (B, Hkv, Lmax, D) / (B, Hkv, Lmax, Dv) preallocated caches; sequence b
+        holds cache_seqlens[b] valid entries.
+    cache_seqlens: int32 (B,); not modified (the caller advances it by Lnew).
+    k_new, v_new: (B, Hkv, Lnew, D/Dv) or None: written, rotated when rotary tables are given,
+        into the caches at [cache_seqlens[b], cache_seqlens[b] + Lnew) (in place).
+    rotary_cos, rotary_sin: (Lmax, rotary_dim / 2) tables indexed by absolute position; q and
+        k_new are rotated (GPT-NeoX halves, or GPT-J pairs with rotary_interleaved=True).
+    causal: True (default) — query i sees cache positions <= cache_seqlens[b] + i (bottom-right
+        alignment for Lq == Lnew: speculative decoding / chunked prefill); False sees the whole
+        valid cache. window: (left, right) around the query position (-1 = unbounded).
+    num_splits: key ranges computed in parallel and merged (0 = choose automatically).
+    Returns out (B, Hq, Lq, Dv).
+    """
+    op = "attention_with_kvcache"
+    check_tensor(op, "q", q, dims=4, float_dtype=True)
+    check_tensor(op, "k_cache", k_cache, dims=4, float_dtype=True)
+    check_tensor(op, "v_cache", v_cache, dims=4, float_dtype=True)
+    check_tensor(op, "cache_seqlens", cache_seqlens, dims=1)
+    check_same_device(op, "q", q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
+                      k_new=k_new, v_new=v_new, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                      alibi_slopes=alibi_slopes)
+    B, Hq, Lq, D = q.shape
+    Hkv, Lmax, Dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
+    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise TypeError(f"{op}: q, k_cache and v_cache must have the same dtype")
+    if k_cache.shape[0] != B or tuple(v_cache.shape[:3]) != (B, Hkv, Lmax) or k_cache.shape[3] != D:
+        raise ValueError(f"{op}: k_cache must be (B, Hkv, Lmax, D) = ({B}, Hkv, Lmax, {D}) and "
+                         f"v_cache (B, Hkv, Lmax, Dv), got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
+    if Hkv == 0 or Hq % Hkv:
+        raise ValueError(f"{op}: q's heads ({Hq}) must be a multiple of the caches' ({Hkv})")
+    if not (1 <= D <= MAX_HEAD_DIM and 1 <= Dv <= MAX_HEAD_DIM):
+        raise ValueError(f"{op}: head dims must be in [1, {MAX_HEAD_DIM}], got {D} and {Dv}")
+    if cache_seqlens.dtype != torch.int32 or cache_seqlens.shape[0] != B:
+        raise TypeError(f"{op}: cache_seqlens must be int32 (B,) = ({B},), got "
+                        f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
+    if (k_new is None) != (v_new is None):
+        raise ValueError(f"{op}: k_new and v_new must be given together")
+    Lnew = 0
+    if k_new is not None:
+        check_tensor(op, "k_new", k_new, dims=4, float_dtype=True)
+        check_tensor(op, "v_new", v_new, dims=4, float_dtype=True)
+        Lnew = k_new.shape[2]
+        if tuple(k_new.shape) != (B, Hkv, Lnew, D) or tuple(v_new.shape) != (B, Hkv, Lnew, Dv):
+            raise ValueError(f"{op}: k_new/v_new must be (B, Hkv, Lnew, D/Dv) = ({B}, {Hkv}, "
+                             f"Lnew, {D}/{Dv}), got {tuple(k_new.shape)} and {tuple(v_new.shape)}")
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError(f"{op}: rotary_cos and rotary_sin must be given together")
+    if host_checks_enabled() and B > 0:
+        lo, hi = (int(x) for x in torch.aminmax(cache_seqlens))
+        if lo < 0 or hi + Lnew > Lmax:
+            raise ValueError(f"{op}: the cache is too small: cache_seqlens up to {hi} plus "
+                             f"{Lnew} new tokens exceed Lmax = {Lmax} (or a length is negative)")
+    mode = 2 if causal_mode(causal) else 0
+    left, right = window_sides(op, window)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    alibi = None
+    if alibi_slopes is not None:
+        check_tensor(op, "alibi_slopes", alibi_slopes, dims=(1, 2), float_dtype=True)
+        if tuple(alibi_slopes.shape) not in ((Hq,), (B, Hq)):
+            raise ValueError(f"{op}: alibi_slopes must be (Hq,) or (B, Hq), got "
+                             f"{tuple(alibi_slopes.shape)}")
+        alibi = alibi_slopes.to(torch.float32).expand(B, Hq).contiguous()
+
+    limits = {"triton": "no Triton KV-cache kernel in this version"}
+    for name, key in (("cpu", "CPU"), ("cuda", "CUDA")):
+        if not _has_kernel(key):
+            limits[name] = f"fastattn._C has no {key} decoding kernel in this build"
+    chosen = _backend.select_backend(op, q.device, backend,
+                                     supported=("cuda", "cpu", "reference"), limits=limits)
+    positions = cache_seqlens.to(torch.int64)
+    rotary_backend = "reference" if chosen == "reference" else None
+    if rotary_cos is not None:
+        rot = dict(cos=rotary_cos, sin=rotary_sin, interleaved=rotary_interleaved,
+                   offset=positions, backend=rotary_backend)
+        q = apply_rotary(q, **rot)
+        if k_new is not None:
+            k_new = apply_rotary(k_new, **rot)
+    if k_new is not None and Lnew > 0:
+        index = (positions.view(B, 1) + torch.arange(Lnew, device=q.device)).view(B, 1, Lnew, 1)
+        k_cache.scatter_(2, index.expand(B, Hkv, Lnew, D), k_new)
+        v_cache.scatter_(2, index.expand(B, Hkv, Lnew, Dv), v_new)
+    k_lengths = (cache_seqlens + Lnew).to(torch.int32)
+    q_positions = cache_seqlens.to(torch.int32)
+    args = (q, k_cache, v_cache, k_lengths, q_positions, alibi, scale, float(softcap), mode,
+            left, right)
+    if chosen == "reference":
+        out, _ = ref.attention_decode(*args)
+    else:
+        out, _ = torch.ops.fastattn.attention_decode(*args, int(num_splits))
+    _backend._record(op, chosen)
+    return out
+
+
+def _register_native_fakes() -> None:
+    @torch.library.register_fake("fastattn::attention_decode")
+    def _(q, k_cache, v_cache, k_lengths, q_positions, alibi, scale, softcap, mode, left, right,
+          num_splits):
+        B, Hq, Lq, _ = q.shape
+        return output_like(q, v_cache.shape[3]), q.new_empty(
+            (B, Hq, Lq), dtype=dense_ref.lse_dtype(q.dtype))
+
+
+if _native.C is not None and _has_kernel("CPU"):
+    _register_native_fakes()

@@ -1,0 +1,247 @@
+"""Packed variable-length attention (`varlen_attention`) and the helpers that pack a padded
+batch (`pack_padded`, `unpack_padded`).
+
+Sequences are packed one after another without padding: q (total_q, Hq, D), k/v (total_k, Hkv,
+D/Dv); sequence b owns rows [cu_seqlens[b], cu_seqlens[b+1]). Every feature of `attention`
+that makes sense without padding applies per sequence (causal alignments, GQA, ALiBi, sliding
+window, softcap, dropout, lse); attn_mask and key_padding_mask do not (there is no padding).
+Backends: "cpu"/"cuda" run torch.ops.fastattn.varlen_attention_forward/_backward, "triton" the
+same ops suffixed _triton where present, "reference" fastattn/reference/varlen_attention.py.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import _backend, _native
+from ..reference import attention as dense_ref
+from ..reference import varlen_attention as ref
+from ._common import check_dropout, check_same_device, check_tensor, dropout_seed, host_checks_enabled
+from .attention import MAX_HEAD_DIM, Causal
+
+
+def _has_kernel(name: str, dispatch_key: str) -> bool:
+    if _native.C is None:
+        return False
+    try:
+        getattr(torch.ops.fastattn, name)
+    except (AttributeError, RuntimeError):
+        return False
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"fastattn::{name}", dispatch_key)
+
+
+def _triton_has(name: str) -> bool:
+    try:
+        getattr(torch.ops.fastattn, name + "_triton")
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def causal_mode(causal: Causal) -> int:
+    """0 no causal mask, 1 top-left, 2 bottom-right (the kernels' encoding)."""
+    if causal not in (False, True, "top_left", "bottom_right"):
+        raise ValueError(f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}")
+    return 0 if not causal else (2 if causal == "bottom_right" else 1)
+
+
+def window_sides(op: str, window) -> tuple[int, int]:
+    if window is None:
+        return -1, -1
+    if (not isinstance(window, (tuple, list)) or len(window) != 2
+            or not all(isinstance(w, int) and w >= -1 for w in window)):
+        raise ValueError(f"{op}: window must be None or (left, right) ints >= -1 "
+                         f"(-1 = unbounded), got {window!r}")
+    return int(window[0]), int(window[1])
+
+
+def check_cu_seqlens(op: str, name: str, cu: torch.Tensor, total: int, max_seqlen: int,
+                     device: torch.device) -> None:
+    check_tensor(op, name, cu, dims=1)
+    if cu.dtype != torch.int32:
+        raise TypeError(f"{op}: {name} must be int32, got {cu.dtype}")
+    if cu.device != device:
+        raise ValueError(f"{op}: {name} must be on {device}, got {cu.device}")
+    if cu.numel() < 1:
+        raise ValueError(f"{op}: {name} must have B+1 >= 1 entries")
+    if not host_checks_enabled():
+        return
+    values = cu.tolist()
+    if values[0] != 0 or values[-1] != total:
+        raise ValueError(f"{op}: {name} must start at 0 and end at the packed length {total}, "
+                         f"got {values[0]} and {values[-1]}")
+    lengths = [b - a for a, b in zip(values, values[1:])]
+    if any(n < 0 for n in lengths):
+        raise ValueError(f"{op}: {name} must be non-decreasing, got {values}")
+    if lengths and max(lengths) > max_seqlen:
+        raise ValueError(f"{op}: a sequence of length {max(lengths)} exceeds max_seqlen "
+                         f"{max_seqlen} ({name})")
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
+                     max_seqlen_k: int, *, causal: Causal = False, attn_mask=None,
+                     key_padding_mask=None, dropout_p: float = 0.0, scale: float | None = None,
+                     alibi_slopes: torch.Tensor | None = None, window=None, softcap: float = 0.0,
+                     return_lse: bool = False, deterministic: bool = False,
+                     backend: str | None = None):
+    """Attention of packed sequences, no work spent on padding.
+
+    q: (total_q, Hq, D); k: (total_k, Hkv, D); v: (total_k, Hkv, Dv); any strides with a
+    unit last stride. cu_seqlens_q / cu_seqlens_k: int32 (B+1,) prefix sums of the lengths
+    (sequence b owns rows [cu[b], cu[b+1]); a sequence may be empty); max_seqlen_q/_k: the
+    largest lengths. Keywords as in fastattn.attention, applied per sequence with its own
+    lengths (bottom-right alignment uses that sequence's Lk - Lq); alibi_slopes (Hq,) or
+    (B, Hq). attn_mask and key_padding_mask are not accepted (packed sequences have no
+    padding; pad and use attention for arbitrary masks).
+    Returns out (total_q, Hq, Dv), or (out, lse) with lse (Hq, total_q) float32.
+    """
+    op = "varlen_attention"
+    if attn_mask is not None or key_padding_mask is not None:
+        raise ValueError(f"{op}: attn_mask and key_padding_mask do not apply to packed "
+                         "sequences (there is no padding); use causal/window, or attention() "
+                         "on a padded batch for arbitrary masks")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(op, name, t, dims=3, float_dtype=True)
+        if t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise ValueError(f"{op}: {name} must have a unit stride in its last dimension")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"{op}: q, k and v must have the same dtype, got {q.dtype}, {k.dtype}, "
+                        f"{v.dtype}")
+    check_same_device(op, "q", q, k=k, v=v)
+    total_q, Hq, D = q.shape
+    total_k, Hkv, Dv = k.shape[0], k.shape[1], v.shape[2]
+    if v.shape[0] != total_k or v.shape[1] != Hkv:
+        raise ValueError(f"{op}: k and v must have the same packed length and heads, got "
+                         f"{tuple(k.shape)} and {tuple(v.shape)}")
+    if Hkv == 0 or Hq % Hkv:
+        raise ValueError(f"{op}: q's heads ({Hq}) must be a multiple of k/v's heads ({Hkv})")
+    if k.shape[2] != D:
+        raise ValueError(f"{op}: q and k must have the same head dim, got {D} and {k.shape[2]}")
+    for name, d in (("head dim of q/k", D), ("head dim of v", Dv)):
+        if not 1 <= d <= MAX_HEAD_DIM:
+            raise ValueError(f"{op}: {name} must be in [1, {MAX_HEAD_DIM}], got {d}")
+    check_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q, q.device)
+    check_cu_seqlens(op, "cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k, q.device)
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ValueError(f"{op}: cu_seqlens_q and cu_seqlens_k must have the same length B+1")
+    B = cu_seqlens_q.numel() - 1
+    mode = causal_mode(causal)
+    left, right = window_sides(op, window)
+    p = check_dropout(op, dropout_p)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    softcap = float(softcap)
+    if softcap < 0:
+        raise ValueError(f"{op}: softcap must be >= 0, got {softcap}")
+    alibi = None
+    if alibi_slopes is not None:
+        check_tensor(op, "alibi_slopes", alibi_slopes, dims=(1, 2), float_dtype=True)
+        if tuple(alibi_slopes.shape) not in ((Hq,), (B, Hq)):
+            raise ValueError(f"{op}: alibi_slopes must be (Hq,) or (B, Hq), got "
+                             f"{tuple(alibi_slopes.shape)}")
+        alibi = alibi_slopes.to(torch.float32).expand(B, Hq)
+    limits: dict[str, str] = {}
+    if q.dtype == torch.float64:
+        limits["triton"] = "the triton backend does not take float64"
+    elif not _triton_has("varlen_attention_forward"):
+        limits["triton"] = "no Triton varlen kernel in this version"
+    for name, key in (("cpu", "CPU"), ("cuda", "CUDA")):
+        if not _has_kernel("varlen_attention_forward", key):
+            limits[name] = f"fastattn._C has no {key} varlen attention kernel in this build"
+    if torch.is_grad_enabled() and alibi is not None and alibi.requires_grad:
+        for name in ("cpu", "cuda", "triton"):
+            limits[name] = "gradients with respect to alibi_slopes need the reference backend"
+    chosen = _backend.select_backend(op, q.device, backend, limits=limits)
+    seed = dropout_seed(p, q.device)
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), alibi,
+            scale, softcap, mode, left, right, p, seed)
+    if chosen == "reference":
+        out, lse = ref.varlen_attention(*args)
+    else:
+        name = "varlen_attention_forward" + ("_triton" if chosen == "triton" else "")
+        out, lse = getattr(torch.ops.fastattn, name)(*args)
+    _backend._record(op, chosen)
+    return (out, lse) if return_lse else out
+
+
+# ---------------------------------------------------------------------------------------------
+# Padded <-> packed
+
+
+def pack_padded(x: torch.Tensor, key_padding_mask: torch.Tensor):
+    """Pack a padded batch: x (B, L, ...) with key_padding_mask (B, L) bool (True = padding,
+    anywhere in a row) -> (packed (total, ...), cu_seqlens int32 (B+1,), max_seqlen, indices).
+    `indices` (total,) are the flat positions b*L + l of the kept rows, for unpack_padded.
+    Differentiable in x.
+    """
+    check_tensor("pack_padded", "key_padding_mask", key_padding_mask, dims=2)
+    if key_padding_mask.dtype != torch.bool or tuple(key_padding_mask.shape) != tuple(x.shape[:2]):
+        raise ValueError(f"pack_padded: key_padding_mask must be bool {tuple(x.shape[:2])}, got "
+                         f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
+    B, L = key_padding_mask.shape
+    keep = ~key_padding_mask
+    lengths = keep.sum(dim=1, dtype=torch.int32)
+    cu_seqlens = torch.zeros(B + 1, dtype=torch.int32, device=x.device)
+    cu_seqlens[1:] = torch.cumsum(lengths, dim=0)
+    indices = keep.reshape(-1).nonzero().squeeze(1)
+    packed = x.reshape(B * L, *x.shape[2:]).index_select(0, indices)
+    max_seqlen = int(lengths.max()) if B else 0
+    return packed, cu_seqlens, max_seqlen, indices
+
+
+def unpack_padded(packed: torch.Tensor, indices: torch.Tensor, batch: int,
+                  seqlen: int) -> torch.Tensor:
+    """Inverse of pack_padded: (total, ...) -> (batch, seqlen, ...) with zeros at padding.
+    Differentiable in packed."""
+    out = packed.new_zeros((batch * seqlen, *packed.shape[1:]))
+    out = out.index_copy(0, indices, packed)
+    return out.view(batch, seqlen, *packed.shape[1:])
+
+
+# ---------------------------------------------------------------------------------------------
+# Fakes and autograd
+
+
+def _register_native_fakes() -> None:
+    @torch.library.register_fake("fastattn::varlen_attention_forward")
+    def _(q, k, v, cu_q, cu_k, max_q, max_k, alibi, scale, softcap, mode, left, right, p, seed):
+        return (q.new_empty((q.shape[0], q.shape[1], v.shape[2])),
+                q.new_empty((q.shape[1], q.shape[0]), dtype=dense_ref.lse_dtype(q.dtype)))
+
+    @torch.library.register_fake("fastattn::varlen_attention_backward")
+    def _(grad_out, grad_lse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, alibi, scale,
+          softcap, mode, left, right, p, seed, deterministic):
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def register_autograd(suffix: str) -> None:
+    def setup_context(ctx, inputs, output):
+        (q, k, v, cu_q, cu_k, max_q, max_k, alibi, scale, softcap, mode, left, right, p,
+         seed) = inputs
+        out, lse = output
+        ctx.set_materialize_grads(False)
+        ctx.meta = (max_q, max_k, scale, softcap, mode, left, right, p)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi, seed)
+
+    def backward(ctx, grad_out, grad_lse):
+        q, k, v, out, lse, cu_q, cu_k, alibi, seed = ctx.saved_tensors
+        max_q, max_k, scale, softcap, mode, left, right, p = ctx.meta
+        if grad_out is None and grad_lse is None:
+            return (None,) * 15
+        if grad_out is None:
+            grad_out = torch.zeros_like(out)
+        if grad_out.stride(-1) != 1:
+            grad_out = grad_out.contiguous()
+        dq, dk, dv = getattr(torch.ops.fastattn, "varlen_attention_backward" + suffix)(
+            grad_out, grad_lse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, alibi, scale,
+            softcap, mode, left, right, p, seed, True)
+        return (dq, dk, dv) + (None,) * 12
+
+    torch.library.register_autograd("fastattn::varlen_attention_forward" + suffix, backward,
+                                    setup_context=setup_context)
+
+
+if _native.C is not None and _has_kernel("varlen_attention_forward", "CPU"):
+    _register_native_fakes()
+    register_autograd("")
