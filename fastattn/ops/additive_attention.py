@@ -16,6 +16,7 @@ from ..reference import additive_attention as ref
 from ._common import check_same_device, check_tensor
 
 
+@torch.compiler.assume_constant_result  # fixed at import; Dynamo cannot trace the query
 def _has_kernel(dispatch_key: str) -> bool:
     if _native.C is None:
         return False
