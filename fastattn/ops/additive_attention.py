@@ -110,7 +110,8 @@ def _register_native_fakes() -> None:
 
     @torch.library.register_fake("fastattn::additive_scores_backward")
     def _(grad, qp, kp, v):
-        return torch.empty_like(qp), torch.empty_like(kp), torch.empty_like(v)
+        # contiguous, as the kernels allocate them (at::empty(qp.sizes()))
+        return qp.new_empty(qp.shape), kp.new_empty(kp.shape), v.new_empty(v.shape)
 
 
 def register_autograd(suffix: str) -> None:

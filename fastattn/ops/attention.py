@@ -293,7 +293,9 @@ def _register_native_fakes() -> None:
     @torch.library.register_fake("fastattn::attention_backward")
     def _(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask, alibi_slopes,
           scale, softcap, window_lo, window_hi, dropout_p, seed, deterministic):
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        # The kernels return contiguous gradients (at::empty(q.sizes())) whatever q's strides;
+        # empty_like would keep a transposed q's strides, and Inductor asserts the fake's.
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def register_autograd(suffix: str) -> None:
