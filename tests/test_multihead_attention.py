@@ -744,6 +744,34 @@ def test_encoder_built_with_fastattn_attention_takes_packed_batches(monkeypatch)
             "src_key_padding_mask"][:2, :5])
 
 
+def test_compile_fullgraph_swapped_encoder_layer():
+    """A swapped TransformerEncoderLayer compiles without graph breaks (training mode, padding
+    and weights-free attention, as the layer calls it); output and gradients equal eager."""
+    torch._dynamo.reset()
+    # Inductor's caches key on the traced graph, not on the custom ops' fake kernels: an entry
+    # compiled before a fake changed would be reused, so this test compiles afresh.
+    caches = dict(fx_graph_cache=False, autotune_local_cache=False)
+    with torch._inductor.config.patch(caches), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        _compile_encoder_layer()
+
+
+def _compile_encoder_layer():
+    torch.manual_seed(0)
+    layer = fastattn.swap_modules(nn.TransformerEncoderLayer(16, 2, 24, dropout=0.0,
+                                                              batch_first=True))
+    x = torch.randn(3, 6, 16)
+    pad = torch.zeros(3, 6, dtype=torch.bool)
+    pad[1, 4:] = True
+    out = torch.compile(layer, fullgraph=True)(x, src_key_padding_mask=pad)
+    eager = layer(x, src_key_padding_mask=pad)
+    torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
+    grads = torch.autograd.grad(out.square().sum(), list(layer.parameters()))
+    eager_grads = torch.autograd.grad(eager.square().sum(), list(layer.parameters()))
+    for g, e in zip(grads, eager_grads):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+
+
 # ---------------------------------------------------------------------------------------------
 # 7. Bad inputs raise what torch raises
 
