@@ -38,22 +38,25 @@ def swap_modules(model: nn.Module, *, attention: bool = True, lstm: bool = True,
     lists what was swapped (also logged at INFO on the "fastattn" logger).
     """
     families = {"attention": attention, "lstm": lstm}
-    swapped = []
+    plan = []
     for name, module in model.named_modules():
         for torch_cls, fast_cls_getter, family in _targets():
             if type(module) is not torch_cls or not families[family]:
                 continue
             fast_cls = fast_cls_getter()
-            if fast_cls is None:
+            if fast_cls is None:  # checked for every module before anything is swapped
                 raise RuntimeError(f"swap_modules: fastattn has no replacement for "
-                                   f"{torch_cls.__name__} in this version")
-            setattr(module, _ORIGINAL, torch_cls)
-            if hasattr(fast_cls, "from_torch"):
-                fast_cls.from_torch(module, backend=backend)
-            else:
-                module.__class__ = fast_cls
-                module.fastattn_backend = backend
-            swapped.append((name or "<model>", torch_cls.__name__, fast_cls.__name__))
+                                   f"{torch_cls.__name__} ({name or '<model>'}) in this version")
+            plan.append((name, module, torch_cls, fast_cls))
+    swapped = []
+    for name, module, torch_cls, fast_cls in plan:
+        setattr(module, _ORIGINAL, torch_cls)
+        if hasattr(fast_cls, "from_torch"):
+            fast_cls.from_torch(module, backend=backend)
+        else:
+            module.__class__ = fast_cls
+            module.fastattn_backend = backend
+        swapped.append((name or "<model>", torch_cls.__name__, fast_cls.__name__))
     if attention:
         _disable_nested_tensor_encoders(model)
     for name, before, after in swapped:
