@@ -8,7 +8,9 @@ from torch import Tensor, nn
 
 from .. import _backend
 from ..ops._common import dropout_seed
+from ..ops._common import host_checks_enabled
 from ..ops.attention import attention_canonical
+from ..ops.varlen_attention import kernel_available, pack_padded, varlen_attention
 from ..reference import attention as ref
 from ..reference.random import dropout_keep_mask
 
@@ -156,10 +158,15 @@ class MultiheadAttention(nn.MultiheadAttention):
             # torch's rule: the is_causal hint replaces the mask (the mask must be causal).
             causal, mask = True, None
         dropout_p = self.dropout if self.training else 0.0
-        seed = dropout_seed(dropout_p, q.device)
-        out, lse, canonical = attention_canonical(
-            q, k, v, causal=causal, attn_mask=mask, key_padding_mask=padding,
-            dropout_p=dropout_p, seed=seed)
+        if (padding is not None and mask is None and not need_weights
+                and self._heavy_padding(padding)):
+            out = self._varlen(q, k, v, padding, dropout_p)
+            lse = canonical = None
+        else:
+            seed = dropout_seed(dropout_p, q.device)
+            out, lse, canonical = attention_canonical(
+                q, k, v, causal=causal, attn_mask=mask, key_padding_mask=padding,
+                dropout_p=dropout_p, seed=seed)
         # out is (N, L, H, Dh) in memory when q's heads are inner (always the case here).
         if batch_first:
             out = out.transpose(1, 2).reshape(bsz, tgt_len, embed_dim)
@@ -196,6 +203,31 @@ class MultiheadAttention(nn.MultiheadAttention):
         out, weights = self._forward(padded, padded, padded, ~keep, need_weights, None,
                                      average_attn_weights, is_causal)
         return torch._nested_tensor_from_mask(out, keep, mask_check=False), weights
+
+    # Fraction of padded keys from which a key_padding_mask batch runs through varlen_attention
+    # (padded keys dropped, no work spent on them) instead of the padded kernel.
+    varlen_min_padding = 0.5
+
+    def _heavy_padding(self, padding: Tensor) -> bool:
+        if not host_checks_enabled() or padding.numel() == 0:
+            return False  # under torch.compile: the padded kernel (no data-dependent shapes)
+        if not kernel_available(padding.device):
+            return False
+        return float(padding.float().mean()) >= self.varlen_min_padding
+
+    @staticmethod
+    def _varlen(q, k, v, padding, dropout_p):
+        """Attention with the padded keys removed: every query row (padded or not, as torch
+        computes them) against its sequence's real keys. q, k, v (N, H, L, Dh) -> out
+        (N, H, L, Dh) laid out (N, L, H, Dh) in memory, as the padded kernel's."""
+        N, H, L, Dh = q.shape
+        q_packed = q.transpose(1, 2).reshape(N * L, H, Dh)
+        k_packed, cu_k, max_k, _ = pack_padded(k.transpose(1, 2), padding)
+        v_packed, _, _, _ = pack_padded(v.transpose(1, 2), padding)
+        cu_q = torch.arange(0, (N + 1) * L, L, dtype=torch.int32, device=q.device)
+        out = varlen_attention(q_packed, k_packed, v_packed, cu_q, cu_k, L, max_k,
+                               dropout_p=dropout_p)
+        return out.view(N, L, H, v.shape[-1]).transpose(1, 2)
 
     def _canonical_attn_mask(self, attn_mask, bsz, tgt_len, src_len, dtype):
         if attn_mask is None:

@@ -39,6 +39,14 @@ def _triton_has(name: str) -> bool:
         return False
 
 
+def kernel_available(device: torch.device) -> bool:
+    """Whether a varlen kernel (not only the reference) runs tensors on `device`."""
+    if device.type == "cpu":
+        return _has_kernel("varlen_attention_forward", "CPU")
+    return (_has_kernel("varlen_attention_forward", "CUDA")
+            or _triton_has("varlen_attention_forward"))
+
+
 def causal_mode(causal: Causal) -> int:
     """0 no causal mask, 1 top-left, 2 bottom-right (the kernels' encoding)."""
     if causal not in (False, True, "top_left", "bottom_right"):
