@@ -16,7 +16,8 @@ class AdditiveAttention(nn.Module):
     key_proj.bias (attn_dim,) — the b of the formula — and v (attn_dim,).
     forward(query, keys, values=None, key_padding_mask=None, need_weights=False):
     query (B, Lq, query_dim) or (B, query_dim) (one decoder step), keys (B, Lk, key_dim),
-    values (B, Lk, value_dim) (default keys), key_padding_mask (B, Lk) bool (True = ignore).
+    values (B, Lk, value_dim) (default keys), key_padding_mask (B, Lk) bool (True = ignore),
+    projected_keys: project_keys(keys), reused across decoder steps.
     Returns the context, or (context, weights) with need_weights.
     """
 
@@ -30,15 +31,22 @@ class AdditiveAttention(nn.Module):
         self.v = nn.Parameter(torch.empty(attn_dim))
         nn.init.uniform_(self.v, -1.0 / math.sqrt(attn_dim), 1.0 / math.sqrt(attn_dim))
 
+    def project_keys(self, keys: torch.Tensor) -> torch.Tensor:
+        """keys W_k^T + b (B, Lk, attn_dim): compute once per source sequence and pass as
+        forward(..., projected_keys=...) at every decoder step."""
+        return self.key_proj(keys)
+
     def forward(self, query: torch.Tensor, keys: torch.Tensor,
                 values: torch.Tensor | None = None,
-                key_padding_mask: torch.Tensor | None = None, need_weights: bool = False):
+                key_padding_mask: torch.Tensor | None = None, need_weights: bool = False,
+                projected_keys: torch.Tensor | None = None):
         if values is not None and values.shape[-1] != self.value_dim:
             raise ValueError(f"AdditiveAttention: values must have {self.value_dim} features, "
                              f"got shape {tuple(values.shape)}")
         return additive_attention(query, keys, values, w_query=self.query_proj.weight,
                                   w_keys=self.key_proj.weight, v=self.v, bias=self.key_proj.bias,
-                                  key_padding_mask=key_padding_mask, return_weights=need_weights)
+                                  key_padding_mask=key_padding_mask, return_weights=need_weights,
+                                  projected_keys=projected_keys)
 
     def extra_repr(self) -> str:
         return (f"query_dim={self.query_dim}, key_dim={self.key_dim}, attn_dim={self.attn_dim}, "

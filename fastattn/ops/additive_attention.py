@@ -28,12 +28,15 @@ def additive_attention(query: torch.Tensor, keys: torch.Tensor,
                        values: torch.Tensor | None = None, *, w_query: torch.Tensor,
                        w_keys: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None,
                        key_padding_mask: torch.Tensor | None = None,
-                       return_weights: bool = False, backend: str | None = None):
+                       return_weights: bool = False, projected_keys: torch.Tensor | None = None,
+                       backend: str | None = None):
     """Bahdanau attention, fused: no (B, Lq, Lk, A) tensor is allocated.
 
     query: (B, Lq, Dq), or (B, Dq) for one decoder step; keys: (B, Lk, Dk);
     values: (B, Lk, Dv) (default: keys); w_query: (A, Dq); w_keys: (A, Dk); v: (A,);
     bias: (A,) or None; key_padding_mask: (B, Lk) bool, True = ignore that key.
+    projected_keys: (B, Lk, A) = keys W_k^T + bias, computed once per source sequence and
+        reused at every decoder step (then w_keys and bias are not applied again).
     Returns context (B, Lq, Dv) (or (B, Dv)), and with return_weights also the attention
     weights (B, Lq, Lk) (or (B, Lk)) in the compute type (float32; float64 for float64).
     Queries whose keys are all masked get a zero context and zero weights.
@@ -82,7 +85,14 @@ def additive_attention(query: torch.Tensor, keys: torch.Tensor,
             limits[name] = f"fastattn._C has no {key} additive attention kernel in this build"
     chosen = _backend.select_backend(op, q.device, backend, limits=limits)
     qp = torch.nn.functional.linear(q, w_query)
-    kp = torch.nn.functional.linear(keys, w_keys, bias)
+    if projected_keys is not None:
+        check_tensor(op, "projected_keys", projected_keys, dims=3, float_dtype=True)
+        if tuple(projected_keys.shape) != (B, Lk, A) or projected_keys.dtype != q.dtype:
+            raise ValueError(f"{op}: projected_keys must be (B, Lk, A) = ({B}, {Lk}, {A}) of "
+                             f"{q.dtype}, got {tuple(projected_keys.shape)} {projected_keys.dtype}")
+        kp = projected_keys
+    else:
+        kp = torch.nn.functional.linear(keys, w_keys, bias)
     if chosen == "reference":
         scores = ref.additive_scores(qp, kp, v)
     else:
