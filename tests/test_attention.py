@@ -136,7 +136,8 @@ def cancellation_floors(q, k, v, kw, grad_out, col_sums) -> tuple[float, float]:
     """Extra float32 floors of dq and dk for the cancellation in dS = P * (dP - delta).
 
     Kernels compute dP = dO . v in one float32 dot product and delta = rowsum(dO * O) in
-    another: the difference keeps a residue of a few ulps of |dP|, however small the gradient.
+    another: the difference keeps a residue of a few ulps of sum_d |dO_d v_d|, however small
+    the gradient.
     The reference's softmax backward cancels exactly where a row sees a single key (P = 1), so
     its baseline error is then ~0. The residue reaches dq through scale * P * k (P sums to 1
     over a row), and dk through scale * P * q summed over the queries (and GQA heads) that see
@@ -149,9 +150,10 @@ def cancellation_floors(q, k, v, kw, grad_out, col_sums) -> tuple[float, float]:
         return 0.0, 0.0
     scale = kw.get("scale", 1.0 / math.sqrt(D))
     keep = 1.0 / (1.0 - kw.get("dropout_p", 0.0))
-    vv = v.double().cpu().repeat_interleave(group, dim=1)
-    dp = torch.matmul(grad_out.double().cpu(), vv.transpose(-1, -2))
-    residue = 4 * F32_ULP * keep * scale * float(dp.abs().max())
+    # A float32 dot product's rounding error is a few ulps of sum_d |dO_d v_d|.
+    vv = v.double().cpu().abs().repeat_interleave(group, dim=1)
+    dp_abs = torch.matmul(grad_out.double().cpu().abs(), vv.transpose(-1, -2))
+    residue = 2 * F32_ULP * keep * scale * float(dp_abs.max())
     dq_floor = residue * float(k.abs().max())
     dk_floor = residue * float(q.abs().max()) * math.sqrt(max(1.0, float(col_sums.max())))
     return dq_floor, dk_floor
