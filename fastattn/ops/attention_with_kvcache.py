@@ -22,6 +22,7 @@ from .positional import apply_rotary
 from .varlen_attention import causal_mode, window_sides
 
 
+@torch.compiler.assume_constant_result  # fixed at import; Dynamo cannot trace the query
 def _has_kernel(dispatch_key: str) -> bool:
     if _native.C is None:
         return False

@@ -21,6 +21,9 @@ from ._common import check_dropout, check_same_device, check_tensor, dropout_see
 from .attention import MAX_HEAD_DIM, Causal
 
 
+# Fixed at import; Dynamo cannot trace the dispatcher query (a graph break under
+# torch.compile(fullgraph=True)), so both are constants to it, as in ops/attention.py.
+@torch.compiler.assume_constant_result
 def _has_kernel(name: str, dispatch_key: str) -> bool:
     if _native.C is None:
         return False
@@ -31,6 +34,7 @@ def _has_kernel(name: str, dispatch_key: str) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(f"fastattn::{name}", dispatch_key)
 
 
+@torch.compiler.assume_constant_result
 def _triton_has(name: str) -> bool:
     try:
         getattr(torch.ops.fastattn, name + "_triton")
