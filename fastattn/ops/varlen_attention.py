@@ -241,9 +241,11 @@ def register_autograd(suffix: str) -> None:
         max_q, max_k, scale, softcap, mode, left, right, p = ctx.meta
         if grad_out is None and grad_lse is None:
             return (None,) * 15
-        if grad_out is None:
+        if grad_out is None or grad_out.numel() == 0:
+            # An empty expanded gradient (out.sum() with total_q = 0) keeps stride 0, which
+            # .contiguous() does not change and the kernels refuse.
             grad_out = torch.zeros_like(out)
-        if grad_out.stride(-1) != 1:
+        elif grad_out.stride(-1) != 1:
             grad_out = grad_out.contiguous()
         dq, dk, dv = getattr(torch.ops.fastattn, "varlen_attention_backward" + suffix)(
             grad_out, grad_lse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, alibi, scale,

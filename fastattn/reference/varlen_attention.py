@@ -48,4 +48,10 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                                    dropout_p, seed, keep=keep)
         outs.append(out[0].transpose(0, 1))
         lses.append(lse[0])
+    if not outs:  # B = 0 (cu_seqlens = [0]): q, k and v are empty; results stay in the graph
+        out, lse = dense.attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+                                   v.transpose(0, 1).unsqueeze(0), None, None, None, scale,
+                                   softcap, -dense.WINDOW_UNBOUNDED, dense.WINDOW_UNBOUNDED, 0.0,
+                                   None)
+        return out[0].transpose(0, 1), lse[0]
     return torch.cat(outs, dim=0), torch.cat(lses, dim=1)
