@@ -90,6 +90,10 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         check_tensor(op, "k_new", k_new, dims=4, float_dtype=True)
         check_tensor(op, "v_new", v_new, dims=4, float_dtype=True)
         Lnew = k_new.shape[2]
+        if not (k_new.dtype == v_new.dtype == q.dtype):
+            # Checked here: scatter_ would raise only after k_new was already appended.
+            raise TypeError(f"{op}: k_new and v_new must have q's dtype {q.dtype}, got "
+                            f"{k_new.dtype} and {v_new.dtype}")
         if tuple(k_new.shape) != (B, Hkv, Lnew, D) or tuple(v_new.shape) != (B, Hkv, Lnew, Dv):
             raise ValueError(f"{op}: k_new/v_new must be (B, Hkv, Lnew, D/Dv) = ({B}, {Hkv}, "
                              f"Lnew, {D}/{Dv}), got {tuple(k_new.shape)} and {tuple(v_new.shape)}")
