@@ -101,9 +101,11 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         raise ValueError(f"{op}: rotary_cos and rotary_sin must be given together")
     if host_checks_enabled() and B > 0:
         lo, hi = (int(x) for x in torch.aminmax(cache_seqlens))
-        if lo < 0 or hi + Lnew > Lmax:
+        if lo < 0:
+            raise ValueError(f"{op}: cache_seqlens must be >= 0, got {lo}")
+        if hi + Lnew > Lmax:
             raise ValueError(f"{op}: the cache is too small: cache_seqlens up to {hi} plus "
-                             f"{Lnew} new tokens exceed Lmax = {Lmax} (or a length is negative)")
+                             f"{Lnew} new tokens exceed Lmax = {Lmax}")
     mode = 2 if causal_mode(causal) else 0
     left, right = window_sides(op, window)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
