@@ -1,0 +1,527 @@
+"""Tests of fastattn.attention_with_kvcache (decoding over a KV cache; inference only).
+
+The definition: the Lq queries of sequence b sit at positions cache_seqlens[b] + i and attend
+over the sequence's keys: the cache's first cache_seqlens[b] entries followed by the Lnew new
+(rotated) keys; query i sees key j iff j <= cache_seqlens[b] + i (causal) and j lies in the
+window around its position. The expected output is dense fastattn.attention (reference backend)
+over that concatenated sequence with a mask built here from the positions (ALiBi as a float
+mask of -slope * |position - j|), with the queries and new keys rotated by a plain-PyTorch
+rotary written here. float64 results must agree to ~1e-12; float32 ones meet FlashAttention's
+rule (tests/tolerance.py) against the float64 definition, with the definition run in float32
+as the baseline.
+
+The caches must hold, at [cache_seqlens[b], cache_seqlens[b] + Lnew), exactly the new values
+and the new keys rotated at their positions (checked element by element against
+fastattn.apply_rotary), every other cache entry unchanged bit for bit, and cache_seqlens itself
+unmodified. Every test asserts `fastattn.last_backend("attention_with_kvcache")`.
+examples/decoding.py (run by tests/test_examples.py) checks whole-model decoding.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pytest
+import torch
+
+import fastattn
+from fastattn.ops import attention_with_kvcache as kvcache_ops
+from tolerance import assert_fa_close, rounding_floor
+
+from conftest import backend_device
+
+F64, F32 = torch.float64, torch.float32
+_DT = {F64: "f64", F32: "f32"}
+F32_ULP = 2.0**-23
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One intra-op thread per test (tiny shapes on a busy 2-core machine); restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+
+def kvcache_device(backend: str) -> torch.device:
+    """The device for `backend`'s tests; skips when it cannot run attention_with_kvcache."""
+    device = backend_device(backend)
+    if backend == "triton":
+        pytest.skip("backend triton: attention_with_kvcache has no Triton implementation in "
+                    "this version (test_triton_request_raises_backend_error checks the error)")
+    if backend in ("cpu", "cuda") and not kvcache_ops._has_kernel(backend.upper()):
+        pytest.skip(f"backend {backend}: fastattn._C has no {backend.upper()} decoding kernel "
+                    "in this build")
+    return device
+
+
+@dataclass
+class Decode:
+    q: torch.Tensor                  # (B, Hq, Lq, D)
+    k_cache: torch.Tensor            # (B, Hkv, Lmax, D)
+    v_cache: torch.Tensor            # (B, Hkv, Lmax, Dv)
+    cache_seqlens: torch.Tensor      # int32 (B,)
+    k_new: torch.Tensor | None       # (B, Hkv, Lnew, D)
+    v_new: torch.Tensor | None
+    cos: torch.Tensor | None = None  # (rows, rotary_dim / 2)
+    sin: torch.Tensor | None = None
+    interleaved: bool = False
+    kw: dict | None = None
+
+    @property
+    def lnew(self) -> int:
+        return 0 if self.k_new is None else self.k_new.shape[2]
+
+    def call(self, backend=None, **kw):
+        rotary = {}
+        if self.cos is not None:
+            rotary = dict(rotary_cos=self.cos, rotary_sin=self.sin,
+                          rotary_interleaved=self.interleaved)
+        return fastattn.attention_with_kvcache(
+            self.q, self.k_cache, self.v_cache, cache_seqlens=self.cache_seqlens,
+            k_new=self.k_new, v_new=self.v_new, backend=backend, **rotary,
+            **(self.kw or {}), **kw)
+
+
+def rotary_tables(rows: int, rotary_dim: int, dtype, device, base: float = 10000.0):
+    """cos/sin (rows, rotary_dim / 2) of angle p * base^(-2i / rotary_dim)."""
+    inv = base ** (-torch.arange(0, rotary_dim, 2, dtype=F64) / rotary_dim)
+    angles = torch.arange(rows, dtype=F64).view(rows, 1) * inv.view(1, -1)
+    return angles.cos().to(dtype).to(device), angles.sin().to(dtype).to(device)
+
+
+def make_decode(*, B=3, Hq=6, Hkv=2, Lmax=67, D=40, Dv=24, Lq=1, Lnew=1, cache_lens=None,
+                rotary=None, dtype=F64, device="cpu", seed=0, kw=None) -> Decode:
+    """Random inputs. cache_lens default: 0, mid and full-minus-new (one per sequence). The
+    caches are random everywhere, so entries past a sequence's length that leaked into the
+    result would show. rotary: None, "neox", "gptj" or "neox_partial" (rotary_dim about D / 2);
+    the tables have Lmax + 8 rows (queries sit past Lmax when Lnew = 0 and the cache is full).
+    """
+    g = torch.Generator().manual_seed(seed * 7919 + Lq * 31 + Lnew)
+    if cache_lens is None:
+        cache_lens = [0, Lmax // 2 - 3, Lmax - Lnew][:B]
+    q = torch.randn(B, Hq, Lq, D, generator=g, dtype=F64)
+    k_cache = torch.randn(B, Hkv, Lmax, D, generator=g, dtype=F64)
+    v_cache = torch.randn(B, Hkv, Lmax, Dv, generator=g, dtype=F64)
+    k_new = torch.randn(B, Hkv, Lnew, D, generator=g, dtype=F64)
+    v_new = torch.randn(B, Hkv, Lnew, Dv, generator=g, dtype=F64)
+    q, k_cache, v_cache, k_new, v_new = (t.to(dtype=dtype, device=device)
+                                         for t in (q, k_cache, v_cache, k_new, v_new))
+    d = Decode(q, k_cache, v_cache,
+               torch.tensor(cache_lens, dtype=torch.int32, device=device), k_new, v_new,
+               kw=dict(kw or {}))
+    if rotary is not None:
+        rotary_dim = D // 2 if rotary == "neox_partial" else D
+        rotary_dim -= rotary_dim % 2  # odd head dims: the last feature passes through
+        d.cos, d.sin = rotary_tables(Lmax + 8, rotary_dim, dtype, device)
+        d.interleaved = rotary == "gptj"
+    return d
+
+
+def rope(x: torch.Tensor, cos, sin, positions: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """Plain rotary of x (B, H, L, D) at positions (B, L), computed in x's dtype: GPT-NeoX
+    halves (feature i pairs with i + r/2) or GPT-J pairs (2i, 2i + 1), r = 2 * cos.shape[1]."""
+    r = 2 * cos.shape[1]
+    c = cos.to(x.dtype)[positions].unsqueeze(1)            # (B, 1, L, r/2)
+    s = sin.to(x.dtype)[positions].unsqueeze(1)
+    rot, rest = x[..., :r], x[..., r:]
+    if interleaved:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+    else:
+        x1, x2 = rot[..., :r // 2], rot[..., r // 2:]
+    o1, o2 = x1 * c - x2 * s, x2 * c + x1 * s
+    out = torch.stack((o1, o2), dim=-1).flatten(-2) if interleaved else torch.cat((o1, o2), -1)
+    return torch.cat((out, rest), dim=-1)
+
+
+def dense_expected(d: Decode, k_cache: torch.Tensor, v_cache: torch.Tensor, dtype):
+    """The definition in `dtype`, from the caches as they were before the call."""
+    kw = dict(d.kw or {})
+    causal = kw.pop("causal", True)
+    left, right = kw.pop("window", None) or (-1, -1)
+    alibi = kw.pop("alibi_slopes", None)
+    kw.pop("num_splits", None)
+    k_new, v_new = d.k_new, d.v_new
+    if k_new is None:  # nothing appended: the same as Lnew = 0
+        k_new, v_new = k_cache[:, :, :0], v_cache[:, :, :0]
+    q, k_new, v_new = (t.to(dtype) for t in (d.q, k_new, v_new))
+    k_cache, v_cache = k_cache.to(dtype), v_cache.to(dtype)
+    B, Hq, Lq, _ = q.shape
+    Lnew = k_new.shape[2]
+    lens = d.cache_seqlens.tolist()
+    start = d.cache_seqlens.to(torch.int64).view(B, 1)
+    if d.cos is not None:
+        q = rope(q, d.cos, d.sin, start + torch.arange(Lq, device=q.device), d.interleaved)
+        k_new = rope(k_new, d.cos, d.sin, start + torch.arange(Lnew, device=q.device),
+                     d.interleaved)
+    outs = []
+    for b, s in enumerate(lens):
+        K = torch.cat((k_cache[b:b + 1, :, :s], k_new[b:b + 1]), dim=2)
+        V = torch.cat((v_cache[b:b + 1, :, :s], v_new[b:b + 1]), dim=2)
+        Lk = s + Lnew
+        pos = s + torch.arange(Lq, device=q.device).view(Lq, 1)
+        j = torch.arange(Lk, device=q.device).view(1, Lk)
+        visible = torch.ones(Lq, Lk, dtype=torch.bool, device=q.device)
+        if causal:
+            visible &= j <= pos
+        if left >= 0:
+            visible &= j >= pos - left
+        if right >= 0:
+            visible &= j <= pos + right
+        mask = visible.view(1, 1, Lq, Lk)
+        if alibi is not None:
+            slopes = (alibi if alibi.dim() == 1 else alibi[b]).to(dtype).view(1, Hq, 1, 1)
+            bias = -slopes * (pos - j).abs().to(dtype)
+            mask = bias.masked_fill(~mask, float("-inf"))
+        outs.append(fastattn.attention(q[b:b + 1], K, V, attn_mask=mask, backend="reference",
+                                       **kw))
+    return torch.cat(outs)
+
+
+def check_caches(d: Decode, k_before, v_before, backend):
+    """The caches changed exactly at [cache_seqlens[b], cache_seqlens[b] + Lnew): the new values
+    and the new keys rotated at those positions (element by element against
+    fastattn.apply_rotary, and against the plain rotary)."""
+    B, Hkv, Lmax, _ = d.k_cache.shape
+    lens = d.cache_seqlens.tolist()
+    untouched = torch.ones(B, Lmax, dtype=torch.bool)
+    rotary_backend = "reference" if backend == "reference" else None
+    for b, s in enumerate(lens):
+        for i in range(d.lnew):
+            untouched[b, s + i] = False
+            k_i = d.k_new[b:b + 1, :, i:i + 1]
+            if d.cos is not None:
+                k_i = fastattn.apply_rotary(k_i, cos=d.cos, sin=d.sin, offset=s + i,
+                                            interleaved=d.interleaved, backend=rotary_backend)
+            assert torch.equal(d.k_cache[b, :, s + i], k_i[0, :, 0]), \
+                f"k_cache[{b}, :, {s + i}] is not the (rotated) new key {i}"
+            assert torch.equal(d.v_cache[b, :, s + i], d.v_new[b, :, i]), \
+                f"v_cache[{b}, :, {s + i}] is not the new value {i}"
+    untouched = untouched.to(d.k_cache.device)
+    assert torch.equal(d.k_cache.transpose(1, 2)[untouched], k_before.transpose(1, 2)[untouched])
+    assert torch.equal(d.v_cache.transpose(1, 2)[untouched], v_before.transpose(1, 2)[untouched])
+    if d.cos is not None and d.lnew:
+        start = d.cache_seqlens.to(torch.int64).view(B, 1)
+        rotated = rope(d.k_new.double(), d.cos.double(), d.sin.double(),
+                       start + torch.arange(d.lnew, device=start.device), d.interleaved)
+        tol = 1e-12 if d.q.dtype == F64 else 2e-6
+        for b, s in enumerate(lens):
+            torch.testing.assert_close(d.k_cache[b, :, s:s + d.lnew].double(), rotated[b],
+                                       rtol=tol, atol=tol)
+
+
+def run_and_check(backend, d: Decode, **kw):
+    """Call on `backend` and check everything the definition says; returns the output."""
+    k_before, v_before = d.k_cache.clone(), d.v_cache.clone()
+    lens_before = d.cache_seqlens.clone()
+    out = d.call(backend, **kw)
+    assert fastattn.last_backend("attention_with_kvcache") == backend
+    B, Hq, Lq, _ = d.q.shape
+    assert out.shape == (B, Hq, Lq, d.v_cache.shape[3]) and out.dtype == d.q.dtype
+    assert not out.requires_grad
+    assert torch.equal(d.cache_seqlens, lens_before), "cache_seqlens must not be modified"
+    assert d.cache_seqlens.dtype == torch.int32
+    check_caches(d, k_before, v_before, backend)
+    d = replace(d, kw=dict(d.kw or {}, **kw))
+    ref64 = dense_expected(d, k_before, v_before, F64)
+    if d.q.dtype == F64:
+        torch.testing.assert_close(out, ref64, rtol=1e-10, atol=1e-12)
+    else:
+        low = dense_expected(d, k_before, v_before, d.q.dtype)
+        floor = rounding_floor(ref64, out.dtype) + 16 * F32_ULP * float(ref64.abs().max()) \
+            if ref64.numel() else None
+        assert_fa_close("out", out, ref64, low, floor=floor)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Against the definition
+
+
+LQ_LNEW = [(0, 0), (2, 0), (1, 1), (4, 4)]
+ROTARY = [None, "neox", "gptj"]
+
+
+@pytest.mark.parametrize("dtype", [F64, F32], ids=["f64", "f32"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+@pytest.mark.parametrize("rotary", ROTARY, ids=["norotary", "neox", "gptj"])
+@pytest.mark.parametrize("lq,lnew", LQ_LNEW, ids=[f"Lq{a}-Lnew{b}" for a, b in LQ_LNEW])
+def test_kvcache_matches_dense(backend, lq, lnew, rotary, causal, dtype):
+    """GQA (6 query heads over 2), Dv != D, cache lengths 0 / mid / full-minus-new in one
+    batch, with or without rotary (both layouts), causal or not; Lq = Lnew, and Lq > 0 with
+    nothing appended."""
+    device = kvcache_device(backend)
+    d = make_decode(Lq=lq, Lnew=lnew, rotary=rotary, dtype=dtype, device=device,
+                    kw=dict(causal=causal))
+    run_and_check(backend, d)
+
+
+def test_without_new_tokens(backend):
+    """k_new = v_new = None appends nothing and equals passing empty (Lnew = 0) tensors."""
+    device = kvcache_device(backend)
+    d = make_decode(Lq=3, Lnew=0, rotary="neox", dtype=F64, device=device, seed=5)
+    with_empty = run_and_check(backend, d)
+    without = run_and_check(backend, replace(d, k_new=None, v_new=None))
+    assert torch.equal(with_empty, without)
+
+
+KV_FEATURES = {
+    "mha": dict(Hq=4, Hkv=4),
+    "mqa": dict(Hq=5, Hkv=1),
+    "window": dict(kw=dict(window=(5, 0))),
+    "window-noncausal": dict(kw=dict(causal=False, window=(3, 2))),
+    "window-left-unbounded": dict(kw=dict(causal=False, window=(-1, 1))),
+    "softcap-scale": dict(kw=dict(softcap=2.0, scale=0.6)),
+    "alibi-heads": dict(kw=dict(alibi_slopes=torch.rand(6) * 0.3)),
+    "alibi-batch-heads": dict(kw=dict(alibi_slopes=torch.rand(3, 6) * 0.3)),
+    "partial-rotary": dict(rotary="neox_partial"),
+    "odd-head-dims": dict(D=59, Dv=111, rotary="gptj"),
+    "causal-bottom-right": dict(kw=dict(causal="bottom_right")),
+}
+
+
+@pytest.mark.parametrize("dtype", [F64, F32], ids=["f64", "f32"])
+@pytest.mark.parametrize("lq,lnew", [(3, 3), (2, 0)], ids=["Lq3-Lnew3", "Lq2-Lnew0"])
+@pytest.mark.parametrize("feature", list(KV_FEATURES))
+def test_kvcache_features(backend, feature, lq, lnew, dtype):
+    device = kvcache_device(backend)
+    spec = dict(KV_FEATURES[feature])
+    kw = {n: x.to(device) if isinstance(x, torch.Tensor) else x
+          for n, x in spec.pop("kw", {}).items()}
+    d = make_decode(Lq=lq, Lnew=lnew, dtype=dtype, device=device, seed=1, kw=kw, **spec)
+    run_and_check(backend, d)
+
+
+@pytest.mark.parametrize("window", [None, (37, 0)], ids=["full", "window"])
+@pytest.mark.parametrize("lq", [1, 4])
+@pytest.mark.parametrize("num_splits", [1, 2, 7, 0])
+def test_num_splits(num_splits, lq, window):
+    """Split-K (flash-decoding): any number of key ranges, merged, gives the definition's
+    result, including splits that hold no valid or no visible key (short caches, windows)."""
+    device = kvcache_device("cpu")
+    kw = dict(window=window) if window else {}
+    for dtype in (F64, F32):
+        d = make_decode(B=3, Lmax=300, Lq=lq, Lnew=lq, cache_lens=[5, 150, 300 - lq],
+                        rotary="neox", dtype=dtype, device=device, seed=2, kw=kw)
+        run_and_check("cpu", d, num_splits=num_splits)
+
+
+def test_num_splits_agree():
+    """Every split count gives the same result to float32 rounding."""
+    device = kvcache_device("cpu")
+    results = []
+    for num_splits in (1, 2, 7, 0):
+        d = make_decode(B=2, Lmax=300, Lq=1, Lnew=1, cache_lens=[299, 123], dtype=F32,
+                        device=device, seed=3)
+        results.append(d.call("cpu", num_splits=num_splits))
+    for other in results[1:]:
+        torch.testing.assert_close(other, results[0], rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("backend_name", ["cpu", "reference"])
+def test_incremental_decoding_equals_causal_attention(backend_name):
+    """Prefill 7 tokens, then decode 5 one by one (the caller advancing cache_seqlens): every
+    step's output equals causal attention over the whole rotated sequence so far, and the cache
+    holds the rotated keys of every token."""
+    device = kvcache_device(backend_name)
+    B, Hq, Hkv, D, Lmax, T = 2, 4, 2, 16, 32, 12
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(B, Hq, T, D, generator=g, dtype=F64)
+    k = torch.randn(B, Hkv, T, D, generator=g, dtype=F64)
+    v = torch.randn(B, Hkv, T, D, generator=g, dtype=F64)
+    cos, sin = rotary_tables(Lmax, D, F64, device)
+    k_cache = torch.full((B, Hkv, Lmax, D), float("nan"), dtype=F64)  # never read unwritten
+    v_cache = torch.full((B, Hkv, Lmax, D), float("nan"), dtype=F64)
+    seqlens = torch.zeros(B, dtype=torch.int32)
+    positions = torch.arange(T).expand(B, T)
+    q_rot, k_rot = rope(q, cos, sin, positions, False), rope(k, cos, sin, positions, False)
+    full = fastattn.attention(q_rot, k_rot, v, causal=True, backend="reference")
+    steps = [(0, 7)] + [(t, t + 1) for t in range(7, T)]
+    for lo, hi in steps:
+        out = fastattn.attention_with_kvcache(
+            q[:, :, lo:hi], k_cache, v_cache, cache_seqlens=seqlens, k_new=k[:, :, lo:hi],
+            v_new=v[:, :, lo:hi], rotary_cos=cos, rotary_sin=sin, backend=backend_name)
+        assert fastattn.last_backend("attention_with_kvcache") == backend_name
+        torch.testing.assert_close(out, full[:, :, lo:hi], rtol=1e-10, atol=1e-12)
+        seqlens += hi - lo
+    torch.testing.assert_close(k_cache[:, :, :T], k_rot, rtol=1e-12, atol=1e-12)
+    assert torch.equal(v_cache[:, :, :T], v)
+    assert torch.isnan(k_cache[:, :, T:]).all()
+
+
+def test_inference_only():
+    """Inference only: under grad mode with inputs that require grad, the output does not
+    require grad (the op runs under torch.no_grad) and grad mode is restored."""
+    device = kvcache_device("cpu")
+    d = make_decode(Lq=2, Lnew=2, rotary="neox", dtype=F32, device=device)
+    d.q.requires_grad_()
+    d.k_new.requires_grad_()
+    d.v_new.requires_grad_()
+    with torch.enable_grad():
+        out = d.call()
+        assert torch.is_grad_enabled()
+    assert fastattn.last_backend("attention_with_kvcache") == "cpu"
+    assert not out.requires_grad and out.grad_fn is None
+    assert not d.k_cache.requires_grad and not d.v_cache.requires_grad
+
+
+def test_default_backend_for_cpu_tensors_is_cpu():
+    device = kvcache_device("cpu")
+    make_decode(device=device).call()
+    assert fastattn.last_backend("attention_with_kvcache") == "cpu"
+
+
+def test_compile_fullgraph():
+    """attention_with_kvcache traces into one graph on cpu (its host-side length checks are
+    skipped while compiling): the eager output and the same in-place appends."""
+    device = kvcache_device("cpu")
+    eager = make_decode(Lq=2, Lnew=2, rotary="gptj", dtype=F32, device=device, seed=6,
+                        kw=dict(window=(9, 0)))
+    traced = replace(eager, k_cache=eager.k_cache.clone(), v_cache=eager.v_cache.clone())
+
+    def fn(q, k_cache, v_cache, k_new, v_new):
+        return fastattn.attention_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens=eager.cache_seqlens, k_new=k_new, v_new=v_new,
+            rotary_cos=eager.cos, rotary_sin=eager.sin, rotary_interleaved=True, window=(9, 0))
+
+    out = torch.compile(fn, fullgraph=True)(traced.q, traced.k_cache, traced.v_cache,
+                                            traced.k_new, traced.v_new)
+    assert fastattn.last_backend("attention_with_kvcache") == "cpu"
+    expected = fn(eager.q, eager.k_cache, eager.v_cache, eager.k_new, eager.v_new)
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(traced.k_cache, eager.k_cache, rtol=1e-6, atol=1e-6)
+    assert torch.equal(traced.v_cache, eager.v_cache)
+
+
+def test_triton_request_raises_backend_error():
+    """attention_with_kvcache has no Triton implementation: a clear BackendError, whether the
+    Triton backend is available here or not, and the caches are left alone."""
+    d = make_decode(dtype=F32)
+    k_before = d.k_cache.clone()
+    with pytest.raises(fastattn.BackendError,
+                       match="attention_with_kvcache: backend 'triton' does not implement"):
+        d.call("triton")
+    with fastattn.use_backend("triton"), pytest.raises(fastattn.BackendError):
+        d.call()
+    assert torch.equal(d.k_cache, k_before)
+
+
+def test_cuda_request_for_cpu_tensors_raises():
+    d = make_decode(dtype=F32)
+    with pytest.raises(fastattn.BackendError,
+                       match="attention_with_kvcache: backend 'cuda' cannot run this call"):
+        d.call("cuda")
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks: clear errors, and nothing appended when a call is refused
+
+
+@pytest.mark.parametrize("case,error,match", [
+    ("too_small", ValueError, "the cache is too small: cache_seqlens up to 15 plus 2 new tokens "
+                              "exceed Lmax = 16"),
+    ("too_small_one_row", ValueError, "the cache is too small"),
+    ("negative", ValueError, "cache_seqlens must be >= 0, got -1"),
+    ("seqlens_int64", TypeError, r"cache_seqlens must be int32 \(B,\) = \(2,\), got torch.int64"),
+    ("seqlens_length", TypeError, r"cache_seqlens must be int32 \(B,\) = \(2,\), got "
+                                  r"torch.int32 \(3,\)"),
+    ("seqlens_2d", ValueError, "cache_seqlens must be 1-D"),
+    ("k_new_only", ValueError, "k_new and v_new must be given together"),
+    ("v_new_only", ValueError, "k_new and v_new must be given together"),
+    ("cos_only", ValueError, "rotary_cos and rotary_sin must be given together"),
+    ("sin_only", ValueError, "rotary_cos and rotary_sin must be given together"),
+    ("k_cache_batch", ValueError, r"k_cache must be \(B, Hkv, Lmax, D\) = \(2, Hkv, Lmax, 8\)"),
+    ("k_cache_head_dim", ValueError, r"k_cache must be \(B, Hkv, Lmax, D\)"),
+    ("v_cache_length", ValueError, r"v_cache \(B, Hkv, Lmax, Dv\), got \(2, 2, 16, 8\) and "
+                                   r"\(2, 2, 17, 8\)"),
+    ("k_new_heads", ValueError, r"k_new/v_new must be \(B, Hkv, Lnew, D/Dv\) = \(2, 2, Lnew"),
+    ("v_new_length", ValueError, r"k_new/v_new must be \(B, Hkv, Lnew, D/Dv\)"),
+    ("new_dtype", TypeError, "k_new and v_new must have q's dtype torch.float32, got "
+                             "torch.float32 and torch.float64"),
+    ("heads", ValueError, r"q's heads \(4\) must be a multiple of the caches' \(3\)"),
+    ("head_dim", ValueError, r"head dims must be in \[1, 256\], got 320 and 8"),
+    ("cache_dtype", TypeError, "q, k_cache and v_cache must have the same dtype"),
+    ("q_3d", ValueError, "q must be 4-D"),
+    ("int_cache", TypeError, "k_cache must be float32, float16, bfloat16 or float64"),
+    ("alibi_shape", ValueError, r"alibi_slopes must be \(Hq,\) or \(B, Hq\), got \(3,\)"),
+    ("rotary_rows", (ValueError, RuntimeError), "positions reach 16 but cos/sin has 16 rows"),
+    ("rotary_width", ValueError, r"rotary_dim must be even and in \[2, 8\]"),
+    ("causal", ValueError, "causal must be False, True, 'top_left' or 'bottom_right'"),
+    ("window", ValueError, "window must be None or"),
+])
+def test_bad_inputs(case, error, match):
+    B, H, Lmax, D = 2, 2, 16, 8
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(B, 4, 2, D, generator=g)
+    k_cache = torch.randn(B, H, Lmax, D, generator=g)
+    v_cache = torch.randn(B, H, Lmax, D, generator=g)
+    k_new = torch.randn(B, H, 2, D, generator=g)
+    v_new = torch.randn(B, H, 2, D, generator=g)
+    seqlens = torch.tensor([3, 14], dtype=torch.int32)
+    cos, sin = rotary_tables(Lmax, D, F32, "cpu")
+    kw = dict(k_new=k_new, v_new=v_new, rotary_cos=cos, rotary_sin=sin)
+    if case == "too_small":
+        seqlens = torch.tensor([3, 15], dtype=torch.int32)
+    elif case == "too_small_one_row":
+        seqlens = torch.tensor([15, 0], dtype=torch.int32)
+    elif case == "negative":
+        seqlens = torch.tensor([-1, 3], dtype=torch.int32)
+    elif case == "seqlens_int64":
+        seqlens = seqlens.long()
+    elif case == "seqlens_length":
+        seqlens = torch.tensor([3, 4, 5], dtype=torch.int32)
+    elif case == "seqlens_2d":
+        seqlens = seqlens.view(2, 1)
+    elif case == "k_new_only":
+        kw["v_new"] = None
+    elif case == "v_new_only":
+        kw["k_new"] = None
+    elif case == "cos_only":
+        kw["rotary_sin"] = None
+    elif case == "sin_only":
+        kw["rotary_cos"] = None
+    elif case == "k_cache_batch":
+        k_cache = torch.randn(3, H, Lmax, D)
+    elif case == "k_cache_head_dim":
+        k_cache = torch.randn(B, H, Lmax, D + 1)
+    elif case == "v_cache_length":
+        v_cache = torch.randn(B, H, Lmax + 1, D)
+    elif case == "k_new_heads":
+        kw["k_new"] = torch.randn(B, 1, 2, D)
+    elif case == "v_new_length":
+        kw["v_new"] = torch.randn(B, H, 3, D)
+    elif case == "new_dtype":
+        kw["v_new"] = v_new.double()
+    elif case == "heads":
+        k_cache, v_cache = torch.randn(B, 3, Lmax, D), torch.randn(B, 3, Lmax, D)
+    elif case == "head_dim":
+        q, k_cache = torch.randn(B, 4, 2, 320), torch.randn(B, H, Lmax, 320)
+    elif case == "cache_dtype":
+        v_cache = v_cache.double()
+    elif case == "q_3d":
+        q = q[0]
+    elif case == "int_cache":
+        k_cache = k_cache.to(torch.int32)
+    elif case == "alibi_shape":
+        kw["alibi_slopes"] = torch.rand(3)
+    elif case == "rotary_rows":
+        kw.update(k_new=None, v_new=None)  # nothing appended: the queries sit at 14, 15, 16
+        q = torch.randn(B, 4, 3, D)
+    elif case == "rotary_width":
+        kw["rotary_cos"], kw["rotary_sin"] = rotary_tables(Lmax, 2 * D, F32, "cpu")
+    elif case == "causal":
+        kw["causal"] = "top-left"
+    elif case == "window":
+        kw["window"] = (2, -3)
+    k_before = k_cache.clone()
+    v_before = v_cache.clone()
+    seqlens_before = seqlens.clone()
+    with pytest.raises(error, match=match):
+        fastattn.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, **kw)
+    assert torch.equal(k_cache, k_before) and torch.equal(v_cache, v_before), \
+        "a refused call must not append anything"
+    assert torch.equal(seqlens, seqlens_before)

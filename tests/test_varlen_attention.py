@@ -1,0 +1,996 @@
+"""Tests of fastattn.varlen_attention (packed variable-length attention), pack_padded /
+unpack_padded, and nn.MultiheadAttention's varlen path (heavy key padding).
+
+varlen_attention is defined as attention run on every packed sequence on its own, so each
+backend is compared with fastattn.attention (reference backend, float64) applied sequence by
+sequence, under FlashAttention's rule (tests/tolerance.py): the error must be at most 2x
+(outputs, lse) or 3x (gradients) the error of the same per-sequence reference run in the
+input's dtype, plus a rounding floor. float64 results must agree to ~1e-12. The packs hold
+empty sequences (no queries, no keys, neither), single tokens, odd lengths and Lq != Lk both
+ways, so bottom-right causal masks and windows leave rows without a visible key (out 0, lse
+-inf). Every test asserts `fastattn.last_backend("varlen_attention")`.
+
+Dropout cannot go through dense attention's own dropout (its Philox numbering is that of a
+padded batch). The per-sequence expectation is built from dense attention's probabilities
+(v = identity) and the keep-mask of the documented packed numbering (reference/varlen_attention
+.py): probability (b, h, i, j) is element ((cu_seqlens_q[b] + i) * Hq + h) * max_seqlen_k + j
+of fastattn's Philox stream.
+
+The Triton and CUDA backends have no varlen kernel in this version: their tests skip with that
+reason, and an explicit backend="triton" request is checked to raise a clear BackendError.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, replace
+
+import pytest
+import torch
+from torch import nn
+
+import fastattn
+from fastattn import _backend
+from fastattn.nn import MultiheadAttention
+from fastattn.ops import varlen_attention as varlen_ops
+from fastattn.ops._common import dropout_seed
+from fastattn.reference.random import dropout_uniform
+from tolerance import assert_fa_close, assert_grad_close, rounding_floor
+
+from conftest import backend_device
+
+F64 = torch.float64
+DTYPES = (F64, torch.float32, torch.bfloat16)
+_DT = {F64: "f64", torch.float32: "f32", torch.bfloat16: "bf16"}
+F32_ULP = 2.0**-23
+
+# (Lq, Lk) of each packed sequence: no queries, no keys, neither, single tokens, Lq > Lk (the
+# first Lq - Lk rows see nothing under bottom-right causal), Lq < Lk, odd lengths.
+LENGTHS = ((37, 53), (0, 11), (1, 1), (19, 0), (64, 45), (0, 0), (5, 70), (1, 23))
+
+FEATURES = ("plain", "causal", "causal_top_left", "causal_bottom_right", "window",
+            "window_causal", "window_right", "gqa", "mqa", "dv", "alibi_heads",
+            "alibi_batch_heads", "softcap", "scale", "dropout", "everything")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One intra-op thread per test (tiny shapes; two OpenMP threads per pytest -n 2 worker on
+    a 2-core machine mostly wait for each other). Restored after each test."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+
+def varlen_device(backend: str) -> torch.device:
+    """The device for `backend`'s varlen tests; skips when the backend or its varlen kernel is
+    missing (the limits varlen_attention itself applies)."""
+    device = backend_device(backend)
+    if backend == "cpu" and not varlen_ops.kernel_available(torch.device("cpu")):
+        pytest.skip("backend cpu: fastattn._C has no CPU varlen attention kernel in this build")
+    if backend == "cuda" and not varlen_ops._has_kernel("varlen_attention_forward", "CUDA"):
+        pytest.skip("backend cuda: fastattn._C has no CUDA varlen attention kernel in this build")
+    if backend == "triton" and not varlen_ops._triton_has("varlen_attention_forward"):
+        pytest.skip("backend triton: no Triton varlen attention kernel in this version "
+                    "(test_triton_request_raises_backend_error checks the error)")
+    return device
+
+
+def cu_seqlens(lengths, device) -> torch.Tensor:
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    return torch.tensor(cu, dtype=torch.int32, device=device)
+
+
+@dataclass
+class Packed:
+    q: torch.Tensor            # (total_q, Hq, D)
+    k: torch.Tensor            # (total_k, Hkv, D)
+    v: torch.Tensor            # (total_k, Hkv, Dv)
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    max_q: int
+    max_k: int
+    kw: dict
+
+
+def make_case(feature: str, dtype: torch.dtype, device: torch.device, lengths=LENGTHS,
+              seed: int = 0) -> Packed:
+    """Random packed q, k, v in `dtype` on `device` and varlen keywords for `feature`."""
+    g = torch.Generator().manual_seed(seed * 7919 + sum(map(ord, feature)))
+    B = len(lengths)
+    Hq, Hkv, D, Dv = 2, 2, 40, 40
+    kw: dict = {}
+    if feature in ("gqa", "everything"):
+        Hq, Hkv = 6, 2
+    if feature == "mqa":
+        Hq, Hkv = 3, 1
+    if feature in ("dv", "everything"):
+        D, Dv = 59, 24
+    if feature == "causal":
+        kw["causal"] = True
+    if feature == "causal_top_left":
+        kw["causal"] = "top_left"
+    if feature in ("causal_bottom_right", "window_causal", "everything"):
+        kw["causal"] = "bottom_right"
+    if feature == "window":
+        kw["window"] = (7, 3)
+    if feature in ("window_causal", "everything"):
+        kw["window"] = (11, -1)
+    if feature == "window_right":
+        kw["window"] = (-1, 2)
+    if feature == "alibi_heads":
+        kw["alibi_slopes"] = torch.rand(Hq, generator=g) * 0.3
+    if feature in ("alibi_batch_heads", "everything"):
+        kw["alibi_slopes"] = torch.rand(B, Hq, generator=g) * 0.3
+    if feature in ("softcap", "everything"):
+        kw["softcap"] = 2.5
+        kw["scale"] = 0.5  # large scores, so that the cap bends them
+    if feature == "scale":
+        kw["scale"] = 0.37
+    if feature in ("dropout", "everything"):
+        kw["dropout_p"] = 0.17
+    total_q = sum(lq for lq, _ in lengths)
+    total_k = sum(lk for _, lk in lengths)
+    q = torch.randn(total_q, Hq, D, generator=g)
+    k = torch.randn(total_k, Hkv, D, generator=g)
+    v = torch.randn(total_k, Hkv, Dv, generator=g)
+    q, k, v = (t.to(dtype=dtype, device=device) for t in (q, k, v))
+    kw = {n: x.to(device) if isinstance(x, torch.Tensor) else x for n, x in kw.items()}
+    return Packed(q, k, v, cu_seqlens([lq for lq, _ in lengths], device),
+                  cu_seqlens([lk for _, lk in lengths], device),
+                  max(lq for lq, _ in lengths), max(lk for _, lk in lengths), kw)
+
+
+def leaves_of(c: Packed, cast):
+    return [t.detach().to(cast or t.dtype).requires_grad_() for t in (c.q, c.k, c.v)]
+
+
+def grads_of(outputs, grads, leaves):
+    got = torch.autograd.grad(outputs, leaves, grads, allow_unused=True)
+    return [torch.zeros_like(x) if g is None else g for g, x in zip(got, leaves)]
+
+
+def run_varlen(backend, c: Packed, grad_out=None, grad_lse=None, seed=1234, cast=None):
+    """(out, lse, dq, dk, dv) of varlen_attention on `backend` (dq.. None without grad_out);
+    gradients of <out, grad_out> + <lse, grad_lse>. Dropout draws under torch.manual_seed(seed).
+    """
+    leaves = leaves_of(c, cast)
+    torch.manual_seed(seed)
+    out, lse = fastattn.varlen_attention(*leaves, c.cu_q, c.cu_k, c.max_q, c.max_k,
+                                         return_lse=True, backend=backend, **c.kw)
+    assert fastattn.last_backend("varlen_attention") == backend
+    if grad_out is None:
+        return out.detach(), lse.detach(), None, None, None
+    outputs, grads = [out], [grad_out.to(out.dtype)]
+    if grad_lse is not None:
+        outputs.append(lse)
+        grads.append(grad_lse.to(lse.dtype))
+    return (out.detach(), lse.detach(), *grads_of(outputs, grads, leaves))
+
+
+def packed_keep(seed: torch.Tensor, start: int, Lq: int, Lk: int, Hq: int, max_k: int,
+                p: float) -> torch.Tensor:
+    """(Hq, Lq, Lk) keep-mask of one sequence whose queries start at packed row `start`."""
+    device = seed.device
+    rows = (start + torch.arange(Lq, device=device)).view(1, Lq, 1)
+    heads = torch.arange(Hq, device=device).view(Hq, 1, 1)
+    element = (rows * Hq + heads) * max_k + torch.arange(Lk, device=device).view(1, 1, Lk)
+    return dropout_uniform(seed, element) >= p
+
+
+def dense_per_sequence(c: Packed, grad_out=None, grad_lse=None, seed=1234, cast=None):
+    """The definition: fastattn.attention (reference backend) on each sequence, in q's dtype
+    (or `cast`), packed back; (out, lse, dq, dk, dv) as run_varlen."""
+    q, k, v = leaves = leaves_of(c, cast)
+    kw = dict(c.kw)
+    p = kw.pop("dropout_p", 0.0)
+    alibi = kw.pop("alibi_slopes", None)
+    Hq, Hkv = q.shape[1], k.shape[1]
+    acc = F64 if q.dtype == F64 else torch.float32
+    if p > 0:
+        torch.manual_seed(seed)
+        drop_seed = dropout_seed(p, q.device)  # the draw varlen_attention makes
+    cq, ck = c.cu_q.tolist(), c.cu_k.tolist()
+    outs, lses = [], []
+    for b in range(len(cq) - 1):
+        qb = q[cq[b]:cq[b + 1]].transpose(0, 1).unsqueeze(0)
+        kb = k[ck[b]:ck[b + 1]].transpose(0, 1).unsqueeze(0)
+        vb = v[ck[b]:ck[b + 1]].transpose(0, 1).unsqueeze(0)
+        Lq, Lk = qb.shape[2], kb.shape[2]
+        slopes = None if alibi is None else (alibi if alibi.dim() == 1 else alibi[b:b + 1])
+        dense = dict(kw, alibi_slopes=slopes, return_lse=True, backend="reference")
+        if p == 0.0 or Lq == 0 or Lk == 0:
+            ob, lb = fastattn.attention(qb, kb, vb, **dense)
+        else:
+            # Probabilities from attention over v = identity, dropped with the packed mask.
+            assert Lk <= 256, "v = identity needs Lk <= 256"
+            eye = torch.eye(Lk, dtype=q.dtype, device=q.device).expand(1, Hkv, Lk, Lk)
+            probs, lb = fastattn.attention(qb, kb, eye, **dense)
+            keep = packed_keep(drop_seed, cq[b], Lq, Lk, Hq, c.max_k, p)
+            vv = vb.to(acc).repeat_interleave(Hq // Hkv, dim=1)
+            ob = torch.matmul(probs.to(acc) * keep / (1.0 - p), vv).to(q.dtype)
+        outs.append(ob[0].transpose(0, 1))
+        lses.append(lb[0])
+    out, lse = torch.cat(outs, dim=0), torch.cat(lses, dim=1)
+    if grad_out is None:
+        return out.detach(), lse.detach(), None, None, None
+    outputs, grads = [out], [grad_out.to(out.dtype)]
+    if grad_lse is not None:
+        outputs.append(lse)
+        grads.append(grad_lse.to(lse.dtype))
+    return (out.detach(), lse.detach(), *grads_of(outputs, grads, leaves))
+
+
+def float32_floor(ref64: torch.Tensor, dtype: torch.dtype):
+    """The rule's rounding floor plus 16 float32 ulps of the largest reference magnitude for
+    float32 results: float32 accumulations in another order differ by a few ulps of their
+    magnitude whatever the baseline says (as tests/test_attention.py)."""
+    if dtype != torch.float32 or ref64.numel() == 0:
+        return None
+    return rounding_floor(ref64, dtype) + 16 * F32_ULP * float(ref64.abs().max())
+
+
+def assert_lse_close(lse, lse64, lse_lowp):
+    """lse within the rule; rows without a visible key exactly -inf (and only those)."""
+    empty = torch.isneginf(lse64)
+    assert not torch.isnan(lse).any(), "lse has NaN"
+    assert torch.equal(torch.isneginf(lse).cpu(), empty.cpu()), \
+        "rows without a visible key must have lse -inf (and only those)"
+
+    def finite(t):
+        return t.masked_fill(torch.isneginf(t), 0.0)
+
+    assert_fa_close("lse", finite(lse), finite(lse64), finite(lse_lowp),
+                    floor=float32_floor(finite(lse64), torch.float32))
+
+
+def check_against_dense(backend, c: Packed, grads=True, lse_grad=True):
+    """varlen_attention on `backend` vs the per-sequence dense reference: out, lse (shape
+    (Hq, total_q), -inf exactly on rows without keys) and dq, dk, dv."""
+    g = torch.Generator().manual_seed(99)
+    total_q, Hq = c.q.shape[:2]
+    Dv = c.v.shape[2]
+    grad_out = grad_lse = None
+    if grads:
+        grad_out = torch.randn(total_q, Hq, Dv, generator=g).to(c.q.dtype).to(c.q.device)
+        if lse_grad:
+            grad_lse = (0.5 * torch.randn(Hq, total_q, generator=g)).to(c.q.device)
+    got = run_varlen(backend, c, grad_out, grad_lse)
+    ref64 = dense_per_sequence(c, None if grad_out is None else grad_out.double(),
+                               None if grad_lse is None else grad_lse.double(), cast=F64)
+    out, lse = got[0], got[1]
+    lse_dtype = F64 if c.q.dtype == F64 else torch.float32
+    assert out.dtype == c.q.dtype and out.shape == (total_q, Hq, Dv)
+    assert lse.dtype == lse_dtype and lse.shape == (Hq, total_q)
+    empty = torch.isneginf(ref64[1])                          # (Hq, total_q)
+    assert torch.all(out.transpose(0, 1)[empty] == 0), "rows without a visible key must be 0"
+    if c.q.dtype == F64:  # the same math in the same precision: agreement to rounding
+        assert torch.equal(torch.isneginf(lse), empty)
+        torch.testing.assert_close(out, ref64[0], rtol=1e-10, atol=1e-12, msg="out")
+        torch.testing.assert_close(lse.masked_fill(empty, 0), ref64[1].masked_fill(empty, 0),
+                                   rtol=1e-10, atol=1e-12, msg="lse")
+        if grads:
+            for name, a, b in zip(("dq", "dk", "dv"), got[2:], ref64[2:]):
+                torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=name)
+        return
+    low = dense_per_sequence(c, grad_out, grad_lse)
+    assert_fa_close("out", out, ref64[0], low[0], floor=float32_floor(ref64[0], out.dtype))
+    assert_lse_close(lse, ref64[1], low[1])
+    if grads:
+        for name, i, x in (("dq", 2, c.q), ("dk", 3, c.k), ("dv", 4, c.v)):
+            assert got[i].shape == x.shape and got[i].dtype == x.dtype, name
+            assert_grad_close(name, got[i], ref64[i], low[i],
+                              floor=float32_floor(ref64[i], x.dtype))
+
+
+# ---------------------------------------------------------------------------------------------
+# Accuracy against per-sequence dense attention
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=[_DT[t] for t in DTYPES])
+@pytest.mark.parametrize("feature", FEATURES)
+def test_varlen_matches_dense_per_sequence(backend, feature, dtype):
+    device = varlen_device(backend)
+    c = make_case(feature, dtype, device)
+    check_against_dense(backend, c)
+
+
+def test_backward_without_lse_gradient(backend):
+    """The usual path: only the output is used (the backward gets grad_lse = None)."""
+    device = varlen_device(backend)
+    c = make_case("everything", torch.float32, device, seed=1)
+    check_against_dense(backend, c, lse_grad=False)
+
+
+def test_forward_under_no_grad(backend):
+    device = varlen_device(backend)
+    c = make_case("everything", torch.bfloat16, device, seed=2)
+    with torch.no_grad():
+        check_against_dense(backend, c, grads=False)
+
+
+def test_default_backend_for_cpu_tensors_is_cpu():
+    varlen_device("cpu")
+    c = make_case("causal", torch.float32, torch.device("cpu"))
+    fastattn.varlen_attention(c.q, c.k, c.v, c.cu_q, c.cu_k, c.max_q, c.max_k, causal=True)
+    assert fastattn.last_backend("varlen_attention") == "cpu"
+
+
+def test_rows_without_keys(backend):
+    """lse is (Hq, total_q) and exactly -inf on the rows that see no key (an empty key
+    sequence; bottom-right causal with Lq > Lk; a window beyond the keys), found here by brute
+    force from the definition; those rows give out 0, dq 0, every gradient finite, and keys
+    that no query sees get dk = dv = 0."""
+    device = varlen_device(backend)
+    lengths = ((4, 0), (9, 3), (6, 6), (2, 5))
+    window = (1, 0)
+    c = make_case("plain", torch.float32, device, lengths=lengths, seed=3)
+    c.kw = dict(causal="bottom_right", window=window)
+    Hq = c.q.shape[1]
+    empty_rows, unseen_keys = [], []
+    for lq, lk in lengths:
+        seen = torch.zeros(lk, dtype=torch.bool)
+        for i in range(lq):
+            visible = [j for j in range(lk)
+                       if i + lk - lq - window[0] <= j <= i + lk - lq]  # causal bound wins
+            empty_rows.append(not visible)
+            seen[visible] = True
+        unseen_keys.append(~seen)
+    empty = torch.tensor(empty_rows, device=device)
+    unseen = torch.cat(unseen_keys).to(device)
+    assert empty.any() and (~empty).any() and unseen.any()
+    check_against_dense(backend, c)
+
+    g = torch.Generator().manual_seed(4)
+    grad_out = torch.randn(c.q.shape[0], Hq, c.v.shape[2], generator=g).to(device)
+    grad_lse = torch.randn(Hq, c.q.shape[0], generator=g).to(device)
+    out, lse, dq, dk, dv = run_varlen(backend, c, grad_out, grad_lse)
+    assert lse.shape == (Hq, c.q.shape[0]) and lse.dtype == torch.float32
+    assert torch.equal(torch.isneginf(lse), empty.view(1, -1).expand(Hq, -1))
+    assert torch.all(out[empty] == 0)
+    for name, grad in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
+        assert torch.isfinite(grad).all(), f"{name} has non-finite values"
+    assert torch.all(dq[empty] == 0), "dq of rows without a visible key must be 0"
+    assert torch.all(dk[unseen] == 0) and torch.all(dv[unseen] == 0)
+
+
+@pytest.mark.parametrize("case", ["no-batch", "all-empty", "no-keys", "no-queries"])
+def test_empty_packs(backend, case):
+    """B = 0 (cu_seqlens = [0]), sequences that are all empty, no keys at all (out 0, lse
+    -inf), no queries at all: results and gradients of the right shapes."""
+    device = varlen_device(backend)
+    lengths = {"no-batch": (), "all-empty": ((0, 0), (0, 0)), "no-keys": ((3, 0), (2, 0)),
+               "no-queries": ((0, 4), (0, 1))}[case]
+    Hq, Hkv, D, Dv = 4, 2, 8, 6
+    total_q = sum(lq for lq, _ in lengths)
+    total_k = sum(lk for _, lk in lengths)
+    q = torch.randn(total_q, Hq, D, device=device, requires_grad=True)
+    k = torch.randn(total_k, Hkv, D, device=device, requires_grad=True)
+    v = torch.randn(total_k, Hkv, Dv, device=device, requires_grad=True)
+    cu_q = cu_seqlens([lq for lq, _ in lengths], device)
+    cu_k = cu_seqlens([lk for _, lk in lengths], device)
+    max_q = max((lq for lq, _ in lengths), default=0)
+    max_k = max((lk for _, lk in lengths), default=0)
+    out, lse = fastattn.varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, causal=True,
+                                         return_lse=True, backend=backend)
+    assert fastattn.last_backend("varlen_attention") == backend
+    assert out.shape == (total_q, Hq, Dv) and lse.shape == (Hq, total_q)
+    assert torch.all(out == 0) and torch.all(torch.isneginf(lse))
+    dq, dk, dv = torch.autograd.grad(out.sum() + lse.masked_fill(lse.isneginf(), 0).sum(),
+                                     (q, k, v))
+    for grad, x in ((dq, q), (dk, k), (dv, v)):
+        assert grad.shape == x.shape and torch.all(grad == 0)
+
+
+def test_strided_inputs(backend):
+    """q, k, v sliced out of one packed (total, 3, H, D) projection and a non-contiguous output
+    gradient: the same results as contiguous copies."""
+    device = varlen_device(backend)
+    lengths = ((13, 13), (0, 0), (30, 30), (1, 1))
+    total, H, D = 44, 3, 24
+    g = torch.Generator().manual_seed(6)
+    qkv = torch.randn(total, 3, H, D, generator=g).to(device)
+    q, k, v = qkv.unbind(1)
+    assert not q.is_contiguous() and q.stride(-1) == 1
+    grad_out = torch.randn(H, total, D, generator=g).to(device).transpose(0, 1)
+    cu = cu_seqlens([n for n, _ in lengths], device)
+    strided = Packed(q, k, v, cu, cu, 30, 30, dict(causal=True, window=(5, -1)))
+    contiguous = replace(strided, q=q.contiguous(), k=k.contiguous(), v=v.contiguous())
+    a = run_varlen(backend, strided, grad_out)
+    b = run_varlen(backend, contiguous, grad_out.contiguous())
+    for name, x, y in zip(("out", "lse", "dq", "dk", "dv"), a, b):
+        torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-6, msg=name)
+    check_against_dense(backend, strided)
+
+
+def test_alibi_slopes_gradient_runs_on_the_reference():
+    """Slopes that require grad: the automatic choice takes the reference backend (the kernels
+    give no slope gradient), an explicit kernel request raises, and the slope gradient equals
+    the per-sequence dense one."""
+    varlen_device("cpu")
+    c = make_case("alibi_batch_heads", F64, torch.device("cpu"), lengths=((7, 9), (0, 3), (5, 2)))
+    c.kw["causal"] = "bottom_right"
+    slopes = c.kw.pop("alibi_slopes").requires_grad_()
+    with pytest.raises(fastattn.BackendError, match="alibi_slopes need the reference backend"):
+        fastattn.varlen_attention(c.q, c.k, c.v, c.cu_q, c.cu_k, c.max_q, c.max_k,
+                                  alibi_slopes=slopes, backend="cpu", **c.kw)
+    out = fastattn.varlen_attention(c.q, c.k, c.v, c.cu_q, c.cu_k, c.max_q, c.max_k,
+                                    alibi_slopes=slopes, **c.kw)
+    assert fastattn.last_backend("varlen_attention") == "reference"
+    (grad,) = torch.autograd.grad(out.sum(), slopes)
+    cq, ck = c.cu_q.tolist(), c.cu_k.tolist()
+    expected = torch.zeros_like(slopes)
+    for b in range(len(cq) - 1):
+        s = slopes.detach()[b:b + 1].clone().requires_grad_()
+        ob = fastattn.attention(c.q[cq[b]:cq[b + 1]].transpose(0, 1)[None],
+                                c.k[ck[b]:ck[b + 1]].transpose(0, 1)[None],
+                                c.v[ck[b]:ck[b + 1]].transpose(0, 1)[None], alibi_slopes=s,
+                                backend="reference", **c.kw)
+        if ob.numel():
+            expected[b] = torch.autograd.grad(ob.sum(), s)[0][0]
+    assert grad.abs().max() > 0
+    torch.testing.assert_close(grad, expected, rtol=1e-10, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dropout
+
+
+def identity_values(c: Packed) -> Packed:
+    """v = identity per sequence (key j of a sequence is e_j, Dv = max_k): the output is then
+    the dropped-out probability matrix itself, zero exactly where an element was dropped."""
+    ck = c.cu_k.tolist()
+    Hkv = c.k.shape[1]
+    v = torch.zeros(c.k.shape[0], Hkv, c.max_k, dtype=c.q.dtype, device=c.q.device)
+    for b in range(len(ck) - 1):
+        n = ck[b + 1] - ck[b]
+        v[ck[b]:ck[b + 1]] = torch.eye(n, c.max_k, dtype=c.q.dtype).view(n, 1, c.max_k)
+    return replace(c, v=v)
+
+
+DROPOUT_LENGTHS = ((23, 40), (0, 5), (1, 1), (17, 9), (3, 0), (40, 33))
+
+
+@pytest.mark.parametrize("extra_max_k", [0, 3], ids=["max_k", "max_k+3"])
+def test_dropout_mask_is_the_packed_numbering(backend, extra_max_k):
+    """The zeros of the output (v = identity) are exactly the elements that the documented
+    packed numbering drops, for every sequence, head (GQA) and query, the numbering using the
+    max_seqlen_k given (also when larger than needed); the kept ones are P / (1 - p); and the
+    cpu and reference backends drop the same elements for the same seed."""
+    device = varlen_device(backend)
+    p, seed = 0.3, 42
+    c = make_case("gqa", torch.float32, device, lengths=DROPOUT_LENGTHS, seed=7)
+    c = identity_values(replace(c, max_k=c.max_k + extra_max_k))
+    c.kw = dict(dropout_p=p)
+    out = run_varlen(backend, c, seed=seed)[0]
+    plain = run_varlen(backend, replace(c, kw={}))[0]
+    torch.manual_seed(seed)
+    drop_seed = dropout_seed(p, device)
+    Hq = c.q.shape[1]
+    cq, ck = c.cu_q.tolist(), c.cu_k.tolist()
+    kept = total = 0
+    for b in range(len(cq) - 1):
+        Lq, Lk = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
+        keep = packed_keep(drop_seed, cq[b], Lq, Lk, Hq, c.max_k, p)      # (Hq, Lq, Lk)
+        ob = out[cq[b]:cq[b + 1]].transpose(0, 1)                          # (Hq, Lq, Dv)
+        pb = plain[cq[b]:cq[b + 1]].transpose(0, 1)
+        assert torch.all(ob[..., Lk:] == 0)
+        assert torch.equal(ob[..., :Lk] != 0, keep), f"sequence {b}: wrong elements dropped"
+        torch.testing.assert_close(ob[..., :Lk], pb[..., :Lk] * keep / (1 - p), rtol=1e-5,
+                                   atol=1e-6)
+        kept += int(keep.sum())
+        total += keep.numel()
+    assert abs(kept / total - (1 - p)) < 0.05
+    if backend != "reference":
+        ref = run_varlen("reference", c, seed=seed)[0]
+        assert torch.equal(out != 0, ref != 0), "cpu and reference masks differ"
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_dropout_backward_uses_the_forward_mask(backend):
+    """With one query per sequence, dv of key j is P_j * keep_j / (1 - p) * dO: exactly zero
+    where the forward dropped (b, h, 0, j), so the backward regenerates the forward's mask;
+    and the gradients agree with the per-sequence dense expectation at p = 0.5."""
+    device = varlen_device(backend)
+    p = 0.5
+    lengths = ((1, 37), (1, 1), (0, 4), (1, 60), (1, 0))
+    c = make_case("plain", torch.float32, device, lengths=lengths, seed=8)
+    c.kw = dict(dropout_p=p)
+    grad_out = torch.randn(c.q.shape[0], c.q.shape[1], c.v.shape[2]).to(device)
+    _, _, _, _, dv = run_varlen(backend, c, grad_out, seed=5)
+    torch.manual_seed(5)
+    drop_seed = dropout_seed(p, device)
+    cq, ck = c.cu_q.tolist(), c.cu_k.tolist()
+    Hq = c.q.shape[1]
+    for b in range(len(cq) - 1):
+        Lq, Lk = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
+        dvb = dv[ck[b]:ck[b + 1]].transpose(0, 1)                          # (Hkv, Lk, Dv)
+        if Lq == 0:
+            assert torch.all(dvb == 0)
+            continue
+        keep = packed_keep(drop_seed, cq[b], Lq, Lk, Hq, c.max_k, p)[:, 0]  # (Hq, Lk)
+        assert torch.equal((dvb != 0).all(-1), keep), f"sequence {b}: dv ignores the mask"
+        assert torch.equal((dvb == 0).all(-1), ~keep)
+    check_against_dense(backend, c)
+
+
+def test_dropout_reproducible(backend):
+    device = varlen_device(backend)
+    c = make_case("dropout", torch.float32, device, seed=9)
+    grad_out = torch.randn(c.q.shape[0], c.q.shape[1], c.v.shape[2]).to(device)
+    first = run_varlen(backend, c, grad_out, seed=7)
+    again = run_varlen(backend, c, grad_out, seed=7)
+    other = run_varlen(backend, c, grad_out, seed=8)
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), first, again):
+        assert torch.equal(a, b), f"{name} differs under the same torch.manual_seed"
+    assert not torch.equal(first[0], other[0]), "a different seed must drop other elements"
+    assert torch.equal(first[1], other[1]), "lse is that of the undropped scores"
+
+
+# ---------------------------------------------------------------------------------------------
+# gradcheck, determinism, registration
+
+
+GRADCHECK_LENGTHS = ((3, 5), (0, 2), (1, 1), (4, 3))
+
+
+@pytest.mark.parametrize("feature", ["plain", "causal_top_left", "everything"])
+def test_gradcheck_float64(feature):
+    """float64 gradcheck of (out, lse) of the CPU kernels (rows all see a key: a row whose lse
+    is -inf has no finite difference). Dropout runs under a fixed torch.manual_seed per call,
+    so every evaluation drops the same elements."""
+    varlen_device("cpu")
+    c = make_case(feature, F64, torch.device("cpu"), lengths=GRADCHECK_LENGTHS, seed=10)
+    if feature == "everything":
+        c.kw.update(causal="top_left", window=(2, -1))
+    c.q, c.k, c.v = (t[..., :n].contiguous() for t, n in ((c.q, 6), (c.k, 6), (c.v, 5)))
+
+    def fn(q, k, v):
+        torch.manual_seed(0)
+        return fastattn.varlen_attention(q, k, v, c.cu_q, c.cu_k, c.max_q, c.max_k,
+                                         return_lse=True, backend="cpu", **c.kw)
+
+    leaves = leaves_of(c, None)
+    out, lse = fn(*leaves)
+    assert torch.isfinite(lse).all()
+    assert torch.autograd.gradcheck(fn, leaves, eps=1e-6, atol=1e-7, rtol=1e-6)
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+def test_backward_is_bitwise_reproducible(backend, deterministic):
+    device = varlen_device(backend)
+    torch.set_num_threads(2)  # the fixture restores it
+    c = make_case("everything", torch.float32, device, seed=11)
+    c.kw["deterministic"] = deterministic
+    g = torch.Generator().manual_seed(1)
+    grad_out = torch.randn(c.q.shape[0], c.q.shape[1], c.v.shape[2], generator=g).to(device)
+    grad_lse = torch.randn(c.q.shape[1], c.q.shape[0], generator=g).to(device)
+    first = run_varlen(backend, c, grad_out, grad_lse)
+    second = run_varlen(backend, c, grad_out, grad_lse)
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), first, second):
+        assert torch.equal(a, b), f"{name} is not bitwise reproducible"
+
+
+def _op_args(dropout: bool):
+    """Arguments of torch.ops.fastattn.varlen_attention_forward: an empty query sequence, a
+    sequence without keys, GQA, Dv != D, ALiBi, bottom-right causal, a window."""
+    g = torch.Generator().manual_seed(12)
+    cu_q = torch.tensor([0, 3, 3, 10, 12], dtype=torch.int32)
+    cu_k = torch.tensor([0, 5, 6, 13, 13], dtype=torch.int32)
+    q = torch.randn(12, 4, 16, generator=g)
+    k = torch.randn(13, 2, 16, generator=g)
+    v = torch.randn(13, 2, 12, generator=g)
+    alibi = torch.rand(4, 4, generator=g)
+    seed = torch.tensor([123, 4], dtype=torch.int64) if dropout else None
+    return [q, k, v, cu_q, cu_k, 7, 7, alibi, 0.3, 2.0, 2, 4, -1, 0.2 if dropout else 0.0,
+            seed]
+
+
+@pytest.mark.parametrize("dropout", [False, True], ids=["plain", "dropout"])
+def test_opcheck_forward(dropout):
+    varlen_device("cpu")
+    args = _op_args(dropout)
+    for t in args[:3]:
+        t.requires_grad_()
+    torch.library.opcheck(torch.ops.fastattn.varlen_attention_forward.default, args)
+
+
+def test_opcheck_backward():
+    varlen_device("cpu")
+    args = _op_args(dropout=True)
+    out, lse = torch.ops.fastattn.varlen_attention_forward(*args)
+    grad_out = torch.randn_like(out)
+    grad_lse = torch.randn_like(lse)
+    torch.library.opcheck(torch.ops.fastattn.varlen_attention_backward.default,
+                          [grad_out, grad_lse, *args[:3], out, lse, *args[3:], True])
+
+
+def test_compile_fullgraph():
+    """varlen_attention traces into one graph on cpu (the host-side cu_seqlens checks are
+    skipped while compiling; the kernel checks them), with the eager results forward and
+    backward."""
+    varlen_device("cpu")
+    c = make_case("everything", torch.float32, torch.device("cpu"),
+                  lengths=((7, 9), (0, 4), (5, 3), (1, 1)), seed=13)
+    del c.kw["dropout_p"]  # compiled code draws its seeds from another generator
+    grad_out = torch.randn(c.q.shape[0], c.q.shape[1], c.v.shape[2])
+
+    def fn(q, k, v):
+        return fastattn.varlen_attention(q, k, v, c.cu_q, c.cu_k, c.max_q, c.max_k,
+                                         return_lse=True, **c.kw)
+
+    compiled = torch.compile(fn, fullgraph=True)
+    results = []
+    for f in (compiled, fn):
+        leaves = leaves_of(c, None)
+        out, lse = f(*leaves)
+        assert fastattn.last_backend("varlen_attention") == "cpu"
+        results.append((out, lse, *torch.autograd.grad(out, leaves, grad_out)))
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), *results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Backend requests and argument checks
+
+
+def _small():
+    q = torch.randn(10, 4, 16)
+    k = torch.randn(12, 2, 16)
+    v = torch.randn(12, 2, 12)
+    cu_q = torch.tensor([0, 3, 10], dtype=torch.int32)
+    cu_k = torch.tensor([0, 5, 12], dtype=torch.int32)
+    return q, k, v, cu_q, cu_k
+
+
+def test_triton_request_raises_backend_error():
+    """No Triton varlen kernel yet: asking for it (argument or use_backend) is a BackendError
+    that says so, never a silent fallback; float64 is refused with its own reason."""
+    if fastattn.available_backends()["triton"] != "available":
+        pytest.skip(f"backend triton: {fastattn.available_backends()['triton']}")
+    if varlen_ops._triton_has("varlen_attention_forward"):
+        pytest.skip("a Triton varlen kernel exists now: the backend tests run it")
+    q, k, v, cu_q, cu_k = _small()
+    message = ("varlen_attention: backend 'triton' cannot run this call: no Triton varlen "
+               "kernel in this version")
+    with pytest.raises(fastattn.BackendError, match=message):
+        fastattn.varlen_attention(q, k, v, cu_q, cu_k, 7, 7, backend="triton")
+    with fastattn.use_backend("triton"), pytest.raises(fastattn.BackendError, match=message):
+        fastattn.varlen_attention(q, k, v, cu_q, cu_k, 7, 7)
+    with pytest.raises(fastattn.BackendError, match="does not take float64"):
+        fastattn.varlen_attention(q.double(), k.double(), v.double(), cu_q, cu_k, 7, 7,
+                                  backend="triton")
+
+
+def test_cuda_request_for_cpu_tensors_raises():
+    q, k, v, cu_q, cu_k = _small()
+    with pytest.raises(fastattn.BackendError, match="varlen_attention: backend 'cuda' cannot"):
+        fastattn.varlen_attention(q, k, v, cu_q, cu_k, 7, 7, backend="cuda")
+
+
+I32 = torch.int32
+
+
+@pytest.mark.parametrize("case,error,match", [
+    ("cu_q_decreasing", ValueError, r"cu_seqlens_q must be non-decreasing, got \[0, 6, 3, 10\]"),
+    ("cu_k_decreasing", ValueError, r"cu_seqlens_k must be non-decreasing, got \[0, 13, 12\]"),
+    ("cu_q_start", ValueError, "cu_seqlens_q must start at 0 and end at the packed length 10, "
+                               "got 1 and 10"),
+    ("cu_k_end", ValueError, "cu_seqlens_k must start at 0 and end at the packed length 12, "
+                             "got 0 and 11"),
+    ("cu_q_int64", TypeError, "cu_seqlens_q must be int32, got torch.int64"),
+    ("cu_k_int64", TypeError, "cu_seqlens_k must be int32, got torch.int64"),
+    ("cu_2d", ValueError, "cu_seqlens_q must be 1-D"),
+    ("cu_lengths", ValueError, "cu_seqlens_q and cu_seqlens_k must have the same length B"),
+    ("max_seqlen_q", ValueError, r"a sequence of length 7 exceeds max_seqlen 6 \(cu_seqlens_q\)"),
+    ("max_seqlen_k", ValueError, r"a sequence of length 7 exceeds max_seqlen 5 \(cu_seqlens_k\)"),
+    ("attn_mask", ValueError, "attn_mask and key_padding_mask do not apply to packed"),
+    ("key_padding_mask", ValueError, "attn_mask and key_padding_mask do not apply to packed"),
+    ("heads", ValueError, r"q's heads \(4\) must be a multiple of k/v's heads \(3\)"),
+    ("head_dim_256", ValueError, r"head dim of q/k must be in \[1, 256\], got 320"),
+    ("v_head_dim_256", ValueError, r"head dim of v must be in \[1, 256\], got 300"),
+    ("head_dim_mismatch", ValueError, "q and k must have the same head dim, got 16 and 15"),
+    ("kv_length", ValueError, "k and v must have the same packed length and heads"),
+    ("q_4d", ValueError, "q must be 3-D"),
+    ("mixed_dtype", TypeError, "q, k and v must have the same dtype"),
+    ("int_q", TypeError, "q must be float32, float16, bfloat16 or float64"),
+    ("alibi_shape", ValueError, r"alibi_slopes must be \(Hq,\) or \(B, Hq\), got \(3,\)"),
+    ("causal", ValueError, "causal must be False, True, 'top_left' or 'bottom_right'"),
+    ("window", ValueError, "window must be None or"),
+    ("dropout", ValueError, r"dropout_p must be a float in \[0, 1\), got 1.0"),
+    ("softcap", ValueError, "softcap must be >= 0, got -1.0"),
+    ("last_stride", ValueError, "q must have a unit stride in its last dimension"),
+])
+def test_bad_inputs_name_the_argument(case, error, match):
+    q, k, v, cu_q, cu_k = _small()
+    max_q = max_k = 7
+    kw = {}
+    if case == "cu_q_decreasing":
+        cu_q = torch.tensor([0, 6, 3, 10], dtype=I32)
+        cu_k = torch.tensor([0, 5, 5, 12], dtype=I32)
+    elif case == "cu_k_decreasing":
+        cu_k = torch.tensor([0, 13, 12], dtype=I32)
+    elif case == "cu_q_start":
+        cu_q = torch.tensor([1, 3, 10], dtype=I32)
+    elif case == "cu_k_end":
+        cu_k = torch.tensor([0, 5, 11], dtype=I32)
+    elif case == "cu_q_int64":
+        cu_q = cu_q.long()
+    elif case == "cu_k_int64":
+        cu_k = cu_k.long()
+    elif case == "cu_2d":
+        cu_q = cu_q.view(1, 3)
+    elif case == "cu_lengths":
+        cu_k = torch.tensor([0, 5, 6, 12], dtype=I32)
+    elif case == "max_seqlen_q":
+        max_q = 6
+    elif case == "max_seqlen_k":
+        max_k = 5
+    elif case == "attn_mask":
+        kw["attn_mask"] = torch.ones(10, 12, dtype=torch.bool)
+    elif case == "key_padding_mask":
+        kw["key_padding_mask"] = torch.zeros(2, 7, dtype=torch.bool)
+    elif case == "heads":
+        k, v = torch.randn(12, 3, 16), torch.randn(12, 3, 12)
+    elif case == "head_dim_256":
+        q, k = torch.randn(10, 4, 320), torch.randn(12, 2, 320)
+    elif case == "v_head_dim_256":
+        v = torch.randn(12, 2, 300)
+    elif case == "head_dim_mismatch":
+        k = torch.randn(12, 2, 15)
+    elif case == "kv_length":
+        v = torch.randn(11, 2, 12)
+    elif case == "q_4d":
+        q = q.view(1, 10, 4, 16)
+    elif case == "mixed_dtype":
+        k = k.double()
+    elif case == "int_q":
+        q = q.to(torch.int32)
+    elif case == "alibi_shape":
+        kw["alibi_slopes"] = torch.rand(3)
+    elif case == "causal":
+        kw["causal"] = "top-left"
+    elif case == "window":
+        kw["window"] = (3, -2)
+    elif case == "dropout":
+        kw["dropout_p"] = 1.0
+    elif case == "softcap":
+        kw["softcap"] = -1.0
+    elif case == "last_stride":
+        q = torch.randn(10, 4, 32)[..., ::2]
+    with pytest.raises(error, match=match):
+        fastattn.varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, **kw)
+
+
+@pytest.mark.parametrize("case,match", [
+    ("not-ending", "cu_seqlens must end at the packed lengths"),
+    ("decreasing", "cu_seqlens must be non-decreasing"),
+    ("max_seqlen", "a sequence is longer than max_seqlen_q/max_seqlen_k"),
+])
+def test_kernel_checks_cu_seqlens_without_host_checks(monkeypatch, case, match):
+    """Under torch.compile the Python wrapper skips its host-side cu_seqlens checks; the CPU
+    kernel must still refuse bad ones rather than read out of bounds."""
+    varlen_device("cpu")
+    monkeypatch.setattr(varlen_ops, "host_checks_enabled", lambda: False)
+    q, k, v, cu_q, cu_k = _small()
+    max_q = max_k = 7
+    if case == "not-ending":
+        cu_k = torch.tensor([0, 5, 11], dtype=I32)
+    elif case == "decreasing":
+        cu_q = torch.tensor([0, 6, 3], dtype=I32)
+        q = q[:3]
+    else:
+        max_q = 3
+    with pytest.raises(RuntimeError, match=match):
+        fastattn.varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, backend="cpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# pack_padded / unpack_padded
+
+
+def padding_mask(kind: str, B: int, L: int, g) -> torch.Tensor:
+    if kind == "anywhere":      # padding at random places; row 1 all padding, row 2 none
+        mask = torch.rand(B, L, generator=g) > 0.5
+        mask[1] = True
+        mask[2] = False
+        return mask
+    if kind == "trailing":      # the usual right-padded batch
+        lengths = torch.tensor([L, 3, 0, 7][:B])
+        return torch.arange(L).view(1, L) >= lengths.view(B, 1)
+    if kind == "all":
+        return torch.ones(B, L, dtype=torch.bool)
+    if kind == "none":
+        return torch.zeros(B, L, dtype=torch.bool)
+    raise AssertionError(kind)
+
+
+PACKINGS = [("anywhere", 4), ("trailing", 4), ("all", 3), ("none", 2), ("none", 0)]
+
+
+@pytest.mark.parametrize("kind,B", PACKINGS, ids=[f"{k}-B{b}" for k, b in PACKINGS])
+def test_pack_unpack_round_trip(kind, B):
+    L, H, D = 9, 2, 5
+    g = torch.Generator().manual_seed(14)
+    x = torch.randn(B, L, H, D, generator=g, dtype=F64)
+    mask = padding_mask(kind, B, L, g) if B else torch.zeros(0, L, dtype=torch.bool)
+    packed, cu, max_seqlen, indices = fastattn.pack_padded(x, mask)
+    keep = ~mask
+    counts = keep.sum(1).tolist()
+    assert cu.dtype == torch.int32 and cu.tolist() == cu_seqlens(counts, "cpu").tolist()
+    assert max_seqlen == max(counts, default=0)
+    assert packed.shape == (int(keep.sum()), H, D)
+    assert torch.equal(packed, x[keep])            # row-major order: sequence by sequence
+    assert torch.equal(indices, keep.reshape(-1).nonzero().squeeze(1))
+    back = fastattn.unpack_padded(packed, indices, B, L)
+    assert back.shape == x.shape
+    assert torch.equal(back, x.masked_fill(mask.view(B, L, 1, 1), 0.0))
+
+
+def test_pack_unpack_gradients():
+    """Gradients flow through both: pack's gradient is the unpacked output gradient (zero at
+    padding), unpack's the packed one; float64 gradcheck of each."""
+    B, L, H, D = 4, 7, 2, 3
+    g = torch.Generator().manual_seed(15)
+    x = torch.randn(B, L, H, D, generator=g, dtype=F64, requires_grad=True)
+    mask = padding_mask("anywhere", B, L, g)
+    packed, cu, _, indices = fastattn.pack_padded(x, mask)
+    grad_packed = torch.randn(packed.shape, generator=g, dtype=F64)
+    (dx,) = torch.autograd.grad(packed, x, grad_packed)
+    assert torch.equal(dx, fastattn.unpack_padded(grad_packed, indices, B, L))
+    assert torch.all(dx[mask] == 0)
+    p = packed.detach().requires_grad_()
+    out = fastattn.unpack_padded(p, indices, B, L)
+    grad_out = torch.randn(out.shape, generator=g, dtype=F64)
+    (dp,) = torch.autograd.grad(out, p, grad_out)
+    assert torch.equal(dp, grad_out[~mask])
+    assert torch.autograd.gradcheck(lambda t: fastattn.pack_padded(t, mask)[0], (x,))
+    assert torch.autograd.gradcheck(lambda t: fastattn.unpack_padded(t, indices, B, L), (p,))
+
+
+def test_pack_padded_bad_mask():
+    x = torch.randn(2, 5, 3)
+    with pytest.raises(ValueError, match=r"key_padding_mask must be bool \(2, 5\), got "
+                                         r"torch.int64"):
+        fastattn.pack_padded(x, torch.zeros(2, 5, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"key_padding_mask must be bool \(2, 5\), got "
+                                         r"torch.bool \(2, 4\)"):
+        fastattn.pack_padded(x, torch.zeros(2, 4, dtype=torch.bool))
+
+
+def test_pack_then_varlen_equals_padded_attention(backend):
+    """Packing a padded batch (padding anywhere) and running varlen_attention equals padded
+    attention with key_padding_mask at every real query row, forward and backward (float64)."""
+    device = varlen_device(backend)
+    B, L, H, D = 4, 21, 2, 16
+    g = torch.Generator().manual_seed(16)
+    mask = padding_mask("anywhere", B, L, g)
+    mask[1, :3] = False  # at least one key per row: an all-padding row is a 0-length sequence
+    mask = mask.to(device)
+    q, k, v = (torch.randn(B, L, H, D, generator=g, dtype=F64).to(device).requires_grad_()
+               for _ in range(3))
+    grad_out = torch.randn(B, L, H, D, generator=g, dtype=F64).to(device)
+    qp, cu, max_len, idx = fastattn.pack_padded(q, mask)
+    kp, vp = fastattn.pack_padded(k, mask)[0], fastattn.pack_padded(v, mask)[0]
+    out = fastattn.varlen_attention(qp, kp, vp, cu, cu, max_len, max_len, backend=backend)
+    assert fastattn.last_backend("varlen_attention") == backend
+    out = fastattn.unpack_padded(out, idx, B, L)
+    dense = fastattn.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                               key_padding_mask=mask, backend="reference").transpose(1, 2)
+    dense = dense.masked_fill(mask.view(B, L, 1, 1), 0.0)  # padded query rows are dropped
+    torch.testing.assert_close(out, dense, rtol=1e-10, atol=1e-12)
+    got = torch.autograd.grad(out, (q, k, v), grad_out)
+    want = torch.autograd.grad(dense, (q, k, v), grad_out)
+    for name, a, b in zip(("dq", "dk", "dv"), got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
+
+
+# ---------------------------------------------------------------------------------------------
+# nn.MultiheadAttention's varlen path
+
+
+def forget_last_backend(op: str) -> None:
+    last = getattr(_backend._state, "last", None)
+    if last is not None:
+        last.pop(op, None)
+    assert fastattn.last_backend(op) is None
+
+
+def make_mha_pair(E: int, H: int, batch_first: bool, seed: int = 0, **config):
+    torch.manual_seed(seed)
+    ref = nn.MultiheadAttention(E, H, batch_first=batch_first, dtype=F64, **config)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in ref.parameters():  # torch starts the biases at zero, which hides bias bugs
+            p.copy_(0.5 * torch.randn(p.shape, generator=g, dtype=F64))
+    return ref, MultiheadAttention.from_torch(copy.deepcopy(ref))
+
+
+def run_mha(module, query, key, value, padding, grad_out, need_weights=False):
+    out, weights = module(query, key, value, key_padding_mask=padding, need_weights=need_weights)
+    inputs = list(dict.fromkeys((query, key, value)))  # self-attention: one tensor
+    grads = torch.autograd.grad(out, inputs + list(module.parameters()), grad_out)
+    return out, weights, grads
+
+
+MHA_CONFIGS = {"plain": {}, "bias-kv+zero-attn": dict(add_bias_kv=True, add_zero_attn=True),
+               "kdim-vdim": dict(kdim=7, vdim=11)}
+
+
+@pytest.mark.parametrize("config", list(MHA_CONFIGS))
+@pytest.mark.parametrize("batch_first", [False, True], ids=["seq-first", "batch-first"])
+@pytest.mark.parametrize("kind", ["self", "cross"])
+@pytest.mark.parametrize("padding_fraction,varlen", [(0.7, True), (0.2, False)],
+                         ids=["heavy-padding", "light-padding"])
+def test_multihead_attention_varlen_path(kind, batch_first, config, padding_fraction, varlen):
+    """With at least half of the keys padding (the appended bias_k / zero-attention keys
+    counting as real keys) and need_weights=False, fastattn's MultiheadAttention runs
+    varlen_attention (last_backend("varlen_attention") becomes set); with light padding it
+    does not. Either way the output and the gradients of the inputs and of every parameter
+    equal torch.nn.MultiheadAttention's (float64), padded query rows included."""
+    varlen_device("cpu")
+    config = MHA_CONFIGS[config]
+    if kind == "self" and "kdim" in config:
+        pytest.skip("self-attention needs kdim = vdim = embed_dim")
+    E, H, N, L, S = 24, 3, 3, 9, 20
+    if kind == "self":
+        L = S
+    ref, fast = make_mha_pair(E, H, batch_first, **config)
+    g = torch.Generator().manual_seed(17)
+    padding = torch.rand(N, S, generator=g) < padding_fraction
+    padding[torch.arange(N), torch.arange(N)] = False   # every row keeps a key (torch: NaN)
+    padding[0, -1] = True
+    extra = int(config.get("add_bias_kv", False)) + int(config.get("add_zero_attn", False))
+    assert (int(padding.sum()) / (N * (S + extra)) >= 0.5) == varlen
+
+    def shaped(length, features=E):
+        shape = (N, length, features) if batch_first else (length, N, features)
+        return torch.randn(shape, generator=g, dtype=F64).requires_grad_()
+
+    if kind == "self":
+        x = shaped(S)
+        query = key = value = x
+    else:
+        query = shaped(L)
+        key, value = shaped(S, config.get("kdim", E)), shaped(S, config.get("vdim", E))
+    grad_out = torch.randn(query.shape, generator=g, dtype=F64)
+
+    forget_last_backend("varlen_attention")
+    forget_last_backend("attention")
+    out, weights, grads = run_mha(fast, query, key, value, padding, grad_out)
+    assert weights is None
+    if varlen:
+        assert fastattn.last_backend("varlen_attention") == "cpu", "the varlen path did not run"
+        assert fastattn.last_backend("attention") is None
+    else:
+        assert fastattn.last_backend("varlen_attention") is None, "light padding took varlen"
+        assert fastattn.last_backend("attention") == "cpu"
+    out_ref, _, grads_ref = run_mha(ref, query, key, value, padding, grad_out)
+    torch.testing.assert_close(out, out_ref, rtol=1e-10, atol=1e-12)
+    names = ["input"] * (len(grads) - len(list(fast.parameters()))) + \
+        [n for n, _ in fast.named_parameters()]
+    for name, a, b in zip(names, grads, grads_ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_multihead_attention_heavy_padding_with_weights_takes_padded_path():
+    """need_weights=True needs the padded kernel's lse: no varlen path, weights as torch's."""
+    varlen_device("cpu")
+    E, H, N, S = 12, 2, 2, 10
+    ref, fast = make_mha_pair(E, H, batch_first=True, seed=1)
+    g = torch.Generator().manual_seed(18)
+    x = torch.randn(N, S, E, generator=g, dtype=F64)
+    padding = torch.ones(N, S, dtype=torch.bool)
+    padding[:, :3] = False
+    forget_last_backend("varlen_attention")
+    out, weights = fast(x, x, x, key_padding_mask=padding, need_weights=True)
+    assert fastattn.last_backend("varlen_attention") is None
+    out_ref, weights_ref = ref(x, x, x, key_padding_mask=padding, need_weights=True)
+    torch.testing.assert_close(out, out_ref, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(weights, weights_ref, rtol=1e-10, atol=1e-12)
