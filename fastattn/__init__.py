@@ -4,6 +4,7 @@ encodings, with drop-in PyTorch modules.
 Public API (see README.md and the docstrings):
   backends:   available_backends, use_backend, set_backend, last_backend
   attention:  attention, merge_attention
+  lstm:       lstm_cell, lstm
   positional: sinusoidal_table, add_sinusoidal, embed_with_positions, apply_rotary
   modules:    fastattn.nn
 """
@@ -15,6 +16,7 @@ from . import _native
 from ._backend import (BackendError, available_backends, last_backend, set_backend,
                        use_backend)
 from .ops.attention import attention, merge_attention
+from .ops.lstm import lstm, lstm_cell
 from .ops.positional import add_sinusoidal, apply_rotary, embed_with_positions, sinusoidal_table
 
 __version__ = "0.1.0"
@@ -40,7 +42,7 @@ from . import nn  # noqa: E402
 
 __all__ = [
     "BackendError", "available_backends", "use_backend", "set_backend", "last_backend",
-    "attention", "merge_attention", "sinusoidal_table", "add_sinusoidal", "embed_with_positions", "apply_rotary", "nn",
+    "attention", "merge_attention", "lstm_cell", "lstm", "sinusoidal_table", "add_sinusoidal", "embed_with_positions", "apply_rotary", "nn",
     "build_info",
 ]
 
