@@ -79,9 +79,8 @@ class LSTM(nn.RNNBase):
         is_batched = input.dim() == 3
         batch_dim = 0 if self.batch_first else 1
         checked = input if is_batched else input.unsqueeze(batch_dim)
-        if hx is None:
-            hx = self._zeros(checked.size(batch_dim), checked)
-            self.check_forward_args(checked, hx, None)
+        if hx is None:  # fastattn.lstm starts from zeros
+            self.check_forward_args(checked, self._zeros(checked.size(batch_dim), checked), None)
         else:
             if is_batched:
                 if hx[0].dim() != 3 or hx[1].dim() != 3:
@@ -122,7 +121,7 @@ class LSTMCell(nn.LSTMCell):
         if x.size(1) != self.input_size:
             raise RuntimeError(f"input has inconsistent input_size: got {x.size(1)} expected "
                                f"{self.input_size}")
-        for label, t in (("[0]", hx[0]), ("[1]", hx[1])):
+        for label, t in (("0", hx[0]), ("1", hx[1])):
             if t.size(0) != x.size(0):
                 raise RuntimeError(f"Input batch size {x.size(0)} doesn't match hidden{label} "
                                    f"batch size {t.size(0)}")

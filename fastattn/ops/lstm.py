@@ -75,8 +75,6 @@ from .. import _backend, _native
 from ..reference import lstm as ref
 from ._common import FLOAT_DTYPES, check_same_device, dropout_seed, host_checks_enabled
 
-_BACKENDS = ("cuda", "triton", "cpu", "reference")
-_limits_cache: dict[str, str] | None = None
 
 
 def _has_op(name: str, dispatch_key: str | None = None) -> bool:
@@ -88,27 +86,38 @@ def _has_op(name: str, dispatch_key: str | None = None) -> bool:
         f"fastattn::{name}", dispatch_key)
 
 
-# Which backends have LSTM kernels in this process: fixed once the package is imported, and
-# evaluated eagerly even while torch.compile traces (the dispatcher query is not traceable).
+# Why a backend cannot run the LSTM ops ("" when it can): fixed once the package is imported,
+# and evaluated eagerly even while torch.compile traces (the dispatcher query is not
+# traceable); it returns a string, a constant Dynamo can use without guards.
+_reason_cache: dict[tuple[str, bool], str] = {}
+
+
 @torch.compiler.assume_constant_result
-def _kernel_limits() -> dict[str, str]:
-    global _limits_cache
-    if _limits_cache is None:
-        limits = {}
-        for name, key in (("cpu", "CPU"), ("cuda", "CUDA")):
-            if _native.C is None or not _has_op("lstm_layer", key):
-                limits[name] = f"fastattn._C has no {key} LSTM kernel in this build"
-        if not _has_op("lstm_layer_triton"):
-            limits["triton"] = "there is no Triton LSTM kernel yet (fastattn/triton/lstm.py)"
-        _limits_cache = limits
-    return _limits_cache
+def _limit_reason(backend: str, float64: bool) -> str:
+    key = (backend, float64)
+    if key not in _reason_cache:
+        reason = ""
+        if backend in ("cpu", "cuda"):
+            dispatch_key = backend.upper()
+            if _native.C is None or not _has_op("lstm_layer", dispatch_key):
+                reason = f"fastattn._C has no {dispatch_key} LSTM kernel in this build"
+        elif backend == "triton":
+            if not _has_op("lstm_layer_triton"):
+                reason = "there is no Triton LSTM kernel yet (fastattn/triton/lstm.py)"
+            elif float64:
+                reason = "the triton backend does not take float64"
+        _reason_cache[key] = reason
+    return _reason_cache[key]
 
 
 def unsupported_backends(dtype: torch.dtype = torch.float32) -> dict[str, str]:
-    """Backend -> why it cannot run the LSTM ops here (no kernel, or a dtype it refuses)."""
-    limits = dict(_kernel_limits())
-    if dtype == torch.float64 and "triton" not in limits:
-        limits["triton"] = "the triton backend does not take float64"
+    """Backend -> why it cannot run the LSTM ops on `dtype` here (no kernel, or a dtype it
+    refuses); the backends not named can."""
+    limits = {}
+    for name in ("cuda", "triton", "cpu"):
+        reason = _limit_reason(name, dtype == torch.float64)
+        if reason:
+            limits[name] = reason
     return limits
 
 
@@ -170,7 +179,7 @@ def lstm_cell(input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor, w_ih: tor
     B, I = x.shape
     _check_shape(op, "w_ih", w_ih, (4 * H, I))
     # torch.nn.LSTMCell's (ATen's) wording for mismatched states
-    for label, t in (("[0]", h), ("[1]", c)):
+    for label, t in (("0", h), ("1", c)):
         if t.dim() != 2 or t.shape[0] != B:
             raise ValueError(f"{op}: Input batch size {B} doesn't match hidden{label} batch "
                              f"size {t.shape[0] if t.dim() else 'of a 0-d tensor'}")
