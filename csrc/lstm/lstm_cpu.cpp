@@ -116,15 +116,22 @@ Tensor blocked_gate_order(int64_t H, const at::TensorOptions& options) {
 // out (+)= a @ b (+ bias on every row), all in the compute type, out with a unit column stride.
 // Float GEMMs run fastattn's packed AVX-512 driver (lstm_gemm) where that micro-kernel exists:
 // on AMD CPUs MKL's sgemm takes a slower, non-AVX-512 path (about 70% of the FMA peak here).
+// b_cols (optional, int64): column n of the product uses column b_cols[n] of b.
 void matmul_into(Tensor out, const Tensor& a, const Tensor& b, const Tensor& bias,
-                 bool accumulate) {
+                 bool accumulate, const Tensor& b_cols = Tensor()) {
   if (out.scalar_type() == at::kFloat && cpu::cpu_isa() == cpu::Isa::avx512 &&
       out.stride(1) == 1) {
-    cpu::LstmGemmParams p{a.size(0), b.size(1), a.size(1), a.data_ptr<float>(), a.stride(0),
-                          a.stride(1), b.data_ptr<float>(), b.stride(0), b.stride(1),
+    const int64_t N = out.size(1);
+    cpu::LstmGemmParams p{a.size(0), N, a.size(1), a.data_ptr<float>(), a.stride(0), a.stride(1),
+                          b.data_ptr<float>(), b.stride(0), b.stride(1),
+                          b_cols.defined() ? b_cols.data_ptr<int64_t>() : nullptr,
                           out.data_ptr<float>(), out.stride(0),
                           bias.defined() ? bias.data_ptr<float>() : nullptr, accumulate};
     cpu::avx512::lstm_gemm(p);
+    return;
+  }
+  if (b_cols.defined()) {
+    matmul_into(out, a, b.index_select(1, b_cols), bias, accumulate);
     return;
   }
   if (accumulate) {
@@ -148,14 +155,16 @@ void mm_into(Tensor out, const Tensor& a, const Tensor& b) {
   }
 }
 
-// Tensors kept alive while the kernel reads them through LstmLayerWeights.
-struct PackedWeights {
-  Tensor w_t, w_blk, w_hr_t, w_hr;
+// The recurrent weights in the compute type, contiguous (no copy for contiguous float32 /
+// float64 parameters), kept alive while the kernel reads them.
+struct LayerWeights {
+  Tensor w_hh, w_hr;
+  LayerWeights(const Tensor& hh, const optional<Tensor>& hr, at::ScalarType acc)
+      : w_hh(hh.to(acc).contiguous()) {
+    if (defined(hr)) w_hr = hr->to(acc).contiguous();
+  }
   cpu::LstmLayerWeights view(const LayerDims& d) const {
-    return {d.D, d.H, d.P, w_t.defined() ? w_t.data_ptr() : nullptr,
-            w_blk.defined() ? w_blk.data_ptr() : nullptr,
-            w_hr_t.defined() ? w_hr_t.data_ptr() : nullptr,
-            w_hr.defined() ? w_hr.data_ptr() : nullptr};
+    return {d.D, d.H, d.P, w_hh.data_ptr(), w_hr.defined() ? w_hr.data_ptr() : nullptr};
   }
 };
 
@@ -194,19 +203,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_cpu(
   // with the gate rows of W_ih in the kernel's blocked order and both biases folded in.
   const Tensor order = blocked_gate_order(d.H, opts);
   const Tensor xp = packed_input(input, pk, dropout_p, seed);
-  const Tensor w_ih_blk = w_ih.to(acc).index_select(1, order);
+  const Tensor w_ih_acc = w_ih.to(acc);
   Tensor bias_blk;
   if (defined(b_ih)) bias_blk = b_ih->to(acc).add(b_hh->to(acc)).index_select(1, order);
   for (int64_t dir = 0; dir < d.D; ++dir) {
     Tensor gates = workspace[dir].narrow(0, 0, total * 4 * d.H).view({total, 4 * d.H});
-    matmul_into(gates, xp, w_ih_blk[dir].t(), bias_blk.defined() ? bias_blk[dir] : Tensor(),
-                false);
+    matmul_into(gates, xp, w_ih_acc[dir].t(), bias_blk.defined() ? bias_blk[dir] : Tensor(),
+                false, order);
   }
 
-  // W_hh^T with blocked gate columns: the per-step GEMM streams it, unchanged across steps.
-  PackedWeights pw;
-  pw.w_t = w_hh.to(acc).index_select(1, order).transpose(1, 2).contiguous();
-  if (defined(w_hr)) pw.w_hr_t = w_hr->to(acc).transpose(1, 2).contiguous();
+  // The kernel packs W_hh^T (blocked gate columns) into the panels its per-step GEMM streams.
+  const LayerWeights pw(w_hh, w_hr, acc);
   const Tensor h0c = h0.contiguous(), c0c = c0.contiguous();
   cpu::LstmForwardParams p{pk.view(d.T, d.B), pw.view(d), h0c.data_ptr(), c0c.data_ptr(),
                            workspace.data_ptr(), output.data_ptr(), h_n.data_ptr(),
@@ -274,9 +281,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
     r = at::empty({d.D, total, d.H}, acc_opts);
   }
   if (d.T > 0 && d.B > 0) {
-    PackedWeights pw;
-    pw.w_blk = w_hh.to(acc).index_select(1, blocked_gate_order(d.H, opts)).contiguous();
-    if (proj) pw.w_hr = w_hr->to(acc).contiguous();
+    const LayerWeights pw(w_hh, w_hr, acc);
     const Tensor h0c = h0.contiguous(), c0c = c0.contiguous();
     cpu::LstmBackwardParams p{pk.view(d.T, d.B),
                               pw.view(d),

@@ -136,20 +136,52 @@ constexpr int64_t kStrip = 8;
 inline int64_t panels(int64_t n) { return (n + kPanel - 1) / kPanel; }
 inline int64_t strips(int64_t m) { return (m + kStrip - 1) / kStrip; }
 
-// dst (panels(N) x K x 32) = src (K x N, leading dimension ld), zero-padded columns.
-template <typename acc>
-void pack_panels(const acc* src, int64_t K, int64_t N, int64_t ld, acc* dst) {
+// Panels of B(k, n) = src[map(k) * ld + n] for k < K, n < N (a row-major matrix whose rows are
+// read through map), zero-padded columns: contiguous 32-column copies.
+template <typename acc, typename Map>
+void pack_panels_rows(const acc* src, int64_t K, int64_t N, int64_t ld, const Map& map,
+                      acc* dst) {
   at::parallel_for(0, panels(N), 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const int64_t n0 = p * kPanel, w = std::min(kPanel, N - n0);
       acc* out = dst + p * K * kPanel;
       for (int64_t k = 0; k < K; ++k) {
-        std::copy(src + k * ld + n0, src + k * ld + n0 + w, out + k * kPanel);
+        const acc* row = src + map(k) * ld + n0;
+        std::copy(row, row + w, out + k * kPanel);
         std::fill(out + k * kPanel + w, out + (k + 1) * kPanel, acc(0));
       }
     }
   });
 }
+
+// Panels of B(k, n) = src[map(n) * ld + k] (B^T stored row-major, its rows read through map):
+// a 32 x K register transpose when a panel's columns are consecutive rows of src.
+template <typename acc, typename Map>
+void pack_panels_transposed(const acc* src, int64_t K, int64_t N, int64_t ld, const Map& map,
+                            acc* dst) {
+  at::parallel_for(0, panels(N), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t n0 = p * kPanel, w = std::min(kPanel, N - n0);
+      acc* out = dst + p * K * kPanel;
+      bool consecutive = w == kPanel;
+      for (int64_t c = 1; c < w && consecutive; ++c) consecutive = map(n0 + c) == map(n0) + c;
+      if (consecutive) {
+        transpose(src + map(n0) * ld, ld, out, kPanel, kPanel, K);
+        continue;
+      }
+      for (int64_t c = 0; c < kPanel; ++c) {
+        if (c >= w) {
+          for (int64_t k = 0; k < K; ++k) out[k * kPanel + c] = acc(0);
+          continue;
+        }
+        const acc* row = src + map(n0 + c) * ld;
+        for (int64_t k = 0; k < K; ++k) out[k * kPanel + c] = row[k];
+      }
+    }
+  });
+}
+
+inline int64_t identity_index(int64_t i) { return i; }
 
 // Element (row j, k) of a strip-major A operand with K columns.
 inline int64_t strip_index(int64_t j, int64_t k, int64_t K) {
@@ -322,7 +354,7 @@ void lstm_layer_forward(const LstmForwardParams& p) {
   using acc = acc_t<T>;
   const LstmPacking& pk = p.pk;
   const int64_t T_ = pk.T, B = pk.B, D = p.w.D, H = p.w.H, P = p.w.P, G4 = 4 * H;
-  const bool proj = p.w.w_hr_t != nullptr;
+  const bool proj = p.w.w_hr != nullptr;
   const int64_t Bt = T_ * B, ws_dir = Bt * (5 * H + P), SB = strips(B) * kStrip;
   acc* ws = static_cast<acc*>(p.workspace);
   auto gates = [&](int64_t d) { return ws + d * ws_dir; };
@@ -334,11 +366,13 @@ void lstm_layer_forward(const LstmForwardParams& p) {
   const int64_t w_size = panels(G4) * kPanel * P, hr_size = panels(P) * kPanel * H;
   std::vector<acc> w_pk(static_cast<size_t>(D * w_size));
   std::vector<acc> hr_pk(proj ? static_cast<size_t>(D * hr_size) : 0);
+  auto gate_row = [H](int64_t n) { return lstm_natural_gate_row(n, H); };
   for (int64_t d = 0; d < D; ++d) {
-    pack_panels(static_cast<const acc*>(p.w.w_t) + d * P * G4, P, G4, G4, w_pk.data() + d * w_size);
+    pack_panels_transposed(static_cast<const acc*>(p.w.w_hh) + d * G4 * P, P, G4, P, gate_row,
+                           w_pk.data() + d * w_size);
     if (proj) {
-      pack_panels(static_cast<const acc*>(p.w.w_hr_t) + d * H * P, H, P, P,
-                  hr_pk.data() + d * hr_size);
+      pack_panels_transposed(static_cast<const acc*>(p.w.w_hr) + d * P * H, H, P, H,
+                             identity_index, hr_pk.data() + d * hr_size);
     }
   }
   const std::vector<acc> h0s = sorted_state<T, acc>(p.h0, pk, D, P);
@@ -450,11 +484,13 @@ void lstm_layer_backward(const LstmBackwardParams& p) {
   const int64_t w_size = panels(P) * kPanel * G4, hr_size = panels(H) * kPanel * P;
   std::vector<acc> w_pk(static_cast<size_t>(D * w_size));
   std::vector<acc> hr_pk(proj ? static_cast<size_t>(D * hr_size) : 0);
+  auto gate_row = [H](int64_t k) { return lstm_natural_gate_row(k, H); };
   for (int64_t d = 0; d < D; ++d) {
-    pack_panels(static_cast<const acc*>(p.w.w_blk) + d * G4 * P, G4, P, P, w_pk.data() + d * w_size);
+    pack_panels_rows(static_cast<const acc*>(p.w.w_hh) + d * G4 * P, G4, P, P, gate_row,
+                     w_pk.data() + d * w_size);
     if (proj) {
-      pack_panels(static_cast<const acc*>(p.w.w_hr) + d * P * H, P, H, H,
-                  hr_pk.data() + d * hr_size);
+      pack_panels_rows(static_cast<const acc*>(p.w.w_hr) + d * P * H, P, H, H, identity_index,
+                       hr_pk.data() + d * hr_size);
     }
   }
   const std::vector<acc> h0s = sorted_state<T, acc>(p.h0, pk, D, P);
@@ -729,13 +765,18 @@ void pack_b(const LstmGemmParams& p, int64_t k0, int64_t Kc, float* Bp) {
     for (int64_t q = begin; q < end; ++q) {
       const int64_t n0 = q * kPanel, cols = std::min(kPanel, p.N - n0);
       float* dst = Bp + q * Kc * kPanel;
-      if (p.b_k == 1 && p.b_n != 1 && cols == kPanel) {
-        transpose(p.B + n0 * p.b_n + k0, p.b_n, dst, kPanel, kPanel, Kc);
+      auto col = [&](int64_t n) { return p.b_cols != nullptr ? p.b_cols[n] : n; };
+      bool consecutive = cols == kPanel;
+      for (int64_t c = 1; c < cols && consecutive; ++c) consecutive = col(n0 + c) == col(n0) + c;
+      if (p.b_k == 1 && p.b_n != 1 && consecutive) {
+        transpose(p.B + col(n0) * p.b_n + k0, p.b_n, dst, kPanel, kPanel, Kc);
         continue;
       }
       for (int64_t k = 0; k < Kc; ++k) {
-        const float* src = p.B + (k0 + k) * p.b_k + n0 * p.b_n;
-        for (int64_t c = 0; c < kPanel; ++c) dst[k * kPanel + c] = c < cols ? src[c * p.b_n] : 0.0f;
+        const float* src = p.B + (k0 + k) * p.b_k;
+        for (int64_t c = 0; c < kPanel; ++c) {
+          dst[k * kPanel + c] = c < cols ? src[col(n0 + c) * p.b_n] : 0.0f;
+        }
       }
     }
   });

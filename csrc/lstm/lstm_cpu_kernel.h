@@ -58,14 +58,21 @@ struct LstmScatterParams {
   uint64_t seed, stream;
 };
 
-// One layer, D directions, all weights in acc and packed by lstm_cpu.cpp.
+// One layer, D directions: the weights in acc, in their natural (torch) layout; the kernels
+// pack them into the panels their GEMMs stream (one pass each, once per call).
 struct LstmLayerWeights {
   int64_t D, H, P;        // P = projection size (H without projection)
-  const void* w_t;        // (D, P, 4H): W_hh^T, columns in blocked gate order (forward GEMM)
-  const void* w_blk;      // (D, 4H, P): W_hh, rows in blocked gate order (backward GEMM)
-  const void* w_hr_t;     // (D, H, P): W_hr^T, or nullptr without projection
-  const void* w_hr;       // (D, P, H): W_hr, or nullptr
+  const void* w_hh;       // (D, 4H, P) contiguous
+  const void* w_hr;       // (D, P, H) contiguous, or nullptr without projection
 };
+
+// Natural gate row (i, f, g, o blocks of H) of column n of the blocked gate order.
+inline int64_t lstm_natural_gate_row(int64_t n, int64_t H) {
+  const int64_t u0 = (n / (4 * kLstmUnitBlock)) * kLstmUnitBlock;
+  const int64_t hb = H - u0 < kLstmUnitBlock ? H - u0 : kLstmUnitBlock;
+  const int64_t within = n - 4 * u0;
+  return (within / hb) * H + u0 + within % hb;
+}
 
 // Forward workspace of direction d (acc), rows are packed rows, Bt = T * B rows reserved:
 //   gates (Bt, 4H): on entry x W_ih^T + b_ih + b_hh (blocked columns) for every packed row;
@@ -148,6 +155,7 @@ struct LstmGemmParams {
   int64_t a_m, a_k;
   const float* B;
   int64_t b_k, b_n;
+  const int64_t* b_cols;  // (N,) column n of the product reads column b_cols[n] of B, or nullptr
   float* C;
   int64_t ldc;
   const float* bias;  // (N,) or nullptr
