@@ -49,8 +49,8 @@ TORCH_LIBRARY(fastattn, m) {
         "Tensor cx, Tensor w_ih, Tensor w_hh, Tensor workspace, bool has_bias) "
         "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("lstm_layer(Tensor input, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, Tensor? b_ih, "
-        "Tensor? b_hh, Tensor? w_hr, Tensor? lengths, float dropout_p, Tensor? seed) "
-        "-> (Tensor, Tensor, Tensor, Tensor)");
+        "Tensor? b_hh, Tensor? w_hr, Tensor? lengths, float dropout_p, Tensor? seed, "
+        "bool save_workspace) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("lstm_layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n, "
         "Tensor input, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, Tensor? w_hr, "
         "Tensor? lengths, Tensor workspace, float dropout_p, Tensor? seed, bool has_bias, "

@@ -380,9 +380,9 @@ def test_dropout_rate_and_scale():
             torch.zeros(1, B, H, dtype=F64), torch.randn(1, 4 * H, I, dtype=F64),
             torch.randn(1, 4 * H, H, dtype=F64), None, None, None, None]
     seed = torch.tensor([1234, 99])
-    out, *_ = torch.ops.fastattn.lstm_layer(*args, 0.25, seed)
+    out, *_ = torch.ops.fastattn.lstm_layer(*args, 0.25, seed, True)
     (g_drop,) = torch.autograd.grad(out.sum(), args[0])
-    out0, *_ = torch.ops.fastattn.lstm_layer(*args, 0.0, None)
+    out0, *_ = torch.ops.fastattn.lstm_layer(*args, 0.0, None, True)
     (g_full,) = torch.autograd.grad(out0.sum(), args[0])
     kept = g_drop != 0
     assert abs(1.0 - kept.double().mean().item() - 0.25) < 0.02
@@ -427,7 +427,7 @@ def test_lstm_layer_gradcheck(backend, variant):
     seed = seed.to(device) if seed is not None else None
 
     def fn(*tensors):
-        out, h_n, c_n, _ = torch.ops.fastattn.lstm_layer(*tensors, p, seed)
+        out, h_n, c_n, _ = torch.ops.fastattn.lstm_layer(*tensors, p, seed, True)
         return out, h_n, c_n
 
     assert torch.autograd.gradcheck(fn, tuple(args))
@@ -447,11 +447,12 @@ def test_lstm_cell_gradcheck(backend, bias):
 
 def _opcheck_cases(device):
     cases = {
-        "layer": ("lstm_layer", _layer_args(lengths=False, D=1, P=4) + [0.0, None]),
-        "layer-bidir-proj-lengths": ("lstm_layer", _layer_args() + [0.0, None]),
-        "layer-dropout-nobias": ("lstm_layer", _layer_args(bias=False) + [0.2,
-                                                                         torch.tensor([1, 2])]),
-        "layer-fp32": ("lstm_layer", _layer_args(dtype=torch.float32) + [0.0, None]),
+        "layer": ("lstm_layer", _layer_args(lengths=False, D=1, P=4) + [0.0, None, True]),
+        "layer-bidir-proj-lengths": ("lstm_layer", _layer_args() + [0.0, None, True]),
+        "layer-dropout-nobias": ("lstm_layer", _layer_args(bias=False) + [
+            0.2, torch.tensor([1, 2]), True]),
+        "layer-fp32": ("lstm_layer", _layer_args(dtype=torch.float32) + [0.0, None, True]),
+        "layer-inference": ("lstm_layer", _layer_args(grad=False) + [0.0, None, False]),
         "cell": ("lstm_cell", [torch.randn(3, 4, requires_grad=True),
                                torch.randn(3, 5, requires_grad=True),
                                torch.randn(3, 5, requires_grad=True),
@@ -464,7 +465,7 @@ def _opcheck_cases(device):
                                            torch.randn(20, 5), None, None]),
     }
     args = _layer_args(grad=False)
-    _, _, _, ws = torch.ops.fastattn.lstm_layer(*args, 0.0, None)
+    _, _, _, ws = torch.ops.fastattn.lstm_layer(*args, 0.0, None, True)
     T, B, _ = args[0].shape
     cases["layer_backward"] = ("lstm_layer_backward", [
         torch.randn(T, B, 6, dtype=F64), None, torch.randn(2, B, 4, dtype=F64), *args[:5],
@@ -657,11 +658,11 @@ def test_functional_errors():
     with pytest.raises(RuntimeError, match="lstm_layer: lengths must be in \\[0, T\\]"):
         torch.ops.fastattn.lstm_layer(x, torch.zeros(1, 2, 4), torch.zeros(1, 2, 4),
                                       w[0][None], w[1][None], None, None, None,
-                                      torch.tensor([9, 1]), 0.0, None)
+                                      torch.tensor([9, 1]), 0.0, None, False)
     with pytest.raises(RuntimeError, match="lstm_layer: w_ih must have shape"):
         torch.ops.fastattn.lstm_layer(x, torch.zeros(1, 2, 4), torch.zeros(1, 2, 4),
                                       w[0][None, :, :2], w[1][None], None, None, None, None,
-                                      0.0, None)
+                                      0.0, None, False)
 
 
 # ---------------------------------------------------------------------------------------------

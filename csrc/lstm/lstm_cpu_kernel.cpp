@@ -40,6 +40,26 @@ namespace {
 
 constexpr int64_t kUB = kLstmUnitBlock;
 
+// Grow-only per-thread scratch buffers for the large temporaries of a call (packed weights,
+// GEMM operands): a fresh multi-megabyte allocation is page-faulted and zero-filled by the
+// kernel on every call (about 0.45 ms per MB here), a sizeable share of an LSTM step. Contents
+// are undefined; each slot is used by one buffer at a time, on the calling thread only.
+enum ScratchSlot : int { kWeightPanels, kProjPanels, kStates, kStates2, kRows, kGemmA, kGemmB,
+                         kNumSlots };
+
+template <typename T>
+T* scratch(ScratchSlot slot, int64_t n) {
+  thread_local std::vector<double> buffers[kNumSlots];  // double: aligned for float and double
+  std::vector<double>& buf = buffers[slot];
+  const size_t words = (static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(T) + 7) / 8;
+  if (buf.size() < words) {
+    buf.clear();
+    buf.shrink_to_fit();
+    buf.resize(words);
+  }
+  return reinterpret_cast<T*>(buf.data());
+}
+
 template <typename acc>
 inline acc sigmoid(acc x) {
   return acc(1) / (acc(1) + exp_approx(-x));
@@ -302,14 +322,14 @@ void lstm_gather_input(const LstmGatherParams& p) {
     acc* dst = xp + row * p.I;
     load_row<T>(in + t * p.stride_t + b * p.stride_b, dst, p.I);
     if (p.dropout_p > 0.0) {
-      thread_local std::vector<float> scratch;
+      thread_local std::vector<float> uniform;
       thread_local std::vector<acc> mult;
       if (static_cast<int64_t>(mult.size()) < p.I) {
-        scratch.resize(p.I);
+        uniform.resize(p.I);
         mult.resize(p.I);
       }
       dropout_multipliers<acc>(p.seed, p.stream, static_cast<uint64_t>((t * pk.B + b) * p.I),
-                               p.I, p.dropout_p, scratch.data(), mult.data());
+                               p.I, p.dropout_p, uniform.data(), mult.data());
       for (int64_t i = 0; i < p.I; ++i) dst[i] *= mult[i];
     }
   });
@@ -326,7 +346,7 @@ void lstm_scatter_grad_input(const LstmScatterParams& p) {
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(p.I, 1));
   at::parallel_for(0, pk.T * pk.B, grain, [&](int64_t begin, int64_t end) {
     std::vector<acc> row(p.I), mult(p.dropout_p > 0.0 ? p.I : 0);
-    std::vector<float> scratch(mult.size());
+    std::vector<float> uniform(mult.size());
     for (int64_t tb = begin; tb < end; ++tb) {
       const int64_t t = tb / pk.B, b = tb % pk.B, j = rank[b];
       if (t >= pk.lengths[j]) {
@@ -335,7 +355,7 @@ void lstm_scatter_grad_input(const LstmScatterParams& p) {
         const acc* src = dx + (pk.offsets[t] + j) * p.I;
         if (p.dropout_p > 0.0) {
           dropout_multipliers<acc>(p.seed, p.stream, static_cast<uint64_t>(tb * p.I), p.I,
-                                   p.dropout_p, scratch.data(), mult.data());
+                                   p.dropout_p, uniform.data(), mult.data());
           for (int64_t i = 0; i < p.I; ++i) row[i] = src[i] * mult[i];
         } else {
           std::copy(src, src + p.I, row.begin());
@@ -364,23 +384,23 @@ void lstm_layer_forward(const LstmForwardParams& p) {
 
   // W_hh^T (P x 4H, blocked gate columns) and W_hr^T (H x P) in panels.
   const int64_t w_size = panels(G4) * kPanel * P, hr_size = panels(P) * kPanel * H;
-  std::vector<acc> w_pk(static_cast<size_t>(D * w_size));
-  std::vector<acc> hr_pk(proj ? static_cast<size_t>(D * hr_size) : 0);
+  acc* w_pk = scratch<acc>(kWeightPanels, D * w_size);
+  acc* hr_pk = proj ? scratch<acc>(kProjPanels, D * hr_size) : nullptr;
   auto gate_row = [H](int64_t n) { return lstm_natural_gate_row(n, H); };
   for (int64_t d = 0; d < D; ++d) {
     pack_panels_transposed(static_cast<const acc*>(p.w.w_hh) + d * G4 * P, P, G4, P, gate_row,
-                           w_pk.data() + d * w_size);
+                           w_pk + d * w_size);
     if (proj) {
       pack_panels_transposed(static_cast<const acc*>(p.w.w_hr) + d * P * H, H, P, H,
-                             identity_index, hr_pk.data() + d * hr_size);
+                             identity_index, hr_pk + d * hr_size);
     }
   }
   const std::vector<acc> h0s = sorted_state<T, acc>(p.h0, pk, D, P);
   const std::vector<acc> c0s = sorted_state<T, acc>(p.c0, pk, D, H);
   // h_{t-1} in strips (SB x P per direction), double-buffered: step s reads buffer s & 1 and
   // writes the other. Rows that have not started (reverse direction) read h0 from both.
-  std::vector<acc> hS(static_cast<size_t>(D * 2 * SB * P), acc(0));
-  auto h_strips = [&](int64_t d, int64_t buf) { return hS.data() + (d * 2 + buf) * SB * P; };
+  acc* hS = scratch<acc>(kStates, D * 2 * SB * P);
+  auto h_strips = [&](int64_t d, int64_t buf) { return hS + (d * 2 + buf) * SB * P; };
   for (int64_t d = 0; d < D; ++d) {
     for (int64_t j = 0; j < B; ++j) {
       for (int64_t k = 0; k < P; ++k) {
@@ -390,7 +410,7 @@ void lstm_layer_forward(const LstmForwardParams& p) {
       }
     }
   }
-  std::vector<acc> rS(proj ? static_cast<size_t>(D * SB * H) : 0);
+  acc* rS = proj ? scratch<acc>(kStates2, D * SB * H) : nullptr;
 
   const double step_flops = 2.0 * D * B * (G4 * P + (proj ? H * P : 0));
   const Grid cell_grid = make_grid(D, H, kUB, B, step_flops);
@@ -403,7 +423,7 @@ void lstm_layer_forward(const LstmForwardParams& p) {
       if (r0 >= r1) return;
       const int64_t u0 = k * kUB, hb = std::min(kUB, H - u0);
       acc* G = gates(d) + pk.offsets[t] * G4;
-      gemm_packed(r0, r1, 4 * u0, 4 * hb, P, h_strips(d, s & 1), w_pk.data() + d * w_size,
+      gemm_packed(r0, r1, 4 * u0, 4 * hb, P, h_strips(d, s & 1), w_pk + d * w_size,
                   G + r0 * G4 + 4 * u0, G4, /*accumulate=*/true);
       acc* h_next = h_strips(d, (s & 1) ^ 1);
       acc hrow[kUB];
@@ -418,7 +438,7 @@ void lstm_layer_forward(const LstmForwardParams& p) {
           for (int64_t u = 0; u < hb; ++u) h_next[strip_index(j, u0 + u, P)] = hrow[u];
           store_row<T>(hrow, out + (t * B + pk.perm[j]) * D * P + d * P + u0, hb);
         } else {
-          acc* r = rS.data() + d * SB * H;
+          acc* r = rS + d * SB * H;
           for (int64_t u = 0; u < hb; ++u) r[strip_index(j, u0 + u, H)] = hrow[u];
         }
       }
@@ -431,7 +451,7 @@ void lstm_layer_forward(const LstmForwardParams& p) {
       const int64_t c0 = k * kPanel, pc = std::min(kPanel, P - c0);
       acc* h_next = h_strips(d, (s & 1) ^ 1);
       acc* Hd = hidden(d) + pk.offsets[t] * P;
-      gemm_packed(r0, r1, c0, pc, H, rS.data() + d * SB * H, hr_pk.data() + d * hr_size,
+      gemm_packed(r0, r1, c0, pc, H, rS + d * SB * H, hr_pk + d * hr_size,
                   Hd + r0 * P + c0, P, /*accumulate=*/false);
       for (int64_t j = r0; j < r1; ++j) {
         const acc* row = Hd + j * P + c0;
@@ -482,15 +502,15 @@ void lstm_layer_backward(const LstmBackwardParams& p) {
 
   // W_hh (4H x P, blocked gate rows) and W_hr (P x H) in panels.
   const int64_t w_size = panels(P) * kPanel * G4, hr_size = panels(H) * kPanel * P;
-  std::vector<acc> w_pk(static_cast<size_t>(D * w_size));
-  std::vector<acc> hr_pk(proj ? static_cast<size_t>(D * hr_size) : 0);
+  acc* w_pk = scratch<acc>(kWeightPanels, D * w_size);
+  acc* hr_pk = proj ? scratch<acc>(kProjPanels, D * hr_size) : nullptr;
   auto gate_row = [H](int64_t k) { return lstm_natural_gate_row(k, H); };
   for (int64_t d = 0; d < D; ++d) {
     pack_panels_rows(static_cast<const acc*>(p.w.w_hh) + d * G4 * P, G4, P, P, gate_row,
-                     w_pk.data() + d * w_size);
+                     w_pk + d * w_size);
     if (proj) {
       pack_panels_rows(static_cast<const acc*>(p.w.w_hr) + d * P * H, P, H, H, identity_index,
-                       hr_pk.data() + d * hr_size);
+                       hr_pk + d * hr_size);
     }
   }
   const std::vector<acc> h0s = sorted_state<T, acc>(p.h0, pk, D, P);
@@ -502,10 +522,10 @@ void lstm_layer_backward(const LstmBackwardParams& p) {
   std::vector<acc> dh_next = sorted_state<T, acc>(p.grad_h_n, pk, D, P);
   std::vector<acc> dc_next = sorted_state<T, acc>(p.grad_c_n, pk, D, H);
   // dgates of the previous step in strips (SB x 4H, blocked gate order), double-buffered.
-  std::vector<acc> dgS(static_cast<size_t>(D * 2 * SB * G4), acc(0));
-  auto dg_strips = [&](int64_t d, int64_t buf) { return dgS.data() + (d * 2 + buf) * SB * G4; };
-  std::vector<acc> dhS(proj ? static_cast<size_t>(D * SB * P) : 0);
-  std::vector<acc> dr(proj ? static_cast<size_t>(D * B * H) : 0);
+  acc* dgS = scratch<acc>(kStates, D * 2 * SB * G4);
+  auto dg_strips = [&](int64_t d, int64_t buf) { return dgS + (d * 2 + buf) * SB * G4; };
+  acc* dhS = proj ? scratch<acc>(kStates2, D * SB * P) : nullptr;
+  acc* dr = proj ? scratch<acc>(kRows, D * B * H) : nullptr;
   // Without a projection r = o * tanh(c) is not needed: rr (per task) receives it.
   const double step_flops = 2.0 * D * B * (G4 * P + (proj ? H * P : 0));
   const Grid cell_grid = make_grid(D, H, kUB, B, step_flops);
@@ -544,7 +564,7 @@ void lstm_layer_backward(const LstmBackwardParams& p) {
     if (s + 1 >= T_) return;
     r1 = std::min(r1, pk.batch_sizes[time_of(pk, d, s + 1)]);
     if (r0 >= r1) return;
-    gemm_packed(r0, r1, c0, width, G4, dg_strips(d, (s + 1) & 1), w_pk.data() + d * w_size,
+    gemm_packed(r0, r1, c0, width, G4, dg_strips(d, (s + 1) & 1), w_pk + d * w_size,
                 dh_next.data() + (d * B + r0) * P + c0, P, /*accumulate=*/false);
   };
 
@@ -588,7 +608,7 @@ void lstm_layer_backward(const LstmBackwardParams& p) {
       if (r0 >= r1) return;
       acc* dst = dh_out + (d * total + pk.offsets[t] + r0) * P + c0;
       gather_dh(d, t, r0, r1, c0, pc, dst, P);
-      acc* strip = dhS.data() + d * SB * P;
+      acc* strip = dhS + d * SB * P;
       for (int64_t j = r0; j < r1; ++j) {
         for (int64_t u = 0; u < pc; ++u) strip[strip_index(j, c0 + u, P)] = dst[(j - r0) * P + u];
       }
@@ -599,8 +619,8 @@ void lstm_layer_backward(const LstmBackwardParams& p) {
       r1 = std::min(r1, pk.batch_sizes[t]);
       if (r0 >= r1) return;
       const int64_t u0 = k * kUB, hb = std::min(kUB, H - u0);
-      acc* drk = dr.data() + (d * B + r0) * H + u0;
-      gemm_packed(r0, r1, u0, hb, P, dhS.data() + d * SB * P, hr_pk.data() + d * hr_size, drk, H,
+      acc* drk = dr + (d * B + r0) * H + u0;
+      gemm_packed(r0, r1, u0, hb, P, dhS + d * SB * P, hr_pk + d * hr_size, drk, H,
                   /*accumulate=*/false);
       backward_rows(d, s, k, r0, r1, drk, H);
     });
@@ -799,13 +819,13 @@ void lstm_gemm(const LstmGemmParams& p) {
     return;
   }
   const int64_t Kc_max = std::min(p.K, kGemmKc);
-  std::vector<float> Ap(static_cast<size_t>(strips(p.M) * kStrip * Kc_max));
-  std::vector<float> Bp(static_cast<size_t>(panels(p.N) * kPanel * Kc_max));
+  float* Ap = scratch<float>(kGemmA, strips(p.M) * kStrip * Kc_max);
+  float* Bp = scratch<float>(kGemmB, panels(p.N) * kPanel * Kc_max);
   for (int64_t k0 = 0; k0 < p.K; k0 += kGemmKc) {
     const int64_t Kc = std::min(kGemmKc, p.K - k0);
     const bool first = k0 == 0;
-    pack_a(p, k0, Kc, Ap.data());
-    pack_b(p, k0, Kc, Bp.data());
+    pack_a(p, k0, Kc, Ap);
+    pack_b(p, k0, Kc, Bp);
     at::parallel_for(0, n_blocks * m_blocks, 1, [&](int64_t begin, int64_t end) {
       for (int64_t task = begin; task < end; ++task) {
         const int64_t nb = task / m_blocks, mb = task % m_blocks;
@@ -813,7 +833,7 @@ void lstm_gemm(const LstmGemmParams& p) {
         const int64_t m0 = mb * kGemmMc, m1 = std::min(p.M, m0 + kGemmMc);
         for (int64_t m = m0; m < m1; m += kStrip) {
           const int64_t M = std::min(kStrip, m1 - m);
-          const float* a = Ap.data() + (m / kStrip) * Kc * kStrip;
+          const float* a = Ap + (m / kStrip) * Kc * kStrip;
           for (int64_t n = n0; n < n1; n += kPanel) {
             const int64_t N = std::min(kPanel, n1 - n);
             float* c = p.C + m * p.ldc + n;
@@ -826,7 +846,7 @@ void lstm_gemm(const LstmGemmParams& p) {
                 }
               }
             }
-            gemm(M, N, Kc, 1.0f, a, 1, kStrip, Bp.data() + (n / kPanel) * Kc * kPanel, kPanel, c,
+            gemm(M, N, Kc, 1.0f, a, 1, kStrip, Bp + (n / kPanel) * Kc * kPanel, kPanel, c,
                  p.ldc, !first || p.accumulate || p.bias != nullptr);
           }
         }

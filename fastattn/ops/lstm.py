@@ -31,7 +31,7 @@ fastattn::lstm_cell_backward(Tensor? grad_hy, Tensor? grad_cy, Tensor input, Ten
 
 fastattn::lstm_layer(Tensor input, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh,
                      Tensor? b_ih, Tensor? b_hh, Tensor? w_hr, Tensor? lengths,
-                     float dropout_p, Tensor? seed)
+                     float dropout_p, Tensor? seed, bool save_workspace)
     -> (Tensor output, Tensor h_n, Tensor c_n, Tensor workspace)
     One layer with D = 1 or 2 directions (direction 1 runs backwards in time):
     input (T, B, I) time-major, any strides with a unit last stride; h0 (D, B, P), c0 (D, B, H);
@@ -43,7 +43,8 @@ fastattn::lstm_layer(Tensor input, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_h
     output (T, B, D * P): direction d in columns [d * P, (d + 1) * P), 0 at t >= lengths[b];
     h_n (D, B, P), c_n (D, B, H): the state after each sequence's last step (t = lengths[b] - 1
     forward, t = 0 reverse; h0/c0 for a length of 0); contiguous, storage dtype.
-    workspace (D, T * B * (5H + P)) acc, contiguous: whatever the same backend's
+    workspace (D, T * B * (5H + P)) acc, contiguous, when save_workspace, else (0,) (inference:
+    the driver asks for it only when autograd will need it): whatever the same backend's
     lstm_layer_backward needs; its layout is private to the backend, only its shape is part of
     the contract (the fake implementation below). The CPU backend stores, per direction, the
     activated gates (T * B, 4H), c_t (T * B, H) and h_t (T * B, P) of every packed row (time-
@@ -360,7 +361,10 @@ def lstm(input: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None,
         if chosen == "reference":
             x, hl, cl = ref.lstm_layer(*args)
         else:
-            x, hl, cl, _ = _op("lstm_layer", chosen)(*args)
+            # The states the backward needs are saved only when autograd will run it.
+            save = torch.is_grad_enabled() and any(
+                t is not None and t.requires_grad for t in args[:8])
+            x, hl, cl, _ = _op("lstm_layer", chosen)(*args, save)
         h_n.append(hl)
         c_n.append(cl)
     _backend._record(op, chosen)
@@ -395,13 +399,14 @@ def _register_native_fakes() -> None:
                 input.new_empty((4 * H,) if has_bias else (0,)))
 
     @torch.library.register_fake("fastattn::lstm_layer")
-    def _(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, dropout_p, seed):
+    def _(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, dropout_p, seed,
+          save_workspace):
         T, B, _ = input.shape
         D, G, P = w_hh.shape
         H = G // 4
+        workspace = (D, T * B * (5 * H + P)) if save_workspace else (0,)
         return (input.new_empty((T, B, D * P)), input.new_empty((D, B, P)),
-                input.new_empty((D, B, H)),
-                input.new_empty((D, T * B * (5 * H + P)), dtype=_acc(input.dtype)))
+                input.new_empty((D, B, H)), input.new_empty(workspace, dtype=_acc(input.dtype)))
 
     @torch.library.register_fake("fastattn::lstm_layer_backward")
     def _(grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, w_hr, lengths, workspace,
@@ -446,17 +451,21 @@ def register_autograd(suffix: str) -> None:
                                     setup_context=cell_setup)
 
     def layer_setup(ctx, inputs, output):
-        input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, dropout_p, seed = inputs
+        (input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, dropout_p, seed,
+         save_workspace) = inputs
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(output[3])
-        ctx.meta = (dropout_p, b_ih is not None, w_hr is not None)
+        ctx.meta = (dropout_p, b_ih is not None, w_hr is not None, save_workspace)
         ctx.save_for_backward(input, h0, c0, w_ih, w_hh, w_hr, lengths, seed, output[3])
 
     def layer_backward(ctx, grad_output, grad_h_n, grad_c_n, _grad_workspace):
         if grad_output is None and grad_h_n is None and grad_c_n is None:
-            return (None,) * 11
+            return (None,) * 12
         input, h0, c0, w_ih, w_hh, w_hr, lengths, seed, workspace = ctx.saved_tensors
-        dropout_p, has_bias, has_proj = ctx.meta
+        dropout_p, has_bias, has_proj, saved = ctx.meta
+        if not saved:
+            raise RuntimeError("fastattn::lstm_layer was called with save_workspace=False, so "
+                               "it cannot be differentiated: pass save_workspace=True")
         needs = ctx.needs_input_grad
         weight_grad = any(needs[3:8])
         gi, gh0, gc0, gwih, gwhh, gb, gwhr = getattr(ops, "lstm_layer_backward" + suffix)(
@@ -466,7 +475,7 @@ def register_autograd(suffix: str) -> None:
                 gc0 if needs[2] else None, gwih if needs[3] else None,
                 gwhh if needs[4] else None, gb if has_bias and needs[5] else None,
                 gb.clone() if has_bias and needs[6] else None,
-                gwhr if has_proj and needs[7] else None, None, None, None)
+                gwhr if has_proj and needs[7] else None, None, None, None, None)
 
     torch.library.register_autograd("fastattn::lstm_layer" + suffix, layer_backward,
                                     setup_context=layer_setup)
