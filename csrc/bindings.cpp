@@ -63,6 +63,22 @@ TORCH_LIBRARY(fastattn, m) {
   m.def("apply_rotary_(Tensor(a!) x, Tensor? cos, Tensor? sin, int offset, Tensor? offsets, "
         "Tensor? position_ids, int rotary_dim, float base, bool interleaved, bool conjugate) "
         "-> ()");
+
+  // LSTM (csrc/lstm). The op contract (shapes, workspace, gate order) is documented at the top
+  // of fastattn/ops/lstm.py. Dropout ops take seed = int64 (2,) on the device.
+  m.def("lstm_cell(Tensor input, Tensor hx, Tensor cx, Tensor w_ih, Tensor w_hh, Tensor? b_ih, "
+        "Tensor? b_hh) -> (Tensor, Tensor, Tensor)");
+  m.def("lstm_cell_backward(Tensor? grad_hy, Tensor? grad_cy, Tensor input, Tensor hx, "
+        "Tensor cx, Tensor w_ih, Tensor w_hh, Tensor workspace, bool has_bias) "
+        "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("lstm_layer(Tensor input, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, Tensor? b_ih, "
+        "Tensor? b_hh, Tensor? w_hr, Tensor? lengths, float dropout_p, Tensor? seed, "
+        "bool save_workspace) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("lstm_layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n, "
+        "Tensor input, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, Tensor? w_hr, "
+        "Tensor? lengths, Tensor workspace, float dropout_p, Tensor? seed, bool has_bias, "
+        "bool input_grad, bool weight_grad) "
+        "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 namespace fastattn {

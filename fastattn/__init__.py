@@ -5,6 +5,7 @@ Public API (see README.md and the docstrings):
   backends:   available_backends, use_backend, set_backend, last_backend
   attention:  attention, merge_attention, additive_attention, varlen_attention,
               pack_padded, unpack_padded, attention_with_kvcache
+  lstm:       lstm_cell, lstm
   positional: sinusoidal_table, add_sinusoidal, embed_with_positions, apply_rotary
   modules:    fastattn.nn, swap_modules, restore_modules, swap_summary
 """
@@ -18,6 +19,7 @@ from ._backend import (BackendError, available_backends, last_backend, set_backe
 from .ops.additive_attention import additive_attention
 from .ops.attention import attention, merge_attention
 from .ops.attention_with_kvcache import attention_with_kvcache
+from .ops.lstm import lstm, lstm_cell
 from .ops.varlen_attention import pack_padded, unpack_padded, varlen_attention
 from .ops.positional import add_sinusoidal, apply_rotary, embed_with_positions, sinusoidal_table
 
@@ -46,8 +48,9 @@ from .swap import restore_modules, swap_modules, swap_summary  # noqa: E402
 __all__ = [
     "BackendError", "available_backends", "use_backend", "set_backend", "last_backend",
     "attention", "merge_attention", "additive_attention", "varlen_attention", "pack_padded",
-    "unpack_padded", "attention_with_kvcache", "sinusoidal_table", "add_sinusoidal", "embed_with_positions", "apply_rotary", "nn",
-    "build_info", "swap_modules", "restore_modules", "swap_summary",
+    "unpack_padded", "attention_with_kvcache", "lstm_cell", "lstm", "sinusoidal_table",
+    "add_sinusoidal", "embed_with_positions", "apply_rotary", "nn", "build_info",
+    "swap_modules", "restore_modules", "swap_summary",
 ]
 
 

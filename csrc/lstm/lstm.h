@@ -1,0 +1,90 @@
+// Argument checks and output shapes of the LSTM ops, shared by the CPU and CUDA op bodies.
+// fastattn/ops/lstm.py checks the same rules first with torch.nn.LSTM's messages and documents
+// the op contract; these guard direct calls of torch.ops.fastattn.*.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include "common/checks.h"
+
+namespace fastattn::lstm {
+
+// Sizes of one lstm_layer call: T steps, B rows, I input features, D directions, H hidden
+// units, P = projection size (H without projection).
+struct LayerDims {
+  int64_t T, B, I, D, H, P;
+};
+
+inline bool defined(const c10::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
+
+inline at::ScalarType compute_dtype(at::ScalarType t) {
+  return t == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+// Elements of the forward workspace of one direction (see fastattn/ops/lstm.py): T * B rows of
+// 4H activated gates, H cell values and P hidden values.
+inline int64_t workspace_per_direction(const LayerDims& d) {
+  return d.T * d.B * (5 * d.H + d.P);
+}
+
+inline void check_same(const at::Tensor& t, const at::Tensor& input, const char* op,
+                       const char* name) {
+  FASTATTN_CHECK(t.scalar_type() == input.scalar_type(), op, name,
+                 " must have the input's dtype ", input.scalar_type(), ", got ", t.scalar_type());
+  check_same_device(t, input, op, name, "input");
+}
+
+inline void check_shape(const at::Tensor& t, at::IntArrayRef want, const char* op,
+                        const char* name) {
+  FASTATTN_CHECK(t.sizes() == want, op, name, " must have shape ", want, ", got ", t.sizes());
+}
+
+// input (T, B, I); w_ih (D, 4H, I); w_hh (D, 4H, P); b_ih/b_hh (D, 4H); w_hr (D, P, H);
+// h0 (D, B, P); c0 (D, B, H); lengths int64 (B,).
+inline LayerDims check_layer(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0,
+                             const at::Tensor& w_ih, const at::Tensor& w_hh,
+                             const c10::optional<at::Tensor>& b_ih,
+                             const c10::optional<at::Tensor>& b_hh,
+                             const c10::optional<at::Tensor>& w_hr,
+                             const c10::optional<at::Tensor>& lengths, const char* op) {
+  check_float_dtype(input, op, "input");
+  FASTATTN_CHECK(input.dim() == 3, op, "input must be 3-D (T, B, I), got ", input.sizes());
+  FASTATTN_CHECK(w_ih.dim() == 3 && (w_ih.size(0) == 1 || w_ih.size(0) == 2), op,
+                 "w_ih must be (D, 4H, I) with D = 1 or 2 directions, got ", w_ih.sizes());
+  FASTATTN_CHECK(w_hh.dim() == 3, op, "w_hh must be (D, 4H, P), got ", w_hh.sizes());
+  LayerDims d{input.size(0), input.size(1), input.size(2), w_ih.size(0), w_hh.size(1) / 4,
+              w_hh.size(2)};
+  FASTATTN_CHECK(d.H >= 1 && w_hh.size(1) == 4 * d.H && w_hh.size(0) == d.D, op,
+                 "w_hh must be (D, 4H, P) with H >= 1, got ", w_hh.sizes());
+  check_shape(w_ih, {d.D, 4 * d.H, d.I}, op, "w_ih");
+  check_same(w_ih, input, op, "w_ih");
+  check_same(w_hh, input, op, "w_hh");
+  FASTATTN_CHECK(defined(b_ih) == defined(b_hh), op, "b_ih and b_hh must be given together");
+  if (defined(b_ih)) {
+    check_shape(*b_ih, {d.D, 4 * d.H}, op, "b_ih");
+    check_shape(*b_hh, {d.D, 4 * d.H}, op, "b_hh");
+    check_same(*b_ih, input, op, "b_ih");
+    check_same(*b_hh, input, op, "b_hh");
+  }
+  if (defined(w_hr)) {
+    FASTATTN_CHECK(d.P >= 1 && d.P < d.H, op, "the projection size must be in [1, H) = [1, ",
+                   d.H, "), got ", d.P);
+    check_shape(*w_hr, {d.D, d.P, d.H}, op, "w_hr");
+    check_same(*w_hr, input, op, "w_hr");
+  } else {
+    FASTATTN_CHECK(d.P == d.H, op, "without w_hr, w_hh must be (D, 4H, H), got ", w_hh.sizes());
+  }
+  check_shape(h0, {d.D, d.B, d.P}, op, "h0");
+  check_shape(c0, {d.D, d.B, d.H}, op, "c0");
+  check_same(h0, input, op, "h0");
+  check_same(c0, input, op, "c0");
+  if (defined(lengths)) {
+    FASTATTN_CHECK(lengths->scalar_type() == at::kLong && lengths->dim() == 1 &&
+                       lengths->size(0) == d.B,
+                   op, "lengths must be an int64 (B,) = (", d.B, ",) tensor, got ",
+                   lengths->scalar_type(), " ", lengths->sizes());
+    check_same_device(*lengths, input, op, "lengths", "input");
+  }
+  return d;
+}
+
+}  // namespace fastattn::lstm

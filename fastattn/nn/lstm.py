@@ -1,0 +1,133 @@
+"""Drop-in LSTM modules backed by fastattn.lstm / fastattn.lstm_cell.
+
+`LSTM` has torch.nn.LSTM's constructor, parameters (weight_ih_l0, weight_hh_l0, bias_ih_l0,
+bias_hh_l0, weight_hr_l0 with proj_size, ..._reverse), state_dict, forward signature and
+returns, PackedSequence included. It derives from torch.nn.RNNBase with mode "LSTM", as
+torch.nn.LSTM does, but not from torch.nn.LSTM: Dynamo refuses to trace any instance of
+torch.nn.LSTM (or of a subclass) unless torch._dynamo.config.allow_rnn is set, and a model
+using fastattn.nn.LSTM must compile with torch.compile(fullgraph=True) as it is. The shape
+checks and error messages are torch.nn.LSTM's own (its methods are reused below).
+
+`LSTMCell` subclasses torch.nn.LSTMCell and only replaces its forward.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+
+from ..ops.lstm import lstm, lstm_cell
+
+
+class LSTM(nn.RNNBase):
+    """torch.nn.LSTM, fused: see torch.nn.LSTM for the arguments, inputs and outputs.
+
+    LSTM(input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
+    bidirectional=False, proj_size=0, device=None, dtype=None); forward(input, hx=None) with
+    input a (T, B, I) / batch-first (B, T, I) / unbatched (T, I) tensor or a PackedSequence,
+    hx = (h_0, c_0) or None; returns (output, (h_n, c_n)), output a PackedSequence when the
+    input is one. A PackedSequence is unpacked to a padded batch and its lengths, run with
+    fastattn.lstm(lengths=...) (no work past any sequence's end) and packed again with the
+    input's batch_sizes, sorted_indices and unsorted_indices.
+    """
+
+    # torch.nn.LSTM's own checks and hidden-state permutation (they only read the attributes
+    # RNNBase defines), so errors read exactly as torch's.
+    get_expected_cell_size = nn.LSTM.get_expected_cell_size
+    check_forward_args = nn.LSTM.check_forward_args
+    permute_hidden = nn.LSTM.permute_hidden
+
+    def __init__(self, *args, **kwargs):
+        super().__init__("LSTM", *args, **kwargs)
+
+    def _weights(self) -> list[torch.Tensor]:
+        # Read by name on every call (not the cached _flat_weights), so parameters replaced
+        # after construction (functional_call, swapping) are the ones used.
+        return [getattr(self, name) for name in self._flat_weights_names]
+
+    def _zeros(self, batch: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        layers = self.num_layers * (2 if self.bidirectional else 1)
+        real_hidden = self.proj_size if self.proj_size > 0 else self.hidden_size
+        kw = dict(dtype=like.dtype, device=like.device)
+        return (torch.zeros(layers, batch, real_hidden, **kw),
+                torch.zeros(layers, batch, self.hidden_size, **kw))
+
+    def _run(self, input, hx, lengths=None, batch_first=None):
+        return lstm(input, hx, self._weights(), num_layers=self.num_layers,
+                    bidirectional=self.bidirectional,
+                    batch_first=self.batch_first if batch_first is None else batch_first,
+                    dropout=self.dropout, training=self.training, proj_size=self.proj_size,
+                    lengths=lengths)
+
+    def forward(self, input, hx=None):  # noqa: C901 (mirrors torch.nn.LSTM.forward)
+        if isinstance(input, PackedSequence):
+            data, batch_sizes, sorted_indices, unsorted_indices = input
+            if hx is None:
+                hx = self._zeros(int(batch_sizes[0]), data)
+            else:
+                hx = self.permute_hidden(hx, sorted_indices)
+            self.check_forward_args(data, hx, batch_sizes)
+            # Padded (T, B, I) in sorted order (longest first) and the sorted lengths.
+            padded, lengths = pad_packed_sequence(PackedSequence(data, batch_sizes))
+            output, hidden = self._run(padded, hx, lengths=lengths, batch_first=False)
+            packed = pack_padded_sequence(output, lengths, enforce_sorted=True).data
+            return (PackedSequence(packed, batch_sizes, sorted_indices, unsorted_indices),
+                    self.permute_hidden(hidden, unsorted_indices))
+
+        if input.dim() not in (2, 3):
+            raise ValueError(f"LSTM: Expected input to be 2D or 3D, got {input.dim()}D instead")
+        is_batched = input.dim() == 3
+        batch_dim = 0 if self.batch_first else 1
+        checked = input if is_batched else input.unsqueeze(batch_dim)
+        if hx is None:  # fastattn.lstm starts from zeros
+            self.check_forward_args(checked, self._zeros(checked.size(batch_dim), checked), None)
+        else:
+            if is_batched:
+                if hx[0].dim() != 3 or hx[1].dim() != 3:
+                    raise RuntimeError("For batched 3-D input, hx and cx should also be 3-D but "
+                                       f"got ({hx[0].dim()}-D, {hx[1].dim()}-D) tensors")
+            else:
+                if hx[0].dim() != 2 or hx[1].dim() != 2:
+                    raise RuntimeError("For unbatched 2-D input, hx and cx should also be 2-D "
+                                       f"but got ({hx[0].dim()}-D, {hx[1].dim()}-D) tensors")
+            self.check_forward_args(
+                checked, hx if is_batched else (hx[0].unsqueeze(1), hx[1].unsqueeze(1)), None)
+        return self._run(input, hx)
+
+
+class LSTMCell(nn.LSTMCell):
+    """torch.nn.LSTMCell, fused: LSTMCell(input_size, hidden_size, bias=True, device=None,
+    dtype=None); forward(input, hx=None) -> (h_1, c_1) for input (B, I) or (I,)."""
+
+    def forward(self, input: torch.Tensor,
+                hx: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        if input.dim() not in (1, 2):
+            raise ValueError(f"LSTMCell: Expected input to be 1D or 2D, got {input.dim()}D "
+                             "instead")
+        if hx is not None:
+            for idx, value in enumerate(hx):
+                if value.dim() not in (1, 2):
+                    raise ValueError(f"LSTMCell: Expected hx[{idx}] to be 1D or 2D, got "
+                                     f"{value.dim()}D instead")
+        is_batched = input.dim() == 2
+        x = input if is_batched else input.unsqueeze(0)
+        if hx is None:
+            zeros = torch.zeros(x.size(0), self.hidden_size, dtype=x.dtype, device=x.device)
+            hx = (zeros, zeros)
+        elif not is_batched:
+            hx = (hx[0].unsqueeze(0), hx[1].unsqueeze(0))
+        # ATen's checks of torch.nn.LSTMCell (RuntimeError, the same wording).
+        if x.size(1) != self.input_size:
+            raise RuntimeError(f"input has inconsistent input_size: got {x.size(1)} expected "
+                               f"{self.input_size}")
+        for label, t in (("0", hx[0]), ("1", hx[1])):
+            if t.size(0) != x.size(0):
+                raise RuntimeError(f"Input batch size {x.size(0)} doesn't match hidden{label} "
+                                   f"batch size {t.size(0)}")
+            if t.size(1) != self.hidden_size:
+                raise RuntimeError(f"hidden{label} has inconsistent hidden_size: got "
+                                   f"{t.size(1)}, expected {self.hidden_size}")
+        hy, cy = lstm_cell(x, hx[0], hx[1], self.weight_ih, self.weight_hh, self.bias_ih,
+                           self.bias_hh)
+        return (hy, cy) if is_batched else (hy.squeeze(0), cy.squeeze(0))

@@ -1,0 +1,486 @@
+"""LSTM: `lstm_cell` and the multi-layer `lstm` (public functions, argument checks, backend
+choice, autograd, fake implementations).
+
+The multi-layer driver below is plain Python (layers, directions, inter-layer dropout,
+batch_first, unbatched input): it calls one op per layer, which runs every direction of that
+layer, and stays torch.compile(fullgraph=True)-traceable (no host reads of tensor values:
+lengths are read inside the op). Backends: "cpu"/"cuda" run the native ops below
+(csrc/lstm), "triton" runs the same ops suffixed _triton (fastattn/triton/lstm.py, to come),
+"reference" runs fastattn/reference/lstm.py (a per-step loop) under torch autograd.
+
+Op contract (what a "cuda" or "triton" implementation provides; the CPU one is the model)
+=========================================================================================
+All tensors on one device; "acc" is float32 (float64 for float64 storage); the storage
+dtype is float32, float64, float16 or bfloat16, the same for every input; the math is done in
+acc and rounded once to the storage dtype. Gates are in torch's order i, f, g, o:
+
+    gates = x W_ih^T + b_ih + h W_hh^T + b_hh;  i, f, o = sigmoid(.), g = tanh(.)
+    c' = f * c + i * g;  h' = o * tanh(c')   (then h' = h' W_hr^T with a projection)
+
+fastattn::lstm_cell(Tensor input, Tensor hx, Tensor cx, Tensor w_ih, Tensor w_hh,
+                    Tensor? b_ih, Tensor? b_hh) -> (Tensor hy, Tensor cy, Tensor workspace)
+    input (B, I), hx/cx (B, H), w_ih (4H, I), w_hh (4H, H), b_ih/b_hh (4H,) (both or none).
+    hy, cy (B, H) storage dtype; workspace (B, 5H) acc, contiguous = [i | f | g | o | tanh(cy)]
+    (activated gates, torch order).
+fastattn::lstm_cell_backward(Tensor? grad_hy, Tensor? grad_cy, Tensor input, Tensor hx,
+                             Tensor cx, Tensor w_ih, Tensor w_hh, Tensor workspace,
+                             bool has_bias)
+    -> (grad_input (B, I), grad_hx (B, H), grad_cx (B, H), grad_w_ih (4H, I),
+        grad_w_hh (4H, H), grad_bias (4H,) or (0,) without bias), storage dtype.
+    grad_bias is the gradient of b_ih and of b_hh (the same values). Missing grads are zeros.
+
+fastattn::lstm_layer(Tensor input, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh,
+                     Tensor? b_ih, Tensor? b_hh, Tensor? w_hr, Tensor? lengths,
+                     float dropout_p, Tensor? seed, bool save_workspace)
+    -> (Tensor output, Tensor h_n, Tensor c_n, Tensor workspace)
+    One layer with D = 1 or 2 directions (direction 1 runs backwards in time):
+    input (T, B, I) time-major, any strides with a unit last stride; h0 (D, B, P), c0 (D, B, H);
+    w_ih (D, 4H, I); w_hh (D, 4H, P); b_ih, b_hh (D, 4H) (both or none); w_hr (D, P, H) or None
+    (then P = H); lengths int64 (B,) on the input's device, values in [0, T], any order, or None
+    (all T). dropout_p in [0, 1) with seed int64 (2,) = (seed, stream) when > 0: dropout is
+    applied to the layer's *input* (fastattn's Philox stream, csrc/common/philox.h, element
+    e = (t * B + b) * I + i of the (T, B, I) input; kept elements scaled by 1/(1 - p)).
+    output (T, B, D * P): direction d in columns [d * P, (d + 1) * P), 0 at t >= lengths[b];
+    h_n (D, B, P), c_n (D, B, H): the state after each sequence's last step (t = lengths[b] - 1
+    forward, t = 0 reverse; h0/c0 for a length of 0); contiguous, storage dtype.
+    workspace (D, T * B * (5H + P)) acc, contiguous, when save_workspace, else (0,) (inference:
+    the driver asks for it only when autograd will need it): whatever the same backend's
+    lstm_layer_backward needs; its layout is private to the backend, only its shape is part of
+    the contract (the fake implementation below). The CPU backend stores, per direction, the
+    activated gates (T * B, 4H), c_t (T * B, H) and h_t (T * B, P) of every packed row (time-
+    major rows of the batch sorted by length; unused rows zero), so its backward recomputes no
+    GEMM.
+    With lengths, no work happens past a sequence's end (the CPU backend sorts the batch by
+    length and shrinks the active rows per step, as PackedSequence's batch_sizes do).
+fastattn::lstm_layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n,
+                              Tensor input, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh,
+                              Tensor? w_hr, Tensor? lengths, Tensor workspace, float dropout_p,
+                              Tensor? seed, bool has_bias, bool input_grad, bool weight_grad)
+    -> (grad_input (T, B, I), grad_h0 (D, B, P), grad_c0 (D, B, H), grad_w_ih (D, 4H, I),
+        grad_w_hh (D, 4H, P), grad_bias (D, 4H), grad_w_hr (D, P, H)), storage dtype, contiguous.
+    Missing incoming grads are zeros. grad_input is (0,) unless input_grad (it includes the
+    dropout mask); the weight grads are (0,) unless weight_grad; grad_bias is (0,) without
+    bias and is the gradient of b_ih and of b_hh; grad_w_hr is (0,) without projection.
+
+A new backend registers kernels for these four ops (CUDA: TORCH_LIBRARY_IMPL(fastattn, CUDA,
+...)) or defines lstm_*_triton ops with the same signatures and calls register_autograd
+("_triton") below; `_kernel_limits` then lets `lstm`/`lstm_cell` choose it.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .. import _backend, _native
+from ..reference import lstm as ref
+from ._common import FLOAT_DTYPES, check_same_device, dropout_seed, host_checks_enabled
+
+
+
+def _has_op(name: str, dispatch_key: str | None = None) -> bool:
+    try:
+        getattr(torch.ops.fastattn, name)
+    except (AttributeError, RuntimeError):
+        return False
+    return dispatch_key is None or torch._C._dispatch_has_kernel_for_dispatch_key(
+        f"fastattn::{name}", dispatch_key)
+
+
+# Why a backend cannot run the LSTM ops ("" when it can): fixed once the package is imported,
+# and evaluated eagerly even while torch.compile traces (the dispatcher query is not
+# traceable); it returns a string, a constant Dynamo can use without guards.
+_reason_cache: dict[tuple[str, bool], str] = {}
+
+
+@torch.compiler.assume_constant_result
+def _limit_reason(backend: str, float64: bool) -> str:
+    key = (backend, float64)
+    if key not in _reason_cache:
+        reason = ""
+        if backend in ("cpu", "cuda"):
+            dispatch_key = backend.upper()
+            if _native.C is None or not _has_op("lstm_layer", dispatch_key):
+                reason = f"fastattn._C has no {dispatch_key} LSTM kernel in this build"
+        elif backend == "triton":
+            if not _has_op("lstm_layer_triton"):
+                reason = "there is no Triton LSTM kernel yet (fastattn/triton/lstm.py)"
+            elif float64:
+                reason = "the triton backend does not take float64"
+        _reason_cache[key] = reason
+    return _reason_cache[key]
+
+
+def unsupported_backends(dtype: torch.dtype = torch.float32) -> dict[str, str]:
+    """Backend -> why it cannot run the LSTM ops on `dtype` here (no kernel, or a dtype it
+    refuses); the backends not named can."""
+    limits = {}
+    for name in ("cuda", "triton", "cpu"):
+        reason = _limit_reason(name, dtype == torch.float64)
+        if reason:
+            limits[name] = reason
+    return limits
+
+
+def _op(name: str, backend: str):
+    return getattr(torch.ops.fastattn, name + "_triton" if backend == "triton" else name)
+
+
+def _check_float(op: str, name: str, t, dtype: torch.dtype | None = None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{op}: {name} must be float32, float64, float16 or bfloat16, got "
+                        f"{t.dtype}")
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"{op}: {name} must have the input's dtype {dtype}, got {t.dtype}")
+
+
+def _check_shape(op: str, name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{op}: {name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# lstm_cell
+
+
+def lstm_cell(input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor, w_ih: torch.Tensor,
+              w_hh: torch.Tensor, b_ih: torch.Tensor | None = None,
+              b_hh: torch.Tensor | None = None, *,
+              backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One LSTM step, fused (torch.nn.LSTMCell's math and gate order i, f, g, o).
+
+    input: (B, I) or unbatched (I,); hx, cx: (B, H) or (H,), the previous hidden and cell
+        states; w_ih: (4H, I); w_hh: (4H, H); b_ih, b_hh: (4H,) or None (both or neither).
+    Every tensor has the same floating dtype and device.
+    Returns (hy, cy), each shaped like hx: cy = f * cx + i * g, hy = o * tanh(cy) with
+    (i, f, g, o) = (sigmoid, sigmoid, tanh, sigmoid) of x W_ih^T + b_ih + hx W_hh^T + b_hh.
+    """
+    op = "lstm_cell"
+    _check_float(op, "input", input)
+    if input.dim() not in (1, 2):
+        raise ValueError(f"{op}: input must be (B, I) or unbatched (I,), got shape "
+                         f"{tuple(input.shape)}")
+    for name, t in (("hx", hx), ("cx", cx), ("w_ih", w_ih), ("w_hh", w_hh), ("b_ih", b_ih),
+                    ("b_hh", b_hh)):
+        if t is not None:
+            _check_float(op, name, t, input.dtype)
+    if (b_ih is None) != (b_hh is None):
+        raise ValueError(f"{op}: b_ih and b_hh must be given together")
+    check_same_device(op, "input", input, hx=hx, cx=cx, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih,
+                      b_hh=b_hh)
+    if w_hh.dim() != 2 or w_hh.shape[0] != 4 * w_hh.shape[1] or w_hh.shape[1] == 0:
+        raise ValueError(f"{op}: w_hh must be (4H, H), got shape {tuple(w_hh.shape)}")
+    H = w_hh.shape[1]
+    batched = input.dim() == 2
+    x = input if batched else input.unsqueeze(0)
+    h = hx if batched else hx.unsqueeze(0)
+    c = cx if batched else cx.unsqueeze(0)
+    B, I = x.shape
+    _check_shape(op, "w_ih", w_ih, (4 * H, I))
+    # torch.nn.LSTMCell's (ATen's) wording for mismatched states
+    for label, t in (("0", h), ("1", c)):
+        if t.dim() != 2 or t.shape[0] != B:
+            raise ValueError(f"{op}: Input batch size {B} doesn't match hidden{label} batch "
+                             f"size {t.shape[0] if t.dim() else 'of a 0-d tensor'}")
+        if t.shape[1] != H:
+            raise ValueError(f"{op}: hidden{label} has inconsistent hidden_size: got "
+                             f"{t.shape[1]}, expected {H}")
+    if b_ih is not None:
+        _check_shape(op, "b_ih", b_ih, (4 * H,))
+        _check_shape(op, "b_hh", b_hh, (4 * H,))
+    chosen = _backend.select_backend(op, input.device, backend,
+                                     limits=unsupported_backends(input.dtype))
+    if chosen == "reference":
+        hy, cy = ref.lstm_cell(x, h, c, w_ih, w_hh, b_ih, b_hh)
+    else:
+        hy, cy, _ = _op("lstm_cell", chosen)(x, h, c, w_ih, w_hh, b_ih, b_hh)
+    _backend._record(op, chosen)
+    return (hy, cy) if batched else (hy[0], cy[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# lstm
+
+
+def _split_weights(op: str, weights: Sequence[torch.Tensor], num_layers: int, D: int,
+                   proj_size: int) -> tuple[list[list[torch.Tensor]], bool]:
+    """weights in nn.LSTM's _flat_weights order -> per (layer, direction) lists, has_bias."""
+    if not isinstance(weights, (list, tuple)):
+        raise TypeError(f"{op}: weights must be a list or tuple of tensors (nn.LSTM's "
+                        f"_flat_weights order), got {type(weights).__name__}")
+    groups = num_layers * D
+    per, rest = divmod(len(weights), groups)
+    base = per - (1 if proj_size > 0 else 0)
+    if rest or base not in (2, 4):
+        want = " or ".join(str(groups * (n + (1 if proj_size > 0 else 0))) for n in (2, 4))
+        raise ValueError(f"{op}: expected {want} weight tensors for num_layers={num_layers}, "
+                         f"{'bidirectional' if D == 2 else 'unidirectional'}, "
+                         f"proj_size={proj_size} (w_ih, w_hh[, b_ih, b_hh][, w_hr] per layer "
+                         f"and direction), got {len(weights)}")
+    return [list(weights[g * per:(g + 1) * per]) for g in range(groups)], base == 4
+
+
+def lstm(input: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None,
+         weights: Sequence[torch.Tensor], *, num_layers: int, bidirectional: bool = False,
+         batch_first: bool = False, dropout: float = 0.0, training: bool = False,
+         proj_size: int = 0, lengths: torch.Tensor | None = None,
+         backend: str | None = None):
+    """A multi-layer (bidirectional, projected) LSTM over whole sequences, fused per layer.
+
+    input: (T, B, I), (B, T, I) with batch_first, or unbatched (T, I).
+    hx: (h0, c0) or None (zeros); h0 (num_layers * D, B, P), c0 (num_layers * D, B, H)
+        ((num_layers * D, P) and (num_layers * D, H) for unbatched input), D = 2 if
+        bidirectional else 1, P = proj_size or H. Layer l, direction d is row l * D + d.
+    weights: nn.LSTM's _flat_weights order: per layer, per direction (forward, then reverse):
+        w_ih (4H, I_l), w_hh (4H, P), [b_ih (4H,), b_hh (4H,)], [w_hr (P, H) if proj_size];
+        I_0 = I, I_l = D * P after.
+    dropout: probability of dropping each output of every layer but the last, when training
+        (fastattn's Philox stream, seeded per call from torch's generator: reproducible under
+        torch.manual_seed, the same elements dropped on every backend).
+    proj_size: > 0 projects h to proj_size features (nn.LSTM's proj_size).
+    lengths: (B,) integer tensor of sequence lengths (any order, each in [0, T]) for a padded
+        batch: no work past a sequence's end, h_n/c_n taken at each sequence's last step
+        (t = length - 1, or t = 0 for the reverse direction) and outputs past the end 0.
+    Returns (output, (h_n, c_n)) as torch.nn.LSTM: output (T, B, D * P) (batch_first:
+    (B, T, D * P); unbatched: (T, D * P)), h_n (num_layers * D, B, P), c_n
+    (num_layers * D, B, H).
+    """
+    op = "lstm"
+    _check_float(op, "input", input)
+    if input.dim() not in (2, 3):
+        raise ValueError(f"{op}: input must be 3-D ({'B, T' if batch_first else 'T, B'}, I) or "
+                         f"unbatched 2-D (T, I), got {input.dim()}-D")
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+        raise ValueError(f"{op}: num_layers must be an int >= 1, got {num_layers!r}")
+    if isinstance(proj_size, bool) or not isinstance(proj_size, int) or proj_size < 0:
+        raise ValueError(f"{op}: proj_size must be an int >= 0, got {proj_size!r}")
+    if (isinstance(dropout, bool) or not isinstance(dropout, (int, float))
+            or not 0.0 <= dropout <= 1.0):
+        raise ValueError(f"{op}: dropout must be a number in [0, 1], got {dropout!r}")
+    D = 2 if bidirectional else 1
+    groups, has_bias = _split_weights(op, weights, num_layers, D, proj_size)
+    dtype, device = input.dtype, input.device
+    w_hh0 = groups[0][1]
+    _check_float(op, "weights[1] (w_hh of layer 0)", w_hh0, dtype)
+    if w_hh0.dim() != 2 or w_hh0.shape[0] % 4 or w_hh0.shape[0] == 0:
+        raise ValueError(f"{op}: w_hh must be (4 * hidden_size, proj_size or hidden_size), got "
+                         f"{tuple(w_hh0.shape)}")
+    H = w_hh0.shape[0] // 4
+    P = proj_size if proj_size > 0 else H
+    if proj_size >= H and proj_size > 0:
+        raise ValueError(f"{op}: proj_size has to be smaller than hidden_size ({H}), got "
+                         f"{proj_size}")
+    names = ["w_ih", "w_hh"] + (["b_ih", "b_hh"] if has_bias else []) + \
+        (["w_hr"] if proj_size else [])
+    batched = input.dim() == 3
+    x = input if batched else input.unsqueeze(1)            # (T, B, I) / (B, T, I)
+    if batched and batch_first:
+        x = x.transpose(0, 1)                               # time-major, no copy
+    T, B, I = x.shape
+    for g, group in enumerate(groups):
+        layer, direction = divmod(g, D)
+        shapes = {"w_ih": (4 * H, I if layer == 0 else D * P), "w_hh": (4 * H, P),
+                  "b_ih": (4 * H,), "b_hh": (4 * H,), "w_hr": (P, H)}
+        for name, w in zip(names, group):
+            label = f"{name} of layer {layer}{' (reverse)' if direction else ''}"
+            _check_float(op, label, w, dtype)
+            if tuple(w.shape) != shapes[name]:
+                if name == "w_ih" and layer == 0 and w.dim() == 2 and w.shape[0] == 4 * H:
+                    # torch.nn.LSTM's wording for the most common mistake
+                    raise ValueError(f"{op}: input.size(-1) must be equal to input_size. "
+                                     f"Expected {w.shape[1]}, got {I}")
+                raise ValueError(f"{op}: {label} must have shape {shapes[name]}, got "
+                                 f"{tuple(w.shape)}")
+            if w.device != device:
+                raise ValueError(f"{op}: Input and parameter tensors are not at the same "
+                                 f"device, found input tensor at {device} and parameter "
+                                 f"tensor ({label}) at {w.device}")
+    L = num_layers * D
+    if hx is None:
+        h0 = x.new_zeros((L, B, P))
+        c0 = x.new_zeros((L, B, H))
+    else:
+        if not isinstance(hx, (tuple, list)) or len(hx) != 2:
+            raise TypeError(f"{op}: hx must be a tuple (h0, c0) or None, got "
+                            f"{type(hx).__name__}")
+        h0, c0 = hx
+        for i, t in enumerate((h0, c0)):
+            _check_float(op, f"hx[{i}]", t, dtype)
+            if t.device != device:
+                raise ValueError(f"{op}: Input and hidden tensors are not at the same device, "
+                                 f"found input tensor at {device} and hidden tensor at "
+                                 f"{t.device}")
+        if batched:
+            if h0.dim() != 3 or c0.dim() != 3:
+                raise ValueError(f"{op}: For batched 3-D input, hx and cx should also be 3-D but "
+                                 f"got ({h0.dim()}-D, {c0.dim()}-D) tensors")
+        else:
+            if h0.dim() != 2 or c0.dim() != 2:
+                raise ValueError(f"{op}: For unbatched 2-D input, hx and cx should also be 2-D "
+                                 f"but got ({h0.dim()}-D, {c0.dim()}-D) tensors")
+            h0, c0 = h0.unsqueeze(1), c0.unsqueeze(1)
+        if tuple(h0.shape) != (L, B, P):
+            raise ValueError(f"{op}: Expected hidden[0] size {(L, B, P)}, got {list(h0.shape)}")
+        if tuple(c0.shape) != (L, B, H):
+            raise ValueError(f"{op}: Expected hidden[1] size {(L, B, H)}, got {list(c0.shape)}")
+    if lengths is not None:
+        if not isinstance(lengths, torch.Tensor) or lengths.dtype.is_floating_point or \
+                lengths.dtype.is_complex or lengths.dtype == torch.bool:
+            raise TypeError(f"{op}: lengths must be an integer tensor, got "
+                            f"{getattr(lengths, 'dtype', type(lengths).__name__)}")
+        if lengths.dim() > 1 or lengths.numel() != B:
+            raise ValueError(f"{op}: lengths must have shape ({B},) (the batch size), got "
+                             f"{tuple(lengths.shape)}")
+        lengths = lengths.reshape(B).to(device=device, dtype=torch.int64)
+        if host_checks_enabled() and B > 0:
+            lo, hi = (int(v) for v in torch.aminmax(lengths))
+            if lo < 0 or hi > T:
+                raise ValueError(f"{op}: lengths must be in [0, T] = [0, {T}], got values from "
+                                 f"{lo} to {hi}")
+    p = float(dropout) if training and num_layers > 1 else 0.0
+    chosen = _backend.select_backend(op, device, backend, limits=unsupported_backends(dtype))
+    h_n, c_n = [], []
+    for layer in range(num_layers):
+        per_dir = groups[layer * D:(layer + 1) * D]
+
+        def stacked(i: int) -> torch.Tensor:
+            ws = [group[i] for group in per_dir]
+            return ws[0].unsqueeze(0) if D == 1 else torch.stack(ws)
+
+        w_ih, w_hh = stacked(0), stacked(1)
+        b_ih, b_hh = (stacked(2), stacked(3)) if has_bias else (None, None)
+        w_hr = stacked(len(names) - 1) if proj_size else None
+        p_layer = p if layer > 0 else 0.0
+        if p_layer >= 1.0:  # F.dropout(p=1): every input of the layer is dropped
+            x, p_layer = torch.zeros_like(x), 0.0
+        seed = dropout_seed(p_layer, device)
+        rows = slice(layer * D, (layer + 1) * D)
+        args = (x, h0[rows], c0[rows], w_ih, w_hh, b_ih, b_hh, w_hr, lengths, p_layer, seed)
+        if chosen == "reference":
+            x, hl, cl = ref.lstm_layer(*args)
+        else:
+            # The states the backward needs are saved only when autograd will run it.
+            save = torch.is_grad_enabled() and any(
+                t is not None and t.requires_grad for t in args[:8])
+            x, hl, cl, _ = _op("lstm_layer", chosen)(*args, save)
+        h_n.append(hl)
+        c_n.append(cl)
+    _backend._record(op, chosen)
+    h_n = torch.cat(h_n) if num_layers > 1 else h_n[0]
+    c_n = torch.cat(c_n) if num_layers > 1 else c_n[0]
+    if not batched:
+        return x[:, 0], (h_n[:, 0], c_n[:, 0])
+    return (x.transpose(0, 1) if batch_first else x), (h_n, c_n)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fake implementations (native ops) and autograd (native and triton op sets)
+
+
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _register_native_fakes() -> None:
+    @torch.library.register_fake("fastattn::lstm_cell")
+    def _(input, hx, cx, w_ih, w_hh, b_ih, b_hh):
+        B, H = input.shape[0], w_hh.shape[1]
+        return (input.new_empty((B, H)), input.new_empty((B, H)),
+                input.new_empty((B, 5 * H), dtype=_acc(input.dtype)))
+
+    @torch.library.register_fake("fastattn::lstm_cell_backward")
+    def _(grad_hy, grad_cy, input, hx, cx, w_ih, w_hh, workspace, has_bias):
+        H = w_hh.shape[1]
+        return (torch.empty_like(input, memory_format=torch.contiguous_format),
+                input.new_empty(hx.shape), input.new_empty(cx.shape),
+                input.new_empty(w_ih.shape), input.new_empty(w_hh.shape),
+                input.new_empty((4 * H,) if has_bias else (0,)))
+
+    @torch.library.register_fake("fastattn::lstm_layer")
+    def _(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, dropout_p, seed,
+          save_workspace):
+        T, B, _ = input.shape
+        D, G, P = w_hh.shape
+        H = G // 4
+        workspace = (D, T * B * (5 * H + P)) if save_workspace else (0,)
+        return (input.new_empty((T, B, D * P)), input.new_empty((D, B, P)),
+                input.new_empty((D, B, H)), input.new_empty(workspace, dtype=_acc(input.dtype)))
+
+    @torch.library.register_fake("fastattn::lstm_layer_backward")
+    def _(grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, w_hr, lengths, workspace,
+          dropout_p, seed, has_bias, input_grad, weight_grad):
+        T, B, I = input.shape
+        D, G, P = w_hh.shape
+        H = G // 4
+
+        def maybe(shape, wanted):
+            return input.new_empty(shape if wanted else (0,))
+
+        return (maybe((T, B, I), input_grad), input.new_empty((D, B, P)),
+                input.new_empty((D, B, H)), maybe((D, G, I), weight_grad),
+                maybe((D, G, P), weight_grad), maybe((D, G), weight_grad and has_bias),
+                maybe((D, P, H), weight_grad and w_hr is not None))
+
+
+def register_autograd(suffix: str) -> None:
+    """Attach the backward formulas to fastattn::lstm_cell<suffix> and lstm_layer<suffix>."""
+    ops = torch.ops.fastattn
+
+    def cell_setup(ctx, inputs, output):
+        input, hx, cx, w_ih, w_hh, b_ih, b_hh = inputs
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(output[2])
+        ctx.has_bias = b_ih is not None
+        ctx.save_for_backward(input, hx, cx, w_ih, w_hh, output[2])
+
+    def cell_backward(ctx, grad_hy, grad_cy, _grad_workspace):
+        if grad_hy is None and grad_cy is None:
+            return (None,) * 7
+        input, hx, cx, w_ih, w_hh, workspace = ctx.saved_tensors
+        gi, ghx, gcx, gwih, gwhh, gb = getattr(ops, "lstm_cell_backward" + suffix)(
+            grad_hy, grad_cy, input, hx, cx, w_ih, w_hh, workspace, ctx.has_bias)
+        needs = ctx.needs_input_grad
+        return (gi if needs[0] else None, ghx if needs[1] else None, gcx if needs[2] else None,
+                gwih if needs[3] else None, gwhh if needs[4] else None,
+                gb if ctx.has_bias and needs[5] else None,
+                gb.clone() if ctx.has_bias and needs[6] else None)
+
+    torch.library.register_autograd("fastattn::lstm_cell" + suffix, cell_backward,
+                                    setup_context=cell_setup)
+
+    def layer_setup(ctx, inputs, output):
+        (input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, dropout_p, seed,
+         save_workspace) = inputs
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(output[3])
+        ctx.meta = (dropout_p, b_ih is not None, w_hr is not None, save_workspace)
+        ctx.save_for_backward(input, h0, c0, w_ih, w_hh, w_hr, lengths, seed, output[3])
+
+    def layer_backward(ctx, grad_output, grad_h_n, grad_c_n, _grad_workspace):
+        if grad_output is None and grad_h_n is None and grad_c_n is None:
+            return (None,) * 12
+        input, h0, c0, w_ih, w_hh, w_hr, lengths, seed, workspace = ctx.saved_tensors
+        dropout_p, has_bias, has_proj, saved = ctx.meta
+        if not saved:
+            raise RuntimeError("fastattn::lstm_layer was called with save_workspace=False, so "
+                               "it cannot be differentiated: pass save_workspace=True")
+        needs = ctx.needs_input_grad
+        weight_grad = any(needs[3:8])
+        gi, gh0, gc0, gwih, gwhh, gb, gwhr = getattr(ops, "lstm_layer_backward" + suffix)(
+            grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, w_hr, lengths,
+            workspace, dropout_p, seed, has_bias, needs[0], weight_grad)
+        return (gi if needs[0] else None, gh0 if needs[1] else None,
+                gc0 if needs[2] else None, gwih if needs[3] else None,
+                gwhh if needs[4] else None, gb if has_bias and needs[5] else None,
+                gb.clone() if has_bias and needs[6] else None,
+                gwhr if has_proj and needs[7] else None, None, None, None, None)
+
+    torch.library.register_autograd("fastattn::lstm_layer" + suffix, layer_backward,
+                                    setup_context=layer_setup)
+
+
+if _has_op("lstm_layer"):
+    _register_native_fakes()
+    register_autograd("")

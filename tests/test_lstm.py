@@ -1,0 +1,789 @@
+"""Tests of the LSTM ops (fastattn/ops/lstm.py) and their modules (fastattn/nn/lstm.py).
+
+1. Every backend against torch.nn.LSTM / torch.nn.LSTMCell in float64: outputs, h_n, c_n and
+   the gradient of every parameter and input, over odd sizes and every feature (layers,
+   bidirectional, proj_size, batch_first, unbatched, PackedSequence / lengths).
+2. float32 / float16 / bfloat16 against the float64 reference under FlashAttention's rule
+   (tests/tolerance.py): error <= 2x (3x for gradients) that of the reference run in the
+   input's precision, plus a rounding floor.
+3. Dropout (fastattn's Philox stream): reproducible under torch.manual_seed, the same mask on
+   every backend, off in eval mode.
+4. gradcheck, torch.library.opcheck, torch.compile(fullgraph=True), last_backend, errors
+   (torch's own messages), state_dict both ways, a small swapped-model training run.
+The triton and cuda backends skip with a reason until they have LSTM kernels; the large grid
+is marked slow (FASTATTN_SLOW=1 or a GPU runs it).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+import fastattn
+from fastattn import _backend
+from fastattn.ops.lstm import unsupported_backends
+from fastattn.reference import lstm as ref_lstm
+from conftest import backend_device
+from tolerance import assert_fa_close, assert_grad_close
+
+REPO = Path(__file__).resolve().parents[1]
+F64 = torch.float64
+RUN_SLOW = os.environ.get("FASTATTN_SLOW", "") not in ("", "0") or torch.cuda.is_available()
+slow = [pytest.mark.slow, pytest.mark.skipif(not RUN_SLOW, reason="slow grid: set "
+                                             "FASTATTN_SLOW=1 (runs by default with a GPU)")]
+
+
+def lstm_device(backend: str, dtype: torch.dtype = torch.float32) -> torch.device:
+    """The device `backend`'s LSTM tests use; skips when it has no LSTM kernel here."""
+    device = backend_device(backend)
+    reason = unsupported_backends(dtype).get(backend)
+    if reason is not None:
+        pytest.skip(f"backend {backend}: {reason}")
+    return device
+
+
+def close64(name, out, expected, rtol=1e-9, atol=1e-10):
+    torch.testing.assert_close(out, expected, rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
+
+
+def make_pair(I, H, *, device, dtype=F64, seed=0, **kw):
+    """(torch.nn.LSTM, fastattn.nn.LSTM) with the same parameters."""
+    torch.manual_seed(seed)
+    theirs = torch.nn.LSTM(I, H, **kw).to(device=device, dtype=dtype)
+    ours = fastattn.nn.LSTM(I, H, **kw).to(device=device, dtype=dtype)
+    ours.load_state_dict(theirs.state_dict())
+    return theirs, ours
+
+
+def grads_of(loss, tensors):
+    return torch.autograd.grad(loss, tensors, allow_unused=True)
+
+
+def loss_of(output, h_n, c_n, weights):
+    """A loss that touches every output with random weights (so no gradient is trivial)."""
+    out = output.data if hasattr(output, "batch_sizes") else output
+    return (out * weights[0]).sum() + (h_n * weights[1]).sum() + (c_n * weights[2]).sum()
+
+
+def random_like_outputs(output, h_n, c_n):
+    out = output.data if hasattr(output, "batch_sizes") else output
+    g = torch.Generator().manual_seed(123)
+    return [torch.randn(t.shape, generator=g, dtype=F64).to(t) for t in (out, h_n, c_n)]
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. float64 against torch.nn.LSTM
+
+# (T, B, I, H, num_layers, bidirectional, proj_size, batch_first, bias)
+CONFIGS = [
+    pytest.param(1, 1, 1, 1, 1, False, 0, False, True, id="T1-B1-I1-H1"),
+    pytest.param(2, 33, 300, 37, 1, False, 0, False, True, id="T2-B33-I300-H37"),
+    pytest.param(37, 33, 7, 37, 2, True, 0, True, True, id="T37-B33-2layer-bidir-batchfirst"),
+    pytest.param(100, 1, 16, 24, 1, False, 0, False, True, id="T100-B1"),
+    pytest.param(37, 5, 9, 37, 2, True, 11, False, True, id="T37-bidir-proj11"),
+    pytest.param(2, 1, 1, 1, 1, True, 0, True, False, id="T2-H1-bidir-nobias"),
+    pytest.param(37, 4, 3, 40, 3, False, 1, True, False, id="3layer-proj1-nobias"),
+]
+
+
+@pytest.mark.parametrize("T,B,I,H,layers,bidir,proj,batch_first,bias", CONFIGS)
+@pytest.mark.parametrize("backend", ("cpu", "cuda", "triton", "reference"))
+def test_lstm_matches_torch_float64(backend, T, B, I, H, layers, bidir, proj, batch_first,
+                                    bias):
+    device = lstm_device(backend, F64)
+    theirs, ours = make_pair(I, H, device=device, num_layers=layers, bidirectional=bidir,
+                             proj_size=proj, batch_first=batch_first, bias=bias)
+    D, P = 2 if bidir else 1, proj or H
+    x = torch.randn((B, T, I) if batch_first else (T, B, I), dtype=F64, device=device)
+    h0 = torch.randn(layers * D, B, P, dtype=F64, device=device)
+    c0 = torch.randn(layers * D, B, H, dtype=F64, device=device)
+    results = []
+    for module in (theirs, ours):
+        leaves = [t.clone().requires_grad_() for t in (x, h0, c0)]
+        with fastattn.use_backend(backend):
+            out, (h_n, c_n) = module(leaves[0], (leaves[1], leaves[2]))
+        weights = random_like_outputs(out, h_n, c_n)
+        params = list(module.parameters())
+        grads = grads_of(loss_of(out, h_n, c_n, weights), leaves + params)
+        results.append((out, h_n, c_n, grads))
+    assert fastattn.last_backend("lstm") == backend
+    names = ["output", "h_n", "c_n"]
+    for name, a, b in zip(names, results[1][:3], results[0][:3]):
+        close64(name, a, b)
+    grad_names = ["input", "h0", "c0"] + [n for n, _ in ours.named_parameters()]
+    for name, a, b in zip(grad_names, results[1][3], results[0][3]):
+        close64(f"grad {name}", a, b)
+
+
+@pytest.mark.parametrize("backend", ("cpu", "reference"))
+@pytest.mark.parametrize("batch_first", (False, True))
+def test_lstm_unbatched_and_default_hx(backend, batch_first):
+    device = lstm_device(backend, F64)
+    theirs, ours = make_pair(6, 5, device=device, num_layers=2, bidirectional=True,
+                             batch_first=batch_first)
+    x = torch.randn(7, 6, dtype=F64)
+    h = (torch.randn(4, 5, dtype=F64), torch.randn(4, 5, dtype=F64))
+    with fastattn.use_backend(backend):
+        for args in ((x,), (x, h)):
+            (o1, (h1, c1)), (o2, (h2, c2)) = theirs(*args), ours(*args)
+            assert o2.shape == o1.shape == (7, 10) and h2.shape == (4, 5)
+            for name, a, b in (("output", o2, o1), ("h_n", h2, h1), ("c_n", c2, c1)):
+                close64(name, a, b)
+
+
+@pytest.mark.parametrize("backend", ("cpu", "cuda", "triton", "reference"))
+@pytest.mark.parametrize("bidir,proj,batch_first,layers", [
+    pytest.param(False, 0, False, 1, id="plain"),
+    pytest.param(True, 0, True, 2, id="bidir-batchfirst-2layer"),
+    pytest.param(True, 3, True, 2, id="bidir-proj-batchfirst-2layer"),
+])
+def test_packed_sequence_matches_torch(backend, bidir, proj, batch_first, layers):
+    """PackedSequence in and out (enforce_sorted=False: sorted/unsorted indices as torch),
+    initial states given, every gradient."""
+    device = lstm_device(backend, F64)
+    theirs, ours = make_pair(5, 8, device=device, num_layers=layers, bidirectional=bidir,
+                             proj_size=proj, batch_first=batch_first)
+    D, P, B, T = 2 if bidir else 1, proj or 8, 6, 9
+    lengths = torch.tensor([4, 9, 1, 9, 6, 2])
+    x = torch.randn((B, T, 5) if batch_first else (T, B, 5), dtype=F64, device=device)
+    h0 = torch.randn(layers * D, B, P, dtype=F64, device=device)
+    c0 = torch.randn(layers * D, B, 8, dtype=F64, device=device)
+    results = []
+    for module in (theirs, ours):
+        leaves = [t.clone().requires_grad_() for t in (x, h0, c0)]
+        packed = pack_padded_sequence(leaves[0], lengths, batch_first=batch_first,
+                                      enforce_sorted=False)
+        with fastattn.use_backend(backend):
+            out, (h_n, c_n) = module(packed, (leaves[1], leaves[2]))
+        assert isinstance(out, torch.nn.utils.rnn.PackedSequence)
+        weights = random_like_outputs(out, h_n, c_n)
+        grads = grads_of(loss_of(out, h_n, c_n, weights), leaves + list(module.parameters()))
+        results.append((out, h_n, c_n, grads))
+    (o1, h1, c1, g1), (o2, h2, c2, g2) = results
+    assert torch.equal(o2.batch_sizes, o1.batch_sizes)
+    assert torch.equal(o2.sorted_indices, o1.sorted_indices)
+    assert torch.equal(o2.unsorted_indices, o1.unsorted_indices)
+    close64("packed output", o2.data, o1.data)
+    close64("h_n", h2, h1)
+    close64("c_n", c2, c1)
+    for (name, _), a, b in zip([("input", 0), ("h0", 0), ("c0", 0)] +
+                               list(ours.named_parameters()), g2, g1):
+        close64(f"grad {name}", a, b)
+    # The padded view as torch returns it.
+    pad1, len1 = pad_packed_sequence(o1, batch_first=batch_first)
+    pad2, len2 = pad_packed_sequence(o2, batch_first=batch_first)
+    assert torch.equal(len1, len2)
+    close64("padded output", pad2, pad1)
+
+
+@pytest.mark.parametrize("backend", ("cpu", "cuda", "triton"))
+def test_functional_lengths_match_reference(backend):
+    """fastattn.lstm(lengths=...) with unsorted lengths, a zero length and the full length:
+    outputs 0 past each end, h_n/c_n at each true end (h0/c0 for length 0); the reference
+    per-step loop defines it, torch's PackedSequence cannot hold a zero length."""
+    device = lstm_device(backend, F64)
+    _, ours = make_pair(4, 7, device=device, num_layers=2, bidirectional=True, proj_size=5)
+    T, B = 11, 5
+    lengths = torch.tensor([3, 11, 0, 7, 11], device=device)
+    x = torch.randn(T, B, 4, dtype=F64, device=device)
+    hx = (torch.randn(4, B, 5, dtype=F64, device=device),
+          torch.randn(4, B, 7, dtype=F64, device=device))
+    weights = ours._weights()
+    results = {}
+    for be in (backend, "reference"):
+        leaves = [t.clone().requires_grad_() for t in (x, *hx)]
+        out, (h_n, c_n) = fastattn.lstm(leaves[0], (leaves[1], leaves[2]), weights,
+                                        num_layers=2, bidirectional=True, proj_size=5,
+                                        lengths=lengths, backend=be)
+        assert fastattn.last_backend("lstm") == be
+        w = random_like_outputs(out, h_n, c_n)
+        results[be] = (out, h_n, c_n, grads_of(loss_of(out, h_n, c_n, w), leaves + weights))
+    out = results[backend][0]
+    for b in range(B):
+        assert out[int(lengths[b]):, b].abs().max() == 0 if lengths[b] < T else True
+    close64("h_n of the zero-length row", results[backend][1][:, 2], hx[0][:, 2])
+    for name, a, b in zip(("output", "h_n", "c_n"), results[backend][:3], results["reference"][:3]):
+        close64(name, a, b)
+    for i, (a, b) in enumerate(zip(results[backend][3], results["reference"][3])):
+        close64(f"grad {i}", a, b)
+
+
+@pytest.mark.parametrize("backend", ("cpu", "cuda", "triton", "reference"))
+@pytest.mark.parametrize("B,I,H,bias,batched", [
+    pytest.param(1, 1, 1, True, True, id="B1-I1-H1"),
+    pytest.param(5, 300, 37, True, True, id="B5-I300-H37"),
+    pytest.param(33, 7, 37, False, True, id="B33-nobias"),
+    pytest.param(1, 9, 16, True, False, id="unbatched"),
+])
+def test_lstm_cell_matches_torch(backend, B, I, H, bias, batched):
+    device = lstm_device(backend, F64)
+    torch.manual_seed(0)
+    theirs = torch.nn.LSTMCell(I, H, bias=bias).to(device=device, dtype=F64)
+    ours = fastattn.nn.LSTMCell(I, H, bias=bias).to(device=device, dtype=F64)
+    ours.load_state_dict(theirs.state_dict())
+    shape = (B,) if batched else ()
+    x = torch.randn(*shape, I, dtype=F64, device=device)
+    h = torch.randn(*shape, H, dtype=F64, device=device)
+    c = torch.randn(*shape, H, dtype=F64, device=device)
+    results = []
+    for module in (theirs, ours):
+        leaves = [t.clone().requires_grad_() for t in (x, h, c)]
+        with fastattn.use_backend(backend):
+            hy, cy = module(leaves[0], (leaves[1], leaves[2]))
+        wh, wc = torch.linspace(-1, 1, hy.numel(), dtype=F64).view_as(hy), torch.cos(cy.detach())
+        grads = grads_of((hy * wh).sum() + (cy * wc).sum(), leaves + list(module.parameters()))
+        results.append((hy, cy, grads))
+    assert fastattn.last_backend("lstm_cell") == backend
+    close64("hy", results[1][0], results[0][0])
+    close64("cy", results[1][1], results[0][1])
+    for i, (a, b) in enumerate(zip(results[1][2], results[0][2])):
+        close64(f"grad {i}", a, b)
+    # hx=None: zeros, as torch
+    with fastattn.use_backend(backend):
+        for a, b in zip(ours(x), theirs(x)):
+            close64("default hx", a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Low precision: FlashAttention's rule against the float64 reference
+
+
+def _run_functional(backend, dtype, inputs, params, *, lengths=None, **kw):
+    """fastattn.lstm on `backend` with every tensor cast to dtype; returns the outputs and the
+    gradients of (input, h0, c0, *params) for a fixed random loss."""
+    leaves = [t.detach().to(dtype).requires_grad_() for t in list(inputs) + list(params)]
+    x, h0, c0, *weights = leaves
+    out, (h_n, c_n) = fastattn.lstm(x, (h0, c0), weights, lengths=lengths, backend=backend, **kw)
+    assert fastattn.last_backend("lstm") == backend
+    g = torch.Generator().manual_seed(7)
+    loss = sum((t.double() * torch.randn(t.shape, generator=g, dtype=F64).to(t.device)).sum()
+               for t in (out, h_n, c_n))
+    return (out.detach(), h_n.detach(), c_n.detach()), torch.autograd.grad(loss, leaves)
+
+
+@pytest.mark.parametrize("backend", ("cpu", "cuda", "triton"))
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16),
+                         ids=("fp32", "fp16", "bf16"))
+@pytest.mark.parametrize("case", [
+    pytest.param(dict(T=37, B=33, I=300, H=37), id="T37-B33-I300-H37"),
+    pytest.param(dict(T=20, B=9, I=16, H=64, num_layers=2, bidirectional=True, proj_size=24,
+                      lengths=True), id="2layer-bidir-proj-lengths"),
+])
+def test_low_precision_fa_rule(backend, dtype, case):
+    device = lstm_device(backend, dtype)
+    case = dict(case)
+    T, B, I, H = (case.pop(k) for k in ("T", "B", "I", "H"))
+    use_lengths = case.pop("lengths", False)
+    layers, bidir, proj = case.get("num_layers", 1), case.get("bidirectional", False), \
+        case.get("proj_size", 0)
+    _, module = make_pair(I, H, device=device, num_layers=layers, bidirectional=bidir,
+                          proj_size=proj)
+    D, P = 2 if bidir else 1, proj or H
+    torch.manual_seed(1)
+    inputs = (torch.randn(T, B, I, dtype=F64), torch.randn(layers * D, B, P, dtype=F64),
+              torch.randn(layers * D, B, H, dtype=F64))
+    inputs = [t.to(device) for t in inputs]
+    lengths = torch.randint(1, T + 1, (B,), device=device) if use_lengths else None
+    kw = dict(case, num_layers=layers)
+    params = module._weights()
+    # The kernel and the reference both see the dtype-rounded values.
+    inputs = [t.to(dtype).to(F64) for t in inputs]
+    params = [t.detach().to(dtype).to(F64) for t in params]
+    outs, grads = _run_functional(backend, dtype, inputs, params, lengths=lengths, **kw)
+    outs64, grads64 = _run_functional("reference", F64, inputs, params, lengths=lengths, **kw)
+    outs_lp, grads_lp = _run_functional("reference", dtype, inputs, params, lengths=lengths, **kw)
+    for name, a, b, c in zip(("output", "h_n", "c_n"), outs, outs64, outs_lp):
+        assert a.dtype == dtype
+        assert_fa_close(f"lstm [{backend}, {dtype}] {name}", a, b, c)
+    names = ["input", "h0", "c0"] + [f"weights[{i}]" for i in range(len(params))]
+    for name, a, b, c in zip(names, grads, grads64, grads_lp):
+        assert_grad_close(f"lstm [{backend}, {dtype}] grad {name}", a, b, c)
+
+
+@pytest.mark.parametrize("backend", ("cpu", "cuda", "triton"))
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=("fp32", "bf16"))
+@pytest.mark.parametrize("B", (1, 5, 33))
+def test_lstm_cell_low_precision_fa_rule(backend, dtype, B):
+    device = lstm_device(backend, dtype)
+    torch.manual_seed(2)
+    I, H = 300, 37
+    tensors = [torch.randn(B, I), torch.randn(B, H), torch.randn(B, H),
+               torch.randn(4 * H, I) * 0.1, torch.randn(4 * H, H) * 0.2, torch.randn(4 * H),
+               torch.randn(4 * H)]
+    tensors = [t.to(dtype).to(device=device, dtype=F64) for t in tensors]
+    runs = {}
+    for label, be, dt in (("out", backend, dtype), ("ref64", "reference", F64),
+                          ("ref_lowp", "reference", dtype)):
+        leaves = [t.to(dt).requires_grad_() for t in tensors]
+        hy, cy = fastattn.lstm_cell(*leaves, backend=be)
+        assert fastattn.last_backend("lstm_cell") == be
+        loss = (hy.double() * torch.cos(torch.arange(hy.numel(), dtype=F64)).view_as(hy)).sum() \
+            + (cy.double() * 0.5).sum()
+        runs[label] = ((hy.detach(), cy.detach()), torch.autograd.grad(loss, leaves))
+    for i, name in enumerate(("hy", "cy")):
+        assert_fa_close(f"lstm_cell [{backend}] {name}", runs["out"][0][i], runs["ref64"][0][i],
+                        runs["ref_lowp"][0][i])
+    for i, name in enumerate(("input", "hx", "cx", "w_ih", "w_hh", "b_ih", "b_hh")):
+        assert_grad_close(f"lstm_cell [{backend}] grad {name}", runs["out"][1][i],
+                          runs["ref64"][1][i], runs["ref_lowp"][1][i])
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Dropout
+
+
+def _dropout_run(backend, seed, *, training=True, p=0.4, dtype=F64):
+    _, module = make_pair(6, 9, device="cpu", dtype=dtype, num_layers=3, bidirectional=True,
+                          dropout=p, seed=3)
+    module.train(training)
+    x = torch.randn(8, 4, 6, dtype=dtype, generator=torch.Generator().manual_seed(5))
+    x.requires_grad_()
+    torch.manual_seed(seed)
+    with fastattn.use_backend(backend):
+        out, (h_n, c_n) = module(x)
+    grads = torch.autograd.grad(out.sum() + h_n.sum(), [x] + list(module.parameters()))
+    return out, h_n, grads
+
+
+@pytest.mark.parametrize("backend", ("cpu", "cuda", "triton", "reference"))
+def test_dropout_reproducible_and_same_mask_as_reference(backend):
+    lstm_device(backend, F64)
+    out1, h1, g1 = _dropout_run(backend, seed=11)
+    out2, h2, g2 = _dropout_run(backend, seed=11)
+    assert torch.equal(out1, out2) and torch.equal(h1, h2)
+    for a, b in zip(g1, g2):
+        assert torch.equal(a, b)
+    out3, _, _ = _dropout_run(backend, seed=12)
+    assert not torch.allclose(out1, out3), "a different seed must drop different elements"
+    ref_out, ref_h, ref_g = _dropout_run("reference", seed=11)
+    close64("output vs reference (same Philox mask)", out1, ref_out)
+    close64("h_n vs reference", h1, ref_h)
+    for i, (a, b) in enumerate(zip(g1, ref_g)):
+        close64(f"grad {i} vs reference", a, b)
+    no_drop, _, _ = _dropout_run(backend, seed=11, p=0.0)
+    assert not torch.allclose(out1, no_drop), "dropout must change the result in training"
+    eval_out, _, _ = _dropout_run(backend, seed=11, training=False)
+    close64("eval mode ignores dropout", eval_out, no_drop)
+
+
+def test_dropout_rate_and_scale():
+    """The layer op drops about p of its input and scales the rest by 1/(1-p): the layer's
+    input gradient is exactly the mask times 1/(1-p) times the undropped gradient."""
+    torch.manual_seed(0)
+    T, B, I, H = 30, 16, 64, 8
+    args = [torch.randn(T, B, I, dtype=F64, requires_grad=True), torch.zeros(1, B, H, dtype=F64),
+            torch.zeros(1, B, H, dtype=F64), torch.randn(1, 4 * H, I, dtype=F64),
+            torch.randn(1, 4 * H, H, dtype=F64), None, None, None, None]
+    seed = torch.tensor([1234, 99])
+    out, *_ = torch.ops.fastattn.lstm_layer(*args, 0.25, seed, True)
+    (g_drop,) = torch.autograd.grad(out.sum(), args[0])
+    out0, *_ = torch.ops.fastattn.lstm_layer(*args, 0.0, None, True)
+    (g_full,) = torch.autograd.grad(out0.sum(), args[0])
+    kept = g_drop != 0
+    assert abs(1.0 - kept.double().mean().item() - 0.25) < 0.02
+    # Row (t, b): all of x[t, b] either kept or dropped per element; where kept, the gradient
+    # of a dropped-out input differs from the undropped one (other inputs changed), so check
+    # the mask against the reference generator instead.
+    keep_ref = fastattn.reference.random.dropout_keep_mask(seed, (T, B, I), 0.25)
+    assert torch.equal(kept, keep_ref)
+    assert g_full.ne(0).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. gradcheck, opcheck, compile
+
+
+def _layer_args(T=4, B=3, I=3, H=4, D=2, P=3, lengths=True, bias=True, grad=True, dtype=F64):
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, dtype=dtype) * scale).requires_grad_(grad)
+
+    return [r(T, B, I), r(D, B, P), r(D, B, H), r(D, 4 * H, I, scale=0.5),
+            r(D, 4 * H, P, scale=0.5), r(D, 4 * H) if bias else None,
+            r(D, 4 * H) if bias else None, r(D, P, H, scale=0.5) if P != H else None,
+            torch.tensor([2, 4, 1][:B]) if lengths else None]
+
+
+@pytest.mark.parametrize("backend", ("cpu", "cuda"))
+@pytest.mark.parametrize("variant", ["plain", "bidir-proj-lengths", "dropout-lengths"])
+def test_lstm_layer_gradcheck(backend, variant):
+    device = lstm_device(backend, F64)
+    if variant == "plain":
+        args = _layer_args(D=1, P=4, lengths=False)
+        p, seed = 0.0, None
+    elif variant == "bidir-proj-lengths":
+        args = _layer_args()
+        p, seed = 0.0, None
+    else:
+        args = _layer_args(D=2, P=4)
+        p, seed = 0.3, torch.tensor([5, 6])
+    args = [a.to(device) if a is not None else None for a in args]
+    seed = seed.to(device) if seed is not None else None
+
+    def fn(*tensors):
+        out, h_n, c_n, _ = torch.ops.fastattn.lstm_layer(*tensors, p, seed, True)
+        return out, h_n, c_n
+
+    assert torch.autograd.gradcheck(fn, tuple(args))
+
+
+@pytest.mark.parametrize("backend", ("cpu", "cuda"))
+@pytest.mark.parametrize("bias", (True, False))
+def test_lstm_cell_gradcheck(backend, bias):
+    device = lstm_device(backend, F64)
+    g = torch.Generator().manual_seed(0)
+    shapes = [(3, 4), (3, 5), (3, 5), (20, 4), (20, 5)] + ([(20,), (20,)] if bias else [])
+    args = [torch.randn(*s, generator=g, dtype=F64).to(device).requires_grad_() for s in shapes]
+    if not bias:
+        args += [None, None]
+    assert torch.autograd.gradcheck(lambda *a: fastattn.lstm_cell(*a, backend=backend), args)
+
+
+def _opcheck_cases(device):
+    cases = {
+        "layer": ("lstm_layer", _layer_args(lengths=False, D=1, P=4) + [0.0, None, True]),
+        "layer-bidir-proj-lengths": ("lstm_layer", _layer_args() + [0.0, None, True]),
+        "layer-dropout-nobias": ("lstm_layer", _layer_args(bias=False) + [
+            0.2, torch.tensor([1, 2]), True]),
+        "layer-fp32": ("lstm_layer", _layer_args(dtype=torch.float32) + [0.0, None, True]),
+        "layer-inference": ("lstm_layer", _layer_args(grad=False) + [0.0, None, False]),
+        "cell": ("lstm_cell", [torch.randn(3, 4, requires_grad=True),
+                               torch.randn(3, 5, requires_grad=True),
+                               torch.randn(3, 5, requires_grad=True),
+                               torch.randn(20, 4, requires_grad=True),
+                               torch.randn(20, 5, requires_grad=True),
+                               torch.randn(20, requires_grad=True),
+                               torch.randn(20, requires_grad=True)]),
+        "cell-large-batch": ("lstm_cell", [torch.randn(20, 4), torch.randn(20, 5),
+                                           torch.randn(20, 5), torch.randn(20, 4),
+                                           torch.randn(20, 5), None, None]),
+    }
+    args = _layer_args(grad=False)
+    _, _, _, ws = torch.ops.fastattn.lstm_layer(*args, 0.0, None, True)
+    T, B, _ = args[0].shape
+    cases["layer_backward"] = ("lstm_layer_backward", [
+        torch.randn(T, B, 6, dtype=F64), None, torch.randn(2, B, 4, dtype=F64), *args[:5],
+        args[7], args[8], ws, 0.0, None, True, True, True])
+    cell = [torch.randn(3, 4), torch.randn(3, 5), torch.randn(3, 5), torch.randn(20, 4),
+            torch.randn(20, 5)]
+    _, _, cws = torch.ops.fastattn.lstm_cell(*cell, None, None)
+    cases["cell_backward"] = ("lstm_cell_backward", [torch.randn(3, 5), None, *cell, cws,
+                                                     False])
+    return {k: (name, [a.to(device) if isinstance(a, torch.Tensor) else a for a in args])
+            for k, (name, args) in cases.items()}
+
+
+@pytest.mark.parametrize("case", list(_opcheck_cases("cpu")))
+@pytest.mark.parametrize("backend", ("cpu", "cuda"))
+def test_opcheck(backend, case):
+    device = lstm_device(backend)
+    name, args = _opcheck_cases(device)[case]
+    torch.library.opcheck(getattr(torch.ops.fastattn, name), args)
+
+
+class _Tagger(torch.nn.Module):
+    """Embedding -> fastattn.nn.LSTM (2 layers, bidirectional, projected, batch first) ->
+    linear; and a fastattn.nn.LSTMCell decoder step."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(30, 12)
+        self.lstm = fastattn.nn.LSTM(12, 16, num_layers=2, bidirectional=True, proj_size=8,
+                                     batch_first=True)
+        self.cell = fastattn.nn.LSTMCell(16, 10)
+        self.head = torch.nn.Linear(16 + 10, 5)
+
+    def forward(self, tokens, lengths):
+        h, _ = self.lstm(self.embed(tokens))
+        y, _ = fastattn.lstm(self.embed(tokens), None, self.lstm._weights(), num_layers=2,
+                             bidirectional=True, batch_first=True, proj_size=8,
+                             lengths=lengths)
+        hc, _ = self.cell(y[:, -1])
+        return self.head(torch.cat([h[:, 0], hc], -1))
+
+
+def test_compile_fullgraph(monkeypatch):
+    """A model with fastattn.nn.LSTM, fastattn.lstm(lengths=...) and fastattn.nn.LSTMCell
+    compiles without graph breaks and without touching Dynamo's config (allow_rnn stays off);
+    outputs and gradients equal eager. PackedSequence inputs cannot be traced fullgraph (torch's
+    pack/pad functions are skipped by Dynamo and have data-dependent sizes): compiled models
+    pass padded tensors with lengths= instead (next test)."""
+    assert not torch._dynamo.config.allow_rnn
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _Tagger()
+    tokens = torch.randint(0, 30, (3, 9))
+    lengths = torch.tensor([9, 4, 6])
+    compiled = torch.compile(model, fullgraph=True)
+    monkeypatch.setattr(_backend, "_availability_cache", None)  # as in a fresh process
+    out = compiled(tokens, lengths)
+    assert fastattn.last_backend("lstm") == "cpu" and fastattn.last_backend("lstm_cell") == "cpu"
+    eager = model(tokens, lengths)
+    torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
+    params = [p for p in model.parameters()]
+    g_compiled = torch.autograd.grad(out.square().sum(), params)
+    g_eager = torch.autograd.grad(eager.square().sum(), params)
+    for g, e in zip(g_compiled, g_eager):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+
+
+def test_compile_packed_sequence_with_graph_breaks():
+    """Without fullgraph, a PackedSequence forward compiles (torch's packing runs eagerly
+    between graphs) and matches eager."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    module = fastattn.nn.LSTM(4, 6, bidirectional=True)
+    x = torch.randn(7, 3, 4)
+    packed = pack_padded_sequence(x, torch.tensor([7, 2, 5]), enforce_sorted=False)
+    compiled = torch.compile(module)
+    out, (h, c) = compiled(packed)
+    eager, (he, ce) = module(packed)
+    torch.testing.assert_close(out.data, eager.data)
+    torch.testing.assert_close(h, he)
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. Backend choice and errors
+
+
+def test_default_backend_and_explicit_refusals():
+    x = torch.randn(5, 2, 3)
+    module = fastattn.nn.LSTM(3, 4)
+    module(x)
+    assert fastattn.last_backend("lstm") == "cpu"
+    fastattn.lstm_cell(torch.randn(2, 3), torch.randn(2, 4), torch.randn(2, 4),
+                       module.weight_ih_l0, module.weight_hh_l0)
+    assert fastattn.last_backend("lstm_cell") == "cpu"
+    with fastattn.use_backend("reference"):
+        module(x)
+    assert fastattn.last_backend("lstm") == "reference"
+    for backend in ("cuda", "triton"):
+        reason = unsupported_backends().get(backend)
+        if reason is None and backend_device(backend).type == "cpu" and backend == "cuda":
+            continue
+        with pytest.raises(fastattn.BackendError, match="lstm"):
+            with fastattn.use_backend(backend):
+                module(x)
+
+
+def _same_error(call_ours, call_theirs):
+    """Both calls raise the same exception type with the same message."""
+    with pytest.raises(Exception) as theirs:
+        call_theirs()
+    with pytest.raises(type(theirs.value)) as ours:
+        call_ours()
+    assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("case", ["input_size", "h0_shape", "c0_shape", "hx_dims", "dtype",
+                                  "input_dims", "unsorted_enforce_sorted", "proj_too_big",
+                                  "bad_dropout"])
+def test_module_errors_match_torch(case):
+    theirs, ours = make_pair(5, 4, device="cpu", dtype=torch.float32, num_layers=2)
+    x = torch.randn(6, 3, 5)
+    h = (torch.zeros(2, 3, 4), torch.zeros(2, 3, 4))
+    if case == "input_size":
+        _same_error(lambda: ours(torch.randn(6, 3, 7)), lambda: theirs(torch.randn(6, 3, 7)))
+    elif case == "h0_shape":
+        bad = (torch.zeros(2, 3, 5), h[1])
+        _same_error(lambda: ours(x, bad), lambda: theirs(x, bad))
+    elif case == "c0_shape":
+        bad = (h[0], torch.zeros(1, 3, 4))
+        _same_error(lambda: ours(x, bad), lambda: theirs(x, bad))
+    elif case == "hx_dims":
+        bad = (torch.zeros(3, 4), torch.zeros(3, 4))
+        _same_error(lambda: ours(x, bad), lambda: theirs(x, bad))
+    elif case == "dtype":
+        xi = torch.ones(6, 3, 5, dtype=torch.int64)
+        _same_error(lambda: ours(xi), lambda: theirs(xi))
+    elif case == "input_dims":
+        _same_error(lambda: ours(torch.randn(5)), lambda: theirs(torch.randn(5)))
+    elif case == "unsorted_enforce_sorted":
+        _same_error(lambda: ours(pack_padded_sequence(x, torch.tensor([3, 6, 2]))),
+                    lambda: theirs(pack_padded_sequence(x, torch.tensor([3, 6, 2]))))
+    elif case == "proj_too_big":
+        _same_error(lambda: fastattn.nn.LSTM(5, 4, proj_size=4),
+                    lambda: torch.nn.LSTM(5, 4, proj_size=4))
+    elif case == "bad_dropout":
+        _same_error(lambda: fastattn.nn.LSTM(5, 4, dropout=1.5),
+                    lambda: torch.nn.LSTM(5, 4, dropout=1.5))
+
+
+@pytest.mark.parametrize("case", ["input_size", "batch", "hidden_size"])
+def test_cell_module_errors_match_torch(case):
+    torch.manual_seed(0)
+    theirs, ours = torch.nn.LSTMCell(5, 4), fastattn.nn.LSTMCell(5, 4)
+    x, h = torch.randn(3, 5), (torch.zeros(3, 4), torch.zeros(3, 4))
+    if case == "input_size":
+        _same_error(lambda: ours(torch.randn(3, 6), h), lambda: theirs(torch.randn(3, 6), h))
+    elif case == "batch":
+        bad = (torch.zeros(2, 4), torch.zeros(2, 4))
+        _same_error(lambda: ours(x, bad), lambda: theirs(x, bad))
+    else:
+        bad = (torch.zeros(3, 4), torch.zeros(3, 6))
+        _same_error(lambda: ours(x, bad), lambda: theirs(x, bad))
+
+
+def test_functional_errors():
+    w = list(torch.nn.LSTM(3, 4)._flat_weights)
+    x = torch.randn(5, 2, 3)
+    with pytest.raises(TypeError, match="lstm: input must be float32"):
+        fastattn.lstm(x.long(), None, w, num_layers=1)
+    with pytest.raises(ValueError, match="expected 2 or 4 weight tensors"):
+        fastattn.lstm(x, None, w[:3], num_layers=1)
+    with pytest.raises(ValueError, match="input.size\\(-1\\) must be equal to input_size. "
+                                         "Expected 3, got 7"):
+        fastattn.lstm(torch.randn(5, 2, 7), None, w, num_layers=1)
+    with pytest.raises(ValueError, match="Expected hidden\\[0\\] size \\(1, 2, 4\\), got"):
+        fastattn.lstm(x, (torch.zeros(1, 3, 4), torch.zeros(1, 2, 4)), w, num_layers=1)
+    with pytest.raises(ValueError, match="lengths must be in \\[0, T\\] = \\[0, 5\\]"):
+        fastattn.lstm(x, None, w, num_layers=1, lengths=torch.tensor([6, 1]))
+    with pytest.raises(ValueError, match="lengths must have shape \\(2,\\)"):
+        fastattn.lstm(x, None, w, num_layers=1, lengths=torch.tensor([5, 1, 1]))
+    with pytest.raises(TypeError, match="lengths must be an integer tensor"):
+        fastattn.lstm(x, None, w, num_layers=1, lengths=torch.tensor([5.0, 1.0]))
+    with pytest.raises(TypeError, match="must have the input's dtype"):
+        fastattn.lstm(x, None, [t.double() for t in w], num_layers=1)
+    with pytest.raises(ValueError, match="not at the same device"):
+        fastattn.lstm(x, None, [w[0].to("meta")] + w[1:], num_layers=1)
+    with pytest.raises(ValueError, match="hidden0 has inconsistent hidden_size"):
+        fastattn.lstm_cell(torch.randn(2, 3), torch.randn(2, 5), torch.randn(2, 4), w[0], w[1])
+    # The native op's own checks (direct calls)
+    with pytest.raises(RuntimeError, match="lstm_layer: lengths must be in \\[0, T\\]"):
+        torch.ops.fastattn.lstm_layer(x, torch.zeros(1, 2, 4), torch.zeros(1, 2, 4),
+                                      w[0][None], w[1][None], None, None, None,
+                                      torch.tensor([9, 1]), 0.0, None, False)
+    with pytest.raises(RuntimeError, match="lstm_layer: w_ih must have shape"):
+        torch.ops.fastattn.lstm_layer(x, torch.zeros(1, 2, 4), torch.zeros(1, 2, 4),
+                                      w[0][None, :, :2], w[1][None], None, None, None, None,
+                                      0.0, None, False)
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. Modules: state_dict, flatten_parameters, swapped-model training
+
+
+def test_state_dict_and_parameters_match_torch():
+    kw = dict(num_layers=2, bidirectional=True, proj_size=3)
+    theirs, ours = torch.nn.LSTM(5, 6, **kw), fastattn.nn.LSTM(5, 6, **kw)
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in theirs.named_parameters()]
+    assert "weight_hr_l1_reverse" in dict(ours.named_parameters())
+    ours.load_state_dict(theirs.state_dict())
+    theirs2 = torch.nn.LSTM(5, 6, **kw)
+    theirs2.load_state_dict(ours.state_dict())
+    for (n, a), (_, b) in zip(theirs.state_dict().items(), theirs2.state_dict().items()):
+        assert torch.equal(a, b), n
+    assert isinstance(ours, torch.nn.RNNBase) and not isinstance(ours, torch.nn.LSTM)
+    assert isinstance(fastattn.nn.LSTMCell(2, 3), torch.nn.LSTMCell)
+    assert repr(ours).replace("fastattn.nn.", "") == repr(theirs).replace("torch.nn.", "")
+    ours.flatten_parameters()  # a no-op on CPU, as torch's
+    x = torch.randn(4, 2, 5)
+    torch.testing.assert_close(ours(x)[0], theirs(x)[0], rtol=1e-5, atol=1e-6)
+    # Parameters replaced after construction are the ones used.
+    with torch.no_grad():
+        ours.weight_hh_l0 = torch.nn.Parameter(torch.zeros_like(ours.weight_hh_l0))
+        theirs.weight_hh_l0 = torch.nn.Parameter(torch.zeros_like(theirs.weight_hh_l0))
+    torch.testing.assert_close(ours(x)[0], theirs(x)[0], rtol=1e-5, atol=1e-6)
+
+
+class _Classifier(torch.nn.Module):
+    def __init__(self, lstm_cls):
+        super().__init__()
+        self.embed = torch.nn.Embedding(20, 8)
+        self.lstm = lstm_cls(8, 12, num_layers=2, bidirectional=True, batch_first=True)
+        self.head = torch.nn.Linear(24, 3)
+
+    def forward(self, tokens):
+        out, (h, _) = self.lstm(self.embed(tokens))
+        return self.head(out.mean(1))
+
+
+def test_swapped_model_trains_like_torch():
+    """Liger's check: the same model with torch.nn.LSTM and with fastattn.nn.LSTM, same
+    initial parameters, trained with the same batches, gives the same losses."""
+    torch.manual_seed(0)
+    theirs = _Classifier(torch.nn.LSTM).double()
+    ours = _Classifier(fastattn.nn.LSTM).double()
+    ours.load_state_dict(theirs.state_dict())
+    opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (theirs, ours)]
+    g = torch.Generator().manual_seed(1)
+    for step in range(8):
+        tokens = torch.randint(0, 20, (6, 11), generator=g)
+        labels = torch.randint(0, 3, (6,), generator=g)
+        losses = []
+        for model, opt in zip((theirs, ours), opts):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(tokens), labels)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert abs(losses[0] - losses[1]) < 1e-10, (step, losses)
+
+
+def test_other_isa_copies_match():
+    """The avx2 and baseline x86 copies of the CPU kernels (FASTATTN_CPU_ISA caps the choice
+    at import) compute the same LSTM (they use ATen's GEMM for the large products)."""
+    code = (
+        "import torch, fastattn, sys\n"
+        "torch.manual_seed(0)\n"
+        "m = fastattn.nn.LSTM(5, 9, num_layers=2, bidirectional=True, proj_size=4)\n"
+        "x = torch.randn(7, 3, 5, requires_grad=True)\n"
+        "L = torch.tensor([7, 2, 5])\n"
+        "o, (h, c) = fastattn.lstm(x, None, m._weights(), num_layers=2, bidirectional=True,"
+        " proj_size=4, lengths=L)\n"
+        "g = torch.autograd.grad(o.sum() + c.sum(), [x] + list(m.parameters()))\n"
+        "with fastattn.use_backend('reference'):\n"
+        "    o2, (h2, c2) = fastattn.lstm(x, None, m._weights(), num_layers=2,"
+        " bidirectional=True, proj_size=4, lengths=L)\n"
+        "g2 = torch.autograd.grad(o2.sum() + c2.sum(), [x] + list(m.parameters()))\n"
+        "err = max([float((a - b).abs().max()) for a, b in zip((o, h, c) + g, (o2, h2, c2) + g2)])\n"
+        "print(fastattn.build_info()['cpu_isa'], err)\n"
+        "sys.exit(0 if err < 1e-5 else 1)\n")
+    for isa in ("avx2", "base"):
+        env = dict(os.environ, FASTATTN_CPU_ISA=isa)
+        proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. The large grid (slow)
+
+
+@pytest.mark.parametrize("T", (1, 2, 37, 100))
+@pytest.mark.parametrize("B", (1, 33))
+@pytest.mark.parametrize("I,H", [(1, 1), (300, 37), (16, 64)])
+@pytest.mark.parametrize("bidir,proj,batch_first,packed", [
+    (False, 0, False, False), (True, 0, True, False), (True, 5, True, True),
+    (False, 7, False, True)])
+@pytest.mark.parametrize("backend", ("cpu", "cuda", "triton"))
+@pytest.mark.parametrize("_slow", [pytest.param(None, marks=slow)])
+def test_grid_against_torch_float64(backend, bidir, proj, batch_first, packed, I, H, B, T,
+                                    _slow):
+    if proj >= H:
+        pytest.skip("proj_size must be < hidden_size")
+    device = lstm_device(backend, F64)
+    theirs, ours = make_pair(I, H, device=device, num_layers=2, bidirectional=bidir,
+                             proj_size=proj, batch_first=batch_first)
+    x = torch.randn((B, T, I) if batch_first else (T, B, I), dtype=F64, device=device)
+    lengths = torch.randint(1, T + 1, (B,)) if packed else None
+    results = []
+    for module in (theirs, ours):
+        xl = x.clone().requires_grad_()
+        inp = pack_padded_sequence(xl, lengths, batch_first=batch_first,
+                                   enforce_sorted=False) if packed else xl
+        with fastattn.use_backend(backend):
+            out, (h_n, c_n) = module(inp)
+        w = random_like_outputs(out, h_n, c_n)
+        results.append(((out.data if packed else out), h_n, c_n,
+                        grads_of(loss_of(out, h_n, c_n, w), [xl] + list(module.parameters()))))
+    for i, (a, b) in enumerate(zip(results[1][:3], results[0][:3])):
+        close64(f"output {i}", a, b, rtol=1e-8, atol=1e-9)
+    for i, (a, b) in enumerate(zip(results[1][3], results[0][3])):
+        close64(f"grad {i}", a, b, rtol=1e-8, atol=1e-9)
