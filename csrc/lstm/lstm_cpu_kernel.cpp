@@ -772,6 +772,12 @@ void pack_a(const LstmGemmParams& p, int64_t k0, int64_t Kc, float* Ap) {
     for (int64_t s = begin; s < end; ++s) {
       const int64_t m0 = s * kStrip, rows = std::min(kStrip, p.M - m0);
       float* dst = Ap + s * Kc * kStrip;
+      if (p.a_m == 1 && rows == kStrip) {  // k-major A (A = X^T): 8 contiguous values per k
+        for (int64_t k = 0; k < Kc; ++k) {
+          std::memcpy(dst + k * kStrip, p.A + m0 + (k0 + k) * p.a_k, kStrip * sizeof(float));
+        }
+        continue;
+      }
       for (int64_t k = 0; k < Kc; ++k) {
         const float* src = p.A + m0 * p.a_m + (k0 + k) * p.a_k;
         for (int64_t r = 0; r < kStrip; ++r) dst[k * kStrip + r] = r < rows ? src[r * p.a_m] : 0.0f;
@@ -792,6 +798,13 @@ void pack_b(const LstmGemmParams& p, int64_t k0, int64_t Kc, float* Bp) {
       for (int64_t c = 1; c < cols && consecutive; ++c) consecutive = col(n0 + c) == col(n0) + c;
       if (p.b_k == 1 && p.b_n != 1 && consecutive) {
         transpose(p.B + col(n0) * p.b_n + k0, p.b_n, dst, kPanel, kPanel, Kc);
+        continue;
+      }
+      if (p.b_n == 1 && consecutive) {  // row-major B: 32 contiguous values per k
+        const float* src = p.B + k0 * p.b_k + col(n0);
+        for (int64_t k = 0; k < Kc; ++k) {
+          std::memcpy(dst + k * kPanel, src + k * p.b_k, kPanel * sizeof(float));
+        }
         continue;
       }
       for (int64_t k = 0; k < Kc; ++k) {
