@@ -583,7 +583,7 @@ def _same_error(call_ours, call_theirs):
 
 @pytest.mark.parametrize("case", ["input_size", "h0_shape", "c0_shape", "hx_dims", "dtype",
                                   "input_dims", "unsorted_enforce_sorted", "proj_too_big",
-                                  "bad_dropout"])
+                                  "bad_dropout", "input_device", "hidden_device"])
 def test_module_errors_match_torch(case):
     theirs, ours = make_pair(5, 4, device="cpu", dtype=torch.float32, num_layers=2)
     x = torch.randn(6, 3, 5)
@@ -613,6 +613,12 @@ def test_module_errors_match_torch(case):
     elif case == "bad_dropout":
         _same_error(lambda: fastattn.nn.LSTM(5, 4, dropout=1.5),
                     lambda: torch.nn.LSTM(5, 4, dropout=1.5))
+    elif case == "input_device":  # "meta" stands in for a second device without a GPU
+        xm = x.to("meta")
+        _same_error(lambda: ours(xm), lambda: theirs(xm))
+    elif case == "hidden_device":
+        hm = (h[0].to("meta"), h[1].to("meta"))
+        _same_error(lambda: ours(x, hm), lambda: theirs(x, hm))
 
 
 @pytest.mark.parametrize("case", ["input_size", "batch", "hidden_size"])

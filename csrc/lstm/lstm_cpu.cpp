@@ -7,6 +7,7 @@
 #include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/mm.h>
@@ -15,8 +16,11 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <numeric>
 #include <vector>
+#include <cstdlib>
+#include <mutex>
 
 #include "common/cpu_isa.h"
 #include "common/debug.h"
@@ -71,6 +75,74 @@ Packing make_packing(const optional<Tensor>& lengths, int64_t T, int64_t B, cons
   for (int64_t t = 0; t < T; ++t) pk.offsets[t + 1] = pk.offsets[t] + pk.batch_sizes[t];
   return pk;
 }
+
+// Saved workspaces come from a small cache of freed blocks (the backward frees the block,
+// the next forward reuses it), as torch's CUDA caching allocator does: a fresh allocation
+// above glibc's mmap threshold is page-faulted and zero-filled on every call (78 MB: 42 ms
+// here, as much as a tenth of the forward). At most kMaxCachedBytes stay cached.
+class BlockCache {
+ public:
+  static BlockCache& get() {
+    static BlockCache* cache = new BlockCache();  // never destroyed: tensors may outlive exit
+    return *cache;
+  }
+
+  Tensor empty(at::IntArrayRef sizes, const at::TensorOptions& options) {
+    int64_t numel = 1;
+    for (int64_t s : sizes) numel *= s;
+    const size_t bytes =
+        static_cast<size_t>(numel) * c10::elementSize(options.dtype().toScalarType());
+    if (bytes < (size_t(1) << 22) || bytes > kMaxCachedBytes) return at::empty(sizes, options);
+    auto [ptr, capacity] = take(bytes);
+    return at::from_blob(
+        ptr, sizes, [capacity = capacity](void* p) { BlockCache::get().give(p, capacity); },
+        options);
+  }
+
+ private:
+  static constexpr size_t kMaxCachedBytes = size_t(1) << 30;
+
+  std::pair<void*, size_t> take(size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      size_t best = blocks_.size();
+      for (size_t i = 0; i < blocks_.size(); ++i) {  // smallest block that fits, within 2x
+        const size_t cap = blocks_[i].second;
+        if (cap >= bytes && cap <= 2 * bytes && (best == blocks_.size() || cap < blocks_[best].second)) {
+          best = i;
+        }
+      }
+      if (best < blocks_.size()) {
+        auto block = blocks_[best];
+        blocks_.erase(blocks_.begin() + best);
+        cached_ -= block.second;
+        return block;
+      }
+    }
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    TORCH_CHECK(p != nullptr, "lstm: out of memory allocating a ", bytes, "-byte workspace");
+    return {p, bytes};
+  }
+
+  void give(void* p, size_t capacity) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    while (!blocks_.empty() && cached_ + capacity > kMaxCachedBytes) {  // evict the oldest
+      std::free(blocks_.front().first);
+      cached_ -= blocks_.front().second;
+      blocks_.erase(blocks_.begin());
+    }
+    if (capacity > kMaxCachedBytes) {
+      std::free(p);
+      return;
+    }
+    blocks_.emplace_back(p, capacity);
+    cached_ += capacity;
+  }
+
+  std::mutex mutex_;
+  std::vector<std::pair<void*, size_t>> blocks_;
+  size_t cached_ = 0;
+};
 
 // Grow-only per-thread buffers for the large temporaries that never leave an op call (the
 // packed input, dgates, ...): a fresh allocation above glibc's mmap threshold is page-faulted
@@ -209,9 +281,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_cpu(
   Tensor c_n = at::empty({d.D, d.B, d.H}, opts);
   // Without save_workspace (inference) the kernel's states live in a reused scratch buffer and
   // an empty workspace is returned.
-  Tensor saved = at::empty(save_workspace ? std::vector<int64_t>{d.D, workspace_per_direction(d)}
-                                          : std::vector<int64_t>{0},
-                           opts.dtype(acc));
+  Tensor saved = save_workspace
+      ? BlockCache::get().empty({d.D, workspace_per_direction(d)}, opts.dtype(acc))
+      : at::empty({0}, opts.dtype(acc));
   Tensor workspace = save_workspace
       ? saved
       : scratch(kWorkspace, {d.D, workspace_per_direction(d)}, opts.dtype(acc));

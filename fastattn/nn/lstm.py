@@ -52,7 +52,21 @@ class LSTM(nn.RNNBase):
         return (torch.zeros(layers, batch, real_hidden, **kw),
                 torch.zeros(layers, batch, self.hidden_size, **kw))
 
+    def _check_devices(self, input, hx) -> None:
+        # torch.nn.LSTM's (ATen's) errors for mixed devices
+        for w in self._weights():
+            if w.device != input.device:
+                raise RuntimeError("Input and parameter tensors are not at the same device, found "
+                                   f"input tensor at {input.device} and parameter tensor at "
+                                   f"{w.device}")
+        for h in hx or ():
+            if h.device != input.device:
+                raise RuntimeError("Input and hidden tensors are not at the same device, found "
+                                   f"input tensor at {input.device} and hidden tensor at "
+                                   f"{h.device}")
+
     def _run(self, input, hx, lengths=None, batch_first=None):
+        self._check_devices(input, hx)
         return lstm(input, hx, self._weights(), num_layers=self.num_layers,
                     bidirectional=self.bidirectional,
                     batch_first=self.batch_first if batch_first is None else batch_first,
