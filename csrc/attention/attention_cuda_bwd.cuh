@@ -170,6 +170,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   Dropout drop;
   drop.init(p);
   const float keep_scale = static_cast<float>(p.keep_scale);
+  const float scale = static_cast<float>(p.scale);
+  const bool elementwise = has_elementwise(p), has_cap = p.softcap > 0.0;
   const int ksteps_d = (p.D + 15) / 16, ksteps_dv = (p.Dv + 15) / 16;
   const int npairs_d = ksteps_d, npairs_dv = ksteps_dv;
 
@@ -198,7 +200,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       prim::cp_async_commit();
     }
 
-    Scores<float> sc;
+    Scores<float> sc;  // element-wise path only (local memory)
     sc.init(p, b, step.h);
     const int bh = b * p.Hq + step.h;
 
@@ -211,7 +213,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     zero(sst);
     mma_ss_nt<Elem, 1, kNT, kHD>(sst, sK, warp_row0, sQ, 0, ksteps_d, lane);
 
-    const bool full = !sc.elementwise && sc.interior(step.i0, kBlockM, j0 + warp_row0, 16);
+    const bool full = !elementwise && tile_interior(p, step.i0, kBlockM, j0 + warp_row0, 16);
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
@@ -220,9 +222,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
         const int ic = nt * 8 + 2 * t + (e & 1);          // query column in the step
         const int i = step.i0 + ic;
         float th = 0.0f;
-        const float s = full               ? sst[0][nt][e] * sc.scale
-                        : !sc.elementwise ? sc.band_only(sst[0][nt][e], i, j)
-                                          : sc(sst[0][nt][e], i, j, th);
+        const float s = full          ? sst[0][nt][e] * scale
+                        : !elementwise ? band_score(p, scale, sst[0][nt][e], i, j)
+                                       : sc(sst[0][nt][e], i, j, th);
         const float pval = prim::fast_exp2((s - prim::lds(s_lse + ic)) * kLog2e);
         float mult = 1.0f;
         if (p.dropout && i < p.Lq && j < p.Lk) {
@@ -231,8 +233,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
         sst[0][nt][e] = pval * mult;  // P^T with dropout: the A operand of dV
         if constexpr (kDK) {
           float ds = pval * (dpt[0][nt][e] * mult - prim::lds(s_delta + ic));
-          if (sc.has_cap) ds *= 1.0f - th * th;
-          dpt[0][nt][e] = ds * sc.scale;  // dS^T: the A operand of dK
+          if (has_cap) ds *= 1.0f - th * th;
+          dpt[0][nt][e] = ds * scale;  // dS^T: the A operand of dK
         }
       }
 
@@ -339,11 +341,13 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     prim::cp_async_commit();
   }
 
-  Scores<float> sc;
+  Scores<float> sc;  // element-wise path only (local memory)
   sc.init(p, b, h);
   Dropout drop;
   drop.init(p);
   const float keep_scale = static_cast<float>(p.keep_scale);
+  const float scale = static_cast<float>(p.scale);
+  const bool elementwise = has_elementwise(p), has_cap = p.softcap > 0.0;
   const int ksteps_d = (p.D + 15) / 16, ksteps_dv = (p.Dv + 15) / 16;
 
   float dq_acc[1][kNTO][4];
@@ -380,7 +384,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     zero(s);
     mma_ss_nt<Elem, 1, kNT, kHD>(s, sQ, warp_row0, sK, 0, ksteps_d, lane);
 
-    const bool full = !sc.elementwise && sc.interior(i0 + warp_row0, 16, j0, kBlockN);
+    const bool full = !elementwise && tile_interior(p, i0 + warp_row0, 16, j0, kBlockN);
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
@@ -393,14 +397,14 @@ __global__ void __launch_bounds__(Cfg::kThreads)
         for (int c = 0; c < 2; ++c) {
           const int e = 2 * r + c;
           float th = 0.0f;
-          const float sv = full               ? s[0][nt][e] * sc.scale
-                           : !sc.elementwise ? sc.band_only(s[0][nt][e], i, j + c)
-                                             : sc(s[0][nt][e], i, j + c, th);
+          const float sv = full          ? s[0][nt][e] * scale
+                           : !elementwise ? band_score(p, scale, s[0][nt][e], i, j + c)
+                                          : sc(s[0][nt][e], i, j + c, th);
           const float pval = prim::fast_exp2((sv - lse_r[r]) * kLog2e);
           const float mult = p.dropout ? (((bits >> c) & 1u) ? keep_scale : 0.0f) : 1.0f;
           float ds = pval * (dp[0][nt][e] * mult - delta_r[r]);
-          if (sc.has_cap) ds *= 1.0f - th * th;
-          s[0][nt][e] = ds * sc.scale;
+          if (has_cap) ds *= 1.0f - th * th;
+          s[0][nt][e] = ds * scale;
         }
       }
 

@@ -35,6 +35,31 @@ __device__ __forceinline__ TileRange visible_query_tiles(const Problem& p, int j
   return {i_lo / block_m, i_hi / block_m + 1};
 }
 
+// Hot-path tests read the kernel parameters directly (constant bank): the Scores object below
+// is used by the non-inlined element-wise path and therefore lives in local memory.
+
+// Some feature needs every element: softcap, ALiBi, a mask or key padding.
+__device__ __forceinline__ bool has_elementwise(const Problem& p) {
+  return p.softcap > 0.0 || p.alibi != nullptr || p.mask_kind != kMaskNone || p.padding != nullptr;
+}
+
+// Key j is visible to query i by the window band and exists.
+__device__ __forceinline__ bool in_band(const Problem& p, int i, int j) {
+  return j >= i + p.window_lo && j <= i + p.window_hi && j < p.Lk;
+}
+
+// Every key of [j0, j0 + N) exists and is inside the band of every query of [i0, i0 + M): then,
+// without element-wise features, the score is scale * q.k exactly.
+__device__ __forceinline__ bool tile_interior(const Problem& p, int i0, int M, int j0, int N) {
+  return j0 + N <= p.Lk && i0 + M - 1 + p.window_lo <= j0 && j0 + N - 1 <= i0 + p.window_hi;
+}
+
+// The score without element-wise features: scale * q.k inside the band, else -inf.
+template <typename acc>
+__device__ __forceinline__ acc band_score(const Problem& p, acc scale, acc dot, int i, int j) {
+  return in_band(p, i, j) ? dot * scale : -prim::inf_of<acc>();
+}
+
 // The score pipeline of one (batch, query head): s = scale * q.k; softcap; - ALiBi; + float
 // mask; then the bool mask, key padding, window band and the end of the keys set -inf.
 template <typename acc>
@@ -46,7 +71,6 @@ struct Scores {
   int64_t mask_off, msq, msk;  // element offset of (b, h) and the strides of i and j
   const uint8_t* pad;          // key_padding_mask row of batch b, or null
   bool has_cap, has_alibi;
-  bool elementwise;  // some feature needs every element (softcap, ALiBi, masks, padding)
 
   __device__ __forceinline__ void init(const Problem& p, int b, int h) {
     scale = static_cast<acc>(p.scale);
@@ -66,24 +90,10 @@ struct Scores {
     msq = p.mask_sq;
     msk = p.mask_sk;
     pad = p.padding != nullptr ? p.padding + static_cast<int64_t>(b) * p.Lk : nullptr;
-    elementwise = has_cap || has_alibi || mask_kind != kMaskNone || pad != nullptr;
   }
 
-  // True when every key of tile [j0, j0 + N) exists and is inside the band of every query of
-  // [i0, i0 + M): then, without element-wise features, the score is scale * q.k exactly.
-  __device__ __forceinline__ bool interior(int i0, int M, int j0, int N) const {
-    return j0 + N <= Lk && i0 + M - 1 + lo <= j0 && j0 + N - 1 <= i0 + hi;
-  }
-
-  // Whether key j is visible to query i by the window band and the key count alone.
   __device__ __forceinline__ bool in_band(int i, int j) const {
     return j >= i + lo && j <= i + hi && j < Lk;
-  }
-
-  // The score of raw product `dot` at (i, j) when no element-wise feature is on: the window band
-  // and the end of the keys only (the diagonal tiles of causal attention).
-  __device__ __forceinline__ acc band_only(acc dot, int i, int j) const {
-    return in_band(i, j) ? dot * scale : -prim::inf_of<acc>();
   }
 
   // The masked score of raw product `dot` at (i, j). t receives tanh(s / softcap) when softcap

@@ -56,8 +56,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const uint16_t* Kg = static_cast<const uint16_t*>(p.k) + b * p.k_sb + hk * p.k_sh;
   const uint16_t* Vg = static_cast<const uint16_t*>(p.v) + b * p.v_sb + hk * p.v_sh;
 
-  Scores<float> sc;
+  Scores<float> sc;  // element-wise path only (local memory)
   sc.init(p, b, h);
+  const float scale = static_cast<float>(p.scale);
+  const bool elementwise = has_elementwise(p);
   Dropout drop;
   drop.init(p);
   const float keep_scale = static_cast<float>(p.keep_scale);
@@ -96,7 +98,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     mma_ss_nt<Elem, kMT, kNT, kHD>(s, sQ, warp_row0, sK, 0, ksteps_qk, lane);
 
     // Score pipeline; tiles inside the band without element-wise features only scale.
-    const bool full = !sc.elementwise && sc.interior(i0 + warp_row0, 16 * kMT, j0, kBlockN);
+    const bool full = !elementwise && tile_interior(p, i0 + warp_row0, 16 * kMT, j0, kBlockN);
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -106,9 +108,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
           const int i = i0 + warp_row0 + mt * 16 + g + (e >> 1) * 8;
           const int j = j0 + nt * 8 + 2 * t + (e & 1);
           if (full) {
-            s[mt][nt][e] *= sc.scale;
-          } else if (!sc.elementwise) {
-            s[mt][nt][e] = sc.band_only(s[mt][nt][e], i, j);
+            s[mt][nt][e] *= scale;
+          } else if (!elementwise) {
+            s[mt][nt][e] = band_score(p, scale, s[mt][nt][e], i, j);
           } else {
             float unused;
             s[mt][nt][e] = sc(s[mt][nt][e], i, j, unused);

@@ -30,7 +30,7 @@ namespace fastattn::cuda::attn {
 //           256:  64 queries (4 warps)                       x 32 keys
 //   dK/dV    64 keys per block, 64 queries per step; Q/dO double buffered at 64; dK and dV in
 //            separate launches at 256 (their accumulators would not fit together)
-//   dQ       64 queries per block; 64 keys per step (32 at 128 and 256); K/V double buffered
+//   dQ       64 queries per block; 64 keys per step (32 at 256); K/V double buffered
 //            up to 128
 template <int kHD>
 struct MmaConfigs;
@@ -44,7 +44,7 @@ template <>
 struct MmaConfigs<128> {
   using Fwd = FwdConfig<128, 1, 8, 64>;
   using KV = BwdKVConfig<128, 1, kOutBoth>;
-  using Q = BwdQConfig<128, 2, 32>;
+  using Q = BwdQConfig<128, 2, 64>;
 };
 template <>
 struct MmaConfigs<256> {

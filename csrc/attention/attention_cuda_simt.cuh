@@ -46,8 +46,9 @@ __device__ __forceinline__ T simt_dot(const T* a, const T* b, int D) {
 }
 
 template <typename T>
-__device__ __forceinline__ T simt_score(const Scores<T>& sc, T dot, int i, int j, T& th) {
-  return sc.elementwise ? sc(dot, i, j, th) : sc.band_only(dot, i, j);
+__device__ __forceinline__ T simt_score(const Problem& p, const Scores<T>& sc, bool elementwise,
+                                        T scale, T dot, int i, int j, T& th) {
+  return elementwise ? sc(dot, i, j, th) : band_score(p, scale, dot, i, j);
 }
 
 // acc[r][c] += sum_m coef[r][m] * B[m][lane + 32 c] over m in [0, 32), in order: coef is the
@@ -119,8 +120,10 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
   const T* Vg = static_cast<const T*>(p.v) + b * p.v_sb + hk * p.v_sh;
   T* myP = sP + warp * kR * 32;
 
-  Scores<T> sc;
+  Scores<T> sc;  // element-wise path only (local memory)
   sc.init(p, b, h);
+  const T scale = static_cast<T>(p.scale);
+  const bool elementwise = has_elementwise(p);
   Dropout drop;
   drop.init(p);
   const T keep_scale = static_cast<T>(p.keep_scale);
@@ -148,7 +151,7 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
     for (int r = 0; r < kR; ++r) {
       T th = 0;
       const T dot = simt_dot(sQ + (row0 + r) * ldq, sKV + lane * ldkv, D);
-      prim::sts(myP + r * 32 + lane, simt_score(sc, dot, i0 + row0 + r, j, th));
+      prim::sts(myP + r * 32 + lane, simt_score(p, sc, elementwise, scale, dot, i0 + row0 + r, j, th));
     }
     // Online softmax; the probabilities (times dropout) replace the scores.
 #pragma unroll
@@ -269,14 +272,17 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
     }
     prim::block_sync();
 
-    Scores<T> sc;
+    Scores<T> sc;  // element-wise path only (local memory)
     sc.init(p, b, h);
+    const T scale = static_cast<T>(p.scale);
+    const bool elementwise = has_elementwise(p);
     const T lse_i = prim::lds(s_lse + lane), delta_i = prim::lds(s_delta + lane);
 #pragma unroll 1
     for (int r = 0; r < kR; ++r) {
       const int j = j0 + row0 + r;
       T th = 0;
-      const T s = simt_score(sc, simt_dot(sK + (row0 + r) * ldd, sQ + lane * ldd, D), i, j, th);
+      const T s = simt_score(p, sc, elementwise, scale, simt_dot(sK + (row0 + r) * ldd, sQ + lane * ldd, D), i, j,
+                             th);
       const T pv = prim::acc_exp(s - lse_i);
       T mult = 1;
       if (p.dropout && i < p.Lq && j < p.Lk) {
@@ -284,9 +290,9 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
       }
       const T dp = simt_dot(sV + (row0 + r) * lddv, sdO + lane * lddv, Dv);
       T ds = pv * (dp * mult - delta_i);
-      if (sc.has_cap) ds *= T(1) - th * th;
+      if (p.softcap > 0.0) ds *= T(1) - th * th;
       prim::sts(myP + r * 32 + lane, pv * mult);
-      prim::sts(mydS + r * 32 + lane, ds * sc.scale);
+      prim::sts(mydS + r * 32 + lane, ds * scale);
     }
     prim::warp_sync();
     simt_accumulate<T, kR, kCols>(dv, myP, sdO, lddv, Dv, lane);
@@ -354,8 +360,10 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
     prim::sts(s_delta + r, delta);
   }
 
-  Scores<T> sc;
+  Scores<T> sc;  // element-wise path only (local memory)
   sc.init(p, b, h);
+  const T scale = static_cast<T>(p.scale);
+  const bool elementwise = has_elementwise(p);
   Dropout drop;
   drop.init(p);
   const T keep_scale = static_cast<T>(p.keep_scale);
@@ -378,7 +386,8 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
     for (int r = 0; r < kR; ++r) {
       const int i = i0 + row0 + r;
       T th = 0;
-      const T s = simt_score(sc, simt_dot(sQ + (row0 + r) * ldd, sK + lane * ldd, D), i, j, th);
+      const T s = simt_score(p, sc, elementwise, scale, simt_dot(sQ + (row0 + r) * ldd, sK + lane * ldd, D), i, j,
+                             th);
       const T pv = prim::acc_exp(s - prim::lds(s_lse + row0 + r));
       T mult = 1;
       if (p.dropout && i < p.Lq && j < p.Lk) {
@@ -386,8 +395,8 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
       }
       const T dp = simt_dot(sdO + (row0 + r) * lddv, sV + lane * lddv, Dv);
       T ds = pv * (dp * mult - prim::lds(s_delta + row0 + r));
-      if (sc.has_cap) ds *= T(1) - th * th;
-      prim::sts(mydS + r * 32 + lane, ds * sc.scale);
+      if (p.softcap > 0.0) ds *= T(1) - th * th;
+      prim::sts(mydS + r * 32 + lane, ds * scale);
     }
     prim::warp_sync();
     simt_accumulate<T, kR, kCols>(dq, mydS, sK, ldd, D, lane);
