@@ -178,6 +178,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   for (int it = 0; it < steps; ++it) {
     const int st = kStages == 2 ? (it & 1) : 0;
     const KVStep step = kv_step(it, hk, p.group, qt.first, q_count, kBlockM);
+    FASTATTN_DEVICE_CHECK(step.h < p.Hq && step.h / p.group == hk && step.i0 < p.Lq);
     uint16_t* sQ = sQ0 + st * 2 * Cfg::kTileElems;
     uint16_t* sdO = sQ + Cfg::kTileElems;
     float* s_lse = s_lse0 + st * kBlockM;
@@ -309,6 +310,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const uint16_t* Vg = static_cast<const uint16_t*>(p.v) + b * p.v_sb + hk * p.v_sh;
   const TileRange kt = visible_key_tiles(p, i0, kBlockM, kBlockN);
   const int steps = kt.last - kt.first;
+  FASTATTN_DEVICE_CHECK(steps == 0 || (kt.last - 1) * kBlockN < p.Lk);
 
   // lse and Delta of this lane's rows g and g + 8 (lse +inf: no visible key or past Lq).
   float lse_r[2], delta_r[2];

@@ -78,6 +78,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     }
 
   const TileRange kt = visible_key_tiles(p, i0, kBlockM, kBlockN);
+  FASTATTN_DEVICE_CHECK(kt.first >= 0 && (kt.first == kt.last || (kt.last - 1) * kBlockN < p.Lk));
   if (kt.first < kt.last) {
     load_tile<kBlockM, kHD, Cfg::kThreads>(sQ, Qg, p.q_sl, i0, p.Lq, p.D, p.q_aligned, tid);
     load_tile<kBlockN, kHD, Cfg::kThreads>(sK, Kg, p.k_sl, kt.first * kBlockN, p.Lk, p.D,

@@ -40,6 +40,7 @@ __device__ __forceinline__ void load_tile(uint16_t* s, const uint16_t* g, int64_
     const int row = r0 + r;
     // Number of real elements in this chunk (0 past the last row or column).
     const int n = row < L ? max(0, min(8, D - d0)) : 0;
+    FASTATTN_DEVICE_CHECK(r < kRows && d0 + 8 <= kHD && (n == 0 || (row < L && d0 < D)));
     uint16_t* dst = s + r * kStride + d0;
     const uint16_t* src = n > 0 ? g + static_cast<int64_t>(row) * ld + d0 : g;
     if (aligned) {
