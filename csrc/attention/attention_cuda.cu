@@ -1,0 +1,69 @@
+// CUDA bodies of the attention ops (registered for the CUDA dispatch key). The op logic lives in
+// attention_cuda_ops.h (shared with the CPU emulator of tools/cuda_emu); this file adds the
+// device guard, the current stream and the device limits, and registers the ops.
+//
+// Kernels: fp16/bf16 run FlashAttention-2 style tensor-core kernels (mma.sync m16n8k16,
+// attention_cuda_{fwd,bwd}.cuh), instantiated per head-dim bucket 64/128/256 in
+// attention_cuda_{fwd,bwd}_hd*_*.cu; float32/float64 run SIMT kernels with exact FMA arithmetic
+// (attention_cuda_simt.cuh). The backward is always deterministic (no atomics).
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <torch/library.h>
+
+#include "attention/attention_cuda_ops.h"
+
+namespace fastattn::attention {
+namespace {
+
+using at::Tensor;
+using c10::optional;
+
+// Stream and shared-memory limit of q's device; the tensor-core kernels need sm_80+.
+fastattn::cuda::attn::Launch launch_for(const Tensor& q, const char* op) {
+  int device = 0, major = 0, smem = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  C10_CUDA_CHECK(
+      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) {
+    FASTATTN_CHECK(major >= 8, op, "float16/bfloat16 attention on CUDA needs compute capability "
+                   "8.0 or newer (tensor-core mma and cp.async), got ", major, ".x");
+  }
+  return {static_cast<void*>(c10::cuda::getCurrentCUDAStream().stream()), smem};
+}
+
+std::tuple<Tensor, Tensor> attention_forward_cuda(
+    const Tensor& q, const Tensor& k, const Tensor& v, const optional<Tensor>& attn_mask,
+    const optional<Tensor>& key_padding_mask, const optional<Tensor>& alibi_slopes,
+    double scale, double softcap, int64_t window_lo, int64_t window_hi, double dropout_p,
+    const optional<Tensor>& seed) {
+  c10::cuda::CUDAGuard guard(q.device());
+  return cuda_impl::forward(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
+                            window_lo, window_hi, dropout_p, seed,
+                            launch_for(q, "attention_forward"));
+}
+
+std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(
+    const Tensor& grad_out, const optional<Tensor>& grad_lse, const Tensor& q, const Tensor& k,
+    const Tensor& v, const Tensor& out, const Tensor& lse, const optional<Tensor>& attn_mask,
+    const optional<Tensor>& key_padding_mask, const optional<Tensor>& alibi_slopes,
+    double scale, double softcap, int64_t window_lo, int64_t window_hi, double dropout_p,
+    const optional<Tensor>& seed, bool deterministic) {
+  // Always deterministic: dK/dV and dQ are reduced in a fixed order by separate kernels.
+  (void)deterministic;
+  c10::cuda::CUDAGuard guard(q.device());
+  return cuda_impl::backward(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask,
+                             alibi_slopes, scale, softcap, window_lo, window_hi, dropout_p, seed,
+                             launch_for(q, "attention_backward"));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fastattn, CUDA, m) {
+  m.impl("attention_forward", &attention_forward_cuda);
+  m.impl("attention_backward", &attention_backward_cuda);
+}
+
+}  // namespace fastattn::attention

@@ -1,0 +1,9 @@
+// Instantiation of the backward tensor-core attention kernels for head-dim bucket 256, f16
+// (one translation unit per direction, bucket and dtype, so builds parallelise).
+#include "attention/attention_cuda_launch.cuh"
+
+namespace fastattn::cuda::attn {
+void attention_bwd_mma_f16_hd256(const BwdParams& params, const Launch& launch) {
+  run_bwd_mma<prim::F16, 256>(params, launch);
+}
+}  // namespace fastattn::cuda::attn

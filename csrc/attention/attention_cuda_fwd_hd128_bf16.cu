@@ -1,0 +1,9 @@
+// Instantiation of the forward tensor-core attention kernels for head-dim bucket 128, bf16
+// (one translation unit per direction, bucket and dtype, so builds parallelise).
+#include "attention/attention_cuda_launch.cuh"
+
+namespace fastattn::cuda::attn {
+void attention_fwd_mma_bf16_hd128(const FwdParams& params, const Launch& launch) {
+  run_fwd_mma<prim::BF16, 128>(params, launch);
+}
+}  // namespace fastattn::cuda::attn

@@ -1,0 +1,244 @@
+// Bodies of the CUDA attention ops: argument checks (attention.h, shared with the CPU ops),
+// output allocation and poisoning, kernel arguments, and the choice of kernel (dtype and head-dim
+// bucket). attention_cuda.cu wraps these with the device guard and the current stream; the CPU
+// emulator of tools/cuda_emu calls the very same functions on CPU tensors.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
+#include <tuple>
+
+#include "attention/attention.h"
+#include "attention/attention_cuda_params.h"
+#include "common/debug.h"
+
+namespace fastattn::attention::cuda_impl {
+
+using at::Tensor;
+using c10::optional;
+using fastattn::cuda::attn::BwdParams;
+using fastattn::cuda::attn::Dtype;
+using fastattn::cuda::attn::FwdParams;
+using fastattn::cuda::attn::Launch;
+using fastattn::cuda::attn::Problem;
+
+inline bool defined(const optional<Tensor>& t) { return t.has_value() && t->defined(); }
+
+// Rows of a 16-bit (B, H, L, D) tensor start on 16-byte boundaries (cp.async tiles): the base
+// pointer and every stride of a dimension that is not 1 long are multiples of 8 elements.
+inline bool rows_aligned16(const Tensor& t) {
+  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
+  const int64_t per16 = 16 / static_cast<int64_t>(t.element_size());
+  for (int d = 0; d < 3; ++d) {
+    if (t.size(d) > 1 && t.stride(d) % per16 != 0) return false;
+  }
+  return true;
+}
+
+inline Dtype dtype_of(const Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kHalf: return Dtype::f16;
+    case at::kBFloat16: return Dtype::bf16;
+    case at::kFloat: return Dtype::f32;
+    case at::kDouble: return Dtype::f64;
+    default: TORCH_CHECK(false, "attention (cuda): unsupported dtype ", t.scalar_type());
+  }
+}
+
+inline int mask_kind_of(const optional<Tensor>& mask) {
+  using namespace fastattn::cuda::attn;
+  if (!defined(mask)) return kMaskNone;
+  switch (mask->scalar_type()) {
+    case at::kBool: return kMaskBool;
+    case at::kFloat: return kMaskF32;
+    case at::kDouble: return kMaskF64;
+    case at::kHalf: return kMaskF16;
+    case at::kBFloat16: return kMaskBF16;
+    default: TORCH_CHECK(false, "attention (cuda): unsupported attn_mask dtype ", mask->scalar_type());
+  }
+}
+
+inline Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v,
+                            const optional<Tensor>& attn_mask,
+                            const optional<Tensor>& key_padding_mask,
+                            const optional<Tensor>& alibi_slopes, double scale, double softcap,
+                            int64_t window_lo, int64_t window_hi, double dropout_p,
+                            const optional<Tensor>& seed, const char* op) {
+  // Indices are int inside the kernels (i + window bounds included), tile counts int64.
+  constexpr int64_t kMaxLen = int64_t{1} << 30;
+  FASTATTN_CHECK(q.size(2) < kMaxLen && k.size(2) < kMaxLen, op,
+                 "sequence lengths must be < 2^30 on CUDA, got ", q.size(2), " and ", k.size(2));
+  FASTATTN_CHECK(q.size(0) * q.size(1) < kMaxLen, op, "B * Hq must be < 2^30 on CUDA, got ",
+                 q.size(0) * q.size(1));
+  Problem p{};
+  p.dtype = dtype_of(q);
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.q_sb = q.stride(0); p.q_sh = q.stride(1); p.q_sl = q.stride(2);
+  p.k_sb = k.stride(0); p.k_sh = k.stride(1); p.k_sl = k.stride(2);
+  p.v_sb = v.stride(0); p.v_sh = v.stride(1); p.v_sl = v.stride(2);
+  p.B = static_cast<int>(q.size(0));
+  p.Hq = static_cast<int>(q.size(1));
+  p.Hkv = static_cast<int>(k.size(1));
+  p.Lq = static_cast<int>(q.size(2));
+  p.Lk = static_cast<int>(k.size(2));
+  p.D = static_cast<int>(q.size(3));
+  p.Dv = static_cast<int>(v.size(3));
+  p.group = p.Hq / p.Hkv;
+  p.mask_kind = mask_kind_of(attn_mask);
+  if (defined(attn_mask)) {
+    p.mask = attn_mask->data_ptr();
+    p.mask_sb = attn_mask->stride(0);
+    p.mask_sh = attn_mask->stride(1);
+    p.mask_sq = attn_mask->stride(2);
+    p.mask_sk = attn_mask->stride(3);
+  }
+  p.padding = defined(key_padding_mask)
+                  ? reinterpret_cast<const uint8_t*>(key_padding_mask->data_ptr<bool>())
+                  : nullptr;
+  if (defined(alibi_slopes)) {
+    p.alibi = alibi_slopes->data_ptr<float>();
+    p.alibi_sb = alibi_slopes->stride(0);
+    p.alibi_sh = alibi_slopes->stride(1);
+  }
+  p.scale = scale;
+  p.softcap = softcap;
+  // Same visibility with bounds in [-Lq, Lk]: j >= i + lo always holds for lo <= -Lq, never for
+  // lo >= Lk (and likewise for hi), so the kernels' i + lo and i + hi stay small ints.
+  p.window_lo = static_cast<int>(std::clamp<int64_t>(window_lo, -q.size(2), k.size(2)));
+  p.window_hi = static_cast<int>(std::clamp<int64_t>(window_hi, -q.size(2), k.size(2)));
+  p.dropout = dropout_p > 0.0;
+  p.dropout_threshold = static_cast<float>(dropout_p);
+  p.keep_scale = 1.0 / (1.0 - dropout_p);
+  p.seed = p.dropout ? seed->data_ptr<int64_t>() : nullptr;
+  const bool sixteen_bit = q.element_size() == 2;
+  p.q_aligned = sixteen_bit && rows_aligned16(q);
+  p.k_aligned = sixteen_bit && rows_aligned16(k);
+  p.v_aligned = sixteen_bit && rows_aligned16(v);
+  return p;
+}
+
+inline void launch_forward(const FwdParams& fp, Dtype dt, const Launch& launch) {
+  using namespace fastattn::cuda::attn;
+  if (dt == Dtype::f32 || dt == Dtype::f64) {
+    attention_fwd_simt(dt, fp, launch);
+    return;
+  }
+  const int bucket = mma_head_dim_bucket(std::max(fp.p.D, fp.p.Dv));
+  const bool half = dt == Dtype::f16;
+  switch (bucket) {
+    case 64: half ? attention_fwd_mma_f16_hd64(fp, launch) : attention_fwd_mma_bf16_hd64(fp, launch); break;
+    case 128: half ? attention_fwd_mma_f16_hd128(fp, launch) : attention_fwd_mma_bf16_hd128(fp, launch); break;
+    default: half ? attention_fwd_mma_f16_hd256(fp, launch) : attention_fwd_mma_bf16_hd256(fp, launch); break;
+  }
+}
+
+inline void launch_backward(const BwdParams& bp, Dtype dt, const Launch& launch) {
+  using namespace fastattn::cuda::attn;
+  if (dt == Dtype::f32 || dt == Dtype::f64) {
+    attention_bwd_simt(dt, bp, launch);
+    return;
+  }
+  const int bucket = mma_head_dim_bucket(std::max(bp.p.D, bp.p.Dv));
+  const bool half = dt == Dtype::f16;
+  switch (bucket) {
+    case 64: half ? attention_bwd_mma_f16_hd64(bp, launch) : attention_bwd_mma_bf16_hd64(bp, launch); break;
+    case 128: half ? attention_bwd_mma_f16_hd128(bp, launch) : attention_bwd_mma_bf16_hd128(bp, launch); break;
+    default: half ? attention_bwd_mma_f16_hd256(bp, launch) : attention_bwd_mma_bf16_hd256(bp, launch); break;
+  }
+}
+
+// `launch` is filled by the caller (stream and shared-memory limit of q's device).
+inline std::tuple<Tensor, Tensor> forward(
+    const Tensor& q, const Tensor& k, const Tensor& v, const optional<Tensor>& attn_mask,
+    const optional<Tensor>& key_padding_mask, const optional<Tensor>& alibi_slopes,
+    double scale, double softcap, int64_t window_lo, int64_t window_hi, double dropout_p,
+    const optional<Tensor>& seed, const Launch& launch) {
+  constexpr const char* op = "attention_forward";
+  check_problem(q, k, v, attn_mask, key_padding_mask, alibi_slopes, dropout_p, seed, op);
+  Tensor out = output_like(q, v.size(3));
+  Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(lse_dtype(q)));
+  poison(out);
+  poison(lse);
+  if (out.numel() == 0) return {out, lse};
+  FwdParams fp{};
+  fp.p = make_problem(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
+                      window_lo, window_hi, dropout_p, seed, op);
+  fp.out = out.data_ptr();
+  fp.o_sb = out.stride(0);
+  fp.o_sh = out.stride(1);
+  fp.o_sl = out.stride(2);
+  fp.lse = lse.data_ptr();
+  launch_forward(fp, dtype_of(q), launch);
+  return {out, lse};
+}
+
+inline std::tuple<Tensor, Tensor, Tensor> backward(
+    const Tensor& grad_out, const optional<Tensor>& grad_lse, const Tensor& q, const Tensor& k,
+    const Tensor& v, const Tensor& out, const Tensor& lse, const optional<Tensor>& attn_mask,
+    const optional<Tensor>& key_padding_mask, const optional<Tensor>& alibi_slopes,
+    double scale, double softcap, int64_t window_lo, int64_t window_hi, double dropout_p,
+    const optional<Tensor>& seed, const Launch& launch) {
+  constexpr const char* op = "attention_backward";
+  check_problem(q, k, v, attn_mask, key_padding_mask, alibi_slopes, dropout_p, seed, op);
+  FASTATTN_CHECK(grad_out.sizes() == out.sizes() && out.dim() == 4 && out.size(0) == q.size(0) &&
+                     out.size(1) == q.size(1) && out.size(2) == q.size(2) &&
+                     out.size(3) == v.size(3),
+                 op, "grad_out and out must be (B, Hq, Lq, Dv), got ", grad_out.sizes(), " and ",
+                 out.sizes());
+  FASTATTN_CHECK(grad_out.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
+                 op, "grad_out and out must have q's dtype");
+  check_same_device(grad_out, q, op, "grad_out", "q");
+  check_same_device(out, q, op, "out", "q");
+  check_same_device(lse, q, op, "lse", "q");
+  check_unit_last_stride(grad_out, op, "grad_out");
+  check_unit_last_stride(out, op, "out");
+  FASTATTN_CHECK(lse.scalar_type() == lse_dtype(q) && lse.is_contiguous() && lse.dim() == 3 &&
+                     lse.size(0) == q.size(0) && lse.size(1) == q.size(1) &&
+                     lse.size(2) == q.size(2),
+                 op, "lse must be a contiguous ", lse_dtype(q), " (B, Hq, Lq) tensor");
+  Tensor dlse;
+  if (defined(grad_lse)) {
+    check_same_device(*grad_lse, q, op, "grad_lse", "q");
+    dlse = grad_lse->to(lse_dtype(q)).contiguous();
+    FASTATTN_CHECK(dlse.sizes() == lse.sizes(), op, "grad_lse must be (B, Hq, Lq)");
+  }
+  Tensor dq = at::empty(q.sizes(), q.options());
+  Tensor dk = at::empty(k.sizes(), k.options());
+  Tensor dv = at::empty(v.sizes(), v.options());
+  poison(dq);
+  poison(dk);
+  poison(dv);
+  if (dq.numel() == 0 && dk.numel() == 0) return {dq, dk, dv};
+  if (q.size(2) == 0 || k.size(2) == 0) {  // nothing attends: every gradient is zero
+    dq.zero_();
+    dk.zero_();
+    dv.zero_();
+    return {dq, dk, dv};
+  }
+  Tensor delta = at::empty(lse.sizes(), lse.options());
+  BwdParams bp{};
+  bp.p = make_problem(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
+                      window_lo, window_hi, dropout_p, seed, op);
+  bp.out = out.data_ptr();
+  bp.o_sb = out.stride(0);
+  bp.o_sh = out.stride(1);
+  bp.o_sl = out.stride(2);
+  bp.dout = grad_out.data_ptr();
+  bp.do_sb = grad_out.stride(0);
+  bp.do_sh = grad_out.stride(1);
+  bp.do_sl = grad_out.stride(2);
+  bp.do_aligned = grad_out.element_size() == 2 && rows_aligned16(grad_out);
+  bp.lse = lse.data_ptr();
+  bp.dlse = dlse.defined() ? dlse.data_ptr() : nullptr;
+  bp.delta = delta.data_ptr();
+  bp.dq = dq.data_ptr();
+  bp.dk = dk.data_ptr();
+  bp.dv = dv.data_ptr();
+  launch_backward(bp, dtype_of(q), launch);
+  return {dq, dk, dv};
+}
+
+}  // namespace fastattn::attention::cuda_impl

@@ -1,0 +1,20 @@
+// Instantiation of the float32/float64 (SIMT, exact FMA) attention kernels.
+#include "attention/attention_cuda_launch.cuh"
+
+namespace fastattn::cuda::attn {
+void attention_fwd_simt(Dtype dtype, const FwdParams& params, const Launch& launch) {
+  if (dtype == Dtype::f64) {
+    run_fwd_simt<double>(params, launch);
+  } else {
+    run_fwd_simt<float>(params, launch);
+  }
+}
+
+void attention_bwd_simt(Dtype dtype, const BwdParams& params, const Launch& launch) {
+  if (dtype == Dtype::f64) {
+    run_bwd_simt<double>(params, launch);
+  } else {
+    run_bwd_simt<float>(params, launch);
+  }
+}
+}  // namespace fastattn::cuda::attn

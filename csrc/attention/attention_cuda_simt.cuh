@@ -1,0 +1,418 @@
+// float32 / float64 attention on CUDA cores with exact FMA arithmetic (no TF32): the same
+// tiling, score pipeline, dropout numbering and deterministic backward as the tensor-core
+// kernels and attention_cpu_kernel.cpp, with run-time head dims (one instantiation per dtype).
+//
+// Blocks have 4 warps. A key tile is 32 keys, one per lane; a warp owns kR rows (queries in the
+// forward and dQ kernels, keys in the dK/dV kernel). Each step has two phases:
+//   scores   a rolled loop over the warp's rows: sequential-FMA dot products over the head dim
+//            from shared tiles (rows padded to an odd length: conflict-free column reads), the
+//            score pipeline, softmax terms; results go to a warp-private shared buffer [kR][32];
+//   products outer-product accumulation into registers acc[kR][8], lanes owning the output
+//            columns lane, lane + 32, ... (head dims up to 256), summing the 32 keys (or
+//            queries) in order.
+#pragma once
+#include "attention/attention_cuda_common.cuh"
+
+namespace fastattn::cuda::attn {
+
+template <typename T>
+struct SimtConfig {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kR = sizeof(T) == 4 ? 8 : 4;  // rows per warp
+  static constexpr int kRows = kWarps * kR;          // rows per block
+  static constexpr int kCols = 8;                    // output columns per lane (256 / 32)
+};
+
+// Copies rows [r0, r0 + rows) x cols [0, D) of a row-major global matrix (ld) into a shared
+// tile with row length ld_s; rows >= L and the columns [D, ld_s) are zero.
+template <typename T>
+__device__ __forceinline__ void simt_load_tile(T* s, int ld_s, const T* g, int64_t ld, int r0,
+                                               int rows, int L, int D, int tid, int threads) {
+  for (int idx = tid; idx < rows * ld_s; idx += threads) {
+    const int r = idx / ld_s, d = idx % ld_s;
+    const int row = r0 + r;
+    prim::sts(s + idx,
+              (row < L && d < D) ? prim::ldg(g + static_cast<int64_t>(row) * ld + d) : T(0));
+  }
+}
+
+// Sequential FMA dot product of two shared rows.
+template <typename T>
+__device__ __forceinline__ T simt_dot(const T* a, const T* b, int D) {
+  T sum = 0;
+  for (int d = 0; d < D; ++d) sum = prim::acc_fma(prim::lds(a + d), prim::lds(b + d), sum);
+  return sum;
+}
+
+template <typename T>
+__device__ __forceinline__ T simt_score(const Problem& p, const Scores<T>& sc, bool elementwise,
+                                        T scale, T dot, int i, int j, T& th) {
+  return elementwise ? sc(dot, i, j, th) : band_score(p, scale, dot, i, j);
+}
+
+// acc[r][c] += sum_m coef[r][m] * B[m][lane + 32 c] over m in [0, 32), in order: coef is the
+// warp's [kR][32] shared buffer, B a shared tile of row length ldb with `cols` real columns.
+template <typename T, int kR, int kCols>
+__device__ __forceinline__ void simt_accumulate(T (&acc)[kR][kCols], const T* coef, const T* B,
+                                                int ldb, int cols, int lane) {
+#pragma unroll 1
+  for (int m = 0; m < 32; ++m) {
+    T a[kR], bv[kCols];
+#pragma unroll
+    for (int r = 0; r < kR; ++r) a[r] = prim::lds(coef + r * 32 + m);
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      const int col = lane + 32 * c;
+      bv[c] = col < cols ? prim::lds(B + m * ldb + col) : T(0);
+    }
+#pragma unroll
+    for (int r = 0; r < kR; ++r)
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) acc[r][c] = prim::acc_fma(a[r], bv[c], acc[r][c]);
+  }
+}
+
+// Shared-memory bytes of each SIMT kernel for head dims D, Dv.
+template <typename T>
+struct SimtSmem {
+  using Cfg = SimtConfig<T>;
+  static int fwd(int D, int Dv) {
+    const int dmax = D > Dv ? D : Dv;
+    return static_cast<int>(sizeof(T)) *
+           (Cfg::kRows * (D + 1) + 32 * (dmax + 1) + Cfg::kWarps * Cfg::kR * 32);
+  }
+  static int dkdv(int D, int Dv) {
+    return static_cast<int>(sizeof(T)) * (Cfg::kRows * (D + 1) + Cfg::kRows * (Dv + 1) +
+                                          32 * (D + 1) + 32 * (Dv + 1) +
+                                          2 * Cfg::kWarps * Cfg::kR * 32 + 2 * 32);
+  }
+  static int dq(int D, int Dv) {
+    return static_cast<int>(sizeof(T)) * (Cfg::kRows * (D + 1) + Cfg::kRows * (Dv + 1) +
+                                          32 * (D + 1) + 32 * (Dv + 1) +
+                                          Cfg::kWarps * Cfg::kR * 32 + 2 * Cfg::kRows);
+  }
+};
+
+template <typename T>
+__global__ void __launch_bounds__(SimtConfig<T>::kThreads)
+    attention_fwd_simt_kernel(const FwdParams params) {
+  using Cfg = SimtConfig<T>;
+  constexpr int kR = Cfg::kR, kRows = Cfg::kRows, kCols = Cfg::kCols;
+  const Problem& p = params.p;
+  const int D = p.D, Dv = p.Dv;
+  const int ldq = D + 1, ldkv = (D > Dv ? D : Dv) + 1;
+  T* sQ = reinterpret_cast<T*>(prim::shared_base());
+  T* sKV = sQ + kRows * ldq;  // K tile, then V tile (row length ldkv)
+  T* sP = sKV + 32 * ldkv;    // [warp][kR][32]
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int m_tiles = (p.Lq + kRows - 1) / kRows;
+  const int bh = blockIdx.x / m_tiles;
+  const int m_tile = m_tiles - 1 - static_cast<int>(blockIdx.x % m_tiles);
+  const int b = bh / p.Hq, h = bh % p.Hq, hk = h / p.group;
+  const int i0 = m_tile * kRows;
+  const int row0 = warp * kR;  // this warp's rows within the tile
+  FASTATTN_DEVICE_CHECK(b < p.B && i0 < p.Lq);
+
+  const T* Qg = static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh;
+  const T* Kg = static_cast<const T*>(p.k) + b * p.k_sb + hk * p.k_sh;
+  const T* Vg = static_cast<const T*>(p.v) + b * p.v_sb + hk * p.v_sh;
+  T* myP = sP + warp * kR * 32;
+
+  Scores<T> sc;  // element-wise path only (local memory)
+  sc.init(p, b, h);
+  const T scale = static_cast<T>(p.scale);
+  const bool elementwise = has_elementwise(p);
+  Dropout drop;
+  drop.init(p);
+  const T keep_scale = static_cast<T>(p.keep_scale);
+
+  T o[kR][kCols];
+  T m_run[kR], l_run[kR];  // running max; lane-partial sums of exp(s - m)
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    m_run[r] = -prim::inf_of<T>();
+    l_run[r] = 0;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) o[r][c] = 0;
+  }
+
+  simt_load_tile(sQ, ldq, Qg, p.q_sl, i0, kRows, p.Lq, D, tid, Cfg::kThreads);
+  const TileRange kt = visible_key_tiles(p, i0, kRows, 32);
+  for (int n_tile = kt.first; n_tile < kt.last; ++n_tile) {
+    const int j0 = n_tile * 32;
+    const int j = j0 + lane;
+    prim::block_sync();  // the previous V tile is no longer read (and Q has landed)
+    simt_load_tile(sKV, ldkv, Kg, p.k_sl, j0, 32, p.Lk, D, tid, Cfg::kThreads);
+    prim::block_sync();
+    // Scores of the warp's rows against key j.
+#pragma unroll 1
+    for (int r = 0; r < kR; ++r) {
+      T th = 0;
+      const T dot = simt_dot(sQ + (row0 + r) * ldq, sKV + lane * ldkv, D);
+      prim::sts(myP + r * 32 + lane, simt_score(p, sc, elementwise, scale, dot, i0 + row0 + r, j, th));
+    }
+    // Online softmax; the probabilities (times dropout) replace the scores.
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      const int i = i0 + row0 + r;
+      const T s = prim::lds(myP + r * 32 + lane);
+      T mx = s;
+#pragma unroll
+      for (int m = 16; m >= 1; m >>= 1) mx = prim::acc_max(mx, prim::shfl_xor(mx, m));
+      const T m_new = prim::acc_max(m_run[r], mx);
+      // No visible key so far in this row: shift by 0 (exp(-inf) = 0, never -inf + inf).
+      const T m_use = m_new == -prim::inf_of<T>() ? T(0) : m_new;
+      const T alpha = prim::acc_exp(m_run[r] - m_use);  // 0 while the row was empty
+      T pv = prim::acc_exp(s - m_use);
+      l_run[r] = l_run[r] * alpha + pv;
+      m_run[r] = m_new;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) o[r][c] *= alpha;
+      if (p.dropout && i < p.Lq && j < p.Lk) {
+        pv *= drop.keep(dropout_element(p, bh, i, j)) ? keep_scale : T(0);
+      }
+      prim::sts(myP + r * 32 + lane, pv);
+    }
+    prim::block_sync();  // every warp is done with K
+    simt_load_tile(sKV, ldkv, Vg, p.v_sl, j0, 32, p.Lk, Dv, tid, Cfg::kThreads);
+    prim::block_sync();
+    simt_accumulate<T, kR, kCols>(o, myP, sKV, ldkv, Dv, lane);
+  }
+
+  T* Og = static_cast<T*>(params.out) + b * params.o_sb + h * params.o_sh;
+  T* lse = static_cast<T*>(params.lse) + static_cast<int64_t>(bh) * p.Lq;
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    T l = l_run[r];
+#pragma unroll
+    for (int m = 16; m >= 1; m >>= 1) l += prim::shfl_xor(l, m);
+    const bool empty = !(l > T(0));  // no visible key: out 0, lse -inf
+    const int i = i0 + row0 + r;
+    if (i < p.Lq) {
+      const T inv = empty ? T(0) : T(1) / l;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        const int col = lane + 32 * c;
+        if (col < Dv) prim::stg(Og + static_cast<int64_t>(i) * params.o_sl + col, o[r][c] * inv);
+      }
+      if (lane == 0) prim::stg(lse + i, empty ? -prim::inf_of<T>() : m_run[r] + prim::acc_log(l));
+    }
+  }
+}
+
+// dK/dV: a block owns kRows keys (kR per warp) of one (batch, kv head); lanes are the 32
+// queries of a step, which walks the query heads of the group and the visible query tiles.
+template <typename T>
+__global__ void __launch_bounds__(SimtConfig<T>::kThreads)
+    attention_bwd_dkdv_simt_kernel(const BwdParams params) {
+  using Cfg = SimtConfig<T>;
+  constexpr int kR = Cfg::kR, kRows = Cfg::kRows, kCols = Cfg::kCols;
+  const Problem& p = params.p;
+  const int D = p.D, Dv = p.Dv;
+  const int ldd = D + 1, lddv = Dv + 1;
+  T* sK = reinterpret_cast<T*>(prim::shared_base());
+  T* sV = sK + kRows * ldd;
+  T* sQ = sV + kRows * lddv;  // 32 query rows
+  T* sdO = sQ + 32 * ldd;
+  T* sP = sdO + 32 * lddv;  // [warp][kR][32]: P^T * dropout
+  T* sdS = sP + Cfg::kWarps * kR * 32;
+  T* s_lse = sdS + Cfg::kWarps * kR * 32;
+  T* s_delta = s_lse + 32;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int n_tiles = (p.Lk + kRows - 1) / kRows;
+  const int bhk = blockIdx.x / n_tiles;
+  const int n_tile = static_cast<int>(blockIdx.x % n_tiles);
+  const int b = bhk / p.Hkv, hk = bhk % p.Hkv;
+  const int j0 = n_tile * kRows;
+  const int row0 = warp * kR;
+  FASTATTN_DEVICE_CHECK(b < p.B && j0 < p.Lk);
+  T* myP = sP + warp * kR * 32;
+  T* mydS = sdS + warp * kR * 32;
+
+  const T* Kg = static_cast<const T*>(p.k) + b * p.k_sb + hk * p.k_sh;
+  const T* Vg = static_cast<const T*>(p.v) + b * p.v_sb + hk * p.v_sh;
+  simt_load_tile(sK, ldd, Kg, p.k_sl, j0, kRows, p.Lk, D, tid, Cfg::kThreads);
+  simt_load_tile(sV, lddv, Vg, p.v_sl, j0, kRows, p.Lk, Dv, tid, Cfg::kThreads);
+
+  Dropout drop;
+  drop.init(p);
+  const T keep_scale = static_cast<T>(p.keep_scale);
+
+  T dk[kR][kCols], dv[kR][kCols];
+#pragma unroll
+  for (int r = 0; r < kR; ++r)
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) dk[r][c] = dv[r][c] = 0;
+
+  const TileRange qt = visible_query_tiles(p, j0, kRows, 32);
+  const int q_count = qt.last - qt.first;
+  for (int it = 0; it < p.group * q_count; ++it) {
+    const int h = hk * p.group + it / q_count;
+    const int i0 = (qt.first + it % q_count) * 32;
+    const int bh = b * p.Hq + h;
+    const int i = i0 + lane;
+    const T* Qg = static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh;
+    const T* dOg = static_cast<const T*>(params.dout) + b * params.do_sb + h * params.do_sh;
+    prim::block_sync();  // the previous step's tiles are no longer read
+    simt_load_tile(sQ, ldd, Qg, p.q_sl, i0, 32, p.Lq, D, tid, Cfg::kThreads);
+    simt_load_tile(sdO, lddv, dOg, params.do_sl, i0, 32, p.Lq, Dv, tid, Cfg::kThreads);
+    if (tid < 32) {
+      T lse = prim::inf_of<T>(), delta = 0;
+      if (i < p.Lq) {
+        const int64_t row = static_cast<int64_t>(bh) * p.Lq + i;
+        lse = prim::ldg(static_cast<const T*>(params.lse) + row);
+        if (lse == -prim::inf_of<T>()) lse = prim::inf_of<T>();  // no visible key: P = 0
+        delta = prim::ldg(static_cast<const T*>(params.delta) + row);
+      }
+      prim::sts(s_lse + tid, lse);
+      prim::sts(s_delta + tid, delta);
+    }
+    prim::block_sync();
+
+    Scores<T> sc;  // element-wise path only (local memory)
+    sc.init(p, b, h);
+    const T scale = static_cast<T>(p.scale);
+    const bool elementwise = has_elementwise(p);
+    const T lse_i = prim::lds(s_lse + lane), delta_i = prim::lds(s_delta + lane);
+#pragma unroll 1
+    for (int r = 0; r < kR; ++r) {
+      const int j = j0 + row0 + r;
+      T th = 0;
+      const T s = simt_score(p, sc, elementwise, scale, simt_dot(sK + (row0 + r) * ldd, sQ + lane * ldd, D), i, j,
+                             th);
+      const T pv = prim::acc_exp(s - lse_i);
+      T mult = 1;
+      if (p.dropout && i < p.Lq && j < p.Lk) {
+        mult = drop.keep(dropout_element(p, bh, i, j)) ? keep_scale : T(0);
+      }
+      const T dp = simt_dot(sV + (row0 + r) * lddv, sdO + lane * lddv, Dv);
+      T ds = pv * (dp * mult - delta_i);
+      if (p.softcap > 0.0) ds *= T(1) - th * th;
+      prim::sts(myP + r * 32 + lane, pv * mult);
+      prim::sts(mydS + r * 32 + lane, ds * scale);
+    }
+    prim::warp_sync();
+    simt_accumulate<T, kR, kCols>(dv, myP, sdO, lddv, Dv, lane);
+    simt_accumulate<T, kR, kCols>(dk, mydS, sQ, ldd, D, lane);
+  }
+
+  const int64_t kv_row0 = static_cast<int64_t>(bhk) * p.Lk;
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    const int j = j0 + row0 + r;
+    if (j >= p.Lk) continue;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      const int col = lane + 32 * c;
+      if (col < D) prim::stg(static_cast<T*>(params.dk) + (kv_row0 + j) * D + col, dk[r][c]);
+      if (col < Dv) prim::stg(static_cast<T*>(params.dv) + (kv_row0 + j) * Dv + col, dv[r][c]);
+    }
+  }
+}
+
+// dQ: a block owns kRows queries (kR per warp) of one (batch, query head); lanes are the 32
+// keys of a step.
+template <typename T>
+__global__ void __launch_bounds__(SimtConfig<T>::kThreads)
+    attention_bwd_dq_simt_kernel(const BwdParams params) {
+  using Cfg = SimtConfig<T>;
+  constexpr int kR = Cfg::kR, kRows = Cfg::kRows, kCols = Cfg::kCols;
+  const Problem& p = params.p;
+  const int D = p.D, Dv = p.Dv;
+  const int ldd = D + 1, lddv = Dv + 1;
+  T* sQ = reinterpret_cast<T*>(prim::shared_base());
+  T* sdO = sQ + kRows * ldd;
+  T* sK = sdO + kRows * lddv;  // 32 key rows
+  T* sV = sK + 32 * ldd;
+  T* sdS = sV + 32 * lddv;  // [warp][kR][32]
+  T* s_lse = sdS + Cfg::kWarps * kR * 32;
+  T* s_delta = s_lse + kRows;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int m_tiles = (p.Lq + kRows - 1) / kRows;
+  const int bh = blockIdx.x / m_tiles;
+  const int m_tile = m_tiles - 1 - static_cast<int>(blockIdx.x % m_tiles);
+  const int b = bh / p.Hq, h = bh % p.Hq, hk = h / p.group;
+  const int i0 = m_tile * kRows;
+  const int row0 = warp * kR;
+  FASTATTN_DEVICE_CHECK(b < p.B && i0 < p.Lq);
+  T* mydS = sdS + warp * kR * 32;
+
+  const T* Qg = static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh;
+  const T* dOg = static_cast<const T*>(params.dout) + b * params.do_sb + h * params.do_sh;
+  const T* Kg = static_cast<const T*>(p.k) + b * p.k_sb + hk * p.k_sh;
+  const T* Vg = static_cast<const T*>(p.v) + b * p.v_sb + hk * p.v_sh;
+  simt_load_tile(sQ, ldd, Qg, p.q_sl, i0, kRows, p.Lq, D, tid, Cfg::kThreads);
+  simt_load_tile(sdO, lddv, dOg, params.do_sl, i0, kRows, p.Lq, Dv, tid, Cfg::kThreads);
+  for (int r = tid; r < kRows; r += Cfg::kThreads) {
+    const int i = i0 + r;
+    T lse = prim::inf_of<T>(), delta = 0;  // lse +inf: no visible key or past Lq (P = 0)
+    if (i < p.Lq) {
+      const int64_t row = static_cast<int64_t>(bh) * p.Lq + i;
+      lse = prim::ldg(static_cast<const T*>(params.lse) + row);
+      if (lse == -prim::inf_of<T>()) lse = prim::inf_of<T>();
+      delta = prim::ldg(static_cast<const T*>(params.delta) + row);
+    }
+    prim::sts(s_lse + r, lse);
+    prim::sts(s_delta + r, delta);
+  }
+
+  Scores<T> sc;  // element-wise path only (local memory)
+  sc.init(p, b, h);
+  const T scale = static_cast<T>(p.scale);
+  const bool elementwise = has_elementwise(p);
+  Dropout drop;
+  drop.init(p);
+  const T keep_scale = static_cast<T>(p.keep_scale);
+
+  T dq[kR][kCols];
+#pragma unroll
+  for (int r = 0; r < kR; ++r)
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) dq[r][c] = 0;
+
+  const TileRange kt = visible_key_tiles(p, i0, kRows, 32);
+  for (int n_tile = kt.first; n_tile < kt.last; ++n_tile) {
+    const int j0 = n_tile * 32;
+    const int j = j0 + lane;
+    prim::block_sync();  // the previous step's tiles are no longer read (and Q, dO have landed)
+    simt_load_tile(sK, ldd, Kg, p.k_sl, j0, 32, p.Lk, D, tid, Cfg::kThreads);
+    simt_load_tile(sV, lddv, Vg, p.v_sl, j0, 32, p.Lk, Dv, tid, Cfg::kThreads);
+    prim::block_sync();
+#pragma unroll 1
+    for (int r = 0; r < kR; ++r) {
+      const int i = i0 + row0 + r;
+      T th = 0;
+      const T s = simt_score(p, sc, elementwise, scale, simt_dot(sQ + (row0 + r) * ldd, sK + lane * ldd, D), i, j,
+                             th);
+      const T pv = prim::acc_exp(s - prim::lds(s_lse + row0 + r));
+      T mult = 1;
+      if (p.dropout && i < p.Lq && j < p.Lk) {
+        mult = drop.keep(dropout_element(p, bh, i, j)) ? keep_scale : T(0);
+      }
+      const T dp = simt_dot(sdO + (row0 + r) * lddv, sV + lane * lddv, Dv);
+      T ds = pv * (dp * mult - prim::lds(s_delta + row0 + r));
+      if (p.softcap > 0.0) ds *= T(1) - th * th;
+      prim::sts(mydS + r * 32 + lane, ds * scale);
+    }
+    prim::warp_sync();
+    simt_accumulate<T, kR, kCols>(dq, mydS, sK, ldd, D, lane);
+  }
+
+  T* dQg = static_cast<T*>(params.dq) + static_cast<int64_t>(bh) * p.Lq * D;
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    const int i = i0 + row0 + r;
+    if (i >= p.Lq) continue;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      const int col = lane + 32 * c;
+      if (col < D) prim::stg(dQg + static_cast<int64_t>(i) * D + col, dq[r][c]);
+    }
+  }
+}
+
+}  // namespace fastattn::cuda::attn

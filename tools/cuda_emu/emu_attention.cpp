@@ -1,0 +1,157 @@
+// The CUDA attention ops compiled for the CPU emulator: the same host bodies
+// (csrc/attention/attention_cuda_ops.h), launchers and kernels as the CUDA build, run on CPU
+// tensors by cuda_emu.h. Built and driven by tools/cuda_emu/run.py.
+#include <torch/extension.h>
+
+#define FASTATTN_CUDA_EMULATION 1
+#include "cuda_emu.h"
+
+#include <atomic>
+
+#include "attention/attention_cuda_params.h"
+
+namespace fastattn::cuda::attn {
+
+namespace {
+
+int elem_size(Dtype dt) {
+  switch (dt) {
+    case Dtype::f16:
+    case Dtype::bf16: return 2;
+    case Dtype::f32: return 4;
+    default: return 8;
+  }
+}
+
+int acc_size(Dtype dt) { return dt == Dtype::f64 ? 8 : 4; }
+
+int mask_size(int kind) {
+  switch (kind) {
+    case kMaskBool: return 1;
+    case kMaskF16:
+    case kMaskBF16: return 2;
+    case kMaskF32: return 4;
+    default: return 8;
+  }
+}
+
+// [ptr, ptr + span) of a 4-D view with non-negative strides (last stride 1).
+emu::Range view(const void* ptr, int64_t s0, int64_t s1, int64_t s2, int64_t s3, int64_t st0,
+                int64_t st1, int64_t st2, int64_t st3, int es, bool writable, const char* name) {
+  const auto lo = reinterpret_cast<uintptr_t>(ptr);
+  if (ptr == nullptr || s0 == 0 || s1 == 0 || s2 == 0 || s3 == 0) return {lo, lo, writable, name};
+  const int64_t last = (s0 - 1) * st0 + (s1 - 1) * st1 + (s2 - 1) * st2 + (s3 - 1) * st3;
+  return {lo, lo + static_cast<uintptr_t>((last + 1) * es), writable, name};
+}
+
+void problem_ranges(const Problem& p, std::vector<emu::Range>& r) {
+  const int es = elem_size(p.dtype);
+  r.push_back(view(p.q, p.B, p.Hq, p.Lq, p.D, p.q_sb, p.q_sh, p.q_sl, 1, es, false, "q"));
+  r.push_back(view(p.k, p.B, p.Hkv, p.Lk, p.D, p.k_sb, p.k_sh, p.k_sl, 1, es, false, "k"));
+  r.push_back(view(p.v, p.B, p.Hkv, p.Lk, p.Dv, p.v_sb, p.v_sh, p.v_sl, 1, es, false, "v"));
+  if (p.mask_kind != kMaskNone) {
+    r.push_back(view(p.mask, p.B, p.Hq, p.Lq, p.Lk, p.mask_sb, p.mask_sh, p.mask_sq, p.mask_sk,
+                     mask_size(p.mask_kind), false, "attn_mask"));
+  }
+  if (p.padding != nullptr) {
+    r.push_back(view(p.padding, p.B, p.Lk, 1, 1, p.Lk, 1, 0, 0, 1, false, "key_padding_mask"));
+  }
+  if (p.alibi != nullptr) {
+    r.push_back(view(p.alibi, p.B, p.Hq, 1, 1, p.alibi_sb, p.alibi_sh, 0, 0, 4, false, "alibi"));
+  }
+  if (p.seed != nullptr) r.push_back(view(p.seed, 2, 1, 1, 1, 1, 0, 0, 0, 8, false, "seed"));
+}
+
+}  // namespace
+
+std::vector<emu::Range> emu_ranges(const FwdParams& fp) {
+  const Problem& p = fp.p;
+  std::vector<emu::Range> r;
+  problem_ranges(p, r);
+  r.push_back(view(fp.out, p.B, p.Hq, p.Lq, p.Dv, fp.o_sb, fp.o_sh, fp.o_sl, 1,
+                   elem_size(p.dtype), true, "out"));
+  r.push_back(view(fp.lse, p.B, p.Hq, p.Lq, 1, int64_t{p.Hq} * p.Lq, p.Lq, 1, 0,
+                   acc_size(p.dtype), true, "lse"));
+  return r;
+}
+
+std::vector<emu::Range> emu_ranges(const BwdParams& bp) {
+  const Problem& p = bp.p;
+  const int es = elem_size(p.dtype), as = acc_size(p.dtype);
+  std::vector<emu::Range> r;
+  problem_ranges(p, r);
+  r.push_back(view(bp.out, p.B, p.Hq, p.Lq, p.Dv, bp.o_sb, bp.o_sh, bp.o_sl, 1, es, false, "out"));
+  r.push_back(view(bp.dout, p.B, p.Hq, p.Lq, p.Dv, bp.do_sb, bp.do_sh, bp.do_sl, 1, es, false,
+                   "grad_out"));
+  const int64_t rows = int64_t{p.B} * p.Hq * p.Lq;
+  r.push_back(view(bp.lse, rows, 1, 1, 1, 1, 0, 0, 0, as, false, "lse"));
+  if (bp.dlse != nullptr) r.push_back(view(bp.dlse, rows, 1, 1, 1, 1, 0, 0, 0, as, false, "grad_lse"));
+  r.push_back(view(bp.delta, rows, 1, 1, 1, 1, 0, 0, 0, as, true, "delta"));
+  r.push_back(view(bp.dq, rows, p.D, 1, 1, p.D, 1, 0, 0, es, true, "dq"));
+  const int64_t kv_rows = int64_t{p.B} * p.Hkv * p.Lk;
+  r.push_back(view(bp.dk, kv_rows, p.D, 1, 1, p.D, 1, 0, 0, es, true, "dk"));
+  r.push_back(view(bp.dv, kv_rows, p.Dv, 1, 1, p.Dv, 1, 0, 0, es, true, "dv"));
+  return r;
+}
+
+}  // namespace fastattn::cuda::attn
+
+// The kernel translation units of the CUDA build, verbatim.
+#include "attention/attention_cuda_bwd_hd128_bf16.cu"
+#include "attention/attention_cuda_bwd_hd128_f16.cu"
+#include "attention/attention_cuda_bwd_hd256_bf16.cu"
+#include "attention/attention_cuda_bwd_hd256_f16.cu"
+#include "attention/attention_cuda_bwd_hd64_bf16.cu"
+#include "attention/attention_cuda_bwd_hd64_f16.cu"
+#include "attention/attention_cuda_fwd_hd128_bf16.cu"
+#include "attention/attention_cuda_fwd_hd128_f16.cu"
+#include "attention/attention_cuda_fwd_hd256_bf16.cu"
+#include "attention/attention_cuda_fwd_hd256_f16.cu"
+#include "attention/attention_cuda_fwd_hd64_bf16.cu"
+#include "attention/attention_cuda_fwd_hd64_f16.cu"
+#include "attention/attention_cuda_simt.cu"
+#include "attention/attention_cuda_ops.h"
+
+namespace fastattn {
+std::atomic<bool>& poison_flag() {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
+}  // namespace fastattn
+
+namespace {
+
+using at::Tensor;
+using c10::optional;
+namespace impl = fastattn::attention::cuda_impl;
+
+std::tuple<Tensor, Tensor> forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const optional<Tensor>& attn_mask,
+                                   const optional<Tensor>& key_padding_mask,
+                                   const optional<Tensor>& alibi_slopes, double scale,
+                                   double softcap, int64_t window_lo, int64_t window_hi,
+                                   double dropout_p, const optional<Tensor>& seed,
+                                   int64_t smem_optin) {
+  return impl::forward(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
+                       window_lo, window_hi, dropout_p, seed,
+                       {nullptr, static_cast<int>(smem_optin)});
+}
+
+std::tuple<Tensor, Tensor, Tensor> backward(
+    const Tensor& grad_out, const optional<Tensor>& grad_lse, const Tensor& q, const Tensor& k,
+    const Tensor& v, const Tensor& out, const Tensor& lse, const optional<Tensor>& attn_mask,
+    const optional<Tensor>& key_padding_mask, const optional<Tensor>& alibi_slopes,
+    double scale, double softcap, int64_t window_lo, int64_t window_hi, double dropout_p,
+    const optional<Tensor>& seed, int64_t smem_optin) {
+  return impl::backward(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask,
+                        alibi_slopes, scale, softcap, window_lo, window_hi, dropout_p, seed,
+                        {nullptr, static_cast<int>(smem_optin)});
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("forward", &forward);
+  m.def("backward", &backward);
+  m.def("set_poison", [](bool on) { fastattn::poison_flag().store(on); });
+}

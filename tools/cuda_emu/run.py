@@ -1,0 +1,288 @@
+"""Runs the CUDA attention kernels on the CPU emulator (cuda_emu.h) and checks them against the
+float64 reference under FlashAttention's tolerance rule (tests/tolerance.py).
+
+    PYTHONPATH=. /work/main/.venv/bin/python tools/cuda_emu/run.py [--only SUBSTRING] [--list]
+
+The emulator compiles csrc/attention's host bodies, launchers and kernels unchanged for the CPU
+(FASTATTN_CUDA_EMULATION), runs each CUDA thread as a fiber and checks shared-memory races,
+uninitialised reads, cp.async ordering, global bounds and double writes (see cuda_emu.h). It is
+slow (seconds per case), so the cases are small but cover every feature, dtype, head-dim bucket
+and layout the kernels branch on.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.cpp_extension import load
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+
+from fastattn.reference import attention as ref  # noqa: E402
+from tolerance import max_error, rounding_floor  # noqa: E402
+
+H100_SMEM = 227 * 1024
+UNBOUNDED = 1 << 30
+
+
+def build():
+    here = Path(__file__).resolve().parent
+    build_dir = Path(os.environ.get("CUDA_EMU_BUILD", "/tmp/fastattn_cuda_emu"))
+    build_dir.mkdir(parents=True, exist_ok=True)
+    return load(
+        name="fastattn_cuda_emu",
+        sources=[str(here / "emu_attention.cpp"), str(here / "emu_runtime.cpp")],
+        extra_include_paths=[str(ROOT / "csrc"), str(here)],
+        extra_cflags=["-O1", "-std=c++20", "-fno-strict-aliasing", "-w"],
+        build_directory=str(build_dir),
+        verbose=False,
+    )
+
+
+class Case:
+    def __init__(self, name, dtype=torch.bfloat16, B=1, Hq=2, Hkv=2, Lq=40, Lk=70, D=64, Dv=None,
+                 causal=None, window=None, mask=None, padding=False, alibi=False, softcap=0.0,
+                 dropout=0.0, scale=None, layout="bhld", backward=True, grad_lse=False,
+                 empty_rows=False, alibi_heads_only=False, grad_out_expanded=False):
+        self.__dict__.update(locals())
+        self.Dv = D if Dv is None else Dv
+
+
+def canonical(c: Case, g: torch.Generator):
+    """Inputs and canonical keyword arguments of the ops (as fastattn.ops.attention builds them)."""
+    B, Hq, Hkv, Lq, Lk, D, Dv = c.B, c.Hq, c.Hkv, c.Lq, c.Lk, c.D, c.Dv
+
+    def make(H, L, d):
+        if c.layout == "blhd":  # a (B, L, H, D) tensor seen as (B, H, L, D)
+            return torch.randn(B, L, H, d, generator=g).transpose(1, 2)
+        if c.layout == "padded":  # rows of a wider buffer (row stride not a multiple of 8)
+            return torch.randn(B, H, L, d + 3, generator=g)[..., :d]
+        if c.layout == "padded8":  # 16-byte aligned rows, d not a multiple of 8 (partial chunks)
+            return torch.randn(B, H, L, (d + 7) // 8 * 8 + 8, generator=g)[..., :d]
+        return torch.randn(B, H, L, d, generator=g)
+
+    q, k, v = make(Hq, Lq, D), make(Hkv, Lk, D), make(Hkv, Lk, Dv)
+    q, k, v = (t.to(c.dtype) for t in (q, k, v))
+    mask = None
+    if c.mask == "bool":
+        mask = (torch.rand(B, 1, Lq, Lk, generator=g) > 0.3).expand(B, Hq, Lq, Lk)
+    elif c.mask == "bool_rows":  # some rows fully masked
+        m = torch.rand(1, Hq, Lq, Lk, generator=g) > 0.3
+        m[:, :, ::3] = False
+        mask = m.expand(B, Hq, Lq, Lk)
+    elif c.mask in ("float", "float32"):
+        mdt = torch.float32 if c.mask == "float32" else c.dtype
+        mask = torch.randn(1, Hq, Lq, Lk, generator=g).to(mdt).expand(B, Hq, Lq, Lk)
+    elif c.mask == "float_transposed":  # strides (0, Lq, 1, Lq*Hq) style
+        m = torch.randn(Lk, Hq, Lq, generator=g).permute(1, 2, 0).unsqueeze(0)
+        mask = m.to(torch.float32).expand(B, Hq, Lq, Lk)
+    padding = (torch.rand(B, Lk, generator=g) > 0.7) if c.padding else None
+    if c.empty_rows and padding is not None:
+        padding[0] = True  # batch 0: every key is padding
+    alibi = (torch.rand(B, Hq, generator=g) * 0.3) if c.alibi else None
+    if c.alibi_heads_only:  # (Hq,) slopes expanded: batch stride 0
+        alibi = (torch.rand(Hq, generator=g) * 0.3).expand(B, Hq)
+    lo, hi = -UNBOUNDED, UNBOUNDED
+    shift = Lk - Lq
+    if c.window is not None:
+        left, right = c.window
+        if left >= 0:
+            lo = shift - left
+        if right >= 0:
+            hi = shift + right
+    if c.causal:
+        hi = min(hi, shift if c.causal == "bottom_right" else 0)
+    scale = 1.0 / math.sqrt(D) if c.scale is None else c.scale
+    seed = torch.tensor([1234567, 89], dtype=torch.int64) if c.dropout > 0 else None
+    return q, k, v, dict(attn_mask=mask, key_padding_mask=padding, alibi_slopes=alibi, scale=scale,
+                         softcap=c.softcap, window_lo=lo, window_hi=hi, dropout_p=c.dropout,
+                         seed=seed)
+
+
+def ref_run(q, k, v, kw, dtype, grad_out=None, grad_lse=None):
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    out, lse = ref.attention(*leaves, kw["attn_mask"], kw["key_padding_mask"], kw["alibi_slopes"], kw["scale"],
+                             kw["softcap"], kw["window_lo"], kw["window_hi"], kw["dropout_p"],
+                             kw["seed"])
+    if grad_out is None:
+        return out.detach(), lse.detach(), None
+    outs, grads = [out], [grad_out.to(out.dtype)]
+    if grad_lse is not None:
+        finite = torch.isfinite(lse)
+        outs.append(torch.where(finite, lse, torch.zeros_like(lse)))
+        grads.append(grad_lse.to(lse.dtype))
+    return out.detach(), lse.detach(), torch.autograd.grad(outs, leaves, grads)
+
+
+def cancellation_floors(q, k, v, kw, grad_out):
+    """Floors of dq and dk for the cancellation in dS = P (dP - Delta): dP and Delta are two
+    float32 dot products rounded differently, so rows that see a single key (P = 1), where the
+    exact dS is 0, keep a residue of a few float32 ulps of |dP| (tests/test_attention.py has
+    the same floors)."""
+    if q.numel() == 0 or k.numel() == 0:
+        return 0.0, 0.0
+    group = q.shape[1] // k.shape[1]
+    eps = torch.finfo(torch.float64 if q.dtype == torch.float64 else torch.float32).eps
+    vv = v.double().repeat_interleave(group, dim=1)
+    dp = torch.matmul(grad_out.double(), vv.transpose(-1, -2))
+    residue = 4 * eps * kw["scale"] / (1 - kw["dropout_p"]) * float(dp.abs().max())
+    return (residue * float(k.double().abs().max()),
+            residue * float(q.double().abs().max()) * math.sqrt(q.shape[2] * group))
+
+
+def check(name, got, ref64, reflow, factor, results, dtype=None, extra=0.0):
+    err = max_error(got, ref64)
+    base = max_error(reflow, ref64)
+    dtype = got.dtype if dtype is None else dtype
+    if dtype in (torch.float32, torch.float64):
+        floor = 8 * torch.finfo(dtype).eps * float(ref64.abs().max()) if ref64.numel() else 0
+        floor += rounding_floor(ref64, dtype)
+    else:
+        floor = rounding_floor(ref64, dtype)
+    floor += extra
+    bound = factor * base + floor
+    ok = err == err and err <= bound
+    results.append((name, ok, err, bound))
+    return ok
+
+
+def run_case(ext, c: Case, verbose: bool):
+    g = torch.Generator().manual_seed(hash(c.name) % (1 << 31))
+    q, k, v, kw = canonical(c, g)
+    args = (kw["attn_mask"], kw["key_padding_mask"], kw["alibi_slopes"], kw["scale"], kw["softcap"],
+            kw["window_lo"], kw["window_hi"], kw["dropout_p"], kw["seed"])
+    ext.set_poison(True)
+    out, lse = ext.forward(q, k, v, *args, H100_SMEM)
+    grad_out = torch.randn(out.shape, generator=g).to(c.dtype) if c.backward else None
+    if c.backward and c.grad_out_expanded:  # d(out.sum()): every outer stride 0
+        grad_out = torch.randn(out.shape[-1], generator=g).to(c.dtype).expand(out.shape)
+    grad_lse = torch.randn(lse.shape, generator=g) if (c.backward and c.grad_lse) else None
+    o64, l64, g64 = ref_run(q, k, v, kw, torch.float64, grad_out, grad_lse)
+    # The reference in the input's dtype (it computes in float32 for 16-bit inputs and rounds).
+    olow, llow, glow = ref_run(q, k, v, kw, c.dtype, grad_out, grad_lse)
+    results = []
+    assert out.shape == o64.shape and out.dtype == c.dtype, (out.shape, out.dtype)
+    assert out.stride(-1) == 1
+    check("out", out, o64, olow, 2.0, results)
+    fin = torch.isfinite(l64)
+    assert torch.equal(torch.isfinite(lse), fin) or not fin.all(), "lse -inf pattern"
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(l64.to(lse.dtype))), "lse -inf rows differ"
+    lse_f = torch.where(fin, lse.double(), torch.zeros_like(l64))
+    check("lse", lse_f, torch.where(fin, l64, torch.zeros_like(l64)),
+          torch.where(fin, llow.double(), torch.zeros_like(l64)), 2.0, results, dtype=lse.dtype)
+    if c.backward:
+        dq, dk, dv = ext.backward(grad_out, grad_lse, q, k, v, out, lse, *args, H100_SMEM)
+        floors = cancellation_floors(q, k, v, kw, grad_out) + (0.0,)
+        for nm, got, r64, rlow, extra in zip(("dq", "dk", "dv"), (dq, dk, dv), g64, glow, floors):
+            assert got.is_contiguous()
+            check(nm, got, r64, rlow, 3.0, results, extra=extra)
+        # determinism: a second run is bitwise equal
+        dq2, dk2, dv2 = ext.backward(grad_out, grad_lse, q, k, v, out, lse, *args, H100_SMEM)
+        results.append(("determinism", bool(torch.equal(dq, dq2) and torch.equal(dk, dk2)
+                                            and torch.equal(dv, dv2)), 0.0, 0.0))
+    return results
+
+
+def cases():
+    out = []
+    for dt, tag in ((torch.bfloat16, "bf16"), (torch.float16, "f16")):
+        out += [
+            Case(f"{tag}_plain_d64", dt),
+            Case(f"{tag}_causal_d64", dt, causal=True, Lq=70, Lk=70),
+            Case(f"{tag}_causal_br_d128", dt, causal="bottom_right", D=128, Lq=33, Lk=100),
+            Case(f"{tag}_d256", dt, D=256, Lq=20, Lk=45),
+        ]
+    bf = torch.bfloat16
+    out += [
+        Case("bf16_window_gqa", bf, Hq=4, Hkv=2, window=(20, 5), Lq=80, Lk=90),
+        Case("bf16_mqa_dv", bf, Hq=3, Hkv=1, D=40, Dv=72),
+        Case("bf16_dv_small_d_large", bf, D=150, Dv=24, Lq=20, Lk=33),
+        Case("bf16_bool_mask_pad", bf, mask="bool", padding=True),
+        Case("bf16_empty_rows", bf, mask="bool_rows", padding=True, empty_rows=True, B=2),
+        Case("bf16_float_mask", bf, mask="float"),
+        Case("bf16_float32_mask_transposed", bf, mask="float_transposed"),
+        Case("bf16_alibi_softcap", bf, alibi=True, softcap=2.5, scale=0.5),
+        Case("bf16_dropout", bf, dropout=0.17, Lq=40, Lk=70),
+        Case("bf16_dropout_odd", bf, dropout=0.3, Lq=13, Lk=31, D=32),
+        Case("bf16_blhd_layout", bf, layout="blhd", Lq=50, Lk=50),
+        Case("bf16_unaligned_d59", bf, D=59, layout="padded", Lq=30, Lk=40),
+        Case("bf16_d1", bf, D=1, Dv=1, Lq=9, Lk=17),
+        Case("bf16_grad_lse", bf, grad_lse=True),
+        Case("bf16_everything", bf, Hq=4, Hkv=2, D=40, Dv=57, causal="bottom_right", mask="float",
+             padding=True, alibi=True, softcap=2.5, dropout=0.17, grad_lse=True, Lq=45, Lk=77),
+        Case("bf16_lk_lt_lq_causal", bf, causal=True, Lq=90, Lk=20),
+        # several query/key tiles and heads per block in every bucket (pipelines, stage reuse)
+        Case("bf16_d64_multi", bf, Hq=4, Hkv=2, D=64, Lq=150, Lk=140, causal="bottom_right"),
+        Case("bf16_d128_multi", bf, Hq=4, Hkv=2, D=128, Lq=150, Lk=130),
+        Case("f16_d256_multi", torch.float16, Hq=2, Hkv=1, D=256, Dv=160, Lq=140, Lk=70,
+             window=(50, 3)),
+        Case("bf16_d59_partial_chunks", bf, D=59, Dv=61, layout="padded8", Lq=30, Lk=40),
+        Case("bf16_lk0", bf, Lq=9, Lk=0),
+        Case("bf16_lq1", bf, Lq=1, Lk=77, D=128),
+        Case("bf16_lk1", bf, Lq=33, Lk=1, causal="bottom_right"),
+        Case("bf16_br_lq_gt_lk", bf, causal="bottom_right", Lq=50, Lk=20),
+        Case("bf16_window_left_only", bf, window=(5, -1), Lq=60, Lk=60),
+        Case("bf16_many_heads", bf, B=3, Hq=6, Hkv=3, Lq=5, Lk=7, D=16),
+        Case("f16_float16_mask", torch.float16, mask="float"),
+        Case("bf16_alibi_heads_grad_out_expanded", bf, alibi=True, alibi_heads_only=True, B=2,
+             grad_out_expanded=True),
+        Case("f16_d256_everything", torch.float16, D=256, Dv=200, mask="bool", dropout=0.1,
+             softcap=3.0, Lq=17, Lk=40),
+    ]
+    for dt, tag in ((torch.float32, "f32"), (torch.float64, "f64")):
+        out += [
+            Case(f"{tag}_plain", dt, Lq=33, Lk=45, D=24),
+            Case(f"{tag}_everything", dt, Hq=4, Hkv=2, D=20, Dv=35, causal="bottom_right",
+                 mask="float32", padding=True, alibi=True, softcap=2.5, dropout=0.17,
+                 grad_lse=True, Lq=37, Lk=50),
+            Case(f"{tag}_empty_rows_blhd", dt, mask="bool_rows", layout="blhd", D=16, Lq=20, Lk=30),
+        ]
+    out.append(Case("f32_d256", torch.float32, D=256, Dv=256, Lq=9, Lk=40))
+    out.append(Case("f32_d256_dv1", torch.float32, D=256, Dv=1, Lq=20, Lk=35, causal=True))
+    out.append(Case("f64_float64_mask_dropout", torch.float64, mask="float", dropout=0.2, D=8,
+                    Lq=21, Lk=19, grad_out_expanded=True))
+    out.append(Case("f32_lk0", torch.float32, Lq=5, Lk=0))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="")
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("-v", action="store_true")
+    a = ap.parse_args()
+    todo = [c for c in cases() if a.only in c.name]
+    if a.list:
+        print("\n".join(c.name for c in todo))
+        return 0
+    t0 = time.time()
+    ext = build()
+    print(f"built in {time.time() - t0:.0f} s")
+    failures = 0
+    for c in todo:
+        t = time.time()
+        try:
+            res = run_case(ext, c, a.v)
+        except Exception as exc:  # an emulator check or an assertion
+            failures += 1
+            print(f"FAIL {c.name}: {type(exc).__name__}: {exc}")
+            continue
+        bad = [r for r in res if not r[1]]
+        failures += bool(bad)
+        detail = ", ".join(f"{n} {e:.2e}/{b:.2e}" for n, ok, e, b in res if n != "determinism")
+        det = [ok for n, ok, _, _ in res if n == "determinism"]
+        print(f"{'ok  ' if not bad else 'FAIL'} {c.name} ({time.time() - t:.1f} s): {detail}"
+              f"{'' if not det else ', deterministic' if det[0] else ', NOT DETERMINISTIC'}")
+    print(f"{len(todo) - failures}/{len(todo)} cases passed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
