@@ -210,16 +210,22 @@ inline int64_t strip_index(int64_t j, int64_t k, int64_t K) {
 
 // C[r, n] (+)= sum_k A[r0 + r, k] * B[k, c0 + n] for r < r1 - r0, n < N: A in strips (r0 a
 // multiple of 8), B in panels (c0 a multiple of 32), C row-major (leading dimension ldc).
+// K runs in chunks of 512 so that an 8-row strip of A (16 KB) stays in L1 across the panels
+// (the backward's K = 4H would not fit).
 template <typename acc>
 void gemm_packed(int64_t r0, int64_t r1, int64_t c0, int64_t N, int64_t K, const acc* A,
                  const acc* B, acc* C, int64_t ldc, bool accumulate) {
+  constexpr int64_t kKc = 512;
   for (int64_t m = r0; m < r1; m += kStrip) {
     const int64_t M = std::min(kStrip, r1 - m);
     const acc* a = A + (m / kStrip) * K * kStrip;
-    for (int64_t n = 0; n < N; n += kPanel) {
-      gemm(M, std::min(kPanel, N - n), K, acc(1), a, 1, kStrip,
-           B + ((c0 + n) / kPanel) * K * kPanel, kPanel, C + (m - r0) * ldc + n, ldc,
-           accumulate);
+    for (int64_t k0 = 0; k0 < K; k0 += kKc) {
+      const int64_t Kc = std::min(kKc, K - k0);
+      for (int64_t n = 0; n < N; n += kPanel) {
+        gemm(M, std::min(kPanel, N - n), Kc, acc(1), a + k0 * kStrip, 1, kStrip,
+             B + ((c0 + n) / kPanel) * K * kPanel + k0 * kPanel, kPanel,
+             C + (m - r0) * ldc + n, ldc, accumulate || k0 > 0);
+      }
     }
   }
 }
