@@ -701,6 +701,7 @@ I32 = torch.int32
     ("mixed_dtype", TypeError, "q, k and v must have the same dtype"),
     ("int_q", TypeError, "q must be float32, float16, bfloat16 or float64"),
     ("alibi_shape", ValueError, r"alibi_slopes must be \(Hq,\) or \(B, Hq\), got \(3,\)"),
+    ("alibi_device", ValueError, r"alibi_slopes must be on the same device as q \(cpu\), got meta"),
     ("causal", ValueError, "causal must be False, True, 'top_left' or 'bottom_right'"),
     ("window", ValueError, "window must be None or"),
     ("dropout", ValueError, r"dropout_p must be a float in \[0, 1\), got 1.0"),
@@ -754,6 +755,8 @@ def test_bad_inputs_name_the_argument(case, error, match):
         q = q.to(torch.int32)
     elif case == "alibi_shape":
         kw["alibi_slopes"] = torch.rand(3)
+    elif case == "alibi_device":
+        kw["alibi_slopes"] = torch.rand(4, device="meta")
     elif case == "causal":
         kw["causal"] = "top-left"
     elif case == "window":

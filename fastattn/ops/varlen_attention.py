@@ -149,6 +149,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     alibi = None
     if alibi_slopes is not None:
         check_tensor(op, "alibi_slopes", alibi_slopes, dims=(1, 2), float_dtype=True)
+        check_same_device(op, "q", q, alibi_slopes=alibi_slopes)
         if tuple(alibi_slopes.shape) not in ((Hq,), (B, Hq)):
             raise ValueError(f"{op}: alibi_slopes must be (Hq,) or (B, Hq), got "
                              f"{tuple(alibi_slopes.shape)}")
