@@ -53,7 +53,7 @@ from torch.library import triton_op, wrap_triton
 
 from . import finish, interpreting, output_buffer
 from .._debug import poison
-from .attention import _tanh
+from .attention import _exp
 from .random import dropout_multiplier
 
 _F32 = torch.float32
@@ -63,9 +63,32 @@ _F32 = torch.float32
 
 
 @triton.jit
-def _sigmoid(x):
+def _sigmoid(x, ACCURATE: tl.constexpr):
     # exp(-x) overflows to inf for very negative x, giving exactly 0: no NaN.
-    return 1.0 / (1.0 + tl.exp(-x))
+    return 1.0 / (1.0 + _exp(-x, ACCURATE))
+
+
+@triton.jit
+def _tanh(x, ACCURATE: tl.constexpr):
+    """tanh to about 2 ulp in float32 (torch's is within 1.4; the CPU backend's too).
+
+    (1 - e) / (1 + e) with e = exp(-2|x|) cancels for small |x| (relative error unbounded as
+    x -> 0, and a few ulp at |x| ~ 0.1, which shows in h = o tanh(c)); below 0.625 an odd
+    polynomial x P(x^2) is used instead (least-squares fit on Chebyshev nodes of [0, 0.625^2],
+    1.2 ulp there). exp(-2|x|) never overflows.
+    """
+    ax = tl.abs(x)
+    u = x * x
+    p = 0.0021303086
+    p = p * u - 0.008161231
+    p = p * u + 0.021692755
+    p = p * u - 0.053944888
+    p = p * u + 0.13333185
+    p = p * u - 0.3333333
+    p = p * u + 1.0
+    e = _exp(-2.0 * ax, ACCURATE)
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(ax < 0.625, x * p, tl.where(x >= 0, t, -t))
 
 
 @triton.jit
@@ -115,12 +138,12 @@ def _step_time(step, T, d):
 # Layer forward kernels
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["step"])  # one compiled kernel for every step
 def _fwd_step_kernel(XP, W_hh, H_in, H_out, C, Hraw, Out, WS, Len,
                      s_wd, s_wr, s_ot, s_ob,
                      step, T, B, H, P,
                      HAS_PROJ: tl.constexpr, SAVE: tl.constexpr, PRECISION: tl.constexpr,
-                     BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
+                     ACCURATE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
     """One time step of one direction for BLOCK_B rows x BLOCK_H hidden units.
 
     XP (D, T, B, 4H) float32 input projection with both biases; W_hh (D, 4H, P);
@@ -148,15 +171,15 @@ def _fwd_step_kernel(XP, W_hh, H_in, H_out, C, Hraw, Out, WS, Len,
         col_ok, H, P, BLOCK_K, PRECISION)
 
     xp_row = XP + ((d.to(tl.int64) * T + t) * B + rows64)[:, None] * (4 * H) + j[None, :]
-    gi = _sigmoid(acc_i + tl.load(xp_row, mask=ok, other=0.0))
-    gf = _sigmoid(acc_f + tl.load(xp_row + H, mask=ok, other=0.0))
-    gg = _tanh(acc_g + tl.load(xp_row + 2 * H, mask=ok, other=0.0))
-    go = _sigmoid(acc_o + tl.load(xp_row + 3 * H, mask=ok, other=0.0))
+    gi = _sigmoid(acc_i + tl.load(xp_row, mask=ok, other=0.0), ACCURATE)
+    gf = _sigmoid(acc_f + tl.load(xp_row + H, mask=ok, other=0.0), ACCURATE)
+    gg = _tanh(acc_g + tl.load(xp_row + 2 * H, mask=ok, other=0.0), ACCURATE)
+    go = _sigmoid(acc_o + tl.load(xp_row + 3 * H, mask=ok, other=0.0), ACCURATE)
 
     c_ptr = C + (d.to(tl.int64) * B + rows64)[:, None] * H + j[None, :]
     c_prev = tl.load(c_ptr, mask=ok, other=0.0)
     c_new = gf * c_prev + gi * gg
-    h_raw = go * _tanh(c_new)
+    h_raw = go * _tanh(c_new, ACCURATE)
     c_keep = tl.where(active, c_new, c_prev)
     tl.store(c_ptr, c_keep, mask=ok)
 
@@ -182,7 +205,7 @@ def _fwd_step_kernel(XP, W_hh, H_in, H_out, C, Hraw, Out, WS, Len,
             tl.store(ws_row + 5 * H, h_keep, mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["step"])  # one compiled kernel for every step
 def _fwd_proj_kernel(Hraw, W_hr, H_in, H_out, Out, WS, Len,
                      s_rd, s_rr, s_ot, s_ob,
                      step, T, B, H, P,
@@ -244,12 +267,12 @@ def _dropout_kernel(Src, Dst, seed_ptr, s_st, s_sb, B, I, N_ROWS, threshold, kee
 # Layer backward kernels
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["step"])  # one compiled kernel for every step
 def _bwd_gates_kernel(GOut, DH, DC, W_hr, WS, C0, Len, DG, DHP,
                       s_got, s_gob, s_rd, s_rr, s_c0d, s_c0b,
                       step, T, B, H, P,
                       HAS_GOUT: tl.constexpr, HAS_PROJ: tl.constexpr, PRECISION: tl.constexpr,
-                      BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
+                      ACCURATE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
     """dgates of one step for BLOCK_B rows x BLOCK_H hidden units, and dc_{t-1} (in place).
 
     GOut (T, B, D * P) gradient of the output; DH (D, B, P) float32 gradient flowing into h_t
@@ -306,7 +329,7 @@ def _bwd_gates_kernel(GOut, DH, DC, W_hr, WS, C0, Len, DG, DHP,
     gf = tl.load(ws_row + H, mask=ok, other=0.0)
     gg = tl.load(ws_row + 2 * H, mask=ok, other=0.0)
     go = tl.load(ws_row + 3 * H, mask=ok, other=0.0)
-    tanh_c = _tanh(tl.load(ws_row + 4 * H, mask=ok, other=0.0))
+    tanh_c = _tanh(tl.load(ws_row + 4 * H, mask=ok, other=0.0), ACCURATE)
     # c_{t-1}: the previous processing step's c (the workspace keeps the carried state past a
     # row's end), or c0 at the first step.
     first = step == 0
@@ -328,7 +351,7 @@ def _bwd_gates_kernel(GOut, DH, DC, W_hr, WS, C0, Len, DG, DHP,
     tl.store(dg_row + 3 * H, tl.where(active, do, 0.0), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["step"])  # one compiled kernel for every step
 def _bwd_dh_kernel(DG, W_hh, GOut, DH, Len,
                    s_wd, s_wr, s_got, s_gob,
                    step, T, B, H, P,
@@ -373,7 +396,7 @@ def _bwd_dh_kernel(DG, W_hh, GOut, DH, Len,
 def _cell_fwd_kernel(X, Hx, Cx, W_ih, W_hh, B_ih, B_hh, Hy, Cy, WS,
                      s_xb, s_hb, s_cb, s_wir, s_whr, s_hyb, s_cyb,
                      B, I, H,
-                     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, ACCURATE: tl.constexpr,
                      BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
     """One LSTM step: X (B, I), Hx / Cx (B, H), W_ih (4H, I), W_hh (4H, H), B_ih / B_hh (4H,);
     Hy / Cy (B, H) out; WS (B, 5H) float32 out = [i | f | g | o | tanh(cy)]."""
@@ -403,13 +426,13 @@ def _cell_fwd_kernel(X, Hx, Cx, W_ih, W_hh, B_ih, B_hh, Hy, Cy, WS,
         acc_f += bf[None, :]
         acc_g += bg[None, :]
         acc_o += bo[None, :]
-    gi = _sigmoid(acc_i)
-    gf = _sigmoid(acc_f)
-    gg = _tanh(acc_g)
-    go = _sigmoid(acc_o)
+    gi = _sigmoid(acc_i, ACCURATE)
+    gf = _sigmoid(acc_f, ACCURATE)
+    gg = _tanh(acc_g, ACCURATE)
+    go = _sigmoid(acc_o, ACCURATE)
     c_prev = tl.load(Cx + rows[:, None] * s_cb + j[None, :], mask=ok, other=0.0).to(tl.float32)
     cy = gf * c_prev + gi * gg
-    tanh_c = _tanh(cy)
+    tanh_c = _tanh(cy, ACCURATE)
     tl.store(Cy + rows[:, None] * s_cyb + j[None, :], cy.to(Cy.dtype.element_ty), mask=ok)
     tl.store(Hy + rows[:, None] * s_hyb + j[None, :], (go * tanh_c).to(Hy.dtype.element_ty),
              mask=ok)
@@ -470,11 +493,18 @@ def _precision(dtype: torch.dtype) -> str:
     return "tf32"
 
 
-def _block(n: int, interpret: bool, lo: int = 16, gpu: int = 32, cap: int = 64) -> int:
+# Largest tile under the interpreter; tests lower it to 16 to run several tiles per dimension
+# on small sizes.
+INTERPRETER_MAX_BLOCK = 64
+
+
+def _block(n: int, interpret: bool, lo: int = 16, gpu: int = 32, cap: int | None = None) -> int:
     """Tile size for a dimension of size n: tl.dot needs >= 16; under the interpreter the
     largest useful tile (every tile op is one numpy call), on a GPU at most `gpu`."""
     size = max(lo, triton.next_power_of_2(max(n, 1)))
-    return min(size, cap if interpret else gpu)
+    if interpret:
+        return min(size, cap or INTERPRETER_MAX_BLOCK)
+    return min(size, gpu)
 
 
 def _batch_block(B: int, interpret: bool) -> int:
@@ -656,7 +686,8 @@ def lstm_cell_triton(input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor, w_
             wrap_triton(_cell_fwd_kernel)[grid](
                 x, h, c, wi, wh, bi, bh, hy, cy, ws, x.stride(0), h.stride(0), c.stride(0),
                 wi.stride(0), wh.stride(0), hy.stride(0), cy.stride(0), B, I, H,
-                HAS_BIAS=has_bias, PRECISION=_precision(input.dtype), BLOCK_B=block_b,
+                HAS_BIAS=has_bias, PRECISION=_precision(input.dtype),
+                ACCURATE=not interpret, BLOCK_B=block_b,
                 BLOCK_H=block_h, BLOCK_K=block_k)
     return finish(hy, input.dtype), finish(cy, input.dtype), ws
 
@@ -762,7 +793,7 @@ def lstm_layer_triton(input: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
                     xproj, w_hh_, h_in, h_out, c, hraw, out, ws_arg, lens,
                     w_hh_.stride(0), w_hh_.stride(1), out.stride(0), out.stride(1),
                     s, T, B, H, P, HAS_PROJ=has_proj, SAVE=save_workspace,
-                    PRECISION=precision, BLOCK_B=block_b, BLOCK_H=block_h, BLOCK_K=block_k)
+                    PRECISION=precision, ACCURATE=not interpret, BLOCK_B=block_b, BLOCK_H=block_h, BLOCK_K=block_k)
                 if has_proj:
                     proj_kernel[proj_grid](
                         hraw, w_hr_, h_in, h_out, out, ws_arg, lens,
@@ -832,7 +863,8 @@ def lstm_layer_backward_triton(grad_output: torch.Tensor | None, grad_h_n: torch
                     gout, dh, dc, w_hr_, workspace, c0_, lens, dgates, dhp,
                     g_t, g_b, w_hr_.stride(0), w_hr_.stride(1), c0_.stride(0), c0_.stride(1),
                     s, T, B, H, P, HAS_GOUT=grad_output is not None, HAS_PROJ=has_proj,
-                    PRECISION=precision, BLOCK_B=block_b, BLOCK_H=block_h, BLOCK_K=block_kp)
+                    PRECISION=precision, ACCURATE=not interpret, BLOCK_B=block_b,
+                    BLOCK_H=block_h, BLOCK_K=block_kp)
                 dh_kernel[dh_grid](
                     dgates, w_hh_, gout, dh, lens, w_hh_.stride(0), w_hh_.stride(1), g_t, g_b,
                     s, T, B, H, P, HAS_GOUT=grad_output is not None, PRECISION=precision,
