@@ -571,6 +571,18 @@ def test_default_backend_and_explicit_refusals():
         reason = unsupported_backends().get(backend)
         if reason is None and backend_device(backend).type == "cpu" and backend == "cuda":
             continue
+        if (backend == "triton" and reason is None
+                and _backend._can_run_device("triton", x.device) is None):
+            # CPU tensors under the interpreter: an explicit request runs the Triton kernels
+            # (the automatic choice above stayed cpu); float64 is refused.
+            with fastattn.use_backend(backend):
+                module(x)
+            assert fastattn.last_backend("lstm") == "triton"
+            with pytest.raises(fastattn.BackendError, match="float64"):
+                with fastattn.use_backend(backend):
+                    module.double()(x.double())
+            module.float()
+            continue
         with pytest.raises(fastattn.BackendError, match="lstm"):
             with fastattn.use_backend(backend):
                 module(x)
