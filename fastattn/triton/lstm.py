@@ -352,14 +352,15 @@ def _bwd_gates_kernel(GOut, DH, DC, W_hr, WS, C0, Len, DG, DHP,
 
 
 @triton.jit(do_not_specialize=["step"])  # one compiled kernel for every step
-def _bwd_dh_kernel(DG, W_hh, GOut, DH, Len,
-                   s_wd, s_wr, s_got, s_gob,
+def _bwd_dh_kernel(DG, W_hh, DH, Len,
+                   s_wd, s_wr,
                    step, T, B, H, P,
-                   HAS_GOUT: tl.constexpr, PRECISION: tl.constexpr,
+                   PRECISION: tl.constexpr,
                    BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr):
     """dh_{t-1} = dgates_t W_hh (BLOCK_B rows x BLOCK_P units), written over DH in place (each
     program reads and writes only its own block). Past a row's end h is carried, so there
-    dh_{t-1} = dh_t (the output gradient is 0 there)."""
+    dh_{t-1} = dh_t, which is DH itself: the output gradient is 0 there (the output is a
+    constant 0)."""
     pid_p = tl.program_id(0)
     pid_b = tl.program_id(1)
     d = tl.program_id(2)
@@ -866,9 +867,8 @@ def lstm_layer_backward_triton(grad_output: torch.Tensor | None, grad_h_n: torch
                     PRECISION=precision, ACCURATE=not interpret, BLOCK_B=block_b,
                     BLOCK_H=block_h, BLOCK_K=block_kp)
                 dh_kernel[dh_grid](
-                    dgates, w_hh_, gout, dh, lens, w_hh_.stride(0), w_hh_.stride(1), g_t, g_b,
-                    s, T, B, H, P, HAS_GOUT=grad_output is not None, PRECISION=precision,
-                    BLOCK_B=block_b, BLOCK_P=block_p, BLOCK_K=block_kg)
+                    dgates, w_hh_, dh, lens, w_hh_.stride(0), w_hh_.stride(1),
+                    s, T, B, H, P, PRECISION=precision, BLOCK_B=block_b, BLOCK_P=block_p, BLOCK_K=block_kg)
     else:
         dgates.zero_()
         dhp.zero_()
