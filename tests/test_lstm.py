@@ -1028,3 +1028,16 @@ def test_triton_limits_and_errors():
     with pytest.raises(ValueError, match="workspace must be the contiguous float32"):
         ops.lstm_layer_backward_triton(torch.randn(5, 2, 4), None, None, x, h, c, w_ih, w_hh,
                                        None, None, torch.zeros(0), 0.0, None, False, True, True)
+
+
+@pytest.mark.parametrize("_slow", [pytest.param(None, marks=slow)])
+def test_triton_kernels_compile_for_sm90(_slow):
+    """Every Triton LSTM kernel compiles to a cubin for sm_90 without a GPU
+    (tests/triton_lstm_aot.py; about a minute on two cores)."""
+    pytest.importorskip("triton")
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in [env.get("PYTHONPATH")] if p])
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "triton_lstm_aot.py")], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
