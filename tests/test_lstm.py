@@ -1030,6 +1030,27 @@ def test_triton_limits_and_errors():
                                        None, None, torch.zeros(0), 0.0, None, False, True, True)
 
 
+@pytest.mark.parametrize("T,B", [(0, 3), (4, 0)])
+def test_triton_empty_sizes(T, B):
+    """T = 0 (h_n = h0) and B = 0: the same results and gradients as the CPU kernels."""
+    lstm_device("triton")
+    g = torch.Generator().manual_seed(0)
+    D, I, H, P = 2, 3, 5, 2
+    args = [torch.randn(T, B, I, generator=g), torch.randn(D, B, P, generator=g),
+            torch.randn(D, B, H, generator=g), torch.randn(D, 4 * H, I, generator=g),
+            torch.randn(D, 4 * H, P, generator=g), torch.randn(D, 4 * H, generator=g),
+            torch.randn(D, 4 * H, generator=g), torch.randn(D, P, H, generator=g), None]
+    results = {}
+    for suffix in ("_triton", ""):
+        leaves = [a.clone().requires_grad_() if a is not None else None for a in args]
+        out, h_n, c_n, _ = getattr(torch.ops.fastattn, "lstm_layer" + suffix)(*leaves, 0.0, None,
+                                                                              True)
+        grads = torch.autograd.grad(out.sum() + h_n.sum() + c_n.sum(), leaves[:8])
+        results[suffix] = (out, h_n, c_n) + grads
+    for a, b in zip(results["_triton"], results[""]):
+        torch.testing.assert_close(a, b)
+
+
 @pytest.mark.parametrize("_slow", [pytest.param(None, marks=slow)])
 def test_triton_kernels_compile_for_sm90(_slow):
     """Every Triton LSTM kernel compiles to a cubin for sm_90 without a GPU
