@@ -143,7 +143,8 @@ def _fwd_step_kernel(XP, W_hh, H_in, H_out, C, Hraw, Out, WS, Len,
                      s_wd, s_wr, s_ot, s_ob,
                      step, T, B, H, P,
                      HAS_PROJ: tl.constexpr, SAVE: tl.constexpr, PRECISION: tl.constexpr,
-                     ACCURATE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
+                     ACCURATE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
     """One time step of one direction for BLOCK_B rows x BLOCK_H hidden units.
 
     XP (D, T, B, 4H) float32 input projection with both biases; W_hh (D, 4H, P);
@@ -272,7 +273,8 @@ def _bwd_gates_kernel(GOut, DH, DC, W_hr, WS, C0, Len, DG, DHP,
                       s_got, s_gob, s_rd, s_rr, s_c0d, s_c0b,
                       step, T, B, H, P,
                       HAS_GOUT: tl.constexpr, HAS_PROJ: tl.constexpr, PRECISION: tl.constexpr,
-                      ACCURATE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
+                      ACCURATE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
     """dgates of one step for BLOCK_B rows x BLOCK_H hidden units, and dc_{t-1} (in place).
 
     GOut (T, B, D * P) gradient of the output; DH (D, B, P) float32 gradient flowing into h_t
@@ -650,7 +652,8 @@ def _layer_backward_fake(grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w
 
     return (maybe((T, B, I), input_grad), input.new_empty((D, B, P)), input.new_empty((D, B, H)),
             maybe((D, G, I), weight_grad), maybe((D, G, P), weight_grad),
-            maybe((D, G), weight_grad and has_bias), maybe((D, P, H), weight_grad and w_hr is not None))
+            maybe((D, G), weight_grad and has_bias),
+            maybe((D, P, H), weight_grad and w_hr is not None))
 
 
 @_register_op("fastattn::lstm_cell_triton", _cell_fake)
@@ -794,7 +797,8 @@ def lstm_layer_triton(input: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
                     xproj, w_hh_, h_in, h_out, c, hraw, out, ws_arg, lens,
                     w_hh_.stride(0), w_hh_.stride(1), out.stride(0), out.stride(1),
                     s, T, B, H, P, HAS_PROJ=has_proj, SAVE=save_workspace,
-                    PRECISION=precision, ACCURATE=not interpret, BLOCK_B=block_b, BLOCK_H=block_h, BLOCK_K=block_k)
+                    PRECISION=precision, ACCURATE=not interpret, BLOCK_B=block_b, BLOCK_H=block_h,
+                    BLOCK_K=block_k)
                 if has_proj:
                     proj_kernel[proj_grid](
                         hraw, w_hr_, h_in, h_out, out, ws_arg, lens,
@@ -868,7 +872,8 @@ def lstm_layer_backward_triton(grad_output: torch.Tensor | None, grad_h_n: torch
                     BLOCK_H=block_h, BLOCK_K=block_kp)
                 dh_kernel[dh_grid](
                     dgates, w_hh_, dh, lens, w_hh_.stride(0), w_hh_.stride(1),
-                    s, T, B, H, P, PRECISION=precision, BLOCK_B=block_b, BLOCK_P=block_p, BLOCK_K=block_kg)
+                    s, T, B, H, P, PRECISION=precision, BLOCK_B=block_b, BLOCK_P=block_p,
+                    BLOCK_K=block_kg)
     else:
         dgates.zero_()
         dhp.zero_()
