@@ -50,6 +50,11 @@ def main() -> int:
                   ACCURATE=True, **blocks)
             build(L._bwd_gates_kernel, storage, HAS_GOUT=True, HAS_PROJ=proj,
                   PRECISION=precision, ACCURATE=True, **blocks)
+        small = dict(BLOCK_B=16, BLOCK_H=16, BLOCK_K=32)  # _step_tiles' smallest
+        build(L._fwd_step_kernel, storage, HAS_PROJ=False, SAVE=False, PRECISION=precision,
+              ACCURATE=True, **small)
+        build(L._bwd_gates_kernel, storage, HAS_GOUT=False, HAS_PROJ=True, PRECISION=precision,
+              ACCURATE=True, **small)
         build(L._fwd_proj_kernel, storage, SAVE=True, PRECISION=precision, BLOCK_B=64,
               BLOCK_P=32, BLOCK_K=32)
         build(L._bwd_dh_kernel, storage, PRECISION=precision, BLOCK_B=64, BLOCK_P=32,

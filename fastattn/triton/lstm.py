@@ -515,6 +515,24 @@ def _batch_block(B: int, interpret: bool) -> int:
     return _block(B, interpret, gpu=64)
 
 
+def _step_tiles(B: int, H: int, P: int, D: int, device: torch.device,
+                interpret: bool) -> tuple[int, int, int]:
+    """(BLOCK_B, BLOCK_H, BLOCK_P) of the per-step kernels. A step is a small GEMM
+    (B x 4H x P), and every program of it must run at once to hide its latency: on a GPU the
+    tiles shrink (rows first, then units) until the step has about one program per SM, since a
+    few large tiles would leave most SMs idle for the whole sequence. W_hh stays in L2, so the
+    extra reads of smaller row tiles are cheap. Under the interpreter: the largest tiles."""
+    if interpret or device.type != "cuda":
+        return _batch_block(B, interpret), _block(H, interpret), _block(P, interpret)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    block_b, block_h = _batch_block(B, False), _block(H, False)
+    for bb, bh in ((block_b, block_h), (min(block_b, 32), block_h), (16, block_h), (16, 16)):
+        block_b, block_h = bb, bh
+        if triton.cdiv(B, bb) * triton.cdiv(H, bh) * D >= sms:
+            break
+    return block_b, block_h, min(_block(P, False), block_h)
+
+
 def _unit_last(t: torch.Tensor) -> torch.Tensor:
     return t if t.dim() == 0 or t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
 
@@ -781,9 +799,7 @@ def lstm_layer_triton(input: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
     w_hr_ = _unit_last(w_hr) if has_proj else w_hh_
     precision = _precision(dtype)
     if T > 0 and B > 0:
-        block_b = _batch_block(B, interpret)
-        block_h = _block(H, interpret)
-        block_p = _block(P, interpret)
+        block_b, block_h, block_p = _step_tiles(B, H, P, D, device, interpret)
         block_k = _block(P, interpret)
         block_kh = _block(H, interpret)
         step_grid = (triton.cdiv(H, block_h), triton.cdiv(B, block_b), D)
@@ -853,9 +869,7 @@ def lstm_layer_backward_triton(grad_output: torch.Tensor | None, grad_h_n: torch
     c0_ = _unit_last(c0)
     precision = _precision(dtype)
     if T > 0 and B > 0:
-        block_b = _batch_block(B, interpret)
-        block_h = _block(H, interpret)
-        block_p = _block(P, interpret)
+        block_b, block_h, block_p = _step_tiles(B, H, P, D, device, interpret)
         block_kp = _block(P, interpret)
         block_kg = _block(4 * H, interpret)
         gates_grid = (triton.cdiv(H, block_h), triton.cdiv(B, block_b), D)
