@@ -515,6 +515,14 @@ def _batch_block(B: int, interpret: bool) -> int:
     return _block(B, interpret, gpu=64)
 
 
+def _warps(block_b: int, block_n: int) -> int:
+    """Warps for a (block_b x block_n) tile of the GEMM kernels: four float32 gate
+    accumulators plus the fused epilogue spill registers on sm_90 at 32 x 32 with 4 warps
+    (255 registers and a stack), not with 8 (222 at 64 x 32; cuobjdump -res-usage of the
+    cubins, tests/triton_lstm_aot.py)."""
+    return 8 if block_b * block_n >= 1024 else 4
+
+
 def _step_tiles(B: int, H: int, P: int, D: int, device: torch.device,
                 interpret: bool) -> tuple[int, int, int]:
     """(BLOCK_B, BLOCK_H, BLOCK_P) of the per-step kernels. A step is a small GEMM
@@ -551,8 +559,9 @@ def _dropout(x: torch.Tensor, p: float, seed: torch.Tensor) -> torch.Tensor:
     if out.numel() == 0:
         return out
     interpret = interpreting(x.device)
-    block_r = _block(T * B, interpret, lo=1, gpu=32, cap=128)
-    block_i = _block(I, interpret, lo=1, gpu=128, cap=128)
+    # On a GPU 1024 elements a program (8 a thread): Philox's 10 rounds on more spill.
+    block_r = _block(T * B, interpret, lo=1, gpu=16, cap=128)
+    block_i = _block(I, interpret, lo=1, gpu=64, cap=128)
     grid = (triton.cdiv(T * B, block_r), triton.cdiv(I, block_i))
     with _on_device(x):
         wrap_triton(_dropout_kernel)[grid](
@@ -710,7 +719,7 @@ def lstm_cell_triton(input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor, w_
                 wi.stride(0), wh.stride(0), hy.stride(0), cy.stride(0), B, I, H,
                 HAS_BIAS=has_bias, PRECISION=_precision(input.dtype),
                 ACCURATE=not interpret, BLOCK_B=block_b,
-                BLOCK_H=block_h, BLOCK_K=block_k)
+                BLOCK_H=block_h, BLOCK_K=block_k, num_warps=_warps(block_b, block_h))
     return finish(hy, input.dtype), finish(cy, input.dtype), ws
 
 
@@ -814,13 +823,14 @@ def lstm_layer_triton(input: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
                     w_hh_.stride(0), w_hh_.stride(1), out.stride(0), out.stride(1),
                     s, T, B, H, P, HAS_PROJ=has_proj, SAVE=save_workspace,
                     PRECISION=precision, ACCURATE=not interpret, BLOCK_B=block_b, BLOCK_H=block_h,
-                    BLOCK_K=block_k)
+                    BLOCK_K=block_k, num_warps=_warps(block_b, block_h))
                 if has_proj:
                     proj_kernel[proj_grid](
                         hraw, w_hr_, h_in, h_out, out, ws_arg, lens,
                         w_hr_.stride(0), w_hr_.stride(1), out.stride(0), out.stride(1),
                         s, T, B, H, P, SAVE=save_workspace, PRECISION=precision,
-                        BLOCK_B=block_b, BLOCK_P=block_p, BLOCK_K=block_kh)
+                        BLOCK_B=block_b, BLOCK_P=block_p, BLOCK_K=block_kh,
+                        num_warps=_warps(block_b, block_p))
     h_n = states[T % 2].to(dtype)
     c_n = c.to(dtype)
     return finish(out, dtype), h_n, c_n, ws
@@ -883,11 +893,11 @@ def lstm_layer_backward_triton(grad_output: torch.Tensor | None, grad_h_n: torch
                     g_t, g_b, w_hr_.stride(0), w_hr_.stride(1), c0_.stride(0), c0_.stride(1),
                     s, T, B, H, P, HAS_GOUT=grad_output is not None, HAS_PROJ=has_proj,
                     PRECISION=precision, ACCURATE=not interpret, BLOCK_B=block_b,
-                    BLOCK_H=block_h, BLOCK_K=block_kp)
+                    BLOCK_H=block_h, BLOCK_K=block_kp, num_warps=_warps(block_b, block_h))
                 dh_kernel[dh_grid](
                     dgates, w_hh_, dh, lens, w_hh_.stride(0), w_hh_.stride(1),
                     s, T, B, H, P, PRECISION=precision, BLOCK_B=block_b, BLOCK_P=block_p,
-                    BLOCK_K=block_kg)
+                    BLOCK_K=block_kg, num_warps=_warps(block_b, block_p))
     else:
         dgates.zero_()
         dhp.zero_()
