@@ -841,10 +841,10 @@ def _triton_fa_rule(dtype, T, B, I, H, layers, bidir, proj, lengths, batch_first
     D, P = 2 if bidir else 1, proj or H
     g = torch.Generator().manual_seed(T * 100 + B * 10 + H)
     shape = (B, T, I) if batch_first else (T, B, I)
-    inputs = [torch.randn(*s, generator=g, dtype=F64).to(dtype).to(F64)
+    inputs = [torch.randn(*s, generator=g, dtype=F64).to(dtype).to(device=device, dtype=F64)
               for s in (shape, (layers * D, B, P), (layers * D, B, H))]
     params = [t.detach().to(dtype).to(F64) for t in module._weights()]
-    lengths = torch.tensor(lengths) if lengths is not None else None
+    lengths = torch.tensor(lengths, device=device) if lengths is not None else None
     kw = dict(num_layers=layers, bidirectional=bidir, proj_size=proj, batch_first=batch_first)
     outs, grads = _run_functional("triton", dtype, inputs, params, lengths=lengths, **kw)
     outs64, grads64 = _run_functional("reference", F64, inputs, params, lengths=lengths, **kw)
@@ -886,7 +886,8 @@ def test_triton_several_tiles(monkeypatch):
 def test_triton_dropout_mask_matches_cpu():
     """Input dropout of the layer op: the triton kernels drop exactly the elements the CPU
     kernels (and the reference generator) drop, and compute the same values."""
-    lstm_device("triton")
+    device = lstm_device("triton")
+    lstm_device("cpu")
     g = torch.Generator().manual_seed(3)
     T, B, I, H, D, P = 5, 3, 5, 7, 2, 4
     args = [torch.randn(T, B, I, generator=g), torch.randn(D, B, P, generator=g),
@@ -896,13 +897,13 @@ def test_triton_dropout_mask_matches_cpu():
             torch.tensor([5, 2, 4])]
     seed, p = torch.tensor([1234, 7]), 0.4
     results = {}
-    for suffix in ("_triton", ""):
-        leaves = [a.clone().requires_grad_(a.is_floating_point()) for a in args]
-        out, h_n, c_n, _ = getattr(torch.ops.fastattn, "lstm_layer" + suffix)(*leaves, p, seed,
-                                                                              True)
-        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    for suffix, dev in (("_triton", device), ("", torch.device("cpu"))):
+        leaves = [a.to(dev).requires_grad_(a.is_floating_point()) for a in args]
+        out, h_n, c_n, _ = getattr(torch.ops.fastattn, "lstm_layer" + suffix)(
+            *leaves, p, seed.to(dev), True)
+        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(dev)
         grads = torch.autograd.grad((out * w).sum() + c_n.sum(), leaves[:8])
-        results[suffix] = (out, h_n, c_n) + grads
+        results[suffix] = tuple(t.cpu() for t in (out, h_n, c_n) + grads)
     keep = fastattn.reference.random.dropout_keep_mask(seed, (T, B, I), p)
     # grad_input vanishes exactly where the input was dropped (and past each row's end)
     for suffix in ("_triton", ""):
@@ -915,19 +916,20 @@ def test_triton_dropout_mask_matches_cpu():
 def test_triton_dropout_between_layers_matches_cpu():
     """fastattn.nn.LSTM in training with inter-layer dropout: the same mask (same seeds from
     torch's generator) and values on triton as on cpu."""
-    lstm_device("triton")
     runs = {}
     for backend in ("triton", "cpu"):
-        _, module = make_pair(4, 5, device="cpu", dtype=torch.float32, num_layers=2,
+        device = lstm_device(backend)
+        _, module = make_pair(4, 5, device=device, dtype=torch.float32, num_layers=2,
                               dropout=0.5, seed=2)
         module.train()
-        x = torch.randn(4, 2, 4, generator=torch.Generator().manual_seed(4), requires_grad=True)
-        torch.manual_seed(21)
+        x = torch.randn(4, 2, 4, generator=torch.Generator().manual_seed(4)).to(device)
+        x.requires_grad_()
+        torch.manual_seed(21)  # seeds the dropout stream on either device
         with fastattn.use_backend(backend):
             out, (h_n, c_n) = module(x)
         assert fastattn.last_backend("lstm") == backend
-        runs[backend] = (out, h_n) + torch.autograd.grad(out.sum() + c_n.sum(),
-                                                         [x] + list(module.parameters()))
+        runs[backend] = tuple(t.cpu() for t in (out, h_n) + torch.autograd.grad(
+            out.sum() + c_n.sum(), [x] + list(module.parameters())))
     for i, (a, b) in enumerate(zip(runs["triton"], runs["cpu"])):
         torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-6, msg=lambda m: f"{i}: {m}")
 
@@ -937,20 +939,21 @@ def test_triton_dropout_between_layers_matches_cpu():
                          ids=("bias", "nobias", "unbatched"))
 def test_triton_cell_small(dtype, bias, batched):
     """fastattn.lstm_cell on triton (B = 3, I = 5, H = 7) under FlashAttention's rule."""
-    lstm_device("triton", dtype)
+    device = lstm_device("triton", dtype)
     g = torch.Generator().manual_seed(9)
     lead = (3,) if batched else ()
     shapes = [lead + (5,), lead + (7,), lead + (7,), (28, 5), (28, 7)] + \
         ([(28,), (28,)] if bias else [])
-    tensors = [torch.randn(*s, generator=g, dtype=F64).to(dtype).to(F64) for s in shapes]
+    tensors = [torch.randn(*s, generator=g, dtype=F64).to(dtype).to(device=device, dtype=F64)
+               for s in shapes]
     runs = {}
     for label, be, dt in (("out", "triton", dtype), ("ref64", "reference", F64),
                           ("ref_lowp", "reference", dtype)):
         leaves = [t.to(dt).requires_grad_() for t in tensors]
         hy, cy = fastattn.lstm_cell(*leaves, *([] if bias else [None, None]), backend=be)
         assert fastattn.last_backend("lstm_cell") == be
-        loss = (hy.double() * torch.cos(torch.arange(hy.numel(), dtype=F64)).view_as(hy)).sum() \
-            + (cy.double() * 0.5).sum()
+        wave = torch.cos(torch.arange(hy.numel(), dtype=F64, device=device)).view_as(hy)
+        loss = (hy.double() * wave).sum() + (cy.double() * 0.5).sum()
         runs[label] = ((hy.detach(), cy.detach()), torch.autograd.grad(loss, leaves))
     for i, name in enumerate(("hy", "cy")):
         assert_fa_close(f"lstm_cell [triton] {name}", runs["out"][0][i], runs["ref64"][0][i],
@@ -960,11 +963,9 @@ def test_triton_cell_small(dtype, bias, batched):
                           runs["ref_lowp"][1][i])
 
 
-def _triton_opcheck_cases():
+def _triton_opcheck_cases(device):
     f32 = torch.float32
     cases = {
-        "layer": ("lstm_layer", _layer_args(lengths=False, D=1, P=4, dtype=f32) +
-                  [0.0, None, True]),
         "layer-bidir-proj-lengths": ("lstm_layer", _layer_args(dtype=f32) + [0.0, None, True]),
         "layer-dropout-nobias": ("lstm_layer", _layer_args(bias=False, dtype=f32) + [
             0.2, torch.tensor([1, 2]), True]),
@@ -980,16 +981,19 @@ def _triton_opcheck_cases():
                                torch.randn(20, requires_grad=True),
                                torch.randn(20, requires_grad=True)]),
     }
-    args = _layer_args(grad=False, dtype=f32)
+    cases = {k: (name, [a.to(device) if isinstance(a, torch.Tensor) else a for a in args])
+             for k, (name, args) in cases.items()}
+    # The backward ops take the workspace that the forward ops saved on this device.
+    args = [a.to(device) if a is not None else None for a in _layer_args(grad=False, dtype=f32)]
     _, _, _, ws = torch.ops.fastattn.lstm_layer_triton(*args, 0.0, None, True)
     T, B, _ = args[0].shape
     cases["layer_backward"] = ("lstm_layer_backward", [
-        torch.randn(T, B, 6), None, torch.randn(2, B, 4), *args[:5], args[7], args[8], ws, 0.0,
-        None, True, True, True])
-    cell = [torch.randn(3, 4), torch.randn(3, 5), torch.randn(3, 5), torch.randn(20, 4),
-            torch.randn(20, 5)]
+        torch.randn(T, B, 6, device=device), None, torch.randn(2, B, 4, device=device),
+        *args[:5], args[7], args[8], ws, 0.0, None, True, True, True])
+    cell = [torch.randn(*s, device=device) for s in ((3, 4), (3, 5), (3, 5), (20, 4), (20, 5))]
     _, _, cws = torch.ops.fastattn.lstm_cell_triton(*cell, None, None)
-    cases["cell_backward"] = ("lstm_cell_backward", [torch.randn(3, 5), None, *cell, cws, False])
+    cases["cell_backward"] = ("lstm_cell_backward", [torch.randn(3, 5, device=device), None,
+                                                     *cell, cws, False])
     return cases
 
 
@@ -997,44 +1001,47 @@ def _triton_opcheck_cases():
                                   "layer-inference-bf16", "cell", "layer_backward",
                                   "cell_backward"])
 def test_triton_opcheck(case):
-    lstm_device("triton")
-    name, args = _triton_opcheck_cases()[case]
+    device = lstm_device("triton")
+    name, args = _triton_opcheck_cases(device)[case]
     torch.library.opcheck(getattr(torch.ops.fastattn, name + "_triton"), args)
 
 
 def test_triton_limits_and_errors():
     """float64 is refused with a reason (explicit requests raise, the automatic choice on CPU
     stays cpu); the ops reject bad arguments clearly."""
-    lstm_device("triton")
+    device = lstm_device("triton")
     assert "float64" in unsupported_backends(F64)["triton"]
     assert "triton" not in unsupported_backends(torch.bfloat16)
-    module = fastattn.nn.LSTM(3, 4).double()
+    module = fastattn.nn.LSTM(3, 4).to(device=device, dtype=F64)
     with pytest.raises(fastattn.BackendError, match="float64"):
         with fastattn.use_backend("triton"):
-            module(torch.randn(5, 2, 3, dtype=F64))
+            module(torch.randn(5, 2, 3, dtype=F64, device=device))
     ops = torch.ops.fastattn
-    x, h, c = torch.randn(5, 2, 3), torch.zeros(1, 2, 4), torch.zeros(1, 2, 4)
-    w_ih, w_hh = torch.randn(1, 16, 3), torch.randn(1, 16, 4)
+    x, h, c = (torch.randn(5, 2, 3, device=device), torch.zeros(1, 2, 4, device=device),
+               torch.zeros(1, 2, 4, device=device))
+    w_ih, w_hh = torch.randn(1, 16, 3, device=device), torch.randn(1, 16, 4, device=device)
     with pytest.raises(TypeError, match="triton backend takes float32, float16 or bfloat16"):
         ops.lstm_layer_triton(x.double(), h.double(), c.double(), w_ih.double(), w_hh.double(),
                               None, None, None, None, 0.0, None, False)
     with pytest.raises(ValueError, match="lengths must be in \\[0, T\\] = \\[0, 5\\]"):
-        ops.lstm_layer_triton(x, h, c, w_ih, w_hh, None, None, None, torch.tensor([6, 1]), 0.0,
-                              None, False)
+        ops.lstm_layer_triton(x, h, c, w_ih, w_hh, None, None, None,
+                              torch.tensor([6, 1], device=device), 0.0, None, False)
     with pytest.raises(ValueError, match="w_ih must have shape"):
         ops.lstm_layer_triton(x, h, c, w_ih[:, :, :2], w_hh, None, None, None, None, 0.0, None,
                               False)
     with pytest.raises(ValueError, match="dropout_p > 0 needs seed"):
         ops.lstm_layer_triton(x, h, c, w_ih, w_hh, None, None, None, None, 0.5, None, False)
     with pytest.raises(ValueError, match="workspace must be the contiguous float32"):
-        ops.lstm_layer_backward_triton(torch.randn(5, 2, 4), None, None, x, h, c, w_ih, w_hh,
-                                       None, None, torch.zeros(0), 0.0, None, False, True, True)
+        ops.lstm_layer_backward_triton(torch.randn(5, 2, 4, device=device), None, None, x, h, c,
+                                       w_ih, w_hh, None, None, torch.zeros(0, device=device),
+                                       0.0, None, False, True, True)
 
 
 @pytest.mark.parametrize("T,B", [(0, 3), (4, 0)])
 def test_triton_empty_sizes(T, B):
     """T = 0 (h_n = h0) and B = 0: the same results and gradients as the CPU kernels."""
-    lstm_device("triton")
+    device = lstm_device("triton")
+    lstm_device("cpu")
     g = torch.Generator().manual_seed(0)
     D, I, H, P = 2, 3, 5, 2
     args = [torch.randn(T, B, I, generator=g), torch.randn(D, B, P, generator=g),
@@ -1042,12 +1049,12 @@ def test_triton_empty_sizes(T, B):
             torch.randn(D, 4 * H, P, generator=g), torch.randn(D, 4 * H, generator=g),
             torch.randn(D, 4 * H, generator=g), torch.randn(D, P, H, generator=g), None]
     results = {}
-    for suffix in ("_triton", ""):
-        leaves = [a.clone().requires_grad_() if a is not None else None for a in args]
+    for suffix, dev in (("_triton", device), ("", torch.device("cpu"))):
+        leaves = [a.to(dev).requires_grad_() if a is not None else None for a in args]
         out, h_n, c_n, _ = getattr(torch.ops.fastattn, "lstm_layer" + suffix)(*leaves, 0.0, None,
                                                                               True)
         grads = torch.autograd.grad(out.sum() + h_n.sum() + c_n.sum(), leaves[:8])
-        results[suffix] = (out, h_n, c_n) + grads
+        results[suffix] = tuple(t.cpu() for t in (out, h_n, c_n) + grads)
     for a, b in zip(results["_triton"], results[""]):
         torch.testing.assert_close(a, b)
 
