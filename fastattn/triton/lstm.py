@@ -35,8 +35,13 @@ grad_input = dgates W_ih, multiplied by the dropout mask by `_dropout_kernel`.
 lstm_cell: one `_cell_fwd_kernel` for the whole step (x W_ih^T + h W_hh^T + biases + cell);
 its backward is one `_cell_bwd_kernel` (dgates, grad_cx) plus torch GEMMs for the products.
 
-Tiles are fixed (no autotuning): BLOCK_B in 16..64 from the batch, BLOCK_H / BLOCK_K 32 on a
-GPU; under the interpreter the largest tiles that the sizes use (fewer numpy calls).
+Tiles are chosen by rule, not autotuned: on a GPU BLOCK_B in 16..64 from the batch, BLOCK_H 32
+and BLOCK_K 32, shrunk until a step has about one program per SM (`_step_tiles`), 8 warps from
+1024 tile elements up (no register spills on sm_90, `_warps`); under the interpreter the
+largest tiles that the sizes use, up to 64 (fewer numpy calls). Known costs on a GPU, not yet
+measured (benchmarks/notes/lstm_triton.md): one or two launches a step from Python, and
+float32 storage at torch's default matmul precision multiplies in IEEE float32 (no tensor
+cores, as torch's own float32 GEMMs then).
 Inputs may have any strides with a unit last stride (weights with another last stride are
 made contiguous). Under the interpreter bfloat16 loads are upcast to float32 at once and
 bfloat16 results go through float32 buffers that torch rounds (fastattn/triton/__init__.py).
