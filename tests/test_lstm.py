@@ -1060,6 +1060,37 @@ def test_triton_empty_sizes(T, B):
 
 
 @pytest.mark.parametrize("_slow", [pytest.param(None, marks=slow)])
+def test_triton_compile_fullgraph(_slow):
+    """fastattn.lstm (2 layers, bidirectional, projected, lengths) and fastattn.lstm_cell on
+    triton under torch.compile(fullgraph=True): the same outputs and gradients as eager
+    (triton_ops on a GPU, opaque custom ops under the interpreter; ~15 s there)."""
+    device = lstm_device("triton")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    module = fastattn.nn.LSTM(4, 6, num_layers=2, bidirectional=True, proj_size=3).to(device)
+    cell = fastattn.nn.LSTMCell(6, 5).to(device)
+    weights = module._weights()
+
+    def f(x, lengths):
+        y, (h, c) = fastattn.lstm(x, None, weights, num_layers=2, bidirectional=True,
+                                  proj_size=3, lengths=lengths, backend="triton")
+        state = torch.zeros(2, 5, device=device)
+        hy, _ = fastattn.lstm_cell(y[-1], state, state, cell.weight_ih, cell.weight_hh,
+                                   cell.bias_ih, cell.bias_hh, backend="triton")
+        return (y * y).sum() + h.sum() + c.sum() + hy.sum()
+
+    x = torch.randn(5, 2, 4, device=device, requires_grad=True)
+    lengths = torch.tensor([5, 3], device=device)
+    params = [x] + weights + list(cell.parameters())
+    compiled = torch.compile(f, fullgraph=True)(x, lengths)
+    assert fastattn.last_backend("lstm") == "triton"
+    eager = f(x, lengths)
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+    for a, b in zip(torch.autograd.grad(compiled, params), torch.autograd.grad(eager, params)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("_slow", [pytest.param(None, marks=slow)])
 def test_triton_kernels_compile_for_sm90(_slow):
     """Every Triton LSTM kernel compiles to a cubin for sm_90 without a GPU
     (tests/triton_lstm_aot.py; about a minute on two cores)."""
