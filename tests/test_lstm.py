@@ -10,8 +10,9 @@
    every backend, off in eval mode.
 4. gradcheck, torch.library.opcheck, torch.compile(fullgraph=True), last_backend, errors
    (torch's own messages), state_dict both ways, a small swapped-model training run.
-The triton and cuda backends skip with a reason until they have LSTM kernels; the large grid
-is marked slow (FASTATTN_SLOW=1 or a GPU runs it).
+Backends without LSTM kernels skip with a reason; the triton backend refuses float64, so its
+float64 tests skip and section 8 runs its kernels on small cases (the CPU interpreter is slow).
+The large grid is marked slow (FASTATTN_SLOW=1 or a GPU runs it).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from fastattn import _backend
 from fastattn.ops.lstm import unsupported_backends
 from fastattn.reference import lstm as ref_lstm
 from conftest import backend_device
-from tolerance import assert_fa_close, assert_grad_close
+from tolerance import assert_fa_close, assert_grad_close, rounding_floor
 
 REPO = Path(__file__).resolve().parents[1]
 F64 = torch.float64
@@ -276,6 +277,10 @@ def _run_functional(backend, dtype, inputs, params, *, lengths=None, **kw):
 ])
 def test_low_precision_fa_rule(backend, dtype, case):
     device = lstm_device(backend, dtype)
+    if backend == "triton" and device.type == "cpu" and not RUN_SLOW and (
+            dtype != torch.float32 or case.get("num_layers", 1) > 1):
+        pytest.skip("the interpreter runs only the one-layer large case, in float32 (the rest: "
+                    "test_triton_small_fa_rule; all of them with FASTATTN_SLOW=1 or a GPU)")
     case = dict(case)
     T, B, I, H = (case.pop(k) for k in ("T", "B", "I", "H"))
     use_lengths = case.pop("lengths", False)
@@ -567,6 +572,18 @@ def test_default_backend_and_explicit_refusals():
         reason = unsupported_backends().get(backend)
         if reason is None and backend_device(backend).type == "cpu" and backend == "cuda":
             continue
+        if (backend == "triton" and reason is None
+                and _backend._can_run_device("triton", x.device) is None):
+            # CPU tensors under the interpreter: an explicit request runs the Triton kernels
+            # (the automatic choice above stayed cpu); float64 is refused.
+            with fastattn.use_backend(backend):
+                module(x)
+            assert fastattn.last_backend("lstm") == "triton"
+            with pytest.raises(fastattn.BackendError, match="float64"):
+                with fastattn.use_backend(backend):
+                    module.double()(x.double())
+            module.float()
+            continue
         with pytest.raises(fastattn.BackendError, match="lstm"):
             with fastattn.use_backend(backend):
                 module(x)
@@ -793,3 +810,295 @@ def test_grid_against_torch_float64(backend, bidir, proj, batch_first, packed, I
         close64(f"output {i}", a, b, rtol=1e-8, atol=1e-9)
     for i, (a, b) in enumerate(zip(results[1][3], results[0][3])):
         close64(f"grad {i}", a, b, rtol=1e-8, atol=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. The Triton kernels on small cases (the CPU interpreter is slow; a GPU runs the grids above)
+
+# (T, B, I, H, num_layers, bidirectional, proj_size, lengths, batch_first)
+TRITON_CASES = [
+    pytest.param(1, 1, 1, 1, 1, False, 0, None, False, id="T1-B1-I1-H1"),
+    pytest.param(5, 3, 5, 7, 1, True, 0, [5, 0, 2], False, id="T5-B3-bidir-lengths"),
+    pytest.param(5, 3, 5, 7, 2, True, 4, [3, 5, 1], True, id="T5-B3-2layer-bidir-proj-lengths-bf"),
+    pytest.param(5, 1, 1, 7, 1, False, 3, None, False, id="T5-B1-I1-proj"),
+    pytest.param(1, 3, 5, 1, 1, True, 0, None, True, id="T1-B3-H1-bidir-batchfirst"),
+]
+
+
+def _tiny_floor(ref64: torch.Tensor, dtype: torch.dtype) -> float:
+    """The rounding floor, but at least one ulp at the largest value: on a handful of
+    elements the baseline (the reference in `dtype`) is a lucky sample of a few roundings, and a
+    correct kernel that rounds in another order is one ulp off (the CPU backend fails the
+    T5-B1-I1-proj float32 case by the same 6.1e-8 without it)."""
+    top = float(ref64.abs().max()) if ref64.numel() else 0.0
+    return max(rounding_floor(ref64, dtype), torch.finfo(dtype).eps * top)
+
+
+def _triton_fa_rule(dtype, T, B, I, H, layers, bidir, proj, lengths, batch_first):
+    device = lstm_device("triton", dtype)
+    _, module = make_pair(I, H, device=device, num_layers=layers, bidirectional=bidir,
+                          proj_size=proj)
+    D, P = 2 if bidir else 1, proj or H
+    g = torch.Generator().manual_seed(T * 100 + B * 10 + H)
+    shape = (B, T, I) if batch_first else (T, B, I)
+    inputs = [torch.randn(*s, generator=g, dtype=F64).to(dtype).to(device=device, dtype=F64)
+              for s in (shape, (layers * D, B, P), (layers * D, B, H))]
+    params = [t.detach().to(dtype).to(F64) for t in module._weights()]
+    lengths = torch.tensor(lengths, device=device) if lengths is not None else None
+    kw = dict(num_layers=layers, bidirectional=bidir, proj_size=proj, batch_first=batch_first)
+    outs, grads = _run_functional("triton", dtype, inputs, params, lengths=lengths, **kw)
+    outs64, grads64 = _run_functional("reference", F64, inputs, params, lengths=lengths, **kw)
+    outs_lp, grads_lp = _run_functional("reference", dtype, inputs, params, lengths=lengths, **kw)
+    for name, a, b, c in zip(("output", "h_n", "c_n"), outs, outs64, outs_lp):
+        assert a.dtype == dtype
+        assert_fa_close(f"lstm [triton, {dtype}] {name}", a, b, c, floor=_tiny_floor(b, dtype))
+    names = ["input", "h0", "c0"] + [f"weights[{i}]" for i in range(len(params))]
+    for name, a, b, c in zip(names, grads, grads64, grads_lp):
+        assert_grad_close(f"lstm [triton, {dtype}] grad {name}", a, b, c,
+                          floor=_tiny_floor(b, dtype))
+    if lengths is not None:
+        out = outs[0] if not batch_first else outs[0].transpose(0, 1)
+        for row, n in enumerate(lengths.tolist()):
+            if n < T:
+                assert out[n:, row].abs().max() == 0, f"row {row}: output past its end"
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16),
+                         ids=("fp32", "fp16", "bf16"))
+@pytest.mark.parametrize("T,B,I,H,layers,bidir,proj,lengths,batch_first", TRITON_CASES)
+def test_triton_small_fa_rule(dtype, T, B, I, H, layers, bidir, proj, lengths, batch_first):
+    """fastattn.lstm on the triton backend (the kernels ran: last_backend) against the float64
+    reference under FlashAttention's rule, every output and gradient; the output is exactly 0
+    past each sequence's end."""
+    _triton_fa_rule(dtype, T, B, I, H, layers, bidir, proj, lengths, batch_first)
+
+
+def test_triton_several_tiles(monkeypatch):
+    """Tiles of 16 under the interpreter: several tiles along the batch, hidden, projected and
+    reduction dimensions (B = 33, H = 37, P = 20, 4H = 148), lengths, both directions."""
+    from fastattn.triton import lstm as triton_lstm
+    lstm_device("triton")
+    monkeypatch.setattr(triton_lstm, "INTERPRETER_MAX_BLOCK", 16)
+    _triton_fa_rule(torch.float32, 3, 33, 5, 37, 1, True, 20,
+                    [int(v) for v in torch.randint(0, 4, (33,), generator=torch.Generator()
+                                                   .manual_seed(0))], False)
+
+
+def test_triton_dropout_mask_matches_cpu():
+    """Input dropout of the layer op: the triton kernels drop exactly the elements the CPU
+    kernels (and the reference generator) drop, and compute the same values."""
+    device = lstm_device("triton")
+    lstm_device("cpu")
+    g = torch.Generator().manual_seed(3)
+    T, B, I, H, D, P = 5, 3, 5, 7, 2, 4
+    args = [torch.randn(T, B, I, generator=g), torch.randn(D, B, P, generator=g),
+            torch.randn(D, B, H, generator=g), torch.randn(D, 4 * H, I, generator=g) * 0.5,
+            torch.randn(D, 4 * H, P, generator=g) * 0.5, torch.randn(D, 4 * H, generator=g),
+            torch.randn(D, 4 * H, generator=g), torch.randn(D, P, H, generator=g) * 0.5,
+            torch.tensor([5, 2, 4])]
+    seed, p = torch.tensor([1234, 7]), 0.4
+    results = {}
+    for suffix, dev in (("_triton", device), ("", torch.device("cpu"))):
+        leaves = [a.to(dev).requires_grad_(a.is_floating_point()) for a in args]
+        out, h_n, c_n, _ = getattr(torch.ops.fastattn, "lstm_layer" + suffix)(
+            *leaves, p, seed.to(dev), True)
+        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(dev)
+        grads = torch.autograd.grad((out * w).sum() + c_n.sum(), leaves[:8])
+        results[suffix] = tuple(t.cpu() for t in (out, h_n, c_n) + grads)
+    keep = fastattn.reference.random.dropout_keep_mask(seed, (T, B, I), p)
+    # grad_input vanishes exactly where the input was dropped (and past each row's end)
+    for suffix in ("_triton", ""):
+        alive = torch.arange(T)[:, None] < args[8][None, :]
+        assert torch.equal(results[suffix][3] != 0, keep & alive[:, :, None])
+    for i, (a, b) in enumerate(zip(results["_triton"], results[""])):
+        torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-6, msg=lambda m: f"{i}: {m}")
+
+
+def test_triton_dropout_between_layers_matches_cpu():
+    """fastattn.nn.LSTM in training with inter-layer dropout: the same mask (same seeds from
+    torch's generator) and values on triton as on cpu."""
+    runs = {}
+    for backend in ("triton", "cpu"):
+        device = lstm_device(backend)
+        _, module = make_pair(4, 5, device=device, dtype=torch.float32, num_layers=2,
+                              dropout=0.5, seed=2)
+        module.train()
+        x = torch.randn(4, 2, 4, generator=torch.Generator().manual_seed(4)).to(device)
+        x.requires_grad_()
+        torch.manual_seed(21)  # seeds the dropout stream on either device
+        with fastattn.use_backend(backend):
+            out, (h_n, c_n) = module(x)
+        assert fastattn.last_backend("lstm") == backend
+        runs[backend] = tuple(t.cpu() for t in (out, h_n) + torch.autograd.grad(
+            out.sum() + c_n.sum(), [x] + list(module.parameters())))
+    for i, (a, b) in enumerate(zip(runs["triton"], runs["cpu"])):
+        torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-6, msg=lambda m: f"{i}: {m}")
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16), ids=("fp32", "fp16"))
+@pytest.mark.parametrize("bias,batched", [(True, True), (False, True), (True, False)],
+                         ids=("bias", "nobias", "unbatched"))
+def test_triton_cell_small(dtype, bias, batched):
+    """fastattn.lstm_cell on triton (B = 3, I = 5, H = 7) under FlashAttention's rule."""
+    device = lstm_device("triton", dtype)
+    g = torch.Generator().manual_seed(9)
+    lead = (3,) if batched else ()
+    shapes = [lead + (5,), lead + (7,), lead + (7,), (28, 5), (28, 7)] + \
+        ([(28,), (28,)] if bias else [])
+    tensors = [torch.randn(*s, generator=g, dtype=F64).to(dtype).to(device=device, dtype=F64)
+               for s in shapes]
+    runs = {}
+    for label, be, dt in (("out", "triton", dtype), ("ref64", "reference", F64),
+                          ("ref_lowp", "reference", dtype)):
+        leaves = [t.to(dt).requires_grad_() for t in tensors]
+        hy, cy = fastattn.lstm_cell(*leaves, *([] if bias else [None, None]), backend=be)
+        assert fastattn.last_backend("lstm_cell") == be
+        wave = torch.cos(torch.arange(hy.numel(), dtype=F64, device=device)).view_as(hy)
+        loss = (hy.double() * wave).sum() + (cy.double() * 0.5).sum()
+        runs[label] = ((hy.detach(), cy.detach()), torch.autograd.grad(loss, leaves))
+    for i, name in enumerate(("hy", "cy")):
+        assert_fa_close(f"lstm_cell [triton] {name}", runs["out"][0][i], runs["ref64"][0][i],
+                        runs["ref_lowp"][0][i])
+    for i in range(len(tensors)):
+        assert_grad_close(f"lstm_cell [triton] grad {i}", runs["out"][1][i], runs["ref64"][1][i],
+                          runs["ref_lowp"][1][i])
+
+
+def _triton_opcheck_cases(device):
+    f32 = torch.float32
+    cases = {
+        "layer-bidir-proj-lengths": ("lstm_layer", _layer_args(dtype=f32) + [0.0, None, True]),
+        "layer-dropout-nobias": ("lstm_layer", _layer_args(bias=False, dtype=f32) + [
+            0.2, torch.tensor([1, 2]), True]),
+        "layer-inference-bf16": ("lstm_layer", [a.detach().to(torch.bfloat16)
+                                                if a is not None and a.is_floating_point()
+                                                else a for a in _layer_args(grad=False)] +
+                                 [0.0, None, False]),
+        "cell": ("lstm_cell", [torch.randn(3, 4, requires_grad=True),
+                               torch.randn(3, 5, requires_grad=True),
+                               torch.randn(3, 5, requires_grad=True),
+                               torch.randn(20, 4, requires_grad=True),
+                               torch.randn(20, 5, requires_grad=True),
+                               torch.randn(20, requires_grad=True),
+                               torch.randn(20, requires_grad=True)]),
+    }
+    cases = {k: (name, [a.to(device) if isinstance(a, torch.Tensor) else a for a in args])
+             for k, (name, args) in cases.items()}
+    # The backward ops take the workspace that the forward ops saved on this device.
+    args = [a.to(device) if a is not None else None for a in _layer_args(grad=False, dtype=f32)]
+    _, _, _, ws = torch.ops.fastattn.lstm_layer_triton(*args, 0.0, None, True)
+    T, B, _ = args[0].shape
+    cases["layer_backward"] = ("lstm_layer_backward", [
+        torch.randn(T, B, 6, device=device), None, torch.randn(2, B, 4, device=device),
+        *args[:5], args[7], args[8], ws, 0.0, None, True, True, True])
+    cell = [torch.randn(*s, device=device) for s in ((3, 4), (3, 5), (3, 5), (20, 4), (20, 5))]
+    _, _, cws = torch.ops.fastattn.lstm_cell_triton(*cell, None, None)
+    cases["cell_backward"] = ("lstm_cell_backward", [torch.randn(3, 5, device=device), None,
+                                                     *cell, cws, False])
+    return cases
+
+
+@pytest.mark.parametrize("case", ["layer-bidir-proj-lengths", "layer-dropout-nobias",
+                                  "layer-inference-bf16", "cell", "layer_backward",
+                                  "cell_backward"])
+def test_triton_opcheck(case):
+    device = lstm_device("triton")
+    name, args = _triton_opcheck_cases(device)[case]
+    torch.library.opcheck(getattr(torch.ops.fastattn, name + "_triton"), args)
+
+
+def test_triton_limits_and_errors():
+    """float64 is refused with a reason (explicit requests raise, the automatic choice on CPU
+    stays cpu); the ops reject bad arguments clearly."""
+    device = lstm_device("triton")
+    assert "float64" in unsupported_backends(F64)["triton"]
+    assert "triton" not in unsupported_backends(torch.bfloat16)
+    module = fastattn.nn.LSTM(3, 4).to(device=device, dtype=F64)
+    with pytest.raises(fastattn.BackendError, match="float64"):
+        with fastattn.use_backend("triton"):
+            module(torch.randn(5, 2, 3, dtype=F64, device=device))
+    ops = torch.ops.fastattn
+    x, h, c = (torch.randn(5, 2, 3, device=device), torch.zeros(1, 2, 4, device=device),
+               torch.zeros(1, 2, 4, device=device))
+    w_ih, w_hh = torch.randn(1, 16, 3, device=device), torch.randn(1, 16, 4, device=device)
+    with pytest.raises(TypeError, match="triton backend takes float32, float16 or bfloat16"):
+        ops.lstm_layer_triton(x.double(), h.double(), c.double(), w_ih.double(), w_hh.double(),
+                              None, None, None, None, 0.0, None, False)
+    with pytest.raises(ValueError, match="lengths must be in \\[0, T\\] = \\[0, 5\\]"):
+        ops.lstm_layer_triton(x, h, c, w_ih, w_hh, None, None, None,
+                              torch.tensor([6, 1], device=device), 0.0, None, False)
+    with pytest.raises(ValueError, match="w_ih must have shape"):
+        ops.lstm_layer_triton(x, h, c, w_ih[:, :, :2], w_hh, None, None, None, None, 0.0, None,
+                              False)
+    with pytest.raises(ValueError, match="dropout_p > 0 needs seed"):
+        ops.lstm_layer_triton(x, h, c, w_ih, w_hh, None, None, None, None, 0.5, None, False)
+    with pytest.raises(ValueError, match="workspace must be the contiguous float32"):
+        ops.lstm_layer_backward_triton(torch.randn(5, 2, 4, device=device), None, None, x, h, c,
+                                       w_ih, w_hh, None, None, torch.zeros(0, device=device),
+                                       0.0, None, False, True, True)
+
+
+@pytest.mark.parametrize("T,B", [(0, 3), (4, 0)])
+def test_triton_empty_sizes(T, B):
+    """T = 0 (h_n = h0) and B = 0: the same results and gradients as the CPU kernels."""
+    device = lstm_device("triton")
+    lstm_device("cpu")
+    g = torch.Generator().manual_seed(0)
+    D, I, H, P = 2, 3, 5, 2
+    args = [torch.randn(T, B, I, generator=g), torch.randn(D, B, P, generator=g),
+            torch.randn(D, B, H, generator=g), torch.randn(D, 4 * H, I, generator=g),
+            torch.randn(D, 4 * H, P, generator=g), torch.randn(D, 4 * H, generator=g),
+            torch.randn(D, 4 * H, generator=g), torch.randn(D, P, H, generator=g), None]
+    results = {}
+    for suffix, dev in (("_triton", device), ("", torch.device("cpu"))):
+        leaves = [a.to(dev).requires_grad_() if a is not None else None for a in args]
+        out, h_n, c_n, _ = getattr(torch.ops.fastattn, "lstm_layer" + suffix)(*leaves, 0.0, None,
+                                                                              True)
+        grads = torch.autograd.grad(out.sum() + h_n.sum() + c_n.sum(), leaves[:8])
+        results[suffix] = tuple(t.cpu() for t in (out, h_n, c_n) + grads)
+    for a, b in zip(results["_triton"], results[""]):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("_slow", [pytest.param(None, marks=slow)])
+def test_triton_compile_fullgraph(_slow):
+    """fastattn.lstm (2 layers, bidirectional, projected, lengths) and fastattn.lstm_cell on
+    triton under torch.compile(fullgraph=True): the same outputs and gradients as eager
+    (triton_ops on a GPU, opaque custom ops under the interpreter; ~15 s there)."""
+    device = lstm_device("triton")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    module = fastattn.nn.LSTM(4, 6, num_layers=2, bidirectional=True, proj_size=3).to(device)
+    cell = fastattn.nn.LSTMCell(6, 5).to(device)
+    weights = module._weights()
+
+    def f(x, lengths):
+        y, (h, c) = fastattn.lstm(x, None, weights, num_layers=2, bidirectional=True,
+                                  proj_size=3, lengths=lengths, backend="triton")
+        state = torch.zeros(2, 5, device=device)
+        hy, _ = fastattn.lstm_cell(y[-1], state, state, cell.weight_ih, cell.weight_hh,
+                                   cell.bias_ih, cell.bias_hh, backend="triton")
+        return (y * y).sum() + h.sum() + c.sum() + hy.sum()
+
+    x = torch.randn(5, 2, 4, device=device, requires_grad=True)
+    lengths = torch.tensor([5, 3], device=device)
+    params = [x] + weights + list(cell.parameters())
+    compiled = torch.compile(f, fullgraph=True)(x, lengths)
+    assert fastattn.last_backend("lstm") == "triton"
+    eager = f(x, lengths)
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+    for a, b in zip(torch.autograd.grad(compiled, params), torch.autograd.grad(eager, params)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("_slow", [pytest.param(None, marks=slow)])
+def test_triton_kernels_compile_for_sm90(_slow):
+    """Every Triton LSTM kernel compiles to a cubin for sm_90 without a GPU
+    (tests/triton_lstm_aot.py; about a minute on two cores)."""
+    pytest.importorskip("triton")
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in [env.get("PYTHONPATH")] if p])
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "triton_lstm_aot.py")], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]

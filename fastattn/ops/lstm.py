@@ -5,7 +5,7 @@ The multi-layer driver below is plain Python (layers, directions, inter-layer dr
 batch_first, unbatched input): it calls one op per layer, which runs every direction of that
 layer, and stays torch.compile(fullgraph=True)-traceable (no host reads of tensor values:
 lengths are read inside the op). Backends: "cpu"/"cuda" run the native ops below
-(csrc/lstm), "triton" runs the same ops suffixed _triton (fastattn/triton/lstm.py, to come),
+(csrc/lstm), "triton" runs the same ops suffixed _triton (fastattn/triton/lstm.py),
 "reference" runs fastattn/reference/lstm.py (a per-step loop) under torch autograd.
 
 Op contract (what a "cuda" or "triton" implementation provides; the CPU one is the model)
@@ -104,7 +104,8 @@ def _limit_reason(backend: str, float64: bool) -> str:
                 reason = f"fastattn._C has no {dispatch_key} LSTM kernel in this build"
         elif backend == "triton":
             if not _has_op("lstm_layer_triton"):
-                reason = "there is no Triton LSTM kernel yet (fastattn/triton/lstm.py)"
+                reason = ("the Triton LSTM kernels did not load (fastattn/triton/lstm.py; see "
+                          "fastattn.available_backends())")
             elif float64:
                 reason = "the triton backend does not take float64"
         _reason_cache[key] = reason

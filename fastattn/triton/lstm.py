@@ -1,0 +1,951 @@
+"""Triton kernels of the LSTM, registered as torch ops fastattn::lstm_cell_triton,
+lstm_cell_backward_triton, lstm_layer_triton and lstm_layer_backward_triton, with the
+signatures and semantics of the op contract in fastattn/ops/lstm.py (the CPU backend,
+csrc/lstm, is the model). Everything is computed in float32 ("acc"; float64 is refused) and
+rounded once to the storage dtype.
+
+Layer forward (T steps, D = 1 or 2 directions, every direction in the same launch as the
+grid's last axis):
+- the input projection of all T steps, xproj = dropout(x) W_ih^T + b_ih + b_hh, is one large
+  GEMM done by torch.matmul before the loop (it has no recurrence, so cuBLAS / MKL is the best
+  kernel for it); the dropout mask is applied by `_dropout_kernel` (fastattn's Philox stream,
+  element (t * B + b) * I + i, the same mask as every other backend);
+- per step one `_fwd_step_kernel`: each program owns BLOCK_B rows x BLOCK_H hidden units j and
+  computes the four gate columns i, f, g, o of those units with tl.dot over h_{t-1} W_hh^T, so
+  the cell update c' = f c + i g, h' = o tanh(c') runs in the GEMM's epilogue; it writes c_t,
+  h_t (or, with a projection, the unprojected o tanh(c) into a scratch that a second per-step
+  kernel `_fwd_proj_kernel` multiplies by W_hr^T), the output row and the workspace;
+- h_{t-1} is read whole by every program while the step writes h_t, so the hidden state is
+  double-buffered (ping-pong); c is only read and written by its owner, so it is updated in
+  place;
+- variable lengths: rows with t >= lengths[b] do no update (state carried, output 0), so the
+  final state is each sequence's state at its true end (h0/c0 for a length of 0). Unlike the
+  CPU backend no rows are compacted: a GPU step costs the same with a few idle rows.
+Workspace (D, T, B, 5H + P) float32 per (direction, time, row): activated gates i|f|g|o
+(0 where the row is past its end), c_t and h_t (the carried state past the end).
+
+Layer backward (reverse processing order): per step `_bwd_gates_kernel` computes dgates from
+dh, dc and the saved gates (fused pointwise; with a projection it first forms dh W_hr with
+tl.dot) and dc_{t-1}, and `_bwd_dh_kernel` computes dh_{t-1} = dgates W_hh (tl.dot). These are
+two launches because dh_{t-1} needs the dgates of all 4H gate columns, which different programs
+of the first kernel produce (a grid-wide dependency). The weight gradients are then GEMMs over
+all T * B rows at once (torch.matmul: dgates^T x, dgates^T h_{t-1}, dh^T (o tanh c)), as is
+grad_input = dgates W_ih, multiplied by the dropout mask by `_dropout_kernel`.
+
+lstm_cell: one `_cell_fwd_kernel` for the whole step (x W_ih^T + h W_hh^T + biases + cell);
+its backward is one `_cell_bwd_kernel` (dgates, grad_cx) plus torch GEMMs for the products.
+
+Tiles are chosen by rule, not autotuned: on a GPU BLOCK_B in 16..64 from the batch, BLOCK_H 32
+and BLOCK_K 32, shrunk until a step has about one program per SM (`_step_tiles`), 8 warps from
+1024 tile elements up (no register spills on sm_90, `_warps`); under the interpreter the
+largest tiles that the sizes use, up to 64 (fewer numpy calls). Known costs on a GPU, not yet
+measured (benchmarks/notes/lstm_triton.md): one or two launches a step from Python, and
+float32 storage at torch's default matmul precision multiplies in IEEE float32 (no tensor
+cores, as torch's own float32 GEMMs then).
+Inputs may have any strides with a unit last stride (weights with another last stride are
+made contiguous). Under the interpreter bfloat16 loads are upcast to float32 at once and
+bfloat16 results go through float32 buffers that torch rounds (fastattn/triton/__init__.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from . import finish, interpreting, output_buffer
+from .._debug import poison
+from .attention import _exp
+from .random import dropout_multiplier
+
+_F32 = torch.float32
+
+# ---------------------------------------------------------------------------------------------
+# Device functions
+
+
+@triton.jit
+def _sigmoid(x, ACCURATE: tl.constexpr):
+    # exp(-x) overflows to inf for very negative x, giving exactly 0: no NaN.
+    return 1.0 / (1.0 + _exp(-x, ACCURATE))
+
+
+@triton.jit
+def _tanh(x, ACCURATE: tl.constexpr):
+    """tanh to about 2 ulp in float32 (torch's is within 1.4; the CPU backend's too).
+
+    (1 - e) / (1 + e) with e = exp(-2|x|) cancels for small |x| (relative error unbounded as
+    x -> 0, and a few ulp at |x| ~ 0.1, which shows in h = o tanh(c)); below 0.625 an odd
+    polynomial x P(x^2) is used instead (least-squares fit on Chebyshev nodes of [0, 0.625^2],
+    1.2 ulp there). exp(-2|x|) never overflows.
+    """
+    ax = tl.abs(x)
+    u = x * x
+    p = 0.0021303086
+    p = p * u - 0.008161231
+    p = p * u + 0.021692755
+    p = p * u - 0.053944888
+    p = p * u + 0.13333185
+    p = p * u - 0.3333333
+    p = p * u + 1.0
+    e = _exp(-2.0 * ax, ACCURATE)
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(ax < 0.625, x * p, tl.where(x >= 0, t, -t))
+
+
+@triton.jit
+def _gate_products(acc_i, acc_f, acc_g, acc_o, A, s_am, rows, row_ok, W, s_wr, j, col_ok, H, K,
+                   BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    """acc_q += A[rows, :K] @ W[q * H + j, :K]^T for the four gates q = i, f, g, o.
+
+    A: (rows, K) with row stride s_am and unit column stride; W: (4H, K) with row stride s_wr.
+    Returns the four (BLOCK_B, BLOCK_H) float32 accumulators.
+    """
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < K
+        a = tl.load(A + rows[:, None] * s_am + k[None, :], mask=row_ok[:, None] & k_ok[None, :],
+                    other=0.0).to(tl.float32)
+        w_mask = k_ok[:, None] & col_ok[None, :]
+        w_col = W + k[:, None]
+        wi = tl.load(w_col + (j[None, :] + 0 * H) * s_wr, mask=w_mask, other=0.0).to(tl.float32)
+        acc_i += tl.dot(a, wi, input_precision=PRECISION)
+        wf = tl.load(w_col + (j[None, :] + 1 * H) * s_wr, mask=w_mask, other=0.0).to(tl.float32)
+        acc_f += tl.dot(a, wf, input_precision=PRECISION)
+        wg = tl.load(w_col + (j[None, :] + 2 * H) * s_wr, mask=w_mask, other=0.0).to(tl.float32)
+        acc_g += tl.dot(a, wg, input_precision=PRECISION)
+        wo = tl.load(w_col + (j[None, :] + 3 * H) * s_wr, mask=w_mask, other=0.0).to(tl.float32)
+        acc_o += tl.dot(a, wo, input_precision=PRECISION)
+    return acc_i, acc_f, acc_g, acc_o
+
+
+@triton.jit
+def _gate_grads(dh, dc, gi, gf, gg, go, tanh_c, c_prev):
+    """(di, df, dg, do, dc_prev) of the pre-activation gates from dh (of o tanh c) and dc."""
+    dc = dc + dh * go * (1.0 - tanh_c * tanh_c)
+    di = dc * gg * gi * (1.0 - gi)
+    df = dc * c_prev * gf * (1.0 - gf)
+    dg = dc * gi * (1.0 - gg * gg)
+    do = dh * tanh_c * go * (1.0 - go)
+    return di, df, dg, do, dc * gf
+
+
+@triton.jit
+def _step_time(step, T, d):
+    """Time index of processing step `step` for direction d (1 runs backwards in time)."""
+    return tl.where(d == 0, step, T - 1 - step)
+
+
+# ---------------------------------------------------------------------------------------------
+# Layer forward kernels
+
+
+@triton.jit(do_not_specialize=["step"])  # one compiled kernel for every step
+def _fwd_step_kernel(XP, W_hh, H_in, H_out, C, Hraw, Out, WS, Len,
+                     s_wd, s_wr, s_ot, s_ob,
+                     step, T, B, H, P,
+                     HAS_PROJ: tl.constexpr, SAVE: tl.constexpr, PRECISION: tl.constexpr,
+                     ACCURATE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
+    """One time step of one direction for BLOCK_B rows x BLOCK_H hidden units.
+
+    XP (D, T, B, 4H) float32 input projection with both biases; W_hh (D, 4H, P);
+    H_in / H_out (D, B, P) float32 state before / after the step; C (D, B, H) float32, updated
+    in place; Hraw (D, B, H) float32 scratch for o tanh(c) (projection only); Out (T, B, D * P);
+    WS (D, T, B, 5H + P) float32; Len (B,) int64.
+    """
+    pid_h = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    d = tl.program_id(2)
+    t = _step_time(step, T, d)
+    rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+    j = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    row_ok = rows < B
+    col_ok = j < H
+    ok = row_ok[:, None] & col_ok[None, :]
+    length = tl.load(Len + rows, mask=row_ok, other=0)
+    active = (t < length)[:, None] & ok
+    rows64 = rows.to(tl.int64)
+
+    h_base = d.to(tl.int64) * B * P
+    zero = tl.zeros([BLOCK_B, BLOCK_H], dtype=tl.float32)
+    acc_i, acc_f, acc_g, acc_o = _gate_products(
+        zero, zero, zero, zero, H_in + h_base, P, rows64, row_ok, W_hh + d * s_wd, s_wr, j,
+        col_ok, H, P, BLOCK_K, PRECISION)
+
+    xp_row = XP + ((d.to(tl.int64) * T + t) * B + rows64)[:, None] * (4 * H) + j[None, :]
+    gi = _sigmoid(acc_i + tl.load(xp_row, mask=ok, other=0.0), ACCURATE)
+    gf = _sigmoid(acc_f + tl.load(xp_row + H, mask=ok, other=0.0), ACCURATE)
+    gg = _tanh(acc_g + tl.load(xp_row + 2 * H, mask=ok, other=0.0), ACCURATE)
+    go = _sigmoid(acc_o + tl.load(xp_row + 3 * H, mask=ok, other=0.0), ACCURATE)
+
+    c_ptr = C + (d.to(tl.int64) * B + rows64)[:, None] * H + j[None, :]
+    c_prev = tl.load(c_ptr, mask=ok, other=0.0)
+    c_new = gf * c_prev + gi * gg
+    h_raw = go * _tanh(c_new, ACCURATE)
+    c_keep = tl.where(active, c_new, c_prev)
+    tl.store(c_ptr, c_keep, mask=ok)
+
+    width = 5 * H + P
+    ws_row = WS + ((d.to(tl.int64) * T + t) * B + rows64)[:, None] * width + j[None, :]
+    if SAVE:
+        tl.store(ws_row, tl.where(active, gi, 0.0), mask=ok)
+        tl.store(ws_row + H, tl.where(active, gf, 0.0), mask=ok)
+        tl.store(ws_row + 2 * H, tl.where(active, gg, 0.0), mask=ok)
+        tl.store(ws_row + 3 * H, tl.where(active, go, 0.0), mask=ok)
+        tl.store(ws_row + 4 * H, c_keep, mask=ok)
+    if HAS_PROJ:
+        tl.store(Hraw + (d.to(tl.int64) * B + rows64)[:, None] * H + j[None, :], h_raw, mask=ok)
+    else:
+        # P == H: this program owns h_t[rows, j] as well.
+        state = h_base + rows64[:, None] * P + j[None, :]
+        h_prev = tl.load(H_in + state, mask=ok, other=0.0)
+        h_keep = tl.where(active, h_raw, h_prev)
+        tl.store(H_out + state, h_keep, mask=ok)
+        tl.store(Out + t.to(tl.int64) * s_ot + rows64[:, None] * s_ob + d * P + j[None, :],
+                 tl.where(active, h_raw, 0.0).to(Out.dtype.element_ty), mask=ok)
+        if SAVE:
+            tl.store(ws_row + 5 * H, h_keep, mask=ok)
+
+
+@triton.jit(do_not_specialize=["step"])  # one compiled kernel for every step
+def _fwd_proj_kernel(Hraw, W_hr, H_in, H_out, Out, WS, Len,
+                     s_rd, s_rr, s_ot, s_ob,
+                     step, T, B, H, P,
+                     SAVE: tl.constexpr, PRECISION: tl.constexpr,
+                     BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr):
+    """h_t = (o tanh c_t) W_hr^T for BLOCK_B rows x BLOCK_P projected units (the state is
+    carried past a row's end). W_hr (D, P, H); the other tensors as in _fwd_step_kernel."""
+    pid_p = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    d = tl.program_id(2)
+    t = _step_time(step, T, d)
+    rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+    p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    row_ok = rows < B
+    p_ok = p < P
+    ok = row_ok[:, None] & p_ok[None, :]
+    length = tl.load(Len + rows, mask=row_ok, other=0)
+    active = (t < length)[:, None] & ok
+    rows64 = rows.to(tl.int64)
+
+    acc = tl.zeros([BLOCK_B, BLOCK_P], dtype=tl.float32)
+    raw = Hraw + (d.to(tl.int64) * B + rows64)[:, None] * H
+    w = W_hr + d * s_rd + p[None, :] * s_rr
+    for k0 in range(0, H, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < H
+        a = tl.load(raw + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(w + k[:, None], mask=k_ok[:, None] & p_ok[None, :], other=0.0)
+        acc += tl.dot(a, b.to(tl.float32), input_precision=PRECISION)
+
+    state = (d.to(tl.int64) * B + rows64)[:, None] * P + p[None, :]
+    h_keep = tl.where(active, acc, tl.load(H_in + state, mask=ok, other=0.0))
+    tl.store(H_out + state, h_keep, mask=ok)
+    tl.store(Out + t.to(tl.int64) * s_ot + rows64[:, None] * s_ob + d * P + p[None, :],
+             tl.where(active, acc, 0.0).to(Out.dtype.element_ty), mask=ok)
+    if SAVE:
+        width = 5 * H + P
+        ws_row = WS + ((d.to(tl.int64) * T + t) * B + rows64)[:, None] * width + 5 * H
+        tl.store(ws_row + p[None, :], h_keep, mask=ok)
+
+
+@triton.jit
+def _dropout_kernel(Src, Dst, seed_ptr, s_st, s_sb, B, I, N_ROWS, threshold, keep_scale,
+                    BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
+    """Dst (T * B, I) float32 = Src (T, B, I) * dropout multiplier of element (t * B + b) * I + i
+    (row r = t * B + b of Src read through its strides s_st, s_sb)."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    r64 = r.to(tl.int64)
+    ok = (r < N_ROWS)[:, None] & (i < I)[None, :]
+    src = Src + ((r64 // B) * s_st + (r64 % B) * s_sb)[:, None] + i[None, :]
+    x = tl.load(src, mask=ok, other=0.0).to(tl.float32)
+    element = r64[:, None] * I + i[None, :]
+    x = x * dropout_multiplier(seed_ptr, element, threshold, keep_scale)
+    tl.store(Dst + r64[:, None] * I + i[None, :], x, mask=ok)
+
+
+# ---------------------------------------------------------------------------------------------
+# Layer backward kernels
+
+
+@triton.jit(do_not_specialize=["step"])  # one compiled kernel for every step
+def _bwd_gates_kernel(GOut, DH, DC, W_hr, WS, C0, Len, DG, DHP,
+                      s_got, s_gob, s_rd, s_rr, s_c0d, s_c0b,
+                      step, T, B, H, P,
+                      HAS_GOUT: tl.constexpr, HAS_PROJ: tl.constexpr, PRECISION: tl.constexpr,
+                      ACCURATE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
+    """dgates of one step for BLOCK_B rows x BLOCK_H hidden units, and dc_{t-1} (in place).
+
+    GOut (T, B, D * P) gradient of the output; DH (D, B, P) float32 gradient flowing into h_t
+    from later steps (and h_n); DC (D, B, H) float32 likewise for c_t, updated in place to
+    dc_{t-1}; W_hr (D, P, H); WS the forward's workspace; C0 (D, B, H);
+    DG (D, T, B, 4H) float32 out; DHP (D, T, B, P) float32 out (projection only: the total
+    gradient of the projected h_t of active rows, for grad_w_hr).
+    """
+    pid_h = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    d = tl.program_id(2)
+    t = _step_time(step, T, d)
+    rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+    j = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    row_ok = rows < B
+    col_ok = j < H
+    ok = row_ok[:, None] & col_ok[None, :]
+    length = tl.load(Len + rows, mask=row_ok, other=0)
+    row_active = (t < length) & row_ok
+    active = row_active[:, None] & col_ok[None, :]
+    rows64 = rows.to(tl.int64)
+    d64 = d.to(tl.int64)
+    gout_rows = GOut + t.to(tl.int64) * s_got + rows64[:, None] * s_gob + d * P
+    dh_rows = DH + (d64 * B + rows64)[:, None] * P
+
+    if HAS_PROJ:
+        # dh of o tanh(c) = dh_t W_hr, over the P projected units in BLOCK_K chunks.
+        dh = tl.zeros([BLOCK_B, BLOCK_H], dtype=tl.float32)
+        w = W_hr + d * s_rd + j[None, :]
+        for k0 in range(0, P, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            k_ok = k < P
+            tile_ok = row_ok[:, None] & k_ok[None, :]
+            dht = tl.load(dh_rows + k[None, :], mask=tile_ok, other=0.0)
+            if HAS_GOUT:
+                g = tl.load(gout_rows + k[None, :], mask=row_active[:, None] & k_ok[None, :],
+                            other=0.0)
+                dht += g.to(tl.float32)
+            dht = tl.where(row_active[:, None], dht, 0.0)
+            if pid_h == 0:
+                tl.store(DHP + ((d64 * T + t) * B + rows64)[:, None] * P + k[None, :], dht,
+                         mask=tile_ok)
+            wt = tl.load(w + k[:, None] * s_rr, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            dh += tl.dot(dht, wt.to(tl.float32), input_precision=PRECISION)
+    else:
+        dh = tl.load(dh_rows + j[None, :], mask=ok, other=0.0)
+        if HAS_GOUT:
+            g = tl.load(gout_rows + j[None, :], mask=active, other=0.0)
+            dh += g.to(tl.float32)
+
+    width = 5 * H + P
+    ws_row = WS + ((d64 * T + t) * B + rows64)[:, None] * width + j[None, :]
+    gi = tl.load(ws_row, mask=ok, other=0.0)
+    gf = tl.load(ws_row + H, mask=ok, other=0.0)
+    gg = tl.load(ws_row + 2 * H, mask=ok, other=0.0)
+    go = tl.load(ws_row + 3 * H, mask=ok, other=0.0)
+    tanh_c = _tanh(tl.load(ws_row + 4 * H, mask=ok, other=0.0), ACCURATE)
+    # c_{t-1}: the previous processing step's c (the workspace keeps the carried state past a
+    # row's end), or c0 at the first step.
+    first = step == 0
+    t_prev = tl.where(d == 0, t - 1, t + 1)
+    c_saved = tl.load(WS + ((d64 * T + t_prev) * B + rows64)[:, None] * width + 4 * H + j[None, :],
+                      mask=ok & (step != 0), other=0.0)
+    c_init = tl.load(C0 + d * s_c0d + rows64[:, None] * s_c0b + j[None, :], mask=ok & first,
+                     other=0.0).to(tl.float32)
+    c_prev = tl.where(first, c_init, c_saved)
+
+    dc_ptr = DC + (d64 * B + rows64)[:, None] * H + j[None, :]
+    dc = tl.load(dc_ptr, mask=ok, other=0.0)
+    di, df, dg, do, dc_prev = _gate_grads(dh, dc, gi, gf, gg, go, tanh_c, c_prev)
+    tl.store(dc_ptr, tl.where(active, dc_prev, dc), mask=ok)
+    dg_row = DG + ((d64 * T + t) * B + rows64)[:, None] * (4 * H) + j[None, :]
+    tl.store(dg_row, tl.where(active, di, 0.0), mask=ok)
+    tl.store(dg_row + H, tl.where(active, df, 0.0), mask=ok)
+    tl.store(dg_row + 2 * H, tl.where(active, dg, 0.0), mask=ok)
+    tl.store(dg_row + 3 * H, tl.where(active, do, 0.0), mask=ok)
+
+
+@triton.jit(do_not_specialize=["step"])  # one compiled kernel for every step
+def _bwd_dh_kernel(DG, W_hh, DH, Len,
+                   s_wd, s_wr,
+                   step, T, B, H, P,
+                   PRECISION: tl.constexpr,
+                   BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr):
+    """dh_{t-1} = dgates_t W_hh (BLOCK_B rows x BLOCK_P units), written over DH in place (each
+    program reads and writes only its own block). Past a row's end h is carried, so there
+    dh_{t-1} = dh_t, which is DH itself: the output gradient is 0 there (the output is a
+    constant 0)."""
+    pid_p = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    d = tl.program_id(2)
+    t = _step_time(step, T, d)
+    rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+    p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    row_ok = rows < B
+    p_ok = p < P
+    ok = row_ok[:, None] & p_ok[None, :]
+    length = tl.load(Len + rows, mask=row_ok, other=0)
+    active = (t < length)[:, None] & ok
+    rows64 = rows.to(tl.int64)
+    d64 = d.to(tl.int64)
+
+    acc = tl.zeros([BLOCK_B, BLOCK_P], dtype=tl.float32)
+    dg_rows = DG + ((d64 * T + t) * B + rows64)[:, None] * (4 * H)
+    w = W_hh + d * s_wd + p[None, :]
+    for k0 in range(0, 4 * H, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < 4 * H
+        a = tl.load(dg_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(w + k[:, None] * s_wr, mask=k_ok[:, None] & p_ok[None, :], other=0.0)
+        acc += tl.dot(a, b.to(tl.float32), input_precision=PRECISION)
+    dh_ptr = DH + (d64 * B + rows64)[:, None] * P + p[None, :]
+    carried = tl.load(dh_ptr, mask=ok, other=0.0)
+    tl.store(dh_ptr, tl.where(active, acc, carried), mask=ok)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cell kernels
+
+
+@triton.jit
+def _cell_fwd_kernel(X, Hx, Cx, W_ih, W_hh, B_ih, B_hh, Hy, Cy, WS,
+                     s_xb, s_hb, s_cb, s_wir, s_whr, s_hyb, s_cyb,
+                     B, I, H,
+                     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, ACCURATE: tl.constexpr,
+                     BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One LSTM step: X (B, I), Hx / Cx (B, H), W_ih (4H, I), W_hh (4H, H), B_ih / B_hh (4H,);
+    Hy / Cy (B, H) out; WS (B, 5H) float32 out = [i | f | g | o | tanh(cy)]."""
+    pid_h = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    rows = (pid_b * BLOCK_B + tl.arange(0, BLOCK_B)).to(tl.int64)
+    j = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    row_ok = rows < B
+    col_ok = j < H
+    ok = row_ok[:, None] & col_ok[None, :]
+    zero = tl.zeros([BLOCK_B, BLOCK_H], dtype=tl.float32)
+    acc_i, acc_f, acc_g, acc_o = _gate_products(zero, zero, zero, zero, X, s_xb, rows, row_ok,
+                                                W_ih, s_wir, j, col_ok, H, I, BLOCK_K, PRECISION)
+    acc_i, acc_f, acc_g, acc_o = _gate_products(acc_i, acc_f, acc_g, acc_o, Hx, s_hb, rows,
+                                                row_ok, W_hh, s_whr, j, col_ok, H, H, BLOCK_K,
+                                                PRECISION)
+    if HAS_BIAS:
+        bi = (tl.load(B_ih + j, mask=col_ok, other=0.0).to(tl.float32)
+              + tl.load(B_hh + j, mask=col_ok, other=0.0).to(tl.float32))
+        bf = (tl.load(B_ih + H + j, mask=col_ok, other=0.0).to(tl.float32)
+              + tl.load(B_hh + H + j, mask=col_ok, other=0.0).to(tl.float32))
+        bg = (tl.load(B_ih + 2 * H + j, mask=col_ok, other=0.0).to(tl.float32)
+              + tl.load(B_hh + 2 * H + j, mask=col_ok, other=0.0).to(tl.float32))
+        bo = (tl.load(B_ih + 3 * H + j, mask=col_ok, other=0.0).to(tl.float32)
+              + tl.load(B_hh + 3 * H + j, mask=col_ok, other=0.0).to(tl.float32))
+        acc_i += bi[None, :]
+        acc_f += bf[None, :]
+        acc_g += bg[None, :]
+        acc_o += bo[None, :]
+    gi = _sigmoid(acc_i, ACCURATE)
+    gf = _sigmoid(acc_f, ACCURATE)
+    gg = _tanh(acc_g, ACCURATE)
+    go = _sigmoid(acc_o, ACCURATE)
+    c_prev = tl.load(Cx + rows[:, None] * s_cb + j[None, :], mask=ok, other=0.0).to(tl.float32)
+    cy = gf * c_prev + gi * gg
+    tanh_c = _tanh(cy, ACCURATE)
+    tl.store(Cy + rows[:, None] * s_cyb + j[None, :], cy.to(Cy.dtype.element_ty), mask=ok)
+    tl.store(Hy + rows[:, None] * s_hyb + j[None, :], (go * tanh_c).to(Hy.dtype.element_ty),
+             mask=ok)
+    ws = WS + rows[:, None] * (5 * H) + j[None, :]
+    tl.store(ws, gi, mask=ok)
+    tl.store(ws + H, gf, mask=ok)
+    tl.store(ws + 2 * H, gg, mask=ok)
+    tl.store(ws + 3 * H, go, mask=ok)
+    tl.store(ws + 4 * H, tanh_c, mask=ok)
+
+
+@triton.jit
+def _cell_bwd_kernel(GHy, GCy, Cx, WS, DG, GCx,
+                     s_ghb, s_gcb, s_cb, B, H,
+                     HAS_GH: tl.constexpr, HAS_GC: tl.constexpr,
+                     BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr):
+    """DG (B, 4H) float32 = dgates, GCx (B, H) = grad of cx, from GHy / GCy (B, H) (either may
+    be missing: zeros), Cx (B, H) and the forward's workspace WS (B, 5H)."""
+    rows = (tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)).to(tl.int64)
+    j = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
+    ok = (rows < B)[:, None] & (j < H)[None, :]
+    dh = tl.zeros([BLOCK_B, BLOCK_H], dtype=tl.float32)
+    dc = tl.zeros([BLOCK_B, BLOCK_H], dtype=tl.float32)
+    if HAS_GH:
+        dh = tl.load(GHy + rows[:, None] * s_ghb + j[None, :], mask=ok, other=0.0).to(tl.float32)
+    if HAS_GC:
+        dc = tl.load(GCy + rows[:, None] * s_gcb + j[None, :], mask=ok, other=0.0).to(tl.float32)
+    ws = WS + rows[:, None] * (5 * H) + j[None, :]
+    gi = tl.load(ws, mask=ok, other=0.0)
+    gf = tl.load(ws + H, mask=ok, other=0.0)
+    gg = tl.load(ws + 2 * H, mask=ok, other=0.0)
+    go = tl.load(ws + 3 * H, mask=ok, other=0.0)
+    tanh_c = tl.load(ws + 4 * H, mask=ok, other=0.0)
+    c_prev = tl.load(Cx + rows[:, None] * s_cb + j[None, :], mask=ok, other=0.0).to(tl.float32)
+    di, df, dg, do, dc_prev = _gate_grads(dh, dc, gi, gf, gg, go, tanh_c, c_prev)
+    out = DG + rows[:, None] * (4 * H) + j[None, :]
+    tl.store(out, di, mask=ok)
+    tl.store(out + H, df, mask=ok)
+    tl.store(out + 2 * H, dg, mask=ok)
+    tl.store(out + 3 * H, do, mask=ok)
+    tl.store(GCx + rows[:, None] * H + j[None, :], dc_prev.to(GCx.dtype.element_ty), mask=ok)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch helpers
+
+
+def _on_device(t: torch.Tensor):
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+def _precision(dtype: torch.dtype) -> str:
+    # float32 products stay float32 as torch's own matmuls do at "highest"; 16-bit storage
+    # (whose rounding dwarfs tf32's) and relaxed float32 use the tensor cores. The
+    # interpreter ignores it.
+    if dtype == _F32 and torch.get_float32_matmul_precision() == "highest":
+        return "ieee"
+    return "tf32"
+
+
+# Largest tile under the interpreter; tests lower it to 16 to run several tiles per dimension
+# on small sizes.
+INTERPRETER_MAX_BLOCK = 64
+
+
+def _block(n: int, interpret: bool, lo: int = 16, gpu: int = 32, cap: int | None = None) -> int:
+    """Tile size for a dimension of size n: tl.dot needs >= 16; under the interpreter the
+    largest useful tile (every tile op is one numpy call), on a GPU at most `gpu`."""
+    size = max(lo, triton.next_power_of_2(max(n, 1)))
+    if interpret:
+        return min(size, cap or INTERPRETER_MAX_BLOCK)
+    return min(size, gpu)
+
+
+def _batch_block(B: int, interpret: bool) -> int:
+    # Small batches waste no rows; 64 rows a program keeps W_hh reuse high for large ones.
+    return _block(B, interpret, gpu=64)
+
+
+def _warps(block_b: int, block_n: int) -> int:
+    """Warps for a (block_b x block_n) tile of the GEMM kernels: four float32 gate
+    accumulators plus the fused epilogue spill registers on sm_90 at 32 x 32 with 4 warps
+    (255 registers and a stack), not with 8 (222 at 64 x 32; cuobjdump -res-usage of the
+    cubins, tests/triton_lstm_aot.py)."""
+    return 8 if block_b * block_n >= 1024 else 4
+
+
+def _step_tiles(B: int, H: int, P: int, D: int, device: torch.device,
+                interpret: bool) -> tuple[int, int, int]:
+    """(BLOCK_B, BLOCK_H, BLOCK_P) of the per-step kernels. A step is a small GEMM
+    (B x 4H x P), and every program of it must run at once to hide its latency: on a GPU the
+    tiles shrink (rows first, then units) until the step has about one program per SM, since a
+    few large tiles would leave most SMs idle for the whole sequence. W_hh stays in L2, so the
+    extra reads of smaller row tiles are cheap. Under the interpreter: the largest tiles."""
+    if interpret or device.type != "cuda":
+        return _batch_block(B, interpret), _block(H, interpret), _block(P, interpret)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    block_b, block_h = _batch_block(B, False), _block(H, False)
+    for bb, bh in ((block_b, block_h), (min(block_b, 32), block_h), (16, block_h), (16, 16)):
+        block_b, block_h = bb, bh
+        if triton.cdiv(B, bb) * triton.cdiv(H, bh) * D >= sms:
+            break
+    return block_b, block_h, min(_block(P, False), block_h)
+
+
+def _unit_last(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dim() == 0 or t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
+
+
+def _check_acc_dtype(op: str, dtype: torch.dtype) -> None:
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"fastattn::{op}: the triton backend takes float32, float16 or "
+                        f"bfloat16, got {dtype}")
+
+
+def _dropout(x: torch.Tensor, p: float, seed: torch.Tensor) -> torch.Tensor:
+    """(T * B, I) float32 = x (T, B, I) with fastattn's dropout mask (element (t*B + b)*I + i)
+    applied and kept elements scaled by 1/(1 - p)."""
+    T, B, I = x.shape
+    out = torch.empty((T * B, I), dtype=_F32, device=x.device)
+    if out.numel() == 0:
+        return out
+    interpret = interpreting(x.device)
+    # On a GPU 1024 elements a program (8 a thread): Philox's 10 rounds on more spill.
+    block_r = _block(T * B, interpret, lo=1, gpu=16, cap=128)
+    block_i = _block(I, interpret, lo=1, gpu=64, cap=128)
+    grid = (triton.cdiv(T * B, block_r), triton.cdiv(I, block_i))
+    with _on_device(x):
+        wrap_triton(_dropout_kernel)[grid](
+            x, out, seed, x.stride(0), x.stride(1), B, I, T * B, float(p), 1.0 / (1.0 - p),
+            BLOCK_R=block_r, BLOCK_I=block_i)
+    return out
+
+
+def _seed_arg(dropout_p: float, seed: torch.Tensor | None, op: str) -> torch.Tensor | None:
+    if dropout_p > 0.0:
+        if seed is None or seed.numel() != 2:
+            raise ValueError(f"fastattn::{op}: dropout_p > 0 needs seed, an int64 (2,) tensor "
+                             f"(seed, stream)")
+        return seed.to(torch.int64).contiguous()
+    return None
+
+
+def _lengths_arg(lengths: torch.Tensor | None, T: int, B: int, device, op: str) -> torch.Tensor:
+    if lengths is None:
+        return torch.full((B,), T, dtype=torch.int64, device=device)
+    if lengths.shape != (B,):
+        raise ValueError(f"fastattn::{op}: lengths must have shape ({B},), got "
+                         f"{tuple(lengths.shape)}")
+    lengths = lengths.to(device=device, dtype=torch.int64).contiguous()
+    if B > 0 and not torch.compiler.is_compiling() and not isinstance(
+            lengths, torch._subclasses.FakeTensor):
+        lo, hi = (int(v) for v in torch.aminmax(lengths))
+        if lo < 0 or hi > T:
+            raise ValueError(f"fastattn::{op}: lengths must be in [0, T] = [0, {T}], got "
+                             f"values from {lo} to {hi}")
+    return lengths
+
+
+def _check_layer_shapes(op, input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr):
+    if input.dim() != 3 or w_hh.dim() != 3 or w_hh.shape[1] % 4 or w_hh.shape[1] == 0:
+        raise ValueError(f"fastattn::{op}: input must be (T, B, I) and w_hh (D, 4H, P), got "
+                         f"{tuple(input.shape)} and {tuple(w_hh.shape)}")
+    T, B, I = input.shape
+    D, G, P = w_hh.shape
+    H = G // 4
+    if D not in (1, 2):
+        raise ValueError(f"fastattn::{op}: w_hh must have D = 1 or 2 directions, got {D}")
+    expected = {"h0": (h0, (D, B, P)), "c0": (c0, (D, B, H)), "w_ih": (w_ih, (D, G, I)),
+                "b_ih": (b_ih, (D, G)), "b_hh": (b_hh, (D, G)),
+                "w_hr": (w_hr, (D, P, H))}
+    if (b_ih is None) != (b_hh is None):
+        raise ValueError(f"fastattn::{op}: b_ih and b_hh must be given together")
+    if w_hr is None and P != H:
+        raise ValueError(f"fastattn::{op}: w_hh must be (D, 4H, H) without w_hr, got "
+                         f"{tuple(w_hh.shape)}")
+    for name, (t, shape) in expected.items():
+        if t is None:
+            continue
+        if tuple(t.shape) != shape:
+            raise ValueError(f"fastattn::{op}: {name} must have shape {shape}, got "
+                             f"{tuple(t.shape)}")
+        if t.dtype != input.dtype or t.device != input.device:
+            raise ValueError(f"fastattn::{op}: {name} must have the input's dtype and device "
+                             f"({input.dtype}, {input.device}), got {t.dtype}, {t.device}")
+    return T, B, I, D, H, P
+
+
+# ---------------------------------------------------------------------------------------------
+# Torch ops (the schemas of csrc/bindings.cpp's LSTM ops, suffixed _triton)
+#
+# As in fastattn/triton/attention.py: triton_ops on a GPU; opaque custom ops with explicit fake
+# implementations under the interpreter (wrap_triton would run the interpreted kernel on fake
+# tensors while tracing).
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _register_op(name: str, fake):
+    def decorate(fn):
+        if _INTERPRET:
+            op = torch.library.custom_op(name, mutates_args=())(fn)
+            op.register_fake(fake)
+            return op
+        return triton_op(name, mutates_args=())(fn)
+    return decorate
+
+
+def _cell_fake(input, hx, cx, w_ih, w_hh, b_ih, b_hh):
+    B, H = input.shape[0], w_hh.shape[1]
+    return (input.new_empty((B, H)), input.new_empty((B, H)),
+            input.new_empty((B, 5 * H), dtype=_F32))
+
+
+def _cell_backward_fake(grad_hy, grad_cy, input, hx, cx, w_ih, w_hh, workspace, has_bias):
+    H = w_hh.shape[1]
+    return (input.new_empty(input.shape), input.new_empty(hx.shape), input.new_empty(cx.shape),
+            input.new_empty(w_ih.shape), input.new_empty(w_hh.shape),
+            input.new_empty((4 * H,) if has_bias else (0,)))
+
+
+def _layer_fake(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, dropout_p, seed,
+                save_workspace):
+    T, B, _ = input.shape
+    D, G, P = w_hh.shape
+    H = G // 4
+    workspace = (D, T * B * (5 * H + P)) if save_workspace else (0,)
+    return (input.new_empty((T, B, D * P)), input.new_empty((D, B, P)),
+            input.new_empty((D, B, H)), input.new_empty(workspace, dtype=_F32))
+
+
+def _layer_backward_fake(grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, w_hr,
+                         lengths, workspace, dropout_p, seed, has_bias, input_grad,
+                         weight_grad):
+    T, B, I = input.shape
+    D, G, P = w_hh.shape
+    H = G // 4
+
+    def maybe(shape, wanted):
+        return input.new_empty(shape if wanted else (0,))
+
+    return (maybe((T, B, I), input_grad), input.new_empty((D, B, P)), input.new_empty((D, B, H)),
+            maybe((D, G, I), weight_grad), maybe((D, G, P), weight_grad),
+            maybe((D, G), weight_grad and has_bias),
+            maybe((D, P, H), weight_grad and w_hr is not None))
+
+
+@_register_op("fastattn::lstm_cell_triton", _cell_fake)
+def lstm_cell_triton(input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor, w_ih: torch.Tensor,
+                     w_hh: torch.Tensor, b_ih: torch.Tensor | None,
+                     b_hh: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """input (B, I), hx / cx (B, H), w_ih (4H, I), w_hh (4H, H), b_ih / b_hh (4H,) or None ->
+    hy, cy (B, H), workspace (B, 5H) float32 = [i | f | g | o | tanh(cy)]."""
+    op = "lstm_cell_triton"
+    _check_acc_dtype(op, input.dtype)
+    B, I = input.shape
+    H = w_hh.shape[1]
+    if tuple(w_ih.shape) != (4 * H, I) or tuple(w_hh.shape) != (4 * H, H) or \
+            tuple(hx.shape) != (B, H) or tuple(cx.shape) != (B, H):
+        raise ValueError(f"fastattn::{op}: expected input (B, I), hx/cx (B, H), w_ih (4H, I), "
+                         f"w_hh (4H, H); got {tuple(input.shape)}, {tuple(hx.shape)}, "
+                         f"{tuple(cx.shape)}, {tuple(w_ih.shape)}, {tuple(w_hh.shape)}")
+    if (b_ih is None) != (b_hh is None):
+        raise ValueError(f"fastattn::{op}: b_ih and b_hh must be given together")
+    interpret = interpreting(input.device)
+    x, h, c, wi, wh = (_unit_last(t) for t in (input, hx, cx, w_ih, w_hh))
+    has_bias = b_ih is not None
+    bi = b_ih.contiguous() if has_bias else wi
+    bh = b_hh.contiguous() if has_bias else wi
+    hy = output_buffer((B, H), input.dtype, input.device)
+    cy = output_buffer((B, H), input.dtype, input.device)
+    ws = poison(torch.empty((B, 5 * H), dtype=_F32, device=input.device))
+    if B > 0:
+        block_b = _batch_block(B, interpret)
+        block_h = _block(H, interpret)
+        block_k = _block(max(I, H), interpret)
+        grid = (triton.cdiv(H, block_h), triton.cdiv(B, block_b))
+        with _on_device(input):
+            wrap_triton(_cell_fwd_kernel)[grid](
+                x, h, c, wi, wh, bi, bh, hy, cy, ws, x.stride(0), h.stride(0), c.stride(0),
+                wi.stride(0), wh.stride(0), hy.stride(0), cy.stride(0), B, I, H,
+                HAS_BIAS=has_bias, PRECISION=_precision(input.dtype),
+                ACCURATE=not interpret, BLOCK_B=block_b,
+                BLOCK_H=block_h, BLOCK_K=block_k, num_warps=_warps(block_b, block_h))
+    return finish(hy, input.dtype), finish(cy, input.dtype), ws
+
+
+@_register_op("fastattn::lstm_cell_backward_triton", _cell_backward_fake)
+def lstm_cell_backward_triton(grad_hy: torch.Tensor | None, grad_cy: torch.Tensor | None,
+                              input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor,
+                              w_ih: torch.Tensor, w_hh: torch.Tensor, workspace: torch.Tensor,
+                              has_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                       torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> grad_input (B, I), grad_hx (B, H), grad_cx (B, H), grad_w_ih (4H, I),
+    grad_w_hh (4H, H), grad_bias (4H,) or (0,). dgates and grad_cx come from one kernel; the
+    four products with dgates are torch GEMMs in float32."""
+    op = "lstm_cell_backward_triton"
+    _check_acc_dtype(op, input.dtype)
+    B, I = input.shape
+    H = w_hh.shape[1]
+    if workspace.dtype != _F32 or tuple(workspace.shape) != (B, 5 * H) or \
+            not workspace.is_contiguous():
+        raise ValueError(f"fastattn::{op}: workspace must be the contiguous float32 ({B}, "
+                         f"{5 * H}) tensor of lstm_cell_triton, got {workspace.dtype} "
+                         f"{tuple(workspace.shape)}")
+    dtype, device = input.dtype, input.device
+    interpret = interpreting(device)
+    dgates = poison(torch.empty((B, 4 * H), dtype=_F32, device=device))
+    grad_cx = output_buffer((B, H), dtype, device)
+    if B > 0:
+        gh = _unit_last(grad_hy) if grad_hy is not None else workspace
+        gc = _unit_last(grad_cy) if grad_cy is not None else workspace
+        c = _unit_last(cx)
+        block_b, block_h = _batch_block(B, interpret), _block(H, interpret, lo=1)
+        grid = (triton.cdiv(H, block_h), triton.cdiv(B, block_b))
+        with _on_device(input):
+            wrap_triton(_cell_bwd_kernel)[grid](
+                gh, gc, c, workspace, dgates, grad_cx, gh.stride(0), gc.stride(0), c.stride(0),
+                B, H, HAS_GH=grad_hy is not None, HAS_GC=grad_cy is not None,
+                BLOCK_B=block_b, BLOCK_H=block_h)
+    grad_input = (dgates @ w_ih.to(_F32)).to(dtype)
+    grad_hx = (dgates @ w_hh.to(_F32)).to(dtype)
+    grad_w_ih = (dgates.t() @ input.to(_F32)).to(dtype)
+    grad_w_hh = (dgates.t() @ hx.to(_F32)).to(dtype)
+    grad_bias = dgates.sum(0).to(dtype) if has_bias else input.new_empty((0,))
+    return grad_input, grad_hx, finish(grad_cx, dtype), grad_w_ih, grad_w_hh, grad_bias
+
+
+@_register_op("fastattn::lstm_layer_triton", _layer_fake)
+def lstm_layer_triton(input: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
+                      w_ih: torch.Tensor, w_hh: torch.Tensor, b_ih: torch.Tensor | None,
+                      b_hh: torch.Tensor | None, w_hr: torch.Tensor | None,
+                      lengths: torch.Tensor | None, dropout_p: float, seed: torch.Tensor | None,
+                      save_workspace: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                     torch.Tensor]:
+    """One layer, D directions: input (T, B, I), h0 (D, B, P), c0 (D, B, H), w_ih (D, 4H, I),
+    w_hh (D, 4H, P), b_ih / b_hh (D, 4H), w_hr (D, P, H) or None, lengths (B,) or None ->
+    output (T, B, D * P), h_n (D, B, P), c_n (D, B, H), workspace (D, T * B * (5H + P))
+    float32 (or (0,) unless save_workspace). See the module docstring for the kernels."""
+    op = "lstm_layer_triton"
+    _check_acc_dtype(op, input.dtype)
+    T, B, I, D, H, P = _check_layer_shapes(op, input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr)
+    dtype, device = input.dtype, input.device
+    interpret = interpreting(device)
+    seed = _seed_arg(dropout_p, seed, op)
+    lens = _lengths_arg(lengths, T, B, device, op)
+    x = _unit_last(input)
+    has_proj = w_hr is not None
+
+    # The input projection of every step: one GEMM per direction, both biases folded in.
+    if seed is not None:
+        xd = _dropout(x, dropout_p, seed)
+    else:
+        xd = x.to(_F32).reshape(T * B, I)
+    xproj = torch.matmul(xd, w_ih.to(_F32).transpose(1, 2))          # (D, T*B, 4H)
+    if b_ih is not None:
+        xproj += (b_ih.to(_F32) + b_hh.to(_F32))[:, None, :]
+    xproj = xproj.contiguous()
+
+    states = torch.empty((2, D, B, P), dtype=_F32, device=device)
+    states[0] = h0
+    c = c0.to(_F32, copy=True).contiguous()
+    hraw = torch.empty((D, B, H) if has_proj else (0,), dtype=_F32, device=device)
+    out = output_buffer((T, B, D * P), dtype, device)
+    width = 5 * H + P
+    ws = poison(torch.empty((D, T * B * width) if save_workspace else (0,), dtype=_F32,
+                            device=device))
+    ws_arg = ws if save_workspace else xproj
+    w_hh_ = _unit_last(w_hh)
+    w_hr_ = _unit_last(w_hr) if has_proj else w_hh_
+    precision = _precision(dtype)
+    if T > 0 and B > 0:
+        block_b, block_h, block_p = _step_tiles(B, H, P, D, device, interpret)
+        block_k = _block(P, interpret)
+        block_kh = _block(H, interpret)
+        step_grid = (triton.cdiv(H, block_h), triton.cdiv(B, block_b), D)
+        proj_grid = (triton.cdiv(P, block_p), triton.cdiv(B, block_b), D)
+        step_kernel = wrap_triton(_fwd_step_kernel)
+        proj_kernel = wrap_triton(_fwd_proj_kernel)
+        with _on_device(input):
+            for s in range(T):
+                h_in, h_out = states[s % 2], states[(s + 1) % 2]
+                step_kernel[step_grid](
+                    xproj, w_hh_, h_in, h_out, c, hraw, out, ws_arg, lens,
+                    w_hh_.stride(0), w_hh_.stride(1), out.stride(0), out.stride(1),
+                    s, T, B, H, P, HAS_PROJ=has_proj, SAVE=save_workspace,
+                    PRECISION=precision, ACCURATE=not interpret, BLOCK_B=block_b, BLOCK_H=block_h,
+                    BLOCK_K=block_k, num_warps=_warps(block_b, block_h))
+                if has_proj:
+                    proj_kernel[proj_grid](
+                        hraw, w_hr_, h_in, h_out, out, ws_arg, lens,
+                        w_hr_.stride(0), w_hr_.stride(1), out.stride(0), out.stride(1),
+                        s, T, B, H, P, SAVE=save_workspace, PRECISION=precision,
+                        BLOCK_B=block_b, BLOCK_P=block_p, BLOCK_K=block_kh,
+                        num_warps=_warps(block_b, block_p))
+    h_n = states[T % 2].to(dtype)
+    c_n = c.to(dtype)
+    return finish(out, dtype), h_n, c_n, ws
+
+
+@_register_op("fastattn::lstm_layer_backward_triton", _layer_backward_fake)
+def lstm_layer_backward_triton(grad_output: torch.Tensor | None, grad_h_n: torch.Tensor | None,
+                               grad_c_n: torch.Tensor | None, input: torch.Tensor,
+                               h0: torch.Tensor, c0: torch.Tensor, w_ih: torch.Tensor,
+                               w_hh: torch.Tensor, w_hr: torch.Tensor | None,
+                               lengths: torch.Tensor | None, workspace: torch.Tensor,
+                               dropout_p: float, seed: torch.Tensor | None, has_bias: bool,
+                               input_grad: bool, weight_grad: bool
+                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                          torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> grad_input (T, B, I) or (0,), grad_h0 (D, B, P), grad_c0 (D, B, H), grad_w_ih
+    (D, 4H, I), grad_w_hh (D, 4H, P), grad_bias (D, 4H), grad_w_hr (D, P, H) (each (0,) when
+    not wanted / absent). Missing incoming gradients are zeros."""
+    op = "lstm_layer_backward_triton"
+    _check_acc_dtype(op, input.dtype)
+    T, B, I, D, H, P = _check_layer_shapes(op, input, h0, c0, w_ih, w_hh, None, None, w_hr)
+    dtype, device = input.dtype, input.device
+    interpret = interpreting(device)
+    width = 5 * H + P
+    if workspace.dtype != _F32 or tuple(workspace.shape) != (D, T * B * width) or \
+            not workspace.is_contiguous():
+        raise ValueError(f"fastattn::{op}: workspace must be the contiguous float32 "
+                         f"({D}, {T * B * width}) tensor that lstm_layer_triton saved "
+                         f"(save_workspace=True), got {workspace.dtype} "
+                         f"{tuple(workspace.shape)}")
+    seed = _seed_arg(dropout_p, seed, op)
+    lens = _lengths_arg(lengths, T, B, device, op)
+    has_proj = w_hr is not None
+    ws = workspace.view(D, T, B, width)
+
+    dh = (grad_h_n.to(_F32, copy=True).contiguous() if grad_h_n is not None
+          else torch.zeros((D, B, P), dtype=_F32, device=device))
+    dc = (grad_c_n.to(_F32, copy=True).contiguous() if grad_c_n is not None
+          else torch.zeros((D, B, H), dtype=_F32, device=device))
+    dgates = poison(torch.empty((D, T, B, 4 * H), dtype=_F32, device=device))
+    dhp = poison(torch.empty((D, T, B, P) if has_proj else (0,), dtype=_F32, device=device))
+    gout = _unit_last(grad_output) if grad_output is not None else dh
+    g_t, g_b = (gout.stride(0), gout.stride(1)) if grad_output is not None else (0, 0)
+    w_hh_ = _unit_last(w_hh)
+    w_hr_ = _unit_last(w_hr) if has_proj else w_hh_
+    c0_ = _unit_last(c0)
+    precision = _precision(dtype)
+    if T > 0 and B > 0:
+        block_b, block_h, block_p = _step_tiles(B, H, P, D, device, interpret)
+        block_kp = _block(P, interpret)
+        block_kg = _block(4 * H, interpret)
+        gates_grid = (triton.cdiv(H, block_h), triton.cdiv(B, block_b), D)
+        dh_grid = (triton.cdiv(P, block_p), triton.cdiv(B, block_b), D)
+        gates_kernel = wrap_triton(_bwd_gates_kernel)
+        dh_kernel = wrap_triton(_bwd_dh_kernel)
+        with _on_device(input):
+            for s in range(T - 1, -1, -1):
+                gates_kernel[gates_grid](
+                    gout, dh, dc, w_hr_, workspace, c0_, lens, dgates, dhp,
+                    g_t, g_b, w_hr_.stride(0), w_hr_.stride(1), c0_.stride(0), c0_.stride(1),
+                    s, T, B, H, P, HAS_GOUT=grad_output is not None, HAS_PROJ=has_proj,
+                    PRECISION=precision, ACCURATE=not interpret, BLOCK_B=block_b,
+                    BLOCK_H=block_h, BLOCK_K=block_kp, num_warps=_warps(block_b, block_h))
+                dh_kernel[dh_grid](
+                    dgates, w_hh_, dh, lens, w_hh_.stride(0), w_hh_.stride(1),
+                    s, T, B, H, P, PRECISION=precision, BLOCK_B=block_b, BLOCK_P=block_p,
+                    BLOCK_K=block_kg, num_warps=_warps(block_b, block_p))
+    else:
+        dgates.zero_()
+        dhp.zero_()
+
+    # Products over all T * B rows at once.
+    dg = dgates.view(D, T * B, 4 * H)
+    empty = input.new_empty((0,))
+    if input_grad:
+        dx = torch.matmul(dg, w_ih.to(_F32)).sum(0).view(T, B, I)    # (T, B, I)
+        if seed is not None:
+            dx = _dropout(dx, dropout_p, seed).view(T, B, I)
+        grad_input = dx.to(dtype)
+    else:
+        grad_input = empty
+    grad_w_ih = grad_w_hh = grad_bias = grad_w_hr = empty
+    if weight_grad:
+        xd = (_dropout(_unit_last(input), dropout_p, seed) if seed is not None
+              else input.to(_F32).reshape(T * B, I))
+        grad_w_ih = torch.matmul(dg.transpose(1, 2), xd).to(dtype)
+        # h_{t-1} of every step: the previous processing step's h (h0 first).
+        h_saved = ws[..., 5 * H:]                                     # (D, T, B, P)
+        h0f = h0.to(_F32)
+        h_prev = []
+        for d in range(D):
+            if d == 0:
+                h_prev.append(torch.cat([h0f[0:1], h_saved[0, :T - 1]]) if T else h_saved[0])
+            else:
+                h_prev.append(torch.cat([h_saved[1, 1:], h0f[1:2]]) if T else h_saved[1])
+        h_prev = torch.stack(h_prev).view(D, T * B, P)
+        grad_w_hh = torch.matmul(dg.transpose(1, 2), h_prev).to(dtype)
+        if has_bias:
+            grad_bias = dg.sum(1).to(dtype)
+        if has_proj:
+            # o tanh(c) of every step (0 past a row's end, where the saved gates are 0)
+            h_raw = (ws[..., 3 * H:4 * H] * torch.tanh(ws[..., 4 * H:5 * H])).reshape(
+                D, T * B, H)
+            grad_w_hr = torch.matmul(dhp.view(D, T * B, P).transpose(1, 2), h_raw).to(dtype)
+    return (grad_input, dh.to(dtype), dc.to(dtype), grad_w_ih, grad_w_hh, grad_bias, grad_w_hr)
+
+
+def _register() -> None:
+    from ..ops.lstm import register_autograd
+    register_autograd("_triton")
+
+
+_register()
