@@ -20,6 +20,7 @@ The Triton backend (fastattn/triton/varlen_attention.py) runs under Triton's CPU
 here, which is slow: its cases use smaller packs (TRITON_LENGTHS: lengths 0, 1, 4, 5, 17) and
 float32, float16 and bfloat16 (it refuses float64, checked in
 test_triton_request_raises_backend_error); its dropout drops exactly the cpu backend's elements.
+Triton test time under the interpreter: about 60 s for this file (pytest --durations).
 The CUDA backend has no varlen kernel in this version: its tests skip with that reason.
 """
 from __future__ import annotations
@@ -50,7 +51,7 @@ F32_ULP = 2.0**-23
 # first Lq - Lk rows see nothing under bottom-right causal), Lq < Lk, odd lengths.
 LENGTHS = ((37, 53), (0, 11), (1, 1), (19, 0), (64, 45), (0, 0), (5, 70), (1, 23))
 # The same kinds of sequences, small enough for Triton's interpreter.
-TRITON_LENGTHS = ((5, 17), (0, 4), (1, 1), (4, 0), (17, 5), (0, 0), (1, 5))
+TRITON_LENGTHS = ((5, 17), (0, 4), (1, 1), (4, 0), (17, 5), (0, 0))
 
 FEATURES = ("plain", "causal", "causal_top_left", "causal_bottom_right", "window",
             "window_causal", "window_right", "gqa", "mqa", "dv", "alibi_heads",
@@ -591,7 +592,8 @@ def test_backward_is_bitwise_reproducible(backend, deterministic):
         pytest.skip("backend triton: its kernels never use atomics and ignore the flag, so the "
                     "deterministic case covers both (the interpreter is slow)")
     torch.set_num_threads(2)  # the fixture restores it
-    c = make_case("everything", torch.float32, device, lengths=pack_lengths(backend), seed=11)
+    c = make_case("everything", torch.float32, device, seed=11,
+                  lengths=pack_lengths(backend, LENGTHS)[:2] if backend == "triton" else LENGTHS)
     c.kw["deterministic"] = deterministic
     g = torch.Generator().manual_seed(1)
     grad_out = torch.randn(c.q.shape[0], c.q.shape[1], c.v.shape[2], generator=g).to(device)
