@@ -423,6 +423,17 @@ def test_compile_fullgraph():
     assert torch.equal(traced.v_cache, eager.v_cache)
 
 
+def test_opcheck_triton():
+    """The Triton op's registration as opcheck sees it: the caches declared as written in
+    place, the fake implementation's shapes and dtypes."""
+    device = kvcache_device("triton")
+    d = make_decode(Lq=2, Lnew=2, Lmax=20, rotary="gptj", dtype=F32, device=device, seed=7)
+    alibi = torch.rand(3, 6).to(device)
+    args = [d.q, d.k_cache, d.v_cache, d.cache_seqlens, d.k_new, d.v_new, d.cos.float(),
+            d.sin.float(), True, alibi, 0.3, 2.0, 2, 5, -1, 2]
+    torch.library.opcheck(torch.ops.fastattn.attention_with_kvcache_triton.default, args)
+
+
 def test_triton_request_raises_backend_error():
     """A Triton request that cannot run is a clear BackendError and leaves the caches alone:
     float64 (no float64 kernels), or any call when there is no Triton implementation."""

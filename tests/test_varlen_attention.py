@@ -638,6 +638,26 @@ def test_opcheck_backward():
                           [grad_out, grad_lse, *args[:3], out, lse, *args[3:], True])
 
 
+def test_opcheck_triton_forward():
+    """The Triton ops' registration (schema, fake implementation, autograd) as opcheck sees it,
+    on the native op's check's arguments with dropout (one case: the interpreter is slow)."""
+    device = varlen_device("triton")
+    args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in _op_args(True)]
+    for t in args[:3]:
+        t.requires_grad_()
+    torch.library.opcheck(torch.ops.fastattn.varlen_attention_forward_triton.default, args)
+
+
+def test_opcheck_triton_backward():
+    device = varlen_device("triton")
+    args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in _op_args(dropout=True)]
+    out, lse = torch.ops.fastattn.varlen_attention_forward_triton(*args)
+    grad_out = torch.randn_like(out)
+    grad_lse = torch.randn_like(lse)
+    torch.library.opcheck(torch.ops.fastattn.varlen_attention_backward_triton.default,
+                          [grad_out, grad_lse, *args[:3], out, lse, *args[3:], True])
+
+
 def test_compile_fullgraph():
     """varlen_attention traces into one graph on cpu (the host-side cu_seqlens checks are
     skipped while compiling; the kernel checks them), with the eager results forward and
