@@ -18,6 +18,12 @@ Kernels:
   q, k and lse. No atomics anywhere: the backward is bitwise reproducible.
 - dropout draws element ((b*Hq + h)*Lq + i)*Lk + j of fastattn's Philox stream (as every other
   backend), so the backward regenerates the forward's mask; lse is that of undropped scores.
+- VARLEN (constexpr): the same three kernels run packed sequences (fastattn/triton/
+  varlen_attention.py): batch stride 0, each program reads its sequence's first rows and
+  lengths from cu_seqlens (`_sequence`), exits at once when its tile lies past them, derives
+  the band from those lengths and numbers lse and dropout as the native varlen op
+  (`_row_base`, `_dropout_rows`). The dense path is the same code with rows 0 and the call's
+  lengths. The online-softmax step is shared with the KV-cache decode kernel.
 
 Rows that see no key give out 0 and lse -inf: the running maximum is replaced by 0 while it is
 -inf, so exp(-inf - -inf) never happens. On CUDA the tile sizes are autotuned per head-dim
