@@ -185,6 +185,10 @@ def _sequence(Cu_q, Cu_k, b, Lq, Lk, window_lo, window_hi, causal_mode,
         k0 = tl.load(Cu_k + b).to(tl.int64)
         seq_q = tl.load(Cu_q + b + 1) - tl.load(Cu_q + b)
         seq_k = tl.load(Cu_k + b + 1) - tl.load(Cu_k + b)
+        # fastattn.varlen_attention checks cu_seqlens on the host, except under torch.compile;
+        # this assert (active under TRITON_DEBUG=1) catches them there.
+        tl.device_assert((seq_q >= 0) & (seq_q <= Lq) & (seq_k >= 0) & (seq_k <= Lk),
+                         "cu_seqlens must be non-decreasing with lengths <= max_seqlen")
         shift = seq_k - seq_q
         lo = tl.where(window_lo >= 0, shift - window_lo, -1073741824)
         hi = tl.where(window_hi >= 0, shift + window_hi, 1073741824)

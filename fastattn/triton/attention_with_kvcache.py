@@ -76,7 +76,7 @@ def _rotated_rows(row_ptrs, row_mask, pos, Cos, Sin, s_cos, rotary_dim, D,
 @triton.jit
 def _append_kernel(K_new, V_new, K_cache, V_cache, Seqlens, Cos, Sin,
                    s_nb, s_nh, s_nl, s_wb, s_wh, s_wl, s_cb, s_ch, s_cl, s_vb, s_vh, s_vl,
-                   s_cos, Hkv, Lnew, D, Dv, rotary_dim,
+                   s_cos, Hkv, Lnew, Lmax, D, Dv, rotary_dim,
                    HAS_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr,
                    ROUND_BF16: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_DV: tl.constexpr):
@@ -86,8 +86,12 @@ def _append_kernel(K_new, V_new, K_cache, V_cache, Seqlens, Cos, Sin,
     b = bh // Hkv
     h = bh % Hkv
     offs_l = tl.program_id(1) * BLOCK_L + tl.arange(0, BLOCK_L)
-    l_valid = offs_l < Lnew
     pos = tl.load(Seqlens + b) + offs_l
+    # The caller checks cache_seqlens + Lnew <= Lmax on the host; when it cannot (under
+    # torch.compile) rows outside the cache are never written (and TRITON_DEBUG=1 asserts).
+    tl.device_assert((offs_l >= Lnew) | ((pos >= 0) & (pos < Lmax)),
+                     "cache_seqlens + Lnew exceeds the cache")
+    l_valid = (offs_l < Lnew) & (pos >= 0) & (pos < Lmax)
     src = K_new + b * s_nb + h * s_nh + offs_l.to(tl.int64)[:, None] * s_nl
     k = _rotated_rows(src, l_valid, pos, Cos, Sin, s_cos, rotary_dim, D, HAS_ROTARY,
                       INTERLEAVED, BLOCK_D)
@@ -109,8 +113,8 @@ def _append_kernel(K_new, V_new, K_cache, V_cache, Seqlens, Cos, Sin,
 def _decode_kernel(Q, K, V, Seqlens, Cos, Sin, Alibi, Out, Lse,
                    s_qb, s_qh, s_qm, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
                    s_ob, s_oh, s_om, s_os, s_lb, s_lh, s_lm, s_ls, s_ab, s_ah, s_cos,
-                   Hq, GROUP, Lq, Lnew, D, Dv, scale, softcap, window_left, window_right,
-                   causal_mode, split_len, rotary_dim,
+                   Hq, GROUP, Lq, Lnew, Lmax, D, Dv, scale, softcap, window_left,
+                   window_right, causal_mode, split_len, rotary_dim,
                    HAS_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr,
                    HAS_ALIBI: tl.constexpr, HAS_SOFTCAP: tl.constexpr, UPCAST: tl.constexpr,
                    DOT_PRECISION: tl.constexpr, ACCURATE_EXP: tl.constexpr,
@@ -134,7 +138,7 @@ def _decode_kernel(Q, K, V, Seqlens, Cos, Sin, Alibi, Out, Lse,
     h = kvh * GROUP + g  # (BLOCK_M,)
 
     cached = tl.load(Seqlens + b)  # query i sits at position cached + i
-    seq_k = cached + Lnew
+    seq_k = tl.minimum(cached + Lnew, Lmax)  # never read past the cache (see _append_kernel)
     lo_w = tl.where(window_left >= 0, cached - window_left, -1073741824)
     hi_w = tl.where(window_right >= 0, cached + window_right, 1073741824)
     hi_w = tl.where(causal_mode != 0,
@@ -318,7 +322,7 @@ def attention_with_kvcache_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cach
             wrap_args = (k_new, v_new, k_cache, v_cache, seqlens, cos, sin,
                          *k_new.stride()[:3], *v_new.stride()[:3], *k_cache.stride()[:3],
                          *v_cache.stride()[:3], cos.stride(0) if has_rotary else 0, Hkv, Lnew,
-                         D, Dv, rotary_dim)
+                         Lmax, D, Dv, rotary_dim)
             wrap_triton(_append_kernel)[(B * Hkv, triton.cdiv(Lnew, block_l))](
                 *wrap_args, HAS_ROTARY=has_rotary, INTERLEAVED=bool(rotary_interleaved),
                 ROUND_BF16=upcast, BLOCK_L=block_l, BLOCK_D=block_d, BLOCK_DV=block_dv)
@@ -356,12 +360,13 @@ def attention_with_kvcache_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cach
             q, k_cache, v_cache, seqlens, cos, sin, alibi, part, part_lse,
             *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *part_strides,
             *lse_strides, *alibi_strides, cos.stride(0) if has_rotary else 0,
-            Hq, group, Lq, Lnew, D, Dv, float(scale), float(softcap), int(window_left),
+            Hq, group, Lq, Lnew, Lmax, D, Dv, float(scale), float(softcap), int(window_left),
             int(window_right), int(causal_mode), split_len, rotary_dim,
             HAS_ROTARY=has_rotary, INTERLEAVED=bool(rotary_interleaved),
             HAS_ALIBI=alibi_slopes is not None, HAS_SOFTCAP=softcap > 0.0, UPCAST=upcast,
             DOT_PRECISION=precision, ACCURATE_EXP=q.dtype == torch.float32 and not interpret,
-            BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_M=block_m, BLOCK_N=block_n)
+            BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_M=block_m, BLOCK_N=block_n,
+            num_warps=4 if max(block_d, block_dv) <= 128 else 8)
         if splits > 1:
             wrap_triton(_merge_kernel)[(B * Hq * Lq,)](
                 part, part_lse, out, lse, *out.stride()[:3], Hq, Lq, splits, Dv,
