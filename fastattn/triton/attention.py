@@ -569,7 +569,7 @@ _DQ_CONFIGS = {
           _config(32, 32, 4, 2)],
     256: [_config(64, 32, 8, 1), _config(32, 32, 4, 2), _config(32, 16, 4, 1)],
 }
-_TUNE_KEY = ["BLOCK_D", "BLOCK_DV", "LQ_CLASS", "LK_CLASS", "MASK_KIND", "HAS_DROPOUT"]
+_TUNE_KEY = ["BLOCK_D", "BLOCK_DV", "LQ_CLASS", "LK_CLASS", "MASK_KIND", "HAS_DROPOUT", "VARLEN"]
 _SHARED_MEMORY_BUDGET = 192 * 1024  # of the H100's 227 KB, leaving Triton room for scratch
 
 
