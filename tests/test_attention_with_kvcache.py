@@ -501,7 +501,12 @@ def test_cuda_request_for_cpu_tensors_raises():
     ("causal", ValueError, "causal must be False, True, 'top_left' or 'bottom_right'"),
     ("window", ValueError, "window must be None or"),
 ])
-def test_bad_inputs(case, error, match):
+@pytest.mark.parametrize("backend_name", [None, "triton"], ids=["default", "triton"])
+def test_bad_inputs(backend_name, case, error, match):
+    """The same errors on the default backend and on triton (which checks the rotary tables
+    itself, as it rotates inside its kernels), before anything is appended."""
+    if backend_name == "triton":
+        kvcache_device("triton")
     B, H, Lmax, D = 2, 2, 16, 8
     g = torch.Generator().manual_seed(5)
     q = torch.randn(B, 4, 2, D, generator=g)
@@ -569,7 +574,8 @@ def test_bad_inputs(case, error, match):
     v_before = v_cache.clone()
     seqlens_before = seqlens.clone()
     with pytest.raises(error, match=match):
-        fastattn.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, **kw)
+        fastattn.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
+                                        backend=backend_name, **kw)
     assert torch.equal(k_cache, k_before) and torch.equal(v_cache, v_before), \
         "a refused call must not append anything"
     assert torch.equal(seqlens, seqlens_before)
