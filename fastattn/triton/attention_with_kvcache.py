@@ -68,8 +68,11 @@ def _rotated_rows(row_ptrs, row_mask, pos, Cos, Sin, s_cos, rotary_dim, D,
         table = pos.to(tl.int64)[:, None] * s_cos + freq[None, :]
         c = tl.load(Cos + table, mask=rmask, other=0.0)
         s = tl.load(Sin + table, mask=rmask, other=0.0)
-        y = tl.where(first[None, :], x * c - xp * s, x * c + xp * s)
-        x = tl.where(rotated[None, :], y, x)
+        # One product pair per feature, x * c + xp * (-+s): the same bits as apply_rotary's
+        # x1 * c - x2 * s and x2 * c + x1 * s (negating s is exact), also where a GPU fuses
+        # them into an fma (the x * c product is single-use in both kernels).
+        s = tl.where(first[None, :], -s, s)
+        x = tl.where(rotated[None, :], x * c + xp * s, x)
     return x
 
 
