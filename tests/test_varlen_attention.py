@@ -658,26 +658,27 @@ def test_opcheck_triton_backward():
                           [grad_out, grad_lse, *args[:3], out, lse, *args[3:], True])
 
 
-def test_compile_fullgraph():
-    """varlen_attention traces into one graph on cpu (the host-side cu_seqlens checks are
-    skipped while compiling; the kernel checks them), with the eager results forward and
-    backward."""
-    varlen_device("cpu")
-    c = make_case("everything", torch.float32, torch.device("cpu"),
+@pytest.mark.parametrize("backend_name", ["cpu", "triton"])
+def test_compile_fullgraph(backend_name):
+    """varlen_attention traces into one graph on cpu and triton (the host-side cu_seqlens
+    checks are skipped while compiling; the kernels check them), with the eager results
+    forward and backward."""
+    device = varlen_device(backend_name)
+    c = make_case("everything", torch.float32, device,
                   lengths=((7, 9), (0, 4), (5, 3), (1, 1)), seed=13)
     del c.kw["dropout_p"]  # compiled code draws its seeds from another generator
-    grad_out = torch.randn(c.q.shape[0], c.q.shape[1], c.v.shape[2])
+    grad_out = torch.randn(c.q.shape[0], c.q.shape[1], c.v.shape[2]).to(device)
 
     def fn(q, k, v):
         return fastattn.varlen_attention(q, k, v, c.cu_q, c.cu_k, c.max_q, c.max_k,
-                                         return_lse=True, **c.kw)
+                                         return_lse=True, backend=backend_name, **c.kw)
 
     compiled = torch.compile(fn, fullgraph=True)
     results = []
     for f in (compiled, fn):
         leaves = leaves_of(c, None)
         out, lse = f(*leaves)
-        assert fastattn.last_backend("varlen_attention") == "cpu"
+        assert fastattn.last_backend("varlen_attention") == backend_name
         results.append((out, lse, *torch.autograd.grad(out, leaves, grad_out)))
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), *results):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
