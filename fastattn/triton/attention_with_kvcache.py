@@ -10,8 +10,8 @@ Three kernels, launched in order on one stream:
 - `_decode_kernel` (split-K, flash-decoding): a program owns BLOCK_M rows of one kv head,
   the (query head of its GQA group, query) pairs, so the group reads each key and value once,
   and one of num_splits ranges of the cache; q is rotated as it is loaded (its position is
-  cache_seqlens[b] + i). Query i sees cache rows j < cache_seqlens[b] + Lnew with
-  j <= pos + 0 (causal, bottom-right) and pos - left <= j <= pos + right (window); ALiBi adds
+  pos = cache_seqlens[b] + i). Query i sees cache rows j < cache_seqlens[b] + Lnew with
+  j <= pos (causal, bottom-right) and pos - left <= j <= pos + right (window); ALiBi adds
   -slope * |pos - j|; softcap as in attention. Each split writes its normalised partial out
   (float32) and lse; with one split the program writes the final out and lse directly.
 - `_merge_kernel`: merge_attention's math over the splits of each row:
@@ -31,6 +31,7 @@ from . import finish, interpreting
 from .._debug import poison
 from .attention import (_biased_masked_scores, _capped_scores, _on_device, _online_softmax_step,
                         _softmax_finish)
+
 
 @triton.jit
 def _round_to_bfloat16(x):
