@@ -20,7 +20,8 @@ The Triton backend (fastattn/triton/varlen_attention.py) runs under Triton's CPU
 here, which is slow: its cases use smaller packs (TRITON_LENGTHS: lengths 0, 1, 4, 5, 17) and
 float32, float16 and bfloat16 (it refuses float64, checked in
 test_triton_request_raises_backend_error); its dropout drops exactly the cpu backend's elements.
-Triton test time under the interpreter: about 60 s for this file (pytest --durations).
+The triton cases of this file and of test_attention_with_kvcache.py take about 60 s of CPU
+time together under the interpreter (measured on the idle 2-core build machine).
 The CUDA backend has no varlen kernel in this version: its tests skip with that reason.
 """
 from __future__ import annotations
