@@ -218,7 +218,7 @@ def _merge_kernel(Part, PartLse, Out, Lse, s_ob, s_oh, s_om, Hq, Lq, splits, Dv,
     m = tl.max(lses, 0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     total = tl.sum(tl.exp(lses - m_safe), 0)
-    lse = tl.where(total == 0.0, float("-inf"), m_safe + tl.log(total))
+    lse = tl.where(total == 0.0, float("-inf"), m_safe + tl.log(tl.where(total == 0.0, 1.0, total)))
     lse_safe = tl.where(total == 0.0, 0.0, lse)
     weights = tl.exp(lses - lse_safe)  # 0 for splits without a visible key
     parts = tl.load(Part + (row * splits + offs_s)[:, None] * Dv + offs_dv[None, :],
