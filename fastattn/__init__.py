@@ -32,7 +32,8 @@ def _import_triton_kernels() -> None:
 
     from . import _backend as backend_state
     try:
-        for module in ("positional", "attention", "additive_attention", "lstm"):
+        for module in ("positional", "attention", "additive_attention", "varlen_attention",
+                       "attention_with_kvcache", "lstm"):
             name = f"{__name__}.triton.{module}"
             if importlib.util.find_spec(name) is not None:
                 importlib.import_module(name)

@@ -14,6 +14,11 @@ The caches must hold, at [cache_seqlens[b], cache_seqlens[b] + Lnew), exactly th
 and the new keys rotated at their positions (checked element by element against
 fastattn.apply_rotary), every other cache entry unchanged bit for bit, and cache_seqlens itself
 unmodified. Every test asserts `fastattn.last_backend("attention_with_kvcache")`.
+
+The Triton backend (fastattn/triton/attention_with_kvcache.py) rotates and appends inside its
+kernels: its caches must equal fastattn.apply_rotary's Triton kernel bit for bit. It has no
+float64 kernels (refusal checked in test_triton_request_raises_backend_error); its float32,
+float16 and bfloat16 results meet the same rule (16-bit runs cover the cpu backend too).
 examples/decoding.py (run by tests/test_examples.py) checks whole-model decoding.
 """
 from __future__ import annotations
@@ -29,8 +34,9 @@ from tolerance import assert_fa_close, rounding_floor
 
 from conftest import backend_device
 
-F64, F32 = torch.float64, torch.float32
-_DT = {F64: "f64", F32: "f32"}
+F64, F32, F16, BF16 = torch.float64, torch.float32, torch.float16, torch.bfloat16
+_DT = {F64: "f64", F32: "f32", F16: "f16", BF16: "bf16"}
+DTYPES = [F64, F32, F16, BF16]
 F32_ULP = 2.0**-23
 
 
@@ -50,13 +56,19 @@ def _one_thread():
 def kvcache_device(backend: str) -> torch.device:
     """The device for `backend`'s tests; skips when it cannot run attention_with_kvcache."""
     device = backend_device(backend)
-    if backend == "triton":
+    if backend == "triton" and not kvcache_ops._triton_has():
         pytest.skip("backend triton: attention_with_kvcache has no Triton implementation in "
                     "this version (test_triton_request_raises_backend_error checks the error)")
     if backend in ("cpu", "cuda") and not kvcache_ops._has_kernel(backend.upper()):
         pytest.skip(f"backend {backend}: fastattn._C has no {backend.upper()} decoding kernel "
                     "in this build")
     return device
+
+
+def skip_unsupported_dtype(backend: str, dtype: torch.dtype) -> None:
+    if backend == "triton" and dtype == F64:
+        pytest.skip("backend triton: no float64 kernels (test_triton_request_raises_backend_"
+                    "error checks the refusal)")
 
 
 @dataclass
@@ -189,7 +201,9 @@ def check_caches(d: Decode, k_before, v_before, backend):
     B, Hkv, Lmax, _ = d.k_cache.shape
     lens = d.cache_seqlens.tolist()
     untouched = torch.ones(B, Lmax, dtype=torch.bool)
-    rotary_backend = "reference" if backend == "reference" else None
+    # The backend's own rotary kernel: the triton kernels rotate with the arithmetic of
+    # fastattn's Triton apply_rotary, the cpu path calls fastattn's CPU one.
+    rotary_backend = backend if backend in ("reference", "triton") else None
     for b, s in enumerate(lens):
         for i in range(d.lnew):
             untouched[b, s + i] = False
@@ -208,7 +222,7 @@ def check_caches(d: Decode, k_before, v_before, backend):
         start = d.cache_seqlens.to(torch.int64).view(B, 1)
         rotated = rope(d.k_new.double(), d.cos.double(), d.sin.double(),
                        start + torch.arange(d.lnew, device=start.device), d.interleaved)
-        tol = 1e-12 if d.q.dtype == F64 else 2e-6
+        tol = {F64: 1e-12, F32: 2e-6, F16: 2e-3, BF16: 1.6e-2}[d.q.dtype]
         for b, s in enumerate(lens):
             torch.testing.assert_close(d.k_cache[b, :, s:s + d.lnew].double(), rotated[b],
                                        rtol=tol, atol=tol)
@@ -246,7 +260,7 @@ LQ_LNEW = [(0, 0), (2, 0), (1, 1), (4, 4)]
 ROTARY = [None, "neox", "gptj"]
 
 
-@pytest.mark.parametrize("dtype", [F64, F32], ids=["f64", "f32"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=[_DT[t] for t in DTYPES])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
 @pytest.mark.parametrize("rotary", ROTARY, ids=["norotary", "neox", "gptj"])
 @pytest.mark.parametrize("lq,lnew", LQ_LNEW, ids=[f"Lq{a}-Lnew{b}" for a, b in LQ_LNEW])
@@ -255,6 +269,7 @@ def test_kvcache_matches_dense(backend, lq, lnew, rotary, causal, dtype):
     batch, with or without rotary (both layouts), causal or not; Lq = Lnew, and Lq > 0 with
     nothing appended."""
     device = kvcache_device(backend)
+    skip_unsupported_dtype(backend, dtype)
     d = make_decode(Lq=lq, Lnew=lnew, rotary=rotary, dtype=dtype, device=device,
                     kw=dict(causal=causal))
     run_and_check(backend, d)
@@ -263,7 +278,8 @@ def test_kvcache_matches_dense(backend, lq, lnew, rotary, causal, dtype):
 def test_without_new_tokens(backend):
     """k_new = v_new = None appends nothing and equals passing empty (Lnew = 0) tensors."""
     device = kvcache_device(backend)
-    d = make_decode(Lq=3, Lnew=0, rotary="neox", dtype=F64, device=device, seed=5)
+    d = make_decode(Lq=3, Lnew=0, rotary="neox", dtype=F32 if backend == "triton" else F64,
+                    device=device, seed=5)
     with_empty = run_and_check(backend, d)
     without = run_and_check(backend, replace(d, k_new=None, v_new=None))
     assert torch.equal(with_empty, without)
@@ -284,11 +300,12 @@ KV_FEATURES = {
 }
 
 
-@pytest.mark.parametrize("dtype", [F64, F32], ids=["f64", "f32"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=[_DT[t] for t in DTYPES])
 @pytest.mark.parametrize("lq,lnew", [(3, 3), (2, 0)], ids=["Lq3-Lnew3", "Lq2-Lnew0"])
 @pytest.mark.parametrize("feature", list(KV_FEATURES))
 def test_kvcache_features(backend, feature, lq, lnew, dtype):
     device = kvcache_device(backend)
+    skip_unsupported_dtype(backend, dtype)
     spec = dict(KV_FEATURES[feature])
     kw = {n: x.to(device) if isinstance(x, torch.Tensor) else x
           for n, x in spec.pop("kw", {}).items()}
@@ -299,45 +316,55 @@ def test_kvcache_features(backend, feature, lq, lnew, dtype):
 @pytest.mark.parametrize("window", [None, (37, 0)], ids=["full", "window"])
 @pytest.mark.parametrize("lq", [1, 4])
 @pytest.mark.parametrize("num_splits", [1, 2, 7, 0])
-def test_num_splits(num_splits, lq, window):
+@pytest.mark.parametrize("backend_name", ["cpu", "triton"])
+def test_num_splits(backend_name, num_splits, lq, window):
     """Split-K (flash-decoding): any number of key ranges, merged, gives the definition's
-    result, including splits that hold no valid or no visible key (short caches, windows)."""
-    device = kvcache_device("cpu")
+    result, including splits that hold no valid or no visible key (short caches, windows).
+    The triton backend's splits are merged by its own kernel (float32; bfloat16 with 7 splits,
+    to keep the interpreted runs short)."""
+    device = kvcache_device(backend_name)
     kw = dict(window=window) if window else {}
-    for dtype in (F64, F32):
+    dtypes = (F64, F32)
+    if backend_name == "triton":
+        dtypes = (F32, BF16) if num_splits == 7 else (F32,)
+    for dtype in dtypes:
         d = make_decode(B=3, Lmax=300, Lq=lq, Lnew=lq, cache_lens=[5, 150, 300 - lq],
                         rotary="neox", dtype=dtype, device=device, seed=2, kw=kw)
-        run_and_check("cpu", d, num_splits=num_splits)
+        run_and_check(backend_name, d, num_splits=num_splits)
 
 
-def test_num_splits_agree():
+@pytest.mark.parametrize("backend_name", ["cpu", "triton"])
+def test_num_splits_agree(backend_name):
     """Every split count gives the same result to float32 rounding."""
-    device = kvcache_device("cpu")
+    device = kvcache_device(backend_name)
     results = []
     for num_splits in (1, 2, 7, 0):
         d = make_decode(B=2, Lmax=300, Lq=1, Lnew=1, cache_lens=[299, 123], dtype=F32,
                         device=device, seed=3)
-        results.append(d.call("cpu", num_splits=num_splits))
+        results.append(d.call(backend_name, num_splits=num_splits))
     for other in results[1:]:
         torch.testing.assert_close(other, results[0], rtol=2e-5, atol=2e-6)
 
 
-@pytest.mark.parametrize("backend_name", ["cpu", "reference"])
+@pytest.mark.parametrize("backend_name", ["cpu", "reference", "triton"])
 def test_incremental_decoding_equals_causal_attention(backend_name):
     """Prefill 7 tokens, then decode 5 one by one (the caller advancing cache_seqlens): every
     step's output equals causal attention over the whole rotated sequence so far, and the cache
     holds the rotated keys of every token."""
     device = kvcache_device(backend_name)
     B, Hq, Hkv, D, Lmax, T = 2, 4, 2, 16, 32, 12
+    dtype = F32 if backend_name == "triton" else F64  # triton has no float64 kernels
+    tol = dict(rtol=2e-5, atol=2e-6) if dtype == F32 else dict(rtol=1e-10, atol=1e-12)
     g = torch.Generator().manual_seed(4)
-    q = torch.randn(B, Hq, T, D, generator=g, dtype=F64)
-    k = torch.randn(B, Hkv, T, D, generator=g, dtype=F64)
-    v = torch.randn(B, Hkv, T, D, generator=g, dtype=F64)
-    cos, sin = rotary_tables(Lmax, D, F64, device)
-    k_cache = torch.full((B, Hkv, Lmax, D), float("nan"), dtype=F64)  # never read unwritten
-    v_cache = torch.full((B, Hkv, Lmax, D), float("nan"), dtype=F64)
-    seqlens = torch.zeros(B, dtype=torch.int32)
-    positions = torch.arange(T).expand(B, T)
+    q = torch.randn(B, Hq, T, D, generator=g, dtype=F64).to(device, dtype)
+    k = torch.randn(B, Hkv, T, D, generator=g, dtype=F64).to(device, dtype)
+    v = torch.randn(B, Hkv, T, D, generator=g, dtype=F64).to(device, dtype)
+    cos, sin = rotary_tables(Lmax, D, dtype, device)
+    # NaN everywhere: never read unwritten
+    k_cache = torch.full((B, Hkv, Lmax, D), float("nan"), dtype=dtype, device=device)
+    v_cache = torch.full((B, Hkv, Lmax, D), float("nan"), dtype=dtype, device=device)
+    seqlens = torch.zeros(B, dtype=torch.int32, device=device)
+    positions = torch.arange(T, device=device).expand(B, T)
     q_rot, k_rot = rope(q, cos, sin, positions, False), rope(k, cos, sin, positions, False)
     full = fastattn.attention(q_rot, k_rot, v, causal=True, backend="reference")
     steps = [(0, 7)] + [(t, t + 1) for t in range(7, T)]
@@ -346,9 +373,9 @@ def test_incremental_decoding_equals_causal_attention(backend_name):
             q[:, :, lo:hi], k_cache, v_cache, cache_seqlens=seqlens, k_new=k[:, :, lo:hi],
             v_new=v[:, :, lo:hi], rotary_cos=cos, rotary_sin=sin, backend=backend_name)
         assert fastattn.last_backend("attention_with_kvcache") == backend_name
-        torch.testing.assert_close(out, full[:, :, lo:hi], rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(out, full[:, :, lo:hi], **tol)
         seqlens += hi - lo
-    torch.testing.assert_close(k_cache[:, :, :T], k_rot, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(k_cache[:, :, :T], k_rot, **tol)
     assert torch.equal(v_cache[:, :, :T], v)
     assert torch.isnan(k_cache[:, :, T:]).all()
 
@@ -397,9 +424,31 @@ def test_compile_fullgraph():
     assert torch.equal(traced.v_cache, eager.v_cache)
 
 
+def test_opcheck_triton():
+    """The Triton op's registration as opcheck sees it: the caches declared as written in
+    place, the fake implementation's shapes and dtypes."""
+    device = kvcache_device("triton")
+    d = make_decode(Lq=2, Lnew=2, Lmax=20, rotary="gptj", dtype=F32, device=device, seed=7)
+    alibi = torch.rand(3, 6).to(device)
+    args = [d.q, d.k_cache, d.v_cache, d.cache_seqlens, d.k_new, d.v_new, d.cos.float(),
+            d.sin.float(), True, alibi, 0.3, 2.0, 2, 5, -1, 2]
+    torch.library.opcheck(torch.ops.fastattn.attention_with_kvcache_triton.default, args)
+
+
 def test_triton_request_raises_backend_error():
-    """attention_with_kvcache has no Triton implementation: a clear BackendError, whether the
-    Triton backend is available here or not, and the caches are left alone."""
+    """A Triton request that cannot run is a clear BackendError and leaves the caches alone:
+    float64 (no float64 kernels), or any call when there is no Triton implementation."""
+    if kvcache_ops._triton_has():
+        if fastattn.available_backends()["triton"] != "available":
+            pytest.skip(f"backend triton: {fastattn.available_backends()['triton']}")
+        d = make_decode(dtype=F64)
+        k_before = d.k_cache.clone()
+        with pytest.raises(fastattn.BackendError, match="attention_with_kvcache: backend "
+                           "'triton' cannot run this call: the triton backend does not take "
+                           "float64"):
+            d.call("triton")
+        assert torch.equal(d.k_cache, k_before)
+        return
     d = make_decode(dtype=F32)
     k_before = d.k_cache.clone()
     with pytest.raises(fastattn.BackendError,
@@ -453,7 +502,12 @@ def test_cuda_request_for_cpu_tensors_raises():
     ("causal", ValueError, "causal must be False, True, 'top_left' or 'bottom_right'"),
     ("window", ValueError, "window must be None or"),
 ])
-def test_bad_inputs(case, error, match):
+@pytest.mark.parametrize("backend_name", [None, "triton"], ids=["default", "triton"])
+def test_bad_inputs(backend_name, case, error, match):
+    """The same errors on the default backend and on triton (which checks the rotary tables
+    itself, as it rotates inside its kernels), before anything is appended."""
+    if backend_name == "triton" and kvcache_device("triton").type != "cpu":
+        pytest.skip("these inputs are CPU tensors, which triton runs only under the interpreter")
     B, H, Lmax, D = 2, 2, 16, 8
     g = torch.Generator().manual_seed(5)
     q = torch.randn(B, 4, 2, D, generator=g)
@@ -521,7 +575,8 @@ def test_bad_inputs(case, error, match):
     v_before = v_cache.clone()
     seqlens_before = seqlens.clone()
     with pytest.raises(error, match=match):
-        fastattn.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, **kw)
+        fastattn.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
+                                        backend=backend_name, **kw)
     assert torch.equal(k_cache, k_before) and torch.equal(v_cache, v_before), \
         "a refused call must not append anything"
     assert torch.equal(seqlens, seqlens_before)

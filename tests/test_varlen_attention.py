@@ -16,8 +16,13 @@ padded batch). The per-sequence expectation is built from dense attention's prob
 .py): probability (b, h, i, j) is element ((cu_seqlens_q[b] + i) * Hq + h) * max_seqlen_k + j
 of fastattn's Philox stream.
 
-The Triton and CUDA backends have no varlen kernel in this version: their tests skip with that
-reason, and an explicit backend="triton" request is checked to raise a clear BackendError.
+The Triton backend (fastattn/triton/varlen_attention.py) runs under Triton's CPU interpreter
+here, which is slow: its cases use smaller packs (TRITON_LENGTHS: lengths 0, 1, 4, 5, 17) and
+float32, float16 and bfloat16 (it refuses float64, checked in
+test_triton_request_raises_backend_error); its dropout drops exactly the cpu backend's elements.
+The triton cases of this file and of test_attention_with_kvcache.py take about 60 s of CPU
+time together under the interpreter (measured on the idle 2-core build machine).
+The CUDA backend has no varlen kernel in this version: its tests skip with that reason.
 """
 from __future__ import annotations
 
@@ -39,13 +44,15 @@ from tolerance import assert_fa_close, assert_grad_close, rounding_floor
 from conftest import backend_device
 
 F64 = torch.float64
-DTYPES = (F64, torch.float32, torch.bfloat16)
-_DT = {F64: "f64", torch.float32: "f32", torch.bfloat16: "bf16"}
+DTYPES = (F64, torch.float32, torch.bfloat16, torch.float16)
+_DT = {F64: "f64", torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 F32_ULP = 2.0**-23
 
 # (Lq, Lk) of each packed sequence: no queries, no keys, neither, single tokens, Lq > Lk (the
 # first Lq - Lk rows see nothing under bottom-right causal), Lq < Lk, odd lengths.
 LENGTHS = ((37, 53), (0, 11), (1, 1), (19, 0), (64, 45), (0, 0), (5, 70), (1, 23))
+# The same kinds of sequences, small enough for Triton's interpreter.
+TRITON_LENGTHS = ((5, 17), (0, 4), (1, 1), (4, 0), (17, 5), (0, 0))
 
 FEATURES = ("plain", "causal", "causal_top_left", "causal_bottom_right", "window",
             "window_causal", "window_right", "gqa", "mqa", "dv", "alibi_heads",
@@ -78,6 +85,17 @@ def varlen_device(backend: str) -> torch.device:
         pytest.skip("backend triton: no Triton varlen attention kernel in this version "
                     "(test_triton_request_raises_backend_error checks the error)")
     return device
+
+
+def pack_lengths(backend: str, lengths=LENGTHS):
+    """`lengths`, or TRITON_LENGTHS for the (interpreted, slow) Triton backend."""
+    return TRITON_LENGTHS if backend == "triton" else lengths
+
+
+def skip_float64_on_triton(backend: str, dtype: torch.dtype) -> None:
+    if backend == "triton" and dtype == F64:
+        pytest.skip("backend triton: no float64 kernels (test_triton_request_raises_backend_"
+                    "error checks the refusal)")
 
 
 def cu_seqlens(lengths, device) -> torch.Tensor:
@@ -297,20 +315,21 @@ def check_against_dense(backend, c: Packed, grads=True, lse_grad=True):
 @pytest.mark.parametrize("feature", FEATURES)
 def test_varlen_matches_dense_per_sequence(backend, feature, dtype):
     device = varlen_device(backend)
-    c = make_case(feature, dtype, device)
+    skip_float64_on_triton(backend, dtype)
+    c = make_case(feature, dtype, device, lengths=pack_lengths(backend))
     check_against_dense(backend, c)
 
 
 def test_backward_without_lse_gradient(backend):
     """The usual path: only the output is used (the backward gets grad_lse = None)."""
     device = varlen_device(backend)
-    c = make_case("everything", torch.float32, device, seed=1)
+    c = make_case("everything", torch.float32, device, lengths=pack_lengths(backend), seed=1)
     check_against_dense(backend, c, lse_grad=False)
 
 
 def test_forward_under_no_grad(backend):
     device = varlen_device(backend)
-    c = make_case("everything", torch.bfloat16, device, seed=2)
+    c = make_case("everything", torch.bfloat16, device, lengths=pack_lengths(backend), seed=2)
     with torch.no_grad():
         check_against_dense(backend, c, grads=False)
 
@@ -487,9 +506,14 @@ def test_dropout_mask_is_the_packed_numbering(backend, extra_max_k):
         kept += int(keep.sum())
         total += keep.numel()
     assert abs(kept / total - (1 - p)) < 0.05
-    if backend != "reference":
-        ref = run_varlen("reference", c, seed=seed)[0]
-        assert torch.equal(out != 0, ref != 0), "cpu and reference masks differ"
+    others = ["reference"]
+    if backend == "triton" and device.type == "cpu" and varlen_ops.kernel_available(device):
+        others.append("cpu")  # the Triton kernels drop exactly the CPU kernel's elements
+    for other in others:
+        if other == backend:
+            continue
+        ref = run_varlen(other, c, seed=seed)[0]
+        assert torch.equal(out != 0, ref != 0), f"{backend} and {other} masks differ"
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
 
 
@@ -522,7 +546,7 @@ def test_dropout_backward_uses_the_forward_mask(backend):
 
 def test_dropout_reproducible(backend):
     device = varlen_device(backend)
-    c = make_case("dropout", torch.float32, device, seed=9)
+    c = make_case("dropout", torch.float32, device, lengths=pack_lengths(backend), seed=9)
     grad_out = torch.randn(c.q.shape[0], c.q.shape[1], c.v.shape[2]).to(device)
     first = run_varlen(backend, c, grad_out, seed=7)
     again = run_varlen(backend, c, grad_out, seed=7)
@@ -565,8 +589,12 @@ def test_gradcheck_float64(feature):
 @pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
 def test_backward_is_bitwise_reproducible(backend, deterministic):
     device = varlen_device(backend)
+    if backend == "triton" and not deterministic:
+        pytest.skip("backend triton: its kernels never use atomics and ignore the flag, so the "
+                    "deterministic case covers both (the interpreter is slow)")
     torch.set_num_threads(2)  # the fixture restores it
-    c = make_case("everything", torch.float32, device, seed=11)
+    c = make_case("everything", torch.float32, device, seed=11,
+                  lengths=pack_lengths(backend, LENGTHS)[:2] if backend == "triton" else LENGTHS)
     c.kw["deterministic"] = deterministic
     g = torch.Generator().manual_seed(1)
     grad_out = torch.randn(c.q.shape[0], c.q.shape[1], c.v.shape[2], generator=g).to(device)
@@ -611,26 +639,47 @@ def test_opcheck_backward():
                           [grad_out, grad_lse, *args[:3], out, lse, *args[3:], True])
 
 
-def test_compile_fullgraph():
-    """varlen_attention traces into one graph on cpu (the host-side cu_seqlens checks are
-    skipped while compiling; the kernel checks them), with the eager results forward and
-    backward."""
-    varlen_device("cpu")
-    c = make_case("everything", torch.float32, torch.device("cpu"),
+def test_opcheck_triton_forward():
+    """The Triton ops' registration (schema, fake implementation, autograd) as opcheck sees it,
+    on the native op's check's arguments with dropout (one case: the interpreter is slow)."""
+    device = varlen_device("triton")
+    args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in _op_args(True)]
+    for t in args[:3]:
+        t.requires_grad_()
+    torch.library.opcheck(torch.ops.fastattn.varlen_attention_forward_triton.default, args)
+
+
+def test_opcheck_triton_backward():
+    device = varlen_device("triton")
+    args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in _op_args(dropout=True)]
+    out, lse = torch.ops.fastattn.varlen_attention_forward_triton(*args)
+    grad_out = torch.randn_like(out)
+    grad_lse = torch.randn_like(lse)
+    torch.library.opcheck(torch.ops.fastattn.varlen_attention_backward_triton.default,
+                          [grad_out, grad_lse, *args[:3], out, lse, *args[3:], True])
+
+
+@pytest.mark.parametrize("backend_name", ["cpu", "triton"])
+def test_compile_fullgraph(backend_name):
+    """varlen_attention traces into one graph on cpu and triton (the host-side cu_seqlens
+    checks are skipped while compiling; the kernels check them), with the eager results
+    forward and backward."""
+    device = varlen_device(backend_name)
+    c = make_case("everything", torch.float32, device,
                   lengths=((7, 9), (0, 4), (5, 3), (1, 1)), seed=13)
     del c.kw["dropout_p"]  # compiled code draws its seeds from another generator
-    grad_out = torch.randn(c.q.shape[0], c.q.shape[1], c.v.shape[2])
+    grad_out = torch.randn(c.q.shape[0], c.q.shape[1], c.v.shape[2]).to(device)
 
     def fn(q, k, v):
         return fastattn.varlen_attention(q, k, v, c.cu_q, c.cu_k, c.max_q, c.max_k,
-                                         return_lse=True, **c.kw)
+                                         return_lse=True, backend=backend_name, **c.kw)
 
     compiled = torch.compile(fn, fullgraph=True)
     results = []
     for f in (compiled, fn):
         leaves = leaves_of(c, None)
         out, lse = f(*leaves)
-        assert fastattn.last_backend("varlen_attention") == "cpu"
+        assert fastattn.last_backend("varlen_attention") == backend_name
         results.append((out, lse, *torch.autograd.grad(out, leaves, grad_out)))
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), *results):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
@@ -650,13 +699,17 @@ def _small():
 
 
 def test_triton_request_raises_backend_error():
-    """No Triton varlen kernel yet: asking for it (argument or use_backend) is a BackendError
-    that says so, never a silent fallback; float64 is refused with its own reason."""
+    """Without a Triton varlen kernel, asking for it (argument or use_backend) is a
+    BackendError that says so, never a silent fallback; float64 is refused with its own
+    reason (the kernels have no float64 path)."""
     if fastattn.available_backends()["triton"] != "available":
         pytest.skip(f"backend triton: {fastattn.available_backends()['triton']}")
-    if varlen_ops._triton_has("varlen_attention_forward"):
-        pytest.skip("a Triton varlen kernel exists now: the backend tests run it")
     q, k, v, cu_q, cu_k = _small()
+    if varlen_ops._triton_has("varlen_attention_forward"):
+        with pytest.raises(fastattn.BackendError, match="does not take float64"):
+            fastattn.varlen_attention(q.double(), k.double(), v.double(), cu_q, cu_k, 7, 7,
+                                      backend="triton")
+        return
     message = ("varlen_attention: backend 'triton' cannot run this call: no Triton varlen "
                "kernel in this version")
     with pytest.raises(fastattn.BackendError, match=message):
@@ -872,13 +925,15 @@ def test_pack_then_varlen_equals_padded_attention(backend):
     attention with key_padding_mask at every real query row, forward and backward (float64)."""
     device = varlen_device(backend)
     B, L, H, D = 4, 21, 2, 16
+    dtype = torch.float32 if backend == "triton" else F64  # triton has no float64 kernels
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-12)
     g = torch.Generator().manual_seed(16)
     mask = padding_mask("anywhere", B, L, g)
     mask[1, :3] = False  # at least one key per row: an all-padding row is a 0-length sequence
     mask = mask.to(device)
-    q, k, v = (torch.randn(B, L, H, D, generator=g, dtype=F64).to(device).requires_grad_()
+    q, k, v = (torch.randn(B, L, H, D, generator=g, dtype=F64).to(device, dtype).requires_grad_()
                for _ in range(3))
-    grad_out = torch.randn(B, L, H, D, generator=g, dtype=F64).to(device)
+    grad_out = torch.randn(B, L, H, D, generator=g, dtype=F64).to(device, dtype)
     qp, cu, max_len, idx = fastattn.pack_padded(q, mask)
     kp, vp = fastattn.pack_padded(k, mask)[0], fastattn.pack_padded(v, mask)[0]
     out = fastattn.varlen_attention(qp, kp, vp, cu, cu, max_len, max_len, backend=backend)
@@ -887,11 +942,11 @@ def test_pack_then_varlen_equals_padded_attention(backend):
     dense = fastattn.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                key_padding_mask=mask, backend="reference").transpose(1, 2)
     dense = dense.masked_fill(mask.view(B, L, 1, 1), 0.0)  # padded query rows are dropped
-    torch.testing.assert_close(out, dense, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(out, dense, **tol)
     got = torch.autograd.grad(out, (q, k, v), grad_out)
     want = torch.autograd.grad(dense, (q, k, v), grad_out)
     for name, a, b in zip(("dq", "dk", "dv"), got, want):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
+        torch.testing.assert_close(a, b, msg=name, **tol)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,8 +4,10 @@ attends over each sequence's cache with a split-K kernel (flash-decoding) when t
 queries. Inference only (no autograd).
 
 Backends: "cpu"/"cuda" run torch.ops.fastattn.attention_decode (the attention part; the
-rotation and append run through fastattn's fused rotary kernel and one scatter), "reference"
-fastattn/reference/attention_with_kvcache.py.
+rotation and append run through fastattn's fused rotary kernel and one scatter), "triton"
+torch.ops.fastattn.attention_with_kvcache_triton (fastattn/triton/attention_with_kvcache.py:
+rotation and append in one kernel, q rotated inside the split-K attention kernel, splits merged
+by a third), "reference" fastattn/reference/attention_with_kvcache.py.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from ..reference import attention as dense_ref
 from ..reference import attention_with_kvcache as ref
 from ._common import check_same_device, check_tensor, host_checks_enabled
 from .attention import MAX_HEAD_DIM, output_like
-from .positional import apply_rotary
+from .positional import _check_position_range, apply_rotary
 from .varlen_attention import causal_mode, window_sides
 
 
@@ -32,6 +34,32 @@ def _has_kernel(dispatch_key: str) -> bool:
         return False
     return torch._C._dispatch_has_kernel_for_dispatch_key("fastattn::attention_decode",
                                                           dispatch_key)
+
+
+@torch.compiler.assume_constant_result  # fixed at import, as _has_kernel
+def _triton_has() -> bool:
+    try:
+        torch.ops.fastattn.attention_with_kvcache_triton
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _check_rotary_tables(op: str, D: int, cos: torch.Tensor, sin: torch.Tensor,
+                         positions: torch.Tensor, length: int) -> None:
+    """The checks fastattn.apply_rotary makes of its tables and positions (the triton backend
+    rotates inside its kernels): rotary_dim = 2 * cos.shape[1] even in [2, D], cos and sin
+    alike, positions + length within the tables' rows. Run before anything is appended."""
+    rotary_dim = 2 * cos.shape[-1] if cos.dim() == 2 else D
+    if rotary_dim < 2 or rotary_dim > D:
+        raise ValueError(f"{op}: rotary_dim must be even and in [2, {D}] (head dim), "
+                         f"got {rotary_dim}")
+    for name, t in (("rotary_cos", cos), ("rotary_sin", sin)):
+        check_tensor(op, name, t, dims=2, float_dtype=True)
+    if cos.shape != sin.shape:
+        raise ValueError(f"{op}: rotary_cos and rotary_sin must have the same shape, got "
+                         f"{tuple(cos.shape)} and {tuple(sin.shape)}")
+    _check_position_range(op, 0, positions, length, cos.shape[0], "cos/sin")
 
 
 @torch.no_grad()
@@ -117,13 +145,25 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                              f"{tuple(alibi_slopes.shape)}")
         alibi = alibi_slopes.to(torch.float32).expand(B, Hq).contiguous()
 
-    limits = {"triton": "no Triton KV-cache kernel in this version"}
+    limits = {}
+    if q.dtype == torch.float64:
+        limits["triton"] = "the triton backend does not take float64"
+    elif not _triton_has():
+        limits["triton"] = "no Triton KV-cache kernel in this version"
     for name, key in (("cpu", "CPU"), ("cuda", "CUDA")):
         if not _has_kernel(key):
             limits[name] = f"fastattn._C has no {key} decoding kernel in this build"
-    chosen = _backend.select_backend(op, q.device, backend,
-                                     supported=("cuda", "cpu", "reference"), limits=limits)
+    chosen = _backend.select_backend(op, q.device, backend, limits=limits)
     positions = cache_seqlens.to(torch.int64)
+    if chosen == "triton":
+        if rotary_cos is not None:
+            _check_rotary_tables(op, D, rotary_cos, rotary_sin, positions, max(Lq, Lnew))
+        out, _ = torch.ops.fastattn.attention_with_kvcache_triton(
+            q, k_cache, v_cache, cache_seqlens, k_new, v_new, rotary_cos, rotary_sin,
+            bool(rotary_interleaved), alibi, scale, float(softcap), mode, left, right,
+            int(num_splits))
+        _backend._record(op, chosen)
+        return out
     rotary_backend = "reference" if chosen == "reference" else None
     if rotary_cos is not None:
         rot = dict(cos=rotary_cos, sin=rotary_sin, interleaved=rotary_interleaved,

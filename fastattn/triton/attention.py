@@ -18,6 +18,12 @@ Kernels:
   q, k and lse. No atomics anywhere: the backward is bitwise reproducible.
 - dropout draws element ((b*Hq + h)*Lq + i)*Lk + j of fastattn's Philox stream (as every other
   backend), so the backward regenerates the forward's mask; lse is that of undropped scores.
+- VARLEN (constexpr): the same three kernels run packed sequences (fastattn/triton/
+  varlen_attention.py): batch stride 0, each program reads its sequence's first rows and
+  lengths from cu_seqlens (`_sequence`), exits at once when its tile lies past them, derives
+  the band from those lengths and numbers lse and dropout as the native varlen op
+  (`_row_base`, `_dropout_rows`). The dense path is the same code with rows 0 and the call's
+  lengths. The online-softmax step is shared with the KV-cache decode kernel.
 
 Rows that see no key give out 0 and lse -inf: the running maximum is replaced by 0 while it is
 -inf, so exp(-inf - -inf) never happens. On CUDA the tile sizes are autotuned per head-dim
@@ -98,16 +104,18 @@ def _capped_scores(qk, scale, softcap, HAS_SOFTCAP: tl.constexpr):
 
 @triton.jit
 def _biased_masked_scores(s, i, j, b, h, mask_ptr, s_mb, s_mh, s_mi, s_mj, pad_ptr, slope,
-                          Lq, Lk, window_lo, window_hi, MASK_KIND: tl.constexpr,
+                          Lq, Lk, shift, window_lo, window_hi, MASK_KIND: tl.constexpr,
                           HAS_PAD: tl.constexpr, HAS_ALIBI: tl.constexpr):
     """Adds ALiBi and the float mask to the (capped) scores s and sets hidden keys to -inf.
 
     i (query indices) and j (key indices) broadcast to s's shape in either orientation
     ((M, 1) x (1, N) in the forward and dQ kernels, (1, M) x (N, 1) in the dK/dV kernel).
+    Query i sits at key position i + shift (Lk - Lq, or a KV cache's length before the new
+    tokens), which is the ALiBi distance's origin. slope is a scalar or broadcasts like i.
     Out-of-range rows and columns are hidden too.
     """
     if HAS_ALIBI:
-        s = s - slope * tl.abs(i + (Lk - Lq) - j).to(tl.float32)
+        s = s - slope * tl.abs(i + shift - j).to(tl.float32)
     inside = (i < Lq) & (j < Lk)
     visible = inside & (j >= i + window_lo) & (j <= i + window_hi)
     if MASK_KIND != 0:
@@ -162,44 +170,105 @@ def _query_range(start_n, Lq, window_lo, window_hi, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, Mask, Pad, Alibi, Seed, Out, Lse,
+def _sequence(Cu_q, Cu_k, b, Lq, Lk, window_lo, window_hi, causal_mode,
+              VARLEN: tl.constexpr):
+    """Where sequence b lives and which keys its queries see:
+    (first query row, first key row, its Lq, its Lk, band lo, band hi), key j visible to
+    query i iff i + lo <= j <= i + hi.
+
+    Dense: rows 0, the call's lengths and band (window_lo/hi). Varlen: rows and lengths from
+    cu_seqlens (int32 (B+1,)); window_lo/hi then hold the window's sides (-1 unbounded) and
+    the band is derived from this sequence's own lengths, as reference/varlen_attention.band
+    does (causal_mode 1 top-left, 2 bottom-right)."""
+    if VARLEN:
+        q0 = tl.load(Cu_q + b).to(tl.int64)
+        k0 = tl.load(Cu_k + b).to(tl.int64)
+        seq_q = tl.load(Cu_q + b + 1) - tl.load(Cu_q + b)
+        seq_k = tl.load(Cu_k + b + 1) - tl.load(Cu_k + b)
+        # fastattn.varlen_attention checks cu_seqlens on the host, except under torch.compile;
+        # this assert (active under TRITON_DEBUG=1) catches them there.
+        tl.device_assert((seq_q >= 0) & (seq_q <= Lq) & (seq_k >= 0) & (seq_k <= Lk),
+                         "cu_seqlens must be non-decreasing with lengths <= max_seqlen")
+        shift = seq_k - seq_q
+        lo = tl.where(window_lo >= 0, shift - window_lo, -1073741824)
+        hi = tl.where(window_hi >= 0, shift + window_hi, 1073741824)
+        causal_hi = tl.where(causal_mode == 1, 0, shift)
+        hi = tl.where(causal_mode != 0, tl.minimum(hi, causal_hi), hi)
+        return q0, k0, seq_q, seq_k, lo, hi
+    else:
+        return 0, 0, Lq, Lk, window_lo, window_hi
+
+
+@triton.jit
+def _row_base(b, h, q0, Hq, Lq, total_q, VARLEN: tl.constexpr):
+    """Offset of the lse (and delta, grad_lse) entry of query 0 of head (b, h): lse is
+    (B, Hq, Lq) dense and (Hq, total_q) varlen, as the native ops."""
+    if VARLEN:
+        return h * total_q + q0
+    else:
+        return (b * Hq + h) * Lq
+
+
+@triton.jit
+def _dropout_rows(b, h, q0, Hq, Lq, Lk, VARLEN: tl.constexpr):
+    """(element of (i=0, j=0), element step per query row) of head (b, h) in fastattn's
+    Philox numbering, so that probability (i, j) is element base + i * step + j:
+    ((b*Hq + h)*Lq + i)*Lk + j dense, ((cu_seqlens_q[b] + i)*Hq + h)*max_seqlen_k + j varlen
+    (the CPU varlen kernel's numbering)."""
+    if VARLEN:
+        return (q0 * Hq + h) * Lk, Hq * Lk
+    else:
+        return (b * Hq + h) * Lq * Lk, Lk
+
+
+@triton.jit
+def _fwd_kernel(Q, K, V, Mask, Pad, Alibi, Seed, Cu_q, Cu_k, Out, Lse,
                 s_qb, s_qh, s_qm, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_ob, s_oh, s_om,
                 s_mb, s_mh, s_mi, s_mj, s_ab, s_ah,
-                Hq, GROUP, Lq, Lk, D, Dv, scale, softcap, window_lo, window_hi,
-                threshold, keep_scale, LQ_CLASS, LK_CLASS,
+                Hq, GROUP, Lq, Lk, D, Dv, scale, softcap, window_lo, window_hi, total_q,
+                causal_mode, threshold, keep_scale, LQ_CLASS, LK_CLASS,
                 MASK_KIND: tl.constexpr, HAS_PAD: tl.constexpr, HAS_ALIBI: tl.constexpr,
                 HAS_SOFTCAP: tl.constexpr, HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
-                DOT_PRECISION: tl.constexpr, ACCURATE_EXP: tl.constexpr,
-                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                DOT_PRECISION: tl.constexpr, ACCURATE_EXP: tl.constexpr, VARLEN: tl.constexpr,
+                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr):
+    """out and lse of BLOCK_M queries of head (b, h). Varlen: Lq/Lk are the largest lengths
+    and the program exits at once when its tile lies past its sequence's queries."""
     start_m, bh = _tile_of_program(Lq, BLOCK_M)
     b = bh // Hq
     h = bh % Hq
     kvh = h // GROUP
+    q0, k0, seq_q, seq_k, lo_w, hi_w = _sequence(Cu_q, Cu_k, b, Lq, Lk, window_lo, window_hi,
+                                                 causal_mode, VARLEN)
+    if start_m >= seq_q:
+        return
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    m_valid = offs_m < Lq
+    m_valid = offs_m < seq_q
     d_valid = offs_d < D
     dv_valid = offs_dv < Dv
+    rows_m = (q0 + offs_m).to(tl.int64)[:, None]
 
-    q = tl.load(Q + b * s_qb + h * s_qh + offs_m.to(tl.int64)[:, None] * s_qm + offs_d[None, :],
+    q = tl.load(Q + b * s_qb + h * s_qh + rows_m * s_qm + offs_d[None, :],
                 mask=m_valid[:, None] & d_valid[None, :], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
-    k_base = K + b * s_kb + kvh * s_kh
-    v_base = V + b * s_vb + kvh * s_vh
+    k_base = K + b * s_kb + kvh * s_kh + k0 * s_kn
+    v_base = V + b * s_vb + kvh * s_vh + k0 * s_vn
     slope = 0.0
     if HAS_ALIBI:
         slope = tl.load(Alibi + b * s_ab + h * s_ah)
-    row_element = (bh * Lq + offs_m) * Lk  # dropout element of (i, 0), int64
+    drop0, drop_step = _dropout_rows(b, h, q0, Hq, Lq, Lk, VARLEN)
+    row_element = drop0 + offs_m.to(tl.int64) * drop_step  # dropout element of (i, 0)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max of the scores
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    lo, hi = _key_range(start_m, Lk, window_lo, window_hi, BLOCK_M, BLOCK_N)
+    lo, hi = _key_range(start_m, seq_k, lo_w, hi_w, BLOCK_M, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_valid = offs_n < Lk
+        n_valid = offs_n < seq_k
         rows_n = offs_n.to(tl.int64)[:, None]
         k = tl.load(k_base + rows_n * s_kn + offs_d[None, :],
                     mask=n_valid[:, None] & d_valid[None, :], other=0.0)
@@ -211,29 +280,50 @@ def _fwd_kernel(Q, K, V, Mask, Pad, Alibi, Seed, Out, Lse,
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         s = _capped_scores(qk, scale, softcap, HAS_SOFTCAP)
         s = _biased_masked_scores(s, offs_m[:, None], offs_n[None, :], b, h, Mask, s_mb, s_mh,
-                                  s_mi, s_mj, Pad, slope, Lq, Lk, window_lo, window_hi,
-                                  MASK_KIND, HAS_PAD, HAS_ALIBI)
-        # The running max is subtracted in natural units ((s - m) is exact near the max), so
-        # lse = m + log(l) keeps full precision.
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # While a row has seen no visible key its max is -inf: subtract 0 instead, so that
-        # exp(-inf - -inf) = NaN never appears (p and alpha are then 0).
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = _exp(s - m_safe[:, None], ACCURATE_EXP)
-        alpha = _exp(m_i - m_safe, ACCURATE_EXP)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if HAS_DROPOUT:
-            p = p * dropout_multiplier(Seed, row_element[:, None] + offs_n[None, :], threshold,
-                                       keep_scale)
-        acc = acc * alpha[:, None] + tl.dot(_operand(p, v, UPCAST), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+                                  s_mi, s_mj, Pad, slope, seq_q, seq_k, seq_k - seq_q, lo_w,
+                                  hi_w, MASK_KIND, HAS_PAD, HAS_ALIBI)
+        m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, Seed,
+                                             row_element[:, None] + offs_n[None, :], threshold,
+                                             keep_scale, HAS_DROPOUT, UPCAST, DOT_PRECISION,
+                                             ACCURATE_EXP)
 
+    out, lse = _softmax_finish(m_i, l_i, acc)
+    tl.store(Out + b * s_ob + h * s_oh + (q0 + offs_m).to(tl.int64)[:, None] * s_om
+             + offs_dv[None, :], out.to(Out.dtype.element_ty),
+             mask=m_valid[:, None] & dv_valid[None, :])
+    tl.store(Lse + _row_base(b, h, q0, Hq, Lq, total_q, VARLEN) + offs_m, lse, mask=m_valid)
+
+
+@triton.jit
+def _online_softmax_step(s, v, m_i, l_i, acc, Seed, element, threshold, keep_scale,
+                         HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
+                         DOT_PRECISION: tl.constexpr, ACCURATE_EXP: tl.constexpr):
+    """One key tile of the online softmax: s (M, N) final scores (-inf where hidden), v (N, Dv);
+    returns the updated running max m_i, sum l_i (of undropped probabilities, so lse ignores
+    dropout) and accumulator acc (M, Dv). element (M, N): Philox elements of the tile."""
+    # The running max is subtracted in natural units ((s - m) is exact near the max), so
+    # lse = m + log(l) keeps full precision.
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # While a row has seen no visible key its max is -inf: subtract 0 instead, so that
+    # exp(-inf - -inf) = NaN never appears (p and alpha are then 0).
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = _exp(s - m_safe[:, None], ACCURATE_EXP)
+    alpha = _exp(m_i - m_safe, ACCURATE_EXP)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if HAS_DROPOUT:
+        p = p * dropout_multiplier(Seed, element, threshold, keep_scale)
+    acc = acc * alpha[:, None] + tl.dot(_operand(p, v, UPCAST), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _softmax_finish(m_i, l_i, acc):
+    """(out = acc / l, lse = m + log l) of an online softmax; rows that saw no visible key
+    (l = 0) give out 0 and lse -inf."""
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), m_i + tl.log(tl.where(empty, 1.0, l_i)))
-    tl.store(Out + b * s_ob + h * s_oh + offs_m.to(tl.int64)[:, None] * s_om + offs_dv[None, :],
-             out.to(Out.dtype.element_ty), mask=m_valid[:, None] & dv_valid[None, :])
-    tl.store(Lse + bh * Lq + offs_m, lse, mask=m_valid)
+    return out, lse
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,7 +334,8 @@ def _fwd_kernel(Q, K, V, Mask, Pad, Alibi, Seed, Out, Lse,
 def _bwd_preprocess(Out, DO, GradLse, Delta, s_ob, s_oh, s_om, s_dob, s_doh, s_dom, Hq, Lq, Dv,
                     HAS_GRAD_LSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
     """delta_i = rowsum(dO_i * O_i) - grad_lse_i, so that dS = P * (dP - delta) also carries
-    the gradient of lse (d lse_i / d s_ij = P_ij)."""
+    the gradient of lse (d lse_i / d s_ij = P_ij). Rows are (B, Hq, Lq) with delta laid out as
+    lse; varlen launches it as one batch of total_q rows (Hq, total_q), no per-sequence work."""
     start_m, bh = _tile_of_program(Lq, BLOCK_M)
     b = bh // Hq
     h = bh % Hq
@@ -264,31 +355,37 @@ def _bwd_preprocess(Out, DO, GradLse, Delta, s_ob, s_oh, s_om, s_dob, s_doh, s_d
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, DK, DV,
+def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, Cu_q, Cu_k, DK, DV,
                      s_qb, s_qh, s_qm, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
                      s_dob, s_doh, s_dom, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
                      s_mb, s_mh, s_mi, s_mj, s_ab, s_ah,
-                     Hq, GROUP, Lq, Lk, D, Dv, scale, softcap, window_lo, window_hi,
-                     threshold, keep_scale, LQ_CLASS, LK_CLASS,
+                     Hq, GROUP, Lq, Lk, D, Dv, scale, softcap, window_lo, window_hi, total_q,
+                     causal_mode, threshold, keep_scale, LQ_CLASS, LK_CLASS,
                      MASK_KIND: tl.constexpr, HAS_PAD: tl.constexpr, HAS_ALIBI: tl.constexpr,
                      HAS_SOFTCAP: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                      UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                     ACCURATE_EXP: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                     ACCURATE_EXP: tl.constexpr, VARLEN: tl.constexpr, BLOCK_D: tl.constexpr,
+                     BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """dK, dV for BLOCK_N keys of kv head (b, kvh), summed over the GROUP query heads that
     share it. Scores are computed transposed, (keys, queries), so that every product is a
-    plain tl.dot with one transposed operand (as in Triton's fused-attention tutorial)."""
+    plain tl.dot with one transposed operand (as in Triton's fused-attention tutorial).
+    Varlen: tiles past the sequence's keys exit at once; a sequence without queries writes
+    dK = dV = 0 for its keys."""
     start_n, bkv = _tile_of_program(Lk, BLOCK_N)
     Hkv = Hq // GROUP
     b = bkv // Hkv
     kvh = bkv % Hkv
+    q0, k0, seq_q, seq_k, lo_w, hi_w = _sequence(Cu_q, Cu_k, b, Lq, Lk, window_lo, window_hi,
+                                                 causal_mode, VARLEN)
+    if start_n >= seq_k:
+        return
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    n_valid = offs_n < Lk
+    n_valid = offs_n < seq_k
     d_valid = offs_d < D
     dv_valid = offs_dv < Dv
-    rows_n = offs_n.to(tl.int64)[:, None]
+    rows_n = (k0 + offs_n).to(tl.int64)[:, None]
     k = tl.load(K + b * s_kb + kvh * s_kh + rows_n * s_kn + offs_d[None, :],
                 mask=n_valid[:, None] & d_valid[None, :], other=0.0)
     v = tl.load(V + b * s_vb + kvh * s_vh + rows_n * s_vn + offs_dv[None, :],
@@ -298,18 +395,19 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, DK, DV,
         v = v.to(tl.float32)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
-    lo, hi = _query_range(start_n, Lq, window_lo, window_hi, BLOCK_M, BLOCK_N)
+    lo, hi = _query_range(start_n, seq_q, lo_w, hi_w, BLOCK_M, BLOCK_N)
     for g in range(0, GROUP):
         h = kvh * GROUP + g
-        bh = b * Hq + h
+        row0 = _row_base(b, h, q0, Hq, Lq, total_q, VARLEN)
+        drop0, drop_step = _dropout_rows(b, h, q0, Hq, Lq, Lk, VARLEN)
         slope = 0.0
         if HAS_ALIBI:
             slope = tl.load(Alibi + b * s_ab + h * s_ah)
-        q_base = Q + b * s_qb + h * s_qh
-        do_base = DO + b * s_dob + h * s_doh
+        q_base = Q + b * s_qb + h * s_qh + q0 * s_qm
+        do_base = DO + b * s_dob + h * s_doh + q0 * s_dom
         for start_m in range(lo, hi, BLOCK_M):
             offs_m = start_m + tl.arange(0, BLOCK_M)
-            m_valid = offs_m < Lq
+            m_valid = offs_m < seq_q
             cols_m = offs_m.to(tl.int64)
             qT = tl.load(q_base + cols_m[None, :] * s_qm + offs_d[:, None],
                          mask=m_valid[None, :] & d_valid[:, None], other=0.0)
@@ -318,22 +416,22 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, DK, DV,
             if UPCAST:
                 qT = qT.to(tl.float32)
                 do = do.to(tl.float32)
-            lse = tl.load(Lse + bh * Lq + offs_m, mask=m_valid, other=0.0)
+            lse = tl.load(Lse + row0 + offs_m, mask=m_valid, other=0.0)
             # Rows without a visible key have lse -inf and only -inf scores: use +inf so that
             # their P is exp2(-inf) = 0 rather than NaN.
             lse = tl.where(lse == float("-inf"), float("inf"), lse)
-            delta = tl.load(Delta + bh * Lq + offs_m, mask=m_valid, other=0.0)
+            delta = tl.load(Delta + row0 + offs_m, mask=m_valid, other=0.0)
             qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)
             sT = _capped_scores(qkT, scale, softcap, HAS_SOFTCAP)
             sT_masked = _biased_masked_scores(sT, offs_m[None, :], offs_n[:, None], b, h, Mask,
-                                              s_mb, s_mh, s_mi, s_mj, Pad, slope, Lq, Lk,
-                                              window_lo, window_hi, MASK_KIND, HAS_PAD,
+                                              s_mb, s_mh, s_mi, s_mj, Pad, slope, seq_q, seq_k,
+                                              seq_k - seq_q, lo_w, hi_w, MASK_KIND, HAS_PAD,
                                               HAS_ALIBI)
             pT = _exp(sT_masked - lse[None, :], ACCURATE_EXP)
             dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
             if HAS_DROPOUT:
-                zT = dropout_multiplier(Seed, (bh * Lq + cols_m[None, :]) * Lk + offs_n[:, None],
-                                        threshold, keep_scale)
+                zT = dropout_multiplier(Seed, drop0 + cols_m[None, :] * drop_step
+                                        + offs_n[:, None], threshold, keep_scale)
                 dv += tl.dot(_operand(pT * zT, do, UPCAST), do, input_precision=DOT_PRECISION)
                 dpT = dpT * zT
             else:
@@ -351,28 +449,33 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, DK, DV,
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, DQ,
+def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, Cu_q, Cu_k, DQ,
                    s_qb, s_qh, s_qm, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
                    s_dob, s_doh, s_dom, s_dqb, s_dqh, s_dqm,
                    s_mb, s_mh, s_mi, s_mj, s_ab, s_ah,
-                   Hq, GROUP, Lq, Lk, D, Dv, scale, softcap, window_lo, window_hi,
-                   threshold, keep_scale, LQ_CLASS, LK_CLASS,
+                   Hq, GROUP, Lq, Lk, D, Dv, scale, softcap, window_lo, window_hi, total_q,
+                   causal_mode, threshold, keep_scale, LQ_CLASS, LK_CLASS,
                    MASK_KIND: tl.constexpr, HAS_PAD: tl.constexpr, HAS_ALIBI: tl.constexpr,
                    HAS_SOFTCAP: tl.constexpr, HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
                    DOT_PRECISION: tl.constexpr, ACCURATE_EXP: tl.constexpr,
-                   BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                   VARLEN: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """dQ for BLOCK_M queries of head (b, h), over the key tiles they can see."""
     start_m, bh = _tile_of_program(Lq, BLOCK_M)
     b = bh // Hq
     h = bh % Hq
     kvh = h // GROUP
+    q0, k0, seq_q, seq_k, lo_w, hi_w = _sequence(Cu_q, Cu_k, b, Lq, Lk, window_lo, window_hi,
+                                                 causal_mode, VARLEN)
+    if start_m >= seq_q:
+        return
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    m_valid = offs_m < Lq
+    m_valid = offs_m < seq_q
     d_valid = offs_d < D
     dv_valid = offs_dv < Dv
-    rows_m = offs_m.to(tl.int64)[:, None]
+    rows_m = (q0 + offs_m).to(tl.int64)[:, None]
     q = tl.load(Q + b * s_qb + h * s_qh + rows_m * s_qm + offs_d[None, :],
                 mask=m_valid[:, None] & d_valid[None, :], other=0.0)
     do = tl.load(DO + b * s_dob + h * s_doh + rows_m * s_dom + offs_dv[None, :],
@@ -380,21 +483,23 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, DQ,
     if UPCAST:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
-    lse = tl.load(Lse + bh * Lq + offs_m, mask=m_valid, other=0.0)
+    row0 = _row_base(b, h, q0, Hq, Lq, total_q, VARLEN)
+    lse = tl.load(Lse + row0 + offs_m, mask=m_valid, other=0.0)
     lse = tl.where(lse == float("-inf"), float("inf"), lse)  # see _bwd_dkdv_kernel
-    delta = tl.load(Delta + bh * Lq + offs_m, mask=m_valid, other=0.0)
+    delta = tl.load(Delta + row0 + offs_m, mask=m_valid, other=0.0)
     slope = 0.0
     if HAS_ALIBI:
         slope = tl.load(Alibi + b * s_ab + h * s_ah)
-    k_base = K + b * s_kb + kvh * s_kh
-    v_base = V + b * s_vb + kvh * s_vh
-    row_element = (bh * Lq + offs_m) * Lk
+    k_base = K + b * s_kb + kvh * s_kh + k0 * s_kn
+    v_base = V + b * s_vb + kvh * s_vh + k0 * s_vn
+    drop0, drop_step = _dropout_rows(b, h, q0, Hq, Lq, Lk, VARLEN)
+    row_element = drop0 + offs_m.to(tl.int64) * drop_step
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    lo, hi = _key_range(start_m, Lk, window_lo, window_hi, BLOCK_M, BLOCK_N)
+    lo, hi = _key_range(start_m, seq_k, lo_w, hi_w, BLOCK_M, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_valid = offs_n < Lk
+        n_valid = offs_n < seq_k
         rows_n = offs_n.to(tl.int64)[:, None]
         k = tl.load(k_base + rows_n * s_kn + offs_d[None, :],
                     mask=n_valid[:, None] & d_valid[None, :], other=0.0)
@@ -406,8 +511,9 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, DQ,
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         s = _capped_scores(qk, scale, softcap, HAS_SOFTCAP)
         s_masked = _biased_masked_scores(s, offs_m[:, None], offs_n[None, :], b, h, Mask, s_mb,
-                                         s_mh, s_mi, s_mj, Pad, slope, Lq, Lk, window_lo,
-                                         window_hi, MASK_KIND, HAS_PAD, HAS_ALIBI)
+                                         s_mh, s_mi, s_mj, Pad, slope, seq_q, seq_k,
+                                         seq_k - seq_q, lo_w, hi_w, MASK_KIND, HAS_PAD,
+                                         HAS_ALIBI)
         p = _exp(s_masked - lse[:, None], ACCURATE_EXP)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         if HAS_DROPOUT:
@@ -419,7 +525,7 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, DQ,
             ds = ds * (1.0 - t * t)
         dq += tl.dot(_operand(ds, k, UPCAST), k, input_precision=DOT_PRECISION)
     dq = dq * scale
-    tl.store(DQ + b * s_dqb + h * s_dqh + offs_m.to(tl.int64)[:, None] * s_dqm + offs_d[None, :],
+    tl.store(DQ + b * s_dqb + h * s_dqh + rows_m * s_dqm + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
 
 
@@ -463,7 +569,7 @@ _DQ_CONFIGS = {
           _config(32, 32, 4, 2)],
     256: [_config(64, 32, 8, 1), _config(32, 32, 4, 2), _config(32, 16, 4, 1)],
 }
-_TUNE_KEY = ["BLOCK_D", "BLOCK_DV", "LQ_CLASS", "LK_CLASS", "MASK_KIND", "HAS_DROPOUT"]
+_TUNE_KEY = ["BLOCK_D", "BLOCK_DV", "LQ_CLASS", "LK_CLASS", "MASK_KIND", "HAS_DROPOUT", "VARLEN"]
 _SHARED_MEMORY_BUDGET = 192 * 1024  # of the H100's 227 KB, leaving Triton room for scratch
 
 
@@ -528,12 +634,26 @@ def _interpreter_block(length: int) -> int:
 
 class _Launch:
     """Everything the three main kernels share: pointers for optional tensors, strides,
-    constexpr flags, and whether to launch the raw kernel (interpreter) or the tuned one."""
+    constexpr flags, and whether to launch the raw kernel (interpreter) or the tuned one.
+
+    Dense: q (B, Hq, Lq, D), k/v (B, Hkv, Lk, D/Dv), window_lo/hi the band. Varlen (`varlen`
+    = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal_mode)): q (total_q, Hq,
+    D), k/v (total_k, Hkv, D/Dv), window_lo/hi the window's sides; B = len(cu_seqlens) - 1 and
+    Lq/Lk are the largest lengths (the grid covers them; shorter sequences' tiles exit)."""
 
     def __init__(self, q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
-                 window_lo, window_hi, dropout_p, seed):
-        B, Hq, Lq, D = q.shape
-        Hkv, Lk, Dv = k.shape[1], k.shape[2], v.shape[3]
+                 window_lo, window_hi, dropout_p, seed, varlen=None):
+        self.varlen = varlen is not None
+        if self.varlen:
+            cu_q, cu_k, max_q, max_k, causal_mode = varlen
+            B, Hq, D = cu_q.numel() - 1, q.shape[1], q.shape[2]
+            Hkv, Lq, Lk, Dv = k.shape[1], int(max_q), int(max_k), v.shape[2]
+            total_q = q.shape[0]
+        else:
+            B, Hq, Lq, D = q.shape
+            Hkv, Lk, Dv = k.shape[1], k.shape[2], v.shape[3]
+            cu_q = cu_k = q  # unused pointers
+            causal_mode, total_q = 0, 0
         self.shape = (B, Hq, Hkv, Lq, Lk, D, Dv)
         self.interpret = interpreting(q.device)
         if attn_mask is None:
@@ -547,12 +667,12 @@ class _Launch:
             alibi_arg, alibi_strides = alibi_slopes, tuple(alibi_slopes.stride())
         has_dropout = dropout_p > 0.0
         self.optional = (mask_arg, key_padding_mask if key_padding_mask is not None else q,
-                         alibi_arg, seed if has_dropout else q)
+                         alibi_arg, seed if has_dropout else q, cu_q, cu_k)
         self.trailing_strides = mask_strides + alibi_strides
         # Triton passes floats as float32, which rounds p and 1/(1-p) exactly as the other
         # backends do.
         self.scalars = (Hq, Hq // Hkv, Lq, Lk, D, Dv, float(scale), float(softcap),
-                        int(window_lo), int(window_hi),
+                        int(window_lo), int(window_hi), int(total_q), int(causal_mode),
                         float(dropout_p) if has_dropout else 0.0,
                         1.0 / (1.0 - dropout_p) if has_dropout else 1.0,
                         _length_class(Lq), _length_class(Lk))
@@ -568,10 +688,17 @@ class _Launch:
                          UPCAST=self.interpret and q.dtype == torch.bfloat16,
                          DOT_PRECISION=precision,
                          ACCURATE_EXP=q.dtype == torch.float32 and not self.interpret,
-                         BLOCK_D=block_d, BLOCK_DV=block_dv)
+                         VARLEN=self.varlen, BLOCK_D=block_d, BLOCK_DV=block_dv)
         self.head_class = _head_class(block_d, block_dv)
         self.interpreter_blocks = dict(BLOCK_M=_interpreter_block(Lq),
                                        BLOCK_N=_interpreter_block(Lk))
+
+    def strides(self, t: torch.Tensor) -> tuple[int, int, int]:
+        """(batch, head, row) strides of q, k, v or a tensor shaped like them: a packed
+        (total, H, D) tensor has batch stride 0 (sequences are told apart by cu_seqlens)."""
+        if self.varlen:
+            return 0, t.stride(1), t.stride(0)
+        return t.stride(0), t.stride(1), t.stride(2)
 
     def kernel(self, raw, tuned):
         """(kernel, extra meta-parameters) for this device."""
@@ -585,8 +712,68 @@ def _on_device(t: torch.Tensor):
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
-def _strides3(t: torch.Tensor) -> tuple[int, int, int]:
-    return t.stride(0), t.stride(1), t.stride(2)
+# ---------------------------------------------------------------------------------------------
+# Launchers shared by the dense ops (below) and the varlen ops (fastattn/triton/
+# varlen_attention.py)
+
+
+def launch_forward(launch: _Launch, q, k, v, out, lse) -> None:
+    """Runs the forward kernel into out (shaped like q with Dv) and lse (float32, the op's
+    layout); out may be a float32 buffer for bfloat16 under the interpreter."""
+    B, Hq, Hkv, Lq, Lk, D, Dv = launch.shape
+    if B * Hq * Lq == 0 or out.numel() == 0:
+        return
+    kernel, blocks = launch.kernel(_fwd_kernel, _FWD_TUNED)
+
+    def grid(meta):
+        return (B * Hq * triton.cdiv(Lq, meta["BLOCK_M"]),)
+
+    with _on_device(q):
+        kernel[grid](q, k, v, *launch.optional, out, lse, *launch.strides(q), *launch.strides(k),
+                     *launch.strides(v), *launch.strides(out), *launch.trailing_strides,
+                     *launch.scalars, **launch.meta, **blocks)
+
+
+def launch_backward(launch: _Launch, grad_out, grad_lse, q, k, v, out, lse, dq, dk, dv) -> None:
+    """Runs the backward kernels into dq, dk, dv (shaped like q, k, v; float32 buffers for
+    bfloat16 under the interpreter). grad_out has a unit last stride; lse and grad_lse (or
+    None) are contiguous in the op's lse layout."""
+    B, Hq, Hkv, Lq, Lk, D, Dv = launch.shape
+    total_q = q.shape[0] if launch.varlen else B * Lq
+    delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+    has_grad_lse = grad_lse is not None
+    grad_lse_arg = grad_lse if has_grad_lse else lse
+    common = (q, k, v, grad_out, lse, delta, *launch.optional)
+    q_k_v_do_strides = (*launch.strides(q), *launch.strides(k), *launch.strides(v),
+                        *launch.strides(grad_out))
+    with _on_device(q):
+        if Hq * total_q > 0:
+            block_dv = launch.meta["BLOCK_DV"]
+            pre_m = max(16, 8192 // block_dv)  # 64 float32 registers a thread per tile
+            # delta has lse's layout: (B, Hq, Lq) dense; varlen's (Hq, total_q) is the same
+            # loop over one batch of total_q rows (batch stride 0), with no per-sequence work.
+            pre_b, pre_l = (1, total_q) if launch.varlen else (B, Lq)
+            wrap_triton(_bwd_preprocess)[(pre_b * Hq * triton.cdiv(pre_l, pre_m),)](
+                out, grad_out, grad_lse_arg, delta, *launch.strides(out),
+                *launch.strides(grad_out), Hq, pre_l, Dv, HAS_GRAD_LSE=has_grad_lse,
+                BLOCK_M=pre_m, BLOCK_DV=block_dv)
+
+            kernel, blocks = launch.kernel(_bwd_dq_kernel, _DQ_TUNED)
+
+            def dq_grid(meta):
+                return (B * Hq * triton.cdiv(Lq, meta["BLOCK_M"]),)
+
+            kernel[dq_grid](*common, dq, *q_k_v_do_strides, *launch.strides(dq),
+                            *launch.trailing_strides, *launch.scalars, **launch.meta, **blocks)
+        if B * Hkv * Lk > 0 and k.numel() > 0:
+            kernel, blocks = launch.kernel(_bwd_dkdv_kernel, _DKDV_TUNED)
+
+            def dkdv_grid(meta):
+                return (B * Hkv * triton.cdiv(Lk, meta["BLOCK_N"]),)
+
+            kernel[dkdv_grid](*common, dk, dv, *q_k_v_do_strides, *launch.strides(dk),
+                              *launch.strides(dv), *launch.trailing_strides, *launch.scalars,
+                              **launch.meta, **blocks)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -640,16 +827,7 @@ def attention_forward_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     wide = q.dtype == torch.bfloat16 and launch.interpret  # float32 buffer, rounded by torch
     out = poison(output_like(q, Dv, torch.float32 if wide else None))
     lse = poison(torch.empty((B, Hq, Lq), dtype=torch.float32, device=q.device))
-    if B * Hq * Lq > 0:
-        kernel, blocks = launch.kernel(_fwd_kernel, _FWD_TUNED)
-
-        def grid(meta):
-            return (B * Hq * triton.cdiv(Lq, meta["BLOCK_M"]),)
-
-        with _on_device(q):
-            kernel[grid](q, k, v, *launch.optional, out, lse, *_strides3(q), *_strides3(k),
-                         *_strides3(v), *_strides3(out), *launch.trailing_strides,
-                         *launch.scalars, **launch.meta, **blocks)
+    launch_forward(launch, q, k, v, out, lse)
     return finish(out, q.dtype), lse
 
 
@@ -668,42 +846,13 @@ def attention_backward_triton(grad_out: torch.Tensor, grad_lse: torch.Tensor | N
     # bitwise reproducible.
     launch = _Launch(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
                      window_lo, window_hi, dropout_p, seed)
-    B, Hq, Hkv, Lq, Lk, D, Dv = launch.shape
     dq = grad_buffer_like(q)
     dk = grad_buffer_like(k)
     dv = grad_buffer_like(v)
     if grad_out.shape[-1] > 1 and grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
-    lse = lse.contiguous()
-    delta = torch.empty((B, Hq, Lq), dtype=torch.float32, device=q.device)
-    has_grad_lse = grad_lse is not None
-    grad_lse_arg = grad_lse.contiguous() if has_grad_lse else lse
-    common = (q, k, v, grad_out, lse, delta, *launch.optional)
-    q_k_v_do_strides = (*_strides3(q), *_strides3(k), *_strides3(v), *_strides3(grad_out))
-    with _on_device(q):
-        if B * Hq * Lq > 0:
-            block_dv = launch.meta["BLOCK_DV"]
-            pre_m = max(16, 8192 // block_dv)  # 64 float32 registers a thread per tile
-            wrap_triton(_bwd_preprocess)[(B * Hq * triton.cdiv(Lq, pre_m),)](
-                out, grad_out, grad_lse_arg, delta, *_strides3(out), *_strides3(grad_out), Hq,
-                Lq, Dv, HAS_GRAD_LSE=has_grad_lse, BLOCK_M=pre_m, BLOCK_DV=block_dv)
-
-            kernel, blocks = launch.kernel(_bwd_dq_kernel, _DQ_TUNED)
-
-            def dq_grid(meta):
-                return (B * Hq * triton.cdiv(Lq, meta["BLOCK_M"]),)
-
-            kernel[dq_grid](*common, dq, *q_k_v_do_strides, *_strides3(dq),
-                            *launch.trailing_strides, *launch.scalars, **launch.meta, **blocks)
-        if B * Hkv * Lk > 0:
-            kernel, blocks = launch.kernel(_bwd_dkdv_kernel, _DKDV_TUNED)
-
-            def dkdv_grid(meta):
-                return (B * Hkv * triton.cdiv(Lk, meta["BLOCK_N"]),)
-
-            kernel[dkdv_grid](*common, dk, dv, *q_k_v_do_strides, *_strides3(dk),
-                              *_strides3(dv), *launch.trailing_strides, *launch.scalars,
-                              **launch.meta, **blocks)
+    launch_backward(launch, grad_out, None if grad_lse is None else grad_lse.contiguous(), q, k,
+                    v, out, lse.contiguous(), dq, dk, dv)
     return finish(dq, q.dtype), finish(dk, k.dtype), finish(dv, v.dtype)
 
 
