@@ -40,6 +40,14 @@ TORCH_LIBRARY(fastattn, m) {
   m.def("attention_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor k_lengths, "
         "Tensor q_positions, Tensor? alibi_slopes, float scale, float softcap, int causal_mode, "
         "int window_left, int window_right, int num_splits) -> (Tensor, Tensor)");
+  // Decoding in one call: rotary on q and k_new (tables (Lmax, rotary_dim / 2) in the compute
+  // dtype, positions cache_seqlens[b] + i), k_new/v_new appended into the caches in place at
+  // cache_seqlens, then attention_decode over cache_seqlens + Lnew keys. Returns (out, lse).
+  m.def("attention_with_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+        "Tensor cache_seqlens, Tensor? k_new, Tensor? v_new, Tensor? rotary_cos, "
+        "Tensor? rotary_sin, bool rotary_interleaved, Tensor? alibi_slopes, float scale, "
+        "float softcap, int causal_mode, int window_left, int window_right, int num_splits) "
+        "-> (Tensor, Tensor)");
   // Additive (Bahdanau) attention scores (csrc/additive_attention):
   // S[b, i, j] = sum_a v[a] tanh(qp[b, i, a] + kp[b, j, a]), in float (double for double).
   m.def("additive_scores(Tensor qp, Tensor kp, Tensor v) -> Tensor");

@@ -435,6 +435,41 @@ def test_opcheck_triton():
     torch.library.opcheck(torch.ops.fastattn.attention_with_kvcache_triton.default, args)
 
 
+def test_opcheck_native_cpu():
+    """The native ops as opcheck sees them: attention_with_kvcache (rotary, append and decode in
+    one call, the caches declared as written in place) and attention_decode."""
+    if not kvcache_ops._has_kernel("CPU", "attention_with_kvcache"):
+        pytest.skip("fastattn._C has no CPU attention_with_kvcache kernel in this build")
+    d = make_decode(Lq=2, Lnew=2, Lmax=20, rotary="gptj", dtype=F32, seed=7)
+    alibi = torch.rand(3, 6)
+    args = [d.q, d.k_cache, d.v_cache, d.cache_seqlens, d.k_new, d.v_new, d.cos.float(),
+            d.sin.float(), True, alibi, 0.3, 2.0, 2, 5, -1, 2]
+    torch.library.opcheck(torch.ops.fastattn.attention_with_kvcache.default, args)
+    lengths = (d.cache_seqlens + 2).to(torch.int32)
+    torch.library.opcheck(torch.ops.fastattn.attention_decode.default,
+                          [d.q, d.k_cache, d.v_cache, lengths, d.cache_seqlens, alibi, 0.3, 2.0,
+                           2, 5, -1, 2])
+
+
+def test_native_op_checks_before_appending():
+    """Called directly (no Python checks), the CPU op refuses a cache too small for the new
+    tokens, and a k_new of the wrong dtype, before writing anything."""
+    if not kvcache_ops._has_kernel("CPU", "attention_with_kvcache"):
+        pytest.skip("fastattn._C has no CPU attention_with_kvcache kernel in this build")
+    d = make_decode(Lnew=3, Lmax=20, dtype=F32, seed=3)
+    k_before, v_before = d.k_cache.clone(), d.v_cache.clone()
+    full = torch.full_like(d.cache_seqlens, 18)
+    op = torch.ops.fastattn.attention_with_kvcache
+    with pytest.raises(RuntimeError, match=r"the cache is too small: cache_seqlens\[0\] = 18 plus "
+                                           r"3 new tokens exceed Lmax = 20"):
+        op(d.q, d.k_cache, d.v_cache, full, d.k_new, d.v_new, None, None, False, None, 0.5, 0.0,
+           2, -1, -1, 0)
+    with pytest.raises(RuntimeError, match="k_new must have q's dtype"):
+        op(d.q, d.k_cache, d.v_cache, d.cache_seqlens, d.k_new.double(), d.v_new, None, None,
+           False, None, 0.5, 0.0, 2, -1, -1, 0)
+    assert torch.equal(d.k_cache, k_before) and torch.equal(d.v_cache, v_before)
+
+
 def test_triton_request_raises_backend_error():
     """A Triton request that cannot run is a clear BackendError and leaves the caches alone:
     float64 (no float64 kernels), or any call when there is no Triton implementation."""

@@ -25,15 +25,14 @@ from .varlen_attention import causal_mode, window_sides
 
 
 @torch.compiler.assume_constant_result  # fixed at import; Dynamo cannot trace the query
-def _has_kernel(dispatch_key: str) -> bool:
+def _has_kernel(dispatch_key: str, name: str = "attention_decode") -> bool:
     if _native.C is None:
         return False
     try:
-        torch.ops.fastattn.attention_decode
+        getattr(torch.ops.fastattn, name)
     except (AttributeError, RuntimeError):
         return False
-    return torch._C._dispatch_has_kernel_for_dispatch_key("fastattn::attention_decode",
-                                                          dispatch_key)
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"fastattn::{name}", dispatch_key)
 
 
 @torch.compiler.assume_constant_result  # fixed at import, as _has_kernel
@@ -155,13 +154,22 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             limits[name] = f"fastattn._C has no {key} decoding kernel in this build"
     chosen = _backend.select_backend(op, q.device, backend, limits=limits)
     positions = cache_seqlens.to(torch.int64)
-    if chosen == "triton":
+    # One op for rotary, append and attention where the backend has it (triton; a native
+    # build's attention_with_kvcache): a decoding step is short enough that a handful of ops'
+    # dispatch and checks would cost more than the attention itself.
+    if chosen == "triton" or (chosen != "reference"
+                              and _has_kernel(chosen.upper(), "attention_with_kvcache")):
         if rotary_cos is not None:
             _check_rotary_tables(op, D, rotary_cos, rotary_sin, positions, max(Lq, Lnew))
-        out, _ = torch.ops.fastattn.attention_with_kvcache_triton(
-            q, k_cache, v_cache, cache_seqlens, k_new, v_new, rotary_cos, rotary_sin,
-            bool(rotary_interleaved), alibi, scale, float(softcap), mode, left, right,
-            int(num_splits))
+            if chosen != "triton":  # the native op takes the tables in the compute dtype
+                acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+                rotary_cos = rotary_cos.to(acc).contiguous()
+                rotary_sin = rotary_sin.to(acc).contiguous()
+        fused = (torch.ops.fastattn.attention_with_kvcache_triton if chosen == "triton"
+                 else torch.ops.fastattn.attention_with_kvcache)
+        out, _ = fused(q, k_cache, v_cache, cache_seqlens, k_new, v_new, rotary_cos, rotary_sin,
+                       bool(rotary_interleaved), alibi, scale, float(softcap), mode, left, right,
+                       int(num_splits))
         _backend._record(op, chosen)
         return out
     rotary_backend = "reference" if chosen == "reference" else None
@@ -194,6 +202,14 @@ def _register_native_fakes() -> None:
         B, Hq, Lq, _ = q.shape
         return output_like(q, v_cache.shape[3]), q.new_empty(
             (B, Hq, Lq), dtype=dense_ref.lse_dtype(q.dtype))
+
+    if _has_kernel("CPU", "attention_with_kvcache"):
+        @torch.library.register_fake("fastattn::attention_with_kvcache")
+        def _(q, k_cache, v_cache, cache_seqlens, k_new, v_new, rotary_cos, rotary_sin,
+              rotary_interleaved, alibi, scale, softcap, mode, left, right, num_splits):
+            B, Hq, Lq, _ = q.shape
+            return output_like(q, v_cache.shape[3]), q.new_empty(
+                (B, Hq, Lq), dtype=dense_ref.lse_dtype(q.dtype))
 
 
 if _native.C is not None and _has_kernel("CPU"):
