@@ -23,20 +23,46 @@
 #include <ATen/ops/mm.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/zeros.h>
+#if !defined(FASTATTN_CUDA_EMULATION)
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 #include <torch/library.h>
+#endif
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
+#if !defined(FASTATTN_CUDA_EMULATION)
 #include "common/cuda_utils.cuh"
+#endif
 #include "common/debug.h"
 #include "lstm/lstm.h"
 #include "lstm/lstm_cuda_kernels.cuh"
+
+#if !defined(FASTATTN_CUDA_EMULATION)
+// kernel<<<grid, block, smem, stream>>>(args...); the _WARPSYNC form marks kernels with warp
+// collectives (the emulator runs their threads concurrently).
+#define FASTATTN_LSTM_LAUNCH(kernel, grid, block, smem, stream, ...) \
+  kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
+#define FASTATTN_LSTM_LAUNCH_WARPSYNC FASTATTN_LSTM_LAUNCH
+// Cooperative launch (grid.sync() inside): every block co-resident or the launch fails.
+#define FASTATTN_LSTM_LAUNCH_COOPERATIVE(kernel, grid, block, smem, stream, ...)           \
+  do {                                                                                     \
+    auto fastattn_args = std::make_tuple(__VA_ARGS__);                                     \
+    void* fastattn_ptrs[std::tuple_size_v<decltype(fastattn_args)>];                       \
+    std::apply([&](auto&... a) {                                                           \
+      int i = 0;                                                                           \
+      ((fastattn_ptrs[i++] = static_cast<void*>(&a)), ...);                                \
+    }, fastattn_args);                                                                     \
+    C10_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), grid, \
+                                               block, fastattn_ptrs, smem, stream));        \
+  } while (0)
+#endif
 
 namespace fastattn::lstm {
 namespace {
@@ -73,6 +99,14 @@ struct DeviceInfo {
 };
 
 DeviceInfo device_info(int device) {
+  device = std::max(device, 0);  // the emulator's CPU tensors report -1
+#if defined(FASTATTN_CUDA_EMULATION)
+  DeviceInfo emulated;  // the emulated device changes between calls: no cache
+  cudaDeviceGetAttribute(&emulated.sms, cudaDevAttrMultiProcessorCount, device);
+  cudaDeviceGetAttribute(&emulated.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  cudaDeviceGetAttribute(&emulated.cooperative, cudaDevAttrCooperativeLaunch, device);
+  return emulated;
+#endif
   static std::mutex mutex;
   static std::vector<DeviceInfo> cache;
   std::lock_guard<std::mutex> lock(mutex);
@@ -151,7 +185,7 @@ Tensor gathered_input(const Tensor& input, const Dropout& dr, cudaStream_t strea
   if (xp.numel() == 0) return xp;
   FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
     using a = acc_t<scalar_t>;
-    k::gather_input_kernel<scalar_t><<<grid_stride_for(T * B * I), kThreads, 0, stream>>>(
+    FASTATTN_LSTM_LAUNCH(k::gather_input_kernel<scalar_t>, grid_stride_for(T * B * I), kThreads, 0, stream,
         x.data_ptr<scalar_t>(), T, B, I, x.stride(0), x.stride(1), xp.data_ptr<a>(), dr.seed,
         dr.threshold, static_cast<a>(dr.scale));
     FASTATTN_CUDA_LAUNCH_CHECK();
@@ -222,11 +256,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_cuda(
       a* hs = h_state.data_ptr<a>();
       a* cs = c_state.data_ptr<a>();
       scalar_t* out = output.data_ptr<scalar_t>();
-      void* args[] = {&pp, &ws, &whh, &hs, &cs, &out};
-      C10_CUDA_CHECK(cudaLaunchCooperativeKernel(
-          reinterpret_cast<const void*>(k::forward_persistent_kernel<scalar_t>),
-          dim3(static_cast<unsigned>(d.D * pp.blocks_per_dir)), dim3(k::kPersistThreads), args,
-          smem, stream));
+      FASTATTN_LSTM_LAUNCH_COOPERATIVE(k::forward_persistent_kernel<scalar_t>,
+                                       dim3(static_cast<unsigned>(d.D * pp.blocks_per_dir)),
+                                       dim3(k::kPersistThreads), smem, stream, pp, ws, whh, hs,
+                                       cs, out);
       FASTATTN_CUDA_LAUNCH_CHECK();
     });
     h_n.copy_(h_state[d.T & 1]);
@@ -246,14 +279,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_cuda(
       using a = acc_t<scalar_t>;
       for (int64_t s = 0; s < d.T; ++s) {
         at::bmm_out(hw, h_state, w_hh_t);
-        k::forward_step_cell_kernel<scalar_t><<<grid_for(d.D * d.B * d.H), kThreads, 0, stream>>>(
+        FASTATTN_LSTM_LAUNCH(k::forward_step_cell_kernel<scalar_t>, grid_for(d.D * d.B * d.H), kThreads, 0, stream,
             fp, s, workspace.data_ptr<a>(), hw.data_ptr<a>(), c_state.data_ptr<a>(),
             h_state.data_ptr<a>(), fp.proj ? r_buf.data_ptr<a>() : nullptr,
             output.data_ptr<scalar_t>());
         FASTATTN_CUDA_LAUNCH_CHECK();
         if (fp.proj) {
           at::bmm_out(hp, r_buf, w_hr_t);
-          k::forward_step_proj_kernel<scalar_t><<<grid_for(d.D * d.B * d.P), kThreads, 0, stream>>>(
+          FASTATTN_LSTM_LAUNCH(k::forward_step_proj_kernel<scalar_t>, grid_for(d.D * d.B * d.P), kThreads, 0, stream,
               fp, s, workspace.data_ptr<a>(), hp.data_ptr<a>(), h_state.data_ptr<a>(),
               output.data_ptr<scalar_t>());
           FASTATTN_CUDA_LAUNCH_CHECK();
@@ -339,19 +372,19 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
       const scalar_t* go = gout.defined() ? gout.data_ptr<scalar_t>() : nullptr;
       for (int64_t s = d.T - 1; s >= 0; --s) {
         if (proj) {
-          k::backward_step_dh_kernel<scalar_t><<<grid_for(d.D * d.B * d.P), kThreads, 0, stream>>>(
+          FASTATTN_LSTM_LAUNCH(k::backward_step_dh_kernel<scalar_t>, grid_for(d.D * d.B * d.P), kThreads, 0, stream,
               bp, s, dh_state.data_ptr<a>(), go, dh_all.data_ptr<a>(), dh_step.data_ptr<a>());
           FASTATTN_CUDA_LAUNCH_CHECK();
           at::bmm_out(dr, dh_step, w_hr_acc);  // (D, B, P) x (D, P, H)
         }
-        k::backward_step_cell_kernel<scalar_t><<<grid_for(d.D * d.B * d.H), kThreads, 0, stream>>>(
+        FASTATTN_LSTM_LAUNCH(k::backward_step_cell_kernel<scalar_t>, grid_for(d.D * d.B * d.H), kThreads, 0, stream,
             bp, s, workspace.data_ptr<a>(), h0a.data_ptr<a>(), c0a.data_ptr<a>(),
             proj ? dr.data_ptr<a>() : nullptr, dh_state.data_ptr<a>(), go,
             dc_state.data_ptr<a>(), dgates.data_ptr<a>(), dg_step.data_ptr<a>(),
             hprev.data_ptr<a>(), proj ? r_all.data_ptr<a>() : nullptr);
         FASTATTN_CUDA_LAUNCH_CHECK();
         at::bmm_out(dhp, dg_step, w_hh_acc);  // (D, B, 4H) x (D, 4H, P)
-        k::backward_step_update_kernel<a><<<grid_for(d.D * d.B * d.P), kThreads, 0, stream>>>(
+        FASTATTN_LSTM_LAUNCH(k::backward_step_update_kernel<a>, grid_for(d.D * d.B * d.P), kThreads, 0, stream,
             bp, s, dhp.data_ptr<a>(), dh_state.data_ptr<a>());
         FASTATTN_CUDA_LAUNCH_CHECK();
       }
@@ -386,7 +419,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
     const Dropout dr = make_dropout(dropout_p, seed);
     FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
       using a = acc_t<scalar_t>;
-      k::scatter_grad_input_kernel<scalar_t><<<grid_stride_for(Bt * d.I), kThreads, 0, stream>>>(
+      FASTATTN_LSTM_LAUNCH(k::scatter_grad_input_kernel<scalar_t>, grid_stride_for(Bt * d.I), kThreads, 0, stream,
           dx.data_ptr<a>(), d.T, d.B, d.I, lengths_ptr(lengths), grad_input.data_ptr<scalar_t>(),
           dr.seed, dr.threshold, static_cast<a>(dr.scale));
       FASTATTN_CUDA_LAUNCH_CHECK();
@@ -447,16 +480,16 @@ std::tuple<Tensor, Tensor, Tensor> lstm_cell_cuda(const Tensor& input, const Ten
   FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
     using a = acc_t<scalar_t>;
     if (B <= k::kCellFusedMaxBatch) {
-      k::cell_fused_kernel<scalar_t><<<static_cast<unsigned>(ceil_div(H, k::kCellWarps)),
-                                       k::kCellWarps * 32, 0, stream>>>(
-          B, I, H, x.data_ptr<a>(), h.data_ptr<a>(), c.data_ptr<scalar_t>(), wi.data_ptr<a>(),
+      FASTATTN_LSTM_LAUNCH_WARPSYNC(k::cell_fused_kernel<scalar_t>,
+                                    static_cast<unsigned>(ceil_div(H, k::kCellWarps)),
+                                    k::kCellWarps * 32, 0, stream, B, I, H, x.data_ptr<a>(), h.data_ptr<a>(), c.data_ptr<scalar_t>(), wi.data_ptr<a>(),
           wh.data_ptr<a>(), bias.defined() ? bias.data_ptr<a>() : nullptr,
           workspace.data_ptr<a>(), hy.data_ptr<scalar_t>(), cy.data_ptr<scalar_t>());
       FASTATTN_CUDA_LAUNCH_CHECK();
     } else {
       Tensor pre = bias.defined() ? at::addmm(bias, x, wi.t()) : at::mm(x, wi.t());
       pre.addmm_(h, wh.t());
-      k::cell_pointwise_kernel<scalar_t><<<grid_for(B * H), kThreads, 0, stream>>>(
+      FASTATTN_LSTM_LAUNCH(k::cell_pointwise_kernel<scalar_t>, grid_for(B * H), kThreads, 0, stream,
           B, H, pre.data_ptr<a>(), c.data_ptr<scalar_t>(), workspace.data_ptr<a>(),
           hy.data_ptr<scalar_t>(), cy.data_ptr<scalar_t>());
       FASTATTN_CUDA_LAUNCH_CHECK();
@@ -499,7 +532,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_cell_backward_cu
     auto stream = c10::cuda::getCurrentCUDAStream();
     FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
       using a = acc_t<scalar_t>;
-      k::cell_backward_kernel<scalar_t><<<grid_for(B * H), kThreads, 0, stream>>>(
+      FASTATTN_LSTM_LAUNCH(k::cell_backward_kernel<scalar_t>, grid_for(B * H), kThreads, 0, stream,
           B, H, ghy.defined() ? ghy.data_ptr<scalar_t>() : nullptr,
           gcy.defined() ? gcy.data_ptr<scalar_t>() : nullptr, c.data_ptr<scalar_t>(),
           workspace.data_ptr<a>(), dgates.data_ptr<a>(), grad_cx.data_ptr<scalar_t>());
@@ -533,6 +566,7 @@ int64_t lstm_cuda_path(const Tensor& input, const Tensor& w_hh, const optional<T
 
 }  // namespace
 
+#if !defined(FASTATTN_CUDA_EMULATION)
 TORCH_LIBRARY_IMPL(fastattn, CUDA, m) {
   m.impl("lstm_cell", &lstm_cell_cuda);
   m.impl("lstm_cell_backward", &lstm_cell_backward_cuda);
@@ -540,5 +574,6 @@ TORCH_LIBRARY_IMPL(fastattn, CUDA, m) {
   m.impl("lstm_layer_backward", &lstm_layer_backward_cuda);
   m.impl("lstm_cuda_path", &lstm_cuda_path);
 }
+#endif
 
 }  // namespace fastattn::lstm

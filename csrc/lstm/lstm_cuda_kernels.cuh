@@ -13,11 +13,20 @@
 //
 // The cell's math is the CPU kernel's (lstm_cpu_kernel.cpp: cell_forward / cell_backward), in
 // acc (float, double for double storage), rounded once to the storage type.
+//
+// tools/cuda_emu/emu_lstm.cpp compiles this file and lstm_cuda.cu for the CPU
+// (FASTATTN_CUDA_EMULATION: every CUDA thread an OS thread, __syncthreads / grid.sync / warp
+// shuffles as barriers) so the whole op bodies run and are compared there with the CPU backend.
 #pragma once
-#include <cooperative_groups.h>
 #include <cstdint>
 
+#if !defined(FASTATTN_CUDA_EMULATION)
+#include <cooperative_groups.h>
+
 #include "common/cuda_utils.cuh"
+#define FASTATTN_LSTM_DYNAMIC_SMEM(name) extern __shared__ unsigned char name[]
+#define FASTATTN_LSTM_LDCG(p) __ldcg(p)
+#endif
 #include "common/philox.h"
 
 namespace fastattn::lstm::cuda_kernels {
@@ -237,7 +246,7 @@ __global__ void __launch_bounds__(kPersistThreads)
   const int d = blockIdx.x / pp.blocks_per_dir;
   const int64_t u0 = static_cast<int64_t>(blockIdx.x % pp.blocks_per_dir) * U;
   const int ub = static_cast<int>(H - u0 < U ? H - u0 : U);
-  extern __shared__ unsigned char smem_raw[];
+  FASTATTN_LSTM_DYNAMIC_SMEM(smem_raw);
   acc* w_s = reinterpret_cast<acc*>(smem_raw);        // (H, 4U): w_s[k * R + g * U + uu]
   acc* h_s = w_s + H * R;                              // (B, kChunk + 1)
   acc* g_s = h_s + B * (kPersistChunk + 1);            // (B, 4U) pre-activations from h W_hh^T
@@ -266,7 +275,7 @@ __global__ void __launch_bounds__(kPersistThreads)
         const int kk = e % kPersistChunk;
         // Written by other blocks before the last grid.sync(): read through L2 (__ldcg), never a
         // stale L1 line.
-        h_s[b * (kPersistChunk + 1) + kk] = kk < kc ? __ldcg(h_in + b * H + k0 + kk) : acc(0);
+        h_s[b * (kPersistChunk + 1) + kk] = kk < kc ? FASTATTN_LSTM_LDCG(h_in + b * H + k0 + kk) : acc(0);
       }
       __syncthreads();
       for (int kk = 0; kk < kc; ++kk) {
@@ -316,7 +325,7 @@ __global__ void __launch_bounds__(kPersistThreads)
         cells[u] = acc(0);
         hidden[u] = acc(0);
         out[u] = from_acc<scalar_t>(acc(0));
-        h_out[b * H + u] = __ldcg(h_in + b * H + u);  // the state passes through unchanged
+        h_out[b * H + u] = FASTATTN_LSTM_LDCG(h_in + b * H + u);  // the state passes through unchanged
       }
     }
     grid.sync();  // h_t of every block is visible before anyone reads it

@@ -122,6 +122,32 @@ def unsupported_backends(dtype: torch.dtype = torch.float32) -> dict[str, str]:
     return limits
 
 
+def cuda_recurrent_path(input: torch.Tensor, w_hh: torch.Tensor,
+                        w_hr: torch.Tensor | None = None) -> str:
+    """Which recurrent path the CUDA backend's lstm_layer takes for one layer (a documented
+    query, so a slow fallback is never silent).
+
+    input: the layer's time-major (T, B, I) CUDA input (only its shape, dtype, device matter);
+    w_hh: (D, 4H, P) or (4H, P); w_hr: the projection (D, P, H) / (P, H) or None.
+    Returns "persistent" (one cooperative kernel runs every step of every direction, each block
+    keeping its slice of W_hh in shared memory) or "per_step" (per step a cuBLAS GEMM
+    h W_hh^T and a fused cell kernel). The persistent path needs: no projection, a device with
+    cooperative launch, and a grid of D * ceil(H / U) blocks that is co-resident, with
+    B * 4U <= 4096 and the (H, 4U) W_hh slice in shared memory for some unit block U in
+    1, 2, 4, ..., 64. FASTATTN_LSTM_CUDA_PATH=per_step in the environment forces the per-step
+    path. The backward always runs per step.
+    """
+    reason = _limit_reason("cuda", False)
+    if reason:
+        raise RuntimeError(f"cuda_recurrent_path: {reason}")
+    if w_hh.dim() == 2:
+        w_hh = w_hh.unsqueeze(0)
+    if w_hr is not None and w_hr.dim() == 2:
+        w_hr = w_hr.unsqueeze(0)
+    code = torch.ops.fastattn.lstm_cuda_path(input, w_hh, w_hr)
+    return "persistent" if code == 0 else "per_step"
+
+
 def _op(name: str, backend: str):
     return getattr(torch.ops.fastattn, name + "_triton" if backend == "triton" else name)
 
