@@ -808,7 +808,7 @@ def _cuda_or_skip(dtype=F64):
     return lstm_device("cuda", dtype)
 
 
-def _layer_args(T, B, I, H, D, *, proj=0, lengths=None, dtype=F64, device="cuda", seed=0):
+def _cuda_layer_args(T, B, I, H, D, *, proj=0, lengths=None, dtype=F64, device="cuda", seed=0):
     g = torch.Generator().manual_seed(seed)
     P = proj or H
 
@@ -865,7 +865,7 @@ def test_cuda_persistent_matches_per_step(dtype, D, lengths, p, monkeypatch):
     a few units of the storage precision, as the summation orders differ)."""
     _cuda_or_skip(dtype)
     from fastattn.ops.lstm import cuda_recurrent_path
-    args, lens = _layer_args(9, 5, 6, 40, D, lengths=lengths, dtype=dtype)
+    args, lens = _cuda_layer_args(9, 5, 6, 40, D, lengths=lengths, dtype=dtype)
     seed = torch.tensor([5, 6], dtype=torch.int64, device="cuda") if p else None
     assert cuda_recurrent_path(args[0], args[4]) == "persistent"
     outs_p, grads_p = _layer_fwd_bwd(args, lens, p, seed)
@@ -888,7 +888,7 @@ def test_cuda_layer_matches_cpu_kernels_float64(path, proj, monkeypatch):
     if path == "per_step":
         monkeypatch.setenv("FASTATTN_LSTM_CUDA_PATH", "per_step")
     lengths = [7, 0, 3, 7, 1, 5]
-    args, lens = _layer_args(7, 6, 4, 12, 2, proj=proj, lengths=lengths)
+    args, lens = _cuda_layer_args(7, 6, 4, 12, 2, proj=proj, lengths=lengths)
     seed = torch.tensor([123, 4], dtype=torch.int64)
     outs_g, grads_g = _layer_fwd_bwd(args, lens, 0.4, seed.cuda())
     cpu_args = [t.cpu() if t is not None else None for t in args]
@@ -899,17 +899,19 @@ def test_cuda_layer_matches_cpu_kernels_float64(path, proj, monkeypatch):
 
 
 def test_cuda_large_hidden_per_step_matches_cpu():
-    """A hidden size past the persistent kernel's limits runs per step (and says so)."""
+    """B=64, H=1100: past the persistent kernel's limits (the W_hh slice of a co-resident grid
+    does not fit shared memory), so the fallback runs, says so, and matches the CPU kernels."""
     _cuda_or_skip(torch.float32)
     from fastattn.ops.lstm import cuda_recurrent_path
-    args, lens = _layer_args(3, 4, 16, 1100, 1, dtype=torch.float32, lengths=[3, 1, 2, 3])
-    assert cuda_recurrent_path(args[0], args[4]) in ("per_step", "persistent")
+    args, lens = _cuda_layer_args(3, 64, 16, 1100, 1, dtype=torch.float32)
+    assert cuda_recurrent_path(args[0], args[4]) == "per_step"
     outs_g, grads_g = _layer_fwd_bwd(args, lens)
     cpu_args = [t.cpu() if t is not None else None for t in args]
-    outs_c, grads_c = _layer_fwd_bwd(cpu_args, lens.cpu())
+    outs_c, grads_c = _layer_fwd_bwd(cpu_args, None)
     for name, a, b in zip(["output", "h_n", "c_n"] + [f"grad{i}" for i in range(7)],
                           outs_g + grads_g, outs_c + grads_c):
-        torch.testing.assert_close(a.cpu(), b, rtol=2e-3, atol=2e-3,
+        scale = float(b.abs().max()) if b.numel() else 1.0
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-3, atol=1e-3 * max(scale, 1.0),
                                    msg=lambda m: f"{name}: {m}")
 
 
@@ -937,7 +939,7 @@ def test_cuda_cell_paths_match_cpu(B, bias):
 def test_cuda_side_stream_and_second_device():
     """Kernels run on the caller's current stream (and device, when there are two)."""
     _cuda_or_skip()
-    args, lens = _layer_args(6, 3, 5, 16, 2, lengths=[6, 2, 4])
+    args, lens = _cuda_layer_args(6, 3, 5, 16, 2, lengths=[6, 2, 4])
     expected, _ = _layer_fwd_bwd(args, lens)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

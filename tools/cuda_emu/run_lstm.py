@@ -127,6 +127,9 @@ def main():
     emu = build()
     if a.build:
         return
+    if a.only == "cpu":
+        against_cpu_kernels()
+        return
     TOL = {torch.float64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}
     cases = []
     for dt in (torch.float64, torch.float32, torch.bfloat16, torch.float16):
@@ -189,7 +192,46 @@ def main():
                 label = f"cell B={B} {dt} bias={bias}"
                 err = cell_case(emu, label, B, 5, 9, dt, bias, TOL[dt])
         print(f"ok  cell B={B} ({'fused' if B <= 8 else 'GEMM'}): all dtypes", flush=True)
+    against_cpu_kernels()
     print("all emulated LSTM cases passed")
+
+
+def against_cpu_kernels():
+    """The emulated CUDA ops against fastattn's CPU ops (when this checkout's fastattn._C is
+    built): float64, lengths with 0 and T, both directions, dropout, with and without a
+    projection, both paths: every output and gradient to rounding (the same Philox mask)."""
+    try:
+        import fastattn  # noqa: F401
+        torch.ops.fastattn.lstm_layer
+    except (ImportError, AttributeError, RuntimeError) as e:
+        print(f"skip against the CPU kernels: {e}")
+        return
+    g = torch.Generator().manual_seed(3)
+    T, B, I, H, D = 7, 6, 4, 12, 2
+    lens = torch.tensor([7, 0, 3, 7, 1, 5])
+    seed = torch.tensor([123, 4])
+    for proj in (0, 5):
+        P = proj or H
+        r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64) * 0.5  # noqa: E731
+        args = [r(T, B, I), r(D, B, P), r(D, B, H), r(D, 4 * H, I), r(D, 4 * H, P), r(D, 4 * H),
+                r(D, 4 * H), r(D, P, H) if proj else None]
+        gouts = [r(T, B, D * P), r(D, B, P), r(D, B, H)]
+        for path in ("persistent", "per_step"):
+            if path == "per_step":
+                os.environ["FASTATTN_LSTM_CUDA_PATH"] = "per_step"
+            else:
+                os.environ.pop("FASTATTN_LSTM_CUDA_PATH", None)
+            res = []
+            for ops in (torch.ops.fastattn_emu, torch.ops.fastattn):
+                out = ops.lstm_layer(*args, lens, 0.4, seed, True)
+                grads = ops.lstm_layer_backward(*gouts, *args[:5], args[7], lens, out[3], 0.4,
+                                                seed, True, True, True)
+                res.append(list(out[:3]) + list(grads))
+            for i, (a, b) in enumerate(zip(*res)):
+                torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10,
+                                           msg=lambda m: f"proj={proj} {path} output {i}: {m}")
+            print(f"ok  proj={proj} [{path}] = fastattn's CPU kernels (float64, dropout, lengths)")
+    os.environ.pop("FASTATTN_LSTM_CUDA_PATH", None)
 
 
 if __name__ == "__main__":
