@@ -6,12 +6,14 @@
 //   backward: reverse-time per-step cell derivative from the workspace (no GEMM recomputed),
 //             dh_{t-1} = dgates W_hh per step (cuBLAS), then the weight and input gradients as
 //             GEMMs over all steps.
-// Recurrence paths (lstm_cuda_recurrent_path() / torch.ops.fastattn.lstm_cuda_path reports the
-// one a call takes):
+// Recurrence paths, forward and backward (fastattn.ops.lstm.cuda_recurrent_path /
+// torch.ops.fastattn.lstm_cuda_path reports the one a call takes):
 //   kPersistent: one cooperative launch for all steps and both directions (no projection, the
 //                grid fits co-resident, W_hh slices fit shared memory);
 //   kPerStep:    per step one cuBLAS (batched over directions) h W_hh^T + a fused cell kernel
 //                (+ the projection GEMM and a store kernel with w_hr).
+//   The backward has the same two: a persistent kernel (W_hh column slices resident, dh of the
+//   block's units from the previous step's dgates, cell derivative, grid.sync) or per step.
 // FASTATTN_LSTM_CUDA_PATH=per_step in the environment forces the per-step path (tests compare
 // the two).
 // Lengths: per-row masking on the device (no host read of the lengths, no sort).
@@ -151,9 +153,37 @@ int persistent_units(const LayerDims& d, int device) {
   return 0;
 }
 
-RecurrentPath choose_path(at::ScalarType dtype, const LayerDims& d, int device) {
+// The same rule for the persistent backward: its (4H, U) column slice of W_hh in shared memory,
+// B * U <= 256 * kPersistMaxOut outputs (dh of its units) per block.
+template <typename scalar_t>
+int persistent_backward_units(const LayerDims& d, int device) {
+  using acc = acc_t<scalar_t>;
+  if (forced_per_step() || d.P != d.H || d.T == 0 || d.B == 0) return 0;
+  const DeviceInfo info = device_info(device);
+  if (!info.cooperative) return 0;
+  auto kernel = k::backward_persistent_kernel<scalar_t>;
+  for (int U = 1; U <= 64; U *= 2) {
+    if (d.B * U > static_cast<int64_t>(k::kPersistThreads) * k::kPersistMaxOut) break;
+    const size_t smem = k::persistent_backward_smem_bytes<acc>(d.H, d.B, U);
+    if (smem > static_cast<size_t>(info.smem_optin)) break;
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem)));
+    int per_sm = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel,
+                                                                 k::kPersistThreads, smem));
+    const int64_t blocks = d.D * ceil_div(d.H, U);
+    if (per_sm > 0 && blocks <= static_cast<int64_t>(per_sm) * info.sms) return U;
+  }
+  return 0;
+}
+
+RecurrentPath choose_path(at::ScalarType dtype, const LayerDims& d, int device,
+                          bool backward = false) {
   int U = 0;
-  FASTATTN_DISPATCH_LSTM_CUDA(dtype, [&] { U = persistent_units<scalar_t>(d, device); });
+  FASTATTN_DISPATCH_LSTM_CUDA(dtype, [&] {
+    U = backward ? persistent_backward_units<scalar_t>(d, device)
+                 : persistent_units<scalar_t>(d, device);
+  });
   return U > 0 ? RecurrentPath::kPersistent : RecurrentPath::kPerStep;
 }
 
@@ -354,7 +384,36 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
     dh_all = at::empty({d.D, Bt, d.P}, acc_opts);
     r_all = at::empty({d.D, Bt, d.H}, acc_opts);
   }
-  if (Bt > 0) {
+  const bool persistent =
+      Bt > 0 && choose_path(input.scalar_type(), d, input.get_device(), true) ==
+                    RecurrentPath::kPersistent;
+  if (persistent) {
+    const Tensor h0a = h0.to(acc).contiguous(), c0a = c0.to(acc).contiguous();
+    const Tensor w_hh_acc = w_hh.to(acc).contiguous();  // (D, 4H, H)
+    const k::BackwardStep bp{d.T, d.B, d.H, d.P, d.D, workspace_per_direction(d),
+                             lengths_ptr(lengths), false};
+    FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
+      using a = acc_t<scalar_t>;
+      const int U = persistent_backward_units<scalar_t>(d, input.get_device());
+      TORCH_INTERNAL_ASSERT(U > 0);
+      k::PersistentBackwardParams pp{bp, U, static_cast<int>(ceil_div(d.H, U))};
+      const size_t smem = k::persistent_backward_smem_bytes<a>(d.H, d.B, U);
+      const a* wsp = workspace.data_ptr<a>();
+      const a* whh = w_hh_acc.data_ptr<a>();
+      const a* h0p = h0a.data_ptr<a>();
+      const a* c0p = c0a.data_ptr<a>();
+      const scalar_t* go = gout.defined() ? gout.data_ptr<scalar_t>() : nullptr;
+      a* dhs = dh_state.data_ptr<a>();
+      a* dcs = dc_state.data_ptr<a>();
+      a* dgp = dgates.data_ptr<a>();
+      a* hpp = hprev.data_ptr<a>();
+      FASTATTN_LSTM_LAUNCH_COOPERATIVE(k::backward_persistent_kernel<scalar_t>,
+                                       dim3(static_cast<unsigned>(d.D * pp.blocks_per_dir)),
+                                       dim3(k::kPersistThreads), smem, stream, pp, wsp, whh, h0p,
+                                       c0p, go, dhs, dcs, dgp, hpp);
+      FASTATTN_CUDA_LAUNCH_CHECK();
+    });
+  } else if (Bt > 0) {
     const Tensor h0a = h0.to(acc).contiguous(), c0a = c0.to(acc).contiguous();
     const Tensor w_hh_acc = w_hh.to(acc);  // (D, 4H, P)
     Tensor w_hr_acc, dh_step, dr;
@@ -549,9 +608,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_cell_backward_cu
   return {grad_input, grad_hx, grad_cx, grad_w_ih, grad_w_hh, grad_bias};
 }
 
-// The recurrent path lstm_layer takes for these arguments: 0 = persistent (one cooperative
-// kernel for all steps), 1 = per step (cuBLAS + fused cell kernel per step).
-int64_t lstm_cuda_path(const Tensor& input, const Tensor& w_hh, const optional<Tensor>& w_hr) {
+// The recurrent path lstm_layer (backward = false) or lstm_layer_backward (true) takes for these
+// arguments: 0 = persistent (one cooperative kernel for all steps), 1 = per step (cuBLAS + fused
+// cell kernel per step).
+int64_t lstm_cuda_path(const Tensor& input, const Tensor& w_hh, const optional<Tensor>& w_hr,
+                       bool backward) {
   constexpr const char* op = "lstm_cuda_path";
   check_float_dtype(input, op, "input");
   FASTATTN_CHECK(input.dim() == 3 && w_hh.dim() == 3 && w_hh.size(1) % 4 == 0, op,
@@ -561,7 +622,7 @@ int64_t lstm_cuda_path(const Tensor& input, const Tensor& w_hh, const optional<T
   const int64_t H = w_hh.size(1) / 4;
   const LayerDims d{input.size(0), input.size(1), input.size(2), w_hh.size(0), H,
                     defined(w_hr) ? w_hh.size(2) : H};
-  return static_cast<int64_t>(choose_path(input.scalar_type(), d, input.get_device()));
+  return static_cast<int64_t>(choose_path(input.scalar_type(), d, input.get_device(), backward));
 }
 
 }  // namespace

@@ -75,8 +75,14 @@ __host__ __device__ __forceinline__ void cell_backward(acc i, acc f, acc g, acc 
   r = o * tc;
 }
 
+// Length of batch row b. The Python API checks 0 <= len <= T on the host; a direct op call
+// with a value outside is clamped into [0, T] (so no kernel indexes past the workspace) and
+// trips a device check in debug builds (the CPU op raises instead).
 __device__ __forceinline__ int64_t row_length(const int64_t* lengths, int64_t b, int64_t T) {
-  return lengths != nullptr ? lengths[b] : T;
+  if (lengths == nullptr) return T;
+  const int64_t len = lengths[b];
+  FASTATTN_DEVICE_CHECK(len >= 0 && len <= T);
+  return len < 0 ? 0 : (len > T ? T : len);
 }
 
 // Dropout multiplier of logical element e (philox.h): 1/(1-p) kept, 0 dropped, 1 without dropout.
@@ -259,6 +265,9 @@ __global__ void __launch_bounds__(kPersistThreads)
   }
   const int r = tid % R;
   const int b_first = tid / R, b_step = kPersistThreads / R;
+  // the host's choice of U guarantees: 4U divides the block, kMaxOut outputs cover every row
+  FASTATTN_DEVICE_CHECK(kPersistThreads % R == 0 && kPersistMaxOut * b_step >= B);
+  FASTATTN_DEVICE_CHECK(d < p.D && ub >= 1);
   const int64_t state = static_cast<int64_t>(p.D) * B * H;  // one ping-pong half
 
   for (int64_t s = 0; s < p.T; ++s) {
@@ -403,6 +412,7 @@ __global__ void backward_step_cell_kernel(BackwardStep p, int64_t s,
   const acc* hidden = w + Bt * 5 * p.H;
   const bool first = d == 0 ? t == 0 : t == len - 1;
   const int64_t prev = (d == 0 ? t - 1 : t + 1) * p.B + b;
+  FASTATTN_DEVICE_CHECK(first || (prev >= 0 && prev < Bt));
   const acc cp = first ? c0[idx] : cells[prev * p.H + u];
   if (u < p.P) hp[u] = first ? h0[db * p.P + u] : hidden[prev * p.P + u];
   acc dh;
@@ -433,6 +443,145 @@ __global__ void backward_step_update_kernel(BackwardStep p, int64_t s,
   const int64_t b = (idx / p.P) % p.B, d = idx / (p.P * p.B);
   const int64_t t = d == 0 ? s : p.T - 1 - s;
   if (t < row_length(p.lengths, b, p.T)) dh_state[idx] = dhp[idx];
+}
+
+// Persistent backward (no projection): one cooperative launch for every step of both
+// directions. Block k of direction d owns hidden units [kU, kU + U) and keeps the (4H, U)
+// column slice of W_hh (rows: all 4H gate rows, columns: its units of h) in shared memory. Per
+// step i (reverse time, t_i):
+//   A. (i > 0) dL/dh_{t_i} of its units = dgates of step i-1 (all 4H columns, published by every
+//      block before the last grid.sync(), streamed through shared memory in chunks) x its W
+//      slice, for the rows active at step i-1; other rows keep their carried dh;
+//   B. the cell derivative of its units at t_i (dh + grad_output, the carried dc), writing the
+//      dgates of its units' 4 gate columns (dgates buffer = the weight GEMMs' input) and hprev;
+//   grid.sync().
+// After the last step, phase A once more gives grad_h0. dh/dc carries stay in global slices that
+// only the owning block touches. Thread mapping of phase A: output o = tid + j * 256 is
+// (b, uu) = (o / U, o % U); U divides 256, so uu is fixed per thread.
+struct PersistentBackwardParams {
+  BackwardStep p;
+  int U;
+  int blocks_per_dir;
+};
+
+template <typename acc>
+__host__ __device__ inline size_t persistent_backward_smem_bytes(int64_t H, int64_t B, int U) {
+  return (static_cast<size_t>(H) * 4 * U + static_cast<size_t>(B) * (kPersistChunk + 1) +
+          static_cast<size_t>(B) * U) *
+         sizeof(acc);
+}
+
+template <typename scalar_t>
+__global__ void __launch_bounds__(kPersistThreads)
+    backward_persistent_kernel(PersistentBackwardParams pp, const acc_t<scalar_t>* ws,
+                               const acc_t<scalar_t>* __restrict__ w_hh,
+                               const acc_t<scalar_t>* __restrict__ h0,
+                               const acc_t<scalar_t>* __restrict__ c0,
+                               const scalar_t* __restrict__ grad_output,
+                               acc_t<scalar_t>* dh_state, acc_t<scalar_t>* dc_state,
+                               acc_t<scalar_t>* dgates, acc_t<scalar_t>* hprev) {
+  using acc = acc_t<scalar_t>;
+  namespace cg = cooperative_groups;
+  cg::grid_group grid = cg::this_grid();
+  const BackwardStep& p = pp.p;
+  const int U = pp.U;
+  const int64_t H = p.H, B = p.B, G = 4 * H, Bt = p.T * p.B;
+  const int d = blockIdx.x / pp.blocks_per_dir;
+  const int64_t u0 = static_cast<int64_t>(blockIdx.x % pp.blocks_per_dir) * U;
+  const int ub = static_cast<int>(H - u0 < U ? H - u0 : U);
+  FASTATTN_LSTM_DYNAMIC_SMEM(smem_raw);
+  acc* w_s = reinterpret_cast<acc*>(smem_raw);        // (4H, U): w_s[j * U + uu] = W[j, u0+uu]
+  acc* g_s = w_s + G * U;                              // (B, kChunk + 1) dgates chunk
+  acc* dh_s = g_s + B * (kPersistChunk + 1);           // (B, U) dh of the step
+  const int tid = threadIdx.x;
+  FASTATTN_DEVICE_CHECK(kPersistThreads % U == 0 && kPersistMaxOut * (kPersistThreads / U) >= B);
+  FASTATTN_DEVICE_CHECK(d < p.D && ub >= 1 && !p.proj);
+
+  for (int64_t e = tid; e < G * U; e += kPersistThreads) {
+    const int64_t j = e / U;
+    const int uu = static_cast<int>(e % U);
+    w_s[e] = uu < ub ? w_hh[(static_cast<int64_t>(d) * G + j) * H + u0 + uu] : acc(0);
+  }
+  const int my_uu = tid % U;
+  const int b_first = tid / U, b_step = kPersistThreads / U;
+  const acc* w = ws + d * p.ws_dir;
+  acc* dg_dir = dgates + d * Bt * G;
+
+  for (int64_t i = 0; i <= p.T; ++i) {
+    // A. dh of the rows active at the previous step (i - 1) from its dgates.
+    if (i > 0) {
+      const int64_t s_prev = p.T - i;  // forward step index of step i - 1
+      const int64_t t_prev = d == 0 ? s_prev : p.T - 1 - s_prev;
+      const acc* dg_prev = dg_dir + t_prev * B * G;
+      acc sum[kPersistMaxOut];
+#pragma unroll
+      for (int j = 0; j < kPersistMaxOut; ++j) sum[j] = acc(0);
+      for (int64_t k0 = 0; k0 < G; k0 += kPersistChunk) {
+        const int kc = static_cast<int>(G - k0 < kPersistChunk ? G - k0 : kPersistChunk);
+        __syncthreads();
+        for (int e = tid; e < B * kPersistChunk; e += kPersistThreads) {
+          const int64_t b = e / kPersistChunk;
+          const int kk = e % kPersistChunk;
+          g_s[b * (kPersistChunk + 1) + kk] =
+              kk < kc ? FASTATTN_LSTM_LDCG(dg_prev + b * G + k0 + kk) : acc(0);
+        }
+        __syncthreads();
+        for (int kk = 0; kk < kc; ++kk) {
+          const acc wv = w_s[(k0 + kk) * U + my_uu];
+#pragma unroll
+          for (int j = 0; j < kPersistMaxOut; ++j) {
+            const int b = b_first + j * b_step;
+            if (b < B) sum[j] += wv * g_s[b * (kPersistChunk + 1) + kk];
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kPersistMaxOut; ++j) {
+        const int b = b_first + j * b_step;
+        if (b < B && my_uu < ub && t_prev < row_length(p.lengths, b, p.T)) {
+          dh_state[(d * B + b) * H + u0 + my_uu] = sum[j];
+        }
+      }
+    }
+    if (i == p.T) break;
+    __syncthreads();  // dh_state of this block's units is complete
+    // B. the cell derivative at t_i for this block's units.
+    const int64_t s = p.T - 1 - i;
+    const int64_t t = d == 0 ? s : p.T - 1 - s;
+    for (int e = tid; e < B * U; e += kPersistThreads) {
+      const int64_t b = e / U;
+      const int uu = e % U;
+      if (uu >= ub) continue;
+      const int64_t u = u0 + uu, row = t * B + b, st = (d * B + b) * H + u;
+      acc* dg = dg_dir + row * G;
+      acc* hp = hprev + d * Bt * H + row * H;
+      const int64_t len = row_length(p.lengths, b, p.T);
+      if (t >= len) {
+        for (int g = 0; g < 4; ++g) dg[g * H + u] = acc(0);
+        hp[u] = acc(0);
+        continue;
+      }
+      const acc* gates = w + row * G;
+      const acc* cells = w + Bt * G;
+      const acc* hidden = w + Bt * 5 * H;
+      const bool first = d == 0 ? t == 0 : t == len - 1;
+      const int64_t prev = (d == 0 ? t - 1 : t + 1) * B + b;
+      FASTATTN_DEVICE_CHECK(first || (prev >= 0 && prev < Bt));
+      const acc cp = first ? c0[st] : cells[prev * H + u];
+      hp[u] = first ? h0[st] : hidden[prev * H + u];
+      acc dh = dh_state[st];
+      if (grad_output != nullptr) dh += to_acc(grad_output[row * p.D * H + d * H + u]);
+      acc dc = dc_state[st], di, df, dgg, dgo, r;
+      cell_backward(gates[u], gates[H + u], gates[2 * H + u], gates[3 * H + u], cells[row * H + u],
+                    cp, dh, dc, di, df, dgg, dgo, r);
+      dc_state[st] = dc;
+      dg[u] = di;
+      dg[H + u] = df;
+      dg[2 * H + u] = dgg;
+      dg[3 * H + u] = dgo;
+    }
+    grid.sync();  // every block's dgates of step i are visible
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ TORCH_LIBRARY(fastattn_emu, m) {
         "Tensor? lengths, Tensor workspace, float dropout_p, Tensor? seed, bool has_bias, "
         "bool input_grad, bool weight_grad) "
         "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
-  m.def("lstm_cuda_path(Tensor input, Tensor w_hh, Tensor? w_hr) -> int");
+  m.def("lstm_cuda_path(Tensor input, Tensor w_hh, Tensor? w_hr, bool backward=False) -> int");
 }
 
 TORCH_LIBRARY_IMPL(fastattn_emu, CPU, m) {

@@ -70,12 +70,16 @@ def layer_case(emu, name, T, B, I, H, D, proj, lengths, p, dtype, path, tol):
     want = 0 if path == "persistent" else 1
     got_path = torch.ops.fastattn_emu.lstm_cuda_path(lo[0], lo[4], lo[7])
     assert got_path == want, f"{name}: lstm_cuda_path {got_path}, expected {want}"
+    got_bwd = torch.ops.fastattn_emu.lstm_cuda_path(lo[0], lo[4], lo[7], True)
+    assert got_bwd == want, f"{name}: lstm_cuda_path(backward) {got_bwd}, expected {want}"
     coop0 = emu.cooperative_launches()
     out, hn, cn, ws = torch.ops.fastattn_emu.lstm_layer(*lo, lens, p, seed, True)
     assert emu.cooperative_launches() - coop0 == (1 if want == 0 else 0), f"{name}: wrong path ran"
     grads = torch.ops.fastattn_emu.lstm_layer_backward(
         g_out.to(dtype), g_hn.to(dtype), g_cn.to(dtype), lo[0], lo[1], lo[2], lo[3], lo[4], lo[7],
         lens, ws, p, seed, True, True, True)
+    assert emu.cooperative_launches() - coop0 == (2 if want == 0 else 0), \
+        f"{name}: wrong backward path ran"
     gi, gh0, gc0, gwih, gwhh, gb, gwhr = grads
     checks = [("output", out, out_r), ("h_n", hn, hn_r), ("c_n", cn, cn_r),
               ("grad_input", gi, ref_in[0].grad), ("grad_h0", gh0, ref_in[1].grad),
