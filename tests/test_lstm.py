@@ -846,11 +846,13 @@ def test_cuda_recurrent_path_query(T, B, H, D, proj, expected, monkeypatch):
     w_hh = torch.empty(D, 4 * H, proj or H, device="cuda")
     w_hr = torch.empty(D, proj, H, device="cuda") if proj else None
     assert cuda_recurrent_path(x, w_hh, w_hr) == expected
+    assert cuda_recurrent_path(x, w_hh, w_hr, backward=True) == expected
     if expected == "persistent":
         # 2-D weights (one direction) are accepted too, and the override forces the fallback
         assert cuda_recurrent_path(x, w_hh[0]) == "persistent"
         monkeypatch.setenv("FASTATTN_LSTM_CUDA_PATH", "per_step")
         assert cuda_recurrent_path(x, w_hh, w_hr) == "per_step"
+        assert cuda_recurrent_path(x, w_hh, w_hr, backward=True) == "per_step"
 
 
 @pytest.mark.parametrize("dtype", (F64, torch.float32, torch.bfloat16), ids=("f64", "f32", "bf16"))
@@ -861,16 +863,19 @@ def test_cuda_recurrent_path_query(T, B, H, D, proj, expected, monkeypatch):
     (2, [3, 9, 9, 7, 2], 0.3),
 ])
 def test_cuda_persistent_matches_per_step(dtype, D, lengths, p, monkeypatch):
-    """Both recurrent paths of the same call agree (float64: to rounding; lower precision: to
-    a few units of the storage precision, as the summation orders differ)."""
+    """Both recurrent paths (forward and backward) of the same call agree (float64: to
+    rounding; lower precision: to a few units of the storage precision, as the summation orders
+    differ)."""
     _cuda_or_skip(dtype)
     from fastattn.ops.lstm import cuda_recurrent_path
     args, lens = _cuda_layer_args(9, 5, 6, 40, D, lengths=lengths, dtype=dtype)
     seed = torch.tensor([5, 6], dtype=torch.int64, device="cuda") if p else None
     assert cuda_recurrent_path(args[0], args[4]) == "persistent"
+    assert cuda_recurrent_path(args[0], args[4], backward=True) == "persistent"
     outs_p, grads_p = _layer_fwd_bwd(args, lens, p, seed)
     monkeypatch.setenv("FASTATTN_LSTM_CUDA_PATH", "per_step")
     assert cuda_recurrent_path(args[0], args[4]) == "per_step"
+    assert cuda_recurrent_path(args[0], args[4], backward=True) == "per_step"
     outs_s, grads_s = _layer_fwd_bwd(args, lens, p, seed)
     tol = {F64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 3e-2}[dtype]
     for name, a, b in zip(["output", "h_n", "c_n"] + [f"grad{i}" for i in range(7)],
@@ -905,6 +910,7 @@ def test_cuda_large_hidden_per_step_matches_cpu():
     from fastattn.ops.lstm import cuda_recurrent_path
     args, lens = _cuda_layer_args(3, 64, 16, 1100, 1, dtype=torch.float32)
     assert cuda_recurrent_path(args[0], args[4]) == "per_step"
+    assert cuda_recurrent_path(args[0], args[4], backward=True) == "per_step"
     outs_g, grads_g = _layer_fwd_bwd(args, lens)
     cpu_args = [t.cpu() if t is not None else None for t in args]
     outs_c, grads_c = _layer_fwd_bwd(cpu_args, None)

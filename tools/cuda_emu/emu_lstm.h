@@ -61,7 +61,9 @@ struct Config {
   int smem_optin = 227 * 1024;
   int smem_per_sm = 228 * 1024;
   int regs_per_sm = 65536;
-  int regs_per_thread = 96;  // ptxas -v of forward_persistent_kernel (80 float, 96 double)
+  // registers per thread of the cooperative kernels, one value for both (ptxas -v, sm_90:
+  // forward_persistent_kernel 80 float / 96 double, backward_persistent_kernel 128 / 156)
+  int regs_per_thread = 96;
   int cooperative = 1;
 };
 inline Config& config() {
