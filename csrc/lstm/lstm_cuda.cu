@@ -52,8 +52,9 @@
 #define FASTATTN_LSTM_LAUNCH(kernel, grid, block, smem, stream, ...) \
   kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
 #define FASTATTN_LSTM_LAUNCH_WARPSYNC FASTATTN_LSTM_LAUNCH
-// Cooperative launch (grid.sync() inside): every block co-resident or the launch fails.
-#define FASTATTN_LSTM_LAUNCH_COOPERATIVE(kernel, grid, block, smem, stream, ...)           \
+// Cooperative launch (grid.sync() inside): every block co-resident or the launch fails; the
+// status goes to `err` (see cooperative_launched).
+#define FASTATTN_LSTM_LAUNCH_COOPERATIVE(err, kernel, grid, block, smem, stream, ...)       \
   do {                                                                                     \
     auto fastattn_args = std::make_tuple(__VA_ARGS__);                                     \
     void* fastattn_ptrs[std::tuple_size_v<decltype(fastattn_args)>];                       \
@@ -61,8 +62,8 @@
       int i = 0;                                                                           \
       ((fastattn_ptrs[i++] = static_cast<void*>(&a)), ...);                                \
     }, fastattn_args);                                                                     \
-    C10_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), grid, \
-                                               block, fastattn_ptrs, smem, stream));        \
+    err = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), grid, block,  \
+                                      fastattn_ptrs, smem, stream);                        \
   } while (0)
 #endif
 
@@ -177,6 +178,23 @@ int persistent_backward_units(const LayerDims& d, int device) {
   return 0;
 }
 
+// True when the cooperative launch ran. The occupancy query that chose the persistent path
+// assumes the whole GPU; if the device cannot co-schedule the grid after all (MPS, another
+// context holding SMs) the launch fails with cudaErrorCooperativeLaunchTooLarge, and the op
+// runs the per-step path instead, with a warning (not silently). Any other error throws.
+bool cooperative_launched(cudaError_t err, const char* op) {
+  if (err == cudaErrorCooperativeLaunchTooLarge) {
+    (void)cudaGetLastError();  // clear the (non-sticky) launch error
+    TORCH_WARN_ONCE(op, ": the persistent recurrent kernel's grid did not fit the device at "
+                    "launch (cudaErrorCooperativeLaunchTooLarge; MPS or another context?), so "
+                    "the per-step path ran; fastattn.ops.lstm.cuda_recurrent_path reports the "
+                    "occupancy query's prediction, which assumes the whole GPU");
+    return false;
+  }
+  C10_CUDA_CHECK(err);
+  return true;
+}
+
 RecurrentPath choose_path(at::ScalarType dtype, const LayerDims& d, int device,
                           bool backward = false) {
   int U = 0;
@@ -270,8 +288,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_cuda(
   const Tensor w_hh_acc = w_hh.to(acc).contiguous();
   const k::ForwardStep fp{d.T, d.B, d.H, d.P, d.D, workspace_per_direction(d), len,
                           defined(w_hr)};
-  const RecurrentPath path = choose_path(input.scalar_type(), d, input.get_device());
-  if (path == RecurrentPath::kPersistent) {
+  bool persistent =
+      choose_path(input.scalar_type(), d, input.get_device()) == RecurrentPath::kPersistent;
+  if (persistent) {
     Tensor h_state = at::empty({2, d.D, d.B, d.H}, opts.dtype(acc));
     h_state[0].copy_(h0);
     Tensor c_state = c0.to(acc).contiguous().clone();
@@ -286,15 +305,19 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_cuda(
       a* hs = h_state.data_ptr<a>();
       a* cs = c_state.data_ptr<a>();
       scalar_t* out = output.data_ptr<scalar_t>();
-      FASTATTN_LSTM_LAUNCH_COOPERATIVE(k::forward_persistent_kernel<scalar_t>,
+      cudaError_t err = cudaSuccess;
+      FASTATTN_LSTM_LAUNCH_COOPERATIVE(err, k::forward_persistent_kernel<scalar_t>,
                                        dim3(static_cast<unsigned>(d.D * pp.blocks_per_dir)),
                                        dim3(k::kPersistThreads), smem, stream, pp, ws, whh, hs,
                                        cs, out);
-      FASTATTN_CUDA_LAUNCH_CHECK();
+      persistent = cooperative_launched(err, op);
     });
-    h_n.copy_(h_state[d.T & 1]);
-    c_n.copy_(c_state);
-  } else {
+    if (persistent) {
+      h_n.copy_(h_state[d.T & 1]);
+      c_n.copy_(c_state);
+    }
+  }
+  if (!persistent) {
     Tensor h_state = h0.to(acc).contiguous().clone();
     Tensor c_state = c0.to(acc).contiguous().clone();
     Tensor hw = at::empty({d.D, d.B, 4 * d.H}, opts.dtype(acc));
@@ -384,7 +407,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
     dh_all = at::empty({d.D, Bt, d.P}, acc_opts);
     r_all = at::empty({d.D, Bt, d.H}, acc_opts);
   }
-  const bool persistent =
+  bool persistent =
       Bt > 0 && choose_path(input.scalar_type(), d, input.get_device(), true) ==
                     RecurrentPath::kPersistent;
   if (persistent) {
@@ -407,13 +430,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
       a* dcs = dc_state.data_ptr<a>();
       a* dgp = dgates.data_ptr<a>();
       a* hpp = hprev.data_ptr<a>();
-      FASTATTN_LSTM_LAUNCH_COOPERATIVE(k::backward_persistent_kernel<scalar_t>,
+      cudaError_t err = cudaSuccess;
+      FASTATTN_LSTM_LAUNCH_COOPERATIVE(err, k::backward_persistent_kernel<scalar_t>,
                                        dim3(static_cast<unsigned>(d.D * pp.blocks_per_dir)),
                                        dim3(k::kPersistThreads), smem, stream, pp, wsp, whh, h0p,
                                        c0p, go, dhs, dcs, dgp, hpp);
-      FASTATTN_CUDA_LAUNCH_CHECK();
+      persistent = cooperative_launched(err, op);
     });
-  } else if (Bt > 0) {
+  }
+  if (!persistent && Bt > 0) {
     const Tensor h0a = h0.to(acc).contiguous(), c0a = c0.to(acc).contiguous();
     const Tensor w_hh_acc = w_hh.to(acc);  // (D, 4H, P)
     Tensor w_hr_acc, dh_step, dr;

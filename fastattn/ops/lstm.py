@@ -138,7 +138,10 @@ def cuda_recurrent_path(input: torch.Tensor, w_hh: torch.Tensor,
     a device with cooperative launch, and, for some unit block U in 1, 2, 4, ..., 64, a
     co-resident grid of D * ceil(H / U) blocks with the block's W_hh slice ((H, 4U) forward,
     (4H, U) backward) in shared memory and B * 4U (forward) / B * U (backward) <= 4096.
-    FASTATTN_LSTM_CUDA_PATH=per_step in the environment forces the per-step path.
+    FASTATTN_LSTM_CUDA_PATH=per_step in the environment forces the per-step path. The answer is
+    the occupancy query's, which assumes the whole GPU: if the cooperative launch still fails
+    (cudaErrorCooperativeLaunchTooLarge, e.g. under MPS) the op runs the per-step path and warns
+    once (TORCH_WARN_ONCE).
     """
     reason = _limit_reason("cuda", False)
     if reason:

@@ -44,6 +44,10 @@ struct dim3 {
   constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 using cudaStream_t = void*;
+using cudaError_t = int;
+constexpr cudaError_t cudaSuccess = 0;
+constexpr cudaError_t cudaErrorCooperativeLaunchTooLarge = 720;
+inline cudaError_t cudaGetLastError() { return cudaSuccess; }
 enum cudaDeviceAttr {
   cudaDevAttrMultiProcessorCount,
   cudaDevAttrMaxSharedMemoryPerBlockOptin,
@@ -65,6 +69,9 @@ struct Config {
   // forward_persistent_kernel 80 float / 96 double, backward_persistent_kernel 128 / 156)
   int regs_per_thread = 96;
   int cooperative = 1;
+  // SMs a cooperative launch may actually use (< sms: the occupancy query is too optimistic, as
+  // under MPS); 0 = all
+  int launch_sms = 0;
 };
 inline Config& config() {
   static Config c;
@@ -114,9 +121,10 @@ inline void* thread_main(void* p) {
   return nullptr;
 }
 
-// One launch: 1-D grids and blocks (all lstm_cuda.cu uses).
-inline void launch(dim3 grid, dim3 block, size_t smem, bool concurrent, bool cooperative,
-                   const std::function<void()>& body) {
+// One launch: 1-D grids and blocks (all lstm_cuda.cu uses). Returns the launch status (only a
+// cooperative launch too large for the device fails, with cudaErrorCooperativeLaunchTooLarge).
+inline int launch(dim3 grid, dim3 block, size_t smem, bool concurrent, bool cooperative,
+                  const std::function<void()>& body) {
   stats().launches++;
   TORCH_CHECK(grid.y == 1 && grid.z == 1 && block.y == 1 && block.z == 1, "emu: 1-D launches only");
   TORCH_CHECK(grid.x >= 1 && block.x >= 1 && block.x <= 1024, "emu: bad launch configuration ",
@@ -124,14 +132,15 @@ inline void launch(dim3 grid, dim3 block, size_t smem, bool concurrent, bool coo
   TORCH_CHECK(smem <= static_cast<size_t>(config().smem_optin), "emu: ", smem,
               " bytes of shared memory exceed the device's ", config().smem_optin);
   if (cooperative) {
-    stats().cooperative_launches++;
     const int per_sm = std::min<int>(
         {config().regs_per_sm / (config().regs_per_thread * static_cast<int>(block.x)),
          smem > 0 ? static_cast<int>(config().smem_per_sm / smem) : 32,
          2048 / static_cast<int>(block.x)});
-    TORCH_CHECK(static_cast<int64_t>(grid.x) <= static_cast<int64_t>(per_sm) * config().sms,
-                "emu: cudaErrorCooperativeLaunchTooLarge (", grid.x, " blocks, ", per_sm,
-                " per SM)");
+    const int sms = config().launch_sms > 0 ? config().launch_sms : config().sms;
+    if (static_cast<int64_t>(grid.x) > static_cast<int64_t>(per_sm) * sms) {
+      return cudaErrorCooperativeLaunchTooLarge;
+    }
+    stats().cooperative_launches++;
   }
   std::vector<Block> blocks(concurrent ? grid.x : 1);
   for (Block& b : blocks) {
@@ -155,7 +164,7 @@ inline void launch(dim3 grid, dim3 block, size_t smem, bool concurrent, bool coo
       }
     }
     ctx = Ctx();
-    return;
+    return cudaSuccess;
   }
   TORCH_CHECK(block.x % 32 == 0, "emu: concurrent launches need whole warps");
   const size_t n = static_cast<size_t>(grid.x) * block.x;
@@ -180,6 +189,7 @@ inline void launch(dim3 grid, dim3 block, size_t smem, bool concurrent, bool coo
   }
   for (size_t i = 0; i < n; ++i) pthread_join(threads[i], nullptr);
   pthread_attr_destroy(&attr);
+  return cudaSuccess;
 }
 
 }  // namespace emu_lstm
@@ -234,8 +244,8 @@ inline grid_group this_grid() { return {}; }
   ::emu_lstm::launch(dim3(grid), dim3(block), smem, false, false, [&] { kernel(__VA_ARGS__); })
 #define FASTATTN_LSTM_LAUNCH_WARPSYNC(kernel, grid, block, smem, stream, ...) \
   ::emu_lstm::launch(dim3(grid), dim3(block), smem, true, false, [&] { kernel(__VA_ARGS__); })
-#define FASTATTN_LSTM_LAUNCH_COOPERATIVE(kernel, grid, block, smem, stream, ...) \
-  ::emu_lstm::launch(dim3(grid), dim3(block), smem, true, true, [&] { kernel(__VA_ARGS__); })
+#define FASTATTN_LSTM_LAUNCH_COOPERATIVE(err, kernel, grid, block, smem, stream, ...) \
+  err = ::emu_lstm::launch(dim3(grid), dim3(block), smem, true, true, [&] { kernel(__VA_ARGS__); })
 
 namespace c10::cuda {
 struct CUDAGuard {
