@@ -81,11 +81,14 @@ namespace k = fastattn::lstm::cuda_kernels;
 
 constexpr int kThreads = 256;
 
-dim3 grid_for(int64_t n) { return dim3(static_cast<unsigned>(std::max<int64_t>(ceil_div(n, kThreads), 1))); }
+dim3 grid_for(int64_t n) {
+  return dim3(static_cast<unsigned>(std::max<int64_t>(ceil_div(n, kThreads), 1)));
+}
 
 // Grid-stride kernels: enough blocks to fill the GPU, no more.
 dim3 grid_stride_for(int64_t n) {
-  return dim3(static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(ceil_div(n, kThreads), 1), 65535)));
+  return dim3(static_cast<unsigned>(
+      std::min<int64_t>(std::max<int64_t>(ceil_div(n, kThreads), 1), 65535)));
 }
 
 const int64_t* lengths_ptr(const optional<Tensor>& lengths) {
@@ -233,7 +236,8 @@ Tensor gathered_input(const Tensor& input, const Dropout& dr, cudaStream_t strea
   if (xp.numel() == 0) return xp;
   FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
     using a = acc_t<scalar_t>;
-    FASTATTN_LSTM_LAUNCH(k::gather_input_kernel<scalar_t>, grid_stride_for(T * B * I), kThreads, 0, stream,
+    FASTATTN_LSTM_LAUNCH(k::gather_input_kernel<scalar_t>,
+                         grid_stride_for(T * B * I), kThreads, 0, stream,
         x.data_ptr<scalar_t>(), T, B, I, x.stride(0), x.stride(1), xp.data_ptr<a>(), dr.seed,
         dr.threshold, static_cast<a>(dr.scale));
     FASTATTN_CUDA_LAUNCH_CHECK();
@@ -332,14 +336,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_cuda(
       using a = acc_t<scalar_t>;
       for (int64_t s = 0; s < d.T; ++s) {
         at::bmm_out(hw, h_state, w_hh_t);
-        FASTATTN_LSTM_LAUNCH(k::forward_step_cell_kernel<scalar_t>, grid_for(d.D * d.B * d.H), kThreads, 0, stream,
+        FASTATTN_LSTM_LAUNCH(k::forward_step_cell_kernel<scalar_t>,
+                             grid_for(d.D * d.B * d.H), kThreads, 0, stream,
             fp, s, workspace.data_ptr<a>(), hw.data_ptr<a>(), c_state.data_ptr<a>(),
             h_state.data_ptr<a>(), fp.proj ? r_buf.data_ptr<a>() : nullptr,
             output.data_ptr<scalar_t>());
         FASTATTN_CUDA_LAUNCH_CHECK();
         if (fp.proj) {
           at::bmm_out(hp, r_buf, w_hr_t);
-          FASTATTN_LSTM_LAUNCH(k::forward_step_proj_kernel<scalar_t>, grid_for(d.D * d.B * d.P), kThreads, 0, stream,
+          FASTATTN_LSTM_LAUNCH(k::forward_step_proj_kernel<scalar_t>,
+                               grid_for(d.D * d.B * d.P), kThreads, 0, stream,
               fp, s, workspace.data_ptr<a>(), hp.data_ptr<a>(), h_state.data_ptr<a>(),
               output.data_ptr<scalar_t>());
           FASTATTN_CUDA_LAUNCH_CHECK();
@@ -398,8 +404,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
   }
   auto stream = c10::cuda::getCurrentCUDAStream();
   const int64_t Bt = d.T * d.B;
-  Tensor dh_state = ghn.defined() ? ghn.to(acc).contiguous().clone() : at::zeros({d.D, d.B, d.P}, acc_opts);
-  Tensor dc_state = gcn.defined() ? gcn.to(acc).contiguous().clone() : at::zeros({d.D, d.B, d.H}, acc_opts);
+  // dL/dh and dL/dc carried backwards through time (missing incoming grads are zeros)
+  Tensor dh_state = ghn.defined() ? ghn.to(acc).contiguous().clone()
+                                  : at::zeros({d.D, d.B, d.P}, acc_opts);
+  Tensor dc_state = gcn.defined() ? gcn.to(acc).contiguous().clone()
+                                  : at::zeros({d.D, d.B, d.H}, acc_opts);
   Tensor dgates = at::empty({d.D, Bt, 4 * d.H}, acc_opts);
   Tensor hprev = at::empty({d.D, Bt, d.P}, acc_opts);
   Tensor dh_all, r_all;
@@ -456,19 +465,22 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
       const scalar_t* go = gout.defined() ? gout.data_ptr<scalar_t>() : nullptr;
       for (int64_t s = d.T - 1; s >= 0; --s) {
         if (proj) {
-          FASTATTN_LSTM_LAUNCH(k::backward_step_dh_kernel<scalar_t>, grid_for(d.D * d.B * d.P), kThreads, 0, stream,
+          FASTATTN_LSTM_LAUNCH(k::backward_step_dh_kernel<scalar_t>,
+                               grid_for(d.D * d.B * d.P), kThreads, 0, stream,
               bp, s, dh_state.data_ptr<a>(), go, dh_all.data_ptr<a>(), dh_step.data_ptr<a>());
           FASTATTN_CUDA_LAUNCH_CHECK();
           at::bmm_out(dr, dh_step, w_hr_acc);  // (D, B, P) x (D, P, H)
         }
-        FASTATTN_LSTM_LAUNCH(k::backward_step_cell_kernel<scalar_t>, grid_for(d.D * d.B * d.H), kThreads, 0, stream,
+        FASTATTN_LSTM_LAUNCH(k::backward_step_cell_kernel<scalar_t>,
+                             grid_for(d.D * d.B * d.H), kThreads, 0, stream,
             bp, s, workspace.data_ptr<a>(), h0a.data_ptr<a>(), c0a.data_ptr<a>(),
             proj ? dr.data_ptr<a>() : nullptr, dh_state.data_ptr<a>(), go,
             dc_state.data_ptr<a>(), dgates.data_ptr<a>(), dg_step.data_ptr<a>(),
             hprev.data_ptr<a>(), proj ? r_all.data_ptr<a>() : nullptr);
         FASTATTN_CUDA_LAUNCH_CHECK();
         at::bmm_out(dhp, dg_step, w_hh_acc);  // (D, B, 4H) x (D, 4H, P)
-        FASTATTN_LSTM_LAUNCH(k::backward_step_update_kernel<a>, grid_for(d.D * d.B * d.P), kThreads, 0, stream,
+        FASTATTN_LSTM_LAUNCH(k::backward_step_update_kernel<a>,
+                             grid_for(d.D * d.B * d.P), kThreads, 0, stream,
             bp, s, dhp.data_ptr<a>(), dh_state.data_ptr<a>());
         FASTATTN_CUDA_LAUNCH_CHECK();
       }
@@ -503,7 +515,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
     const Dropout dr = make_dropout(dropout_p, seed);
     FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
       using a = acc_t<scalar_t>;
-      FASTATTN_LSTM_LAUNCH(k::scatter_grad_input_kernel<scalar_t>, grid_stride_for(Bt * d.I), kThreads, 0, stream,
+      FASTATTN_LSTM_LAUNCH(k::scatter_grad_input_kernel<scalar_t>,
+                           grid_stride_for(Bt * d.I), kThreads, 0, stream,
           dx.data_ptr<a>(), d.T, d.B, d.I, lengths_ptr(lengths), grad_input.data_ptr<scalar_t>(),
           dr.seed, dr.threshold, static_cast<a>(dr.scale));
       FASTATTN_CUDA_LAUNCH_CHECK();
@@ -566,14 +579,18 @@ std::tuple<Tensor, Tensor, Tensor> lstm_cell_cuda(const Tensor& input, const Ten
     if (B <= k::kCellFusedMaxBatch) {
       FASTATTN_LSTM_LAUNCH_WARPSYNC(k::cell_fused_kernel<scalar_t>,
                                     static_cast<unsigned>(ceil_div(H, k::kCellWarps)),
-                                    k::kCellWarps * 32, 0, stream, B, I, H, x.data_ptr<a>(), h.data_ptr<a>(), c.data_ptr<scalar_t>(), wi.data_ptr<a>(),
-          wh.data_ptr<a>(), bias.defined() ? bias.data_ptr<a>() : nullptr,
-          workspace.data_ptr<a>(), hy.data_ptr<scalar_t>(), cy.data_ptr<scalar_t>());
+                                    k::kCellWarps * 32, 0, stream, B, I, H, x.data_ptr<a>(),
+                                    h.data_ptr<a>(), c.data_ptr<scalar_t>(), wi.data_ptr<a>(),
+                                    wh.data_ptr<a>(),
+                                    bias.defined() ? bias.data_ptr<a>() : nullptr,
+                                    workspace.data_ptr<a>(), hy.data_ptr<scalar_t>(),
+                                    cy.data_ptr<scalar_t>());
       FASTATTN_CUDA_LAUNCH_CHECK();
     } else {
       Tensor pre = bias.defined() ? at::addmm(bias, x, wi.t()) : at::mm(x, wi.t());
       pre.addmm_(h, wh.t());
-      FASTATTN_LSTM_LAUNCH(k::cell_pointwise_kernel<scalar_t>, grid_for(B * H), kThreads, 0, stream,
+      FASTATTN_LSTM_LAUNCH(k::cell_pointwise_kernel<scalar_t>,
+                           grid_for(B * H), kThreads, 0, stream,
           B, H, pre.data_ptr<a>(), c.data_ptr<scalar_t>(), workspace.data_ptr<a>(),
           hy.data_ptr<scalar_t>(), cy.data_ptr<scalar_t>());
       FASTATTN_CUDA_LAUNCH_CHECK();
@@ -616,7 +633,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_cell_backward_cu
     auto stream = c10::cuda::getCurrentCUDAStream();
     FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
       using a = acc_t<scalar_t>;
-      FASTATTN_LSTM_LAUNCH(k::cell_backward_kernel<scalar_t>, grid_for(B * H), kThreads, 0, stream,
+      FASTATTN_LSTM_LAUNCH(k::cell_backward_kernel<scalar_t>,
+                           grid_for(B * H), kThreads, 0, stream,
           B, H, ghy.defined() ? ghy.data_ptr<scalar_t>() : nullptr,
           gcy.defined() ? gcy.data_ptr<scalar_t>() : nullptr, c.data_ptr<scalar_t>(),
           workspace.data_ptr<a>(), dgates.data_ptr<a>(), grad_cx.data_ptr<scalar_t>());
