@@ -4,7 +4,8 @@ and the plain per-step reference loop (fastattn's "reference" backend).
 Run through the CLI (`python benchmarks/run.py --ops lstm`). Cases: fastrnns' default
 (T=100, B=64, I=H=512), small batches (B=1, 4, 8), large hidden sizes (H=1024; 2048 in the
 full profile), a 2-layer bidirectional LSTM, and variable lengths drawn from U[30, 100)
-(PackedSequence in and out). "fwd" is inference (torch.no_grad); "fwd+bwd" follows fastrnns:
+(PackedSequence in and out). On a GPU the cuda backend runs too; its provider name says
+which recurrent path it takes (fastattn.ops.lstm.cuda_recurrent_path). "fwd" is inference (torch.no_grad); "fwd+bwd" follows fastrnns:
 the inputs and initial states need no gradient, the parameters do (their gradients are
 returned and checked). Throughput counts the GEMM work: 2 * rows * 4H * (I + P) per layer
 and direction forward (rows = sum of the lengths), three times that for forward+backward.
@@ -16,7 +17,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 
 import fastattn
 from common import Case, fastattn_backends, relative_error
-from fastattn.ops.lstm import unsupported_backends
+from fastattn.ops.lstm import cuda_recurrent_path, unsupported_backends
 
 
 def _lstm_backends(device: torch.device) -> list[str]:
@@ -66,7 +67,15 @@ def lstm_case(T: int, B: int, I: int, H: int, device: torch.device, *, layers: i
             return tuple(grads)
         return call
 
-    providers = {f"fastattn:{b}": run(ours, b) for b in _lstm_backends(device)}
+    providers = {}
+    for b in _lstm_backends(device):
+        label = f"fastattn:{b}"
+        if b == "cuda":
+            # which recurrent path the CUDA kernels take (layer 0; the backward runs per step)
+            w_hh = torch.stack([ours.weight_hh_l0] +
+                               ([ours.weight_hh_l0_reverse] if bidirectional else []))
+            label += f" ({cuda_recurrent_path(x, w_hh)})"
+        providers[label] = run(ours, b)
     providers["torch.nn.LSTM"] = run(theirs)
     if reference:
         providers["reference loop"] = run(ours, "reference")

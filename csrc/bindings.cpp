@@ -87,6 +87,10 @@ TORCH_LIBRARY(fastattn, m) {
         "Tensor? lengths, Tensor workspace, float dropout_p, Tensor? seed, bool has_bias, "
         "bool input_grad, bool weight_grad) "
         "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // CUDA backend only: which recurrent path lstm_layer (lstm_layer_backward with backward=True)
+  // takes for these arguments (0 = the persistent cooperative kernel, 1 = per step);
+  // fastattn.ops.lstm.cuda_recurrent_path.
+  m.def("lstm_cuda_path(Tensor input, Tensor w_hh, Tensor? w_hr, bool backward=False) -> int");
 }
 
 namespace fastattn {

@@ -10,9 +10,12 @@
    every backend, off in eval mode.
 4. gradcheck, torch.library.opcheck, torch.compile(fullgraph=True), last_backend, errors
    (torch's own messages), state_dict both ways, a small swapped-model training run.
-Backends without LSTM kernels skip with a reason; the triton backend refuses float64, so its
-float64 tests skip and section 8 runs its kernels on small cases (the CPU interpreter is slow).
-The large grid is marked slow (FASTATTN_SLOW=1 or a GPU runs it).
+5. Section 9, the CUDA backend's own concerns (GPU only): the recurrent path query, persistent vs per-step
+   paths, the CUDA ops against the CPU ops in float64 (dropout mask, lengths), lstm_cell's
+   fused and GEMM paths, streams and devices.
+The cuda tests skip without a GPU; the triton backend refuses float64, so its float64 tests
+skip and section 8 runs its kernels on small cases (the CPU interpreter is slow). The large
+grid is marked slow (FASTATTN_SLOW=1 or a GPU runs it).
 """
 from __future__ import annotations
 
@@ -568,10 +571,10 @@ def test_default_backend_and_explicit_refusals():
     with fastattn.use_backend("reference"):
         module(x)
     assert fastattn.last_backend("lstm") == "reference"
+    # x is on the CPU: an explicit cuda (or kernel-less triton) backend refuses, with or
+    # without a GPU here
     for backend in ("cuda", "triton"):
         reason = unsupported_backends().get(backend)
-        if reason is None and backend_device(backend).type == "cpu" and backend == "cuda":
-            continue
         if (backend == "triton" and reason is None
                 and _backend._can_run_device("triton", x.device) is None):
             # CPU tensors under the interpreter: an explicit request runs the Triton kernels
@@ -1102,3 +1105,177 @@ def test_triton_kernels_compile_for_sm90(_slow):
     proc = subprocess.run([sys.executable, str(REPO / "tests" / "triton_lstm_aot.py")], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+# ---------------------------------------------------------------------------------------------
+# 9. CUDA backend specifics (skip without a GPU): recurrent path choice (a documented query,
+#    fastattn.ops.lstm.cuda_recurrent_path), persistent vs per-step agreement, the dropout mask
+#    bit-identical to the CPU kernels, lstm_cell's fused and GEMM paths, streams.
+
+def _cuda_or_skip(dtype=F64):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    return lstm_device("cuda", dtype)
+
+
+def _cuda_layer_args(T, B, I, H, D, *, proj=0, lengths=None, dtype=F64, device="cuda", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    P = proj or H
+
+    def r(*s):
+        return (torch.randn(*s, generator=g, dtype=F64) * 0.5).to(device=device, dtype=dtype)
+
+    args = [r(T, B, I), r(D, B, P), r(D, B, H), r(D, 4 * H, I), r(D, 4 * H, P), r(D, 4 * H),
+            r(D, 4 * H), r(D, P, H) if proj else None]
+    lens = None if lengths is None else torch.tensor(lengths, dtype=torch.int64, device=device)
+    return args, lens
+
+
+def _layer_fwd_bwd(args, lens, p=0.0, seed=None):
+    """lstm_layer + lstm_layer_backward with fixed incoming gradients: 3 outputs, 7 grads."""
+    out, h_n, c_n, ws = torch.ops.fastattn.lstm_layer(*args, lens, p, seed, True)
+    g = torch.Generator().manual_seed(7)
+    gouts = [torch.randn(t.shape, generator=g, dtype=F64).to(t) for t in (out, h_n, c_n)]
+    grads = torch.ops.fastattn.lstm_layer_backward(*gouts, *args[:5], args[7], lens, ws, p, seed,
+                                                   True, True, True)
+    return [out, h_n, c_n], list(grads)
+
+
+@pytest.mark.parametrize("T,B,H,D,proj,expected", [
+    (5, 4, 32, 1, 0, "persistent"),
+    (5, 64, 512, 2, 0, "persistent"),   # U = 4: 256 blocks, 3 per SM co-resident
+    (5, 33, 37, 2, 0, "persistent"),
+    (5, 64, 2048, 1, 0, "per_step"),    # the W_hh slice no longer fits shared memory
+    (5, 4096, 64, 1, 0, "per_step"),    # B * 4U > 4096 even for U = 1
+    (5, 8, 64, 2, 16, "per_step"),      # projection: per step
+])
+def test_cuda_recurrent_path_query(T, B, H, D, proj, expected, monkeypatch):
+    _cuda_or_skip()
+    from fastattn.ops.lstm import cuda_recurrent_path
+    x = torch.empty(T, B, 8, device="cuda")
+    w_hh = torch.empty(D, 4 * H, proj or H, device="cuda")
+    w_hr = torch.empty(D, proj, H, device="cuda") if proj else None
+    assert cuda_recurrent_path(x, w_hh, w_hr) == expected
+    assert cuda_recurrent_path(x, w_hh, w_hr, backward=True) == expected
+    if expected == "persistent":
+        # 2-D weights (one direction) are accepted too, and the override forces the fallback
+        assert cuda_recurrent_path(x, w_hh[0]) == "persistent"
+        monkeypatch.setenv("FASTATTN_LSTM_CUDA_PATH", "per_step")
+        assert cuda_recurrent_path(x, w_hh, w_hr) == "per_step"
+        assert cuda_recurrent_path(x, w_hh, w_hr, backward=True) == "per_step"
+
+
+@pytest.mark.parametrize("dtype", (F64, torch.float32, torch.bfloat16), ids=("f64", "f32", "bf16"))
+@pytest.mark.parametrize("D,lengths,p", [
+    (1, None, 0.0),
+    (2, None, 0.0),
+    (2, [9, 0, 4, 1, 9], 0.0),
+    (2, [3, 9, 9, 7, 2], 0.3),
+])
+def test_cuda_persistent_matches_per_step(dtype, D, lengths, p, monkeypatch):
+    """Both recurrent paths (forward and backward) of the same call agree (float64: to
+    rounding; lower precision: to a few units of the storage precision, as the summation orders
+    differ)."""
+    _cuda_or_skip(dtype)
+    from fastattn.ops.lstm import cuda_recurrent_path
+    args, lens = _cuda_layer_args(9, 5, 6, 40, D, lengths=lengths, dtype=dtype)
+    seed = torch.tensor([5, 6], dtype=torch.int64, device="cuda") if p else None
+    assert cuda_recurrent_path(args[0], args[4]) == "persistent"
+    assert cuda_recurrent_path(args[0], args[4], backward=True) == "persistent"
+    outs_p, grads_p = _layer_fwd_bwd(args, lens, p, seed)
+    monkeypatch.setenv("FASTATTN_LSTM_CUDA_PATH", "per_step")
+    assert cuda_recurrent_path(args[0], args[4]) == "per_step"
+    assert cuda_recurrent_path(args[0], args[4], backward=True) == "per_step"
+    outs_s, grads_s = _layer_fwd_bwd(args, lens, p, seed)
+    tol = {F64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 3e-2}[dtype]
+    for name, a, b in zip(["output", "h_n", "c_n"] + [f"grad{i}" for i in range(7)],
+                          outs_p + grads_p, outs_s + grads_s):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("path", ("persistent", "per_step"))
+@pytest.mark.parametrize("proj", (0, 5))
+def test_cuda_layer_matches_cpu_kernels_float64(path, proj, monkeypatch):
+    """The CUDA ops against the CPU ops on the same float64 arguments: every output and
+    gradient, lengths in any order (0 and T included), both directions, dropout on the input
+    (the same Philox elements dropped: results agree to rounding)."""
+    _cuda_or_skip()
+    if path == "per_step":
+        monkeypatch.setenv("FASTATTN_LSTM_CUDA_PATH", "per_step")
+    lengths = [7, 0, 3, 7, 1, 5]
+    args, lens = _cuda_layer_args(7, 6, 4, 12, 2, proj=proj, lengths=lengths)
+    seed = torch.tensor([123, 4], dtype=torch.int64)
+    outs_g, grads_g = _layer_fwd_bwd(args, lens, 0.4, seed.cuda())
+    cpu_args = [t.cpu() if t is not None else None for t in args]
+    outs_c, grads_c = _layer_fwd_bwd(cpu_args, lens.cpu(), 0.4, seed)
+    for name, a, b in zip(["output", "h_n", "c_n"] + [f"grad{i}" for i in range(7)],
+                          outs_g + grads_g, outs_c + grads_c):
+        close64(name, a.cpu(), b)
+
+
+def test_cuda_large_hidden_per_step_matches_cpu():
+    """B=64, H=1100: past the persistent kernel's limits (the W_hh slice of a co-resident grid
+    does not fit shared memory), so the fallback runs, says so, and matches the CPU kernels."""
+    _cuda_or_skip(torch.float32)
+    from fastattn.ops.lstm import cuda_recurrent_path
+    args, lens = _cuda_layer_args(3, 64, 16, 1100, 1, dtype=torch.float32)
+    assert cuda_recurrent_path(args[0], args[4]) == "per_step"
+    assert cuda_recurrent_path(args[0], args[4], backward=True) == "per_step"
+    outs_g, grads_g = _layer_fwd_bwd(args, lens)
+    cpu_args = [t.cpu() if t is not None else None for t in args]
+    outs_c, grads_c = _layer_fwd_bwd(cpu_args, None)
+    for name, a, b in zip(["output", "h_n", "c_n"] + [f"grad{i}" for i in range(7)],
+                          outs_g + grads_g, outs_c + grads_c):
+        scale = float(b.abs().max()) if b.numel() else 1.0
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-3, atol=1e-3 * max(scale, 1.0),
+                                   msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("B", (1, 8, 9, 64))  # <= 8: one fused kernel; above: GEMM + cell
+@pytest.mark.parametrize("bias", (True, False))
+def test_cuda_cell_paths_match_cpu(B, bias):
+    _cuda_or_skip()
+    g = torch.Generator().manual_seed(B)
+    I, H = 19, 33
+    args = [torch.randn(*s, generator=g, dtype=F64) for s in
+            ((B, I), (B, H), (B, H), (4 * H, I), (4 * H, H))]
+    args += [torch.randn(4 * H, generator=g, dtype=F64) for _ in range(2)] if bias else [None] * 2
+    results = []
+    for device in ("cuda", "cpu"):
+        a = [t.to(device) if t is not None else None for t in args]
+        hy, cy, ws = torch.ops.fastattn.lstm_cell(*a)
+        ghy, gcy = torch.ones_like(hy) * 0.3, torch.linspace(-1, 1, B * H, dtype=F64,
+                                                             device=device).view(B, H)
+        grads = torch.ops.fastattn.lstm_cell_backward(ghy, gcy, *a[:5], ws, bias)
+        results.append([hy, cy, ws] + list(grads))
+    for i, (a, b) in enumerate(zip(*results)):
+        close64(f"cell output {i}", a.cpu(), b)
+
+
+def test_cuda_side_stream_and_second_device():
+    """Kernels run on the caller's current stream (and device, when there are two)."""
+    _cuda_or_skip()
+    args, lens = _cuda_layer_args(6, 3, 5, 16, 2, lengths=[6, 2, 4])
+    expected, _ = _layer_fwd_bwd(args, lens)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        got, _ = _layer_fwd_bwd(args, lens)
+    torch.cuda.current_stream().wait_stream(stream)
+    for a, b in zip(got, expected):
+        close64("side stream", a, b)
+    if torch.cuda.device_count() > 1:
+        args1 = [t.to("cuda:1") if t is not None else None for t in args]
+        got1, _ = _layer_fwd_bwd(args1, lens.to("cuda:1"))
+        for a, b in zip(got1, expected):
+            assert a.device == torch.device("cuda:1")
+            close64("second device", a.cpu(), b.cpu())
+
+
+def test_cuda_recurrent_path_without_cuda_kernel():
+    """The query refuses (instead of guessing) when the build has no CUDA LSTM kernel."""
+    from fastattn.ops.lstm import cuda_recurrent_path
+    if "cuda" not in unsupported_backends(torch.float32):
+        pytest.skip("this build has the CUDA LSTM kernels")
+    with pytest.raises(RuntimeError, match="cuda_recurrent_path"):
+        cuda_recurrent_path(torch.empty(2, 2, 2), torch.empty(1, 8, 2))

@@ -49,7 +49,9 @@ fastattn::lstm_layer(Tensor input, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_h
     the contract (the fake implementation below). The CPU backend stores, per direction, the
     activated gates (T * B, 4H), c_t (T * B, H) and h_t (T * B, P) of every packed row (time-
     major rows of the batch sorted by length; unused rows zero), so its backward recomputes no
-    GEMM.
+    GEMM. The CUDA backend stores the same three arrays with unsorted time-major rows t * B + b
+    (gates in the natural i, f, g, o order; rows past a sequence's end zero): it masks rows
+    per step instead of sorting (csrc/lstm/lstm_cuda_kernels.cuh).
     With lengths, no work happens past a sequence's end (the CPU backend sorts the batch by
     length and shrinks the active rows per step, as PackedSequence's batch_sizes do).
 fastattn::lstm_layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n,
@@ -121,6 +123,36 @@ def unsupported_backends(dtype: torch.dtype = torch.float32) -> dict[str, str]:
         if reason:
             limits[name] = reason
     return limits
+
+
+def cuda_recurrent_path(input: torch.Tensor, w_hh: torch.Tensor,
+                        w_hr: torch.Tensor | None = None, *, backward: bool = False) -> str:
+    """Which recurrent path the CUDA backend's lstm_layer (or, with backward=True,
+    lstm_layer_backward) takes for one layer: a documented query, so a slow fallback is never
+    silent.
+
+    input: the layer's time-major (T, B, I) CUDA input (only its shape, dtype, device matter);
+    w_hh: (D, 4H, P) or (4H, P); w_hr: the projection (D, P, H) / (P, H) or None.
+    Returns "persistent" (one cooperative kernel runs every step of every direction, each block
+    keeping its slice of W_hh in shared memory across the steps) or "per_step" (per step a
+    cuBLAS GEMM with W_hh and a fused cell kernel). The persistent path needs: no projection,
+    a device with cooperative launch, and, for some unit block U in 1, 2, 4, ..., 64, a
+    co-resident grid of D * ceil(H / U) blocks with the block's W_hh slice ((H, 4U) forward,
+    (4H, U) backward) in shared memory and B * 4U (forward) / B * U (backward) <= 4096.
+    FASTATTN_LSTM_CUDA_PATH=per_step in the environment forces the per-step path. The answer is
+    the occupancy query's, which assumes the whole GPU: if the cooperative launch still fails
+    (cudaErrorCooperativeLaunchTooLarge, e.g. under MPS) the op runs the per-step path and warns
+    once (TORCH_WARN_ONCE).
+    """
+    reason = _limit_reason("cuda", False)
+    if reason:
+        raise RuntimeError(f"cuda_recurrent_path: {reason}")
+    if w_hh.dim() == 2:
+        w_hh = w_hh.unsqueeze(0)
+    if w_hr is not None and w_hr.dim() == 2:
+        w_hr = w_hr.unsqueeze(0)
+    code = torch.ops.fastattn.lstm_cuda_path(input, w_hh, w_hr, backward)
+    return "persistent" if code == 0 else "per_step"
 
 
 def _op(name: str, backend: str):

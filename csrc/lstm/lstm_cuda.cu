@@ -1,0 +1,683 @@
+// CUDA bodies of the LSTM ops (op contract: fastattn/ops/lstm.py; kernels and the workspace
+// layout: lstm_cuda_kernels.cuh). Same structure as the CPU backend (lstm_cpu.cpp):
+//   forward:  the input projection of every step as one cuBLAS GEMM per direction (both biases
+//             folded in) into the workspace, then the recurrence, which leaves the activated
+//             gates, c_t and h_t of every row in the workspace;
+//   backward: reverse-time per-step cell derivative from the workspace (no GEMM recomputed),
+//             dh_{t-1} = dgates W_hh per step (cuBLAS), then the weight and input gradients as
+//             GEMMs over all steps.
+// Recurrence paths, forward and backward (fastattn.ops.lstm.cuda_recurrent_path /
+// torch.ops.fastattn.lstm_cuda_path reports the one a call takes):
+//   kPersistent: one cooperative launch for all steps and both directions (no projection, the
+//                grid fits co-resident, W_hh slices fit shared memory);
+//   kPerStep:    per step one cuBLAS (batched over directions) h W_hh^T + a fused cell kernel
+//                (+ the projection GEMM and a store kernel with w_hr).
+//   The backward has the same two: a persistent kernel (W_hh column slices resident, dh of the
+//   block's units from the previous step's dgates, cell derivative, grid.sync) or per step.
+// FASTATTN_LSTM_CUDA_PATH=per_step in the environment forces the per-step path (tests compare
+// the two).
+// Lengths: per-row masking on the device (no host read of the lengths, no sort).
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/bmm.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/sum.h>
+#include <ATen/ops/zeros.h>
+#if !defined(FASTATTN_CUDA_EMULATION)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+#include <torch/library.h>
+#endif
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#if !defined(FASTATTN_CUDA_EMULATION)
+#include "common/cuda_utils.cuh"
+#endif
+#include "common/debug.h"
+#include "lstm/lstm.h"
+#include "lstm/lstm_cuda_kernels.cuh"
+
+#if !defined(FASTATTN_CUDA_EMULATION)
+// kernel<<<grid, block, smem, stream>>>(args...); the _WARPSYNC form marks kernels with warp
+// collectives (the emulator runs their threads concurrently).
+#define FASTATTN_LSTM_LAUNCH(kernel, grid, block, smem, stream, ...) \
+  kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
+#define FASTATTN_LSTM_LAUNCH_WARPSYNC FASTATTN_LSTM_LAUNCH
+// Cooperative launch (grid.sync() inside): every block co-resident or the launch fails; the
+// status goes to `err` (see cooperative_launched).
+#define FASTATTN_LSTM_LAUNCH_COOPERATIVE(err, kernel, grid, block, smem, stream, ...)       \
+  do {                                                                                     \
+    auto fastattn_args = std::make_tuple(__VA_ARGS__);                                     \
+    void* fastattn_ptrs[std::tuple_size_v<decltype(fastattn_args)>];                       \
+    std::apply([&](auto&... a) {                                                           \
+      int i = 0;                                                                           \
+      ((fastattn_ptrs[i++] = static_cast<void*>(&a)), ...);                                \
+    }, fastattn_args);                                                                     \
+    err = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), grid, block,  \
+                                      fastattn_ptrs, smem, stream);                        \
+  } while (0)
+#endif
+
+namespace fastattn::lstm {
+namespace {
+
+using at::Tensor;
+using c10::optional;
+using fastattn::cuda::acc_t;
+using fastattn::cuda::ceil_div;
+namespace k = fastattn::lstm::cuda_kernels;
+
+#define FASTATTN_DISPATCH_LSTM_CUDA(TYPE, ...) \
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, TYPE, "lstm_cuda", __VA_ARGS__)
+
+constexpr int kThreads = 256;
+
+dim3 grid_for(int64_t n) {
+  return dim3(static_cast<unsigned>(std::max<int64_t>(ceil_div(n, kThreads), 1)));
+}
+
+// Grid-stride kernels: enough blocks to fill the GPU, no more.
+dim3 grid_stride_for(int64_t n) {
+  return dim3(static_cast<unsigned>(
+      std::min<int64_t>(std::max<int64_t>(ceil_div(n, kThreads), 1), 65535)));
+}
+
+const int64_t* lengths_ptr(const optional<Tensor>& lengths) {
+  return defined(lengths) ? lengths->data_ptr<int64_t>() : nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Recurrent path choice
+
+enum class RecurrentPath : int64_t { kPersistent = 0, kPerStep = 1 };
+
+struct DeviceInfo {
+  int sms = 0, smem_optin = 0, cooperative = 0;
+};
+
+DeviceInfo device_info(int device) {
+  device = std::max(device, 0);  // the emulator's CPU tensors report -1
+#if defined(FASTATTN_CUDA_EMULATION)
+  DeviceInfo emulated;  // the emulated device changes between calls: no cache
+  cudaDeviceGetAttribute(&emulated.sms, cudaDevAttrMultiProcessorCount, device);
+  cudaDeviceGetAttribute(&emulated.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  cudaDeviceGetAttribute(&emulated.cooperative, cudaDevAttrCooperativeLaunch, device);
+  return emulated;
+#endif
+  static std::mutex mutex;
+  static std::vector<DeviceInfo> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (static_cast<int>(cache.size()) <= device) cache.resize(device + 1);
+  DeviceInfo& info = cache[device];
+  if (info.sms == 0) {
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, device));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.smem_optin,
+                                          cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.cooperative, cudaDevAttrCooperativeLaunch, device));
+  }
+  return info;
+}
+
+bool forced_per_step() {
+  const char* env = std::getenv("FASTATTN_LSTM_CUDA_PATH");
+  return env != nullptr && std::strcmp(env, "per_step") == 0;
+}
+
+// Units per block of the persistent kernel, or 0 when it cannot run this layer: smallest power
+// of two U (most blocks, so most SMs busy) whose D * ceil(H / U) blocks are all co-resident,
+// with B * 4U <= 256 * kPersistMaxOut outputs per block and the W_hh slice in shared memory.
+template <typename scalar_t>
+int persistent_units(const LayerDims& d, int device) {
+  using acc = acc_t<scalar_t>;
+  if (forced_per_step() || d.P != d.H || d.T == 0 || d.B == 0) return 0;
+  const DeviceInfo info = device_info(device);
+  if (!info.cooperative) return 0;
+  auto kernel = k::forward_persistent_kernel<scalar_t>;
+  for (int U = 1; 4 * U <= k::kPersistThreads; U *= 2) {
+    if (d.B * 4 * U > static_cast<int64_t>(k::kPersistThreads) * k::kPersistMaxOut) break;
+    const size_t smem = k::persistent_smem_bytes<acc>(d.H, d.B, U);
+    if (smem > static_cast<size_t>(info.smem_optin)) break;  // larger U only needs more
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem)));
+    int per_sm = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel,
+                                                                 k::kPersistThreads, smem));
+    const int64_t blocks = d.D * ceil_div(d.H, U);
+    if (per_sm > 0 && blocks <= static_cast<int64_t>(per_sm) * info.sms) return U;
+  }
+  return 0;
+}
+
+// The same rule for the persistent backward: its (4H, U) column slice of W_hh in shared memory,
+// B * U <= 256 * kPersistMaxOut outputs (dh of its units) per block.
+template <typename scalar_t>
+int persistent_backward_units(const LayerDims& d, int device) {
+  using acc = acc_t<scalar_t>;
+  if (forced_per_step() || d.P != d.H || d.T == 0 || d.B == 0) return 0;
+  const DeviceInfo info = device_info(device);
+  if (!info.cooperative) return 0;
+  auto kernel = k::backward_persistent_kernel<scalar_t>;
+  for (int U = 1; U <= 64; U *= 2) {
+    if (d.B * U > static_cast<int64_t>(k::kPersistThreads) * k::kPersistMaxOut) break;
+    const size_t smem = k::persistent_backward_smem_bytes<acc>(d.H, d.B, U);
+    if (smem > static_cast<size_t>(info.smem_optin)) break;
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem)));
+    int per_sm = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel,
+                                                                 k::kPersistThreads, smem));
+    const int64_t blocks = d.D * ceil_div(d.H, U);
+    if (per_sm > 0 && blocks <= static_cast<int64_t>(per_sm) * info.sms) return U;
+  }
+  return 0;
+}
+
+// True when the cooperative launch ran. The occupancy query that chose the persistent path
+// assumes the whole GPU; if the device cannot co-schedule the grid after all (MPS, another
+// context holding SMs) the launch fails with cudaErrorCooperativeLaunchTooLarge, and the op
+// runs the per-step path instead, with a warning (not silently). Any other error throws.
+bool cooperative_launched(cudaError_t err, const char* op) {
+  if (err == cudaErrorCooperativeLaunchTooLarge) {
+    (void)cudaGetLastError();  // clear the (non-sticky) launch error
+    TORCH_WARN_ONCE(op, ": the persistent recurrent kernel's grid did not fit the device at "
+                    "launch (cudaErrorCooperativeLaunchTooLarge; MPS or another context?), so "
+                    "the per-step path ran; fastattn.ops.lstm.cuda_recurrent_path reports the "
+                    "occupancy query's prediction, which assumes the whole GPU");
+    return false;
+  }
+  C10_CUDA_CHECK(err);
+  return true;
+}
+
+RecurrentPath choose_path(at::ScalarType dtype, const LayerDims& d, int device,
+                          bool backward = false) {
+  int U = 0;
+  FASTATTN_DISPATCH_LSTM_CUDA(dtype, [&] {
+    U = backward ? persistent_backward_units<scalar_t>(d, device)
+                 : persistent_units<scalar_t>(d, device);
+  });
+  return U > 0 ? RecurrentPath::kPersistent : RecurrentPath::kPerStep;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared pieces of the layer ops
+
+struct Dropout {
+  const int64_t* seed = nullptr;
+  float threshold = 0.0f;
+  double scale = 1.0;
+};
+
+Dropout make_dropout(double p, const optional<Tensor>& seed) {
+  Dropout dr;
+  if (p > 0.0) {
+    dr.seed = seed->data_ptr<int64_t>();
+    dr.threshold = static_cast<float>(p);
+    dr.scale = 1.0 / (1.0 - p);
+  }
+  return dr;
+}
+
+// (T * B, I) acc: the input with dropout applied, rows time-major.
+Tensor gathered_input(const Tensor& input, const Dropout& dr, cudaStream_t stream) {
+  const int64_t T = input.size(0), B = input.size(1), I = input.size(2);
+  const auto acc = compute_dtype(input.scalar_type());
+  Tensor x = input.size(2) <= 1 || input.stride(2) == 1 ? input : input.contiguous();
+  Tensor xp = at::empty({T * B, I}, input.options().dtype(acc));
+  if (xp.numel() == 0) return xp;
+  FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
+    using a = acc_t<scalar_t>;
+    FASTATTN_LSTM_LAUNCH(k::gather_input_kernel<scalar_t>,
+                         grid_stride_for(T * B * I), kThreads, 0, stream,
+        x.data_ptr<scalar_t>(), T, B, I, x.stride(0), x.stride(1), xp.data_ptr<a>(), dr.seed,
+        dr.threshold, static_cast<a>(dr.scale));
+    FASTATTN_CUDA_LAUNCH_CHECK();
+  });
+  return xp;
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_cuda(
+    const Tensor& input, const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
+    const Tensor& w_hh, const optional<Tensor>& b_ih, const optional<Tensor>& b_hh,
+    const optional<Tensor>& w_hr, const optional<Tensor>& lengths, double dropout_p,
+    const optional<Tensor>& seed, bool save_workspace) {
+  constexpr const char* op = "lstm_layer";
+  const LayerDims d = check_layer(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, op);
+  check_seed(seed, dropout_p, input, op);
+  c10::cuda::CUDAGuard guard(input.device());
+  const auto acc = compute_dtype(input.scalar_type());
+  const auto opts = input.options();
+  Tensor output = at::empty({d.T, d.B, d.D * d.P}, opts);
+  Tensor h_n = at::empty({d.D, d.B, d.P}, opts);
+  Tensor c_n = at::empty({d.D, d.B, d.H}, opts);
+  // Without save_workspace the states go to a call-local buffer and (0,) is returned.
+  Tensor workspace = at::empty({d.D, workspace_per_direction(d)}, opts.dtype(acc));
+  poison(output);
+  poison(h_n);
+  poison(c_n);
+  poison(workspace);
+  if (d.T == 0 || d.B == 0) {
+    h_n.copy_(h0);
+    c_n.copy_(c0);
+    workspace.zero_();
+    return {output, h_n, c_n, save_workspace ? workspace : at::empty({0}, opts.dtype(acc))};
+  }
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t Bt = d.T * d.B;
+  const int64_t* len = lengths_ptr(lengths);
+
+  // Input projection of every step, both biases folded in, into the workspace's gate rows.
+  const Tensor xp = gathered_input(input, make_dropout(dropout_p, seed), stream);
+  const Tensor w_ih_acc = w_ih.to(acc);
+  Tensor bias;
+  if (defined(b_ih)) bias = b_ih->to(acc).add(b_hh->to(acc));
+  for (int64_t dir = 0; dir < d.D; ++dir) {
+    Tensor gates = workspace[dir].narrow(0, 0, Bt * 4 * d.H).view({Bt, 4 * d.H});
+    if (bias.defined()) {
+      at::addmm_out(gates, bias[dir], xp, w_ih_acc[dir].t());
+    } else {
+      at::mm_out(gates, xp, w_ih_acc[dir].t());
+    }
+  }
+
+  const Tensor w_hh_acc = w_hh.to(acc).contiguous();
+  const k::ForwardStep fp{d.T, d.B, d.H, d.P, d.D, workspace_per_direction(d), len,
+                          defined(w_hr)};
+  bool persistent =
+      choose_path(input.scalar_type(), d, input.get_device()) == RecurrentPath::kPersistent;
+  if (persistent) {
+    Tensor h_state = at::empty({2, d.D, d.B, d.H}, opts.dtype(acc));
+    h_state[0].copy_(h0);
+    Tensor c_state = c0.to(acc).contiguous().clone();
+    FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
+      using a = acc_t<scalar_t>;
+      const int U = persistent_units<scalar_t>(d, input.get_device());
+      TORCH_INTERNAL_ASSERT(U > 0);
+      k::PersistentParams pp{fp, U, static_cast<int>(ceil_div(d.H, U))};
+      const size_t smem = k::persistent_smem_bytes<a>(d.H, d.B, U);
+      a* ws = workspace.data_ptr<a>();
+      const a* whh = w_hh_acc.data_ptr<a>();
+      a* hs = h_state.data_ptr<a>();
+      a* cs = c_state.data_ptr<a>();
+      scalar_t* out = output.data_ptr<scalar_t>();
+      cudaError_t err = cudaSuccess;
+      FASTATTN_LSTM_LAUNCH_COOPERATIVE(err, k::forward_persistent_kernel<scalar_t>,
+                                       dim3(static_cast<unsigned>(d.D * pp.blocks_per_dir)),
+                                       dim3(k::kPersistThreads), smem, stream, pp, ws, whh, hs,
+                                       cs, out);
+      persistent = cooperative_launched(err, op);
+    });
+    if (persistent) {
+      h_n.copy_(h_state[d.T & 1]);
+      c_n.copy_(c_state);
+    }
+  }
+  if (!persistent) {
+    Tensor h_state = h0.to(acc).contiguous().clone();
+    Tensor c_state = c0.to(acc).contiguous().clone();
+    Tensor hw = at::empty({d.D, d.B, 4 * d.H}, opts.dtype(acc));
+    const Tensor w_hh_t = w_hh_acc.transpose(1, 2);  // (D, P, 4H)
+    Tensor r_buf, hp, w_hr_t;
+    if (fp.proj) {
+      r_buf = at::empty({d.D, d.B, d.H}, opts.dtype(acc));
+      hp = at::empty({d.D, d.B, d.P}, opts.dtype(acc));
+      w_hr_t = w_hr->to(acc).transpose(1, 2);  // (D, H, P)
+    }
+    FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
+      using a = acc_t<scalar_t>;
+      for (int64_t s = 0; s < d.T; ++s) {
+        at::bmm_out(hw, h_state, w_hh_t);
+        FASTATTN_LSTM_LAUNCH(k::forward_step_cell_kernel<scalar_t>,
+                             grid_for(d.D * d.B * d.H), kThreads, 0, stream,
+            fp, s, workspace.data_ptr<a>(), hw.data_ptr<a>(), c_state.data_ptr<a>(),
+            h_state.data_ptr<a>(), fp.proj ? r_buf.data_ptr<a>() : nullptr,
+            output.data_ptr<scalar_t>());
+        FASTATTN_CUDA_LAUNCH_CHECK();
+        if (fp.proj) {
+          at::bmm_out(hp, r_buf, w_hr_t);
+          FASTATTN_LSTM_LAUNCH(k::forward_step_proj_kernel<scalar_t>,
+                               grid_for(d.D * d.B * d.P), kThreads, 0, stream,
+              fp, s, workspace.data_ptr<a>(), hp.data_ptr<a>(), h_state.data_ptr<a>(),
+              output.data_ptr<scalar_t>());
+          FASTATTN_CUDA_LAUNCH_CHECK();
+        }
+      }
+    });
+    h_n.copy_(h_state);
+    c_n.copy_(c_state);
+  }
+  return {output, h_n, c_n, save_workspace ? workspace : at::empty({0}, opts.dtype(acc))};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_backward_cuda(
+    const optional<Tensor>& grad_output, const optional<Tensor>& grad_h_n,
+    const optional<Tensor>& grad_c_n, const Tensor& input, const Tensor& h0, const Tensor& c0,
+    const Tensor& w_ih, const Tensor& w_hh, const optional<Tensor>& w_hr,
+    const optional<Tensor>& lengths, const Tensor& workspace, double dropout_p,
+    const optional<Tensor>& seed, bool has_bias, bool input_grad, bool weight_grad) {
+  constexpr const char* op = "lstm_layer_backward";
+  const LayerDims d = check_layer(input, h0, c0, w_ih, w_hh, c10::nullopt, c10::nullopt, w_hr,
+                                  lengths, op);
+  check_seed(seed, dropout_p, input, op);
+  c10::cuda::CUDAGuard guard(input.device());
+  const auto acc = compute_dtype(input.scalar_type());
+  const auto opts = input.options();
+  const auto acc_opts = opts.dtype(acc);
+  FASTATTN_CHECK(workspace.scalar_type() == acc && workspace.is_contiguous() &&
+                     workspace.dim() == 2 && workspace.size(0) == d.D &&
+                     workspace.size(1) == workspace_per_direction(d),
+                 op, "workspace must be the contiguous ", acc, " (", d.D, ", ",
+                 workspace_per_direction(d), ") tensor lstm_layer returned, got ",
+                 workspace.scalar_type(), " ", workspace.sizes());
+  check_same_device(workspace, input, op, "workspace", "input");
+  auto grad_or_null = [&](const optional<Tensor>& g, at::IntArrayRef shape, const char* name) {
+    if (!defined(g)) return Tensor();
+    check_shape(*g, shape, op, name);
+    check_same(*g, input, op, name);
+    return g->contiguous();
+  };
+  const Tensor gout = grad_or_null(grad_output, {d.T, d.B, d.D * d.P}, "grad_output");
+  const Tensor ghn = grad_or_null(grad_h_n, {d.D, d.B, d.P}, "grad_h_n");
+  const Tensor gcn = grad_or_null(grad_c_n, {d.D, d.B, d.H}, "grad_c_n");
+  const bool proj = defined(w_hr);
+  auto maybe_empty = [&](std::vector<int64_t> shape, bool wanted) {
+    return at::empty(wanted ? shape : std::vector<int64_t>{0}, opts);
+  };
+  Tensor grad_h0 = at::empty({d.D, d.B, d.P}, opts);
+  Tensor grad_c0 = at::empty({d.D, d.B, d.H}, opts);
+  Tensor grad_input = maybe_empty({d.T, d.B, d.I}, input_grad);
+  Tensor grad_w_ih = maybe_empty({d.D, 4 * d.H, d.I}, weight_grad);
+  Tensor grad_w_hh = maybe_empty({d.D, 4 * d.H, d.P}, weight_grad);
+  Tensor grad_b = maybe_empty({d.D, 4 * d.H}, weight_grad && has_bias);
+  Tensor grad_w_hr = maybe_empty({d.D, d.P, d.H}, weight_grad && proj);
+  for (Tensor* t : {&grad_h0, &grad_c0, &grad_input, &grad_w_ih, &grad_w_hh, &grad_b, &grad_w_hr}) {
+    poison(*t);
+  }
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t Bt = d.T * d.B;
+  // dL/dh and dL/dc carried backwards through time (missing incoming grads are zeros)
+  Tensor dh_state = ghn.defined() ? ghn.to(acc).contiguous().clone()
+                                  : at::zeros({d.D, d.B, d.P}, acc_opts);
+  Tensor dc_state = gcn.defined() ? gcn.to(acc).contiguous().clone()
+                                  : at::zeros({d.D, d.B, d.H}, acc_opts);
+  Tensor dgates = at::empty({d.D, Bt, 4 * d.H}, acc_opts);
+  Tensor hprev = at::empty({d.D, Bt, d.P}, acc_opts);
+  Tensor dh_all, r_all;
+  if (proj) {
+    dh_all = at::empty({d.D, Bt, d.P}, acc_opts);
+    r_all = at::empty({d.D, Bt, d.H}, acc_opts);
+  }
+  bool persistent =
+      Bt > 0 && choose_path(input.scalar_type(), d, input.get_device(), true) ==
+                    RecurrentPath::kPersistent;
+  if (persistent) {
+    const Tensor h0a = h0.to(acc).contiguous(), c0a = c0.to(acc).contiguous();
+    const Tensor w_hh_acc = w_hh.to(acc).contiguous();  // (D, 4H, H)
+    const k::BackwardStep bp{d.T, d.B, d.H, d.P, d.D, workspace_per_direction(d),
+                             lengths_ptr(lengths), false};
+    FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
+      using a = acc_t<scalar_t>;
+      const int U = persistent_backward_units<scalar_t>(d, input.get_device());
+      TORCH_INTERNAL_ASSERT(U > 0);
+      k::PersistentBackwardParams pp{bp, U, static_cast<int>(ceil_div(d.H, U))};
+      const size_t smem = k::persistent_backward_smem_bytes<a>(d.H, d.B, U);
+      const a* wsp = workspace.data_ptr<a>();
+      const a* whh = w_hh_acc.data_ptr<a>();
+      const a* h0p = h0a.data_ptr<a>();
+      const a* c0p = c0a.data_ptr<a>();
+      const scalar_t* go = gout.defined() ? gout.data_ptr<scalar_t>() : nullptr;
+      a* dhs = dh_state.data_ptr<a>();
+      a* dcs = dc_state.data_ptr<a>();
+      a* dgp = dgates.data_ptr<a>();
+      a* hpp = hprev.data_ptr<a>();
+      cudaError_t err = cudaSuccess;
+      FASTATTN_LSTM_LAUNCH_COOPERATIVE(err, k::backward_persistent_kernel<scalar_t>,
+                                       dim3(static_cast<unsigned>(d.D * pp.blocks_per_dir)),
+                                       dim3(k::kPersistThreads), smem, stream, pp, wsp, whh, h0p,
+                                       c0p, go, dhs, dcs, dgp, hpp);
+      persistent = cooperative_launched(err, op);
+    });
+  }
+  if (!persistent && Bt > 0) {
+    const Tensor h0a = h0.to(acc).contiguous(), c0a = c0.to(acc).contiguous();
+    const Tensor w_hh_acc = w_hh.to(acc);  // (D, 4H, P)
+    Tensor w_hr_acc, dh_step, dr;
+    if (proj) {
+      w_hr_acc = w_hr->to(acc);  // (D, P, H)
+      dh_step = at::empty({d.D, d.B, d.P}, acc_opts);
+      dr = at::empty({d.D, d.B, d.H}, acc_opts);
+    }
+    Tensor dg_step = at::empty({d.D, d.B, 4 * d.H}, acc_opts);
+    Tensor dhp = at::empty({d.D, d.B, d.P}, acc_opts);
+    const k::BackwardStep bp{d.T, d.B, d.H, d.P, d.D, workspace_per_direction(d),
+                             lengths_ptr(lengths), proj};
+    FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
+      using a = acc_t<scalar_t>;
+      const scalar_t* go = gout.defined() ? gout.data_ptr<scalar_t>() : nullptr;
+      for (int64_t s = d.T - 1; s >= 0; --s) {
+        if (proj) {
+          FASTATTN_LSTM_LAUNCH(k::backward_step_dh_kernel<scalar_t>,
+                               grid_for(d.D * d.B * d.P), kThreads, 0, stream,
+              bp, s, dh_state.data_ptr<a>(), go, dh_all.data_ptr<a>(), dh_step.data_ptr<a>());
+          FASTATTN_CUDA_LAUNCH_CHECK();
+          at::bmm_out(dr, dh_step, w_hr_acc);  // (D, B, P) x (D, P, H)
+        }
+        FASTATTN_LSTM_LAUNCH(k::backward_step_cell_kernel<scalar_t>,
+                             grid_for(d.D * d.B * d.H), kThreads, 0, stream,
+            bp, s, workspace.data_ptr<a>(), h0a.data_ptr<a>(), c0a.data_ptr<a>(),
+            proj ? dr.data_ptr<a>() : nullptr, dh_state.data_ptr<a>(), go,
+            dc_state.data_ptr<a>(), dgates.data_ptr<a>(), dg_step.data_ptr<a>(),
+            hprev.data_ptr<a>(), proj ? r_all.data_ptr<a>() : nullptr);
+        FASTATTN_CUDA_LAUNCH_CHECK();
+        at::bmm_out(dhp, dg_step, w_hh_acc);  // (D, B, 4H) x (D, 4H, P)
+        FASTATTN_LSTM_LAUNCH(k::backward_step_update_kernel<a>,
+                             grid_for(d.D * d.B * d.P), kThreads, 0, stream,
+            bp, s, dhp.data_ptr<a>(), dh_state.data_ptr<a>());
+        FASTATTN_CUDA_LAUNCH_CHECK();
+      }
+    });
+  }
+  grad_h0.copy_(dh_state);
+  grad_c0.copy_(dc_state);
+
+  // Weight gradients: one GEMM over all time steps per direction.
+  if (weight_grad) {
+    if (Bt == 0) {
+      grad_w_ih.zero_();
+      grad_w_hh.zero_();
+      grad_b.zero_();
+      grad_w_hr.zero_();
+    } else {
+      const Tensor xp = gathered_input(input, make_dropout(dropout_p, seed), stream);
+      for (int64_t dir = 0; dir < d.D; ++dir) {
+        const Tensor dg_t = dgates[dir].t();
+        grad_w_ih[dir].copy_(at::mm(dg_t, xp));
+        grad_w_hh[dir].copy_(at::mm(dg_t, hprev[dir]));
+        if (proj) grad_w_hr[dir].copy_(at::mm(dh_all[dir].t(), r_all[dir]));
+      }
+      if (has_bias) grad_b.copy_(dgates.sum(1));
+    }
+  }
+  // Input gradient: one GEMM per direction, summed, then the dropout mask and the lengths.
+  if (input_grad && input.numel() > 0) {
+    const Tensor w = w_ih.to(acc);
+    Tensor dx = at::mm(dgates[0], w[0]);
+    if (d.D == 2) dx.addmm_(dgates[1], w[1]);
+    const Dropout dr = make_dropout(dropout_p, seed);
+    FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
+      using a = acc_t<scalar_t>;
+      FASTATTN_LSTM_LAUNCH(k::scatter_grad_input_kernel<scalar_t>,
+                           grid_stride_for(Bt * d.I), kThreads, 0, stream,
+          dx.data_ptr<a>(), d.T, d.B, d.I, lengths_ptr(lengths), grad_input.data_ptr<scalar_t>(),
+          dr.seed, dr.threshold, static_cast<a>(dr.scale));
+      FASTATTN_CUDA_LAUNCH_CHECK();
+    });
+  }
+  return {grad_input, grad_h0, grad_c0, grad_w_ih, grad_w_hh, grad_b, grad_w_hr};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cell
+
+void check_cell(const Tensor& input, const Tensor& hx, const Tensor& cx, const Tensor& w_ih,
+                const Tensor& w_hh, const optional<Tensor>& b_ih, const optional<Tensor>& b_hh,
+                const char* op) {
+  check_float_dtype(input, op, "input");
+  FASTATTN_CHECK(input.dim() == 2, op, "input must be 2-D (B, I), got ", input.sizes());
+  FASTATTN_CHECK(w_ih.dim() == 2 && w_ih.size(0) % 4 == 0 && w_ih.size(0) >= 4 &&
+                     w_ih.size(1) == input.size(1),
+                 op, "w_ih must be (4H, I) = (4H, ", input.size(1), "), got ", w_ih.sizes());
+  const int64_t H = w_ih.size(0) / 4, B = input.size(0);
+  check_shape(w_hh, {4 * H, H}, op, "w_hh");
+  check_shape(hx, {B, H}, op, "hx");
+  check_shape(cx, {B, H}, op, "cx");
+  for (auto [t, name] : {std::pair{&w_ih, "w_ih"}, {&w_hh, "w_hh"}, {&hx, "hx"}, {&cx, "cx"}}) {
+    check_same(*t, input, op, name);
+  }
+  FASTATTN_CHECK(defined(b_ih) == defined(b_hh), op, "b_ih and b_hh must be given together");
+  if (defined(b_ih)) {
+    check_shape(*b_ih, {4 * H}, op, "b_ih");
+    check_shape(*b_hh, {4 * H}, op, "b_hh");
+    check_same(*b_ih, input, op, "b_ih");
+    check_same(*b_hh, input, op, "b_hh");
+  }
+}
+
+std::tuple<Tensor, Tensor, Tensor> lstm_cell_cuda(const Tensor& input, const Tensor& hx,
+                                                  const Tensor& cx, const Tensor& w_ih,
+                                                  const Tensor& w_hh, const optional<Tensor>& b_ih,
+                                                  const optional<Tensor>& b_hh) {
+  constexpr const char* op = "lstm_cell";
+  check_cell(input, hx, cx, w_ih, w_hh, b_ih, b_hh, op);
+  c10::cuda::CUDAGuard guard(input.device());
+  const int64_t B = input.size(0), I = input.size(1), H = w_hh.size(1);
+  const auto acc = compute_dtype(input.scalar_type());
+  Tensor hy = at::empty({B, H}, input.options());
+  Tensor cy = at::empty({B, H}, input.options());
+  Tensor workspace = at::empty({B, 5 * H}, input.options().dtype(acc));
+  poison(hy);
+  poison(cy);
+  poison(workspace);
+  if (B == 0) return {hy, cy, workspace};
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  const Tensor x = input.to(acc).contiguous(), h = hx.to(acc).contiguous();
+  const Tensor c = cx.contiguous();
+  const Tensor wi = w_ih.to(acc).contiguous(), wh = w_hh.to(acc).contiguous();
+  Tensor bias;
+  if (defined(b_ih)) bias = b_ih->to(acc).add(b_hh->to(acc));
+  FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
+    using a = acc_t<scalar_t>;
+    if (B <= k::kCellFusedMaxBatch) {
+      FASTATTN_LSTM_LAUNCH_WARPSYNC(k::cell_fused_kernel<scalar_t>,
+                                    static_cast<unsigned>(ceil_div(H, k::kCellWarps)),
+                                    k::kCellWarps * 32, 0, stream, B, I, H, x.data_ptr<a>(),
+                                    h.data_ptr<a>(), c.data_ptr<scalar_t>(), wi.data_ptr<a>(),
+                                    wh.data_ptr<a>(),
+                                    bias.defined() ? bias.data_ptr<a>() : nullptr,
+                                    workspace.data_ptr<a>(), hy.data_ptr<scalar_t>(),
+                                    cy.data_ptr<scalar_t>());
+      FASTATTN_CUDA_LAUNCH_CHECK();
+    } else {
+      Tensor pre = bias.defined() ? at::addmm(bias, x, wi.t()) : at::mm(x, wi.t());
+      pre.addmm_(h, wh.t());
+      FASTATTN_LSTM_LAUNCH(k::cell_pointwise_kernel<scalar_t>,
+                           grid_for(B * H), kThreads, 0, stream,
+          B, H, pre.data_ptr<a>(), c.data_ptr<scalar_t>(), workspace.data_ptr<a>(),
+          hy.data_ptr<scalar_t>(), cy.data_ptr<scalar_t>());
+      FASTATTN_CUDA_LAUNCH_CHECK();
+    }
+  });
+  return {hy, cy, workspace};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_cell_backward_cuda(
+    const optional<Tensor>& grad_hy, const optional<Tensor>& grad_cy, const Tensor& input,
+    const Tensor& hx, const Tensor& cx, const Tensor& w_ih, const Tensor& w_hh,
+    const Tensor& workspace, bool has_bias) {
+  constexpr const char* op = "lstm_cell_backward";
+  check_cell(input, hx, cx, w_ih, w_hh, c10::nullopt, c10::nullopt, op);
+  c10::cuda::CUDAGuard guard(input.device());
+  const int64_t B = input.size(0), H = w_hh.size(1);
+  const auto acc = compute_dtype(input.scalar_type());
+  FASTATTN_CHECK(workspace.scalar_type() == acc && workspace.is_contiguous() &&
+                     workspace.sizes() == at::IntArrayRef({B, 5 * H}),
+                 op, "workspace must be the contiguous ", acc, " (", B, ", ", 5 * H,
+                 ") tensor lstm_cell returned, got ", workspace.scalar_type(), " ",
+                 workspace.sizes());
+  check_same_device(workspace, input, op, "workspace", "input");
+  Tensor ghy, gcy;
+  if (defined(grad_hy)) {
+    check_shape(*grad_hy, {B, H}, op, "grad_hy");
+    check_same(*grad_hy, input, op, "grad_hy");
+    ghy = grad_hy->contiguous();
+  }
+  if (defined(grad_cy)) {
+    check_shape(*grad_cy, {B, H}, op, "grad_cy");
+    check_same(*grad_cy, input, op, "grad_cy");
+    gcy = grad_cy->contiguous();
+  }
+  Tensor dgates = at::empty({B, 4 * H}, input.options().dtype(acc));
+  Tensor grad_cx = at::empty({B, H}, input.options());
+  poison(grad_cx);
+  const Tensor c = cx.contiguous();
+  if (B > 0) {
+    auto stream = c10::cuda::getCurrentCUDAStream();
+    FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
+      using a = acc_t<scalar_t>;
+      FASTATTN_LSTM_LAUNCH(k::cell_backward_kernel<scalar_t>,
+                           grid_for(B * H), kThreads, 0, stream,
+          B, H, ghy.defined() ? ghy.data_ptr<scalar_t>() : nullptr,
+          gcy.defined() ? gcy.data_ptr<scalar_t>() : nullptr, c.data_ptr<scalar_t>(),
+          workspace.data_ptr<a>(), dgates.data_ptr<a>(), grad_cx.data_ptr<scalar_t>());
+      FASTATTN_CUDA_LAUNCH_CHECK();
+    });
+  }
+  const auto dtype = input.scalar_type();
+  const Tensor wi = w_ih.to(acc), wh = w_hh.to(acc);
+  Tensor grad_input = at::mm(dgates, wi).to(dtype);
+  Tensor grad_hx = at::mm(dgates, wh).to(dtype);
+  Tensor grad_w_ih = at::mm(dgates.t(), input.to(acc)).to(dtype);
+  Tensor grad_w_hh = at::mm(dgates.t(), hx.to(acc)).to(dtype);
+  Tensor grad_bias = has_bias ? dgates.sum(0).to(dtype) : at::empty({0}, input.options());
+  return {grad_input, grad_hx, grad_cx, grad_w_ih, grad_w_hh, grad_bias};
+}
+
+// The recurrent path lstm_layer (backward = false) or lstm_layer_backward (true) takes for these
+// arguments: 0 = persistent (one cooperative kernel for all steps), 1 = per step (cuBLAS + fused
+// cell kernel per step).
+int64_t lstm_cuda_path(const Tensor& input, const Tensor& w_hh, const optional<Tensor>& w_hr,
+                       bool backward) {
+  constexpr const char* op = "lstm_cuda_path";
+  check_float_dtype(input, op, "input");
+  FASTATTN_CHECK(input.dim() == 3 && w_hh.dim() == 3 && w_hh.size(1) % 4 == 0, op,
+                 "input must be (T, B, I) and w_hh (D, 4H, P), got ", input.sizes(), " and ",
+                 w_hh.sizes());
+  c10::cuda::CUDAGuard guard(input.device());
+  const int64_t H = w_hh.size(1) / 4;
+  const LayerDims d{input.size(0), input.size(1), input.size(2), w_hh.size(0), H,
+                    defined(w_hr) ? w_hh.size(2) : H};
+  return static_cast<int64_t>(choose_path(input.scalar_type(), d, input.get_device(), backward));
+}
+
+}  // namespace
+
+#if !defined(FASTATTN_CUDA_EMULATION)
+TORCH_LIBRARY_IMPL(fastattn, CUDA, m) {
+  m.impl("lstm_cell", &lstm_cell_cuda);
+  m.impl("lstm_cell_backward", &lstm_cell_backward_cuda);
+  m.impl("lstm_layer", &lstm_layer_cuda);
+  m.impl("lstm_layer_backward", &lstm_layer_backward_cuda);
+  m.impl("lstm_cuda_path", &lstm_cuda_path);
+}
+#endif
+
+}  // namespace fastattn::lstm
