@@ -10,8 +10,8 @@
    every backend, off in eval mode.
 4. gradcheck, torch.library.opcheck, torch.compile(fullgraph=True), last_backend, errors
    (torch's own messages), state_dict both ways, a small swapped-model training run.
-5. Section 9, the CUDA backend's own concerns (GPU only): the recurrent path query, persistent vs per-step
-   paths, the CUDA ops against the CPU ops in float64 (dropout mask, lengths), lstm_cell's
+5. Section 9, the CUDA backend's own concerns (GPU only): the recurrent path query,
+   persistent vs per-step paths, the CUDA ops against the CPU ops in float64 (dropout mask, lengths), lstm_cell's
    fused and GEMM paths, streams and devices.
 The cuda tests skip without a GPU; the triton backend refuses float64, so its float64 tests
 skip and section 8 runs its kernels on small cases (the CPU interpreter is slow). The large
