@@ -615,3 +615,65 @@ def test_bad_inputs(backend_name, case, error, match):
     assert torch.equal(k_cache, k_before) and torch.equal(v_cache, v_before), \
         "a refused call must not append anything"
     assert torch.equal(seqlens, seqlens_before)
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA kernel (csrc/attention_with_kvcache/attention_with_kvcache_cuda.cu; skip without a GPU).
+# The backend-parametrised tests above run it in float32/float64; these add the tensor-core
+# head-dim buckets in float16/bfloat16 and split-K.
+
+
+def cuda_kvcache_device() -> torch.device:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    return kvcache_device("cuda")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("D,Dv", [(64, 64), (128, 128), (256, 200), (40, 24)],
+                         ids=["d64", "d128", "d256", "d40-dv24"])
+@pytest.mark.parametrize("lq", [1, 5])
+@pytest.mark.parametrize("num_splits", [1, 3, 0])
+def test_cuda_16bit_decode(num_splits, lq, D, Dv, dtype):
+    """GQA decoding (and 5-token speculative steps) over caches of lengths 0, mid and full in
+    the tensor-core kernels, with and without split-K, against the float64 definition."""
+    device = cuda_kvcache_device()
+    # No rotary: check_caches compares rotated 16-bit keys with a float64 rotation at float32
+    # tolerances (the float32 tests above cover the rotary path on CUDA).
+    d = make_decode(B=3, Hq=8, Hkv=2, Lmax=300, D=D, Dv=Dv, Lq=lq, Lnew=lq, dtype=dtype,
+                    device=device, seed=5)
+    run_and_check("cuda", d, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("feature", [f for f, spec in KV_FEATURES.items() if "rotary" not in spec])
+def test_cuda_16bit_features(feature):
+    device = cuda_kvcache_device()
+    spec = dict(KV_FEATURES[feature])
+    kw = {n: x.to(device) if isinstance(x, torch.Tensor) else x
+          for n, x in spec.pop("kw", {}).items()}
+    d = make_decode(Lq=3, Lnew=3, dtype=torch.bfloat16, device=device, seed=6, kw=kw, **spec)
+    run_and_check("cuda", d, num_splits=2)
+
+
+def test_cuda_num_splits_agree():
+    """Every split count gives the same result to float32 rounding of the partials."""
+    device = cuda_kvcache_device()
+    results = []
+    for num_splits in (1, 2, 7, 0):
+        d = make_decode(B=2, Lmax=300, Lq=1, Lnew=1, cache_lens=[299, 123], dtype=F32,
+                        device=device, seed=3)
+        results.append(d.call("cuda", num_splits=num_splits))
+    for other in results[1:]:
+        torch.testing.assert_close(other, results[0], rtol=2e-5, atol=2e-6)
+
+
+def test_cuda_decode_op_errors_name_the_argument():
+    device = cuda_kvcache_device()
+    d = make_decode(dtype=torch.float16, device=device)
+    op = torch.ops.fastattn.attention_decode
+    lens = d.cache_seqlens + 1
+    rest = (None, 0.1, 0.0, 2, -1, -1, 0)
+    with pytest.raises(RuntimeError, match="k_lengths and q must be on the same device"):
+        op(d.q, d.k_cache, d.v_cache, lens.cpu(), d.cache_seqlens, *rest)
+    with pytest.raises(RuntimeError, match="q_positions must be a contiguous int32"):
+        op(d.q, d.k_cache, d.v_cache, lens, d.cache_seqlens.long(), *rest)

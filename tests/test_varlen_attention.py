@@ -22,7 +22,11 @@ float32, float16 and bfloat16 (it refuses float64, checked in
 test_triton_request_raises_backend_error); its dropout drops exactly the cpu backend's elements.
 The triton cases of this file and of test_attention_with_kvcache.py take about 60 s of CPU
 time together under the interpreter (measured on the idle 2-core build machine).
-The CUDA backend has no varlen kernel in this version: its tests skip with that reason.
+The CUDA backend runs the dense CUDA attention kernels with per-sequence offsets (cu_seqlens
+read on the device); every backend-parametrised test runs it on a GPU, and the CUDA-only tests
+at the end add the tensor-core head-dim buckets in float16/bfloat16, the dropout mask against
+the CPU kernel's, bitwise-reproducible 16-bit gradients and device errors (they skip without a
+GPU).
 """
 from __future__ import annotations
 
@@ -1052,3 +1056,116 @@ def test_multihead_attention_heavy_padding_with_weights_takes_padded_path():
     out_ref, weights_ref = ref(x, x, x, key_padding_mask=padding, need_weights=True)
     torch.testing.assert_close(out, out_ref, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(weights, weights_ref, rtol=1e-10, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA kernels (csrc/varlen_attention/varlen_attention_cuda.cu; skip without a GPU)
+
+# Lengths 0, 1, 5, 17, 64, 70 for queries and keys, both ways round (Lq > Lk and Lq < Lk).
+CUDA_LENGTHS = ((0, 5), (1, 1), (5, 0), (17, 17), (64, 70), (70, 64), (5, 17), (1, 64))
+
+
+def cuda_varlen_device() -> torch.device:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    return varlen_device("cuda")
+
+
+def with_head_dims(c: Packed, D: int, Dv: int, seed: int) -> Packed:
+    """c with fresh q, k, v of head dims D and Dv (same packing, dtype and device)."""
+    g = torch.Generator().manual_seed(seed)
+    (tq, Hq, _), (tk, Hkv, _) = c.q.shape, c.k.shape
+
+    def make(*shape):
+        return torch.randn(*shape, generator=g).to(dtype=c.q.dtype, device=c.q.device)
+
+    return replace(c, q=make(tq, Hq, D), k=make(tk, Hkv, D), v=make(tk, Hkv, Dv))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("dims", [(64, 64), (128, 96), (256, 256), (33, 150)],
+                         ids=["d64", "d128", "d256", "d33-dv150"])
+@pytest.mark.parametrize("feature", ["causal_top_left", "causal_bottom_right", "gqa",
+                                     "window", "everything"])
+def test_cuda_16bit_head_dim_buckets(feature, dims, dtype):
+    """The tensor-core kernels (head-dim buckets 64/128/256, padded dims) on packs with
+    lengths 0, 1, 5, 17, 64, 70 against the per-sequence float64 definition."""
+    device = cuda_varlen_device()
+    c = with_head_dims(make_case(feature, dtype, device, lengths=CUDA_LENGTHS), *dims, seed=5)
+    check_against_dense("cuda", c)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_cuda_dropout_mask_equals_cpu_kernel(dtype):
+    """The CUDA kernel drops exactly the probabilities the CPU kernel drops (the packed
+    numbering): with v = identity per sequence, out = P * keep / (1 - p), so the zero patterns
+    of both kernels' outputs must be equal."""
+    device = cuda_varlen_device()
+    varlen_device("cpu")
+    lengths = CUDA_LENGTHS
+    g = torch.Generator().manual_seed(17)
+    Hq, Hkv, D = 4, 2, 32
+    cq = cu_seqlens([a for a, _ in lengths], "cpu")
+    ck = cu_seqlens([b for _, b in lengths], "cpu")
+    max_q, max_k = max(a for a, _ in lengths), max(b for _, b in lengths)
+    q = torch.randn(int(cq[-1]), Hq, D, generator=g).to(dtype)
+    k = torch.randn(int(ck[-1]), Hkv, D, generator=g).to(dtype)
+    v = torch.zeros(int(ck[-1]), Hkv, max_k, dtype=dtype)
+    for b in range(len(lengths)):
+        for j in range(int(ck[b + 1] - ck[b])):
+            v[int(ck[b]) + j, :, j] = 1
+    seed = torch.tensor([987654321, 3], dtype=torch.int64)
+    args = (max_q, max_k, None, D ** -0.5, 0.0, 2, -1, -1, 0.3)
+    out_cpu, lse_cpu = torch.ops.fastattn.varlen_attention_forward(q, k, v, cq, ck, *args, seed)
+    out_gpu, lse_gpu = torch.ops.fastattn.varlen_attention_forward(
+        q.to(device), k.to(device), v.to(device), cq.to(device), ck.to(device), *args,
+        seed.to(device))
+    out_gpu = out_gpu.cpu()
+    assert torch.equal(out_gpu == 0, out_cpu == 0), "dropout masks differ"
+    assert torch.equal(torch.isneginf(lse_gpu.cpu()), torch.isneginf(lse_cpu))
+    torch.testing.assert_close(out_gpu.float(), out_cpu.float(),
+                               rtol=2e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_cuda_16bit_backward_is_bitwise_reproducible(dtype):
+    device = cuda_varlen_device()
+    c = make_case("everything", dtype, device, lengths=CUDA_LENGTHS, seed=4)
+    g = torch.Generator().manual_seed(2)
+    grad_out = torch.randn(c.q.shape[0], c.q.shape[1], c.v.shape[2], generator=g)
+    grad_out = grad_out.to(dtype=dtype, device=device)
+    first = run_varlen("cuda", c, grad_out)
+    second = run_varlen("cuda", c, grad_out)
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), first, second):
+        assert torch.equal(a, b), f"{name} is not bitwise reproducible"
+
+
+def test_cuda_runs_on_the_current_stream_and_device():
+    """Results on a side stream equal those on the default stream (the kernels use the
+    current stream), and a call from another current device runs on q's device."""
+    device = cuda_varlen_device()
+    c = make_case("causal_bottom_right", torch.bfloat16, device, lengths=CUDA_LENGTHS)
+    expected = run_varlen("cuda", c)[0]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got = run_varlen("cuda", c)[0]
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(got, expected)
+    if torch.cuda.device_count() > 1:
+        c1 = replace(c, q=c.q.to("cuda:1"), k=c.k.to("cuda:1"), v=c.v.to("cuda:1"),
+                     cu_q=c.cu_q.to("cuda:1"), cu_k=c.cu_k.to("cuda:1"))
+        assert torch.equal(run_varlen("cuda", c1)[0].to(device), expected)
+
+
+def test_cuda_op_errors_name_the_argument():
+    device = cuda_varlen_device()
+    c = make_case("plain", torch.float16, device, lengths=CUDA_LENGTHS)
+    op = torch.ops.fastattn.varlen_attention_forward
+    rest = (c.max_q, c.max_k, None, 0.1, 0.0, 0, -1, -1, 0.0, None)
+    with pytest.raises(RuntimeError, match="cu_seqlens_q and q must be on the same device"):
+        op(c.q, c.k, c.v, c.cu_q.cpu(), c.cu_k, *rest)
+    with pytest.raises(RuntimeError, match="cu_seqlens_k must be a contiguous int32"):
+        op(c.q, c.k, c.v, c.cu_q, c.cu_k.long(), *rest)
+    with pytest.raises(RuntimeError, match="max_seqlen_q/max_seqlen_k must be >= 1"):
+        op(c.q, c.k, c.v, c.cu_q, c.cu_k, 0, c.max_k, *rest[2:])

@@ -34,10 +34,13 @@ __global__ void __launch_bounds__(256) attention_bwd_delta_kernel(const BwdParam
   const Problem& p = params.p;
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
-  const int64_t rows = static_cast<int64_t>(p.B) * p.Hq * p.Lq;
+  // Rows are numbered like lse: (B, Hq, Lq), or (Hq, total_q) for varlen (b = 0, i = the packed
+  // row: out and grad_out are packed with batch stride 0).
+  const int L = p.cu_q != nullptr ? p.total_q : p.Lq;
+  const int64_t rows = static_cast<int64_t>(p.cu_q != nullptr ? 1 : p.B) * p.Hq * L;
   if (row >= rows) return;  // whole warps leave together
-  const int i = static_cast<int>(row % p.Lq);
-  const int bh = static_cast<int>(row / p.Lq);
+  const int i = static_cast<int>(row % L);
+  const int bh = static_cast<int>(row / L);
   const int b = bh / p.Hq, h = bh % p.Hq;
   const Storage* O = static_cast<const Storage*>(params.out) + b * params.o_sb + h * params.o_sh +
                      static_cast<int64_t>(i) * params.o_sl;
@@ -105,7 +108,7 @@ __device__ __forceinline__ void kv_issue(const BwdParams& params, int b, KVStep 
                                                    p.q_aligned, tid);
   load_tile<Cfg::kBlockM, Cfg::kHD, Cfg::kThreads>(sdO, dOg, params.do_sl, step.i0, p.Lq, p.Dv,
                                                    params.do_aligned, tid);
-  const int64_t row0 = (static_cast<int64_t>(b) * p.Hq + step.h) * p.Lq;
+  const int64_t row0 = lse_index(p, b, step.h, 0);
   for (int r = tid; r < Cfg::kBlockM; r += Cfg::kThreads) {
     const int i = step.i0 + r;
     float lse = prim::inf_of<float>(), delta = 0.0f;
@@ -121,11 +124,12 @@ __device__ __forceinline__ void kv_issue(const BwdParams& params, int b, KVStep 
 
 template <typename Elem, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads)
-    attention_bwd_dkdv_mma_kernel(const BwdParams params) {
+    attention_bwd_dkdv_mma_kernel(const BwdParams args) {
   constexpr int kHD = Cfg::kHD, kNT = Cfg::kNT, kNTO = Cfg::kNTO, kStride = Cfg::kStride;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
   constexpr bool kDV = (Cfg::kOut & kOutDV) != 0, kDK = (Cfg::kOut & kOutDK) != 0;
   constexpr float kLog2e = 1.4426950408889634f;
+  BwdParams params = args;  // select_sequence rewrites it for varlen problems
   const Problem& p = params.p;
 
   uint16_t* sK = reinterpret_cast<uint16_t*>(prim::shared_base());
@@ -142,7 +146,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const int b = bhk / p.Hkv, hk = bhk % p.Hkv;
   const int j0 = n_tile * kBlockN;
   const int warp_row0 = warp * 16;  // this warp's keys within the tile
-  FASTATTN_DEVICE_CHECK(b < p.B && j0 < p.Lk);
+  FASTATTN_DEVICE_CHECK(b < p.B);
+  select_sequence(params, b);
+  if (j0 >= p.Lk) return;  // the whole block: past the end of a shorter sequence
 
   const TileRange qt = visible_query_tiles(p, j0, kBlockN, kBlockM);
   const int q_count = qt.last - qt.first;
@@ -252,15 +258,17 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   }
   prim::cp_async_wait<0>();  // nothing may land after the block exits
 
-  // Rows j0 + warp_row0 + (g, g+8) of dK (B, Hkv, Lk, D) and dV (B, Hkv, Lk, Dv), contiguous.
-  const int64_t kv_row0 = static_cast<int64_t>(bhk) * p.Lk;
+  // Rows j0 + warp_row0 + (g, g+8) of dK (B, Hkv, Lk, D) and dV (B, Hkv, Lk, Dv) (varlen:
+  // packed); every stride is a multiple of the row length.
   if constexpr (kDV) {
-    store_rows<Elem, 1, kNTO>(dv_acc, static_cast<uint16_t*>(params.dv) + kv_row0 * p.Dv, p.Dv,
-                              j0 + warp_row0, p.Lk, p.Dv, p.Dv % 2 == 0, lane);
+    store_rows<Elem, 1, kNTO>(
+        dv_acc, static_cast<uint16_t*>(params.dv) + b * params.dv_sb + hk * params.dv_sh,
+        params.dv_sl, j0 + warp_row0, p.Lk, p.Dv, p.Dv % 2 == 0, lane);
   }
   if constexpr (kDK) {
-    store_rows<Elem, 1, kNTO>(dk_acc, static_cast<uint16_t*>(params.dk) + kv_row0 * p.D, p.D,
-                              j0 + warp_row0, p.Lk, p.D, p.D % 2 == 0, lane);
+    store_rows<Elem, 1, kNTO>(
+        dk_acc, static_cast<uint16_t*>(params.dk) + b * params.dk_sb + hk * params.dk_sh,
+        params.dk_sl, j0 + warp_row0, p.Lk, p.D, p.D % 2 == 0, lane);
   }
 }
 
@@ -286,10 +294,11 @@ struct BwdQConfig {
 
 template <typename Elem, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads)
-    attention_bwd_dq_mma_kernel(const BwdParams params) {
+    attention_bwd_dq_mma_kernel(const BwdParams args) {
   constexpr int kHD = Cfg::kHD, kNT = Cfg::kNT, kNTO = Cfg::kNTO;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
   constexpr float kLog2e = 1.4426950408889634f;
+  BwdParams params = args;  // select_sequence rewrites it for varlen problems
   const Problem& p = params.p;
 
   uint16_t* sQ = reinterpret_cast<uint16_t*>(prim::shared_base());
@@ -304,7 +313,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const int b = bh / p.Hq, h = bh % p.Hq, hk = h / p.group;
   const int i0 = m_tile * kBlockM;
   const int warp_row0 = warp * 16;
-  FASTATTN_DEVICE_CHECK(b < p.B && i0 < p.Lq);
+  FASTATTN_DEVICE_CHECK(b < p.B);
+  select_sequence(params, b);
+  if (i0 >= p.Lq) return;  // the whole block: past the end of a shorter sequence
 
   const uint16_t* Kg = static_cast<const uint16_t*>(p.k) + b * p.k_sb + hk * p.k_sh;
   const uint16_t* Vg = static_cast<const uint16_t*>(p.v) + b * p.v_sb + hk * p.v_sh;
@@ -320,7 +331,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     lse_r[r] = prim::inf_of<float>();
     delta_r[r] = 0.0f;
     if (i < p.Lq) {
-      const int64_t row = static_cast<int64_t>(bh) * p.Lq + i;
+      const int64_t row = lse_index(p, b, h, i);
       const float l = prim::ldg(static_cast<const float*>(params.lse) + row);
       lse_r[r] = l == -prim::inf_of<float>() ? prim::inf_of<float>() : l;
       delta_r[r] = prim::ldg(static_cast<const float*>(params.delta) + row);
@@ -416,9 +427,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   }
   prim::cp_async_wait<0>();
 
-  store_rows<Elem, 1, kNTO>(dq_acc,
-                            static_cast<uint16_t*>(params.dq) + static_cast<int64_t>(bh) * p.Lq * p.D,
-                            p.D, i0 + warp_row0, p.Lq, p.D, p.D % 2 == 0, lane);
+  store_rows<Elem, 1, kNTO>(
+      dq_acc, static_cast<uint16_t*>(params.dq) + b * params.dq_sb + h * params.dq_sh,
+      params.dq_sl, i0 + warp_row0, p.Lq, p.D, p.D % 2 == 0, lane);
 }
 
 }  // namespace fastattn::cuda::attn

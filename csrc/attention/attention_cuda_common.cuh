@@ -3,6 +3,7 @@
 // attention_cpu_kernel.cpp (ScoreContext, dropout_tile, visible_key_blocks/visible_query_blocks).
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "attention/attention_cuda_params.h"
 #include "attention/attention_cuda_prims.cuh"
@@ -23,6 +24,14 @@ __device__ __forceinline__ TileRange visible_key_tiles(const Problem& p, int i0,
   const int j_hi = min(p.Lk - 1, i_last + p.window_hi);
   if (i_last < i0 || j_lo > j_hi) return {0, 0};
   return {j_lo / block_n, j_hi / block_n + 1};
+}
+
+// Split s of num_splits (split-K): an equal share of the tiles of r, possibly empty.
+__device__ __forceinline__ TileRange split_range(TileRange r, int s, int num_splits) {
+  if (num_splits <= 1) return r;
+  const int per = (r.last - r.first + num_splits - 1) / num_splits;
+  const int first = min(r.last, r.first + s * per);
+  return {first, min(r.last, first + per)};
 }
 
 // The query tiles of size block_m that see some key of [j0, j0 + cols) (clipped to Lk).
@@ -81,7 +90,7 @@ struct Scores {
                       : acc(0);
     lo = p.window_lo;
     hi = p.window_hi;
-    shift = p.Lk - p.Lq;
+    shift = p.shift;
     Lq = p.Lq;
     Lk = p.Lk;
     mask_kind = p.mask_kind;
@@ -182,11 +191,94 @@ struct Dropout {
   }
 };
 
-// Logical dropout element of (row i, key j) of slice bh = b * Hq + h.
+// Logical dropout element of (row i, key j) of slice bh = b * Hq + h: dense
+// ((b * Hq + h) * Lq + i) * Lk + j; varlen ((cu_q[b] + i) * Hq + h) * max_seqlen_k + j (the CPU
+// varlen kernel's numbering; p is the sequence's view, whose Lk is then its own length).
 __device__ __forceinline__ uint64_t dropout_element(const Problem& p, int bh, int i, int j) {
+  if (p.cu_q != nullptr) {
+    const int h = bh % p.Hq;
+    return (static_cast<uint64_t>(p.q_row0 + i) * static_cast<uint64_t>(p.Hq) +
+            static_cast<uint64_t>(h)) *
+               static_cast<uint64_t>(p.drop_lk) +
+           static_cast<uint64_t>(j);
+  }
   return (static_cast<uint64_t>(bh) * static_cast<uint64_t>(p.Lq) + static_cast<uint64_t>(i)) *
              static_cast<uint64_t>(p.Lk) +
          static_cast<uint64_t>(j);
+}
+
+// Index of the lse (and Delta) entry of row i of (b, h): (B, Hq, Lq) dense and KV cache,
+// (Hq, total_q) varlen.
+__device__ __forceinline__ int64_t lse_index(const Problem& p, int b, int h, int i) {
+  if (p.cu_q != nullptr) return static_cast<int64_t>(h) * p.total_q + p.q_row0 + i;
+  return (static_cast<int64_t>(b) * p.Hq + h) * p.Lq + i;
+}
+
+__device__ __forceinline__ int elem_bytes(Dtype dt) {
+  return dt == Dtype::f64 ? 8 : dt == Dtype::f32 ? 4 : 2;
+}
+
+template <typename T>
+__device__ __forceinline__ T* advance(T* ptr, int64_t elems, int bytes) {
+  using Byte = typename std::conditional<std::is_const<T>::value, const char, char>::type;
+  return reinterpret_cast<T*>(reinterpret_cast<Byte*>(ptr) + elems * bytes);
+}
+
+// Turns a kernel's copy of the problem into the dense problem of sequence b (no-op for dense
+// problems): its lengths, band and ALiBi shift, and q/k/v moved to its first packed rows
+// (varlen). Returns the packed row offsets through q_row/k_row (0 when not varlen).
+__device__ __forceinline__ void select_sequence(Problem& p, int b, int64_t& q_row,
+                                                int64_t& k_row) {
+  q_row = 0;
+  k_row = 0;
+  if (p.cu_q == nullptr && p.k_lengths == nullptr) return;
+  int Lq = p.Lq, Lk, shift;
+  if (p.cu_q != nullptr) {
+    const int q0 = prim::ldg(p.cu_q + b), k0 = prim::ldg(p.cu_k + b);
+    Lq = prim::ldg(p.cu_q + b + 1) - q0;
+    Lk = prim::ldg(p.cu_k + b + 1) - k0;
+    FASTATTN_DEVICE_CHECK(q0 >= 0 && k0 >= 0 && Lq >= 0 && Lk >= 0 && Lq <= p.Lq && Lk <= p.Lk &&
+                          q0 + Lq <= p.total_q && k0 + Lk <= p.total_k);
+    shift = Lk - Lq;
+    q_row = q0;
+    k_row = k0;
+    p.q_row0 = q0;
+    const int es = elem_bytes(p.dtype);
+    p.q = advance(p.q, q_row * p.q_sl, es);
+    p.k = advance(p.k, k_row * p.k_sl, es);
+    p.v = advance(p.v, k_row * p.v_sl, es);
+  } else {
+    Lk = prim::ldg(p.k_lengths + b);
+    shift = prim::ldg(p.q_positions + b);
+    FASTATTN_DEVICE_CHECK(Lk >= 0 && Lk <= p.Lk && shift >= 0);
+  }
+  constexpr int64_t kUnbounded = int64_t{1} << 30;
+  int64_t lo = p.window_left >= 0 ? int64_t{shift} - p.window_left : -kUnbounded;
+  int64_t hi = p.window_right >= 0 ? int64_t{shift} + p.window_right : kUnbounded;
+  if (p.causal_mode != 0) hi = min(hi, p.causal_mode == 1 ? int64_t{0} : int64_t{shift});
+  // Same visibility with bounds in [-Lq, Lk] (as make_problem does for dense problems).
+  p.window_lo = static_cast<int>(max(int64_t{-Lq}, min(int64_t{Lk}, lo)));
+  p.window_hi = static_cast<int>(max(int64_t{-Lq}, min(int64_t{Lk}, hi)));
+  p.shift = shift;
+  p.Lq = Lq;
+  p.Lk = Lk;
+}
+
+__device__ __forceinline__ void select_sequence(FwdParams& fp, int b) {
+  int64_t q_row, k_row;
+  select_sequence(fp.p, b, q_row, k_row);
+  if (q_row != 0) fp.out = advance(fp.out, q_row * fp.o_sl, elem_bytes(fp.p.dtype));
+}
+
+__device__ __forceinline__ void select_sequence(BwdParams& bp, int b) {
+  int64_t q_row, k_row;
+  select_sequence(bp.p, b, q_row, k_row);
+  const int es = elem_bytes(bp.p.dtype);
+  bp.out = advance(bp.out, q_row * bp.o_sl, es);
+  bp.dout = advance(bp.dout, q_row * bp.do_sl, es);
+  bp.dq = advance(bp.dq, q_row * bp.dq_sl, es);
+  bp.dk = advance(bp.dk, k_row * bp.dk_sl, es);
+  bp.dv = advance(bp.dv, k_row * bp.dv_sl, es);
 }
 
 }  // namespace fastattn::cuda::attn

@@ -30,10 +30,11 @@ struct FwdConfig {
 
 template <typename Elem, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads)
-    attention_fwd_mma_kernel(const FwdParams params) {
+    attention_fwd_mma_kernel(const FwdParams args) {
   constexpr int kMT = Cfg::kMT, kNT = Cfg::kNT, kNTO = Cfg::kNTO, kHD = Cfg::kHD;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStride = Cfg::kStride;
   constexpr float kLog2e = 1.4426950408889634f;
+  FwdParams params = args;  // select_sequence rewrites it for varlen / KV-cache problems
   const Problem& p = params.p;
 
   uint16_t* sQ = reinterpret_cast<uint16_t*>(prim::shared_base());
@@ -42,15 +43,21 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  // Block -> (slice bh = b * Hq + h, query tile). The heaviest tiles of a causal problem (the
-  // last ones) start first.
+  // Block -> (split, slice bh = b * Hq + h, query tile). The heaviest tiles of a causal
+  // problem (the last ones) start first. Varlen grids cover the longest sequence: tiles past
+  // the end of theirs leave at once.
   const int m_tiles = (p.Lq + kBlockM - 1) / kBlockM;
-  const int bh = blockIdx.x / m_tiles;
-  const int m_tile = m_tiles - 1 - static_cast<int>(blockIdx.x % m_tiles);
+  const int64_t per_split = static_cast<int64_t>(m_tiles) * p.B * p.Hq;
+  const int split = static_cast<int>(blockIdx.x / per_split);
+  const int64_t block = blockIdx.x % per_split;
+  const int bh = static_cast<int>(block / m_tiles);
+  const int m_tile = m_tiles - 1 - static_cast<int>(block % m_tiles);
   const int b = bh / p.Hq, h = bh % p.Hq, hk = h / p.group;
   const int i0 = m_tile * kBlockM;
   const int warp_row0 = warp * 16 * kMT;  // first tile row of this warp
-  FASTATTN_DEVICE_CHECK(b < p.B && i0 < p.Lq);
+  FASTATTN_DEVICE_CHECK(b < p.B && split < max(params.num_splits, 1));
+  select_sequence(params, b);
+  if (i0 >= p.Lq) return;  // the whole block: past the end of a shorter sequence
 
   const uint16_t* Qg = static_cast<const uint16_t*>(p.q) + b * p.q_sb + h * p.q_sh;
   const uint16_t* Kg = static_cast<const uint16_t*>(p.k) + b * p.k_sb + hk * p.k_sh;
@@ -77,7 +84,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       l_run[mt][r] = 0.0f;
     }
 
-  const TileRange kt = visible_key_tiles(p, i0, kBlockM, kBlockN);
+  const TileRange kt = split_range(visible_key_tiles(p, i0, kBlockM, kBlockN), split,
+                                   params.num_splits);
   FASTATTN_DEVICE_CHECK(kt.first >= 0 && (kt.first == kt.last || (kt.last - 1) * kBlockN < p.Lk));
   if (kt.first < kt.last) {
     load_tile<kBlockM, kHD, Cfg::kThreads>(sQ, Qg, p.q_sl, i0, p.Lq, p.D, p.q_aligned, tid);
@@ -185,8 +193,11 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     mma_rs_nn<Elem, kMT, kNT / 2, kNTO, kHD>(o, pa, sV, 0, npairs_pv, lane);
   }
 
-  // Normalise, write out (rows < Lq, cols < Dv) and lse = m + log(l).
-  float* lse = static_cast<float*>(params.lse) + static_cast<int64_t>(bh) * p.Lq;
+  // Normalise, write out (rows < Lq, cols < Dv) and lse = m + log(l); split-K blocks write
+  // their float32 partials instead.
+  const bool partial = params.num_splits > 1;
+  float* lse = partial ? params.part_lse + (static_cast<int64_t>(split) * p.B * p.Hq + bh) * p.Lq
+                       : static_cast<float*>(params.lse) + lse_index(p, b, h, 0);
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -206,6 +217,12 @@ __global__ void __launch_bounds__(Cfg::kThreads)
         prim::stg(lse + i, empty ? -prim::inf_of<float>() : m_run[mt][r] + prim::acc_log(l));
       }
     }
+  if (partial) {
+    float* Pg = params.part_out +
+                ((static_cast<int64_t>(split) * p.B * p.Hq + bh) * p.Lq) * p.Dv;
+    store_rows_f32<kMT, kNTO>(o, Pg, p.Dv, i0 + warp_row0, p.Lq, p.Dv, lane);
+    return;
+  }
   uint16_t* Og = static_cast<uint16_t*>(params.out) + b * params.o_sb + h * params.o_sh;
   const bool pair_aligned = (reinterpret_cast<uintptr_t>(params.out) % 4 == 0) &&
                             params.o_sb % 2 == 0 && params.o_sh % 2 == 0 && params.o_sl % 2 == 0;

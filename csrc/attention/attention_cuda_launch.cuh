@@ -3,6 +3,7 @@
 // dtype) (attention_cuda_{fwd,bwd}_hd{64,128,256}_{f16,bf16}.cu) and attention_cuda_simt.cu,
 // and by tools/cuda_emu, which runs the same launchers on the CPU.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 
 #include "attention/attention_cuda_bwd.cuh"
@@ -71,8 +72,8 @@ void run_fwd_mma(const FwdParams& fp, const Launch& launch) {
   using Cfg = typename MmaConfigs<kHD>::Fwd;
   const Problem& p = fp.p;
   auto kernel = attention_fwd_mma_kernel<Elem, Cfg>;
-  const int64_t blocks =
-      static_cast<int64_t>((p.Lq + Cfg::kBlockM - 1) / Cfg::kBlockM) * p.B * p.Hq;
+  const int64_t blocks = static_cast<int64_t>((p.Lq + Cfg::kBlockM - 1) / Cfg::kBlockM) * p.B *
+                         p.Hq * std::max(fp.num_splits, 1);
   check_smem(Cfg::kSmemBytes, launch, "attention_fwd_mma");
   FASTATTN_SET_KERNEL_SMEM(kernel, Cfg::kSmemBytes);
   FASTATTN_LAUNCH_KERNEL(kernel, grid_size(blocks, "attention_fwd_mma"), Cfg::kThreads,
@@ -83,7 +84,10 @@ void run_fwd_mma(const FwdParams& fp, const Launch& launch) {
 template <typename Elem, typename acc, typename Storage>
 void run_bwd_delta(const BwdParams& bp, const Launch& launch) {
   const Problem& p = bp.p;
-  const int64_t rows = static_cast<int64_t>(p.B) * p.Hq * p.Lq;
+  // lse's rows: (B, Hq, Lq), varlen (Hq, total_q)
+  const int64_t rows = p.cu_q != nullptr ? static_cast<int64_t>(p.Hq) * p.total_q
+                                         : static_cast<int64_t>(p.B) * p.Hq * p.Lq;
+  if (rows == 0) return;
   auto kernel = attention_bwd_delta_kernel<Elem, acc, Storage>;
   FASTATTN_LAUNCH_KERNEL(kernel, grid_size((rows + 7) / 8, "attention_bwd_delta"), 256, 0,
                          launch.stream, bp);
@@ -126,7 +130,8 @@ void run_fwd_simt(const FwdParams& fp, const Launch& launch) {
   const Problem& p = fp.p;
   auto kernel = attention_fwd_simt_kernel<T>;
   const int smem = SimtSmem<T>::fwd(p.D, p.Dv);
-  const int64_t blocks = static_cast<int64_t>((p.Lq + Cfg::kRows - 1) / Cfg::kRows) * p.B * p.Hq;
+  const int64_t blocks = static_cast<int64_t>((p.Lq + Cfg::kRows - 1) / Cfg::kRows) * p.B * p.Hq *
+                         std::max(fp.num_splits, 1);
   check_smem(smem, launch, "attention_fwd_simt");
   FASTATTN_SET_KERNEL_SMEM(kernel, smem);
   FASTATTN_LAUNCH_KERNEL(kernel, grid_size(blocks, "attention_fwd_simt"), Cfg::kThreads, smem,
@@ -161,6 +166,18 @@ void run_bwd_simt(const BwdParams& bp, const Launch& launch) {
                            smem, launch.stream, bp);
     FASTATTN_CUDA_LAUNCH_CHECK();
   }
+}
+
+// Merge of the split-K partials: one warp per row (8 rows per block).
+template <typename Elem, typename Storage>
+void run_combine(const FwdParams& fp, const Launch& launch) {
+  const Problem& p = fp.p;
+  const int64_t rows = static_cast<int64_t>(p.B) * p.Hq * p.Lq;
+  if (rows == 0) return;
+  auto kernel = attention_combine_kernel<Elem, Storage>;
+  FASTATTN_LAUNCH_KERNEL(kernel, grid_size((rows + 7) / 8, "attention_combine"), 256, 0,
+                         launch.stream, fp);
+  FASTATTN_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace fastattn::cuda::attn

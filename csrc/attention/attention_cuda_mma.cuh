@@ -181,4 +181,26 @@ __device__ __forceinline__ void store_rows(const float (&acc)[kMT][kNT][4], uint
   }
 }
 
+// Float32 variant of store_rows (split-K partial outputs, contiguous rows of length ld).
+template <int kMT, int kNT>
+__device__ __forceinline__ void store_rows_f32(const float (&acc)[kMT][kNT][4], float* g,
+                                               int64_t ld, int row0, int L, int D, int lane) {
+  const int gr = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row0 + mt * 16 + gr + 8 * half;
+      if (row >= L) continue;
+      float* dst = g + static_cast<int64_t>(row) * ld;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        const int col = nt * 8 + 2 * t;
+        if (col < D) prim::stg(dst + col, acc[mt][nt][2 * half]);
+        if (col + 1 < D) prim::stg(dst + col + 1, acc[mt][nt][2 * half + 1]);
+      }
+    }
+  }
+}
+
 }  // namespace fastattn::cuda::attn

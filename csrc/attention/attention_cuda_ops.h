@@ -109,6 +109,7 @@ inline Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v,
   // lo >= Lk (and likewise for hi), so the kernels' i + lo and i + hi stay small ints.
   p.window_lo = static_cast<int>(std::clamp<int64_t>(window_lo, -q.size(2), k.size(2)));
   p.window_hi = static_cast<int>(std::clamp<int64_t>(window_hi, -q.size(2), k.size(2)));
+  p.shift = p.Lk - p.Lq;  // ALiBi: query i sits at key position i + Lk - Lq
   p.dropout = dropout_p > 0.0;
   p.dropout_threshold = static_cast<float>(dropout_p);
   p.keep_scale = 1.0 / (1.0 - dropout_p);
@@ -118,6 +119,23 @@ inline Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v,
   p.k_aligned = sixteen_bit && rows_aligned16(k);
   p.v_aligned = sixteen_bit && rows_aligned16(v);
   return p;
+}
+
+// dQ, dK, dV of a backward (strides of dims 0..2; the last is 1). Dense: contiguous
+// (B, H, L, D); varlen: packed (total, H, D) seen as batch stride 0, head, row.
+inline void set_grad_outputs(BwdParams& bp, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  bp.dq = dq.data_ptr();
+  bp.dk = dk.data_ptr();
+  bp.dv = dv.data_ptr();
+  if (dq.dim() == 3) {
+    bp.dq_sb = 0; bp.dq_sh = dq.stride(1); bp.dq_sl = dq.stride(0);
+    bp.dk_sb = 0; bp.dk_sh = dk.stride(1); bp.dk_sl = dk.stride(0);
+    bp.dv_sb = 0; bp.dv_sh = dv.stride(1); bp.dv_sl = dv.stride(0);
+  } else {
+    bp.dq_sb = dq.stride(0); bp.dq_sh = dq.stride(1); bp.dq_sl = dq.stride(2);
+    bp.dk_sb = dk.stride(0); bp.dk_sh = dk.stride(1); bp.dk_sl = dk.stride(2);
+    bp.dv_sb = dv.stride(0); bp.dv_sh = dv.stride(1); bp.dv_sl = dv.stride(2);
+  }
 }
 
 inline void launch_forward(const FwdParams& fp, Dtype dt, const Launch& launch) {
@@ -234,9 +252,7 @@ inline std::tuple<Tensor, Tensor, Tensor> backward(
   bp.lse = lse.data_ptr();
   bp.dlse = dlse.defined() ? dlse.data_ptr() : nullptr;
   bp.delta = delta.data_ptr();
-  bp.dq = dq.data_ptr();
-  bp.dk = dk.data_ptr();
-  bp.dv = dv.data_ptr();
+  set_grad_outputs(bp, dq, dk, dv);
   launch_backward(bp, dtype_of(q), launch);
   return {dq, dk, dv};
 }

@@ -52,13 +52,45 @@ struct Problem {
   // 16-byte alignment of every row of q, k, v (base pointer and the three outer strides):
   // tiles of an aligned tensor are copied with cp.async, others with scalar loads.
   bool q_aligned, k_aligned, v_aligned;
+
+  // Per-sequence geometry, the rule of cpu::AttentionProblem (all null: dense).
+  //  - varlen (cu_q != null): q/k/v (and out, dO, dQ, dK, dV) are packed (total, H, D) seen with
+  //    batch stride 0; sequence b owns query rows [cu_q[b], cu_q[b+1]) and key rows
+  //    [cu_k[b], cu_k[b+1]); B is the number of sequences, Lq/Lk are max_seqlen_q/k (the grid
+  //    covers Lq query tiles x B x H); lse is (Hq, total_q). Dropout element of (b, h, i, j) is
+  //    ((cu_q[b] + i) * Hq + h) * Lk + j.
+  //  - KV cache (k_lengths != null): sequence b sees keys [0, k_lengths[b]) of its (dense) cache
+  //    rows and its query i sits at key position q_positions[b] + i. Forward only, no dropout.
+  // The band of a sequence: causal_mode 0 off, 1 top-left, 2 at the query position (bottom-right
+  // for varlen); window_left/right -1 = unbounded, else clamped to 2^30. The int32 arrays live
+  // on the device; select_sequence() (attention_cuda_common.cuh) turns a kernel's copy of the
+  // problem into the dense problem of its sequence.
+  const int32_t* cu_q;
+  const int32_t* cu_k;
+  const int32_t* k_lengths;
+  const int32_t* q_positions;
+  int total_q, total_k;  // varlen: packed row counts
+  int drop_lk;           // varlen: max_seqlen_k (the dropout numbering's key count)
+  int causal_mode, window_left, window_right;
+  // Set by select_sequence (dense: 0 and Lk - Lq): first packed query row of the sequence, and
+  // the ALiBi shift (query i sits at key position i + shift).
+  int q_row0;
+  int shift;
 };
 
 struct FwdParams {
   Problem p;
   void* out;  // (B, Hq, Lq, Dv) view
   int64_t o_sb, o_sh, o_sl;
-  void* lse;  // (B, Hq, Lq) contiguous, float (double for double inputs)
+  void* lse;  // (B, Hq, Lq) contiguous (varlen: (Hq, total_q)), float (double for double)
+  // Split-K (flash-decoding, KV cache): num_splits > 1 splits every row's visible key tiles into
+  // that many ranges, one block each (grid x num_splits); block s writes its normalised partial
+  // output and lse in float32 to part_out (num_splits, B, Hq, Lq, Dv) / part_lse (num_splits, B,
+  // Hq, Lq), contiguous, instead of out/lse, and attention_combine_kernel merges them
+  // (merge_attention's math). Not for float64.
+  int num_splits;
+  float* part_out;
+  float* part_lse;
 };
 
 struct BwdParams {
@@ -71,9 +103,12 @@ struct BwdParams {
   const void* lse;   // (B, Hq, Lq) contiguous, compute type
   const void* dlse;  // grad_lse, (B, Hq, Lq) contiguous compute type, or null
   void* delta;       // workspace (B, Hq, Lq) compute type: rowsum(dO * O) - grad_lse
-  void* dq;          // contiguous (B, Hq, Lq, D)
-  void* dk;          // contiguous (B, Hkv, Lk, D)
-  void* dv;          // contiguous (B, Hkv, Lk, Dv)
+  void* dq;          // (B, Hq, Lq, D) (varlen: packed (total_q, Hq, D)), strides below
+  void* dk;          // (B, Hkv, Lk, D) (varlen: packed)
+  void* dv;          // (B, Hkv, Lk, Dv) (varlen: packed)
+  int64_t dq_sb, dq_sh, dq_sl;
+  int64_t dk_sb, dk_sh, dk_sl;
+  int64_t dv_sb, dv_sh, dv_sl;
 };
 
 // Head-dim buckets of the tensor-core kernels: max(D, Dv) is padded to the next bucket with
@@ -104,5 +139,9 @@ FASTATTN_ATTN_ENTRY(bf16, 256)
 // float32 / float64: SIMT kernels with exact FMA arithmetic (attention_cuda_simt.cu).
 void attention_fwd_simt(Dtype dtype, const FwdParams&, const Launch&);
 void attention_bwd_simt(Dtype dtype, const BwdParams&, const Launch&);
+
+// Merges the split-K partials of a forward with num_splits > 1 into out/lse
+// (attention_cuda_simt.cu).
+void attention_combine(Dtype dtype, const FwdParams&, const Launch&);
 
 }  // namespace fastattn::cuda::attn

@@ -96,9 +96,10 @@ struct SimtSmem {
 
 template <typename T>
 __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
-    attention_fwd_simt_kernel(const FwdParams params) {
+    attention_fwd_simt_kernel(const FwdParams args) {
   using Cfg = SimtConfig<T>;
   constexpr int kR = Cfg::kR, kRows = Cfg::kRows, kCols = Cfg::kCols;
+  FwdParams params = args;  // select_sequence rewrites it for varlen / KV-cache problems
   const Problem& p = params.p;
   const int D = p.D, Dv = p.Dv;
   const int ldq = D + 1, ldkv = (D > Dv ? D : Dv) + 1;
@@ -107,13 +108,19 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
   T* sP = sKV + 32 * ldkv;    // [warp][kR][32]
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // Block -> (split, slice bh, query tile), as the tensor-core forward.
   const int m_tiles = (p.Lq + kRows - 1) / kRows;
-  const int bh = blockIdx.x / m_tiles;
-  const int m_tile = m_tiles - 1 - static_cast<int>(blockIdx.x % m_tiles);
+  const int64_t per_split = static_cast<int64_t>(m_tiles) * p.B * p.Hq;
+  const int split = static_cast<int>(blockIdx.x / per_split);
+  const int64_t block = blockIdx.x % per_split;
+  const int bh = static_cast<int>(block / m_tiles);
+  const int m_tile = m_tiles - 1 - static_cast<int>(block % m_tiles);
   const int b = bh / p.Hq, h = bh % p.Hq, hk = h / p.group;
   const int i0 = m_tile * kRows;
   const int row0 = warp * kR;  // this warp's rows within the tile
-  FASTATTN_DEVICE_CHECK(b < p.B && i0 < p.Lq);
+  FASTATTN_DEVICE_CHECK(b < p.B && split < max(params.num_splits, 1));
+  select_sequence(params, b);
+  if (i0 >= p.Lq) return;  // the whole block: past the end of a shorter sequence
 
   const T* Qg = static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh;
   const T* Kg = static_cast<const T*>(p.k) + b * p.k_sb + hk * p.k_sh;
@@ -139,7 +146,7 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
   }
 
   simt_load_tile(sQ, ldq, Qg, p.q_sl, i0, kRows, p.Lq, D, tid, Cfg::kThreads);
-  const TileRange kt = visible_key_tiles(p, i0, kRows, 32);
+  const TileRange kt = split_range(visible_key_tiles(p, i0, kRows, 32), split, params.num_splits);
   for (int n_tile = kt.first; n_tile < kt.last; ++n_tile) {
     const int j0 = n_tile * 32;
     const int j = j0 + lane;
@@ -181,8 +188,11 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
     simt_accumulate<T, kR, kCols>(o, myP, sKV, ldkv, Dv, lane);
   }
 
+  // Split-K blocks (float32 only) write their float32 partials instead of out and lse.
+  const bool partial = params.num_splits > 1;
   T* Og = static_cast<T*>(params.out) + b * params.o_sb + h * params.o_sh;
-  T* lse = static_cast<T*>(params.lse) + static_cast<int64_t>(bh) * p.Lq;
+  T* lse = static_cast<T*>(params.lse) + lse_index(p, b, h, 0);
+  const int64_t part_row0 = (static_cast<int64_t>(split) * p.B * p.Hq + bh) * p.Lq;
 #pragma unroll
   for (int r = 0; r < kR; ++r) {
     T l = l_run[r];
@@ -192,12 +202,23 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
     const int i = i0 + row0 + r;
     if (i < p.Lq) {
       const T inv = empty ? T(0) : T(1) / l;
+      const T lse_i = empty ? -prim::inf_of<T>() : m_run[r] + prim::acc_log(l);
+      if (partial) {
+        float* Pg = params.part_out + (part_row0 + i) * p.Dv;
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) {
+          const int col = lane + 32 * c;
+          if (col < Dv) prim::stg(Pg + col, static_cast<float>(o[r][c] * inv));
+        }
+        if (lane == 0) prim::stg(params.part_lse + part_row0 + i, static_cast<float>(lse_i));
+        continue;
+      }
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
         const int col = lane + 32 * c;
         if (col < Dv) prim::stg(Og + static_cast<int64_t>(i) * params.o_sl + col, o[r][c] * inv);
       }
-      if (lane == 0) prim::stg(lse + i, empty ? -prim::inf_of<T>() : m_run[r] + prim::acc_log(l));
+      if (lane == 0) prim::stg(lse + i, lse_i);
     }
   }
 }
@@ -206,9 +227,10 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
 // queries of a step, which walks the query heads of the group and the visible query tiles.
 template <typename T>
 __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
-    attention_bwd_dkdv_simt_kernel(const BwdParams params) {
+    attention_bwd_dkdv_simt_kernel(const BwdParams args) {
   using Cfg = SimtConfig<T>;
   constexpr int kR = Cfg::kR, kRows = Cfg::kRows, kCols = Cfg::kCols;
+  BwdParams params = args;  // select_sequence rewrites it for varlen problems
   const Problem& p = params.p;
   const int D = p.D, Dv = p.Dv;
   const int ldd = D + 1, lddv = Dv + 1;
@@ -228,7 +250,9 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
   const int b = bhk / p.Hkv, hk = bhk % p.Hkv;
   const int j0 = n_tile * kRows;
   const int row0 = warp * kR;
-  FASTATTN_DEVICE_CHECK(b < p.B && j0 < p.Lk);
+  FASTATTN_DEVICE_CHECK(b < p.B);
+  select_sequence(params, b);
+  if (j0 >= p.Lk) return;  // the whole block: past the end of a shorter sequence
   T* myP = sP + warp * kR * 32;
   T* mydS = sdS + warp * kR * 32;
 
@@ -262,7 +286,7 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
     if (tid < 32) {
       T lse = prim::inf_of<T>(), delta = 0;
       if (i < p.Lq) {
-        const int64_t row = static_cast<int64_t>(bh) * p.Lq + i;
+        const int64_t row = lse_index(p, b, h, i);
         lse = prim::ldg(static_cast<const T*>(params.lse) + row);
         if (lse == -prim::inf_of<T>()) lse = prim::inf_of<T>();  // no visible key: P = 0
         delta = prim::ldg(static_cast<const T*>(params.delta) + row);
@@ -299,7 +323,8 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
     simt_accumulate<T, kR, kCols>(dk, mydS, sQ, ldd, D, lane);
   }
 
-  const int64_t kv_row0 = static_cast<int64_t>(bhk) * p.Lk;
+  T* dKg = static_cast<T*>(params.dk) + b * params.dk_sb + hk * params.dk_sh;
+  T* dVg = static_cast<T*>(params.dv) + b * params.dv_sb + hk * params.dv_sh;
 #pragma unroll
   for (int r = 0; r < kR; ++r) {
     const int j = j0 + row0 + r;
@@ -307,8 +332,8 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
       const int col = lane + 32 * c;
-      if (col < D) prim::stg(static_cast<T*>(params.dk) + (kv_row0 + j) * D + col, dk[r][c]);
-      if (col < Dv) prim::stg(static_cast<T*>(params.dv) + (kv_row0 + j) * Dv + col, dv[r][c]);
+      if (col < D) prim::stg(dKg + j * params.dk_sl + col, dk[r][c]);
+      if (col < Dv) prim::stg(dVg + j * params.dv_sl + col, dv[r][c]);
     }
   }
 }
@@ -317,9 +342,10 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
 // keys of a step.
 template <typename T>
 __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
-    attention_bwd_dq_simt_kernel(const BwdParams params) {
+    attention_bwd_dq_simt_kernel(const BwdParams args) {
   using Cfg = SimtConfig<T>;
   constexpr int kR = Cfg::kR, kRows = Cfg::kRows, kCols = Cfg::kCols;
+  BwdParams params = args;  // select_sequence rewrites it for varlen problems
   const Problem& p = params.p;
   const int D = p.D, Dv = p.Dv;
   const int ldd = D + 1, lddv = Dv + 1;
@@ -338,7 +364,9 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
   const int b = bh / p.Hq, h = bh % p.Hq, hk = h / p.group;
   const int i0 = m_tile * kRows;
   const int row0 = warp * kR;
-  FASTATTN_DEVICE_CHECK(b < p.B && i0 < p.Lq);
+  FASTATTN_DEVICE_CHECK(b < p.B);
+  select_sequence(params, b);
+  if (i0 >= p.Lq) return;  // the whole block: past the end of a shorter sequence
   T* mydS = sdS + warp * kR * 32;
 
   const T* Qg = static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh;
@@ -351,7 +379,7 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
     const int i = i0 + r;
     T lse = prim::inf_of<T>(), delta = 0;  // lse +inf: no visible key or past Lq (P = 0)
     if (i < p.Lq) {
-      const int64_t row = static_cast<int64_t>(bh) * p.Lq + i;
+      const int64_t row = lse_index(p, b, h, i);
       lse = prim::ldg(static_cast<const T*>(params.lse) + row);
       if (lse == -prim::inf_of<T>()) lse = prim::inf_of<T>();
       delta = prim::ldg(static_cast<const T*>(params.delta) + row);
@@ -402,7 +430,7 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
     simt_accumulate<T, kR, kCols>(dq, mydS, sK, ldd, D, lane);
   }
 
-  T* dQg = static_cast<T*>(params.dq) + static_cast<int64_t>(bh) * p.Lq * D;
+  T* dQg = static_cast<T*>(params.dq) + b * params.dq_sb + h * params.dq_sh;
 #pragma unroll
   for (int r = 0; r < kR; ++r) {
     const int i = i0 + row0 + r;
@@ -410,9 +438,52 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
       const int col = lane + 32 * c;
-      if (col < D) prim::stg(dQg + static_cast<int64_t>(i) * D + col, dq[r][c]);
+      if (col < D) prim::stg(dQg + i * params.dq_sl + col, dq[r][c]);
     }
   }
+}
+
+// Merges the float32 split-K partials of a forward (FwdParams::num_splits > 1) into out and lse,
+// merge_attention's math: lse = log sum_s exp(lse_s), out = sum_s exp(lse_s - lse) out_s, in
+// split order; rows where every split is empty get out 0 and lse -inf. One warp per row of
+// (B, Hq, Lq) (dense layout: KV-cache problems); lanes own columns lane, lane + 32, ...
+template <typename Elem, typename Storage>
+__global__ void __launch_bounds__(256) attention_combine_kernel(const FwdParams params) {
+  const Problem& p = params.p;
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  const int64_t rows = static_cast<int64_t>(p.B) * p.Hq * p.Lq;
+  if (row >= rows) return;  // whole warps leave together
+  const int splits = params.num_splits;
+  const int i = static_cast<int>(row % p.Lq);
+  const int bh = static_cast<int>(row / p.Lq);
+  const int b = bh / p.Hq, h = bh % p.Hq;
+  float mx = -prim::inf_of<float>();
+  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, prim::ldg(params.part_lse + s * rows + row));
+  const bool empty = mx == -prim::inf_of<float>();
+  float sum = 0.0f;
+  if (!empty) {
+    for (int s = 0; s < splits; ++s) sum += prim::acc_exp(prim::ldg(params.part_lse + s * rows + row) - mx);
+  }
+  const float lse = empty ? -prim::inf_of<float>() : mx + prim::acc_log(sum);
+  Storage* O = static_cast<Storage*>(params.out) + b * params.o_sb + h * params.o_sh +
+               static_cast<int64_t>(i) * params.o_sl;
+  for (int d = lane; d < p.Dv; d += 32) {
+    float acc = 0.0f;
+    if (!empty) {
+      for (int s = 0; s < splits; ++s) {
+        const float ls = prim::ldg(params.part_lse + s * rows + row);
+        if (ls == -prim::inf_of<float>()) continue;  // an empty split adds nothing
+        acc += prim::acc_exp(ls - lse) * prim::ldg(params.part_out + (s * rows + row) * p.Dv + d);
+      }
+    }
+    if constexpr (sizeof(Storage) == 2) {
+      prim::stg(O + d, prim::from_float<Elem>(acc));
+    } else {
+      prim::stg(O + d, static_cast<Storage>(acc));
+    }
+  }
+  if (lane == 0) prim::stg(static_cast<float*>(params.lse) + row, lse);
 }
 
 }  // namespace fastattn::cuda::attn

@@ -44,11 +44,25 @@ emu::Range view(const void* ptr, int64_t s0, int64_t s1, int64_t s2, int64_t s3,
   return {lo, lo + static_cast<uintptr_t>((last + 1) * es), writable, name};
 }
 
+// Batches and rows of the (B, H, L, D) views: varlen tensors are packed (1 batch of total rows).
+int64_t batches(const Problem& p) { return p.cu_q != nullptr ? 1 : p.B; }
+int64_t q_rows(const Problem& p) { return p.cu_q != nullptr ? p.total_q : p.Lq; }
+int64_t k_rows(const Problem& p) { return p.cu_q != nullptr ? p.total_k : p.Lk; }
+
 void problem_ranges(const Problem& p, std::vector<emu::Range>& r) {
   const int es = elem_size(p.dtype);
-  r.push_back(view(p.q, p.B, p.Hq, p.Lq, p.D, p.q_sb, p.q_sh, p.q_sl, 1, es, false, "q"));
-  r.push_back(view(p.k, p.B, p.Hkv, p.Lk, p.D, p.k_sb, p.k_sh, p.k_sl, 1, es, false, "k"));
-  r.push_back(view(p.v, p.B, p.Hkv, p.Lk, p.Dv, p.v_sb, p.v_sh, p.v_sl, 1, es, false, "v"));
+  const int64_t nb = batches(p);
+  r.push_back(view(p.q, nb, p.Hq, q_rows(p), p.D, p.q_sb, p.q_sh, p.q_sl, 1, es, false, "q"));
+  r.push_back(view(p.k, nb, p.Hkv, k_rows(p), p.D, p.k_sb, p.k_sh, p.k_sl, 1, es, false, "k"));
+  r.push_back(view(p.v, nb, p.Hkv, k_rows(p), p.Dv, p.v_sb, p.v_sh, p.v_sl, 1, es, false, "v"));
+  if (p.cu_q != nullptr) {
+    r.push_back(view(p.cu_q, p.B + 1, 1, 1, 1, 1, 0, 0, 0, 4, false, "cu_seqlens_q"));
+    r.push_back(view(p.cu_k, p.B + 1, 1, 1, 1, 1, 0, 0, 0, 4, false, "cu_seqlens_k"));
+  }
+  if (p.k_lengths != nullptr) {
+    r.push_back(view(p.k_lengths, p.B, 1, 1, 1, 1, 0, 0, 0, 4, false, "k_lengths"));
+    r.push_back(view(p.q_positions, p.B, 1, 1, 1, 1, 0, 0, 0, 4, false, "q_positions"));
+  }
   if (p.mask_kind != kMaskNone) {
     r.push_back(view(p.mask, p.B, p.Hq, p.Lq, p.Lk, p.mask_sb, p.mask_sh, p.mask_sq, p.mask_sk,
                      mask_size(p.mask_kind), false, "attn_mask"));
@@ -68,10 +82,16 @@ std::vector<emu::Range> emu_ranges(const FwdParams& fp) {
   const Problem& p = fp.p;
   std::vector<emu::Range> r;
   problem_ranges(p, r);
-  r.push_back(view(fp.out, p.B, p.Hq, p.Lq, p.Dv, fp.o_sb, fp.o_sh, fp.o_sl, 1,
+  r.push_back(view(fp.out, batches(p), p.Hq, q_rows(p), p.Dv, fp.o_sb, fp.o_sh, fp.o_sl, 1,
                    elem_size(p.dtype), true, "out"));
-  r.push_back(view(fp.lse, p.B, p.Hq, p.Lq, 1, int64_t{p.Hq} * p.Lq, p.Lq, 1, 0,
-                   acc_size(p.dtype), true, "lse"));
+  const int64_t rows = batches(p) * p.Hq * q_rows(p);
+  r.push_back(view(fp.lse, rows, 1, 1, 1, 1, 0, 0, 0, acc_size(p.dtype), true, "lse"));
+  if (fp.num_splits > 1) {
+    r.push_back(view(fp.part_out, int64_t{fp.num_splits} * rows, p.Dv, 1, 1, p.Dv, 1, 0, 0, 4,
+                     true, "part_out"));
+    r.push_back(view(fp.part_lse, int64_t{fp.num_splits} * rows, 1, 1, 1, 1, 0, 0, 0, 4, true,
+                     "part_lse"));
+  }
   return r;
 }
 
@@ -80,17 +100,17 @@ std::vector<emu::Range> emu_ranges(const BwdParams& bp) {
   const int es = elem_size(p.dtype), as = acc_size(p.dtype);
   std::vector<emu::Range> r;
   problem_ranges(p, r);
-  r.push_back(view(bp.out, p.B, p.Hq, p.Lq, p.Dv, bp.o_sb, bp.o_sh, bp.o_sl, 1, es, false, "out"));
-  r.push_back(view(bp.dout, p.B, p.Hq, p.Lq, p.Dv, bp.do_sb, bp.do_sh, bp.do_sl, 1, es, false,
+  const int64_t nb = batches(p), lq = q_rows(p), lk = k_rows(p);
+  r.push_back(view(bp.out, nb, p.Hq, lq, p.Dv, bp.o_sb, bp.o_sh, bp.o_sl, 1, es, false, "out"));
+  r.push_back(view(bp.dout, nb, p.Hq, lq, p.Dv, bp.do_sb, bp.do_sh, bp.do_sl, 1, es, false,
                    "grad_out"));
-  const int64_t rows = int64_t{p.B} * p.Hq * p.Lq;
+  const int64_t rows = nb * p.Hq * lq;
   r.push_back(view(bp.lse, rows, 1, 1, 1, 1, 0, 0, 0, as, false, "lse"));
   if (bp.dlse != nullptr) r.push_back(view(bp.dlse, rows, 1, 1, 1, 1, 0, 0, 0, as, false, "grad_lse"));
   r.push_back(view(bp.delta, rows, 1, 1, 1, 1, 0, 0, 0, as, true, "delta"));
-  r.push_back(view(bp.dq, rows, p.D, 1, 1, p.D, 1, 0, 0, es, true, "dq"));
-  const int64_t kv_rows = int64_t{p.B} * p.Hkv * p.Lk;
-  r.push_back(view(bp.dk, kv_rows, p.D, 1, 1, p.D, 1, 0, 0, es, true, "dk"));
-  r.push_back(view(bp.dv, kv_rows, p.Dv, 1, 1, p.Dv, 1, 0, 0, es, true, "dv"));
+  r.push_back(view(bp.dq, nb, p.Hq, lq, p.D, bp.dq_sb, bp.dq_sh, bp.dq_sl, 1, es, true, "dq"));
+  r.push_back(view(bp.dk, nb, p.Hkv, lk, p.D, bp.dk_sb, bp.dk_sh, bp.dk_sl, 1, es, true, "dk"));
+  r.push_back(view(bp.dv, nb, p.Hkv, lk, p.Dv, bp.dv_sb, bp.dv_sh, bp.dv_sl, 1, es, true, "dv"));
   return r;
 }
 
@@ -111,6 +131,8 @@ std::vector<emu::Range> emu_ranges(const BwdParams& bp) {
 #include "attention/attention_cuda_fwd_hd64_f16.cu"
 #include "attention/attention_cuda_simt.cu"
 #include "attention/attention_cuda_ops.h"
+#include "attention_with_kvcache/attention_with_kvcache_cuda_ops.h"
+#include "varlen_attention/varlen_attention_cuda_ops.h"
 
 namespace fastattn {
 std::atomic<bool>& poison_flag() {
@@ -148,10 +170,45 @@ std::tuple<Tensor, Tensor, Tensor> backward(
                         {nullptr, static_cast<int>(smem_optin)});
 }
 
+std::tuple<Tensor, Tensor> varlen_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const Tensor& cu_q, const Tensor& cu_k, int64_t max_q,
+                                          int64_t max_k, const optional<Tensor>& alibi,
+                                          double scale, double softcap, int64_t causal_mode,
+                                          int64_t wl, int64_t wr, double dropout_p,
+                                          const optional<Tensor>& seed, int64_t smem_optin) {
+  return fastattn::varlen_attention::cuda_impl::forward(
+      q, k, v, cu_q, cu_k, max_q, max_k, alibi, scale, softcap, causal_mode, wl, wr, dropout_p,
+      seed, {nullptr, static_cast<int>(smem_optin)});
+}
+
+std::tuple<Tensor, Tensor, Tensor> varlen_backward(
+    const Tensor& grad_out, const optional<Tensor>& grad_lse, const Tensor& q, const Tensor& k,
+    const Tensor& v, const Tensor& out, const Tensor& lse, const Tensor& cu_q, const Tensor& cu_k,
+    int64_t max_q, int64_t max_k, const optional<Tensor>& alibi, double scale, double softcap,
+    int64_t causal_mode, int64_t wl, int64_t wr, double dropout_p, const optional<Tensor>& seed,
+    int64_t smem_optin) {
+  return fastattn::varlen_attention::cuda_impl::backward(
+      grad_out, grad_lse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, alibi, scale, softcap,
+      causal_mode, wl, wr, dropout_p, seed, {nullptr, static_cast<int>(smem_optin)});
+}
+
+std::tuple<Tensor, Tensor> decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                  const Tensor& k_lengths, const Tensor& q_positions,
+                                  const optional<Tensor>& alibi, double scale, double softcap,
+                                  int64_t causal_mode, int64_t wl, int64_t wr, int64_t num_splits,
+                                  int64_t sm_count, int64_t smem_optin) {
+  return fastattn::attention_with_kvcache::cuda_impl::decode(
+      q, k_cache, v_cache, k_lengths, q_positions, alibi, scale, softcap, causal_mode, wl, wr,
+      num_splits, static_cast<int>(sm_count), {nullptr, static_cast<int>(smem_optin)});
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward);
   m.def("backward", &backward);
+  m.def("varlen_forward", &varlen_forward);
+  m.def("varlen_backward", &varlen_backward);
+  m.def("decode", &decode);
   m.def("set_poison", [](bool on) { fastattn::poison_flag().store(on); });
 }

@@ -26,6 +26,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
 from fastattn.reference import attention as ref  # noqa: E402
+from fastattn.reference import attention_with_kvcache as kv_ref  # noqa: E402
+from fastattn.reference import varlen_attention as varlen_ref  # noqa: E402
 from tolerance import max_error, rounding_floor  # noqa: E402
 
 H100_SMEM = 227 * 1024
@@ -252,13 +254,160 @@ def cases():
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# varlen_attention (packed sequences, cu_seqlens read on the device) and attention_decode (KV
+# cache, split-K) through the same kernels.
+
+class VarlenCase:
+    def __init__(self, name, dtype=torch.bfloat16, q_lens=(0, 1, 5, 17, 64, 70), k_lens=None,
+                 Hq=2, Hkv=2, D=64, Dv=None, causal_mode=0, window=(-1, -1), alibi=False,
+                 softcap=0.0, dropout=0.0, grad_lse=False, layout="packed"):
+        self.__dict__.update(locals())
+        self.Dv = D if Dv is None else Dv
+        self.k_lens = q_lens if k_lens is None else k_lens
+
+
+def run_varlen_case(ext, c: VarlenCase, verbose: bool):
+    g = torch.Generator().manual_seed(hash(c.name) % (1 << 31))
+    B = len(c.q_lens)
+    cu_q = torch.tensor([0] + list(torch.tensor(c.q_lens).cumsum(0).tolist()), dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(torch.tensor(c.k_lens).cumsum(0).tolist()), dtype=torch.int32)
+    tq, tk = int(cu_q[-1]), int(cu_k[-1])
+    max_q, max_k = max(c.q_lens), max(c.k_lens)
+
+    def make(total, H, d):
+        if c.layout == "strided":  # rows of a wider buffer (row stride H*(d+3))
+            return torch.randn(total, H, d + 3, generator=g)[..., :d].to(c.dtype)
+        return torch.randn(total, H, d, generator=g).to(c.dtype)
+
+    q, k, v = make(tq, c.Hq, c.D), make(tk, c.Hkv, c.D), make(tk, c.Hkv, c.Dv)
+    alibi = (torch.rand(B, c.Hq, generator=g) * 0.3) if c.alibi else None
+    scale = 1.0 / math.sqrt(c.D)
+    seed = torch.tensor([1234567, 89], dtype=torch.int64) if c.dropout > 0 else None
+    args = (cu_q, cu_k, max_q, max_k, alibi, scale, c.softcap, c.causal_mode, c.window[0],
+            c.window[1], c.dropout, seed)
+    ext.set_poison(True)
+    out, lse = ext.varlen_forward(q, k, v, *args, H100_SMEM)
+    grad_out = torch.randn(out.shape, generator=g).to(c.dtype)
+    grad_lse = torch.randn(lse.shape, generator=g) if c.grad_lse else None
+
+    def reference(dtype):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        o, l = varlen_ref.varlen_attention(*leaves, *args)
+        outs, grads = [o], [grad_out.to(o.dtype)]
+        if grad_lse is not None:
+            fin = torch.isfinite(l)
+            outs.append(torch.where(fin, l, torch.zeros_like(l)))
+            grads.append(grad_lse.to(l.dtype))
+        return o.detach(), l.detach(), torch.autograd.grad(outs, leaves, grads, allow_unused=True)
+
+    o64, l64, g64 = reference(torch.float64)
+    olow, llow, glow = reference(c.dtype)
+    results = []
+    assert out.shape == o64.shape and out.dtype == c.dtype, (out.shape, out.dtype)
+    check("out", out, o64, olow, 2.0, results)
+    fin = torch.isfinite(l64)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(l64.to(lse.dtype))), "lse -inf rows differ"
+    z = torch.zeros_like(l64)
+    check("lse", torch.where(fin, lse.double(), z), torch.where(fin, l64, z),
+          torch.where(fin, llow.double(), z), 2.0, results, dtype=lse.dtype)
+    dq, dk, dv = ext.varlen_backward(grad_out, grad_lse, q, k, v, out, lse, *args, H100_SMEM)
+    for nm, got, r64, rlow in zip(("dq", "dk", "dv"), (dq, dk, dv), g64, glow):
+        r64 = torch.zeros_like(got, dtype=torch.float64) if r64 is None else r64
+        rlow = torch.zeros_like(got) if rlow is None else rlow
+        # the cancellation residue of dS = P (dP - Delta) (see cancellation_floors), bounded
+        # from the packed tensors
+        eps = torch.finfo(torch.float64 if c.dtype == torch.float64 else torch.float32).eps
+        extra = 0.0
+        if q.numel() and k.numel():
+            dp = float(grad_out.double().abs().sum(-1).max() * v.double().abs().max())
+            res = 4 * eps * scale / (1 - c.dropout) * dp
+            other = (k if nm == "dq" else q).double().abs().max()
+            extra = res * float(other) * (math.sqrt(c.D * (c.Hq // c.Hkv)) if nm == "dk" else 1)
+        check(nm, got, r64, rlow, 3.0, results, extra=extra)
+    dq2, dk2, dv2 = ext.varlen_backward(grad_out, grad_lse, q, k, v, out, lse, *args, H100_SMEM)
+    results.append(("determinism", bool(torch.equal(dq, dq2) and torch.equal(dk, dk2)
+                                        and torch.equal(dv, dv2)), 0.0, 0.0))
+    return results
+
+
+class DecodeCase:
+    def __init__(self, name, dtype=torch.bfloat16, cache_seqlens=(0, 3, 76, 299), Lq=1,
+                 Lmax=320, Hq=8, Hkv=2, D=64, Dv=None, causal_mode=2, window=(-1, -1),
+                 alibi=False, softcap=0.0, num_splits=0, new_tokens=True):
+        self.__dict__.update(locals())
+        self.Dv = D if Dv is None else Dv
+
+
+def run_decode_case(ext, c: DecodeCase, verbose: bool):
+    g = torch.Generator().manual_seed(hash(c.name) % (1 << 31))
+    B = len(c.cache_seqlens)
+    q = torch.randn(B, c.Hq, c.Lq, c.D, generator=g).to(c.dtype)
+    k_cache = torch.randn(B, c.Hkv, c.Lmax, c.D, generator=g).to(c.dtype)
+    v_cache = torch.randn(B, c.Hkv, c.Lmax, c.Dv, generator=g).to(c.dtype)
+    pos = torch.tensor(c.cache_seqlens, dtype=torch.int32)
+    k_lengths = (pos + (c.Lq if c.new_tokens else 0)).to(torch.int32)
+    alibi = (torch.rand(B, c.Hq, generator=g) * 0.3) if c.alibi else None
+    scale = 1.0 / math.sqrt(c.D)
+    args = (k_lengths, pos, alibi, scale, c.softcap, c.causal_mode, c.window[0], c.window[1])
+    ext.set_poison(True)
+    out, lse = ext.decode(q, k_cache, v_cache, *args, c.num_splits, 132, H100_SMEM)
+    o64, l64 = kv_ref.attention_decode(q.double(), k_cache.double(), v_cache.double(), *args)
+    olow, llow = kv_ref.attention_decode(q, k_cache, v_cache, *args)
+    results = []
+    assert out.shape == o64.shape and out.dtype == c.dtype, (out.shape, out.dtype)
+    check("out", out, o64, olow, 2.0, results)
+    fin = torch.isfinite(l64)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(l64.to(lse.dtype))), "lse -inf rows differ"
+    z = torch.zeros_like(l64)
+    check("lse", torch.where(fin, lse.double(), z), torch.where(fin, l64, z),
+          torch.where(fin, llow.double(), z), 2.0, results, dtype=lse.dtype)
+    return results
+
+
+def varlen_cases():
+    bf, f16 = torch.bfloat16, torch.float16
+    shuffled = (5, 0, 17, 1, 70, 64)
+    return [
+        VarlenCase("varlen_bf16_self_causal_br_gqa", bf, Hq=4, Hkv=2, causal_mode=2),
+        VarlenCase("varlen_f16_cross_causal_br_d128", f16, k_lens=shuffled, Hq=2, Hkv=1, D=128,
+                   causal_mode=2),
+        VarlenCase("varlen_bf16_cross_top_left_dropout", bf, k_lens=shuffled, D=40, Dv=57,
+                   causal_mode=1, dropout=0.17),
+        VarlenCase("varlen_bf16_plain_strided", bf, k_lens=shuffled, layout="strided", D=59),
+        VarlenCase("varlen_bf16_window_alibi_softcap_lse", bf, Hq=4, Hkv=1, window=(20, 5),
+                   alibi=True, softcap=2.5, grad_lse=True),
+        VarlenCase("varlen_f16_d256", f16, q_lens=(0, 1, 5, 17, 33), k_lens=(3, 1, 0, 40, 33),
+                   D=256, Dv=200, causal_mode=2, dropout=0.1),
+        VarlenCase("varlen_f32_everything", torch.float32, k_lens=shuffled, Hq=4, Hkv=2, D=20,
+                   Dv=35, causal_mode=2, window=(30, -1), alibi=True, softcap=2.5, dropout=0.17,
+                   grad_lse=True),
+        VarlenCase("varlen_f64_causal", torch.float64, D=8, causal_mode=1, dropout=0.2),
+    ]
+
+
+def decode_cases():
+    bf, f16 = torch.bfloat16, torch.float16
+    return [
+        DecodeCase("decode_bf16_gqa_auto_splits", bf),
+        DecodeCase("decode_f16_spec5_window_alibi_softcap", f16, Lq=5, window=(64, 0), alibi=True,
+                   softcap=3.0, num_splits=3, D=128),
+        DecodeCase("decode_bf16_no_new_tokens_empty_cache", bf, cache_seqlens=(0, 50, 129), Lq=2,
+                   Lmax=160, new_tokens=False, num_splits=4, Hq=4, Hkv=4, D=40, Dv=24),
+        DecodeCase("decode_bf16_non_causal_one_split", bf, causal_mode=0, num_splits=1, Hq=2,
+                   Hkv=1, D=256),
+        DecodeCase("decode_f32_splits", torch.float32, num_splits=3, D=24, Dv=33, Lq=3),
+        DecodeCase("decode_f64", torch.float64, Lq=2, D=16, alibi=True),
+    ]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("-v", action="store_true")
     a = ap.parse_args()
-    todo = [c for c in cases() if a.only in c.name]
+    todo = [c for c in cases() + varlen_cases() + decode_cases() if a.only in c.name]
     if a.list:
         print("\n".join(c.name for c in todo))
         return 0
@@ -269,7 +418,9 @@ def main():
     for c in todo:
         t = time.time()
         try:
-            res = run_case(ext, c, a.v)
+            runner = (run_varlen_case if isinstance(c, VarlenCase) else
+                      run_decode_case if isinstance(c, DecodeCase) else run_case)
+            res = runner(ext, c, a.v)
         except Exception as exc:  # an emulator check or an assertion
             failures += 1
             print(f"FAIL {c.name}: {type(exc).__name__}: {exc}")

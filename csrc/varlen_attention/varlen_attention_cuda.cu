@@ -1,0 +1,70 @@
+// CUDA bodies of packed variable-length attention (registered for the CUDA dispatch key). The op
+// logic lives in varlen_attention_cuda_ops.h (shared with the CPU emulator of tools/cuda_emu):
+// it runs the dense CUDA attention kernels of csrc/attention with per-sequence offsets read from
+// cu_seqlens on the device (one grid over max_seqlen query tiles x B x H; tiles past the end
+// of their sequence exit at once). This file adds the device guard, the current stream and the
+// device limits, and registers the ops. The backward is always deterministic.
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <torch/library.h>
+
+#include "varlen_attention/varlen_attention_cuda_ops.h"
+
+namespace fastattn::varlen_attention {
+namespace {
+
+using at::Tensor;
+using c10::optional;
+
+// Stream and shared-memory limit of q's device; the tensor-core kernels need sm_80+.
+fastattn::cuda::attn::Launch launch_for(const Tensor& q, const char* op) {
+  int device = 0, major = 0, smem = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  C10_CUDA_CHECK(
+      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) {
+    FASTATTN_CHECK(major >= 8, op, "float16/bfloat16 attention on CUDA needs compute capability "
+                   "8.0 or newer (tensor-core mma and cp.async), got ", major, ".x");
+  }
+  return {static_cast<void*>(c10::cuda::getCurrentCUDAStream().stream()), smem};
+}
+
+std::tuple<Tensor, Tensor> varlen_attention_forward_cuda(
+    const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_q, const Tensor& cu_k,
+    int64_t max_q, int64_t max_k, const optional<Tensor>& alibi, double scale, double softcap,
+    int64_t causal_mode, int64_t wl, int64_t wr, double dropout_p, const optional<Tensor>& seed) {
+  FASTATTN_CHECK(q.is_cuda(), "varlen_attention_forward", "q must be a CUDA tensor, got ",
+                 q.device());
+  c10::cuda::CUDAGuard guard(q.device());
+  return cuda_impl::forward(q, k, v, cu_q, cu_k, max_q, max_k, alibi, scale, softcap,
+                            causal_mode, wl, wr, dropout_p, seed,
+                            launch_for(q, "varlen_attention_forward"));
+}
+
+std::tuple<Tensor, Tensor, Tensor> varlen_attention_backward_cuda(
+    const Tensor& grad_out, const optional<Tensor>& grad_lse, const Tensor& q, const Tensor& k,
+    const Tensor& v, const Tensor& out, const Tensor& lse, const Tensor& cu_q, const Tensor& cu_k,
+    int64_t max_q, int64_t max_k, const optional<Tensor>& alibi, double scale, double softcap,
+    int64_t causal_mode, int64_t wl, int64_t wr, double dropout_p, const optional<Tensor>& seed,
+    bool deterministic) {
+  // Always deterministic: dK/dV and dQ are reduced in a fixed order by separate kernels.
+  (void)deterministic;
+  FASTATTN_CHECK(q.is_cuda(), "varlen_attention_backward", "q must be a CUDA tensor, got ",
+                 q.device());
+  c10::cuda::CUDAGuard guard(q.device());
+  return cuda_impl::backward(grad_out, grad_lse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k,
+                             alibi, scale, softcap, causal_mode, wl, wr, dropout_p, seed,
+                             launch_for(q, "varlen_attention_backward"));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fastattn, CUDA, m) {
+  m.impl("varlen_attention_forward", &varlen_attention_forward_cuda);
+  m.impl("varlen_attention_backward", &varlen_attention_backward_cuda);
+}
+
+}  // namespace fastattn::varlen_attention
