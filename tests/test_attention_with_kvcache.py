@@ -451,6 +451,26 @@ def test_opcheck_native_cpu():
                            2, 5, -1, 2])
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_opcheck_native_cuda():
+    """The CUDA registration of the one-call op: opcheck, and the same output and caches as the
+    CPU op in float32."""
+    if not kvcache_ops._has_kernel("CUDA", "attention_with_kvcache"):
+        pytest.skip("fastattn._C has no CUDA attention_with_kvcache kernel in this build")
+    d = make_decode(Lq=2, Lnew=2, Lmax=20, rotary="gptj", dtype=F32, seed=7)
+    alibi = torch.rand(3, 6)
+    cpu_args = [d.q, d.k_cache.clone(), d.v_cache.clone(), d.cache_seqlens, d.k_new, d.v_new,
+                d.cos.float(), d.sin.float(), True, alibi, 0.3, 2.0, 2, 5, -1, 2]
+    cuda_args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in cpu_args]
+    torch.library.opcheck(torch.ops.fastattn.attention_with_kvcache.default,
+                          [a.clone() if isinstance(a, torch.Tensor) else a for a in cuda_args])
+    out_cpu, _ = torch.ops.fastattn.attention_with_kvcache(*cpu_args)
+    out_cuda, _ = torch.ops.fastattn.attention_with_kvcache(*cuda_args)
+    torch.testing.assert_close(out_cuda.cpu(), out_cpu, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(cuda_args[1].cpu(), cpu_args[1], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(cuda_args[2].cpu(), cpu_args[2], rtol=0, atol=0)
+
+
 def test_native_op_checks_before_appending():
     """Called directly (no Python checks), the CPU op refuses a cache too small for the new
     tokens, and a k_new of the wrong dtype, before writing anything."""

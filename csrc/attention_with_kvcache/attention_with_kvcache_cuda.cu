@@ -3,8 +3,13 @@
 // tools/cuda_emu): the dense CUDA attention forward kernels of csrc/attention with per-sequence
 // key lengths and query positions read on the device, split over the keys (flash-decoding) with
 // float32 partials and a combine kernel. This file adds the device guard, the current stream and
-// the device limits, and registers the op. The append of k_new/v_new and the rotary embedding
-// run before it (fastattn/ops/attention_with_kvcache.py: fastattn's rotary kernel and a scatter).
+// the device limits, and registers the op. attention_with_kvcache (the whole decoding step in
+// one op, as on the CPU): fastattn's rotary kernel on q and k_new, an append kernel that writes
+// the new rows at the positions it reads on the device (no host synchronisation), then
+// attention_decode; one op call instead of the handful a Python composition dispatches.
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/add.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -12,6 +17,7 @@
 #include <torch/library.h>
 
 #include "attention_with_kvcache/attention_with_kvcache_cuda_ops.h"
+#include "common/cuda_utils.cuh"
 
 namespace fastattn::attention_with_kvcache {
 namespace {
@@ -44,10 +50,126 @@ std::tuple<Tensor, Tensor> attention_decode_cuda(const Tensor& q, const Tensor& 
                            causal_mode, wl, wr, num_splits, sms, launch);
 }
 
+// Row (b, h, l) of src (B, H, L, W) -> row positions[b] + l of cache (B, H, Lmax, W); one block
+// a row, elements copied as raw 16-bit or 32-bit words (same dtype on both sides).
+template <typename word>
+__global__ void append_rows_kernel(const word* __restrict__ src, word* __restrict__ cache,
+                                   const int32_t* __restrict__ positions, int64_t H, int64_t L,
+                                   int64_t W, int64_t Lmax, int64_t s_b, int64_t s_h, int64_t s_l,
+                                   int64_t c_b, int64_t c_h, int64_t c_l) {
+  const int64_t row = blockIdx.x;
+  const int64_t l = row % L, h = (row / L) % H, b = row / (L * H);
+  const int64_t at = static_cast<int64_t>(positions[b]) + l;
+  // fastattn/ops/attention_with_kvcache.py checks the positions on the host; a call that
+  // skipped those checks (torch.compile without host checks) writes nothing out of range.
+  if (at < 0 || at >= Lmax) return;
+  const word* from = src + b * s_b + h * s_h + l * s_l;
+  word* to = cache + b * c_b + h * c_h + at * c_l;
+  for (int64_t i = threadIdx.x; i < W; i += blockDim.x) to[i] = from[i];
+}
+
+void append_rows(const Tensor& src, const Tensor& cache, const Tensor& positions) {
+  const int64_t B = src.size(0), H = src.size(1), L = src.size(2), W = src.size(3);
+  if (B * H * L == 0 || W == 0) return;
+  const auto stream = c10::cuda::getCurrentCUDAStream().stream();
+  const int threads = static_cast<int>(std::min<int64_t>(256, (W + 31) / 32 * 32));
+  const unsigned blocks = static_cast<unsigned>(B * H * L);
+  const int32_t* pos = positions.data_ptr<int32_t>();
+  auto launch = [&](auto word_tag) {
+    using word = decltype(word_tag);
+    append_rows_kernel<word><<<blocks, threads, 0, stream>>>(
+        static_cast<const word*>(src.data_ptr()), static_cast<word*>(cache.data_ptr()), pos, H,
+        L, W, cache.size(2), src.stride(0), src.stride(1), src.stride(2), cache.stride(0),
+        cache.stride(1), cache.stride(2));
+  };
+  switch (src.element_size()) {
+    case 2: launch(uint16_t{}); break;
+    case 4: launch(uint32_t{}); break;
+    case 8: launch(uint64_t{}); break;
+    default: TORCH_CHECK(false, "attention_with_kvcache: unsupported element size");
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+Tensor rotate(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions,
+              bool interleaved) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fastattn::apply_rotary", "")
+                       .typed<Tensor(const Tensor&, const optional<Tensor>&,
+                                     const optional<Tensor>&, int64_t, const optional<Tensor>&,
+                                     const optional<Tensor>&, int64_t, double, bool, bool)>();
+  at::AutoDispatchBelowADInplaceOrView below_autograd;  // inference; autograd is Python's
+  return op.call(x, cos, sin, 0, positions, c10::nullopt, 2 * cos.size(1), 10000.0, interleaved,
+                 false);
+}
+
+std::tuple<Tensor, Tensor> attention_with_kvcache_cuda(
+    const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& cache_seqlens,
+    const optional<Tensor>& k_new, const optional<Tensor>& v_new,
+    const optional<Tensor>& rotary_cos, const optional<Tensor>& rotary_sin,
+    bool rotary_interleaved, const optional<Tensor>& alibi, double scale, double softcap,
+    int64_t causal_mode, int64_t wl, int64_t wr, int64_t num_splits) {
+  constexpr const char* op = "attention_with_kvcache";
+  FASTATTN_CHECK(q.is_cuda(), op, "q must be a CUDA tensor, got ", q.device());
+  c10::cuda::CUDAGuard guard(q.device());
+  const int64_t B = q.size(0);
+  // Every check before the caches are written (the values of cache_seqlens are checked on the
+  // host by the Python layer; reading them here would synchronise the stream).
+  FASTATTN_CHECK(q.dim() == 4 && k_cache.dim() == 4 && v_cache.dim() == 4, op,
+                 "q, k_cache and v_cache must be 4-D");
+  FASTATTN_CHECK(cache_seqlens.scalar_type() == at::kInt && cache_seqlens.dim() == 1 &&
+                     cache_seqlens.numel() == B && cache_seqlens.device() == q.device(),
+                 op, "cache_seqlens must be an int32 (B,) = (", B, ",) tensor on ", q.device());
+  for (const auto* t : {&k_cache, &v_cache}) {
+    FASTATTN_CHECK(t->device() == q.device() && t->scalar_type() == q.scalar_type(), op,
+                   "k_cache and v_cache must have q's device and dtype");
+  }
+  const bool append = k_new.has_value() && k_new->defined();
+  FASTATTN_CHECK(append == (v_new.has_value() && v_new->defined()), op,
+                 "k_new and v_new must be given together");
+  const int64_t Lnew = append ? k_new->size(2) : 0;
+  if (append) {
+    for (const auto& [name, t, cache] :
+         {std::tuple{"k_new", &*k_new, &k_cache}, std::tuple{"v_new", &*v_new, &v_cache}}) {
+      FASTATTN_CHECK(t->dim() == 4 && t->size(0) == B && t->size(1) == cache->size(1) &&
+                         t->size(2) == Lnew && t->size(3) == cache->size(3),
+                     op, name, " must be (B, Hkv, Lnew, D/Dv) = (", B, ", ", cache->size(1),
+                     ", ", Lnew, ", ", cache->size(3), "), got ", t->sizes());
+      FASTATTN_CHECK(t->scalar_type() == q.scalar_type() && t->device() == q.device(), op, name,
+                     " must have q's dtype and device");
+      FASTATTN_CHECK(t->size(3) <= 1 || t->stride(3) == 1, op, name,
+                     " must have a unit stride in its last dimension");
+    }
+    FASTATTN_CHECK(k_cache.size(3) <= 1 || k_cache.stride(3) == 1, op,
+                   "k_cache must have a unit stride in its last dimension");
+    FASTATTN_CHECK(v_cache.size(3) <= 1 || v_cache.stride(3) == 1, op,
+                   "v_cache must have a unit stride in its last dimension");
+  }
+  const bool rotary = rotary_cos.has_value() && rotary_cos->defined();
+  FASTATTN_CHECK(rotary == (rotary_sin.has_value() && rotary_sin->defined()), op,
+                 "rotary_cos and rotary_sin must be given together");
+  const Tensor seqlens = cache_seqlens.contiguous();
+  Tensor q_rot = q;
+  Tensor k_append = append ? *k_new : Tensor();
+  if (rotary) {
+    const Tensor positions = seqlens.to(at::kLong);
+    q_rot = rotate(q, *rotary_cos, *rotary_sin, positions, rotary_interleaved);
+    if (append) k_append = rotate(*k_new, *rotary_cos, *rotary_sin, positions, rotary_interleaved);
+  }
+  if (append && Lnew > 0) {
+    append_rows(k_append, k_cache, seqlens);
+    append_rows(*v_new, v_cache, seqlens);
+  }
+  const Tensor k_lengths = Lnew > 0 ? seqlens.add(Lnew).to(at::kInt) : seqlens;
+  return attention_decode_cuda(q_rot, k_cache, v_cache, k_lengths, seqlens, alibi, scale,
+                               softcap, causal_mode, wl, wr, num_splits);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fastattn, CUDA, m) {
   m.impl("attention_decode", &attention_decode_cuda);
+  m.impl("attention_with_kvcache", &attention_with_kvcache_cuda);
 }
 
 }  // namespace fastattn::attention_with_kvcache
