@@ -6,8 +6,6 @@
 // op's overhead instead of a handful (at one new token the overhead is most of the step).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/ops/add.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
@@ -16,11 +14,14 @@
 
 #include "attention/attention.h"
 #include "attention/attention_cpu_common.h"
+#include "attention_with_kvcache/attention_with_kvcache.h"
 #include "common/cpu_isa.h"
 #include "common/debug.h"
 
 namespace fastattn::attention {
 namespace {
+
+namespace kvcache = fastattn::attention_with_kvcache;
 
 std::tuple<Tensor, Tensor> attention_decode_cpu(const Tensor& q, const Tensor& k_cache,
                                                 const Tensor& v_cache, const Tensor& k_lengths,
@@ -110,20 +111,6 @@ void append_rows(const Tensor& src, const Tensor& cache, const int32_t* position
   });
 }
 
-Tensor rotate(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions,
-              bool interleaved) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fastattn::apply_rotary", "")
-                       .typed<Tensor(const Tensor&, const optional<Tensor>&,
-                                     const optional<Tensor>&, int64_t, const optional<Tensor>&,
-                                     const optional<Tensor>&, int64_t, double, bool, bool)>();
-  // Below autograd: the op's autograd kernel is Python's (registered by fastattn), and this is
-  // inference.
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return op.call(x, cos, sin, 0, positions, c10::nullopt, 2 * cos.size(1), 10000.0, interleaved,
-                 false);
-}
-
 std::tuple<Tensor, Tensor> attention_with_kvcache_cpu(
     const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& cache_seqlens,
     const optional<Tensor>& k_new, const optional<Tensor>& v_new,
@@ -133,44 +120,19 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_cpu(
   constexpr const char* op = "attention_with_kvcache";
   // Every check before the caches are written.
   check_problem(q, k_cache, v_cache, c10::nullopt, c10::nullopt, alibi, 0.0, c10::nullopt, op);
-  const int64_t B = q.size(0), Hkv = k_cache.size(1), Lmax = k_cache.size(2);
-  FASTATTN_CHECK(cache_seqlens.scalar_type() == at::kInt && cache_seqlens.dim() == 1 &&
-                     cache_seqlens.numel() == B && cache_seqlens.device().is_cpu(),
-                 op, "cache_seqlens must be an int32 (B,) = (", B, ",) CPU tensor, got ",
-                 cache_seqlens.scalar_type(), " ", cache_seqlens.sizes());
-  const Tensor seqlens = cache_seqlens.contiguous();
+  const int64_t Lnew = kvcache::check_new_tokens(q, k_cache, v_cache, cache_seqlens, k_new, v_new,
+                                                 rotary_cos, rotary_sin, op);
+  const int64_t B = q.size(0), Lmax = k_cache.size(2);
   const bool append = defined(k_new);
-  FASTATTN_CHECK(append == defined(v_new), op, "k_new and v_new must be given together");
-  const int64_t Lnew = append ? k_new->size(2) : 0;
-  if (append) {
-    for (const auto& [name, t, cache] :
-         {std::tuple{"k_new", &*k_new, &k_cache}, std::tuple{"v_new", &*v_new, &v_cache}}) {
-      FASTATTN_CHECK(t->dim() == 4 && t->size(0) == B && t->size(1) == Hkv &&
-                         t->size(2) == Lnew && t->size(3) == cache->size(3),
-                     op, name, " must be (B, Hkv, Lnew, D/Dv) = (", B, ", ", Hkv, ", ", Lnew,
-                     ", ", cache->size(3), "), got ", t->sizes());
-      FASTATTN_CHECK(t->scalar_type() == q.scalar_type(), op, name, " must have q's dtype ",
-                     q.scalar_type(), ", got ", t->scalar_type());
-      FASTATTN_CHECK(t->device().is_cpu(), op, name, " must be a CPU tensor");
-      check_unit_last_stride(*t, op, name);
-    }
-  }
+  const Tensor seqlens = cache_seqlens.contiguous();
   const int32_t* starts = seqlens.data_ptr<int32_t>();
   for (int64_t b = 0; b < B; ++b) {
     FASTATTN_CHECK(starts[b] >= 0, op, "cache_seqlens must be >= 0, got ", starts[b]);
     FASTATTN_CHECK(starts[b] + Lnew <= Lmax, op, "the cache is too small: cache_seqlens[", b,
                    "] = ", starts[b], " plus ", Lnew, " new tokens exceed Lmax = ", Lmax);
   }
-  const bool rotary = defined(rotary_cos);
-  FASTATTN_CHECK(rotary == defined(rotary_sin), op,
-                 "rotary_cos and rotary_sin must be given together");
-  Tensor q_rot = q;
-  Tensor k_append = append ? *k_new : Tensor();
-  if (rotary) {
-    const Tensor positions = seqlens.to(at::kLong);
-    q_rot = rotate(q, *rotary_cos, *rotary_sin, positions, rotary_interleaved);
-    if (append) k_append = rotate(*k_new, *rotary_cos, *rotary_sin, positions, rotary_interleaved);
-  }
+  const auto [q_rot, k_append] =
+      kvcache::rotated_new_tokens(q, k_new, rotary_cos, rotary_sin, seqlens, rotary_interleaved);
   if (append && Lnew > 0) {
     append_rows(k_append, k_cache, starts);
     append_rows(*v_new, v_cache, starts);

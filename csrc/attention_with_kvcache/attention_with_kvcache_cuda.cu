@@ -7,8 +7,6 @@
 // one op, as on the CPU): fastattn's rotary kernel on q and k_new, an append kernel that writes
 // the new rows at the positions it reads on the device (no host synchronisation), then
 // attention_decode; one op call instead of the handful a Python composition dispatches.
-#include <ATen/core/LegacyTypeDispatch.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/add.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -16,6 +14,7 @@
 #include <cuda_runtime_api.h>
 #include <torch/library.h>
 
+#include "attention_with_kvcache/attention_with_kvcache.h"
 #include "attention_with_kvcache/attention_with_kvcache_cuda_ops.h"
 #include "common/cuda_utils.cuh"
 
@@ -91,18 +90,6 @@ void append_rows(const Tensor& src, const Tensor& cache, const Tensor& positions
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-Tensor rotate(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions,
-              bool interleaved) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fastattn::apply_rotary", "")
-                       .typed<Tensor(const Tensor&, const optional<Tensor>&,
-                                     const optional<Tensor>&, int64_t, const optional<Tensor>&,
-                                     const optional<Tensor>&, int64_t, double, bool, bool)>();
-  at::AutoDispatchBelowADInplaceOrView below_autograd;  // inference; autograd is Python's
-  return op.call(x, cos, sin, 0, positions, c10::nullopt, 2 * cos.size(1), 10000.0, interleaved,
-                 false);
-}
-
 std::tuple<Tensor, Tensor> attention_with_kvcache_cuda(
     const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& cache_seqlens,
     const optional<Tensor>& k_new, const optional<Tensor>& v_new,
@@ -112,50 +99,21 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_cuda(
   constexpr const char* op = "attention_with_kvcache";
   FASTATTN_CHECK(q.is_cuda(), op, "q must be a CUDA tensor, got ", q.device());
   c10::cuda::CUDAGuard guard(q.device());
-  const int64_t B = q.size(0);
   // Every check before the caches are written (the values of cache_seqlens are checked on the
   // host by the Python layer; reading them here would synchronise the stream).
   FASTATTN_CHECK(q.dim() == 4 && k_cache.dim() == 4 && v_cache.dim() == 4, op,
                  "q, k_cache and v_cache must be 4-D");
-  FASTATTN_CHECK(cache_seqlens.scalar_type() == at::kInt && cache_seqlens.dim() == 1 &&
-                     cache_seqlens.numel() == B && cache_seqlens.device() == q.device(),
-                 op, "cache_seqlens must be an int32 (B,) = (", B, ",) tensor on ", q.device());
   for (const auto* t : {&k_cache, &v_cache}) {
     FASTATTN_CHECK(t->device() == q.device() && t->scalar_type() == q.scalar_type(), op,
                    "k_cache and v_cache must have q's device and dtype");
+    check_unit_last_stride(*t, op, t == &k_cache ? "k_cache" : "v_cache");
   }
+  const int64_t Lnew = check_new_tokens(q, k_cache, v_cache, cache_seqlens, k_new, v_new,
+                                        rotary_cos, rotary_sin, op);
   const bool append = k_new.has_value() && k_new->defined();
-  FASTATTN_CHECK(append == (v_new.has_value() && v_new->defined()), op,
-                 "k_new and v_new must be given together");
-  const int64_t Lnew = append ? k_new->size(2) : 0;
-  if (append) {
-    for (const auto& [name, t, cache] :
-         {std::tuple{"k_new", &*k_new, &k_cache}, std::tuple{"v_new", &*v_new, &v_cache}}) {
-      FASTATTN_CHECK(t->dim() == 4 && t->size(0) == B && t->size(1) == cache->size(1) &&
-                         t->size(2) == Lnew && t->size(3) == cache->size(3),
-                     op, name, " must be (B, Hkv, Lnew, D/Dv) = (", B, ", ", cache->size(1),
-                     ", ", Lnew, ", ", cache->size(3), "), got ", t->sizes());
-      FASTATTN_CHECK(t->scalar_type() == q.scalar_type() && t->device() == q.device(), op, name,
-                     " must have q's dtype and device");
-      FASTATTN_CHECK(t->size(3) <= 1 || t->stride(3) == 1, op, name,
-                     " must have a unit stride in its last dimension");
-    }
-    FASTATTN_CHECK(k_cache.size(3) <= 1 || k_cache.stride(3) == 1, op,
-                   "k_cache must have a unit stride in its last dimension");
-    FASTATTN_CHECK(v_cache.size(3) <= 1 || v_cache.stride(3) == 1, op,
-                   "v_cache must have a unit stride in its last dimension");
-  }
-  const bool rotary = rotary_cos.has_value() && rotary_cos->defined();
-  FASTATTN_CHECK(rotary == (rotary_sin.has_value() && rotary_sin->defined()), op,
-                 "rotary_cos and rotary_sin must be given together");
   const Tensor seqlens = cache_seqlens.contiguous();
-  Tensor q_rot = q;
-  Tensor k_append = append ? *k_new : Tensor();
-  if (rotary) {
-    const Tensor positions = seqlens.to(at::kLong);
-    q_rot = rotate(q, *rotary_cos, *rotary_sin, positions, rotary_interleaved);
-    if (append) k_append = rotate(*k_new, *rotary_cos, *rotary_sin, positions, rotary_interleaved);
-  }
+  const auto [q_rot, k_append] =
+      rotated_new_tokens(q, k_new, rotary_cos, rotary_sin, seqlens, rotary_interleaved);
   if (append && Lnew > 0) {
     append_rows(k_append, k_cache, seqlens);
     append_rows(*v_new, v_cache, seqlens);

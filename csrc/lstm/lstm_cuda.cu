@@ -528,30 +528,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
 // ---------------------------------------------------------------------------------------------
 // Cell
 
-void check_cell(const Tensor& input, const Tensor& hx, const Tensor& cx, const Tensor& w_ih,
-                const Tensor& w_hh, const optional<Tensor>& b_ih, const optional<Tensor>& b_hh,
-                const char* op) {
-  check_float_dtype(input, op, "input");
-  FASTATTN_CHECK(input.dim() == 2, op, "input must be 2-D (B, I), got ", input.sizes());
-  FASTATTN_CHECK(w_ih.dim() == 2 && w_ih.size(0) % 4 == 0 && w_ih.size(0) >= 4 &&
-                     w_ih.size(1) == input.size(1),
-                 op, "w_ih must be (4H, I) = (4H, ", input.size(1), "), got ", w_ih.sizes());
-  const int64_t H = w_ih.size(0) / 4, B = input.size(0);
-  check_shape(w_hh, {4 * H, H}, op, "w_hh");
-  check_shape(hx, {B, H}, op, "hx");
-  check_shape(cx, {B, H}, op, "cx");
-  for (auto [t, name] : {std::pair{&w_ih, "w_ih"}, {&w_hh, "w_hh"}, {&hx, "hx"}, {&cx, "cx"}}) {
-    check_same(*t, input, op, name);
-  }
-  FASTATTN_CHECK(defined(b_ih) == defined(b_hh), op, "b_ih and b_hh must be given together");
-  if (defined(b_ih)) {
-    check_shape(*b_ih, {4 * H}, op, "b_ih");
-    check_shape(*b_hh, {4 * H}, op, "b_hh");
-    check_same(*b_ih, input, op, "b_ih");
-    check_same(*b_hh, input, op, "b_hh");
-  }
-}
-
 std::tuple<Tensor, Tensor, Tensor> lstm_cell_cuda(const Tensor& input, const Tensor& hx,
                                                   const Tensor& cx, const Tensor& w_ih,
                                                   const Tensor& w_hh, const optional<Tensor>& b_ih,

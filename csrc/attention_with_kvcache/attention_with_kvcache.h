@@ -1,0 +1,87 @@
+// Host-side pieces of the one-call decoding op (attention_with_kvcache) shared by its CPU and
+// CUDA bodies: the argument checks made before the caches are written, and the rotary
+// embedding through fastattn's own apply_rotary op (the device's kernel).
+#pragma once
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <tuple>
+#include <utility>
+
+#include "common/checks.h"
+
+namespace fastattn::attention_with_kvcache {
+
+// Checks cache_seqlens (int32 (B,)), k_new/v_new ((B, Hkv, Lnew, D/Dv), q's dtype and device,
+// unit last strides, given together) and the rotary tables (given together); returns Lnew.
+// The values of cache_seqlens are the caller's to check (reading them is device-specific).
+inline int64_t check_new_tokens(const at::Tensor& q, const at::Tensor& k_cache,
+                                const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+                                const c10::optional<at::Tensor>& k_new,
+                                const c10::optional<at::Tensor>& v_new,
+                                const c10::optional<at::Tensor>& rotary_cos,
+                                const c10::optional<at::Tensor>& rotary_sin, const char* op) {
+  const int64_t B = q.size(0);
+  FASTATTN_CHECK(cache_seqlens.scalar_type() == at::kInt && cache_seqlens.dim() == 1 &&
+                     cache_seqlens.numel() == B && cache_seqlens.device() == q.device(),
+                 op, "cache_seqlens must be an int32 (B,) = (", B, ",) tensor on ", q.device(),
+                 ", got ", cache_seqlens.scalar_type(), " ", cache_seqlens.sizes(), " on ",
+                 cache_seqlens.device());
+  const bool append = k_new.has_value() && k_new->defined();
+  FASTATTN_CHECK(append == (v_new.has_value() && v_new->defined()), op,
+                 "k_new and v_new must be given together");
+  const bool rotary = rotary_cos.has_value() && rotary_cos->defined();
+  FASTATTN_CHECK(rotary == (rotary_sin.has_value() && rotary_sin->defined()), op,
+                 "rotary_cos and rotary_sin must be given together");
+  if (!append) return 0;
+  const int64_t Lnew = k_new->size(2);
+  for (const auto& [name, t, cache] :
+       {std::tuple{"k_new", &*k_new, &k_cache}, std::tuple{"v_new", &*v_new, &v_cache}}) {
+    FASTATTN_CHECK(t->dim() == 4 && t->size(0) == B && t->size(1) == cache->size(1) &&
+                       t->size(2) == Lnew && t->size(3) == cache->size(3),
+                   op, name, " must be (B, Hkv, Lnew, D/Dv) = (", B, ", ", cache->size(1), ", ",
+                   Lnew, ", ", cache->size(3), "), got ", t->sizes());
+    FASTATTN_CHECK(t->scalar_type() == q.scalar_type(), op, name, " must have q's dtype ",
+                   q.scalar_type(), ", got ", t->scalar_type());
+    FASTATTN_CHECK(t->device() == q.device(), op, name, " must be on q's device ", q.device(),
+                   ", got ", t->device());
+    check_unit_last_stride(*t, op, name);
+  }
+  return Lnew;
+}
+
+// x (B, H, L, D) rotated at positions[b] + l (int64 (B,)) with tables (max_position,
+// rotary_dim / 2) in the compute dtype: fastattn::apply_rotary on x's device.
+inline at::Tensor rotate_at_positions(const at::Tensor& x, const at::Tensor& cos,
+                                      const at::Tensor& sin, const at::Tensor& positions,
+                                      bool interleaved) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fastattn::apply_rotary", "")
+                       .typed<at::Tensor(const at::Tensor&, const c10::optional<at::Tensor>&,
+                                         const c10::optional<at::Tensor>&, int64_t,
+                                         const c10::optional<at::Tensor>&,
+                                         const c10::optional<at::Tensor>&, int64_t, double,
+                                         bool, bool)>();
+  // Below autograd: the op's autograd kernel is Python's (registered by fastattn), and
+  // decoding is inference.
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return op.call(x, cos, sin, 0, positions, c10::nullopt, 2 * cos.size(1), 10000.0, interleaved,
+                 false);
+}
+
+// (q, k_new) rotated at positions seqlens[b] + i when the tables are given, else as given
+// (k_new undefined without new tokens). seqlens: contiguous int32 (B,).
+inline std::pair<at::Tensor, at::Tensor> rotated_new_tokens(
+    const at::Tensor& q, const c10::optional<at::Tensor>& k_new,
+    const c10::optional<at::Tensor>& cos, const c10::optional<at::Tensor>& sin,
+    const at::Tensor& seqlens, bool interleaved) {
+  const bool append = k_new.has_value() && k_new->defined();
+  if (!cos.has_value() || !cos->defined()) return {q, append ? *k_new : at::Tensor()};
+  const at::Tensor positions = seqlens.to(at::kLong);
+  return {rotate_at_positions(q, *cos, *sin, positions, interleaved),
+          append ? rotate_at_positions(*k_new, *cos, *sin, positions, interleaved)
+                 : at::Tensor()};
+}
+
+}  // namespace fastattn::attention_with_kvcache
