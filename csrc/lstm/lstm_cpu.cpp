@@ -217,7 +217,7 @@ Tensor blocked_gate_order(int64_t H, const at::TensorOptions& options) {
 // b_cols (optional, int64): column n of the product uses column b_cols[n] of b.
 void matmul_into(Tensor out, const Tensor& a, const Tensor& b, const Tensor& bias,
                  bool accumulate, const Tensor& b_cols = Tensor()) {
-  if (out.scalar_type() == at::kFloat && cpu::cpu_isa() == cpu::Isa::avx512 &&
+  if (out.scalar_type() == at::kFloat && cpu::cpu_isa() >= cpu::Isa::avx512 &&
       out.stride(1) == 1) {
     const int64_t N = out.size(1);
     cpu::LstmGemmParams p{a.size(0), N, a.size(1), a.data_ptr<float>(), a.stride(0), a.stride(1),
