@@ -4,6 +4,8 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <utility>
+
 #include "common/checks.h"
 
 namespace fastattn::lstm {
@@ -111,6 +113,34 @@ inline void check_cell(const at::Tensor& input, const at::Tensor& hx, const at::
     check_same(*b_ih, input, op, "b_ih");
     check_same(*b_hh, input, op, "b_hh");
   }
+}
+
+// lstm_cell_backward's checks past check_cell: the workspace must be what lstm_cell returned
+// ((B, 5H) contiguous, compute dtype, input's device) and the incoming gradients (B, H).
+// Returns (grad_hy, grad_cy) contiguous, undefined where not given.
+inline std::pair<at::Tensor, at::Tensor> check_cell_backward(
+    const c10::optional<at::Tensor>& grad_hy, const c10::optional<at::Tensor>& grad_cy,
+    const at::Tensor& input, const at::Tensor& workspace, int64_t B, int64_t H,
+    const char* op) {
+  const auto acc = compute_dtype(input.scalar_type());
+  FASTATTN_CHECK(workspace.scalar_type() == acc && workspace.is_contiguous() &&
+                     workspace.sizes() == at::IntArrayRef({B, 5 * H}),
+                 op, "workspace must be the contiguous ", acc, " (", B, ", ", 5 * H,
+                 ") tensor lstm_cell returned, got ", workspace.scalar_type(), " ",
+                 workspace.sizes());
+  check_same_device(workspace, input, op, "workspace", "input");
+  at::Tensor ghy, gcy;
+  if (defined(grad_hy)) {
+    check_shape(*grad_hy, {B, H}, op, "grad_hy");
+    check_same(*grad_hy, input, op, "grad_hy");
+    ghy = grad_hy->contiguous();
+  }
+  if (defined(grad_cy)) {
+    check_shape(*grad_cy, {B, H}, op, "grad_cy");
+    check_same(*grad_cy, input, op, "grad_cy");
+    gcy = grad_cy->contiguous();
+  }
+  return {ghy, gcy};
 }
 
 }  // namespace fastattn::lstm

@@ -497,22 +497,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_cell_backward_cp
   check_cell(input, hx, cx, w_ih, w_hh, c10::nullopt, c10::nullopt, op);
   const int64_t B = input.size(0), H = w_hh.size(1);
   const auto acc = compute_dtype(input.scalar_type());
-  FASTATTN_CHECK(workspace.scalar_type() == acc && workspace.is_contiguous() &&
-                     workspace.sizes() == at::IntArrayRef({B, 5 * H}),
-                 op, "workspace must be the contiguous ", acc, " (", B, ", ", 5 * H,
-                 ") tensor lstm_cell returned, got ", workspace.scalar_type(), " ",
-                 workspace.sizes());
-  Tensor ghy, gcy;
-  if (defined(grad_hy)) {
-    check_shape(*grad_hy, {B, H}, op, "grad_hy");
-    check_same(*grad_hy, input, op, "grad_hy");
-    ghy = grad_hy->contiguous();
-  }
-  if (defined(grad_cy)) {
-    check_shape(*grad_cy, {B, H}, op, "grad_cy");
-    check_same(*grad_cy, input, op, "grad_cy");
-    gcy = grad_cy->contiguous();
-  }
+  const auto [ghy, gcy] = check_cell_backward(grad_hy, grad_cy, input, workspace, B, H, op);
   Tensor dgates = at::empty({B, 4 * H}, input.options().dtype(acc));
   Tensor grad_cx = at::empty({B, H}, input.options());
   poison(grad_cx);
