@@ -4,6 +4,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <tuple>
 #include <utility>
 
 #include "common/checks.h"
@@ -115,6 +116,16 @@ inline void check_cell(const at::Tensor& input, const at::Tensor& hx, const at::
   }
 }
 
+// An incoming gradient of the backward ops: undefined when not given, else checked (shape, the
+// input's dtype and device) and made contiguous.
+inline at::Tensor checked_grad(const c10::optional<at::Tensor>& g, at::IntArrayRef shape,
+                               const at::Tensor& input, const char* op, const char* name) {
+  if (!defined(g)) return at::Tensor();
+  check_shape(*g, shape, op, name);
+  check_same(*g, input, op, name);
+  return g->contiguous();
+}
+
 // lstm_cell_backward's checks past check_cell: the workspace must be what lstm_cell returned
 // ((B, 5H) contiguous, compute dtype, input's device) and the incoming gradients (B, H).
 // Returns (grad_hy, grad_cy) contiguous, undefined where not given.
@@ -129,18 +140,29 @@ inline std::pair<at::Tensor, at::Tensor> check_cell_backward(
                  ") tensor lstm_cell returned, got ", workspace.scalar_type(), " ",
                  workspace.sizes());
   check_same_device(workspace, input, op, "workspace", "input");
-  at::Tensor ghy, gcy;
-  if (defined(grad_hy)) {
-    check_shape(*grad_hy, {B, H}, op, "grad_hy");
-    check_same(*grad_hy, input, op, "grad_hy");
-    ghy = grad_hy->contiguous();
-  }
-  if (defined(grad_cy)) {
-    check_shape(*grad_cy, {B, H}, op, "grad_cy");
-    check_same(*grad_cy, input, op, "grad_cy");
-    gcy = grad_cy->contiguous();
-  }
-  return {ghy, gcy};
+  return {checked_grad(grad_hy, {B, H}, input, op, "grad_hy"),
+          checked_grad(grad_cy, {B, H}, input, op, "grad_cy")};
+}
+
+// lstm_layer_backward's checks past check_layer: the workspace must be what lstm_layer returned
+// ((D, workspace_per_direction) contiguous, compute dtype, input's device) and the incoming
+// gradients of output (T, B, D * P), h_n (D, B, P) and c_n (D, B, H). Returns them contiguous,
+// undefined where not given.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> check_layer_backward(
+    const c10::optional<at::Tensor>& grad_output, const c10::optional<at::Tensor>& grad_h_n,
+    const c10::optional<at::Tensor>& grad_c_n, const at::Tensor& input,
+    const at::Tensor& workspace, const LayerDims& d, const char* op) {
+  const auto acc = compute_dtype(input.scalar_type());
+  FASTATTN_CHECK(workspace.scalar_type() == acc && workspace.is_contiguous() &&
+                     workspace.dim() == 2 && workspace.size(0) == d.D &&
+                     workspace.size(1) == workspace_per_direction(d),
+                 op, "workspace must be the contiguous ", acc, " (", d.D, ", ",
+                 workspace_per_direction(d), ") tensor lstm_layer returned, got ",
+                 workspace.scalar_type(), " ", workspace.sizes());
+  check_same_device(workspace, input, op, "workspace", "input");
+  return {checked_grad(grad_output, {d.T, d.B, d.D * d.P}, input, op, "grad_output"),
+          checked_grad(grad_h_n, {d.D, d.B, d.P}, input, op, "grad_h_n"),
+          checked_grad(grad_c_n, {d.D, d.B, d.H}, input, op, "grad_c_n")};
 }
 
 }  // namespace fastattn::lstm

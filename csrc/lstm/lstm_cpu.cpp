@@ -341,21 +341,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
   check_seed(seed, dropout_p, input, op);
   const auto acc = compute_dtype(input.scalar_type());
   const auto opts = input.options();
-  FASTATTN_CHECK(workspace.scalar_type() == acc && workspace.is_contiguous() &&
-                     workspace.dim() == 2 && workspace.size(0) == d.D &&
-                     workspace.size(1) == workspace_per_direction(d),
-                 op, "workspace must be the contiguous ", acc, " (", d.D, ", ",
-                 workspace_per_direction(d), ") tensor lstm_layer returned, got ",
-                 workspace.scalar_type(), " ", workspace.sizes());
-  auto grad_or_null = [&](const optional<Tensor>& g, at::IntArrayRef shape, const char* name) {
-    if (!defined(g)) return Tensor();
-    check_shape(*g, shape, op, name);
-    check_same(*g, input, op, name);
-    return g->contiguous();
-  };
-  const Tensor gout = grad_or_null(grad_output, {d.T, d.B, d.D * d.P}, "grad_output");
-  const Tensor ghn = grad_or_null(grad_h_n, {d.D, d.B, d.P}, "grad_h_n");
-  const Tensor gcn = grad_or_null(grad_c_n, {d.D, d.B, d.H}, "grad_c_n");
+  const auto [gout, ghn, gcn] =
+      check_layer_backward(grad_output, grad_h_n, grad_c_n, input, workspace, d, op);
 
   Tensor grad_h0 = at::empty({d.D, d.B, d.P}, opts);
   Tensor grad_c0 = at::empty({d.D, d.B, d.H}, opts);

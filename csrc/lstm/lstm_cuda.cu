@@ -372,22 +372,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
   const auto acc = compute_dtype(input.scalar_type());
   const auto opts = input.options();
   const auto acc_opts = opts.dtype(acc);
-  FASTATTN_CHECK(workspace.scalar_type() == acc && workspace.is_contiguous() &&
-                     workspace.dim() == 2 && workspace.size(0) == d.D &&
-                     workspace.size(1) == workspace_per_direction(d),
-                 op, "workspace must be the contiguous ", acc, " (", d.D, ", ",
-                 workspace_per_direction(d), ") tensor lstm_layer returned, got ",
-                 workspace.scalar_type(), " ", workspace.sizes());
-  check_same_device(workspace, input, op, "workspace", "input");
-  auto grad_or_null = [&](const optional<Tensor>& g, at::IntArrayRef shape, const char* name) {
-    if (!defined(g)) return Tensor();
-    check_shape(*g, shape, op, name);
-    check_same(*g, input, op, name);
-    return g->contiguous();
-  };
-  const Tensor gout = grad_or_null(grad_output, {d.T, d.B, d.D * d.P}, "grad_output");
-  const Tensor ghn = grad_or_null(grad_h_n, {d.D, d.B, d.P}, "grad_h_n");
-  const Tensor gcn = grad_or_null(grad_c_n, {d.D, d.B, d.H}, "grad_c_n");
+  const auto [gout, ghn, gcn] =
+      check_layer_backward(grad_output, grad_h_n, grad_c_n, input, workspace, d, op);
   const bool proj = defined(w_hr);
   auto maybe_empty = [&](std::vector<int64_t> shape, bool wanted) {
     return at::empty(wanted ? shape : std::vector<int64_t>{0}, opts);
