@@ -13,6 +13,23 @@ import torch
 from .._debug import poison
 
 
+# Set by tests/triton_aot.py, which runs the launchers on CPU tensors with kernel launches
+# intercepted, to record (and compile for sm_90) what they would launch on a GPU.
+ASSUME_GPU = False
+
+
+def on_gpu(device: torch.device) -> bool:
+    """True when launchers should pick their GPU launch shapes (tiles, splits) for `device`."""
+    return device.type == "cuda" or ASSUME_GPU
+
+
+def device_sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of `device` (an H100's 132 when ASSUME_GPU records on a CPU)."""
+    if device.type != "cuda":
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def interpreting(device: torch.device) -> bool:
     """True when kernels for tensors on `device` run under Triton's CPU interpreter."""
     return device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"

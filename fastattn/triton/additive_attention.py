@@ -13,7 +13,7 @@ from torch.library import triton_op, wrap_triton
 from triton.language.extra import libdevice
 
 from .. import _debug
-from . import interpreting
+from . import interpreting, on_gpu
 
 
 @triton.jit
@@ -88,7 +88,7 @@ def _on_device(t: torch.Tensor):
 
 def _blocks(device: torch.device):
     # Under the interpreter bigger blocks are faster (numpy); on GPU keep the 3-D tile small.
-    return (16, 16, 16) if device.type == "cuda" else (32, 32, 32)
+    return (16, 16, 16) if on_gpu(device) else (32, 32, 32)
 
 
 @triton_op("fastattn::additive_scores_triton", mutates_args=())

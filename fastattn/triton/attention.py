@@ -569,6 +569,30 @@ _DQ_CONFIGS = {
           _config(32, 32, 4, 2)],
     256: [_config(64, 32, 8, 1), _config(32, 32, 4, 2), _config(32, 16, 4, 1)],
 }
+# float32 runs its dots with input_precision="ieee" (FMA units, not tensor cores) and keeps
+# every tile in registers: the 16-bit tiles above would spill kilobytes per thread on sm_90
+# (tests/triton_aot.py reports registers and stack). Small tiles instead.
+_FWD_CONFIGS_FP32 = {
+    64: [_config(32, 32, 4, 2), _config(64, 16, 4, 2), _config(64, 32, 4, 2)],
+    128: [_config(32, 32, 4, 2), _config(64, 16, 4, 2), _config(32, 16, 4, 2),
+          _config(64, 32, 8, 2), _config(16, 32, 4, 2)],
+    256: [_config(32, 16, 4, 1), _config(16, 16, 4, 1), _config(16, 32, 4, 1),
+          _config(32, 32, 8, 1)],
+}
+_DKDV_CONFIGS_FP32 = {
+    64: [_config(16, 32, 4, 2), _config(32, 32, 4, 2), _config(16, 64, 4, 2),
+         _config(32, 64, 8, 2)],
+    128: [_config(16, 32, 4, 2), _config(16, 16, 4, 2), _config(32, 32, 8, 2),
+          _config(16, 64, 8, 2)],
+    256: [_config(16, 16, 4, 1), _config(16, 32, 8, 1), _config(16, 16, 8, 1)],
+}
+_DQ_CONFIGS_FP32 = {
+    64: [_config(32, 16, 4, 2), _config(32, 32, 4, 2), _config(64, 16, 4, 2),
+         _config(64, 32, 8, 2)],
+    128: [_config(16, 32, 4, 2), _config(32, 16, 4, 2), _config(16, 16, 4, 2),
+          _config(32, 32, 8, 2)],
+    256: [_config(16, 16, 4, 1), _config(32, 16, 8, 1), _config(16, 32, 8, 1)],
+}
 _TUNE_KEY = ["BLOCK_D", "BLOCK_DV", "LQ_CLASS", "LK_CLASS", "MASK_KIND", "HAS_DROPOUT", "VARLEN"]
 _SHARED_MEMORY_BUDGET = 192 * 1024  # of the H100's 227 KB, leaving Triton room for scratch
 
@@ -602,15 +626,18 @@ def _pruner(kernel: str):
 _AUTOTUNE = os.environ.get("FASTATTN_TRITON_AUTOTUNE", "1") != "0"
 
 
-def _tuned(kernel, configs, name):
-    return {cls: triton.autotune(configs=cfgs, key=_TUNE_KEY,
-                                 prune_configs_by={"early_config_prune": _pruner(name)})(kernel)
-            for cls, cfgs in configs.items()}
+def _tuned(kernel, configs, configs_fp32, name):
+    """Autotuned copies of `kernel`, keyed by (float32?, head-dim class)."""
+    return {(fp32, cls): triton.autotune(
+                configs=cfgs, key=_TUNE_KEY,
+                prune_configs_by={"early_config_prune": _pruner(name)})(kernel)
+            for fp32, table in ((False, configs), (True, configs_fp32))
+            for cls, cfgs in table.items()}
 
 
-_FWD_TUNED = _tuned(_fwd_kernel, _FWD_CONFIGS, "fwd")
-_DKDV_TUNED = _tuned(_bwd_dkdv_kernel, _DKDV_CONFIGS, "dkdv")
-_DQ_TUNED = _tuned(_bwd_dq_kernel, _DQ_CONFIGS, "dq")
+_FWD_TUNED = _tuned(_fwd_kernel, _FWD_CONFIGS, _FWD_CONFIGS_FP32, "fwd")
+_DKDV_TUNED = _tuned(_bwd_dkdv_kernel, _DKDV_CONFIGS, _DKDV_CONFIGS_FP32, "dkdv")
+_DQ_TUNED = _tuned(_bwd_dq_kernel, _DQ_CONFIGS, _DQ_CONFIGS_FP32, "dq")
 
 
 def _head_class(block_d: int, block_dv: int) -> int:
@@ -690,6 +717,7 @@ class _Launch:
                          ACCURATE_EXP=q.dtype == torch.float32 and not self.interpret,
                          VARLEN=self.varlen, BLOCK_D=block_d, BLOCK_DV=block_dv)
         self.head_class = _head_class(block_d, block_dv)
+        self.fp32 = q.dtype == torch.float32
         self.interpreter_blocks = dict(BLOCK_M=_interpreter_block(Lq),
                                        BLOCK_N=_interpreter_block(Lk))
 
@@ -704,7 +732,7 @@ class _Launch:
         """(kernel, extra meta-parameters) for this device."""
         if self.interpret:
             return wrap_triton(raw), self.interpreter_blocks
-        return wrap_triton(tuned[self.head_class]), {}
+        return wrap_triton(tuned[(self.fp32, self.head_class)]), {}
 
 
 def _on_device(t: torch.Tensor):

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from . import finish, interpreting
+from . import device_sm_count, finish, interpreting, on_gpu
 from .._debug import poison
 from .attention import (_biased_masked_scores, _capped_scores, _on_device, _online_softmax_step,
                         _softmax_finish)
@@ -245,8 +245,8 @@ def _blocks(rows: int, Lmax: int, head: int, interpret: bool) -> tuple[int, int]
 def _auto_splits(programs: int, Lmax: int, device: torch.device) -> int:
     """Enough programs to fill the device twice over, each split keeping >= 256 cache rows (the
     CPU kernel's rule, with streaming multiprocessors in place of threads)."""
-    if device.type == "cuda":
-        units = torch.cuda.get_device_properties(device).multi_processor_count
+    if on_gpu(device):
+        units = device_sm_count(device)
     else:
         units = 1  # the interpreter runs programs one after another
     want = -(-2 * units // max(programs, 1))

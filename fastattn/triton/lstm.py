@@ -56,7 +56,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from . import finish, interpreting, output_buffer
+from . import device_sm_count, finish, interpreting, on_gpu, output_buffer
 from .._debug import poison
 from .attention import _exp
 from .random import dropout_multiplier
@@ -535,9 +535,9 @@ def _step_tiles(B: int, H: int, P: int, D: int, device: torch.device,
     tiles shrink (rows first, then units) until the step has about one program per SM, since a
     few large tiles would leave most SMs idle for the whole sequence. W_hh stays in L2, so the
     extra reads of smaller row tiles are cheap. Under the interpreter: the largest tiles."""
-    if interpret or device.type != "cuda":
+    if interpret or not on_gpu(device):
         return _batch_block(B, interpret), _block(H, interpret), _block(P, interpret)
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = device_sm_count(device)
     block_b, block_h = _batch_block(B, False), _block(H, False)
     for bb, bh in ((block_b, block_h), (min(block_b, 32), block_h), (16, block_h), (16, 16)):
         block_b, block_h = bb, bh

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The GPU machine's software, checked here without its GPU. The lent H100/H200 builds fastattn
+# from source with its own Python 3.12, torch 2.11.0 (CUDA 13.0) and triton 3.6.0 and reaches
+# no package registry: a header or API that those versions lack would fail a GPU session at
+# its first step. This check installs the same versions in .venv-gpu-env, builds fastattn
+# against them with the CUDA sources compiled for sm_90, prints the environment report, and
+# compiles every Triton kernel variant the launchers would launch on an H100 with triton 3.6
+# (tests/triton_aot.py: ptxas, no GPU).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+VENV=${GPU_ENV_VENV:-.venv-gpu-env}
+PY312=""
+if python3.12 -c "" 2>/dev/null; then  # a pyenv shim exists even where 3.12 is not selected
+  PY312=$(command -v python3.12)
+else
+  PY312=$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12 2>/dev/null | head -n 1 || true)
+fi
+[ -n "$PY312" ] || { echo "gpu machine check: no python3.12 on this machine"; exit 1; }
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY312" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install --quiet --upgrade pip
+"$VENV/bin/python" -m pip install --quiet torch==2.11.0 triton==3.6.0 numpy pybind11 ninja \
+  "cmake>=3.21,<4" setuptools wheel
+start=$(date +%s)
+FASTATTN_CUDA=1 TORCH_CUDA_ARCH_LIST=9.0 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} \
+  flock ${BUILD_LOCK:-/tmp/fastattn-build.lock} \
+  "$VENV/bin/python" -m pip install --quiet --no-build-isolation --no-deps --force-reinstall .
+echo "build against torch 2.11.0: $(( $(date +%s) - start )) s"
+work=$(mktemp -d)
+cp tests/triton_aot.py "$work/"
+cd "$work"  # import the installed package, not the source tree (built for another torch)
+"$ROOT/$VENV/bin/python" -m fastattn
+"$ROOT/$VENV/bin/python" -c "import fastattn, sys; info = fastattn.build_info(); print(info); sys.exit(not info.get('cuda'))"
+start=$(date +%s)
+"$ROOT/$VENV/bin/python" triton_aot.py --jobs "$(nproc)" > aot.log 2>&1 || {
+  grep -v "^ok " aot.log | head -n 200; exit 1; }
+tail -n 1 aot.log
+echo "triton 3.6 sm_90 compile of every kernel variant: $(( $(date +%s) - start )) s"
+cd "$ROOT"
+rm -rf "$work"
