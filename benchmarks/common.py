@@ -4,7 +4,9 @@ Each bench_<op>.py defines `cases(profile, device)` returning a list of `Case`s.
 providers (name -> zero-argument callable), the one to check against (`reference`), the
 PyTorch providers to compare with (`baselines`), and the work it does (bytes or FLOPs), from
 which throughput is reported. Providers' outputs are compared with the reference before they
-are timed; a provider whose check fails is reported and never timed.
+are timed; a provider whose check fails is reported and never timed. The providers of a case
+are timed in interleaved rounds (measure_interleaved), so that the machine's drift does not
+bias their ratios.
 """
 from __future__ import annotations
 
@@ -74,17 +76,7 @@ def measure(fn: Callable[[], object], device: torch.device, *, min_time: float,
     times: list[float] = []
     start_all = time.perf_counter()
     while len(times) < max_reps and (len(times) < 5 or time.perf_counter() - start_all < min_time):
-        if device.type == "cuda":
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(begin.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
+        times.append(_timed_call(fn, device))
     return times
 
 
@@ -111,42 +103,110 @@ def copy_bandwidth(device: torch.device, nbytes: int = 1 << 28) -> float:
     return 2 * nbytes / summarize(times)[0]
 
 
+def _timed_call(fn: Callable[[], object], device: torch.device) -> float:
+    if device.type == "cuda":
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return begin.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def measure_interleaved(fns: dict[str, Callable[[], object]], device: torch.device, *,
+                        min_time: float, min_rounds: int = 3, max_rounds: int = 200,
+                        warmup: int = 2, block: int = 2) -> tuple[dict, dict]:
+    """Per-call times (seconds) of several providers, measured in rounds: a round runs every
+    provider block + 1 times in a row, the first call untimed (it pays for taking over the
+    caches from the provider before), and the order rotates from round to round. A drift of
+    the machine's speed while a case is measured (clock changes, other tenants: this CPU's
+    timings wander by 10-20% over minutes) then reaches every provider alike; timing all of one
+    provider and then all of the next turned such drift into ratios. Rounds repeat until
+    min_time per provider has passed (at least min_rounds).
+
+    Returns (times per provider, error message per provider that raised; it leaves the
+    rotation)."""
+    errors: dict[str, str] = {}
+    times: dict[str, list[float]] = {name: [] for name in fns}
+
+    def guarded(name, action):
+        try:
+            return action()
+        except Exception as exc:  # report and go on: one broken provider must not hide the rest
+            errors[name] = f"ERROR {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+            return None
+
+    for name, fn in fns.items():
+        guarded(name, lambda fn=fn: [fn() for _ in range(warmup)])
+    synchronize(device)
+    start = time.perf_counter()
+    rounds = 0
+    while rounds < max_rounds and (rounds < min_rounds or
+                                   time.perf_counter() - start < min_time * len(fns)):
+        live = [name for name in fns if name not in errors]
+        if not live:
+            break
+        shift = rounds % len(live)
+        for name in live[shift:] + live[:shift]:
+            fn = fns[name]
+
+            def one_block(fn=fn):
+                fn()
+                synchronize(device)
+                return [_timed_call(fn, device) for _ in range(block)]
+            got = guarded(name, one_block)
+            if got is not None:
+                times[name] += got
+        rounds += 1
+    return times, errors
+
+
 def run_case(case: Case, device: torch.device, *, min_time: float) -> list[dict]:
-    """Check, then time every provider of a case; one result row per provider."""
-    rows = []
+    """Check every provider of a case, then time those that passed, interleaved
+    (measure_interleaved); one result row per provider."""
+    rows: dict[str, dict] = {}
     checked = case.check_providers or case.providers
     ref_out = checked[case.reference]() if case.check else None
-    timed: dict[str, float] = {}
+    to_time: dict[str, Callable[[], object]] = {}
     for name, fn in case.providers.items():
         row = {"op": case.op, "case": case.name, "provider": name, "dtype": case.dtype}
+        rows[name] = row
         try:
             if case.check and name != case.reference:
                 err = case.check(checked[name](), ref_out)
                 row["error"] = err
                 if not err <= case.tolerance:
                     row["status"] = f"FAIL (error {err:.2e} > {case.tolerance:.1e})"
-                    rows.append(row)
                     continue
-            times = measure(fn, device, min_time=min_time)
         except Exception as exc:  # report and go on: one broken provider must not hide the rest
             row["status"] = f"ERROR {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
-            rows.append(row)
             continue
-        median, spread = summarize(times)
+        to_time[name] = fn
+    all_times, errors = measure_interleaved(to_time, device, min_time=min_time)
+    timed: dict[str, float] = {}
+    for name in to_time:
+        row = rows[name]
+        if name in errors or not all_times[name]:
+            row["status"] = errors.get(name, "ERROR: never timed")
+            continue
+        median, spread = summarize(all_times[name])
         timed[name] = median
-        row.update(status="ok", median_ms=median * 1e3, spread=spread, reps=len(times))
+        row.update(status="ok", median_ms=median * 1e3, spread=spread,
+                   reps=len(all_times[name]))
         if case.bytes:
             row["GB/s"] = case.bytes / median / 1e9
             if "copy_GB/s" in case.notes:
                 row["of_copy_bw"] = row["GB/s"] / float(case.notes["copy_GB/s"])
         if case.flops:
             row["TFLOP/s"] = case.flops / median / 1e12
-        rows.append(row)
     best_baseline = min((timed[b] for b in case.baselines if b in timed), default=None)
-    for row in rows:
+    for row in rows.values():
         if best_baseline and row.get("status") == "ok":
             row["speedup"] = best_baseline / (row["median_ms"] / 1e3)
-    return rows
+    return list(rows.values())
 
 
 def format_table(rows: list[dict]) -> str:

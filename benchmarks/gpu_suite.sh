@@ -1,43 +1,86 @@
 #!/usr/bin/env bash
-# The whole GPU run in one command, for a GPU machine with its own python3 (torch, triton,
-# pytest; no package registry, no venv):
+# The GPU run, sized for one device call: a lent GPU machine runs a command for 10 minutes at
+# most, and a session has 15 minutes of device time in all (start-up included). It uses the
+# machine's own python3 (torch, triton, pytest, pytest-xdist; no package registry, no venv):
 #   bash benchmarks/gpu_suite.sh OUTDIR
-# Builds fastattn in place for the visible GPU's arch, prints the environment report, runs the
-# whole test suite (CUDA tests and the slow grids included), runs the full benchmark profile on
-# the GPU and plots it. Logs, CSVs and plots go to OUTDIR; a summary is printed last.
-# Exit status: non-zero when the build or any test fails (benchmarks still run after a test
-# failure, so one bad kernel does not hide the rest).
+# Stages, each cut off by its share of GPU_SUITE_SECONDS (default 540; a stage that runs out
+# is reported and the next one still runs, so a slow stage never hides the others):
+#   build  fastattn in place for the visible GPU's arch (MAX_JOBS = all cores)
+#   tests  the GPU-specific tests first (CUDA backend, Triton on CUDA tensors), then the rest,
+#          8 pytest workers sharing the GPU; Triton autotuning off (first config), slow grids
+#          only with GPU_SUITE_SLOW=1
+#   bench  the benchmark suite on the GPU (GPU_SUITE_PROFILE, default quick) and its plots
+# GPU_SUITE_STAGES="build tests bench" picks stages. Logs, CSVs, junit XML and plots go to
+# OUTDIR; a summary is printed last. Exit status: non-zero when the build or a test fails or a
+# stage is cut off.
 set -uo pipefail
 OUT=${1:?usage: gpu_suite.sh OUTDIR}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-TESTS=${GPU_SUITE_TESTS:-tests}
+STAGES=${GPU_SUITE_STAGES:-build tests bench}
+BUDGET=${GPU_SUITE_SECONDS:-540}
+DEADLINE=$(( $(date +%s) + BUDGET ))
 ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1)
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-${ARCH:-9.0}}
-export FASTATTN_CUDA=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} FASTATTN_SLOW=1
+export FASTATTN_CUDA=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} PYTHONUNBUFFERED=1
 export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
 status=0
 
+# Seconds a stage may use: what is left before the deadline, less `reserve` for later stages,
+# at most `cap`.
+share() {
+  local reserve=$1 cap=$2 left
+  left=$(( DEADLINE - $(date +%s) - reserve ))
+  [ "$left" -gt "$cap" ] && left=$cap
+  [ "$left" -lt 10 ] && left=10
+  echo "$left"
+}
+
+# run NAME SECONDS LOG CMD...: runs CMD under a timeout, output to LOG; says how it ended.
+run() {
+  local name=$1 seconds=$2 log=$3 start rc
+  shift 3
+  start=$(date +%s)
+  timeout --kill-after=10 "$seconds" "$@" > "$log" 2>&1
+  rc=$?
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    echo "$name: CUT OFF after $(( $(date +%s) - start )) s (its share was $seconds s)"
+  else
+    echo "$name: exit $rc after $(( $(date +%s) - start )) s"
+  fi
+  return "$rc"
+}
+
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
-start=$(date +%s)
-if ! $PY setup.py build_ext --inplace > "$OUT/build.log" 2>&1; then
-  echo "BUILD FAILED (last lines of $OUT/build.log):"; tail -n 40 "$OUT/build.log"; exit 1
+
+if [[ " $STAGES " == *" build "* ]]; then
+  if ! run build "$(share 300 300)" "$OUT/build.log" $PY setup.py build_ext --inplace; then
+    echo "BUILD FAILED (last lines of $OUT/build.log):"; tail -n 40 "$OUT/build.log"; exit 1
+  fi
 fi
-echo "build: $(( $(date +%s) - start )) s for arch $TORCH_CUDA_ARCH_LIST"
 $PY -m fastattn | tee "$OUT/environment.txt"
 
-start=$(date +%s)
-$PY -m pytest $TESTS -q -rfEs --timeout=900 --junitxml="$OUT/tests.xml" \
-  -p no:cacheprovider > "$OUT/tests.log" 2>&1 || status=1
-echo "tests: $(( $(date +%s) - start )) s: $(tail -n 1 "$OUT/tests.log")"
-grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -n 30
+if [[ " $STAGES " == *" tests "* ]]; then
+  export FASTATTN_TRITON_AUTOTUNE=0
+  [ "${GPU_SUITE_SLOW:-0}" = "1" ] && export FASTATTN_SLOW=1
+  PYTEST=($PY -m pytest tests -q -rfEs -n 8 --timeout=300 -p no:cacheprovider)
+  run "tests (GPU-specific)" "$(share 240 300)" "$OUT/tests_gpu.log" "${PYTEST[@]}" \
+    -k "cuda or triton" --junitxml="$OUT/tests_gpu.xml" || status=1
+  tail -n 1 "$OUT/tests_gpu.log"
+  grep -E "^(FAILED|ERROR)" "$OUT/tests_gpu.log" | head -n 40
+  run "tests (the rest)" "$(share 150 240)" "$OUT/tests_rest.log" "${PYTEST[@]}" \
+    -k "not (cuda or triton)" --junitxml="$OUT/tests_rest.xml" || status=1
+  tail -n 1 "$OUT/tests_rest.log"
+  grep -E "^(FAILED|ERROR)" "$OUT/tests_rest.log" | head -n 20
+  unset FASTATTN_TRITON_AUTOTUNE FASTATTN_SLOW
+fi
 
-start=$(date +%s)
-$PY benchmarks/run.py --profile "${GPU_SUITE_PROFILE:-full}" --device cuda --csv "$OUT/gpu.csv" \
-  > "$OUT/bench.log" 2>&1 || status=1
-echo "benchmarks: $(( $(date +%s) - start )) s"
-$PY benchmarks/plot.py "$OUT/gpu.csv" "$OUT" > "$OUT/plot.log" 2>&1 || true
-grep -E "speedup|fastattn:|FAIL|ERROR" "$OUT/bench.log" | head -n 60
+if [[ " $STAGES " == *" bench "* ]]; then
+  run bench "$(share 15 600)" "$OUT/bench.log" $PY benchmarks/run.py \
+    --profile "${GPU_SUITE_PROFILE:-quick}" --device cuda --csv "$OUT/gpu.csv" || status=1
+  timeout 60 $PY benchmarks/plot.py "$OUT/gpu.csv" "$OUT" > "$OUT/plot.log" 2>&1 || true
+  grep -E "speedup|fastattn:|FAIL|ERROR" "$OUT/bench.log" | head -n 80
+fi
 exit $status

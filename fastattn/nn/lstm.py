@@ -82,9 +82,9 @@ class LSTM(nn.RNNBase):
                 hx = self.permute_hidden(hx, sorted_indices)
             self.check_forward_args(data, hx, batch_sizes)
             # Padded (T, B, I) in sorted order (longest first) and the sorted lengths.
-            padded, lengths = pad_packed_sequence(PackedSequence(data, batch_sizes))
+            padded, lengths = _unpack(data, batch_sizes)
             output, hidden = self._run(padded, hx, lengths=lengths, batch_first=False)
-            packed = pack_padded_sequence(output, lengths, enforce_sorted=True).data
+            packed = _pack(output, lengths)
             return (PackedSequence(packed, batch_sizes, sorted_indices, unsorted_indices),
                     self.permute_hidden(hidden, unsorted_indices))
 
@@ -107,6 +107,19 @@ class LSTM(nn.RNNBase):
             self.check_forward_args(
                 checked, hx if is_batched else (hx[0].unsqueeze(1), hx[1].unsqueeze(1)), None)
         return self._run(input, hx)
+
+
+# torch's packing reads batch sizes and lengths on the host: under torch.compile it runs
+# eagerly between graphs. Said explicitly, since torch 2.11's Dynamo traced
+# _pad_packed_sequence into fake tensors and failed.
+@torch.compiler.disable
+def _unpack(data, batch_sizes):
+    return pad_packed_sequence(PackedSequence(data, batch_sizes))
+
+
+@torch.compiler.disable
+def _pack(output, lengths):
+    return pack_padded_sequence(output, lengths, enforce_sorted=True).data
 
 
 class LSTMCell(nn.LSTMCell):

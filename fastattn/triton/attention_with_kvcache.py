@@ -233,13 +233,17 @@ def _merge_kernel(Part, PartLse, Out, Lse, s_ob, s_oh, s_om, Hq, Lq, splits, Dv,
 # Launcher
 
 
-def _blocks(rows: int, Lmax: int, head: int, interpret: bool) -> tuple[int, int]:
+def _blocks(rows: int, Lmax: int, head: int, interpret: bool,
+            fp32: bool = False) -> tuple[int, int]:
     """(BLOCK_M, BLOCK_N) of the decode kernel: tl.dot needs 16 rows at least; under the
-    interpreter larger key tiles mean fewer numpy calls."""
+    interpreter larger key tiles mean fewer numpy calls. float32 dots run on FMA units with
+    every tile in registers: half the key tile (64 x 128 spilled 600 B a thread on sm_90 with
+    triton 3.6, tests/triton_aot.py)."""
     block_m = max(16, min(64, triton.next_power_of_2(max(rows, 1))))
     if interpret:
         return block_m, max(16, min(128, triton.next_power_of_2(max(Lmax, 1))))
-    return block_m, 64 if head <= 128 else 32
+    block_n = 64 if head <= 128 else 32
+    return block_m, block_n // 2 if fp32 else block_n
 
 
 def _auto_splits(programs: int, Lmax: int, device: torch.device) -> int:
@@ -337,7 +341,8 @@ def attention_with_kvcache_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cach
         if out.numel() == 0:
             return finish(out, q.dtype), lse
         group = Hq // Hkv
-        block_m, block_n = _blocks(group * Lq, Lmax, max(block_d, block_dv), interpret)
+        block_m, block_n = _blocks(group * Lq, Lmax, max(block_d, block_dv), interpret,
+                                   q.dtype == torch.float32)
         programs = B * Hkv * triton.cdiv(group * Lq, block_m)
         splits = num_splits if num_splits > 0 else _auto_splits(programs, Lmax, q.device)
         # Whole key tiles per split; splits that would start past Lmax are not launched.
