@@ -3,9 +3,11 @@
 # from source with its own Python 3.12, torch 2.11.0 (CUDA 13.0) and triton 3.6.0 and reaches
 # no package registry: a header or API that those versions lack would fail a GPU session at
 # its first step. This check installs the same versions in .venv-gpu-env, builds fastattn
-# against them with the CUDA sources compiled for sm_90, prints the environment report, and
+# against them with the CUDA sources compiled for sm_90, prints the environment report,
 # compiles every Triton kernel variant the launchers would launch on an H100 with triton 3.6
-# (tests/triton_aot.py: ptxas, no GPU).
+# (tests/triton_aot.py: ptxas, no GPU), and runs the test suite against that installation with
+# the machine's transformers 5.17.0 (Triton's interpreter off, as there: the CPU, reference and
+# native tests run, the Triton and CUDA ones skip).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -22,21 +24,26 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 "$VENV/bin/python" -m pip install --quiet torch==2.11.0 triton==3.6.0 numpy pybind11 ninja \
-  "cmake>=3.21,<4" setuptools wheel
+  "cmake>=3.21,<4" setuptools wheel pytest pytest-xdist pytest-timeout hypothesis \
+  transformers==5.17.0
 start=$(date +%s)
 FASTATTN_CUDA=1 TORCH_CUDA_ARCH_LIST=9.0 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} \
   flock ${BUILD_LOCK:-/tmp/fastattn-build.lock} \
   "$VENV/bin/python" -m pip install --quiet --no-build-isolation --no-deps --force-reinstall .
 echo "build against torch 2.11.0: $(( $(date +%s) - start )) s"
 work=$(mktemp -d)
-cp tests/triton_aot.py "$work/"
+cp -r tests examples benchmarks README.md "$work/"
 cd "$work"  # import the installed package, not the source tree (built for another torch)
 "$ROOT/$VENV/bin/python" -m fastattn
 "$ROOT/$VENV/bin/python" -c "import fastattn, sys; info = fastattn.build_info(); print(info); sys.exit(not info.get('cuda'))"
 start=$(date +%s)
-"$ROOT/$VENV/bin/python" triton_aot.py --jobs "$(nproc)" > aot.log 2>&1 || {
+"$ROOT/$VENV/bin/python" tests/triton_aot.py --jobs "$(nproc)" > aot.log 2>&1 || {
   grep -v "^ok " aot.log | head -n 200; exit 1; }
 tail -n 1 aot.log
 echo "triton 3.6 sm_90 compile of every kernel variant: $(( $(date +%s) - start )) s"
+start=$(date +%s)
+TRITON_INTERPRET=0 "$ROOT/$VENV/bin/python" -m pytest tests -q -n "$(nproc)" \
+  -p no:cacheprovider --timeout=900
+echo "tests with torch 2.11.0: $(( $(date +%s) - start )) s"
 cd "$ROOT"
 rm -rf "$work"
