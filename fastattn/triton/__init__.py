@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 import torch
+from torch.library import triton_op
 
 from .._debug import poison
 
@@ -53,3 +54,19 @@ def output_like(x: torch.Tensor) -> torch.Tensor:
 def finish(buffer: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Round an output_buffer to the result dtype (no-op unless it was widened)."""
     return buffer if buffer.dtype == dtype else buffer.to(dtype)
+
+
+def register_op(name: str, fake, mutates_args: tuple[str, ...] = ()):
+    """Decorator registering a launcher as the torch op `name` (a native op's schema, suffixed
+    _triton). On a GPU it is a triton_op: torch.compile sees the kernels, and the fake
+    implementation is the launcher itself traced with fake tensors. Under TRITON_INTERPRET=1,
+    wrap_triton hands back the interpreted kernel, which would run on fake tensors while
+    tracing; there the op is an opaque custom op with the explicit `fake`, so opcheck and
+    torch.compile work on CPU too."""
+    def decorate(fn):
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            op = torch.library.custom_op(name, mutates_args=mutates_args)(fn)
+            op.register_fake(fake)
+            return op
+        return triton_op(name, mutates_args=mutates_args)(fn)
+    return decorate

@@ -41,10 +41,10 @@ import os
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import wrap_triton
 from triton.language.extra import libdevice
 
-from . import finish, interpreting
+from . import finish, interpreting, register_op
 from . import output_like as grad_buffer_like
 from .._debug import poison
 from .random import dropout_multiplier
@@ -808,25 +808,8 @@ def launch_backward(launch: _Launch, grad_out, grad_lse, q, k, v, out, lse, dq, 
 
 
 # ---------------------------------------------------------------------------------------------
-# Torch ops (same schemas as the native ops in csrc/bindings.cpp, suffixed _triton)
-#
-# On a GPU they are triton_ops: torch.compile sees the kernels and their fake implementation
-# is the launcher itself, traced with fake tensors. Under TRITON_INTERPRET=1, wrap_triton
-# hands back the interpreted kernel, which would run on fake tensors while tracing; there the
-# same schemas are registered as opaque custom ops with explicit fake implementations, so
-# opcheck and torch.compile work on CPU too.
-
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _register_op(name: str, fake):
-    def decorate(fn):
-        if _INTERPRET:
-            op = torch.library.custom_op(name, mutates_args=())(fn)
-            op.register_fake(fake)
-            return op
-        return triton_op(name, mutates_args=())(fn)
-    return decorate
+# Torch ops (same schemas as the native ops in csrc/bindings.cpp, suffixed _triton), registered
+# by fastattn.triton.register_op (triton_ops on a GPU, opaque custom ops under the interpreter).
 
 
 def _forward_fake(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
@@ -843,7 +826,7 @@ def _backward_fake(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-@_register_op("fastattn::attention_forward_triton", _forward_fake)
+@register_op("fastattn::attention_forward_triton", _forward_fake)
 def attention_forward_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              attn_mask: torch.Tensor | None,
                              key_padding_mask: torch.Tensor | None,
@@ -862,7 +845,7 @@ def attention_forward_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return finish(out, q.dtype), lse
 
 
-@_register_op("fastattn::attention_backward_triton", _backward_fake)
+@register_op("fastattn::attention_backward_triton", _backward_fake)
 def attention_backward_triton(grad_out: torch.Tensor, grad_lse: torch.Tensor | None,
                               q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               out: torch.Tensor, lse: torch.Tensor,

@@ -20,14 +20,13 @@ Three kernels, launched in order on one stream:
 """
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import wrap_triton
 
-from . import device_sm_count, finish, interpreting, on_gpu
+from . import device_sm_count, finish, interpreting, on_gpu, register_op
 from .._debug import poison
 from .attention import (_biased_masked_scores, _capped_scores, _on_device, _online_softmax_step,
                         _softmax_finish)
@@ -266,20 +265,7 @@ def _fake(q, k_cache, v_cache, cache_seqlens, k_new, v_new, rotary_cos, rotary_s
             torch.empty((B, Hq, Lq), dtype=torch.float32, device=q.device))
 
 
-def _register_mutating_op(name: str, fake):
-    """As attention.py's _register_op, for an op that writes the caches in place."""
-    mutates = ("k_cache", "v_cache")
-
-    def decorate(fn):
-        if os.environ.get("TRITON_INTERPRET") == "1":
-            op = torch.library.custom_op(name, mutates_args=mutates)(fn)
-            op.register_fake(fake)
-            return op
-        return triton_op(name, mutates_args=mutates)(fn)
-    return decorate
-
-
-@_register_mutating_op("fastattn::attention_with_kvcache_triton", _fake)
+@register_op("fastattn::attention_with_kvcache_triton", _fake, mutates_args=("k_cache", "v_cache"))
 def attention_with_kvcache_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                   cache_seqlens: torch.Tensor, k_new: torch.Tensor | None,
                                   v_new: torch.Tensor | None, rotary_cos: torch.Tensor | None,

@@ -49,14 +49,13 @@ bfloat16 results go through float32 buffers that torch rounds (fastattn/triton/_
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import wrap_triton
 
-from . import device_sm_count, finish, interpreting, on_gpu, output_buffer
+from . import device_sm_count, finish, interpreting, on_gpu, output_buffer, register_op
 from .._debug import poison
 from .attention import _exp
 from .random import dropout_multiplier
@@ -630,23 +629,8 @@ def _check_layer_shapes(op, input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr):
 
 
 # ---------------------------------------------------------------------------------------------
-# Torch ops (the schemas of csrc/bindings.cpp's LSTM ops, suffixed _triton)
-#
-# As in fastattn/triton/attention.py: triton_ops on a GPU; opaque custom ops with explicit fake
-# implementations under the interpreter (wrap_triton would run the interpreted kernel on fake
-# tensors while tracing).
-
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _register_op(name: str, fake):
-    def decorate(fn):
-        if _INTERPRET:
-            op = torch.library.custom_op(name, mutates_args=())(fn)
-            op.register_fake(fake)
-            return op
-        return triton_op(name, mutates_args=())(fn)
-    return decorate
+# Torch ops (the schemas of csrc/bindings.cpp's LSTM ops, suffixed _triton), registered by
+# fastattn.triton.register_op (triton_ops on a GPU, opaque custom ops under the interpreter).
 
 
 def _cell_fake(input, hx, cx, w_ih, w_hh, b_ih, b_hh):
@@ -688,7 +672,7 @@ def _layer_backward_fake(grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w
             maybe((D, P, H), weight_grad and w_hr is not None))
 
 
-@_register_op("fastattn::lstm_cell_triton", _cell_fake)
+@register_op("fastattn::lstm_cell_triton", _cell_fake)
 def lstm_cell_triton(input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor, w_ih: torch.Tensor,
                      w_hh: torch.Tensor, b_ih: torch.Tensor | None,
                      b_hh: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -728,7 +712,7 @@ def lstm_cell_triton(input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor, w_
     return finish(hy, input.dtype), finish(cy, input.dtype), ws
 
 
-@_register_op("fastattn::lstm_cell_backward_triton", _cell_backward_fake)
+@register_op("fastattn::lstm_cell_backward_triton", _cell_backward_fake)
 def lstm_cell_backward_triton(grad_hy: torch.Tensor | None, grad_cy: torch.Tensor | None,
                               input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor,
                               w_ih: torch.Tensor, w_hh: torch.Tensor, workspace: torch.Tensor,
@@ -769,7 +753,7 @@ def lstm_cell_backward_triton(grad_hy: torch.Tensor | None, grad_cy: torch.Tenso
     return grad_input, grad_hx, finish(grad_cx, dtype), grad_w_ih, grad_w_hh, grad_bias
 
 
-@_register_op("fastattn::lstm_layer_triton", _layer_fake)
+@register_op("fastattn::lstm_layer_triton", _layer_fake)
 def lstm_layer_triton(input: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
                       w_ih: torch.Tensor, w_hh: torch.Tensor, b_ih: torch.Tensor | None,
                       b_hh: torch.Tensor | None, w_hr: torch.Tensor | None,
@@ -841,7 +825,7 @@ def lstm_layer_triton(input: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
     return finish(out, dtype), h_n, c_n, ws
 
 
-@_register_op("fastattn::lstm_layer_backward_triton", _layer_backward_fake)
+@register_op("fastattn::lstm_layer_backward_triton", _layer_backward_fake)
 def lstm_layer_backward_triton(grad_output: torch.Tensor | None, grad_h_n: torch.Tensor | None,
                                grad_c_n: torch.Tensor | None, input: torch.Tensor,
                                h0: torch.Tensor, c0: torch.Tensor, w_ih: torch.Tensor,

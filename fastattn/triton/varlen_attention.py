@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from . import finish
+from . import finish, register_op
 from . import output_like as grad_buffer_like
 from .._debug import poison
-from .attention import _Launch, _register_op, launch_backward, launch_forward
+from .attention import _Launch, launch_backward, launch_forward
 
 
 def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -44,7 +44,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ali
                            max_seqlen_k, causal_mode))
 
 
-@_register_op("fastattn::varlen_attention_forward_triton", _forward_fake)
+@register_op("fastattn::varlen_attention_forward_triton", _forward_fake)
 def varlen_attention_forward_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                     cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                                     max_seqlen_q: int, max_seqlen_k: int,
@@ -67,7 +67,7 @@ def varlen_attention_forward_triton(q: torch.Tensor, k: torch.Tensor, v: torch.T
     return finish(out, q.dtype), lse
 
 
-@_register_op("fastattn::varlen_attention_backward_triton", _backward_fake)
+@register_op("fastattn::varlen_attention_backward_triton", _backward_fake)
 def varlen_attention_backward_triton(grad_out: torch.Tensor, grad_lse: torch.Tensor | None,
                                      q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                      out: torch.Tensor, lse: torch.Tensor,
