@@ -416,45 +416,52 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+# Output shapes of the four ops, shared by the native ops' fake implementations and the Triton
+# ops' interpreter registrations (fastattn/triton/lstm.py).
+
+def cell_fake(input, hx, cx, w_ih, w_hh, b_ih, b_hh):
+    B, H = input.shape[0], w_hh.shape[1]
+    return (input.new_empty((B, H)), input.new_empty((B, H)),
+            input.new_empty((B, 5 * H), dtype=_acc(input.dtype)))
+
+
+def cell_backward_fake(grad_hy, grad_cy, input, hx, cx, w_ih, w_hh, workspace, has_bias):
+    H = w_hh.shape[1]
+    return (torch.empty_like(input, memory_format=torch.contiguous_format),
+            input.new_empty(hx.shape), input.new_empty(cx.shape),
+            input.new_empty(w_ih.shape), input.new_empty(w_hh.shape),
+            input.new_empty((4 * H,) if has_bias else (0,)))
+
+
+def layer_fake(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, dropout_p, seed,
+               save_workspace):
+    T, B, _ = input.shape
+    D, G, P = w_hh.shape
+    H = G // 4
+    workspace = (D, T * B * (5 * H + P)) if save_workspace else (0,)
+    return (input.new_empty((T, B, D * P)), input.new_empty((D, B, P)),
+            input.new_empty((D, B, H)), input.new_empty(workspace, dtype=_acc(input.dtype)))
+
+
+def layer_backward_fake(grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, w_hr,
+                        lengths, workspace, dropout_p, seed, has_bias, input_grad, weight_grad):
+    T, B, I = input.shape
+    D, G, P = w_hh.shape
+    H = G // 4
+
+    def maybe(shape, wanted):
+        return input.new_empty(shape if wanted else (0,))
+
+    return (maybe((T, B, I), input_grad), input.new_empty((D, B, P)),
+            input.new_empty((D, B, H)), maybe((D, G, I), weight_grad),
+            maybe((D, G, P), weight_grad), maybe((D, G), weight_grad and has_bias),
+            maybe((D, P, H), weight_grad and w_hr is not None))
+
+
 def _register_native_fakes() -> None:
-    @torch.library.register_fake("fastattn::lstm_cell")
-    def _(input, hx, cx, w_ih, w_hh, b_ih, b_hh):
-        B, H = input.shape[0], w_hh.shape[1]
-        return (input.new_empty((B, H)), input.new_empty((B, H)),
-                input.new_empty((B, 5 * H), dtype=_acc(input.dtype)))
-
-    @torch.library.register_fake("fastattn::lstm_cell_backward")
-    def _(grad_hy, grad_cy, input, hx, cx, w_ih, w_hh, workspace, has_bias):
-        H = w_hh.shape[1]
-        return (torch.empty_like(input, memory_format=torch.contiguous_format),
-                input.new_empty(hx.shape), input.new_empty(cx.shape),
-                input.new_empty(w_ih.shape), input.new_empty(w_hh.shape),
-                input.new_empty((4 * H,) if has_bias else (0,)))
-
-    @torch.library.register_fake("fastattn::lstm_layer")
-    def _(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, dropout_p, seed,
-          save_workspace):
-        T, B, _ = input.shape
-        D, G, P = w_hh.shape
-        H = G // 4
-        workspace = (D, T * B * (5 * H + P)) if save_workspace else (0,)
-        return (input.new_empty((T, B, D * P)), input.new_empty((D, B, P)),
-                input.new_empty((D, B, H)), input.new_empty(workspace, dtype=_acc(input.dtype)))
-
-    @torch.library.register_fake("fastattn::lstm_layer_backward")
-    def _(grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, w_hr, lengths, workspace,
-          dropout_p, seed, has_bias, input_grad, weight_grad):
-        T, B, I = input.shape
-        D, G, P = w_hh.shape
-        H = G // 4
-
-        def maybe(shape, wanted):
-            return input.new_empty(shape if wanted else (0,))
-
-        return (maybe((T, B, I), input_grad), input.new_empty((D, B, P)),
-                input.new_empty((D, B, H)), maybe((D, G, I), weight_grad),
-                maybe((D, G, P), weight_grad), maybe((D, G), weight_grad and has_bias),
-                maybe((D, P, H), weight_grad and w_hr is not None))
+    for name, fake in (("lstm_cell", cell_fake), ("lstm_cell_backward", cell_backward_fake),
+                       ("lstm_layer", layer_fake), ("lstm_layer_backward", layer_backward_fake)):
+        torch.library.register_fake(f"fastattn::{name}")(fake)
 
 
 def register_autograd(suffix: str) -> None:

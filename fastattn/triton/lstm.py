@@ -57,6 +57,8 @@ from torch.library import wrap_triton
 
 from . import device_sm_count, finish, interpreting, on_gpu, output_buffer, register_op
 from .._debug import poison
+from ..ops.lstm import (cell_backward_fake, cell_fake, layer_backward_fake, layer_fake,
+                        register_autograd)
 from .attention import _exp
 from .random import dropout_multiplier
 
@@ -633,46 +635,7 @@ def _check_layer_shapes(op, input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr):
 # fastattn.triton.register_op (triton_ops on a GPU, opaque custom ops under the interpreter).
 
 
-def _cell_fake(input, hx, cx, w_ih, w_hh, b_ih, b_hh):
-    B, H = input.shape[0], w_hh.shape[1]
-    return (input.new_empty((B, H)), input.new_empty((B, H)),
-            input.new_empty((B, 5 * H), dtype=_F32))
-
-
-def _cell_backward_fake(grad_hy, grad_cy, input, hx, cx, w_ih, w_hh, workspace, has_bias):
-    H = w_hh.shape[1]
-    return (input.new_empty(input.shape), input.new_empty(hx.shape), input.new_empty(cx.shape),
-            input.new_empty(w_ih.shape), input.new_empty(w_hh.shape),
-            input.new_empty((4 * H,) if has_bias else (0,)))
-
-
-def _layer_fake(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, dropout_p, seed,
-                save_workspace):
-    T, B, _ = input.shape
-    D, G, P = w_hh.shape
-    H = G // 4
-    workspace = (D, T * B * (5 * H + P)) if save_workspace else (0,)
-    return (input.new_empty((T, B, D * P)), input.new_empty((D, B, P)),
-            input.new_empty((D, B, H)), input.new_empty(workspace, dtype=_F32))
-
-
-def _layer_backward_fake(grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, w_hr,
-                         lengths, workspace, dropout_p, seed, has_bias, input_grad,
-                         weight_grad):
-    T, B, I = input.shape
-    D, G, P = w_hh.shape
-    H = G // 4
-
-    def maybe(shape, wanted):
-        return input.new_empty(shape if wanted else (0,))
-
-    return (maybe((T, B, I), input_grad), input.new_empty((D, B, P)), input.new_empty((D, B, H)),
-            maybe((D, G, I), weight_grad), maybe((D, G, P), weight_grad),
-            maybe((D, G), weight_grad and has_bias),
-            maybe((D, P, H), weight_grad and w_hr is not None))
-
-
-@register_op("fastattn::lstm_cell_triton", _cell_fake)
+@register_op("fastattn::lstm_cell_triton", cell_fake)
 def lstm_cell_triton(input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor, w_ih: torch.Tensor,
                      w_hh: torch.Tensor, b_ih: torch.Tensor | None,
                      b_hh: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -712,7 +675,7 @@ def lstm_cell_triton(input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor, w_
     return finish(hy, input.dtype), finish(cy, input.dtype), ws
 
 
-@register_op("fastattn::lstm_cell_backward_triton", _cell_backward_fake)
+@register_op("fastattn::lstm_cell_backward_triton", cell_backward_fake)
 def lstm_cell_backward_triton(grad_hy: torch.Tensor | None, grad_cy: torch.Tensor | None,
                               input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor,
                               w_ih: torch.Tensor, w_hh: torch.Tensor, workspace: torch.Tensor,
@@ -753,7 +716,7 @@ def lstm_cell_backward_triton(grad_hy: torch.Tensor | None, grad_cy: torch.Tenso
     return grad_input, grad_hx, finish(grad_cx, dtype), grad_w_ih, grad_w_hh, grad_bias
 
 
-@register_op("fastattn::lstm_layer_triton", _layer_fake)
+@register_op("fastattn::lstm_layer_triton", layer_fake)
 def lstm_layer_triton(input: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
                       w_ih: torch.Tensor, w_hh: torch.Tensor, b_ih: torch.Tensor | None,
                       b_hh: torch.Tensor | None, w_hr: torch.Tensor | None,
@@ -825,7 +788,7 @@ def lstm_layer_triton(input: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
     return finish(out, dtype), h_n, c_n, ws
 
 
-@register_op("fastattn::lstm_layer_backward_triton", _layer_backward_fake)
+@register_op("fastattn::lstm_layer_backward_triton", layer_backward_fake)
 def lstm_layer_backward_triton(grad_output: torch.Tensor | None, grad_h_n: torch.Tensor | None,
                                grad_c_n: torch.Tensor | None, input: torch.Tensor,
                                h0: torch.Tensor, c0: torch.Tensor, w_ih: torch.Tensor,
@@ -928,7 +891,6 @@ def lstm_layer_backward_triton(grad_output: torch.Tensor | None, grad_h_n: torch
 
 
 def _register() -> None:
-    from ..ops.lstm import register_autograd
     register_autograd("_triton")
 
 
