@@ -20,7 +20,6 @@ Three kernels, launched in order on one stream:
 """
 from __future__ import annotations
 
-
 import torch
 import triton
 import triton.language as tl
