@@ -103,6 +103,12 @@ def copy_bandwidth(device: torch.device, nbytes: int = 1 << 28) -> float:
     return 2 * nbytes / summarize(times)[0]
 
 
+def _error_status(exc: Exception) -> str:
+    """A provider's status when it raised: the exception's type and first line."""
+    lines = str(exc).splitlines() or [""]
+    return f"ERROR {type(exc).__name__}: {lines[0][:120]}"
+
+
 def _timed_call(fn: Callable[[], object], device: torch.device) -> float:
     if device.type == "cuda":
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -136,7 +142,7 @@ def measure_interleaved(fns: dict[str, Callable[[], object]], device: torch.devi
         try:
             return action()
         except Exception as exc:  # report and go on: one broken provider must not hide the rest
-            errors[name] = f"ERROR {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+            errors[name] = _error_status(exc)
             return None
 
     for name, fn in fns.items():
@@ -182,7 +188,7 @@ def run_case(case: Case, device: torch.device, *, min_time: float) -> list[dict]
                     row["status"] = f"FAIL (error {err:.2e} > {case.tolerance:.1e})"
                     continue
         except Exception as exc:  # report and go on: one broken provider must not hide the rest
-            row["status"] = f"ERROR {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+            row["status"] = _error_status(exc)
             continue
         to_time[name] = fn
     all_times, errors = measure_interleaved(to_time, device, min_time=min_time)
