@@ -11,6 +11,9 @@ export TORCH_CUDA_ARCH_LIST ?= $(if $(GPU_ARCH),$(GPU_ARCH),9.0)
 export CUDA_HOME ?= /usr/local/cuda
 export MAX_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PROFILE ?= quick
+# A download that breaks off resumes instead of failing the install (the mirror's connection
+# drops now and then).
+export PIP_RESUME_RETRIES ?= 20
 PYTEST_ARGS ?=
 
 .PHONY: bench test build venv clean cpu-torch-check
