@@ -4,11 +4,13 @@
 PYTHON_BOOTSTRAP ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# CUDA archs: the visible GPU's, else 9.0 (CI compiles the CUDA sources for sm_90 only;
-# setup.py's default for users is "8.0;9.0").
+# CUDA archs: the visible GPU's alone (a fast build for the machine at hand), else setup.py's
+# default for users (DEFAULT_CUDA_ARCHS), so that `make test` builds what `pip install .` builds
+# and, in CI, reuses that build. The toolkit is found as setup.py finds it (tools/cuda_toolkit.py).
 GPU_ARCH := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1)
-export TORCH_CUDA_ARCH_LIST ?= $(if $(GPU_ARCH),$(GPU_ARCH),9.0)
-export CUDA_HOME ?= /usr/local/cuda
+ifneq ($(GPU_ARCH),)
+export TORCH_CUDA_ARCH_LIST ?= $(GPU_ARCH)
+endif
 export MAX_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PROFILE ?= quick
 # A download that breaks off resumes instead of failing the install (the mirror's connection

@@ -3,12 +3,14 @@
 Environment:
   FASTATTN_CUDA=auto|0|1   compile the CUDA kernels (auto: when torch is a CUDA build and nvcc
                            is found)
-  TORCH_CUDA_ARCH_LIST     CUDA archs, default "8.0;9.0"
+  TORCH_CUDA_ARCH_LIST     CUDA archs, default "8.0;9.0+PTX" (see DEFAULT_CUDA_ARCHS)
   MAX_JOBS                 parallel compile jobs
   CMAKE_ARGS               extra arguments for the CMake configure step
   FASTATTN_DEBUG_CHECKS=1  bounds checks inside the kernels
-  CUDA_HOME                CUDA toolkit root (default /usr/local/cuda)
+  CUDA_HOME                CUDA toolkit root (else CUDA_PATH, /usr/local/cuda, or the nvcc on
+                           PATH: tools/cuda_toolkit.py)
 """
+import importlib.util
 import os
 import shlex
 import shutil
@@ -20,20 +22,21 @@ from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
-DEFAULT_CUDA_ARCHS = "8.0;9.0"
+# Native code for Ampere (sm_80, which also runs on sm_86/sm_89: same major version) and Hopper
+# (sm_90), plus compute_90 PTX that the driver compiles on first use for newer GPUs (Blackwell
+# sm_100/sm_120): two compiled archs cost about twice a one-arch build, where compiling 10.0 and
+# 12.0 as well would double that again. Set TORCH_CUDA_ARCH_LIST="8.0;9.0;10.0;12.0" for native
+# Blackwell code (no JIT on first use), or to your GPU's arch alone for the fastest build.
+DEFAULT_CUDA_ARCHS = "8.0;9.0+PTX"
 
 
-def _find_cuda_home() -> str | None:
-    for candidate in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if candidate and Path(candidate, "bin", "nvcc").exists():
-            return candidate
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        # /usr/local/bin/nvcc may be a wrapper; resolve symlinks to find the real toolkit.
-        real = Path(nvcc).resolve().parent.parent
-        if (real / "include" / "cuda_runtime.h").exists():
-            return str(real)
-    return None
+def _load_cuda_toolkit_module():
+    """tools/cuda_toolkit.py (the toolkit search, also used by gpu_suite.sh and tested)."""
+    spec = importlib.util.spec_from_file_location("fastattn_cuda_toolkit",
+                                                  ROOT / "tools" / "cuda_toolkit.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _cuda_enabled(torch_cuda: str | None, cuda_home: str | None) -> bool:
@@ -79,15 +82,18 @@ class CMakeBuild(build_ext):
         import torch  # the torch we build against: pip install --no-build-isolation
 
         target = Path(self.get_ext_fullpath(ext.name)).resolve()
-        cuda_home = _find_cuda_home()
+        cuda_home = _load_cuda_toolkit_module().find_cuda_home()
         use_cuda = _cuda_enabled(torch.version.cuda, cuda_home)
-        archs = os.environ.get("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCHS)
+        archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip() or DEFAULT_CUDA_ARCHS
         tag = f"torch{torch.__version__}-{'cuda' if use_cuda else 'cpu'}-py{sys.version_info[0]}{sys.version_info[1]}"
         build_dir = ROOT / "build" / tag
         build_dir.mkdir(parents=True, exist_ok=True)
 
         env = dict(os.environ)
         env["TORCH_CUDA_ARCH_LIST"] = archs
+        # cmake >= 4 (what `pip install cmake` brings) refuses projects whose
+        # cmake_minimum_required predates 3.5, which some of torch's cmake files still declare.
+        env.setdefault("CMAKE_POLICY_VERSION_MINIMUM", "3.5")
         cmake_args = [
             f"-DPython_EXECUTABLE={sys.executable}",
             f"-DFASTATTN_OUTPUT_DIR={build_dir / 'out'}",
@@ -107,13 +113,24 @@ class CMakeBuild(build_ext):
 
         cmake = _cmake_executable()
         jobs = os.environ.get("MAX_JOBS") or str(os.cpu_count() or 1)
-        print(f"fastattn: building {tag}, CUDA {'on, archs ' + archs if use_cuda else 'off'}, {jobs} jobs",
-              flush=True)
+        if use_cuda:
+            cuda = f"on, archs {archs}, toolkit {cuda_home}"
+        elif torch.version.cuda is None:
+            cuda = "off (torch is a CPU build)"
+        else:
+            cuda = f"off (FASTATTN_CUDA={os.environ.get('FASTATTN_CUDA', 'auto')}, toolkit {cuda_home})"
+        print(f"fastattn: building {tag}, CUDA {cuda}, {jobs} jobs", flush=True)
         subprocess.run([cmake, "-S", str(ROOT), "-B", str(build_dir), *cmake_args], check=True, env=env)
         subprocess.run([cmake, "--build", str(build_dir), "--parallel", jobs], check=True, env=env)
         # Each (torch, CUDA) configuration builds in its own folder; its result is copied to
-        # where setuptools expects it.
-        _replace_file(build_dir / "out" / target.name, target)
+        # where setuptools expects it, and into the source tree's package as well, so that
+        # `python -m fastattn` run in the checkout after `pip install .` (the README's steps)
+        # imports a complete package rather than sources without _C.
+        built = build_dir / "out" / target.name
+        _replace_file(built, target)
+        in_tree = ROOT / "fastattn" / target.name
+        if in_tree.resolve() != target:
+            _replace_file(built, in_tree)
 
 
 def _ninja_from_pip() -> str | None:

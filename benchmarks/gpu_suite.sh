@@ -7,12 +7,16 @@
 # is reported and the next one still runs, so a slow stage never hides the others):
 #   build  fastattn in place for the visible GPU's arch (MAX_JOBS = all cores)
 #   tests  the GPU-specific tests first (CUDA backend, Triton on CUDA tensors), then the rest,
-#          8 pytest workers sharing the GPU; Triton autotuning off (first config), slow grids
-#          only with GPU_SUITE_SLOW=1
+#          GPU_SUITE_WORKERS (8) pytest workers sharing the GPU; Triton autotuning off (first
+#          config), slow grids only with GPU_SUITE_SLOW=1; one test may take
+#          GPU_SUITE_TEST_TIMEOUT (60) seconds
 #   bench  the benchmark suite on the GPU (GPU_SUITE_PROFILE, default quick) and its plots
-# GPU_SUITE_STAGES="build tests bench" picks stages. Logs, CSVs, junit XML and plots go to
-# OUTDIR; a summary is printed last. Exit status: non-zero when the build or a test fails or a
-# stage is cut off.
+# GPU_SUITE_STAGES="build tests bench" picks stages; GPU_SUITE_TESTS (default tests) is what
+# pytest collects. Logs, CSVs, junit XML and plots go to OUTDIR; a summary is printed last.
+# A stage that runs out of time gets SIGINT and GPU_SUITE_GRACE (30) seconds before SIGKILL:
+# pytest then still prints its summary and writes its junit XML, and every test's outcome is
+# in the stage's log as it happens (-v), so a cut-off never loses the names of failing tests.
+# Exit status: non-zero when the build or a test fails or a stage is cut off.
 set -uo pipefail
 OUT=${1:?usage: gpu_suite.sh OUTDIR}
 mkdir -p "$OUT"
@@ -21,11 +25,16 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 STAGES=${GPU_SUITE_STAGES:-build tests bench}
 BUDGET=${GPU_SUITE_SECONDS:-540}
+GRACE=${GPU_SUITE_GRACE:-30}
 DEADLINE=$(( $(date +%s) + BUDGET ))
 ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1)
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-${ARCH:-9.0}}
 export FASTATTN_CUDA=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} PYTHONUNBUFFERED=1
-export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
+# The toolkit as setup.py finds it: a wrapper nvcc on PATH (e.g. /usr/local/bin/nvcc running
+# /usr/local/cuda-13.0/bin/nvcc) must not make CUDA_HOME /usr/local.
+export CUDA_HOME=${CUDA_HOME:-$($PY tools/cuda_toolkit.py)}
+# cmake >= 4 refuses cmake_minimum_required < 3.5, still declared in some of torch's files.
+export CMAKE_POLICY_VERSION_MINIMUM=${CMAKE_POLICY_VERSION_MINIMUM:-3.5}
 status=0
 
 # Seconds a stage may use: what is left before the deadline, less `reserve` for later stages,
@@ -39,11 +48,13 @@ share() {
 }
 
 # run NAME SECONDS LOG CMD...: runs CMD under a timeout, output to LOG; says how it ended.
+# When the time is up CMD gets SIGINT (pytest stops as on Ctrl-C: summary and junit written),
+# then SIGKILL GRACE seconds later if it is still running.
 run() {
   local name=$1 seconds=$2 log=$3 start rc
   shift 3
   start=$(date +%s)
-  timeout --kill-after=10 "$seconds" "$@" > "$log" 2>&1
+  timeout --signal=INT --kill-after="$GRACE" "$seconds" "$@" > "$log" 2>&1
   rc=$?
   if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
     echo "$name: CUT OFF after $(( $(date +%s) - start )) s (its share was $seconds s)"
@@ -51,6 +62,17 @@ run() {
     echo "$name: exit $rc after $(( $(date +%s) - start )) s"
   fi
   return "$rc"
+}
+
+# outcomes NAME LOG: the tally and the failing tests of a pytest stage, read from its -v log
+# (complete even when the stage was cut off before pytest's own summary).
+outcomes() {
+  local name=$1 log=$2
+  echo "$name: $(grep -cE " PASSED( |$)" "$log") passed, $(grep -cE " FAILED( |$)" "$log") failed, \
+$(grep -cE " ERROR( |$)" "$log") errors, $(grep -cE " SKIPPED( |$)" "$log") skipped (from $log)"
+  grep -oE "[^ ]+::[^ ]+ (FAILED|ERROR)|(FAILED|ERROR) [^ ]+::[^ ]+" "$log" \
+    | sed -E 's/^([^ ]+) (FAILED|ERROR)$/\2 \1/' | sort -u | head -n 60
+  tail -n 1 "$log"
 }
 
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
@@ -65,15 +87,15 @@ $PY -m fastattn | tee "$OUT/environment.txt"
 if [[ " $STAGES " == *" tests "* ]]; then
   export FASTATTN_TRITON_AUTOTUNE=0
   [ "${GPU_SUITE_SLOW:-0}" = "1" ] && export FASTATTN_SLOW=1
-  PYTEST=($PY -m pytest tests -q -rfEs -n 8 --timeout=300 -p no:cacheprovider)
+  # -v: one line per test as it ends, so the log names every outcome even after a cut-off.
+  PYTEST=($PY -m pytest ${GPU_SUITE_TESTS:-tests} -v -rfEs -n "${GPU_SUITE_WORKERS:-8}"
+          --timeout="${GPU_SUITE_TEST_TIMEOUT:-60}" -p no:cacheprovider)
   run "tests (GPU-specific)" "$(share 240 300)" "$OUT/tests_gpu.log" "${PYTEST[@]}" \
     -k "cuda or triton" --junitxml="$OUT/tests_gpu.xml" || status=1
-  tail -n 1 "$OUT/tests_gpu.log"
-  grep -E "^(FAILED|ERROR)" "$OUT/tests_gpu.log" | head -n 40
+  outcomes "tests (GPU-specific)" "$OUT/tests_gpu.log"
   run "tests (the rest)" "$(share 150 240)" "$OUT/tests_rest.log" "${PYTEST[@]}" \
     -k "not (cuda or triton)" --junitxml="$OUT/tests_rest.xml" || status=1
-  tail -n 1 "$OUT/tests_rest.log"
-  grep -E "^(FAILED|ERROR)" "$OUT/tests_rest.log" | head -n 20
+  outcomes "tests (the rest)" "$OUT/tests_rest.log"
   unset FASTATTN_TRITON_AUTOTUNE FASTATTN_SLOW
 fi
 

@@ -2,7 +2,39 @@
 from __future__ import annotations
 
 import platform
+import re
 import sys
+
+
+def arch_coverage(archs: str, major: int, minor: int) -> str:
+    """How a build for `archs` (TORCH_CUDA_ARCH_LIST syntax, e.g. "8.0;9.0+PTX") runs on a
+    device of compute capability major.minor: native code (an sm_XY build runs on the same
+    major version, minor >= Y; "9.0a" only on 9.0), PTX the driver compiles (compute_XY runs on
+    any device >= X.Y), or not at all."""
+    device = (major, minor)
+    native, ptx = [], []
+    for entry in re.split(r"[;,\s]+", archs.strip()):
+        match = re.fullmatch(r"(\d+)\.(\d+)([af]?)(\+PTX)?", entry)
+        if match is None:
+            continue
+        arch = (int(match[1]), int(match[2]))
+        if match[3] == "a":
+            runs = arch == device
+        else:
+            runs = arch[0] == major and minor >= arch[1]
+        if runs:
+            native.append(arch)
+        if match[4] and device >= arch:
+            ptx.append(arch)
+    if native:
+        best = max(native)
+        return f"native code for sm_{best[0]}{best[1]}"
+    if ptx:
+        best = max(ptx)
+        return (f"runs compute_{best[0]}{best[1]} PTX, compiled by the driver on first use "
+                "(cached)")
+    return (f"NOT COVERED by the archs {archs}: the CUDA kernels cannot run; rebuild with "
+            f"TORCH_CUDA_ARCH_LIST={major}.{minor}")
 
 
 def report() -> str:
@@ -22,8 +54,8 @@ def report() -> str:
     if "error" in info:
         lines.append(f"build    fastattn._C did not import: {info['error']}")
     else:
-        cuda = (f"CUDA {info['cuda_version']}, archs {info['cuda_archs']}" if info["cuda"]
-                else "CUDA not built")
+        cuda = (f"CUDA {info['cuda_version']} (toolkit {info['cuda_home']}), "
+                f"archs {info['cuda_archs']}" if info["cuda"] else "CUDA not built")
         lines.append(f"build    {cuda}; built against torch {info['torch_version']}; "
                      f"CPU kernels: {info['cpu_isa']}; debug checks "
                      f"{'on' if info['debug_checks'] else 'off'}")
@@ -33,8 +65,11 @@ def report() -> str:
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(i)
+            coverage = ""
+            if info.get("cuda"):
+                coverage = ": " + arch_coverage(info["cuda_archs"], props.major, props.minor)
             lines.append(f"device   cuda:{i} {props.name} (sm_{props.major}{props.minor}, "
-                         f"{props.total_memory / 2**30:.0f} GiB)")
+                         f"{props.total_memory / 2**30:.0f} GiB){coverage}")
     else:
         lines.append(f"device   cpu: {platform.processor() or platform.machine()}, "
                      f"{torch.get_num_threads()} threads (no CUDA device)")

@@ -9,3 +9,11 @@ try:
     from . import _C as C  # type: ignore[no-redef]
 except Exception as exc:  # the pure-Python parts (reference, triton) still work
     IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+    from pathlib import Path
+
+    _package = Path(__file__).resolve().parent
+    if not any(_package.glob("_C*.so")):
+        # Python's message here ("partially initialized module ... circular import") misleads.
+        IMPORT_ERROR = (f"fastattn._C is not built in {_package} (a source checkout without a "
+                        "build imported instead of the installed package? Build it there with "
+                        "`pip install --no-build-isolation -e .`, or run from another folder)")
