@@ -55,3 +55,32 @@ def host_checks_enabled() -> bool:
     """Range checks that read tensor values on the host (a device sync) run in eager mode only;
     under torch.compile the native kernels still check, the others rely on their asserts."""
     return not torch.compiler.is_compiling()
+
+
+def backward_through_reference(forward, inputs: tuple, needs_input_grad: tuple,
+                               grad_outputs: tuple) -> tuple:
+    """A differentiable backward: the gradients of `forward(*inputs)` (the op's plain-PyTorch
+    reference composition) with respect to the inputs that need them, built with
+    create_graph=True.
+
+    The kernels' backward ops have no derivative of their own; an op's autograd backward calls
+    this instead of its kernel when grad mode is on inside the backward (a backward taken with
+    create_graph=True, as gradient penalties and MAML take it), so second-order gradients are
+    those of the reference formula rather than silently missing. grad_outputs holds one
+    gradient (or None) per output of `forward`; returns one gradient (or None) per input.
+    """
+    with torch.enable_grad():
+        outputs = forward(*inputs)
+    outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+    pairs = [(o, g) for o, g in zip(outputs, grad_outputs)
+             if g is not None and isinstance(o, torch.Tensor) and o.requires_grad]
+    wanted = [i for i, (t, need) in enumerate(zip(inputs, needs_input_grad))
+              if need and isinstance(t, torch.Tensor) and t.requires_grad]
+    result = [None] * len(inputs)
+    if not pairs or not wanted:
+        return tuple(result)
+    grads = torch.autograd.grad([o for o, _ in pairs], [inputs[i] for i in wanted],
+                                [g for _, g in pairs], create_graph=True, allow_unused=True)
+    for i, g in zip(wanted, grads):
+        result[i] = g if g is not None else torch.zeros_like(inputs[i])
+    return tuple(result)

@@ -13,7 +13,7 @@ import torch
 
 from .. import _backend, _native
 from ..reference import additive_attention as ref
-from ._common import check_same_device, check_tensor
+from ._common import backward_through_reference, check_same_device, check_tensor
 
 
 @torch.compiler.assume_constant_result  # fixed at import; Dynamo cannot trace the query
@@ -132,6 +132,9 @@ def register_autograd(suffix: str) -> None:
 
     def backward(ctx, grad):
         qp, kp, v = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: a backward that is differentiable
+            return backward_through_reference(ref.additive_scores, (qp, kp, v),
+                                              ctx.needs_input_grad, (grad,))
         return getattr(torch.ops.fastattn, "additive_scores_backward" + suffix)(
             grad.contiguous(), qp, kp, v)
 

@@ -21,7 +21,8 @@ import torch
 from .. import _backend, _native
 from ..reference import attention as ref
 from ..reference.attention import WINDOW_UNBOUNDED
-from ._common import check_dropout, check_same_device, check_tensor, dropout_seed
+from ._common import (backward_through_reference, check_dropout, check_same_device,
+                      check_tensor, dropout_seed)
 
 Causal = Union[bool, str]
 MAX_HEAD_DIM = 256
@@ -314,6 +315,11 @@ def register_autograd(suffix: str) -> None:
         scale, softcap, window_lo, window_hi, dropout_p = ctx.meta
         if grad_out is None and grad_lse is None:
             return (None,) * 12
+        if torch.is_grad_enabled():  # create_graph=True: a backward that is differentiable
+            args = (q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
+                    window_lo, window_hi, dropout_p, seed)
+            return backward_through_reference(ref.attention, args, ctx.needs_input_grad,
+                                              (grad_out, grad_lse))
         if grad_out is None:
             grad_out = torch.zeros_like(out)
         if grad_out.numel() == 0:

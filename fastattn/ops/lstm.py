@@ -76,7 +76,8 @@ import torch
 
 from .. import _backend, _native
 from ..reference import lstm as ref
-from ._common import FLOAT_DTYPES, check_same_device, dropout_seed, host_checks_enabled
+from ._common import (FLOAT_DTYPES, backward_through_reference, check_same_device, dropout_seed,
+                      host_checks_enabled)
 
 
 
@@ -473,12 +474,16 @@ def register_autograd(suffix: str) -> None:
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(output[2])
         ctx.has_bias = b_ih is not None
-        ctx.save_for_backward(input, hx, cx, w_ih, w_hh, output[2])
+        ctx.save_for_backward(input, hx, cx, w_ih, w_hh, b_ih, b_hh, output[2])
 
     def cell_backward(ctx, grad_hy, grad_cy, _grad_workspace):
         if grad_hy is None and grad_cy is None:
             return (None,) * 7
-        input, hx, cx, w_ih, w_hh, workspace = ctx.saved_tensors
+        input, hx, cx, w_ih, w_hh, b_ih, b_hh, workspace = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: a backward that is differentiable
+            return backward_through_reference(ref.lstm_cell, (input, hx, cx, w_ih, w_hh, b_ih,
+                                                              b_hh),
+                                              ctx.needs_input_grad, (grad_hy, grad_cy))
         gi, ghx, gcx, gwih, gwhh, gb = getattr(ops, "lstm_cell_backward" + suffix)(
             grad_hy, grad_cy, input, hx, cx, w_ih, w_hh, workspace, ctx.has_bias)
         needs = ctx.needs_input_grad
@@ -496,13 +501,19 @@ def register_autograd(suffix: str) -> None:
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(output[3])
         ctx.meta = (dropout_p, b_ih is not None, w_hr is not None, save_workspace)
-        ctx.save_for_backward(input, h0, c0, w_ih, w_hh, w_hr, lengths, seed, output[3])
+        ctx.save_for_backward(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, seed,
+                              output[3])
 
     def layer_backward(ctx, grad_output, grad_h_n, grad_c_n, _grad_workspace):
         if grad_output is None and grad_h_n is None and grad_c_n is None:
             return (None,) * 12
-        input, h0, c0, w_ih, w_hh, w_hr, lengths, seed, workspace = ctx.saved_tensors
+        input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, seed, workspace = (
+            ctx.saved_tensors)
         dropout_p, has_bias, has_proj, saved = ctx.meta
+        if torch.is_grad_enabled():  # create_graph=True: a backward that is differentiable
+            args = (input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, dropout_p, seed)
+            return backward_through_reference(ref.lstm_layer, args, ctx.needs_input_grad,
+                                              (grad_output, grad_h_n, grad_c_n)) + (None,)
         if not saved:
             raise RuntimeError("fastattn::lstm_layer was called with save_workspace=False, so "
                                "it cannot be differentiated: pass save_workspace=True")

@@ -17,7 +17,8 @@ import torch
 from .. import _backend, _native
 from ..reference import attention as dense_ref
 from ..reference import varlen_attention as ref
-from ._common import check_dropout, check_same_device, check_tensor, dropout_seed, host_checks_enabled
+from ._common import (backward_through_reference, check_dropout, check_same_device,
+                      check_tensor, dropout_seed, host_checks_enabled)
 from .attention import MAX_HEAD_DIM, Causal
 
 
@@ -242,6 +243,11 @@ def register_autograd(suffix: str) -> None:
         max_q, max_k, scale, softcap, mode, left, right, p = ctx.meta
         if grad_out is None and grad_lse is None:
             return (None,) * 15
+        if torch.is_grad_enabled():  # create_graph=True: a backward that is differentiable
+            args = (q, k, v, cu_q, cu_k, max_q, max_k, alibi, scale, softcap, mode, left, right,
+                    p, seed)
+            return backward_through_reference(ref.varlen_attention, args,
+                                              ctx.needs_input_grad, (grad_out, grad_lse))
         if grad_out is None or grad_out.numel() == 0:
             # An empty expanded gradient (out.sum() with total_q = 0) keeps stride 0, which
             # .contiguous() does not change and the kernels refuse.
