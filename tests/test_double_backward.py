@@ -155,6 +155,36 @@ def test_lstm_layer_gradgradcheck(backend, variant):
     assert torch.autograd.gradgradcheck(fn, tensors, **GG)
 
 
+@pytest.mark.parametrize("backend", ["cpu", "reference", "cuda"])
+@pytest.mark.parametrize("learned", [False, True])
+def test_embed_with_positions_gradgradcheck(backend, learned):
+    device = backend_device(backend)
+    tokens = torch.tensor([[1, 0, 3, 4], [2, 2, 0, 1]], device=device)
+    weight, table = _rand(5, 6, device=device), _rand(7, 6, device=device, seed=1)
+
+    def fn(weight, table):
+        positions = table if learned else "sinusoidal"
+        # (no padding_idx: its zero gradient row is by design not the derivative)
+        y = fastattn.embed_with_positions(tokens, weight, positions=positions, scale=1.5,
+                                          offset=2, backend=backend)
+        return y.sin()  # nonlinear, so the second derivative is not zero
+    assert torch.autograd.gradgradcheck(fn, (weight, table if learned else table.detach()),
+                                        **GG)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference", "cuda"])
+@pytest.mark.parametrize("tables", [False, True])
+def test_apply_rotary_gradgradcheck(backend, tables):
+    device = backend_device(backend)
+    x = _rand(2, 2, 5, 8, device=device)
+    angles = torch.randn(9, 4, dtype=F64, generator=torch.Generator().manual_seed(1))
+    cos, sin = (angles.cos().to(device), angles.sin().to(device)) if tables else (None, None)
+
+    def fn(x):
+        return fastattn.apply_rotary(x, cos=cos, sin=sin, offset=1, backend=backend).sin()
+    assert torch.autograd.gradgradcheck(fn, (x,), **GG)
+
+
 def _penalty_param_grads(module, x, call):
     """WGAN-GP style: the gradient of ||d out / d x||^2 with respect to the parameters."""
     x = x.detach().requires_grad_()

@@ -16,8 +16,8 @@ import torch
 
 from .. import _backend, _native
 from ..reference import positional as ref
-from ._common import (check_dropout, check_same_device, check_tensor, check_unit_last_stride,
-                      dropout_seed, host_checks_enabled)
+from ._common import (backward_through_reference, check_dropout, check_same_device,
+                      check_tensor, check_unit_last_stride, dropout_seed, host_checks_enabled)
 
 Offset = Union[int, torch.Tensor]
 _TRITON_NO_FLOAT64 = "the triton backend computes in float32 and does not take float64"
@@ -430,12 +430,22 @@ def register_autograd(suffix: str) -> None:
         (tokens, weight, table, offset, offsets, scale, base, dropout_p, seed, padding_idx,
          deterministic) = inputs
         ctx.meta = (weight.shape[0], -1 if table is None else table.shape[0], offset, scale,
-                    dropout_p, padding_idx, deterministic)
+                    base, dropout_p, padding_idx, deterministic)
         ctx.save_for_backward(tokens, offsets, seed)
+        # Only a create_graph backward reads these (to differentiate the reference); held
+        # without save_for_backward's version check, which would fail ordinary backwards of
+        # models that update the weight in place between forward and backward.
+        ctx.weight, ctx.table = weight, table
 
     def embed_backward(ctx, grad):
-        num_weights, table_rows, offset, scale, dropout_p, padding_idx, deterministic = ctx.meta
+        (num_weights, table_rows, offset, scale, base, dropout_p, padding_idx,
+         deterministic) = ctx.meta
         tokens, offsets, seed = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: a backward that is differentiable
+            args = (tokens, ctx.weight, ctx.table, offset, offsets, scale, base, dropout_p, seed,
+                    padding_idx, deterministic)
+            return backward_through_reference(ref.embed_with_positions, args,
+                                              ctx.needs_input_grad, (grad,))
         grad_weight = grad_table = None
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             grad_weight, grad_table = getattr(ops, "embed_with_positions_backward" + suffix)(
