@@ -25,16 +25,17 @@ TORCH_LIBRARY(fastattn, m) {
 
   // Packed variable-length attention (csrc/varlen_attention): q (total_q, Hq, D), k/v
   // (total_k, Hkv, D/Dv), cu_seqlens int32 (B+1,); causal_mode 0 off, 1 top-left,
-  // 2 bottom-right; window_left/right -1 = unbounded; lse (Hq, total_q).
+  // 2 bottom-right; window_left/right -1 = unbounded; lse (Hq, total_q). max_seqlen is a
+  // SymInt so that torch.compile(dynamic=True) does not specialize a graph on it.
   m.def("varlen_attention_forward(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, "
-        "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, Tensor? alibi_slopes, "
+        "Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, Tensor? alibi_slopes, "
         "float scale, float softcap, int causal_mode, int window_left, int window_right, "
         "float dropout_p, Tensor? seed) -> (Tensor, Tensor)");
   m.def("varlen_attention_backward(Tensor grad_out, Tensor? grad_lse, Tensor q, Tensor k, "
         "Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
-        "int max_seqlen_q, int max_seqlen_k, Tensor? alibi_slopes, float scale, float softcap, "
-        "int causal_mode, int window_left, int window_right, float dropout_p, Tensor? seed, "
-        "bool deterministic) -> (Tensor, Tensor, Tensor)");
+        "SymInt max_seqlen_q, SymInt max_seqlen_k, Tensor? alibi_slopes, float scale, "
+        "float softcap, int causal_mode, int window_left, int window_right, float dropout_p, "
+        "Tensor? seed, bool deterministic) -> (Tensor, Tensor, Tensor)");
   // Attention over a KV cache (csrc/attention_with_kvcache): q (B, Hq, Lq, D) at positions
   // q_positions[b] + i against keys [0, k_lengths[b]) of k_cache/v_cache (B, Hkv, Lmax, D/Dv),
   // split over num_splits key ranges merged at the end (flash-decoding). Inference only.

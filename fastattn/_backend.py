@@ -32,7 +32,16 @@ class BackendError(RuntimeError):
 # last call). Dynamo traces attribute access on a threading.local (the update is replayed per
 # thread after the graph runs); threading.get_ident() it cannot trace (a graph break under
 # torch.compile(fullgraph=True)), so no thread-id-keyed dict.
-_state = threading.local()
+class _ThreadState(threading.local):
+    # Both attributes exist on every thread from its first access, so a compiled graph's
+    # guards never depend on whether an eager call ran first (a `hasattr` guard would make
+    # the second call after a thread's first one recompile).
+    def __init__(self) -> None:
+        self.stack: list[str | None] = []
+        self.last: dict[str, str] = {}
+
+
+_state = _ThreadState()
 _global_backend: str | None = None
 _env_backend = os.environ.get("FASTATTN_BACKEND") or None
 
@@ -59,9 +68,7 @@ def set_backend(name: str | None) -> None:
 def use_backend(name: str | None) -> Iterator[None]:
     """Run the enclosed fastattn calls on backend `name` (None: automatic), on this thread."""
     _validate(name, "backend")
-    stack = getattr(_state, "stack", None)
-    if stack is None:
-        stack = _state.stack = []
+    stack = _state.stack
     stack.append(name)
     try:
         yield
@@ -80,15 +87,12 @@ def requested_backend() -> str | None:
 
 
 def _record(op: str, backend: str) -> None:
-    last = getattr(_state, "last", None)
-    if last is None:
-        last = _state.last = {}
-    last[op] = backend
+    _state.last[op] = backend
 
 
 def last_backend(op: str) -> str | None:
     """Backend that ran the last call of public op `op` (e.g. "attention") on this thread."""
-    return getattr(_state, "last", {}).get(op)
+    return _state.last.get(op)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -219,11 +219,14 @@ def attention_canonical(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
             raise ValueError(f"{op}: window must be None or (left, right) ints >= -1 "
                              f"(-1 = unbounded), got {window!r}")
     p = check_dropout(op, dropout_p)
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"{op}: scale must be finite, got {scale}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)  # symbolic under torch.compile(dynamic=True): no check
+    else:
+        scale = float(scale)
+        if not -math.inf < scale < math.inf:  # (math.isfinite does not trace: dynamic=True)
+            raise ValueError(f"{op}: scale must be finite, got {scale}")
     softcap = float(softcap)
-    if not (softcap >= 0.0 and math.isfinite(softcap)):
+    if not 0.0 <= softcap < math.inf:
         raise ValueError(f"{op}: softcap must be >= 0 (0 = off), got {softcap}")
     mask = _canonical_mask(op, attn_mask, q, B, Hq, Lq, Lk)
     padding = _canonical_padding(op, key_padding_mask, q, B, Lk)

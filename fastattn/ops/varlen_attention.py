@@ -69,6 +69,12 @@ def window_sides(op: str, window) -> tuple[int, int]:
     return int(window[0]), int(window[1])
 
 
+def _as_int(n):
+    """An int argument, kept symbolic under torch.compile(dynamic=True) (int() would
+    specialize the graph on its value)."""
+    return n if isinstance(n, torch.SymInt) else int(n)
+
+
 def check_cu_seqlens(op: str, name: str, cu: torch.Tensor, total: int, max_seqlen: int,
                      device: torch.device) -> None:
     check_tensor(op, name, cu, dims=1)
@@ -168,8 +174,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             limits[name] = "gradients with respect to alibi_slopes need the reference backend"
     chosen = _backend.select_backend(op, q.device, backend, limits=limits)
     seed = dropout_seed(p, q.device)
-    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), alibi,
-            scale, softcap, mode, left, right, p, seed)
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, _as_int(max_seqlen_q), _as_int(max_seqlen_k),
+            alibi, scale, softcap, mode, left, right, p, seed)
     if chosen == "reference":
         out, lse = ref.varlen_attention(*args)
     else:
