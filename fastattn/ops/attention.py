@@ -98,10 +98,9 @@ def _check_inputs(op, q, k, v):
     for name, d in (("head dim of q/k", D), ("head dim of v", v.shape[3])):
         if not 1 <= d <= MAX_HEAD_DIM:
             raise ValueError(f"{op}: {name} must be in [1, {MAX_HEAD_DIM}], got {d}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.shape[-1] > 1 and t.stride(-1) != 1:
-            raise ValueError(f"{op}: {name} must have a unit stride in its last dimension, got "
-                             f"strides {t.stride()}")
+    # The kernels read rows with a unit stride; other layouts are copied, as SDPA does.
+    return tuple(t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
+                 for t in (q, k, v))
 
 
 def _canonical_mask(op, attn_mask, q, B, Hq, Lq, Lk):
@@ -207,7 +206,7 @@ def attention_canonical(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     kernel defined them (nn.MultiheadAttention's need_weights); `seed` fixes the dropout draw.
     """
     op = "attention"
-    _check_inputs(op, q, k, v)
+    q, k, v = _check_inputs(op, q, k, v)
     B, Hq, Lq, D = q.shape
     Lk = k.shape[2]
     if causal not in (False, True, "top_left", "bottom_right"):

@@ -123,8 +123,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          "on a padded batch for arbitrary masks")
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(op, name, t, dims=3, float_dtype=True)
-        if t.shape[-1] > 1 and t.stride(-1) != 1:
-            raise ValueError(f"{op}: {name} must have a unit stride in its last dimension")
+    # The kernels read rows with a unit stride; other layouts are copied, as SDPA does.
+    q, k, v = (t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"{op}: q, k and v must have the same dtype, got {q.dtype}, {k.dtype}, "
                         f"{v.dtype}")

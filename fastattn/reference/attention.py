@@ -74,8 +74,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask, key_
     acc = compute_dtype(q.dtype)
     s = scores(q, k, attn_mask, key_padding_mask, alibi_slopes, scale, softcap, window_lo,
                window_hi)
-    lse = torch.logsumexp(s, dim=-1)
-    empty = torch.isneginf(lse)
+    # Rows with no visible key (every score -inf, also through a float mask of -inf): their
+    # lse is -inf, and logsumexp's own backward would give them NaN (exp(-inf - -inf)), so it
+    # runs on zeros there, whose gradient does not reach s.
+    empty = torch.isneginf(s.amax(dim=-1)) if s.shape[-1] > 0 else torch.ones_like(
+        s[..., 0], dtype=torch.bool)
+    lse = torch.logsumexp(s.masked_fill(empty.unsqueeze(-1), 0.0), dim=-1)
+    lse = lse.masked_fill(empty, float("-inf"))
     # exp(s - lse) with fully masked rows (lse = -inf) giving 0 instead of NaN.
     safe_lse = torch.where(empty, torch.zeros_like(lse), lse)
     p = torch.exp(s - safe_lse.unsqueeze(-1))
