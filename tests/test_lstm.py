@@ -1279,3 +1279,62 @@ def test_cuda_recurrent_path_without_cuda_kernel():
         pytest.skip("this build has the CUDA LSTM kernels")
     with pytest.raises(RuntimeError, match="cuda_recurrent_path"):
         cuda_recurrent_path(torch.empty(2, 2, 2), torch.empty(1, 8, 2))
+
+
+# ---------------------------------------------------------------------------------------------
+# torch's contract: zero-length sequences, autocast
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("shape", [(0, 2, 3), (2, 0, 3), (0, 3)])
+def test_zero_length_sequence_like_torch(batch_first, shape):
+    outcomes = []
+    for cls in (torch.nn.LSTM, fastattn.nn.LSTM):
+        module = cls(3, 4, batch_first=batch_first)
+        try:
+            outcomes.append(("ok", tuple(module(torch.randn(*shape))[0].shape)))
+        except RuntimeError as exc:
+            outcomes.append(("RuntimeError", str(exc)))
+    assert outcomes[1] == outcomes[0]
+
+
+def _autocast_dtypes(module, device, packed):
+    from torch.nn.utils.rnn import pack_padded_sequence
+    x = torch.randn(5, 2, 8, device=device)
+    with torch.autocast(device.type, dtype=torch.bfloat16 if device.type == "cpu"
+                        else torch.float16):
+        if packed:
+            out, (h, c) = module(pack_padded_sequence(x, torch.tensor([5, 3])))
+            out = out.data
+        elif isinstance(module, torch.nn.LSTMCell):
+            out = c = None
+            h, c = module(x[0])
+        else:
+            out, (h, c) = module(x)
+    return [t.dtype for t in (out, h, c) if t is not None], [t.float() for t in (out, h, c)
+                                                             if t is not None]
+
+
+@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
+@pytest.mark.parametrize("kind", ["lstm", "lstm-packed", "cell"])
+def test_autocast_dtypes_like_torch(device_type, kind):
+    """Under torch.autocast the drop-ins return torch's dtypes (nn.LSTM runs in bfloat16 under
+    CPU autocast, its packed form and nn.LSTMCell do not; on CUDA all three run in float16)."""
+    if device_type == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    device = torch.device(device_type)
+    torch.manual_seed(0)
+    if kind == "cell":
+        theirs, ours = torch.nn.LSTMCell(8, 4), fastattn.nn.LSTMCell(8, 4)
+    else:
+        theirs = torch.nn.LSTM(8, 4, num_layers=2, bidirectional=True)
+        ours = fastattn.nn.LSTM(8, 4, num_layers=2, bidirectional=True)
+    ours.load_state_dict(theirs.state_dict())
+    theirs, ours = theirs.to(device), ours.to(device)
+    torch.manual_seed(1)
+    want_dtypes, want = _autocast_dtypes(theirs, device, kind == "lstm-packed")
+    torch.manual_seed(1)
+    got_dtypes, got = _autocast_dtypes(ours, device, kind == "lstm-packed")
+    assert got_dtypes == want_dtypes
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=2e-2, rtol=2e-2)

@@ -64,14 +64,87 @@ class MultiheadAttention(nn.MultiheadAttention):
         return self._forward(query, key, value, key_padding_mask, need_weights, attn_mask,
                              average_attn_weights, is_causal)
 
+    def _check_like_torch(self, query, key, value, key_padding_mask, attn_mask, need_weights,
+                          is_causal) -> None:
+        """torch.nn.MultiheadAttention's argument errors: the same exception types and
+        messages, raised in the order torch's forward and F.multi_head_attention_forward
+        raise them (torch's own helpers where they exist), for inputs seen as torch sees them
+        (sequence-first, unbatched inputs with a batch of 1)."""
+        key_padding_mask = F._canonical_mask(
+            mask=key_padding_mask, mask_name="key_padding_mask",
+            other_type=F._none_or_dtype(attn_mask), other_name="attn_mask",
+            target_type=query.dtype)
+        F._canonical_mask(mask=attn_mask, mask_name="attn_mask", other_type=None,
+                          other_name="", target_type=query.dtype, check_other=False)
+        is_batched = query.dim() == 3
+        if self.batch_first and is_batched:
+            query, key, value = (x.transpose(1, 0) for x in (query, key, value))
+        is_batched = F._mha_shape_check(query, key, value, key_padding_mask, attn_mask,
+                                        self.num_heads)
+        if not is_batched:
+            query, key, value = (x.unsqueeze(1) for x in (query, key, value))
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask.unsqueeze(0)
+        tgt_len, bsz, embed_dim = query.shape
+        src_len = key.shape[0]
+        if is_causal and attn_mask is None:
+            raise RuntimeError("Need attn_mask if specifying the is_causal hint. You may use the "
+                               "Transformer module method `generate_square_subsequent_mask` to "
+                               "create this mask.")
+        if embed_dim != self.embed_dim:
+            raise AssertionError(f"was expecting embedding dimension of {self.embed_dim}, but "
+                                 f"got {embed_dim}")
+        if not self._qkv_same_embed_dim:
+            if key.shape[:2] != value.shape[:2]:
+                raise AssertionError(f"key's sequence and batch dims {key.shape[:2]} do not "
+                                     f"match value's {value.shape[:2]}")
+            weights = (("query", embed_dim, self.q_proj_weight),
+                       ("key", key.shape[-1], self.k_proj_weight),
+                       ("value", value.shape[-1], self.v_proj_weight))
+            for name, features, weight in weights:
+                if weight.shape != (embed_dim, features):
+                    raise AssertionError(f"expecting {name} weights shape of "
+                                         f"{(embed_dim, features)}, but got {weight.shape}")
+        elif key.shape != value.shape:
+            raise AssertionError(f"key shape {key.shape} does not match value shape "
+                                 f"{value.shape}")
+        elif key.shape[-1] != embed_dim:  # torch's F.linear of the key projection fails
+            F.linear(key[:0], self.in_proj_weight[embed_dim:2 * embed_dim])
+        if attn_mask is not None and not (is_causal and key_padding_mask is None
+                                          and not need_weights):
+            if attn_mask.dim() == 2 and attn_mask.shape != (tgt_len, src_len):
+                raise RuntimeError(f"The shape of the 2D attn_mask is {attn_mask.shape}, but "
+                                   f"should be {(tgt_len, src_len)}.")
+            correct_3d = (bsz * self.num_heads, tgt_len, src_len)
+            if attn_mask.dim() == 3 and attn_mask.shape != correct_3d:
+                raise RuntimeError(f"The shape of the 3D attn_mask is {attn_mask.shape}, but "
+                                   f"should be {correct_3d}.")
+        extra = int(self.bias_k is not None and self.bias_v is not None)
+        for x in (key, value) if extra else ():  # torch.cat([k, bias_k.repeat(1, N, 1)])
+            if x.shape[1] != bsz:
+                raise RuntimeError(f"Sizes of tensors must match except in dimension 0. "
+                                   f"Expected size {x.shape[1]} but got size {bsz} for tensor "
+                                   f"number 1 in the list.")
+        for x in (key, value):  # torch's k.view(S, N * H, head_dim) of the projected keys
+            rows, batch = x.shape[0] + extra, x.shape[1]
+            if batch != bsz:
+                raise RuntimeError(f"shape '[{rows}, {bsz * self.num_heads}, {self.head_dim}]' "
+                                   f"is invalid for input of size {rows * batch * embed_dim}")
+        if key_padding_mask is not None:  # after torch pads it for bias_k / add_zero_attn
+            extra += int(self.add_zero_attn)
+            for i, want in ((0, bsz), (1, src_len + extra)):
+                got = key_padding_mask.shape[i] + (extra if i == 1 else 0)
+                if got != want:
+                    raise AssertionError(f"Expected key_padded_mask.shape[{i}] to be {want}, "
+                                         f"but got {got}")
+
     def _forward(self, query, key, value, key_padding_mask, need_weights, attn_mask,
                  average_attn_weights, is_causal):
         if query.is_nested:
             return self._forward_nested(query, key, value, key_padding_mask, need_weights,
                                         attn_mask, average_attn_weights, is_causal)
-        if query.dim() not in (2, 3):
-            raise AssertionError(f"query should be unbatched 2D or batched 3D tensor but "
-                                 f"received {query.dim()}-D query tensor")
+        self._check_like_torch(query, key, value, key_padding_mask, attn_mask, need_weights,
+                               is_causal)
         is_batched = query.dim() == 3
         self_attention = query is key and key is value
         # Work batch-first when the input is (the projections then need no copies).
@@ -84,27 +157,6 @@ class MultiheadAttention(nn.MultiheadAttention):
         seq_dim, batch_dim = (1, 0) if batch_first else (0, 1)
         bsz, tgt_len, embed_dim = query.shape[batch_dim], query.shape[seq_dim], query.shape[2]
         src_len = key.shape[seq_dim]
-        if embed_dim != self.embed_dim:
-            raise AssertionError(f"was expecting embedding dimension of {self.embed_dim}, but "
-                                 f"got {embed_dim}")
-        if (key.dim() != 3 or value.dim() != 3 or key.shape[batch_dim] != bsz
-                or value.shape[batch_dim] != bsz or value.shape[seq_dim] != src_len):
-            raise AssertionError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must "
-                                 f"match the batch of query {tuple(query.shape)} and each other")
-        if is_causal and attn_mask is None:
-            raise RuntimeError("Need attn_mask if specifying the is_causal hint. You may use the "
-                               "Transformer module method `generate_square_subsequent_mask` to "
-                               "create this mask.")
-        if not self._qkv_same_embed_dim and (key.shape[2] != self.kdim
-                                             or value.shape[2] != self.vdim):
-            raise AssertionError(f"expecting key and value features of kdim={self.kdim} and "
-                                 f"vdim={self.vdim}, got key {tuple(key.shape)} and value "
-                                 f"{tuple(value.shape)}")
-        if self._qkv_same_embed_dim and (key.shape[2] != embed_dim
-                                         or value.shape[2] != embed_dim):
-            raise AssertionError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must "
-                                 f"have embed_dim={embed_dim} features (the module was built "
-                                 f"without kdim/vdim)")
         H, Dh = self.num_heads, self.head_dim
 
         # In-projections in the input's layout, then (N, H, L, Dh) views (no copies).

@@ -67,7 +67,15 @@ class LSTM(nn.RNNBase):
 
     def _run(self, input, hx, lengths=None, batch_first=None):
         self._check_devices(input, hx)
-        return lstm(input, hx, self._weights(), num_layers=self.num_layers,
+        weights = self._weights()
+        device_type = input.device.type
+        packed_on_cpu = lengths is not None and device_type == "cpu"
+        if (device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type)
+                and not packed_on_cpu):
+            # torch.nn.LSTM runs in the autocast dtype where torch casts: CPU autocast lists
+            # aten::lstm's padded overload (not the packed one), cuDNN's RNN casts on CUDA.
+            input, hx, weights = _autocast(device_type, input, hx, weights)
+        return lstm(input, hx, weights, num_layers=self.num_layers,
                     bidirectional=self.bidirectional,
                     batch_first=self.batch_first if batch_first is None else batch_first,
                     dropout=self.dropout, training=self.training, proj_size=self.proj_size,
@@ -106,7 +114,19 @@ class LSTM(nn.RNNBase):
                                        f"but got ({hx[0].dim()}-D, {hx[1].dim()}-D) tensors")
             self.check_forward_args(
                 checked, hx if is_batched else (hx[0].unsqueeze(1), hx[1].unsqueeze(1)), None)
+        if checked.size(1 if self.batch_first else 0) == 0:  # ATen's rule, torch's words
+            raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
         return self._run(input, hx)
+
+
+def _autocast(device_type, input, hx, weights):
+    """input, hx and weights in the autocast dtype of `device_type` (floating tensors only)."""
+    dtype = torch.get_autocast_dtype(device_type)
+
+    def cast(t):
+        return t.to(dtype) if t is not None and t.is_floating_point() else t
+    return cast(input), None if hx is None else tuple(cast(h) for h in hx), [
+        cast(w) for w in weights]
 
 
 # torch's packing reads batch sizes and lengths on the host: under torch.compile it runs
@@ -155,6 +175,9 @@ class LSTMCell(nn.LSTMCell):
             if t.size(1) != self.hidden_size:
                 raise RuntimeError(f"hidden{label} has inconsistent hidden_size: got "
                                    f"{t.size(1)}, expected {self.hidden_size}")
-        hy, cy = lstm_cell(x, hx[0], hx[1], self.weight_ih, self.weight_hh, self.bias_ih,
-                           self.bias_hh)
+        weights = (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
+        if x.device.type == "cuda" and torch.is_autocast_enabled("cuda"):
+            # aten::lstm_cell is on CUDA autocast's lower-precision list (not on CPU's)
+            x, hx, weights = _autocast("cuda", x, hx, weights)
+        hy, cy = lstm_cell(x, hx[0], hx[1], *weights)
         return (hy, cy) if is_batched else (hy.squeeze(0), cy.squeeze(0))
