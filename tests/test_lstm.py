@@ -1338,3 +1338,23 @@ def test_autocast_dtypes_like_torch(device_type, kind):
     assert got_dtypes == want_dtypes
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, atol=2e-2, rtol=2e-2)
+
+
+def test_triton_layer_backward_without_bias_or_projection():
+    """Regression (found by tests/test_fuzz.py): the Triton layer backward returned one empty
+    tensor for every absent gradient (bias, projection), outputs that alias each other, which
+    torch refuses for a custom op."""
+    device = backend_device("triton")
+    torch.manual_seed(0)
+    module = torch.nn.LSTM(3, 4, bias=False).to(device)
+    x = torch.randn(5, 2, 3, device=device, requires_grad=True)
+    weights = [w.detach().requires_grad_() for w in module._flat_weights]
+    out, (h_n, c_n) = fastattn.lstm(x, None, weights, num_layers=1, backend="triton")
+    grads = torch.autograd.grad(out.sum() + h_n.sum() + c_n.sum(), [x, *weights])
+    ref_w = [w.detach().requires_grad_() for w in module._flat_weights]
+    ref_x = x.detach().requires_grad_()
+    ref = fastattn.lstm(ref_x, None, ref_w, num_layers=1, backend="reference")
+    want = torch.autograd.grad(ref[0].sum() + ref[1][0].sum() + ref[1][1].sum(),
+                               [ref_x, *ref_w])
+    for g, w in zip(grads, want):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)

@@ -856,15 +856,17 @@ def lstm_layer_backward_triton(grad_output: torch.Tensor | None, grad_h_n: torch
 
     # Products over all T * B rows at once.
     dg = dgates.view(D, T * B, 4 * H)
-    empty = input.new_empty((0,))
+
+    def empty():  # a fresh one per output: a custom op's outputs must not alias each other
+        return input.new_empty((0,))
     if input_grad:
         dx = torch.matmul(dg, w_ih.to(_F32)).sum(0).view(T, B, I)    # (T, B, I)
         if seed is not None:
             dx = _dropout(dx, dropout_p, seed).view(T, B, I)
         grad_input = dx.to(dtype)
     else:
-        grad_input = empty
-    grad_w_ih = grad_w_hh = grad_bias = grad_w_hr = empty
+        grad_input = empty()
+    grad_w_ih, grad_w_hh, grad_bias, grad_w_hr = empty(), empty(), empty(), empty()
     if weight_grad:
         xd = (_dropout(_unit_last(input), dropout_p, seed) if seed is not None
               else input.to(_F32).reshape(T * B, I))
