@@ -118,3 +118,17 @@ def test_command_line_prints_the_root(tmp_path):
 ])
 def test_arch_coverage(archs, cc, expected):
     assert expected in arch_coverage(archs, *cc)
+
+
+def test_pyproject_configures_without_warnings():
+    """setuptools reads pyproject.toml without a deprecation warning (a TOML-table license
+    was deprecated, with builds refused from 2027-02-18)."""
+    import warnings
+
+    from setuptools.config.pyprojecttoml import apply_configuration
+    from setuptools.dist import Distribution
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dist = apply_configuration(Distribution(), ROOT / "pyproject.toml")
+    assert dist.metadata.license_expression == "BSD-3-Clause"
