@@ -77,8 +77,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask, key_
     # Rows with no visible key (every score -inf, also through a float mask of -inf): their
     # lse is -inf, and logsumexp's own backward would give them NaN (exp(-inf - -inf)), so it
     # runs on zeros there, whose gradient does not reach s.
-    empty = torch.isneginf(s.amax(dim=-1)) if s.shape[-1] > 0 else torch.ones_like(
-        s[..., 0], dtype=torch.bool)
+    if s.shape[-1] > 0:
+        empty = torch.isneginf(s.amax(dim=-1))
+    else:  # no keys at all
+        empty = torch.ones(s.shape[:-1], dtype=torch.bool, device=s.device)
     lse = torch.logsumexp(s.masked_fill(empty.unsqueeze(-1), 0.0), dim=-1)
     lse = lse.masked_fill(empty, float("-inf"))
     # exp(s - lse) with fully masked rows (lse = -inf) giving 0 instead of NaN.
