@@ -12,8 +12,14 @@ the ops it dispatches); the C++ checks are covered by the GPU tests (CUDA-graph 
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 from typing import Iterator
 
+import pytest
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -61,7 +67,10 @@ class HostReadRecorder(TorchDispatchMode):
 @contextlib.contextmanager
 def fake_cuda() -> Iterator[HostReadRecorder]:
     """Tensors created inside are fake (use device="cuda"); the cuda and triton backends count
-    as available. Yields the recorder; the caller asserts `recorder.reads == []`."""
+    as available. Yields the recorder; the caller asserts `recorder.reads == []`. Skips with a
+    CPU-only build of torch: there some fake kernels (indexing, nonzero) refuse CUDA devices."""
+    if torch.version.cuda is None:
+        pytest.skip("fake CUDA tensors need a CUDA build of torch (this one is CPU-only)")
     saved = _backend._availability_cache
     status = dict(_backend.available_backends())
     status["cuda"] = status["triton"] = "available"
@@ -92,3 +101,18 @@ def force_device_checks(monkeypatch) -> None:
 def device_checks(recorder: HostReadRecorder) -> int:
     """How many asynchronous device checks (torch._assert_async) the recorded code queued."""
     return recorder.asserts
+
+
+def run_failing_cuda_script(script: str) -> str:
+    """Runs `script` (which must fail on the device) in a fresh interpreter from the repository
+    root, without FASTATTN_HOST_CHECKS, and returns its output. A device-side assert leaves
+    the CUDA context unusable, hence the separate process."""
+    env = dict(os.environ)
+    env.pop("FASTATTN_HOST_CHECKS", None)
+    run = subprocess.run([sys.executable, "-c", textwrap.dedent(script) + '\nprint("NO ERROR")\n'],
+                         cwd=Path(__file__).resolve().parent.parent, env=env,
+                         capture_output=True, text=True, timeout=300)
+    output = run.stdout + run.stderr
+    assert run.returncode != 0 and "NO ERROR" not in output, output
+    assert "device-side assert" in output or "Assertion" in output, output
+    return output

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -27,7 +24,7 @@ from fastattn.nn import (LearnedPositionalEmbedding, PositionalEmbedding, Rotary
 from fastattn.reference import random as philox_ref
 from conftest import backend_device
 from host_reads import (ValueReadError, assert_no_host_reads, device_checks, fake_cuda,
-                        force_device_checks)
+                        force_device_checks, run_failing_cuda_script)
 from tolerance import assert_fa_close, assert_grad_close
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -1580,19 +1577,13 @@ def test_cuda_device_checks_fire(backend):
     """Without host checks a bad token id on CUDA fails as a device-side assert (run in a
     subprocess: the assert ends its CUDA context); fastattn's check kernel prints the rule."""
     backend_device(backend)
-    script = textwrap.dedent(f"""
+    output = run_failing_cuda_script(f"""
         import torch, fastattn
         weight = torch.randn(5, 4, device="cuda")
         tokens = torch.tensor([[0, 1], [7, 2]], device="cuda")
         fastattn.embed_with_positions(tokens, weight, backend={backend!r})
         torch.cuda.synchronize()
-        print("NO ERROR")
     """)
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=300)
-    output = run.stdout + run.stderr
-    assert run.returncode != 0 and "NO ERROR" not in output, output
-    assert "device-side assert" in output or "Assertion" in output, output
     if backend == "cuda":
         assert "token ids must be in [0, 5); tokens; got 7 at index 2" in output, output
 

@@ -199,7 +199,8 @@ def pack_padded(x: torch.Tensor, key_padding_mask: torch.Tensor):
     """Pack a padded batch: x (B, L, ...) with key_padding_mask (B, L) bool (True = padding,
     anywhere in a row) -> (packed (total, ...), cu_seqlens int32 (B+1,), max_seqlen, indices).
     `indices` (total,) are the flat positions b*L + l of the kept rows, for unpack_padded.
-    Differentiable in x.
+    Differentiable in x. The packed size depends on the mask's values, so on CUDA this reads
+    them on the host (a synchronisation): pack once per batch, not per layer or step.
     """
     check_tensor("pack_padded", "key_padding_mask", key_padding_mask, dims=2)
     if key_padding_mask.dtype != torch.bool or tuple(key_padding_mask.shape) != tuple(x.shape[:2]):
