@@ -720,6 +720,32 @@ def test_no_host_reads_for_cuda_tensors(backend_name):
     assert device_checks(recorder) == 1
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend_name", ["cuda", "triton"])
+def test_cuda_no_synchronisation(backend_name):
+    """torch.cuda.set_sync_debug_mode("error") raises on any synchronising call (C++ .item()
+    included): fastattn.lstm with CUDA lengths, forward and backward, makes none."""
+    device = lstm_device(backend_name)
+    lstm = torch.nn.LSTM(3, 4, num_layers=2, bidirectional=True).to(device)
+    x = torch.randn(5, 2, 3, device=device, requires_grad=True)
+    lengths = torch.tensor([5, 2], device=device)
+    weights = list(lstm._flat_weights)
+
+    def run():
+        out, (h_n, c_n) = fastattn.lstm(x, None, weights, num_layers=2, bidirectional=True,
+                                        lengths=lengths, backend=backend_name)
+        torch.autograd.grad(out.sum() + h_n.sum() + c_n.sum(), [x] + weights)
+
+    run()  # warm-up (Triton compiles, cuBLAS handles, lazy initialisations)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        run()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
 def test_device_checks_catch_bad_lengths(monkeypatch):
     """The lengths rule checked on the device for CUDA tensors, run on CPU tensors through the
     same code (torch._assert_async raises at once on the CPU)."""

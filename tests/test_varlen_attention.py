@@ -868,6 +868,31 @@ def test_no_host_reads_for_cuda_tensors(backend_name):
     assert device_checks(recorder) == (2 if backend_name == "triton" else 0)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend_name", ["cuda", "triton"])
+def test_cuda_no_synchronisation(backend_name):
+    """torch.cuda.set_sync_debug_mode("error") raises on any synchronising call (C++ .item()
+    included): varlen_attention on CUDA tensors, forward and backward, makes none."""
+    device = varlen_device(backend_name)
+    q, k, v, cu_q, cu_k = (t.to(device) for t in _small())
+    q, k, v = (t.half().requires_grad_() for t in (q, k, v))
+    grad = torch.randn(10, 4, 12, device=device, dtype=torch.float16)
+
+    def run():
+        out = fastattn.varlen_attention(q, k, v, cu_q, cu_k, 7, 7, causal=True,
+                                        backend=backend_name)
+        torch.autograd.grad(out, (q, k, v), grad)
+
+    run()  # warm-up (Triton compiles, lazy initialisations)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        run()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
 @pytest.mark.parametrize("case,match", [
     ("not-ending", r"cu_seqlens_k must start at 0, end at the packed length 12"),
     ("not-starting", r"cu_seqlens_q must start at 0"),
