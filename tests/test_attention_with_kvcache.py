@@ -30,6 +30,8 @@ import torch
 
 import fastattn
 from fastattn.ops import attention_with_kvcache as kvcache_ops
+from host_reads import (ValueReadError, assert_no_host_reads, device_checks, fake_cuda,
+                        force_device_checks, run_failing_cuda_script)
 from tolerance import assert_fa_close, rounding_floor
 
 from conftest import backend_device
@@ -638,6 +640,63 @@ def test_bad_inputs(backend_name, case, error, match):
 
 
 # ---------------------------------------------------------------------------------------------
+# No host synchronisation: CUDA values are checked on the device (fastattn/ops/_common.py)
+
+
+@pytest.mark.parametrize("backend_name", ["cuda", "triton"])
+@pytest.mark.parametrize("rotary", [None, "neox"], ids=["norotary", "rotary"])
+def test_no_host_reads_for_cuda_tensors(backend_name, rotary):
+    """A decoding step on CUDA tensors (fake ones: no GPU needed) reads no value on the host
+    (no .item()/.tolist()/nonzero/copy to the CPU): it could be captured in a CUDA graph. The
+    triton backend's values are still checked, asynchronously (the cuda op checks them in C++,
+    test_cuda_bad_cache_seqlens_fail_on_the_device)."""
+    with fake_cuda() as recorder:
+        d = make_decode(Lq=1, Lnew=1, rotary=rotary, dtype=F16, device="cuda")
+        out = d.call(backend_name)
+        assert out.shape == (*d.q.shape[:3], d.v_cache.shape[3]) and out.device.type == "cuda"
+    assert fastattn.last_backend("attention_with_kvcache") == backend_name
+    assert_no_host_reads(recorder)
+    if backend_name == "triton":
+        assert device_checks(recorder) >= (2 if rotary else 1)
+
+
+def test_host_checks_switch_reads_cuda_values(monkeypatch):
+    """FASTATTN_HOST_CHECKS=1 restores the eager host checks for CUDA tensors (a fake tensor
+    has no value to read, so the read raises here)."""
+    monkeypatch.setenv("FASTATTN_HOST_CHECKS", "1")
+    with pytest.raises(ValueReadError), fake_cuda() as recorder:
+        make_decode(Lq=1, Lnew=1, dtype=F16, device="cuda").call("triton")
+    assert any("_local_scalar_dense" in r for r in recorder.reads)
+
+
+@pytest.mark.parametrize("backend_name", ["reference", "triton"])
+@pytest.mark.parametrize("case,match", [
+    ("too_small", r"cache_seqlens must be in \[0, Lmax - Lnew\] = \[0, 14\]"),
+    ("negative", r"cache_seqlens must be in \[0, Lmax - Lnew\]"),
+    ("rotary_rows", r"positions offset \+ offsets\[b\] \+ l \(l < 2\) must be in \[0, 12\)"),
+])
+def test_device_checks_catch_bad_values(monkeypatch, backend_name, case, match):
+    """The rules checked on the device for CUDA tensors, run on CPU tensors through the same
+    code (torch._assert_async raises at once on the CPU), before anything is appended."""
+    device = kvcache_device(backend_name)
+    if device.type != "cpu":
+        pytest.skip("the device-side rules are run on CPU tensors here")
+    force_device_checks(monkeypatch)
+    d = make_decode(B=2, Lmax=16, Lq=2, Lnew=2, cache_lens=[3, 14], rotary="neox", dtype=F32)
+    if case == "too_small":
+        d.cache_seqlens = torch.tensor([3, 15], dtype=torch.int32)
+    elif case == "negative":
+        d.cache_seqlens = torch.tensor([-1, 3], dtype=torch.int32)
+    else:
+        d.cos, d.sin = d.cos[:12], d.sin[:12]
+        d.cache_seqlens = torch.tensor([3, 11], dtype=torch.int32)
+    k_before, v_before = d.k_cache.clone(), d.v_cache.clone()
+    with pytest.raises(RuntimeError, match=match):
+        d.call(backend_name)
+    assert torch.equal(d.k_cache, k_before) and torch.equal(d.v_cache, v_before)
+
+
+# ---------------------------------------------------------------------------------------------
 # CUDA kernel (csrc/attention_with_kvcache/attention_with_kvcache_cuda.cu; skip without a GPU).
 # The backend-parametrised tests above run it in float32/float64; these add the tensor-core
 # head-dim buckets in float16/bfloat16 and split-K.
@@ -697,3 +756,81 @@ def test_cuda_decode_op_errors_name_the_argument():
         op(d.q, d.k_cache, d.v_cache, lens.cpu(), d.cache_seqlens, *rest)
     with pytest.raises(RuntimeError, match="q_positions must be a contiguous int32"):
         op(d.q, d.k_cache, d.v_cache, lens, d.cache_seqlens.long(), *rest)
+
+
+@pytest.mark.parametrize("backend_name", ["cuda", "triton"])
+def test_cuda_graph_decode_step(backend_name):
+    """One decoding step (rotary on q and k_new, append, split-K attention) captured in a CUDA
+    graph and replayed with new tokens copied into its static inputs and cache_seqlens
+    advanced in place: the same outputs and caches as eager calls. Capture fails on any host
+    synchronisation (a host read of a device value) inside the step."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    device = kvcache_device(backend_name)
+    B, Hq, Hkv, Lmax, D = 3, 8, 2, 160, 64
+    g = torch.Generator().manual_seed(11)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(device=device, dtype=F16)
+
+    k0, v0 = rand(B, Hkv, Lmax, D), rand(B, Hkv, Lmax, D)
+    cos, sin = rotary_tables(Lmax, D, F16, device)
+    lens0 = torch.tensor([0, 37, 120], dtype=torch.int32, device=device)
+    # Static buffers of the graph, and the eager run's own caches and lengths.
+    q, k_new, v_new = rand(B, Hq, 1, D), rand(B, Hkv, 1, D), rand(B, Hkv, 1, D)
+    k_cache, v_cache, lens = k0.clone(), v0.clone(), lens0.clone()
+    ek_cache, ev_cache, elens = k0.clone(), v0.clone(), lens0.clone()
+
+    def step(q, k_new, v_new, k_cache, v_cache, lens):
+        return fastattn.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens,
+                                               k_new=k_new, v_new=v_new, rotary_cos=cos,
+                                               rotary_sin=sin, backend=backend_name)
+
+    # Warm-up on a side stream (Triton compiles, allocator pools), as torch.cuda.graphs asks.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step(q, k_new, v_new, k_cache, v_cache, lens)
+    torch.cuda.current_stream().wait_stream(side)
+    k_cache.copy_(k0)
+    v_cache.copy_(v0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step(q, k_new, v_new, k_cache, v_cache, lens)
+    for it in range(6):
+        tokens = rand(B, Hq, 1, D), rand(B, Hkv, 1, D), rand(B, Hkv, 1, D)
+        for static, new in zip((q, k_new, v_new), tokens):
+            static.copy_(new)
+        graph.replay()
+        expected = step(*tokens, ek_cache, ev_cache, elens)
+        torch.cuda.synchronize()
+        # The same kernels on the same values: equal up to float16 rounding at most.
+        torch.testing.assert_close(out, expected, msg=f"replay {it}")
+        assert torch.equal(k_cache, ek_cache) and torch.equal(v_cache, ev_cache), f"replay {it}"
+        lens += 1  # in place: the graph reads the new lengths
+        elens += 1
+    assert fastattn.last_backend("attention_with_kvcache") == backend_name
+
+
+@pytest.mark.parametrize("backend_name", ["cuda", "triton"])
+def test_cuda_bad_cache_seqlens_fail_on_the_device(backend_name):
+    """A cache too small for the new tokens fails as a device-side assert (in a subprocess:
+    the assert ends its CUDA context), with no host read before it."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    kvcache_device(backend_name)
+    output = run_failing_cuda_script(f"""
+        import torch, fastattn
+        B, H, Lmax, D = 2, 2, 16, 8
+        q = torch.randn(B, H, 2, D, device="cuda")
+        k = torch.randn(B, H, Lmax, D, device="cuda")
+        v = torch.randn(B, H, Lmax, D, device="cuda")
+        new = torch.randn(B, H, 2, D, device="cuda")
+        lens = torch.tensor([3, 15], dtype=torch.int32, device="cuda")
+        fastattn.attention_with_kvcache(q, k, v, cache_seqlens=lens, k_new=new, v_new=new,
+                                        backend={backend_name!r})
+        torch.cuda.synchronize()
+    """)
+    if backend_name == "cuda":  # fastattn's check kernel prints the rule and the value
+        assert "cache_seqlens must be in [0, Lmax - Lnew] = [0, 14]" in output, output

@@ -33,6 +33,7 @@ from fastattn import _backend
 from fastattn.ops.lstm import unsupported_backends
 from fastattn.reference import lstm as ref_lstm
 from conftest import backend_device
+from host_reads import assert_no_host_reads, device_checks, fake_cuda, force_device_checks
 from tolerance import assert_fa_close, assert_grad_close, rounding_floor
 
 REPO = Path(__file__).resolve().parents[1]
@@ -691,6 +692,73 @@ def test_functional_errors():
                                       0.0, None, False)
 
 
+@pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
+@pytest.mark.parametrize("backend_name", ["cuda", "triton"])
+def test_no_host_reads_for_cuda_tensors(backend_name):
+    """fastattn.lstm with lengths on CUDA tensors (fake ones: no GPU needed) and the nn
+    modules read no value on the host; the lengths are still checked, asynchronously on the
+    device (and the kernels clamp them into [0, T]). Forward only: autograd's engine needs a
+    CUDA device even for fake tensors (the backward formulas read no values either)."""
+    with fake_cuda() as recorder:
+        weights = []
+        for layer in range(2):
+            for _ in range(2):  # directions
+                weights += [torch.randn(16, 3 if layer == 0 else 8, device="cuda"),
+                            torch.randn(16, 4, device="cuda"), torch.randn(16, device="cuda"),
+                            torch.randn(16, device="cuda")]
+        x = torch.randn(5, 2, 3, device="cuda")
+        lengths = torch.tensor([5, 2], device="cuda")
+        out, (h_n, c_n) = fastattn.lstm(x, None, weights, num_layers=2, bidirectional=True,
+                                        lengths=lengths, backend=backend_name)
+        assert out.shape == (5, 2, 8) and h_n.shape == c_n.shape == (4, 2, 4)
+        assert fastattn.last_backend("lstm") == backend_name
+        cell = fastattn.nn.LSTMCell(3, 4, device="cuda")
+        with fastattn.use_backend(backend_name):
+            cell(x[0])
+            fastattn.nn.LSTM(3, 4, device="cuda")(x)
+    assert_no_host_reads(recorder)
+    assert device_checks(recorder) == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend_name", ["cuda", "triton"])
+def test_cuda_no_synchronisation(backend_name):
+    """torch.cuda.set_sync_debug_mode("error") raises on any synchronising call (C++ .item()
+    included): fastattn.lstm with CUDA lengths, forward and backward, makes none."""
+    device = lstm_device(backend_name)
+    lstm = torch.nn.LSTM(3, 4, num_layers=2, bidirectional=True).to(device)
+    x = torch.randn(5, 2, 3, device=device, requires_grad=True)
+    lengths = torch.tensor([5, 2], device=device)
+    weights = list(lstm._flat_weights)
+
+    def run():
+        out, (h_n, c_n) = fastattn.lstm(x, None, weights, num_layers=2, bidirectional=True,
+                                        lengths=lengths, backend=backend_name)
+        torch.autograd.grad(out.sum() + h_n.sum() + c_n.sum(), [x] + weights)
+
+    run()  # warm-up (Triton compiles, cuBLAS handles, lazy initialisations)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        run()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+def test_device_checks_catch_bad_lengths(monkeypatch):
+    """The lengths rule checked on the device for CUDA tensors, run on CPU tensors through the
+    same code (torch._assert_async raises at once on the CPU)."""
+    force_device_checks(monkeypatch)
+    w = list(torch.nn.LSTM(3, 4)._flat_weights)
+    x = torch.randn(5, 2, 3)
+    for bad in ([6, 1], [-1, 2]):
+        with pytest.raises(RuntimeError, match=r"lstm: lengths must be in \[0, T\] = \[0, 5\]"):
+            fastattn.lstm(x, None, w, num_layers=1, lengths=torch.tensor(bad),
+                          backend="reference")
+    fastattn.lstm(x, None, w, num_layers=1, lengths=torch.tensor([5, 0]), backend="reference")
+
+
 # ---------------------------------------------------------------------------------------------
 # 6. Modules: state_dict, flatten_parameters, swapped-model training
 
@@ -1010,10 +1078,12 @@ def test_triton_opcheck(case):
     torch.library.opcheck(getattr(torch.ops.fastattn, name + "_triton"), args)
 
 
-def test_triton_limits_and_errors():
+def test_triton_limits_and_errors(monkeypatch):
     """float64 is refused with a reason (explicit requests raise, the automatic choice on CPU
     stays cpu); the ops reject bad arguments clearly."""
     device = lstm_device("triton")
+    if device.type != "cpu":  # eager range errors for CUDA tensors: host checks (opt-in)
+        monkeypatch.setenv("FASTATTN_HOST_CHECKS", "1")
     assert "float64" in unsupported_backends(F64)["triton"]
     assert "triton" not in unsupported_backends(torch.bfloat16)
     module = fastattn.nn.LSTM(3, 4).to(device=device, dtype=F64)

@@ -23,6 +23,8 @@ from fastattn.nn import (LearnedPositionalEmbedding, PositionalEmbedding, Rotary
                          SinusoidalPositionalEncoding)
 from fastattn.reference import random as philox_ref
 from conftest import backend_device
+from host_reads import (ValueReadError, assert_no_host_reads, device_checks, fake_cuda,
+                        force_device_checks, run_failing_cuda_script)
 from tolerance import assert_fa_close, assert_grad_close
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -1377,8 +1379,17 @@ def test_unavailable_backend_context_raises():
 _RANGE_ERRORS = (RuntimeError, IndexError, ValueError)
 
 
+def host_checks_for(device: torch.device, monkeypatch) -> None:
+    """CUDA values are checked on the device (a failure is a device-side assert, which would
+    end this process's CUDA context): the eager-error tests run CUDA tensors with
+    FASTATTN_HOST_CHECKS=1; test_cuda_device_checks_fire checks the asserts in a subprocess."""
+    if device.type != "cpu":
+        monkeypatch.setenv("FASTATTN_HOST_CHECKS", "1")
+
+
 @pytest.mark.parametrize("bad", (-1, 5, 1000))
-def test_token_out_of_range_every_backend(backend, device, bad):
+def test_token_out_of_range_every_backend(backend, device, bad, monkeypatch):
+    host_checks_for(device, monkeypatch)
     tokens = torch.tensor([[0, 1], [bad, 2]], device=device)
     weight = randn(5, 4, device=device)
     with pytest.raises(_RANGE_ERRORS, match=r"token ids must be in \[0, 5\)"):
@@ -1388,7 +1399,8 @@ def test_token_out_of_range_every_backend(backend, device, bad):
                                       backend=backend)
 
 
-def test_positions_table_too_short_every_backend(backend, device):
+def test_positions_table_too_short_every_backend(backend, device, monkeypatch):
+    host_checks_for(device, monkeypatch)
     tokens = torch.tensor([[0, 1, 2], [3, 4, 0]], device=device)
     weight = randn(5, 4, device=device)
     table = randn(6, 4, device=device)
@@ -1403,8 +1415,9 @@ def test_positions_table_too_short_every_backend(backend, device):
                                       offset=torch.tensor([0, -1], device=device))
 
 
-def test_negative_tensor_offset_every_backend(backend, device):
+def test_negative_tensor_offset_every_backend(backend, device, monkeypatch):
     """A per-sequence start below 0 is rejected by every backend (not silently computed)."""
+    host_checks_for(device, monkeypatch)
     offs = torch.tensor([2, -3], device=device)
     with pytest.raises(_RANGE_ERRORS, match="positions must be >= 0"):
         fastattn.add_sinusoidal(randn(2, 3, 4, device=device), offset=offs, backend=backend)
@@ -1415,7 +1428,8 @@ def test_negative_tensor_offset_every_backend(backend, device):
         fastattn.apply_rotary(randn(2, 1, 3, 4, device=device), offset=offs, backend=backend)
 
 
-def test_rotary_positions_beyond_tables_every_backend(backend, device):
+def test_rotary_positions_beyond_tables_every_backend(backend, device, monkeypatch):
+    host_checks_for(device, monkeypatch)
     x = randn(2, 1, 3, 8, device=device)
     cos, sin = _rotary_tables(6, 8, torch.float32, device)
     fastattn.apply_rotary(x, cos=cos, sin=sin, offset=3, backend=backend)
@@ -1426,6 +1440,152 @@ def test_rotary_positions_beyond_tables_every_backend(backend, device):
         fastattn.apply_rotary(x, cos=cos, sin=sin, position_ids=ids, backend=backend)
     with pytest.raises(_RANGE_ERRORS, match="position_ids must be"):
         fastattn.apply_rotary(x, position_ids=ids - 1, backend=backend)
+
+
+def _positional_inputs(device) -> dict:
+    """Inputs of _positional_calls on `device`, made beforehand (creating them copies from
+    the CPU, a synchronising copy on CUDA)."""
+    learned = LearnedPositionalEmbedding(16, 8)
+    learned.weight = torch.nn.Parameter(randn(16, 8, device=device))  # (.to() fails on fakes)
+    return dict(
+        x=randn(2, 5, 8, device=device), offs=torch.tensor([0, 7], device=device),
+        tokens=torch.tensor([[1, 2, 3, 4, 0], [4, 3, 2, 1, 0]], device=device),
+        weight=randn(5, 8, device=device), table=randn(16, 8, device=device),
+        q=randn(2, 3, 5, 8, device=device),
+        tables=_rotary_tables(16, 8, torch.float32, device),
+        ids=torch.tensor([[0, 1, 2, 3, 4], [9, 10, 11, 12, 13]], device=device),
+        learned=learned, rotary=RotaryEmbedding(8).to(device))
+
+
+def _positional_calls(backend: str, t: dict) -> None:
+    """Every positional op with per-call position values: tensor offsets, token ids, a learned
+    table, position ids; and the modules that take tensor offsets."""
+    x, offs, q, ids = t["x"], t["offs"], t["q"], t["ids"]
+    cos, sin = t["tables"]
+    fastattn.add_sinusoidal(x, offset=offs, backend=backend)
+    fastattn.embed_with_positions(t["tokens"], t["weight"], offset=offs, backend=backend)
+    fastattn.embed_with_positions(t["tokens"], t["weight"], positions=t["table"], offset=offs,
+                                  backend=backend)
+    fastattn.apply_rotary(q, cos=cos, sin=sin, offset=offs, backend=backend)
+    fastattn.apply_rotary(q, offset=offs, backend=backend)
+    fastattn.apply_rotary(q, cos=cos, sin=sin, position_ids=ids, backend=backend)
+    fastattn.apply_rotary(q.clone(), cos=cos, sin=sin, position_ids=ids, inplace=True,
+                          backend=backend)
+    with fastattn.use_backend(backend):
+        t["learned"](x, offset=offs)
+        t["rotary"](q, q, offset=offs)
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_no_host_reads_for_cuda_tensors(backend, monkeypatch):
+    """On CUDA tensors (fake ones: no GPU needed) no positional op reads a value on the host
+    (.item()/.tolist()/nonzero/copy to the CPU: a synchronisation, and no CUDA-graph capture).
+    The values are still checked, asynchronously on the device: by torch._assert_async here,
+    by the native ops' check kernels for the cuda backend (csrc/common/device_checks.h)."""
+    from fastattn.ops import positional as positional_ops
+    # The Triton launchers enter the tensor's CUDA device even for fake tensors (no driver
+    # here): the native ops' fake implementations (same schemas) stand in for the kernels,
+    # after the Python layer made the triton backend's checks.
+    monkeypatch.setattr(positional_ops, "_native_op",
+                        lambda name, chosen: getattr(torch.ops.fastattn, name))
+    monkeypatch.setattr(positional_ops, "_inplace_rotary_op",
+                        lambda chosen: torch.ops.fastattn.apply_rotary_)
+    with fake_cuda() as recorder:
+        _positional_calls(backend, _positional_inputs("cuda"))
+    assert_no_host_reads(recorder)
+    # triton: offsets (x7, one per call with tensor offsets), token ids (x2), position ids
+    # (x2) and the module's offsets; cuda: add_sinusoidal's offsets and the module's.
+    assert device_checks(recorder) >= (10 if backend == "triton" else 2)
+
+
+def test_host_checks_switch(monkeypatch):
+    """FASTATTN_HOST_CHECKS=1 restores the eager host checks (clear Python errors) for CUDA
+    tensors: a fake tensor has no value to read, so the read raises here."""
+    from fastattn.ops._common import device_checks_enabled, host_checks_enabled
+    with fake_cuda():
+        t = torch.zeros(3, dtype=torch.long, device="cuda")
+        assert not host_checks_enabled(t) and device_checks_enabled(t)
+        monkeypatch.setenv("FASTATTN_HOST_CHECKS", "1")
+        assert host_checks_enabled(t) and not device_checks_enabled(t)
+    assert host_checks_enabled(torch.zeros(3)) and not device_checks_enabled(torch.zeros(3))
+    with pytest.raises(ValueReadError), fake_cuda() as rec:
+        fastattn.apply_rotary(randn(2, 1, 3, 4, device="cuda"), backend="triton",
+                              offset=torch.tensor([0, 1], device="cuda"))
+    assert any("_local_scalar_dense" in r for r in rec.reads)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_device_checks_catch_bad_values(monkeypatch, backend):
+    """The rules checked on the device for CUDA tensors, run here on CPU tensors through the
+    same code (torch._assert_async raises at once on the CPU)."""
+    if backend_device(backend).type != "cpu":
+        pytest.skip("the device-side rules are run on CPU tensors here")
+    force_device_checks(monkeypatch)
+    x, weight, table = randn(2, 3, 4), randn(5, 4), randn(6, 4)
+    tokens = torch.tensor([[0, 1, 2], [3, 4, 0]])
+    cos, sin = _rotary_tables(6, 4, torch.float32, "cpu")
+    q = randn(2, 1, 3, 4)
+    cases = [
+        (r"offsets\[b\] \+ l \(l < 3\) must be >= 0", lambda: fastattn.add_sinusoidal(
+            x, offset=torch.tensor([2, -3]), backend=backend)),
+        (r"token ids must be in \[0, 5\)", lambda: fastattn.embed_with_positions(
+            torch.tensor([[0, 5, 1]]), weight, backend=backend)),
+        (r"token ids must be in \[0, 5\)", lambda: fastattn.embed_with_positions(
+            torch.tensor([[0, -1, 1]]), weight, backend=backend)),
+        (r"must be in \[0, 6\) \(the positions table rows\)",
+         lambda: fastattn.embed_with_positions(tokens, weight, positions=table, backend=backend,
+                                               offset=torch.tensor([0, 4]))),
+        (r"must be in \[0, 6\) \(cos/sin rows\)", lambda: fastattn.apply_rotary(
+            q, cos=cos, sin=sin, offset=torch.tensor([3, 4]), backend=backend)),
+        (r"position_ids must be in \[0, 6\)", lambda: fastattn.apply_rotary(
+            q, cos=cos, sin=sin, position_ids=torch.tensor([[0, 6, 1], [0, 1, 2]]),
+            backend=backend)),
+        (r"position_ids must be >= 0", lambda: fastattn.apply_rotary(
+            q, position_ids=torch.tensor([[0, -1, 1], [0, 1, 2]]), backend=backend)),
+        (r"positions offset \+ l must be in \[0, 16\)",
+         lambda: LearnedPositionalEmbedding(16, 4)(x, offset=torch.tensor([0, 14]))),
+    ]
+    for match, call in cases:
+        with pytest.raises(RuntimeError, match=match):
+            call()
+    # Valid values pass the same checks.
+    fastattn.apply_rotary(q, cos=cos, sin=sin, offset=torch.tensor([3, 0]), backend=backend)
+    fastattn.embed_with_positions(tokens, weight, positions=table, backend=backend,
+                                  offset=torch.tensor([0, 3]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_cuda_no_synchronisation(backend):
+    """torch.cuda.set_sync_debug_mode("error") raises on any synchronising call (C++ .item()
+    included): the positional ops on CUDA tensors make none."""
+    backend_device(backend)
+    inputs = _positional_inputs("cuda")
+    _positional_calls(backend, inputs)  # warm-up (Triton compiles, lazy initialisations)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _positional_calls(backend, inputs)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_cuda_device_checks_fire(backend):
+    """Without host checks a bad token id on CUDA fails as a device-side assert (run in a
+    subprocess: the assert ends its CUDA context); fastattn's check kernel prints the rule."""
+    backend_device(backend)
+    output = run_failing_cuda_script(f"""
+        import torch, fastattn
+        weight = torch.randn(5, 4, device="cuda")
+        tokens = torch.tensor([[0, 1], [7, 2]], device="cuda")
+        fastattn.embed_with_positions(tokens, weight, backend={backend!r})
+        torch.cuda.synchronize()
+    """)
+    if backend == "cuda":
+        assert "token ids must be in [0, 5); tokens; got 7 at index 2" in output, output
 
 
 def test_native_ops_check_their_arguments():

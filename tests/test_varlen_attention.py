@@ -46,6 +46,7 @@ from fastattn.reference.random import dropout_uniform
 from tolerance import assert_fa_close, assert_grad_close, rounding_floor
 
 from conftest import backend_device
+from host_reads import assert_no_host_reads, device_checks, fake_cuda, force_device_checks
 
 F64 = torch.float64
 DTYPES = (F64, torch.float32, torch.bfloat16, torch.float16)
@@ -846,7 +847,7 @@ def test_kernel_checks_cu_seqlens_without_host_checks(monkeypatch, case, match):
     """Under torch.compile the Python wrapper skips its host-side cu_seqlens checks; the CPU
     kernel must still refuse bad ones rather than read out of bounds."""
     varlen_device("cpu")
-    monkeypatch.setattr(varlen_ops, "host_checks_enabled", lambda: False)
+    monkeypatch.setattr(varlen_ops, "host_checks_enabled", lambda t=None: False)
     q, k, v, cu_q, cu_k = _small()
     max_q = max_k = 7
     if case == "not-ending":
@@ -858,6 +859,87 @@ def test_kernel_checks_cu_seqlens_without_host_checks(monkeypatch, case, match):
         max_q = 3
     with pytest.raises(RuntimeError, match=match):
         fastattn.varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, backend="cpu")
+
+
+@pytest.mark.parametrize("backend_name", ["cuda", "triton"])
+def test_no_host_reads_for_cuda_tensors(backend_name):
+    """varlen_attention on CUDA tensors (fake ones: no GPU needed) reads no value on the host:
+    cu_seqlens are checked on the device (torch._assert_async in front of triton; the CUDA
+    op's check kernel, csrc/common/device_checks.h), max_seqlen is the caller's host-side
+    metadata. Forward only: autograd's engine needs a CUDA device even for fake tensors."""
+    with fake_cuda() as recorder:
+        q, k, v, cu_q, cu_k = (t.to("cuda") for t in _small())
+        out = fastattn.varlen_attention(q, k, v, cu_q, cu_k, 7, 7, causal=True,
+                                        backend=backend_name)
+        assert out.shape == (10, 4, 12)
+    assert fastattn.last_backend("varlen_attention") == backend_name
+    assert_no_host_reads(recorder)
+    assert device_checks(recorder) == (2 if backend_name == "triton" else 0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend_name", ["cuda", "triton"])
+def test_cuda_no_synchronisation(backend_name):
+    """torch.cuda.set_sync_debug_mode("error") raises on any synchronising call (C++ .item()
+    included): varlen_attention on CUDA tensors, forward and backward, makes none."""
+    device = varlen_device(backend_name)
+    q, k, v, cu_q, cu_k = (t.to(device) for t in _small())
+    q, k, v = (t.half().requires_grad_() for t in (q, k, v))
+    grad = torch.randn(10, 4, 12, device=device, dtype=torch.float16)
+
+    def run():
+        out = fastattn.varlen_attention(q, k, v, cu_q, cu_k, 7, 7, causal=True,
+                                        backend=backend_name)
+        torch.autograd.grad(out, (q, k, v), grad)
+
+    run()  # warm-up (Triton compiles, lazy initialisations)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        run()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("case,match", [
+    ("not-ending", r"cu_seqlens_k must start at 0, end at the packed length 12"),
+    ("not-starting", r"cu_seqlens_q must start at 0"),
+    ("decreasing", r"cu_seqlens_q must .* be non-decreasing"),
+    ("max_seqlen", r"cu_seqlens_q .* with steps <= max_seqlen 3"),
+])
+def test_device_checks_catch_bad_cu_seqlens(monkeypatch, case, match):
+    """The cu_seqlens rules checked on the device for CUDA tensors, run on CPU tensors through
+    the same code (torch._assert_async raises at once on the CPU)."""
+    force_device_checks(monkeypatch)
+    q, k, v, cu_q, cu_k = _small()
+    max_q = max_k = 7
+    if case == "not-ending":
+        cu_k = torch.tensor([0, 5, 11], dtype=I32)
+    elif case == "not-starting":
+        cu_q = torch.tensor([1, 3, 10], dtype=I32)
+    elif case == "decreasing":
+        cu_q = torch.tensor([0, 6, 3], dtype=I32)
+        q = q[:3]
+    else:
+        max_q = 3
+    with pytest.raises(RuntimeError, match=match):
+        fastattn.varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, backend="reference")
+    fastattn.varlen_attention(*_small(), 7, 7, backend="reference")  # valid ones pass
+
+
+def test_multihead_attention_cuda_padding_reads_nothing_on_the_host():
+    """fastattn.nn.MultiheadAttention with a key_padding_mask on CUDA tensors takes the padded
+    kernel: the varlen route would read the mask on the host (varlen_on_cuda opts in)."""
+    with fake_cuda() as recorder:
+        mha = MultiheadAttention(16, 2, batch_first=True, device="cuda")
+        x = torch.randn(3, 9, 16, device="cuda")
+        padding = torch.zeros(3, 9, dtype=torch.bool, device="cuda")
+        forget_last_backend("varlen_attention")
+        out, _ = mha(x, x, x, key_padding_mask=padding, need_weights=False)
+        assert out.shape == x.shape
+    assert fastattn.last_backend("varlen_attention") is None
+    assert_no_host_reads(recorder)
 
 
 # ---------------------------------------------------------------------------------------------

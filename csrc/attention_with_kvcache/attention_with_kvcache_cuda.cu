@@ -17,6 +17,10 @@
 #include "attention_with_kvcache/attention_with_kvcache.h"
 #include "attention_with_kvcache/attention_with_kvcache_cuda_ops.h"
 #include "common/cuda_utils.cuh"
+#include "common/device_checks.h"
+
+#include <limits>
+#include <string>
 
 namespace fastattn::attention_with_kvcache {
 namespace {
@@ -24,12 +28,12 @@ namespace {
 using at::Tensor;
 using c10::optional;
 
-std::tuple<Tensor, Tensor> attention_decode_cuda(const Tensor& q, const Tensor& k_cache,
-                                                 const Tensor& v_cache, const Tensor& k_lengths,
-                                                 const Tensor& q_positions,
-                                                 const optional<Tensor>& alibi, double scale,
-                                                 double softcap, int64_t causal_mode, int64_t wl,
-                                                 int64_t wr, int64_t num_splits) {
+// attention_decode without the checks of k_lengths' and q_positions' values (the caller's).
+std::tuple<Tensor, Tensor> decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                  const Tensor& k_lengths, const Tensor& q_positions,
+                                  const optional<Tensor>& alibi, double scale, double softcap,
+                                  int64_t causal_mode, int64_t wl, int64_t wr,
+                                  int64_t num_splits) {
   constexpr const char* op = "attention_decode";
   FASTATTN_CHECK(q.is_cuda(), op, "q must be a CUDA tensor, got ", q.device());
   c10::cuda::CUDAGuard guard(q.device());
@@ -49,6 +53,32 @@ std::tuple<Tensor, Tensor> attention_decode_cuda(const Tensor& q, const Tensor& 
                            causal_mode, wl, wr, num_splits, sms, launch);
 }
 
+// Checks the values of k_lengths (in [0, Lmax]) and q_positions (>= 0) on the device: the
+// kernels read keys [0, k_lengths[b]) of the cache.
+std::tuple<Tensor, Tensor> attention_decode_cuda(const Tensor& q, const Tensor& k_cache,
+                                                 const Tensor& v_cache, const Tensor& k_lengths,
+                                                 const Tensor& q_positions,
+                                                 const optional<Tensor>& alibi, double scale,
+                                                 double softcap, int64_t causal_mode, int64_t wl,
+                                                 int64_t wr, int64_t num_splits) {
+  constexpr const char* op = "attention_decode";
+  bool well_formed = q.is_cuda() && k_cache.dim() == 4;
+  for (const auto* t : {&k_lengths, &q_positions}) {
+    well_formed = well_formed && t->device() == q.device() && t->scalar_type() == at::kInt;
+  }
+  // Otherwise decode() raises, naming the argument and the rule.
+  if (well_formed) {
+    const int64_t Lmax = k_cache.size(2);
+    device_checks::require_in_range(k_lengths, 0, Lmax,
+                                    std::string(op) + ": k_lengths must be in [0, Lmax = " +
+                                        std::to_string(Lmax) + "]; k_lengths");
+    device_checks::require_in_range(q_positions, 0, std::numeric_limits<int32_t>::max(),
+                                    std::string(op) + ": q_positions must be >= 0; q_positions");
+  }
+  return decode(q, k_cache, v_cache, k_lengths, q_positions, alibi, scale, softcap, causal_mode,
+                wl, wr, num_splits);
+}
+
 // Row (b, h, l) of src (B, H, L, W) -> row positions[b] + l of cache (B, H, Lmax, W); one block
 // a row, elements copied as raw 16-bit or 32-bit words (same dtype on both sides).
 template <typename word>
@@ -59,8 +89,8 @@ __global__ void append_rows_kernel(const word* __restrict__ src, word* __restric
   const int64_t row = blockIdx.x;
   const int64_t l = row % L, h = (row / L) % H, b = row / (L * H);
   const int64_t at = static_cast<int64_t>(positions[b]) + l;
-  // fastattn/ops/attention_with_kvcache.py checks the positions on the host; a call that
-  // skipped those checks (torch.compile without host checks) writes nothing out of range.
+  // The op checks the positions on the device before this kernel runs; rows outside the cache
+  // are skipped all the same (nothing is ever written out of range).
   if (at < 0 || at >= Lmax) return;
   const word* from = src + b * s_b + h * s_h + l * s_l;
   word* to = cache + b * c_b + h * c_h + at * c_l;
@@ -99,8 +129,8 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_cuda(
   constexpr const char* op = "attention_with_kvcache";
   FASTATTN_CHECK(q.is_cuda(), op, "q must be a CUDA tensor, got ", q.device());
   c10::cuda::CUDAGuard guard(q.device());
-  // Every check before the caches are written (the values of cache_seqlens are checked on the
-  // host by the Python layer; reading them here would synchronise the stream).
+  // Every check before the caches are written. The values of cache_seqlens are checked on the
+  // device (reading them here would synchronise the stream, and forbid CUDA-graph capture).
   FASTATTN_CHECK(q.dim() == 4 && k_cache.dim() == 4 && v_cache.dim() == 4, op,
                  "q, k_cache and v_cache must be 4-D");
   for (const auto* t : {&k_cache, &v_cache}) {
@@ -111,6 +141,13 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_cuda(
   const int64_t Lnew = check_new_tokens(q, k_cache, v_cache, cache_seqlens, k_new, v_new,
                                         rotary_cos, rotary_sin, op);
   const bool append = k_new.has_value() && k_new->defined();
+  const int64_t Lmax = k_cache.size(2);
+  FASTATTN_CHECK(q.size(0) == 0 || Lnew <= Lmax, op, "the cache is too small: ", Lnew,
+                 " new tokens exceed Lmax = ", Lmax);
+  device_checks::require_in_range(
+      cache_seqlens, 0, Lmax - Lnew,
+      std::string(op) + ": cache_seqlens must be in [0, Lmax - Lnew] = [0, " +
+          std::to_string(Lmax - Lnew) + "] (the cache is too small otherwise); cache_seqlens");
   const Tensor seqlens = cache_seqlens.contiguous();
   const auto [q_rot, k_append] =
       rotated_new_tokens(q, k_new, rotary_cos, rotary_sin, seqlens, rotary_interleaved);
@@ -119,8 +156,9 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_cuda(
     append_rows(*v_new, v_cache, seqlens);
   }
   const Tensor k_lengths = Lnew > 0 ? seqlens.add(Lnew).to(at::kInt) : seqlens;
-  return attention_decode_cuda(q_rot, k_cache, v_cache, k_lengths, seqlens, alibi, scale,
-                               softcap, causal_mode, wl, wr, num_splits);
+  // k_lengths = cache_seqlens + Lnew <= Lmax and q_positions = cache_seqlens >= 0: checked above.
+  return decode(q_rot, k_cache, v_cache, k_lengths, seqlens, alibi, scale, softcap, causal_mode,
+                wl, wr, num_splits);
 }
 
 }  // namespace

@@ -5,7 +5,13 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/aminmax.h>
 
+#include <limits>
+#include <string>
+
 #include "common/checks.h"
+#if defined(FASTATTN_WITH_CUDA)
+#include "common/device_checks.h"
+#endif
 
 namespace fastattn::positional {
 
@@ -20,18 +26,48 @@ inline void check_offsets(const c10::optional<at::Tensor>& offsets, int64_t N,
   check_same_device(*offsets, like, op, "offsets", "the input");
 }
 
-// [min, max] of an integer tensor (synchronises on CUDA: used for range errors only).
-inline std::pair<int64_t, int64_t> value_range(const at::Tensor& t) {
+// Values of integer tensors (token ids, offsets, position ids) are read on the host only for
+// CPU tensors: there it costs no synchronisation and the error names the values. CUDA tensors
+// are checked by a kernel on the device (common/device_checks.h), which keeps the ops free of
+// host synchronisation and capturable in CUDA graphs.
+
+// [min, max] of an integer CPU tensor.
+inline std::pair<int64_t, int64_t> host_value_range(const at::Tensor& t) {
+  TORCH_INTERNAL_ASSERT(t.is_cpu(), "host_value_range reads CPU tensors only");
   auto [lo, hi] = at::aminmax(t);
   return {lo.item<int64_t>(), hi.item<int64_t>()};
+}
+
+// Every value of the non-CPU tensor t lies in [lo, hi], checked on its device.
+inline void require_in_range_on_device(const at::Tensor& t, int64_t lo, int64_t hi, const char* op,
+                                       const std::string& rule) {
+#if defined(FASTATTN_WITH_CUDA)
+  device_checks::require_in_range(t, lo, hi, std::string(op) + ": " + rule);
+#else
+  TORCH_CHECK(false, op, ": cannot check ", rule, " for a tensor on ", t.device(),
+              " (CPU-only build)");
+#endif
 }
 
 // Every position offset + offsets[n] + l (l < L) must be >= 0, and < rows when rows >= 0.
 inline void check_position_range(int64_t offset, const c10::optional<at::Tensor>& offsets,
                                  int64_t L, int64_t rows, const char* op, const char* what) {
+  const bool per_sequence = offsets.has_value() && offsets->defined() && offsets->numel() > 0;
+  if (per_sequence && !offsets->is_cpu()) {
+    FASTATTN_CHECK(rows < 0 || L <= rows, op, "positions reach at least ", L - 1, " but ", what,
+                   " has ", rows, " rows");
+    const int64_t hi = rows >= 0 ? rows - L - offset : std::numeric_limits<int64_t>::max();
+    const std::string rule =
+        "positions offset + offsets[b] + l (offset = " + std::to_string(offset) + ", l < " +
+        std::to_string(L) + ") must be " +
+        (rows >= 0 ? "in [0, " + std::to_string(rows) + ") (the rows of " + what + ")"
+                   : std::string(">= 0"));
+    require_in_range_on_device(*offsets, -offset, hi, op, rule + "; offsets[b]");
+    return;
+  }
   int64_t lo = offset, hi = offset;
-  if (offsets.has_value() && offsets->defined() && offsets->numel() > 0) {
-    auto [omin, omax] = value_range(*offsets);
+  if (per_sequence) {
+    auto [omin, omax] = host_value_range(*offsets);
     lo += omin;
     hi += omax;
   }
@@ -78,9 +114,15 @@ inline void check_embed(const at::Tensor& tokens, const at::Tensor& weight,
   check_offsets(offsets, tokens.size(0), weight, op);
   check_seed(seed, dropout_p, weight, op);
   if (tokens.numel() > 0) {
-    auto [lo, hi] = value_range(tokens);
-    FASTATTN_CHECK(lo >= 0 && hi < weight.size(0), op, "token ids must be in [0, ",
-                   weight.size(0), "), got ids from ", lo, " to ", hi);
+    if (tokens.is_cpu()) {
+      auto [lo, hi] = host_value_range(tokens);
+      FASTATTN_CHECK(lo >= 0 && hi < weight.size(0), op, "token ids must be in [0, ",
+                     weight.size(0), "), got ids from ", lo, " to ", hi);
+    } else {
+      require_in_range_on_device(tokens, 0, weight.size(0) - 1, op,
+                                 "token ids must be in [0, " + std::to_string(weight.size(0)) +
+                                     "); tokens");
+    }
     check_position_range(offset, offsets, tokens.size(1),
                          table.has_value() && table->defined() ? table->size(0) : -1, op,
                          "the positions table");
@@ -128,11 +170,16 @@ inline void check_rotary(const at::Tensor& x, const c10::optional<at::Tensor>& c
                    op, "position_ids must be contiguous (B, L) = (", x.size(0), ", ", x.size(2),
                    "), got ", ids.sizes());
     check_same_device(ids, x, op, "position_ids", "x");
-    if (ids.numel() > 0) {
-      auto [lo, hi] = value_range(ids);
+    if (ids.numel() > 0 && ids.is_cpu()) {
+      auto [lo, hi] = host_value_range(ids);
       FASTATTN_CHECK(lo >= 0, op, "position_ids must be >= 0, got ", lo);
       FASTATTN_CHECK(rows < 0 || hi < rows, op, "position_ids reach ", hi,
                      " but cos/sin have ", rows, " rows");
+    } else if (ids.numel() > 0) {
+      require_in_range_on_device(
+          ids, 0, rows >= 0 ? rows - 1 : std::numeric_limits<int64_t>::max(), op,
+          rows >= 0 ? "position_ids must be in [0, " + std::to_string(rows) + ") (cos/sin rows)"
+                    : std::string("position_ids must be >= 0"));
     }
   } else {
     check_offsets(offsets, x.size(0), x, op);

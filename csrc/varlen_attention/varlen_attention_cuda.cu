@@ -10,7 +10,10 @@
 #include <cuda_runtime_api.h>
 #include <torch/library.h>
 
+#include "common/device_checks.h"
 #include "varlen_attention/varlen_attention_cuda_ops.h"
+
+#include <string>
 
 namespace fastattn::varlen_attention {
 namespace {
@@ -32,6 +35,19 @@ fastattn::cuda::attn::Launch launch_for(const Tensor& q, const char* op) {
   return {static_cast<void*>(c10::cuda::getCurrentCUDAStream().stream()), smem};
 }
 
+// The values of cu_seqlens, checked on the device (no host read): the kernels read rows
+// [cu[b], cu[b+1]) of the packed tensors and size their grids by max_seqlen.
+void check_cu_seqlens_on_device(const Tensor& q, const Tensor& k, const Tensor& cu_q,
+                                const Tensor& cu_k, int64_t max_q, int64_t max_k,
+                                const char* op) {
+  const std::string rule = " must start at 0, end at the packed length and be non-decreasing "
+                           "with steps <= max_seqlen";
+  device_checks::require_prefix_sums(cu_q, q.size(0), max_q,
+                                     std::string(op) + ": cu_seqlens_q" + rule + "_q");
+  device_checks::require_prefix_sums(cu_k, k.size(0), max_k,
+                                     std::string(op) + ": cu_seqlens_k" + rule + "_k");
+}
+
 std::tuple<Tensor, Tensor> varlen_attention_forward_cuda(
     const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_q, const Tensor& cu_k,
     int64_t max_q, int64_t max_k, const optional<Tensor>& alibi, double scale, double softcap,
@@ -39,6 +55,9 @@ std::tuple<Tensor, Tensor> varlen_attention_forward_cuda(
   FASTATTN_CHECK(q.is_cuda(), "varlen_attention_forward", "q must be a CUDA tensor, got ",
                  q.device());
   c10::cuda::CUDAGuard guard(q.device());
+  cuda_impl::check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, alibi, dropout_p, seed,
+                          "varlen_attention_forward");
+  check_cu_seqlens_on_device(q, k, cu_q, cu_k, max_q, max_k, "varlen_attention_forward");
   return cuda_impl::forward(q, k, v, cu_q, cu_k, max_q, max_k, alibi, scale, softcap,
                             causal_mode, wl, wr, dropout_p, seed,
                             launch_for(q, "varlen_attention_forward"));
@@ -55,6 +74,9 @@ std::tuple<Tensor, Tensor, Tensor> varlen_attention_backward_cuda(
   FASTATTN_CHECK(q.is_cuda(), "varlen_attention_backward", "q must be a CUDA tensor, got ",
                  q.device());
   c10::cuda::CUDAGuard guard(q.device());
+  cuda_impl::check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, alibi, dropout_p, seed,
+                          "varlen_attention_backward");
+  check_cu_seqlens_on_device(q, k, cu_q, cu_k, max_q, max_k, "varlen_attention_backward");
   return cuda_impl::backward(grad_out, grad_lse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k,
                              alibi, scale, softcap, causal_mode, wl, wr, dropout_p, seed,
                              launch_for(q, "varlen_attention_backward"));

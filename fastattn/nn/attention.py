@@ -8,7 +8,6 @@ from torch import Tensor, nn
 
 from .. import _backend
 from ..ops._common import dropout_seed
-from ..ops._common import host_checks_enabled
 from ..ops.attention import attention_canonical
 from ..ops.varlen_attention import kernel_available, pack_padded, varlen_attention
 from ..reference import attention as ref
@@ -259,10 +258,16 @@ class MultiheadAttention(nn.MultiheadAttention):
     # Fraction of padded keys from which a key_padding_mask batch runs through varlen_attention
     # (padded keys dropped, no work spent on them) instead of the padded kernel.
     varlen_min_padding = 0.5
+    # The varlen route reads the mask on the host (the fraction, and pack_padded's data-dependent
+    # sizes): a synchronisation per call, impossible inside a CUDA graph. So CPU batches only,
+    # unless a model sets this (per instance or class) for CUDA batches.
+    varlen_on_cuda = False
 
     def _heavy_padding(self, padding: Tensor) -> bool:
-        if not host_checks_enabled() or padding.numel() == 0:
+        if torch.compiler.is_compiling() or padding.numel() == 0:
             return False  # under torch.compile: the padded kernel (no data-dependent shapes)
+        if padding.device.type != "cpu" and not self.varlen_on_cuda:
+            return False
         if not kernel_available(padding.device):
             return False
         return float(padding.float().mean()) >= self.varlen_min_padding

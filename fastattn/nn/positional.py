@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..ops._common import device_check_range, device_checks_enabled, host_checks_enabled
 from ..ops.positional import Offset, add_sinusoidal, apply_rotary, embed_with_positions
 
 
@@ -56,10 +57,14 @@ class LearnedPositionalEmbedding(nn.Module):
         L = x.shape[1]
         if isinstance(offset, torch.Tensor):
             rows = offset.to(torch.int64).view(-1, 1) + torch.arange(L, device=x.device)
-            if not torch.compiler.is_compiling() and rows.numel() and (
-                    int(rows.min()) < 0 or int(rows.max()) >= self.max_len):
-                raise ValueError(f"LearnedPositionalEmbedding: positions must be in [0, "
-                                 f"{self.max_len}), got offsets {offset.tolist()} with L={L}")
+            if host_checks_enabled(rows):
+                if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= self.max_len):
+                    raise ValueError(f"LearnedPositionalEmbedding: positions must be in [0, "
+                                     f"{self.max_len}), got offsets {offset.tolist()} with "
+                                     f"L={L}")
+            elif device_checks_enabled(rows):  # CUDA: no host read (indexing asserts too)
+                device_check_range("LearnedPositionalEmbedding", rows, 0, self.max_len - 1,
+                                   f"positions offset + l must be in [0, {self.max_len})")
             pos = self.weight[rows]
         else:
             if offset < 0 or offset + L > self.max_len:

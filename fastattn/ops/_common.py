@@ -1,6 +1,8 @@
 """Helpers shared by the public ops: argument checks with clear messages, dropout seeds."""
 from __future__ import annotations
 
+import os
+
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -51,10 +53,47 @@ def dropout_seed(p: float, device: torch.device) -> torch.Tensor | None:
     return torch.randint(0, 2**62, (2,), dtype=torch.int64, device=device)
 
 
-def host_checks_enabled() -> bool:
-    """Range checks that read tensor values on the host (a device sync) run in eager mode only;
-    under torch.compile the native kernels still check, the others rely on their asserts."""
-    return not torch.compiler.is_compiling()
+def host_checks_enabled(t: torch.Tensor | None = None) -> bool:
+    """Whether a check may read the values of `t` on the host (`.item()`, `.tolist()`).
+
+    Yes for CPU tensors in eager mode (no synchronisation, clear Python errors). No for CUDA
+    tensors: a host read stalls the stream on every call and cannot be captured in a CUDA
+    graph, so their values are checked on the device instead (`device_check`, or the native
+    kernels' own checks). FASTATTN_HOST_CHECKS=1 (read per call) restores the eager host checks
+    for every device, a debugging aid. Never while torch.compile traces (the native kernels
+    still check, and `device_check` traces). `t` None asks about CPU tensors.
+    """
+    if torch.compiler.is_compiling():
+        return False
+    if t is None or t.device.type == "cpu":
+        return True
+    return os.environ.get("FASTATTN_HOST_CHECKS") == "1"
+
+
+def device_checks_enabled(t: torch.Tensor) -> bool:
+    """Whether the values of `t` are checked with `device_check` (asynchronously on its
+    device): a tensor that is not on the CPU and not checked on the host."""
+    return t.device.type != "cpu" and not host_checks_enabled(t)
+
+
+def device_check(op: str, ok: torch.Tensor, message: str) -> None:
+    """Asynchronous check of a one-element bool tensor computed on the device: no host read,
+    capturable in a CUDA graph, traced by torch.compile. A false value fails as a device-side
+    assert: on CUDA the message is torch's _assert_async's, the context is left in error (later
+    CUDA calls raise) and the kernels queued after it on the stream do not run. Rerun with
+    FASTATTN_HOST_CHECKS=1 (and CUDA_LAUNCH_BLOCKING=1) for the Python error naming the value."""
+    torch._assert_async(ok, f"{op}: {message}")
+
+
+def device_check_range(op: str, t: torch.Tensor, lo: int, hi: int | None, message: str) -> None:
+    """device_check that every value of the integer tensor t lies in [lo, hi] (hi None: no
+    upper bound)."""
+    if t.numel() == 0:
+        return
+    ok = t >= lo
+    if hi is not None:
+        ok &= t <= hi
+    device_check(op, ok.all(), message)
 
 
 def backward_through_reference(forward, inputs: tuple, needs_input_grad: tuple,

@@ -18,7 +18,8 @@ import torch
 from .. import _backend, _native
 from ..reference import attention as dense_ref
 from ..reference import attention_with_kvcache as ref
-from ._common import check_same_device, check_tensor, host_checks_enabled
+from ._common import (check_same_device, check_tensor, device_check_range,
+                      device_checks_enabled, host_checks_enabled)
 from .attention import MAX_HEAD_DIM, output_like
 from .positional import _check_position_range, apply_rotary
 from .varlen_attention import causal_mode, window_sides
@@ -45,10 +46,11 @@ def _triton_has() -> bool:
 
 
 def _check_rotary_tables(op: str, D: int, cos: torch.Tensor, sin: torch.Tensor,
-                         positions: torch.Tensor, length: int) -> None:
+                         positions: torch.Tensor, length: int, on_device: bool) -> None:
     """The checks fastattn.apply_rotary makes of its tables and positions (the triton backend
     rotates inside its kernels): rotary_dim = 2 * cos.shape[1] even in [2, D], cos and sin
-    alike, positions + length within the tables' rows. Run before anything is appended."""
+    alike, positions + length within the tables' rows (on the device for CUDA positions when
+    on_device). Run before anything is appended."""
     rotary_dim = 2 * cos.shape[-1] if cos.dim() == 2 else D
     if rotary_dim < 2 or rotary_dim > D:
         raise ValueError(f"{op}: rotary_dim must be even and in [2, {D}] (head dim), "
@@ -58,7 +60,8 @@ def _check_rotary_tables(op: str, D: int, cos: torch.Tensor, sin: torch.Tensor,
     if cos.shape != sin.shape:
         raise ValueError(f"{op}: rotary_cos and rotary_sin must have the same shape, got "
                          f"{tuple(cos.shape)} and {tuple(sin.shape)}")
-    _check_position_range(op, 0, positions, length, cos.shape[0], "cos/sin")
+    _check_position_range(op, 0, positions, length, cos.shape[0], "cos/sin",
+                          on_device=on_device)
 
 
 @torch.no_grad()
@@ -126,7 +129,9 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                              f"Lnew, {D}/{Dv}), got {tuple(k_new.shape)} and {tuple(v_new.shape)}")
     if (rotary_cos is None) != (rotary_sin is None):
         raise ValueError(f"{op}: rotary_cos and rotary_sin must be given together")
-    if host_checks_enabled() and B > 0:
+    if B > 0 and Lnew > Lmax:  # known without reading cache_seqlens
+        raise ValueError(f"{op}: the cache is too small: {Lnew} new tokens exceed Lmax = {Lmax}")
+    if B > 0 and host_checks_enabled(cache_seqlens):
         lo, hi = (int(x) for x in torch.aminmax(cache_seqlens))
         if lo < 0:
             raise ValueError(f"{op}: cache_seqlens must be >= 0, got {lo}")
@@ -153,6 +158,13 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         if not _has_kernel(key):
             limits[name] = f"fastattn._C has no {key} decoding kernel in this build"
     chosen = _backend.select_backend(op, q.device, backend, limits=limits)
+    # CUDA values are checked on the device, before anything is appended: by the native CUDA
+    # op itself (a check kernel), here for the other backends.
+    device_side = chosen != "cuda" and device_checks_enabled(cache_seqlens)
+    if device_side:
+        device_check_range(op, cache_seqlens, 0, Lmax - Lnew,
+                           f"cache_seqlens must be in [0, Lmax - Lnew] = [0, {Lmax - Lnew}] "
+                           f"(the cache is too small for the new tokens otherwise)")
     positions = cache_seqlens.to(torch.int64)
     # One op for rotary, append and attention where the backend has it (triton; a native
     # build's attention_with_kvcache): a decoding step is short enough that a handful of ops'
@@ -160,7 +172,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if chosen == "triton" or (chosen != "reference"
                               and _has_kernel(chosen.upper(), "attention_with_kvcache")):
         if rotary_cos is not None:
-            _check_rotary_tables(op, D, rotary_cos, rotary_sin, positions, max(Lq, Lnew))
+            _check_rotary_tables(op, D, rotary_cos, rotary_sin, positions, max(Lq, Lnew),
+                                 on_device=chosen != "cuda")
             if chosen != "triton":  # the native op takes the tables in the compute dtype
                 acc = torch.float64 if q.dtype == torch.float64 else torch.float32
                 rotary_cos = rotary_cos.to(acc).contiguous()

@@ -76,7 +76,8 @@ import torch
 
 from .. import _backend, _native
 from ..reference import lstm as ref
-from ._common import (FLOAT_DTYPES, backward_through_reference, check_same_device, dropout_seed,
+from ._common import (FLOAT_DTYPES, backward_through_reference, check_same_device,
+                      device_check_range, device_checks_enabled, dropout_seed,
                       host_checks_enabled)
 
 
@@ -367,12 +368,20 @@ def lstm(input: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None,
         if lengths.dim() > 1 or lengths.numel() != B:
             raise ValueError(f"{op}: lengths must have shape ({B},) (the batch size), got "
                              f"{tuple(lengths.shape)}")
-        lengths = lengths.reshape(B).to(device=device, dtype=torch.int64)
-        if host_checks_enabled() and B > 0:
+        # CPU lengths (as pad_packed_sequence returns them) are checked on the host before they
+        # are copied, also for CUDA inputs: reading them costs no synchronisation.
+        lengths = lengths.reshape(B)
+        on_host = host_checks_enabled(lengths)
+        if B > 0 and on_host:
             lo, hi = (int(v) for v in torch.aminmax(lengths))
             if lo < 0 or hi > T:
                 raise ValueError(f"{op}: lengths must be in [0, T] = [0, {T}], got values from "
                                  f"{lo} to {hi}")
+        lengths = lengths.to(device=device, dtype=torch.int64)
+        if not on_host and device_checks_enabled(lengths):
+            # No host read on CUDA; the CUDA and Triton kernels also clamp lengths into [0, T],
+            # so nothing is read or written out of bounds even without this check.
+            device_check_range(op, lengths, 0, T, f"lengths must be in [0, T] = [0, {T}]")
     p = float(dropout) if training and num_layers > 1 else 0.0
     chosen = _backend.select_backend(op, device, backend, limits=unsupported_backends(dtype))
     h_n, c_n = [], []

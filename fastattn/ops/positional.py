@@ -17,7 +17,8 @@ import torch
 from .. import _backend, _native
 from ..reference import positional as ref
 from ._common import (backward_through_reference, check_dropout, check_same_device,
-                      check_tensor, check_unit_last_stride, dropout_seed, host_checks_enabled)
+                      check_tensor, check_unit_last_stride, device_check_range,
+                      device_checks_enabled, dropout_seed, host_checks_enabled)
 
 Offset = Union[int, torch.Tensor]
 _TRITON_NO_FLOAT64 = "the triton backend computes in float32 and does not take float64"
@@ -53,9 +54,22 @@ def _split_offset(op: str, offset: Offset, batch: int, device: torch.device,
 
 
 def _check_position_range(op: str, offset: int, offsets: torch.Tensor | None, length: int,
-                          rows: int | None, what: str) -> None:
-    """Positions offset + offsets[n] + l (l < length) must lie in [0, rows)."""
-    if not host_checks_enabled() or length == 0:
+                          rows: int | None, what: str, *, on_device: bool = True) -> None:
+    """Positions offset + offsets[n] + l (l < length) must lie in [0, rows) (rows None: >= 0).
+
+    CPU offsets (or FASTATTN_HOST_CHECKS=1) are read on the host and raise ValueError; CUDA
+    offsets are checked asynchronously on the device (device_check), unless on_device is False
+    (the caller's native CUDA op checks them itself)."""
+    if length == 0:
+        return
+    if offsets is not None and offsets.numel() > 0 and not host_checks_enabled(offsets):
+        if on_device and device_checks_enabled(offsets):
+            hi = None if rows is None else rows - length - offset
+            allowed = ">= 0" if rows is None else f"in [0, {rows}) ({what} rows)"
+            device_check_range(op, offsets, -offset, hi, f"positions offset + offsets[b] + l "
+                               f"(l < {length}) must be {allowed}")
+        return
+    if not host_checks_enabled():
         return
     lo = hi = offset
     if offsets is not None and offsets.numel() > 0:
@@ -141,7 +155,8 @@ def add_sinusoidal(x: torch.Tensor, *, offset: Offset = 0, scale: float = 1.0,
     seed = dropout_seed(p, x.device)
     args = (x3, off, offsets, float(scale), float(base), p, seed)
     # Every backend rejects per-sequence starts below 0 (the native kernels read no table, so
-    # they do not check positions themselves).
+    # they do not check positions themselves): on the host for CPU tensors, on the device for
+    # CUDA ones (no synchronisation).
     _check_position_range(op, off, offsets, x3.shape[1], None, "")
     if chosen == "reference":
         out3 = ref.add_sinusoidal(*args)
@@ -212,12 +227,16 @@ def embed_with_positions(tokens: torch.Tensor, weight: torch.Tensor, *,
     seed = dropout_seed(p, weight.device)
     args = (tok, weight, table, off, offsets, float(scale), float(base), p, seed, pad,
             bool(deterministic))
-    if chosen in ("triton", "reference"):  # the native ops check ranges themselves
-        if host_checks_enabled() and tok.numel() > 0:
+    # The native ops check ranges themselves (on the host for CPU tensors, in a check kernel
+    # for CUDA ones); FASTATTN_HOST_CHECKS=1 also checks CUDA tensors here, with Python errors.
+    if chosen in ("triton", "reference") or (chosen == "cuda" and host_checks_enabled(tok)):
+        if tok.numel() > 0 and host_checks_enabled(tok):
             lo, hi = (int(v) for v in torch.aminmax(tok))
             if lo < 0 or hi >= V:
                 raise IndexError(f"{op}: token ids must be in [0, {V}), got ids from {lo} "
                                  f"to {hi}")
+        elif device_checks_enabled(tok):
+            device_check_range(op, tok, 0, V - 1, f"token ids must be in [0, {V})")
         _check_position_range(op, off, offsets, tok.shape[1],
                               None if table is None else table.shape[0], "the positions table")
     if chosen == "reference":
@@ -320,14 +339,21 @@ def apply_rotary(x: torch.Tensor, *, cos: torch.Tensor | None = None,
     else:
         off, offsets = _split_offset(op, offset, B, x.device)
     chosen = _backend.select_backend(op, x.device, backend, limits=_limits(x.dtype))
-    if chosen in ("triton", "reference"):
+    # As in embed_with_positions: the native ops check positions themselves.
+    ids_or_x = x if position_ids is None else position_ids
+    if chosen in ("triton", "reference") or (chosen == "cuda" and host_checks_enabled(ids_or_x)):
         if position_ids is not None:
-            if host_checks_enabled() and position_ids.numel() > 0:
+            allowed = "be >= 0" if rows is None else f"be in [0, {rows}) (cos/sin rows)"
+            if position_ids.numel() == 0:
+                pass
+            elif host_checks_enabled(position_ids):
                 lo, hi = (int(v) for v in torch.aminmax(position_ids))
                 if lo < 0 or (rows is not None and hi >= rows):
-                    allowed = "be >= 0" if rows is None else f"be in [0, {rows}) (cos/sin rows)"
                     raise ValueError(f"{op}: position_ids must {allowed}, got values from {lo} "
                                      f"to {hi}")
+            elif device_checks_enabled(position_ids):
+                device_check_range(op, position_ids, 0, None if rows is None else rows - 1,
+                                   f"position_ids must {allowed}")
         else:
             _check_position_range(op, off, offsets, L, rows, "cos/sin")
     args = (cos, sin, off, offsets, position_ids, rotary_dim, float(base), bool(interleaved))

@@ -18,7 +18,8 @@ from .. import _backend, _native
 from ..reference import attention as dense_ref
 from ..reference import varlen_attention as ref
 from ._common import (backward_through_reference, check_dropout, check_same_device,
-                      check_tensor, dropout_seed, host_checks_enabled)
+                      check_tensor, device_check, device_checks_enabled, dropout_seed,
+                      host_checks_enabled)
 from .attention import MAX_HEAD_DIM, Causal
 
 
@@ -84,8 +85,8 @@ def check_cu_seqlens(op: str, name: str, cu: torch.Tensor, total: int, max_seqle
         raise ValueError(f"{op}: {name} must be on {device}, got {cu.device}")
     if cu.numel() < 1:
         raise ValueError(f"{op}: {name} must have B+1 >= 1 entries")
-    if not host_checks_enabled():
-        return
+    if not host_checks_enabled(cu):
+        return  # CUDA: device_check_cu_seqlens, or the native CUDA op's own check kernel
     values = cu.tolist()
     if values[0] != 0 or values[-1] != total:
         raise ValueError(f"{op}: {name} must start at 0 and end at the packed length {total}, "
@@ -96,6 +97,15 @@ def check_cu_seqlens(op: str, name: str, cu: torch.Tensor, total: int, max_seqle
     if lengths and max(lengths) > max_seqlen:
         raise ValueError(f"{op}: a sequence of length {max(lengths)} exceeds max_seqlen "
                          f"{max_seqlen} ({name})")
+
+
+def device_check_cu_seqlens(op: str, name: str, cu: torch.Tensor, total: int,
+                            max_seqlen: int) -> None:
+    """check_cu_seqlens's value rules, checked asynchronously on cu's device (no host read)."""
+    lengths = cu[1:] - cu[:-1]
+    ok = (cu[0] == 0) & (cu[-1] == total) & ((lengths >= 0) & (lengths <= max_seqlen)).all()
+    device_check(op, ok, f"{name} must start at 0, end at the packed length {total} and be "
+                 f"non-decreasing with steps <= max_seqlen {max_seqlen}")
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -173,6 +183,9 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         for name in ("cpu", "cuda", "triton"):
             limits[name] = "gradients with respect to alibi_slopes need the reference backend"
     chosen = _backend.select_backend(op, q.device, backend, limits=limits)
+    if chosen != "cuda" and device_checks_enabled(cu_seqlens_q):  # the CUDA op checks itself
+        device_check_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q)
+        device_check_cu_seqlens(op, "cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k)
     seed = dropout_seed(p, q.device)
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, _as_int(max_seqlen_q), _as_int(max_seqlen_k),
             alibi, scale, softcap, mode, left, right, p, seed)
@@ -193,7 +206,8 @@ def pack_padded(x: torch.Tensor, key_padding_mask: torch.Tensor):
     """Pack a padded batch: x (B, L, ...) with key_padding_mask (B, L) bool (True = padding,
     anywhere in a row) -> (packed (total, ...), cu_seqlens int32 (B+1,), max_seqlen, indices).
     `indices` (total,) are the flat positions b*L + l of the kept rows, for unpack_padded.
-    Differentiable in x.
+    Differentiable in x. The packed size depends on the mask's values, so on CUDA this reads
+    them on the host (a synchronisation): pack once per batch, not per layer or step.
     """
     check_tensor("pack_padded", "key_padding_mask", key_padding_mask, dims=2)
     if key_padding_mask.dtype != torch.bool or tuple(key_padding_mask.shape) != tuple(x.shape[:2]):

@@ -49,6 +49,7 @@ bfloat16 results go through float32 buffers that torch rounds (fastattn/triton/_
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 import triton
@@ -592,8 +593,14 @@ def _lengths_arg(lengths: torch.Tensor | None, T: int, B: int, device, op: str) 
         raise ValueError(f"fastattn::{op}: lengths must have shape ({B},), got "
                          f"{tuple(lengths.shape)}")
     lengths = lengths.to(device=device, dtype=torch.int64).contiguous()
-    if B > 0 and not torch.compiler.is_compiling() and not isinstance(
-            lengths, torch._subclasses.FakeTensor):
+    # Read on the host only for CPU tensors (the interpreter) or with FASTATTN_HOST_CHECKS=1
+    # (as fastattn/ops/_common.py's host_checks_enabled): on CUDA a read would synchronise every
+    # call. There fastattn.lstm checks the values on the device, and the kernels treat rows as
+    # active while t < length, which clamps a length into [0, T] (no access outside the
+    # tensors), as the reference's masks do.
+    on_host = lengths.device.type == "cpu" or os.environ.get("FASTATTN_HOST_CHECKS") == "1"
+    if B > 0 and on_host and not torch.compiler.is_compiling() and \
+            not isinstance(lengths, torch._subclasses.FakeTensor):
         lo, hi = (int(v) for v in torch.aminmax(lengths))
         if lo < 0 or hi > T:
             raise ValueError(f"fastattn::{op}: lengths must be in [0, T] = [0, {T}], got "

@@ -137,7 +137,7 @@ def _add_sinusoidal_kernel(x_ptr, out_ptr, offsets_ptr, seed_ptr, inv_ptr, N, L,
 
 @triton.jit
 def _embed_kernel(tokens_ptr, weight_ptr, table_ptr, out_ptr, offsets_ptr, seed_ptr, inv_ptr,
-                  N, L, D, V, w_s0, t_s0, offset, scale, threshold, keep_scale,
+                  N, L, D, V, P, w_s0, t_s0, offset, scale, threshold, keep_scale,
                   HAS_TABLE: tl.constexpr, HAS_OFFSETS: tl.constexpr,
                   HAS_DROPOUT: tl.constexpr, LIBDEVICE: tl.constexpr,
                   BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -150,13 +150,16 @@ def _embed_kernel(tokens_ptr, weight_ptr, table_ptr, out_ptr, offsets_ptr, seed_
     l = rows % L
     token = tl.load(tokens_ptr + rows, mask=rmask, other=0)
     tl.device_assert((token >= 0) & (token < V), "token id out of range")
-    w = tl.load(weight_ptr + (token * w_s0)[:, None] + cols[None, :], mask=mask, other=0.0)
+    # fastattn.embed_with_positions checks token ids and positions before the launch (on the
+    # device for CUDA tensors); the masks keep a direct call with bad ones inside the tables.
+    w = tl.load(weight_ptr + (token * w_s0)[:, None] + cols[None, :],
+                mask=mask & ((token >= 0) & (token < V))[:, None], other=0.0)
     pos = l + offset
     if HAS_OFFSETS:
         pos += tl.load(offsets_ptr + n, mask=rmask, other=0)
     if HAS_TABLE:
-        pe = tl.load(table_ptr + (pos * t_s0)[:, None] + cols[None, :], mask=mask,
-                     other=0.0).to(tl.float32)
+        pe = tl.load(table_ptr + (pos * t_s0)[:, None] + cols[None, :],
+                     mask=mask & ((pos >= 0) & (pos < P))[:, None], other=0.0).to(tl.float32)
     else:
         pe = _sinusoid_tile(pos, cols, inv_ptr, cmask, LIBDEVICE)
     y = w.to(tl.float32) * scale + pe
@@ -222,7 +225,7 @@ def _segment_sum_kernel(grad_ptr, keys_ptr, order_ptr, out_ptr, seed_ptr, rows, 
 
 @triton.jit
 def _rotary_kernel(x_ptr, out_ptr, cos_ptr, sin_ptr, inv_ptr, offsets_ptr, pos_ids_ptr,
-                   B, H, L, D, rotary_dim, x_sb, x_sh, x_sl, o_sb, o_sh, o_sl, t_s0, offset,
+                   B, H, L, D, rotary_dim, x_sb, x_sh, x_sl, o_sb, o_sh, o_sl, P, t_s0, offset,
                    HAS_TABLE: tl.constexpr, HAS_OFFSETS: tl.constexpr,
                    HAS_POS_IDS: tl.constexpr, INTERLEAVED: tl.constexpr,
                    CONJUGATE: tl.constexpr, COPY_TAIL: tl.constexpr,
@@ -244,8 +247,11 @@ def _rotary_kernel(x_ptr, out_ptr, cos_ptr, sin_ptr, inv_ptr, offsets_ptr, pos_i
         if HAS_OFFSETS:
             pos += tl.load(offsets_ptr + b)
     if HAS_TABLE:
-        c = tl.load(cos_ptr + pos * t_s0 + i, mask=imask, other=0.0)
-        s = tl.load(sin_ptr + pos * t_s0 + i, mask=imask, other=0.0)
+        # The public op checks positions before the launch; a direct call with one outside the
+        # P table rows reads nothing outside them.
+        tmask = imask & (pos >= 0) & (pos < P)
+        c = tl.load(cos_ptr + pos * t_s0 + i, mask=tmask, other=0.0)
+        s = tl.load(sin_ptr + pos * t_s0 + i, mask=tmask, other=0.0)
     else:
         inv = tl.load(inv_ptr + i, mask=imask, other=0.0)
         angle = pos.to(tl.float32) * inv
@@ -347,8 +353,9 @@ def embed_with_positions_triton(tokens: torch.Tensor, weight: torch.Tensor,
     with _on_device(weight):
         wrap_triton(_embed_kernel)[grid](
             tokens, weight, _opt(table, weight), out, _opt(offsets, tokens), seed_arg, inv,
-            N, L, D, weight.shape[0], weight.stride(0),
-            table.stride(0) if table is not None else 0, offset, scale, threshold, keep_scale,
+            N, L, D, weight.shape[0], table.shape[0] if table is not None else 0,
+            weight.stride(0), table.stride(0) if table is not None else 0, offset, scale,
+            threshold, keep_scale,
             HAS_TABLE=table is not None, HAS_OFFSETS=offsets is not None,
             HAS_DROPOUT=dropout_p > 0.0, LIBDEVICE=not interpreting(weight.device),
             BLOCK_R=block_r, BLOCK_D=block_d)
@@ -414,7 +421,8 @@ def _rotary(x, out, cos, sin, offset, offsets, position_ids, rotary_dim, base, i
         wrap_triton(_rotary_kernel)[grid](
             x, out, _opt(cos, x), _opt(sin, x), inv, _opt(offsets, x), _opt(position_ids, x),
             B, H, L, D, rotary_dim, x.stride(0), x.stride(1), x.stride(2), out.stride(0),
-            out.stride(1), out.stride(2), cos.stride(0) if cos is not None else 0, offset,
+            out.stride(1), out.stride(2), cos.shape[0] if cos is not None else 0,
+            cos.stride(0) if cos is not None else 0, offset,
             HAS_TABLE=cos is not None, HAS_OFFSETS=offsets is not None,
             HAS_POS_IDS=position_ids is not None, INTERLEAVED=interleaved,
             CONJUGATE=conjugate, COPY_TAIL=not inplace and rotary_dim < D,

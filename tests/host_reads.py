@@ -1,0 +1,118 @@
+"""Finding host reads of CUDA tensor values without a GPU.
+
+A host read (`.item()`, `.tolist()`, `int(t)`, `bool(t)`, `nonzero`, a copy to the CPU) of a CUDA
+tensor synchronises the stream and cannot be captured in a CUDA graph. `fake_cuda()` runs code
+on fake CUDA tensors (FakeTensorMode: shapes, dtypes and devices, no data, no GPU needed) under
+a dispatch mode that records every such read before it happens; a value read also raises there
+(fake tensors have no values), so a test fails either way. Native and Triton ops run their fake
+implementations, so this covers the Python layer of each op (argument checks, backend choice,
+the ops it dispatches); the C++ checks are covered by the GPU tests (CUDA-graph capture and
+`torch.cuda.set_sync_debug_mode("error")`).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from fastattn import _backend
+
+aten = torch.ops.aten
+
+# What a value read of a fake tensor raises (it has no value).
+ValueReadError = DataDependentOutputException
+
+# Ops whose result depends on tensor values on the host.
+_VALUE_READS = (aten._local_scalar_dense.default, aten.nonzero.default, aten.equal.default,
+                aten.is_nonzero.default)
+
+
+def _device_type(x) -> str | None:
+    return x.device.type if isinstance(x, torch.Tensor) else None
+
+
+class HostReadRecorder(TorchDispatchMode):
+    """Records the aten ops that read tensor values on the host or copy a non-CPU tensor to
+    the CPU (`reads`, one line each)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+        self.asserts = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        src = _device_type(args[0]) if args else None
+        if func in (aten._assert_async.msg, aten._assert_async.default):
+            self.asserts += 1
+        if func in _VALUE_READS and src != "cpu":
+            self.reads.append(f"{func} on a {src} tensor")
+        elif func is aten._to_copy.default and src not in (None, "cpu") and \
+                torch.device(kwargs.get("device") or args[0].device).type == "cpu":
+            self.reads.append(f"{func}: a {src} tensor copied to the CPU")
+        elif func is aten.copy_.default and src == "cpu" and _device_type(args[1]) != "cpu":
+            self.reads.append(f"{func}: a {_device_type(args[1])} tensor copied to the CPU")
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def fake_cuda() -> Iterator[HostReadRecorder]:
+    """Tensors created inside are fake (use device="cuda"); the cuda and triton backends count
+    as available. Yields the recorder; the caller asserts `recorder.reads == []`. Skips with a
+    CPU-only build of torch: there some fake kernels (indexing, nonzero) refuse CUDA devices."""
+    if torch.version.cuda is None:
+        pytest.skip("fake CUDA tensors need a CUDA build of torch (this one is CPU-only)")
+    saved = _backend._availability_cache
+    status = dict(_backend.available_backends())
+    status["cuda"] = status["triton"] = "available"
+    _backend._availability_cache = status
+    try:
+        with FakeTensorMode(), HostReadRecorder() as recorder:
+            yield recorder
+    finally:
+        _backend._availability_cache = saved
+
+
+def assert_no_host_reads(recorder: HostReadRecorder) -> None:
+    assert recorder.reads == [], "host reads of CUDA tensors:\n" + "\n".join(recorder.reads)
+
+
+def force_device_checks(monkeypatch) -> None:
+    """Makes the Python layer check CPU tensors' values as it checks CUDA ones (device_check),
+    to test the device-side rules here: on the CPU torch._assert_async raises at once."""
+    from fastattn.nn import positional as nn_positional
+    from fastattn.ops import attention_with_kvcache, lstm, positional, varlen_attention
+
+    for module in (positional, attention_with_kvcache, varlen_attention, lstm, nn_positional):
+        monkeypatch.setattr(module, "host_checks_enabled",
+                            lambda t=None: t is None and not torch.compiler.is_compiling())
+        monkeypatch.setattr(module, "device_checks_enabled", lambda t: True)
+
+
+def device_checks(recorder: HostReadRecorder) -> int:
+    """How many asynchronous device checks (torch._assert_async) the recorded code queued."""
+    return recorder.asserts
+
+
+def run_failing_cuda_script(script: str) -> str:
+    """Runs `script` (which must fail on the device) in a fresh interpreter from the repository
+    root, without FASTATTN_HOST_CHECKS, and returns its output. A device-side assert leaves
+    the CUDA context unusable, hence the separate process."""
+    env = dict(os.environ)
+    env.pop("FASTATTN_HOST_CHECKS", None)
+    run = subprocess.run([sys.executable, "-c", textwrap.dedent(script) + '\nprint("NO ERROR")\n'],
+                         cwd=Path(__file__).resolve().parent.parent, env=env,
+                         capture_output=True, text=True, timeout=300)
+    output = run.stdout + run.stderr
+    assert run.returncode != 0 and "NO ERROR" not in output, output
+    assert "device-side assert" in output or "Assertion" in output, output
+    return output
