@@ -40,8 +40,8 @@ constexpr int kSmemMinOptin = 101376;
 //            not fit together) [132.5 KB each]; below 132.5 KB (99 KB devices) steps of 16
 //            queries at 256 [82.6 KB] (KVSmall)
 //   dQ       64 queries per block; 64 keys per step (32 at 256); K/V double buffered up to 128
-//            [54 / 102 / 99 KB]; below 102 KB (99 KB devices) steps of 32 keys, still double
-//            buffered, at 128 [68 KB] (QSmall)
+//            [54 / 102 / 99 KB]; below 102 KB (99 KB devices) K/V single buffered at 128
+//            [68 KB] (QSmall)
 // A Small config equal to the large one adds no instantiation; the launcher takes the large one
 // whenever it fits the device (run_bwd_mma).
 template <int kHD>
@@ -60,9 +60,9 @@ struct MmaConfigs<128> {
   using KV = BwdKVConfig<128, 1, kOutBoth>;
   using KVSmall = KV;
   using Q = BwdQConfig<128, 2, 64>;
-  // Half the keys per step, double buffering kept: at one block per SM (99 KB devices) the
-  // prefetch is what hides the global loads.
-  using QSmall = BwdQConfig<128, 2, 32>;
+  // Single-buffered K/V (as dQ at 256). 32-key steps double buffered (same bytes) would keep
+  // the prefetch but spill 108 bytes on sm_120 (ptxas -v, CUDA 13.0), where it runs.
+  using QSmall = BwdQConfig<128, 1, 64>;
 };
 template <>
 struct MmaConfigs<256> {

@@ -89,18 +89,24 @@ __device__ __forceinline__ void simt_accumulate(T (&acc)[kR][kCols], const T* co
 }
 
 // acc[r][c] += sum_m coef[r][m] * B[m][lane] over m in [0, 32), in order, for the one output
-// column c of the chunk B (a shared tile of row length ldb): the D-split's simt_accumulate.
-// c must be a constant after unrolling (acc stays in registers).
+// column c (run time) of the chunk B (a shared tile of row length ldb): the D-split's
+// simt_accumulate. Each register column has its own copy of the loop (acc stays in registers)
+// while the caller's chunk loop stays rolled (one copy of its loads: fewer live registers).
 template <typename T, int kR, int kCols>
 __device__ __forceinline__ void simt_accumulate_col(T (&acc)[kR][kCols], int c, const T* coef,
                                                     const T* B, int ldb, bool valid,
                                                     int lane) {
-#pragma unroll 1
-  for (int m = 0; m < 32; ++m) {
-    const T bv = valid ? prim::lds(B + m * ldb + lane) : T(0);
 #pragma unroll
-    for (int r = 0; r < kR; ++r) {
-      acc[r][c] = prim::acc_fma(prim::lds(coef + r * 32 + m), bv, acc[r][c]);
+  for (int cc = 0; cc < kCols; ++cc) {
+    if (cc == c) {
+#pragma unroll 1
+      for (int m = 0; m < 32; ++m) {
+        const T bv = valid ? prim::lds(B + m * ldb + lane) : T(0);
+#pragma unroll
+        for (int r = 0; r < kR; ++r) {
+          acc[r][cc] = prim::acc_fma(prim::lds(coef + r * 32 + m), bv, acc[r][cc]);
+        }
+      }
     }
   }
 }
@@ -395,17 +401,15 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
     prim::warp_sync();
     if constexpr (kChunked) {
       // Output column c of each lane from chunk c; the last chunk is still in place.
-#pragma unroll
-      for (int c = kCols - 1; c >= 0; --c) {
-        if (c < n_chunks) {
-          if (c != n_chunks - 1) {
-            prim::block_sync();  // every warp is done with the chunk in place
-            load_chunk(c);
-            prim::block_sync();
-          }
-          simt_accumulate_col<T, kR, kCols>(dv, c, myP, sdO, lddo, lane + c * kChunk < Dv, lane);
-          simt_accumulate_col<T, kR, kCols>(dk, c, mydS, sQ, ldq, lane + c * kChunk < D, lane);
+#pragma unroll 1
+      for (int c = n_chunks - 1; c >= 0; --c) {
+        if (c != n_chunks - 1) {
+          prim::block_sync();  // every warp is done with the chunk in place
+          load_chunk(c);
+          prim::block_sync();
         }
+        simt_accumulate_col<T, kR, kCols>(dv, c, myP, sdO, lddo, lane + c * kChunk < Dv, lane);
+        simt_accumulate_col<T, kR, kCols>(dk, c, mydS, sQ, ldq, lane + c * kChunk < D, lane);
       }
     } else {
       simt_accumulate<T, kR, kCols>(dv, myP, sdO, lddv, Dv, lane);
@@ -548,8 +552,8 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
     prim::warp_sync();
     if constexpr (kChunked) {
       // Output column c of each lane from K chunk c; the last chunk is still in place.
-#pragma unroll
-      for (int c = kCols - 1; c >= 0; --c) {
+#pragma unroll 1
+      for (int c = n_chunks - 1; c >= 0; --c) {
         if (c * kChunk < D) {
           if (c != n_chunks - 1) {
             prim::block_sync();  // every warp is done with the chunk in place

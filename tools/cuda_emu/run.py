@@ -302,7 +302,7 @@ KV256_SMALL = ("run_bwd_dkdv_mma&BwdKVConfig<256, 1, 1, 16>",
                "run_bwd_dkdv_mma&BwdKVConfig<256, 1, 2, 16>")
 KV256_LARGE = ("run_bwd_dkdv_mma&BwdKVConfig<256, 1, 1>",  # default 64 queries per step
                "run_bwd_dkdv_mma&BwdKVConfig<256, 1, 2>")
-Q128_SMALL = "run_bwd_dq_mma&BwdQConfig<128, 2, 32>"
+Q128_SMALL = "run_bwd_dq_mma&BwdQConfig<128, 1, 64>"
 Q128_LARGE = "run_bwd_dq_mma&BwdQConfig<128, 2, 64>"
 DKDV_SPLIT = "run_bwd_dkdv_simt&kChunked = true"
 DKDV_FULL = "run_bwd_dkdv_simt&kChunked = false"
