@@ -345,6 +345,83 @@ def test_dropout_reproducible_under_manual_seed(cuda):
 
 
 # ---------------------------------------------------------------------------------------------
+# Smaller-tile variants for GPUs with less shared memory per block (99 KB on sm_86/89/120,
+# 163 KB on sm_80): FASTATTN_CUDA_SMEM_LIMIT caps the device's limit, so a large GPU runs them.
+
+SMEM_LIMITS = [101376, 166912]
+# bf16/f16 backward at buckets 128 and 256 (dQ single-buffered, dK/dV with 16-query steps),
+# the float32/float64 D-split backward, the float64 forward with 2 rows per warp.
+SMALL_TILE_CASES = [(torch.bfloat16, 128, 128), (torch.float16, 128, 100),
+                    (torch.bfloat16, 256, 256), (torch.float16, 256, 200),
+                    (torch.float32, 256, 256), (torch.float32, 190, 180),
+                    (torch.float64, 256, 256), (torch.float64, 100, 250)]
+
+
+@pytest.mark.parametrize("limit", SMEM_LIMITS)
+@pytest.mark.parametrize("dtype,D,Dv", SMALL_TILE_CASES,
+                         ids=[f"{_DT[t]}-D{d}-Dv{e}" for t, d, e in SMALL_TILE_CASES])
+def test_small_shared_memory_variants(cuda, monkeypatch, limit, dtype, D, Dv):
+    """Every case runs under the smaller limits, correct by the same rule; the smaller tiles sum
+    in the same order as the large ones, so the results are also bitwise those of the uncapped
+    run."""
+    g = _gen(D * 7 + Dv)
+    q = _randn(g, 2, 4, 131, D, dtype=dtype, device=cuda)
+    k = _randn(g, 2, 2, 150, D, dtype=dtype, device=cuda)
+    v = _randn(g, 2, 2, 150, Dv, dtype=dtype, device=cuda)
+    kw = {"causal": "bottom_right", "dropout_p": 0.1, "softcap": 3.0}
+    monkeypatch.setenv("FASTATTN_CUDA_SMEM_LIMIT", str(limit))
+    check_cuda(q, k, v, kw)
+    grad_out = torch.randn(2, 4, 131, Dv, generator=g).to(dtype).to(cuda)
+    capped = _run("cuda", q, k, v, kw, grad_out, seed=3)
+    monkeypatch.delenv("FASTATTN_CUDA_SMEM_LIMIT")
+    full = _run("cuda", q, k, v, kw, grad_out, seed=3)
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), capped[:2] + tuple(capped[2]),
+                          full[:2] + tuple(full[2])):
+        assert torch.equal(a, b), f"{name}: the {limit}-byte variant differs from the full one"
+
+
+@pytest.mark.parametrize("dtype,D,Dv", [(torch.bfloat16, 256, 200), (torch.float64, 256, 240)],
+                         ids=["bf16-D256-Dv200", "f64-D256-Dv240"])
+def test_small_shared_memory_varlen_and_decode(cuda, monkeypatch, dtype, D, Dv):
+    """varlen_attention and attention_with_kvcache share the launchers: 99 KB gives the results
+    of the uncapped run, bitwise."""
+    g = _gen(D + Dv)
+    lens = [0, 5, 70, 33]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32,
+                      device=cuda)
+    q = torch.randn(sum(lens), 4, D, generator=g).to(dtype).to(cuda).requires_grad_()
+    k = torch.randn(sum(lens), 2, D, generator=g).to(dtype).to(cuda).requires_grad_()
+    v = torch.randn(sum(lens), 2, Dv, generator=g).to(dtype).to(cuda).requires_grad_()
+    grad_out = torch.randn(sum(lens), 4, Dv, generator=g).to(dtype).to(cuda)
+    k_cache = torch.randn(3, 2, 96, D, generator=g).to(dtype).to(cuda)
+    v_cache = torch.randn(3, 2, 96, Dv, generator=g).to(dtype).to(cuda)
+    q_dec = torch.randn(3, 4, 2, D, generator=g).to(dtype).to(cuda)
+    seqlens = torch.tensor([0, 9, 90], dtype=torch.int32, device=cuda)
+
+    def run():
+        out = fastattn.varlen_attention(q, k, v, cu, cu, max(lens), max(lens), causal=True,
+                                        backend="cuda")
+        grads = torch.autograd.grad(out, (q, k, v), grad_out)
+        dec = fastattn.attention_with_kvcache(q_dec, k_cache, v_cache, cache_seqlens=seqlens,
+                                              backend="cuda")
+        return (out, *grads, dec)
+
+    monkeypatch.setenv("FASTATTN_CUDA_SMEM_LIMIT", "101376")
+    capped = run()
+    monkeypatch.delenv("FASTATTN_CUDA_SMEM_LIMIT")
+    full = run()
+    for name, a, b in zip(("out", "dq", "dk", "dv", "decode"), capped, full):
+        assert torch.equal(a, b), f"{name}: the 99 KB variant differs from the full one"
+
+
+def test_smem_limit_must_be_a_number(cuda, monkeypatch):
+    q = torch.randn(1, 1, 4, 8, device=cuda)
+    monkeypatch.setenv("FASTATTN_CUDA_SMEM_LIMIT", "99KB")
+    with pytest.raises(RuntimeError, match="FASTATTN_CUDA_SMEM_LIMIT"):
+        fastattn.attention(q, q, q, backend="cuda")
+
+
+# ---------------------------------------------------------------------------------------------
 # Determinism, memory
 
 

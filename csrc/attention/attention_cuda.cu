@@ -20,7 +20,8 @@ namespace {
 using at::Tensor;
 using c10::optional;
 
-// Stream and shared-memory limit of q's device; the tensor-core kernels need sm_80+.
+// Stream and shared-memory limit of q's device (capped by FASTATTN_CUDA_SMEM_LIMIT); the
+// tensor-core kernels need sm_80+.
 fastattn::cuda::attn::Launch launch_for(const Tensor& q, const char* op) {
   int device = 0, major = 0, smem = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
@@ -31,7 +32,8 @@ fastattn::cuda::attn::Launch launch_for(const Tensor& q, const char* op) {
     FASTATTN_CHECK(major >= 8, op, "float16/bfloat16 attention on CUDA needs compute capability "
                    "8.0 or newer (tensor-core mma and cp.async), got ", major, ".x");
   }
-  return {static_cast<void*>(c10::cuda::getCurrentCUDAStream().stream()), smem};
+  return {static_cast<void*>(c10::cuda::getCurrentCUDAStream().stream()),
+          cuda_impl::smem_limit(smem)};
 }
 
 std::tuple<Tensor, Tensor> attention_forward_cuda(

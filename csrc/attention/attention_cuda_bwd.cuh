@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(256) attention_bwd_delta_kernel(const BwdParam
 // ---------------------------------------------------------------------------------------------
 // dK / dV
 
-template <int kHD_, int kStages_, int kOut_>
+template <int kHD_, int kStages_, int kOut_, int kBlockM_ = 64>
 struct BwdKVConfig {
   static constexpr int kHD = kHD_;
   static constexpr int kStages = kStages_;  // buffers of the Q/dO tiles
@@ -73,7 +73,12 @@ struct BwdKVConfig {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kBlockN = 16 * kWarps;  // keys per block
-  static constexpr int kBlockM = 64;           // queries per step
+  static constexpr int kBlockM = kBlockM_;     // queries per step
+  // The query columns of S^T / dP^T become the k16 steps of dV and dK (to_a_frags), and the
+  // stage selection below only knows one or two buffers.
+  static_assert(kBlockM % 16 == 0 && kBlockM >= 16, "queries per step: a multiple of 16");
+  static_assert(kStages == 1 || kStages == 2, "one or two Q/dO buffers");
+  static_assert(kOut == kOutDV || kOut == kOutDK || kOut == kOutBoth, "which gradients");
   static constexpr int kStride = SmemTile<kHD>::kStride;
   static constexpr int kNT = kBlockM / 8;  // n8 tiles of S^T (query columns)
   static constexpr int kNTO = kHD / 8;     // n8 tiles of dK/dV
@@ -283,6 +288,9 @@ struct BwdQConfig {
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kBlockM = 16 * kWarps;  // queries per block
   static constexpr int kBlockN = kBlockN_;     // keys per step
+  // The key columns of S / dP become the k16 steps of dQ (to_a_frags).
+  static_assert(kBlockN % 16 == 0 && kBlockN >= 16, "keys per step: a multiple of 16");
+  static_assert(kStages == 1 || kStages == 2, "one or two K/V buffers");
   static constexpr int kStride = SmemTile<kHD>::kStride;
   static constexpr int kNT = kBlockN / 8;
   static constexpr int kNTO = kHD / 8;

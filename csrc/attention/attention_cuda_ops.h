@@ -7,6 +7,8 @@
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <tuple>
 
 #include "attention/attention.h"
@@ -24,6 +26,20 @@ using fastattn::cuda::attn::Launch;
 using fastattn::cuda::attn::Problem;
 
 inline bool defined(const optional<Tensor>& t) { return t.has_value() && t->defined(); }
+
+// The shared memory per block the launchers may use: the device's opt-in limit, capped by
+// FASTATTN_CUDA_SMEM_LIMIT (bytes) when set, so that a large GPU runs the smaller-tile variants
+// of smaller ones (e.g. 101376 for sm_86/89/120, 166912 for sm_80) in tests. Read per call.
+inline int smem_limit(int device_optin) {
+  const char* env = std::getenv("FASTATTN_CUDA_SMEM_LIMIT");
+  if (env == nullptr || *env == '\0') return device_optin;
+  char* end = nullptr;
+  errno = 0;
+  const long cap = std::strtol(env, &end, 10);
+  TORCH_CHECK(errno == 0 && *end == '\0' && cap > 0 && cap <= (1L << 30),
+              "FASTATTN_CUDA_SMEM_LIMIT must be a positive number of bytes, got '", env, "'");
+  return static_cast<int>(std::min<long>(cap, device_optin));
+}
 
 // Rows of a 16-bit (B, H, L, D) tensor start on 16-byte boundaries (cp.async tiles): the base
 // pointer and every stride of a dimension that is not 1 long are multiples of 8 elements.

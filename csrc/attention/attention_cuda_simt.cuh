@@ -10,18 +10,33 @@
 //   products outer-product accumulation into registers acc[kR][8], lanes owning the output
 //            columns lane, lane + 32, ... (head dims up to 256), summing the 32 keys (or
 //            queries) in order.
+//
+// Shared memory grows with the head dims (up to 206 KB for the float64 dK/dV at 256). Two smaller
+// variants keep every head dim on 99 KB devices, with the same arithmetic in the same order:
+//   forward   fewer rows per warp (kR template parameter; float64 only, above D ~ 252);
+//   backward  a D-split (kChunked): the 32-row tiles of the step (Q/dO for dK/dV, K/V for dQ)
+//             are loaded 32 columns at a time; the dot products carry their partial sums
+//             through the warp's [kR][32] buffers, then the products phase reloads the chunks
+//             (the last one is still in place) and accumulates output column c of each lane
+//             from chunk c. The sums run over the same elements in the same order as the full
+//             tiles, so both variants give bitwise equal results.
 #pragma once
 #include "attention/attention_cuda_common.cuh"
 
 namespace fastattn::cuda::attn {
 
 template <typename T>
+inline constexpr int kSimtR = sizeof(T) == 4 ? 8 : 4;  // rows per warp of the default tiles
+
+template <typename T, int kR_ = kSimtR<T>>
 struct SimtConfig {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kR = sizeof(T) == 4 ? 8 : 4;  // rows per warp
-  static constexpr int kRows = kWarps * kR;          // rows per block
-  static constexpr int kCols = 8;                    // output columns per lane (256 / 32)
+  static constexpr int kR = kR_;             // rows per warp
+  static constexpr int kRows = kWarps * kR;  // rows per block
+  static constexpr int kCols = 8;            // output columns per lane (256 / 32)
+  static constexpr int kChunk = 32;          // columns per chunk of the D-split (one per lane)
+  static_assert(kR >= 1 && kCols * 32 >= 256, "rows per warp; columns up to 256");
 };
 
 // Copies rows [r0, r0 + rows) x cols [0, D) of a row-major global matrix (ld) into a shared
@@ -37,10 +52,10 @@ __device__ __forceinline__ void simt_load_tile(T* s, int ld_s, const T* g, int64
   }
 }
 
-// Sequential FMA dot product of two shared rows.
+// Sequential FMA dot product of two shared rows, continuing the running sum `sum` (a D-split
+// passes the previous chunks' partial sum, so the order of the additions does not change).
 template <typename T>
-__device__ __forceinline__ T simt_dot(const T* a, const T* b, int D) {
-  T sum = 0;
+__device__ __forceinline__ T simt_dot(const T* a, const T* b, int D, T sum = T(0)) {
   for (int d = 0; d < D; ++d) sum = prim::acc_fma(prim::lds(a + d), prim::lds(b + d), sum);
   return sum;
 }
@@ -73,31 +88,60 @@ __device__ __forceinline__ void simt_accumulate(T (&acc)[kR][kCols], const T* co
   }
 }
 
-// Shared-memory bytes of each SIMT kernel for head dims D, Dv.
-template <typename T>
+// acc[r][c] += sum_m coef[r][m] * B[m][lane] over m in [0, 32), in order, for the one output
+// column c (run time) of the chunk B (a shared tile of row length ldb): the D-split's
+// simt_accumulate. Each register column has its own copy of the loop (acc stays in registers)
+// while the caller's chunk loop stays rolled (one copy of its loads: fewer live registers).
+template <typename T, int kR, int kCols>
+__device__ __forceinline__ void simt_accumulate_col(T (&acc)[kR][kCols], int c, const T* coef,
+                                                    const T* B, int ldb, bool valid,
+                                                    int lane) {
+#pragma unroll
+  for (int cc = 0; cc < kCols; ++cc) {
+    if (cc == c) {
+#pragma unroll 1
+      for (int m = 0; m < 32; ++m) {
+        const T bv = valid ? prim::lds(B + m * ldb + lane) : T(0);
+#pragma unroll
+        for (int r = 0; r < kR; ++r) {
+          acc[r][cc] = prim::acc_fma(prim::lds(coef + r * 32 + m), bv, acc[r][cc]);
+        }
+      }
+    }
+  }
+}
+
+// Shared-memory bytes of each SIMT kernel for head dims D, Dv (kR rows per warp; chunked: the
+// D-split backward, whose step tiles hold 32 columns).
+template <typename T, int kR = kSimtR<T>>
 struct SimtSmem {
-  using Cfg = SimtConfig<T>;
-  static int fwd(int D, int Dv) {
+  using Cfg = SimtConfig<T, kR>;
+  static constexpr int fwd(int D, int Dv) {
     const int dmax = D > Dv ? D : Dv;
     return static_cast<int>(sizeof(T)) *
            (Cfg::kRows * (D + 1) + 32 * (dmax + 1) + Cfg::kWarps * Cfg::kR * 32);
   }
-  static int dkdv(int D, int Dv) {
+  // The two 32-row tiles of a backward step: full rows, or one chunk of each.
+  static constexpr int step_tiles(int D, int Dv, bool chunked) {
+    return chunked ? 2 * 32 * (Cfg::kChunk + 1) : 32 * (D + 1) + 32 * (Dv + 1);
+  }
+  static constexpr int dkdv(int D, int Dv, bool chunked) {
     return static_cast<int>(sizeof(T)) * (Cfg::kRows * (D + 1) + Cfg::kRows * (Dv + 1) +
-                                          32 * (D + 1) + 32 * (Dv + 1) +
+                                          step_tiles(D, Dv, chunked) +
                                           2 * Cfg::kWarps * Cfg::kR * 32 + 2 * 32);
   }
-  static int dq(int D, int Dv) {
+  static constexpr int dq(int D, int Dv, bool chunked) {
     return static_cast<int>(sizeof(T)) * (Cfg::kRows * (D + 1) + Cfg::kRows * (Dv + 1) +
-                                          32 * (D + 1) + 32 * (Dv + 1) +
-                                          Cfg::kWarps * Cfg::kR * 32 + 2 * Cfg::kRows);
+                                          step_tiles(D, Dv, chunked) +
+                                          (chunked ? 2 : 1) * Cfg::kWarps * Cfg::kR * 32 +
+                                          2 * Cfg::kRows);
   }
 };
 
-template <typename T>
-__global__ void __launch_bounds__(SimtConfig<T>::kThreads)
+template <typename T, int kR_>
+__global__ void __launch_bounds__(SimtConfig<T, kR_>::kThreads)
     attention_fwd_simt_kernel(const FwdParams args) {
-  using Cfg = SimtConfig<T>;
+  using Cfg = SimtConfig<T, kR_>;
   constexpr int kR = Cfg::kR, kRows = Cfg::kRows, kCols = Cfg::kCols;
   FwdParams params = args;  // select_sequence rewrites it for varlen / KV-cache problems
   const Problem& p = params.p;
@@ -225,21 +269,24 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
 
 // dK/dV: a block owns kRows keys (kR per warp) of one (batch, kv head); lanes are the 32
 // queries of a step, which walks the query heads of the group and the visible query tiles.
-template <typename T>
+// kChunked: the D-split (see the top of the file).
+template <typename T, bool kChunked>
 __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
     attention_bwd_dkdv_simt_kernel(const BwdParams args) {
   using Cfg = SimtConfig<T>;
-  constexpr int kR = Cfg::kR, kRows = Cfg::kRows, kCols = Cfg::kCols;
+  constexpr int kR = Cfg::kR, kRows = Cfg::kRows, kCols = Cfg::kCols, kChunk = Cfg::kChunk;
   BwdParams params = args;  // select_sequence rewrites it for varlen problems
   const Problem& p = params.p;
   const int D = p.D, Dv = p.Dv;
   const int ldd = D + 1, lddv = Dv + 1;
+  // Row lengths of the step's Q and dO tiles: whole rows, or one chunk.
+  const int ldq = kChunked ? kChunk + 1 : ldd, lddo = kChunked ? kChunk + 1 : lddv;
   T* sK = reinterpret_cast<T*>(prim::shared_base());
   T* sV = sK + kRows * ldd;
   T* sQ = sV + kRows * lddv;  // 32 query rows
-  T* sdO = sQ + 32 * ldd;
-  T* sP = sdO + 32 * lddv;  // [warp][kR][32]: P^T * dropout
-  T* sdS = sP + Cfg::kWarps * kR * 32;
+  T* sdO = sQ + 32 * ldq;
+  T* sP = sdO + 32 * lddo;  // [warp][kR][32]: P^T * dropout (chunked: first the partial S^T)
+  T* sdS = sP + Cfg::kWarps * kR * 32;  // (chunked: first the partial dP^T)
   T* s_lse = sdS + Cfg::kWarps * kR * 32;
   T* s_delta = s_lse + 32;
 
@@ -255,6 +302,7 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
   if (j0 >= p.Lk) return;  // the whole block: past the end of a shorter sequence
   T* myP = sP + warp * kR * 32;
   T* mydS = sdS + warp * kR * 32;
+  const int n_chunks = ((D > Dv ? D : Dv) + kChunk - 1) / kChunk;
 
   const T* Kg = static_cast<const T*>(p.k) + b * p.k_sb + hk * p.k_sh;
   const T* Vg = static_cast<const T*>(p.v) + b * p.v_sb + hk * p.v_sh;
@@ -280,9 +328,18 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
     const int i = i0 + lane;
     const T* Qg = static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh;
     const T* dOg = static_cast<const T*>(params.dout) + b * params.do_sb + h * params.do_sh;
+    // Chunk c of the step's Q and dO tiles (columns [32 c, 32 c + 32), zero past D / Dv).
+    auto load_chunk = [&](int c) {
+      const int c0 = c * kChunk;
+      simt_load_tile(sQ, ldq, Qg + c0, p.q_sl, i0, 32, p.Lq, D - c0, tid, Cfg::kThreads);
+      simt_load_tile(sdO, lddo, dOg + c0, params.do_sl, i0, 32, p.Lq, Dv - c0, tid,
+                     Cfg::kThreads);
+    };
     prim::block_sync();  // the previous step's tiles are no longer read
-    simt_load_tile(sQ, ldd, Qg, p.q_sl, i0, 32, p.Lq, D, tid, Cfg::kThreads);
-    simt_load_tile(sdO, lddv, dOg, params.do_sl, i0, 32, p.Lq, Dv, tid, Cfg::kThreads);
+    if constexpr (!kChunked) {
+      simt_load_tile(sQ, ldd, Qg, p.q_sl, i0, 32, p.Lq, D, tid, Cfg::kThreads);
+      simt_load_tile(sdO, lddv, dOg, params.do_sl, i0, 32, p.Lq, Dv, tid, Cfg::kThreads);
+    }
     if (tid < 32) {
       T lse = prim::inf_of<T>(), delta = 0;
       if (i < p.Lq) {
@@ -294,7 +351,28 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
       prim::sts(s_lse + tid, lse);
       prim::sts(s_delta + tid, delta);
     }
-    prim::block_sync();
+    if constexpr (kChunked) {
+      // Partial S^T and dP^T of the warp's rows, chunk by chunk, in the warp's buffers.
+      for (int c = 0; c < n_chunks; ++c) {
+        const int c0 = c * kChunk;
+        if (c > 0) prim::block_sync();  // every warp is done with the previous chunk
+        load_chunk(c);
+        prim::block_sync();
+#pragma unroll 1
+        for (int r = 0; r < kR; ++r) {
+          const T s0 = c == 0 ? T(0) : prim::lds(myP + r * 32 + lane);
+          const T dp0 = c == 0 ? T(0) : prim::lds(mydS + r * 32 + lane);
+          prim::sts(myP + r * 32 + lane,
+                    simt_dot(sK + (row0 + r) * ldd + c0, sQ + lane * ldq, min(kChunk, D - c0),
+                             s0));
+          prim::sts(mydS + r * 32 + lane,
+                    simt_dot(sV + (row0 + r) * lddv + c0, sdO + lane * lddo,
+                             min(kChunk, Dv - c0), dp0));
+        }
+      }
+    } else {
+      prim::block_sync();
+    }
 
     Scores<T> sc;  // element-wise path only (local memory)
     sc.init(p, b, h);
@@ -305,22 +383,38 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
     for (int r = 0; r < kR; ++r) {
       const int j = j0 + row0 + r;
       T th = 0;
-      const T s = simt_score(p, sc, elementwise, scale, simt_dot(sK + (row0 + r) * ldd, sQ + lane * ldd, D), i, j,
-                             th);
+      const T dot = kChunked ? prim::lds(myP + r * 32 + lane)
+                             : simt_dot(sK + (row0 + r) * ldd, sQ + lane * ldd, D);
+      const T s = simt_score(p, sc, elementwise, scale, dot, i, j, th);
       const T pv = prim::acc_exp(s - lse_i);
       T mult = 1;
       if (p.dropout && i < p.Lq && j < p.Lk) {
         mult = drop.keep(dropout_element(p, bh, i, j)) ? keep_scale : T(0);
       }
-      const T dp = simt_dot(sV + (row0 + r) * lddv, sdO + lane * lddv, Dv);
+      const T dp = kChunked ? prim::lds(mydS + r * 32 + lane)
+                            : simt_dot(sV + (row0 + r) * lddv, sdO + lane * lddv, Dv);
       T ds = pv * (dp * mult - delta_i);
       if (p.softcap > 0.0) ds *= T(1) - th * th;
       prim::sts(myP + r * 32 + lane, pv * mult);
       prim::sts(mydS + r * 32 + lane, ds * scale);
     }
     prim::warp_sync();
-    simt_accumulate<T, kR, kCols>(dv, myP, sdO, lddv, Dv, lane);
-    simt_accumulate<T, kR, kCols>(dk, mydS, sQ, ldd, D, lane);
+    if constexpr (kChunked) {
+      // Output column c of each lane from chunk c; the last chunk is still in place.
+#pragma unroll 1
+      for (int c = n_chunks - 1; c >= 0; --c) {
+        if (c != n_chunks - 1) {
+          prim::block_sync();  // every warp is done with the chunk in place
+          load_chunk(c);
+          prim::block_sync();
+        }
+        simt_accumulate_col<T, kR, kCols>(dv, c, myP, sdO, lddo, lane + c * kChunk < Dv, lane);
+        simt_accumulate_col<T, kR, kCols>(dk, c, mydS, sQ, ldq, lane + c * kChunk < D, lane);
+      }
+    } else {
+      simt_accumulate<T, kR, kCols>(dv, myP, sdO, lddv, Dv, lane);
+      simt_accumulate<T, kR, kCols>(dk, mydS, sQ, ldd, D, lane);
+    }
   }
 
   T* dKg = static_cast<T*>(params.dk) + b * params.dk_sb + hk * params.dk_sh;
@@ -339,22 +433,25 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
 }
 
 // dQ: a block owns kRows queries (kR per warp) of one (batch, query head); lanes are the 32
-// keys of a step.
-template <typename T>
+// keys of a step. kChunked: the D-split (see the top of the file).
+template <typename T, bool kChunked>
 __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
     attention_bwd_dq_simt_kernel(const BwdParams args) {
   using Cfg = SimtConfig<T>;
-  constexpr int kR = Cfg::kR, kRows = Cfg::kRows, kCols = Cfg::kCols;
+  constexpr int kR = Cfg::kR, kRows = Cfg::kRows, kCols = Cfg::kCols, kChunk = Cfg::kChunk;
   BwdParams params = args;  // select_sequence rewrites it for varlen problems
   const Problem& p = params.p;
   const int D = p.D, Dv = p.Dv;
   const int ldd = D + 1, lddv = Dv + 1;
+  // Row lengths of the step's K and V tiles: whole rows, or one chunk.
+  const int ldk = kChunked ? kChunk + 1 : ldd, ldv = kChunked ? kChunk + 1 : lddv;
   T* sQ = reinterpret_cast<T*>(prim::shared_base());
   T* sdO = sQ + kRows * ldd;
   T* sK = sdO + kRows * lddv;  // 32 key rows
-  T* sV = sK + 32 * ldd;
-  T* sdS = sV + 32 * lddv;  // [warp][kR][32]
-  T* s_lse = sdS + Cfg::kWarps * kR * 32;
+  T* sV = sK + 32 * ldk;
+  T* sdS = sV + 32 * ldv;  // [warp][kR][32] (chunked: first the partial dP)
+  T* sS = sdS + Cfg::kWarps * kR * 32;  // chunked only: the partial S
+  T* s_lse = sS + (kChunked ? Cfg::kWarps * kR * 32 : 0);
   T* s_delta = s_lse + kRows;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -368,6 +465,8 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
   select_sequence(params, b);
   if (i0 >= p.Lq) return;  // the whole block: past the end of a shorter sequence
   T* mydS = sdS + warp * kR * 32;
+  T* myS = sS + warp * kR * 32;
+  const int n_chunks = ((D > Dv ? D : Dv) + kChunk - 1) / kChunk;
 
   const T* Qg = static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh;
   const T* dOg = static_cast<const T*>(params.dout) + b * params.do_sb + h * params.do_sh;
@@ -407,27 +506,67 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
     const int j0 = n_tile * 32;
     const int j = j0 + lane;
     prim::block_sync();  // the previous step's tiles are no longer read (and Q, dO have landed)
-    simt_load_tile(sK, ldd, Kg, p.k_sl, j0, 32, p.Lk, D, tid, Cfg::kThreads);
-    simt_load_tile(sV, lddv, Vg, p.v_sl, j0, 32, p.Lk, Dv, tid, Cfg::kThreads);
-    prim::block_sync();
+    if constexpr (kChunked) {
+      // Partial S and dP of the warp's rows, chunk by chunk, in the warp's buffers.
+      for (int c = 0; c < n_chunks; ++c) {
+        const int c0 = c * kChunk;
+        if (c > 0) prim::block_sync();  // every warp is done with the previous chunk
+        simt_load_tile(sK, ldk, Kg + c0, p.k_sl, j0, 32, p.Lk, D - c0, tid, Cfg::kThreads);
+        simt_load_tile(sV, ldv, Vg + c0, p.v_sl, j0, 32, p.Lk, Dv - c0, tid, Cfg::kThreads);
+        prim::block_sync();
+#pragma unroll 1
+        for (int r = 0; r < kR; ++r) {
+          const T s0 = c == 0 ? T(0) : prim::lds(myS + r * 32 + lane);
+          const T dp0 = c == 0 ? T(0) : prim::lds(mydS + r * 32 + lane);
+          prim::sts(myS + r * 32 + lane,
+                    simt_dot(sQ + (row0 + r) * ldd + c0, sK + lane * ldk, min(kChunk, D - c0),
+                             s0));
+          prim::sts(mydS + r * 32 + lane,
+                    simt_dot(sdO + (row0 + r) * lddv + c0, sV + lane * ldv,
+                             min(kChunk, Dv - c0), dp0));
+        }
+      }
+    } else {
+      simt_load_tile(sK, ldd, Kg, p.k_sl, j0, 32, p.Lk, D, tid, Cfg::kThreads);
+      simt_load_tile(sV, lddv, Vg, p.v_sl, j0, 32, p.Lk, Dv, tid, Cfg::kThreads);
+      prim::block_sync();
+    }
 #pragma unroll 1
     for (int r = 0; r < kR; ++r) {
       const int i = i0 + row0 + r;
       T th = 0;
-      const T s = simt_score(p, sc, elementwise, scale, simt_dot(sQ + (row0 + r) * ldd, sK + lane * ldd, D), i, j,
-                             th);
+      const T dot = kChunked ? prim::lds(myS + r * 32 + lane)
+                             : simt_dot(sQ + (row0 + r) * ldd, sK + lane * ldd, D);
+      const T s = simt_score(p, sc, elementwise, scale, dot, i, j, th);
       const T pv = prim::acc_exp(s - prim::lds(s_lse + row0 + r));
       T mult = 1;
       if (p.dropout && i < p.Lq && j < p.Lk) {
         mult = drop.keep(dropout_element(p, bh, i, j)) ? keep_scale : T(0);
       }
-      const T dp = simt_dot(sdO + (row0 + r) * lddv, sV + lane * lddv, Dv);
+      const T dp = kChunked ? prim::lds(mydS + r * 32 + lane)
+                            : simt_dot(sdO + (row0 + r) * lddv, sV + lane * lddv, Dv);
       T ds = pv * (dp * mult - prim::lds(s_delta + row0 + r));
       if (p.softcap > 0.0) ds *= T(1) - th * th;
       prim::sts(mydS + r * 32 + lane, ds * scale);
     }
     prim::warp_sync();
-    simt_accumulate<T, kR, kCols>(dq, mydS, sK, ldd, D, lane);
+    if constexpr (kChunked) {
+      // Output column c of each lane from K chunk c; the last chunk is still in place.
+#pragma unroll 1
+      for (int c = n_chunks - 1; c >= 0; --c) {
+        if (c * kChunk < D) {
+          if (c != n_chunks - 1) {
+            prim::block_sync();  // every warp is done with the chunk in place
+            simt_load_tile(sK, ldk, Kg + c * kChunk, p.k_sl, j0, 32, p.Lk, D - c * kChunk, tid,
+                           Cfg::kThreads);
+            prim::block_sync();
+          }
+          simt_accumulate_col<T, kR, kCols>(dq, c, mydS, sK, ldk, lane + c * kChunk < D, lane);
+        }
+      }
+    } else {
+      simt_accumulate<T, kR, kCols>(dq, mydS, sK, ldd, D, lane);
+    }
   }
 
   T* dQg = static_cast<T*>(params.dq) + b * params.dq_sb + h * params.dq_sh;

@@ -48,7 +48,8 @@ std::tuple<Tensor, Tensor> decode(const Tensor& q, const Tensor& k_cache, const 
                    "8.0 or newer (tensor-core mma and cp.async), got ", major, ".x");
   }
   const fastattn::cuda::attn::Launch launch{
-      static_cast<void*>(c10::cuda::getCurrentCUDAStream().stream()), smem};
+      static_cast<void*>(c10::cuda::getCurrentCUDAStream().stream()),
+      fastattn::attention::cuda_impl::smem_limit(smem)};
   return cuda_impl::decode(q, k_cache, v_cache, k_lengths, q_positions, alibi, scale, softcap,
                            causal_mode, wl, wr, num_splits, sms, launch);
 }

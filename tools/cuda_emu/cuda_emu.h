@@ -122,6 +122,9 @@ struct State {
   std::function<void()> body;
   std::string error;  // first failure inside a fiber
   bool failed = false;
+  // "launcher signature | smem bytes" of every launch since the last clear (run.py checks which
+  // tile variant a case reached).
+  std::vector<std::string> launches;
 };
 
 State& st();
@@ -314,6 +317,7 @@ void launch(void (*kernel)(P), unsigned grid, int threads, int smem, void* strea
             const char* name) {
   (void)stream;
   st().where = name;
+  st().launches.push_back(std::string(name) + " | smem " + std::to_string(smem));
   set_ranges(emu_ranges(params));  // found by ADL next to the parameter struct
   st().body = [kernel, &params]() { kernel(params); };
   st().global_writer.clear();

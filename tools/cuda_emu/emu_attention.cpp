@@ -211,4 +211,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("varlen_backward", &varlen_backward);
   m.def("decode", &decode);
   m.def("set_poison", [](bool on) { fastattn::poison_flag().store(on); });
+  // The launches since the previous call ("launcher signature | smem bytes"), then clears them.
+  m.def("take_launches", []() {
+    std::vector<std::string> out;
+    out.swap(::emu::st().launches);
+    return out;
+  });
 }

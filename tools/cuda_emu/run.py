@@ -30,7 +30,9 @@ from fastattn.reference import attention_with_kvcache as kv_ref  # noqa: E402
 from fastattn.reference import varlen_attention as varlen_ref  # noqa: E402
 from tolerance import max_error, rounding_floor  # noqa: E402
 
-H100_SMEM = 227 * 1024
+H100_SMEM = 227 * 1024  # opt-in shared memory per block: sm_90, sm_100
+A100_SMEM = 163 * 1024  # sm_80
+SMALL_SMEM = 101376  # 99 KB: sm_86, sm_89, sm_120
 UNBOUNDED = 1 << 30
 
 
@@ -52,7 +54,11 @@ class Case:
     def __init__(self, name, dtype=torch.bfloat16, B=1, Hq=2, Hkv=2, Lq=40, Lk=70, D=64, Dv=None,
                  causal=None, window=None, mask=None, padding=False, alibi=False, softcap=0.0,
                  dropout=0.0, scale=None, layout="bhld", backward=True, grad_lse=False,
-                 empty_rows=False, alibi_heads_only=False, grad_out_expanded=False):
+                 empty_rows=False, alibi_heads_only=False, grad_out_expanded=False,
+                 smem=H100_SMEM, expect=(), expect_error=None):
+        # smem: the emulated device's shared memory per block; expect: launches the case must
+        # make, each "part&part..." matched by one launcher signature (see reached());
+        # expect_error: the text of the error the op must raise instead (smem below the range).
         self.__dict__.update(locals())
         self.Dv = D if Dv is None else Dv
 
@@ -155,13 +161,41 @@ def check(name, got, ref64, reflow, factor, results, dtype=None, extra=0.0):
     return ok
 
 
+def reached(ext, expect, results):
+    """Checks that the launches since the last call include each expected tile variant."""
+    launches = ext.take_launches()
+    for e in expect:
+        parts = e.split("&")
+        ok = any(all(x in line for x in parts) for line in launches)
+        results.append((f"reached {e}", ok, 0.0, 0.0))
+        if not ok:
+            print(f"  {e} not among:\n    " + "\n    ".join(sorted(set(launches))))
+
+
+def same_as_h100(name, got, ref, results):
+    """The smaller-tile variants sum in the same order as the H100 ones: bitwise equal."""
+    ok = all(torch.equal(a, b) for a, b in zip(got, ref) if a is not None)
+    results.append((name, ok, 0.0, 0.0))
+
+
 def run_case(ext, c: Case, verbose: bool):
     g = torch.Generator().manual_seed(hash(c.name) % (1 << 31))
     q, k, v, kw = canonical(c, g)
     args = (kw["attn_mask"], kw["key_padding_mask"], kw["alibi_slopes"], kw["scale"], kw["softcap"],
             kw["window_lo"], kw["window_hi"], kw["dropout_p"], kw["seed"])
     ext.set_poison(True)
-    out, lse = ext.forward(q, k, v, *args, H100_SMEM)
+    ext.take_launches()
+    if c.expect_error is not None:
+        try:
+            out, lse = ext.forward(q, k, v, *args, c.smem)
+            ext.backward(torch.randn(out.shape, generator=g).to(c.dtype), None, q, k, v, out, lse,
+                         *args, c.smem)
+        except RuntimeError as exc:
+            if c.expect_error not in str(exc):
+                print(f"  raised: {exc}")
+            return [(f"raises '{c.expect_error}'", c.expect_error in str(exc), 0.0, 0.0)]
+        return [(f"raises '{c.expect_error}'", False, 0.0, 0.0)]
+    out, lse = ext.forward(q, k, v, *args, c.smem)
     grad_out = torch.randn(out.shape, generator=g).to(c.dtype) if c.backward else None
     if c.backward and c.grad_out_expanded:  # d(out.sum()): every outer stride 0
         grad_out = torch.randn(out.shape[-1], generator=g).to(c.dtype).expand(out.shape)
@@ -180,15 +214,23 @@ def run_case(ext, c: Case, verbose: bool):
     check("lse", lse_f, torch.where(fin, l64, torch.zeros_like(l64)),
           torch.where(fin, llow.double(), torch.zeros_like(l64)), 2.0, results, dtype=lse.dtype)
     if c.backward:
-        dq, dk, dv = ext.backward(grad_out, grad_lse, q, k, v, out, lse, *args, H100_SMEM)
+        dq, dk, dv = ext.backward(grad_out, grad_lse, q, k, v, out, lse, *args, c.smem)
         floors = cancellation_floors(q, k, v, kw, grad_out) + (0.0,)
         for nm, got, r64, rlow, extra in zip(("dq", "dk", "dv"), (dq, dk, dv), g64, glow, floors):
             assert got.is_contiguous()
             check(nm, got, r64, rlow, 3.0, results, extra=extra)
         # determinism: a second run is bitwise equal
-        dq2, dk2, dv2 = ext.backward(grad_out, grad_lse, q, k, v, out, lse, *args, H100_SMEM)
+    reached(ext, c.expect, results)
+    if c.backward:
+        dq2, dk2, dv2 = ext.backward(grad_out, grad_lse, q, k, v, out, lse, *args, c.smem)
         results.append(("determinism", bool(torch.equal(dq, dq2) and torch.equal(dk, dk2)
                                             and torch.equal(dv, dv2)), 0.0, 0.0))
+    if c.smem != H100_SMEM:
+        o_h, l_h = ext.forward(q, k, v, *args, H100_SMEM)
+        same_as_h100("fwd same as 227 KB", (out, lse), (o_h, l_h), results)
+        if c.backward:
+            g_h = ext.backward(grad_out, grad_lse, q, k, v, out, lse, *args, H100_SMEM)
+            same_as_h100("bwd same as 227 KB", (dq, dk, dv), g_h, results)
     return results
 
 
@@ -251,7 +293,57 @@ def cases():
     out.append(Case("f64_float64_mask_dropout", torch.float64, mask="float", dropout=0.2, D=8,
                     Lq=21, Lk=19, grad_out_expanded=True))
     out.append(Case("f32_lk0", torch.float32, Lq=5, Lk=0))
+    out += smem_cases()
     return out
+
+
+# Launcher signatures of the smaller-tile variants (attention_cuda_launch.cuh).
+KV256_SMALL = ("run_bwd_dkdv_mma&BwdKVConfig<256, 1, 1, 16>",
+               "run_bwd_dkdv_mma&BwdKVConfig<256, 1, 2, 16>")
+KV256_LARGE = ("run_bwd_dkdv_mma&BwdKVConfig<256, 1, 1>",  # default 64 queries per step
+               "run_bwd_dkdv_mma&BwdKVConfig<256, 1, 2>")
+Q128_SMALL = "run_bwd_dq_mma&BwdQConfig<128, 1, 64>"
+Q128_LARGE = "run_bwd_dq_mma&BwdQConfig<128, 2, 64>"
+DKDV_SPLIT = "run_bwd_dkdv_simt&kChunked = true"
+DKDV_FULL = "run_bwd_dkdv_simt&kChunked = false"
+DQ_SPLIT, DQ_FULL = "run_bwd_dq_simt&kChunked = true", "run_bwd_dq_simt&kChunked = false"
+FWD64_SMALL = "run_fwd_simt_tile&T = double; int kR = 2"
+FWD64_LARGE = "run_fwd_simt_tile&T = double; int kR = 4"
+
+
+def smem_cases():
+    """Devices with 99 KB (sm_86/89/120) and 163 KB (sm_80) of shared memory per block: every
+    smaller-tile variant, each also compared bitwise with the 227 KB (H100) variant."""
+    bf, f16, f32, f64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
+    S, A = SMALL_SMEM, A100_SMEM
+    return [
+        Case("smem99_bf16_d128_multi", bf, Hq=4, Hkv=2, D=128, Lq=100, Lk=90, smem=S,
+             expect=(Q128_SMALL,)),
+        Case("smem99_f16_d128_causal_dropout", f16, D=128, Dv=100, causal="bottom_right",
+             dropout=0.17, Lq=70, Lk=110, smem=S, expect=(Q128_SMALL,)),
+        Case("smem163_bf16_d128", bf, D=128, Lq=40, Lk=70, smem=A, expect=(Q128_LARGE,)),
+        Case("smem99_bf16_d256_gqa_window", bf, Hq=2, Hkv=1, D=256, Lq=70, Lk=75, window=(40, 3),
+             smem=S, expect=KV256_SMALL + ("run_bwd_dq_mma&BwdQConfig<256, 1, 32>",)),
+        Case("smem99_f16_d256_everything", f16, D=256, Dv=200, mask="bool", dropout=0.1,
+             softcap=3.0, grad_lse=True, Lq=37, Lk=40, smem=S, expect=KV256_SMALL),
+        Case("smem163_f16_d256", f16, D=256, Dv=160, Lq=20, Lk=45, smem=A, expect=KV256_LARGE),
+        Case("smem99_f32_d256_causal", f32, D=256, Lq=40, Lk=45, causal=True, smem=S,
+             expect=(DKDV_SPLIT, DQ_SPLIT, "run_fwd_simt_tile&T = float; int kR = 8")),
+        Case("smem99_f32_d190_dv180_gqa", f32, Hq=4, Hkv=2, D=190, Dv=180, Lq=20, Lk=40,
+             dropout=0.2, smem=S, expect=(DKDV_SPLIT, DQ_FULL)),
+        Case("smem163_f32_d256", f32, D=256, Lq=9, Lk=40, smem=A, expect=(DKDV_FULL, DQ_FULL)),
+        Case("smem99_f64_d256", f64, D=256, Lq=20, Lk=35, alibi=True, smem=S,
+             expect=(FWD64_SMALL, DKDV_SPLIT, DQ_SPLIT)),
+        Case("smem99_f64_d100_dv250_softcap_mask", f64, D=100, Dv=250, softcap=2.5,
+             mask="bool_rows", Lq=20, Lk=30, smem=S, expect=(FWD64_LARGE, DKDV_SPLIT, DQ_SPLIT)),
+        Case("smem163_f64_d256_dv170_causal", f64, D=256, Dv=170, causal="bottom_right", Lq=20,
+             Lk=40, smem=A, expect=(FWD64_LARGE, DKDV_SPLIT, DQ_SPLIT)),
+        Case("smem163_f64_d200", f64, D=200, Lq=10, Lk=20, smem=A, expect=(DKDV_FULL, DQ_FULL)),
+        # below every supported device (80 KB): check_smem still refuses with a clear error
+        Case("smem80_bf16_d256_refused", bf, D=256, Lq=8, Lk=8, smem=80 * 1024,
+             expect_error="attention_bwd_dkdv_mma needs 84608 bytes of shared memory per block, "
+                          "the device allows 81920"),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,7 +353,8 @@ def cases():
 class VarlenCase:
     def __init__(self, name, dtype=torch.bfloat16, q_lens=(0, 1, 5, 17, 64, 70), k_lens=None,
                  Hq=2, Hkv=2, D=64, Dv=None, causal_mode=0, window=(-1, -1), alibi=False,
-                 softcap=0.0, dropout=0.0, grad_lse=False, layout="packed"):
+                 softcap=0.0, dropout=0.0, grad_lse=False, layout="packed", smem=H100_SMEM,
+                 expect=()):
         self.__dict__.update(locals())
         self.Dv = D if Dv is None else Dv
         self.k_lens = q_lens if k_lens is None else k_lens
@@ -287,7 +380,8 @@ def run_varlen_case(ext, c: VarlenCase, verbose: bool):
     args = (cu_q, cu_k, max_q, max_k, alibi, scale, c.softcap, c.causal_mode, c.window[0],
             c.window[1], c.dropout, seed)
     ext.set_poison(True)
-    out, lse = ext.varlen_forward(q, k, v, *args, H100_SMEM)
+    ext.take_launches()
+    out, lse = ext.varlen_forward(q, k, v, *args, c.smem)
     grad_out = torch.randn(out.shape, generator=g).to(c.dtype)
     grad_lse = torch.randn(lse.shape, generator=g) if c.grad_lse else None
 
@@ -311,7 +405,8 @@ def run_varlen_case(ext, c: VarlenCase, verbose: bool):
     z = torch.zeros_like(l64)
     check("lse", torch.where(fin, lse.double(), z), torch.where(fin, l64, z),
           torch.where(fin, llow.double(), z), 2.0, results, dtype=lse.dtype)
-    dq, dk, dv = ext.varlen_backward(grad_out, grad_lse, q, k, v, out, lse, *args, H100_SMEM)
+    dq, dk, dv = ext.varlen_backward(grad_out, grad_lse, q, k, v, out, lse, *args, c.smem)
+    reached(ext, c.expect, results)
     for nm, got, r64, rlow in zip(("dq", "dk", "dv"), (dq, dk, dv), g64, glow):
         r64 = torch.zeros_like(got, dtype=torch.float64) if r64 is None else r64
         rlow = torch.zeros_like(got) if rlow is None else rlow
@@ -325,16 +420,22 @@ def run_varlen_case(ext, c: VarlenCase, verbose: bool):
             other = (k if nm == "dq" else q).double().abs().max()
             extra = res * float(other) * (math.sqrt(c.D * (c.Hq // c.Hkv)) if nm == "dk" else 1)
         check(nm, got, r64, rlow, 3.0, results, extra=extra)
-    dq2, dk2, dv2 = ext.varlen_backward(grad_out, grad_lse, q, k, v, out, lse, *args, H100_SMEM)
+    dq2, dk2, dv2 = ext.varlen_backward(grad_out, grad_lse, q, k, v, out, lse, *args, c.smem)
     results.append(("determinism", bool(torch.equal(dq, dq2) and torch.equal(dk, dk2)
                                         and torch.equal(dv, dv2)), 0.0, 0.0))
+    if c.smem != H100_SMEM:
+        o_h, l_h = ext.varlen_forward(q, k, v, *args, H100_SMEM)
+        same_as_h100("fwd same as 227 KB", (out, lse), (o_h, l_h), results)
+        g_h = ext.varlen_backward(grad_out, grad_lse, q, k, v, out, lse, *args, H100_SMEM)
+        same_as_h100("bwd same as 227 KB", (dq, dk, dv), g_h, results)
     return results
 
 
 class DecodeCase:
     def __init__(self, name, dtype=torch.bfloat16, cache_seqlens=(0, 3, 76, 299), Lq=1,
                  Lmax=320, Hq=8, Hkv=2, D=64, Dv=None, causal_mode=2, window=(-1, -1),
-                 alibi=False, softcap=0.0, num_splits=0, new_tokens=True):
+                 alibi=False, softcap=0.0, num_splits=0, new_tokens=True, smem=H100_SMEM,
+                 expect=()):
         self.__dict__.update(locals())
         self.Dv = D if Dv is None else Dv
 
@@ -351,7 +452,8 @@ def run_decode_case(ext, c: DecodeCase, verbose: bool):
     scale = 1.0 / math.sqrt(c.D)
     args = (k_lengths, pos, alibi, scale, c.softcap, c.causal_mode, c.window[0], c.window[1])
     ext.set_poison(True)
-    out, lse = ext.decode(q, k_cache, v_cache, *args, c.num_splits, 132, H100_SMEM)
+    ext.take_launches()
+    out, lse = ext.decode(q, k_cache, v_cache, *args, c.num_splits, 132, c.smem)
     o64, l64 = kv_ref.attention_decode(q.double(), k_cache.double(), v_cache.double(), *args)
     olow, llow = kv_ref.attention_decode(q, k_cache, v_cache, *args)
     results = []
@@ -362,6 +464,10 @@ def run_decode_case(ext, c: DecodeCase, verbose: bool):
     z = torch.zeros_like(l64)
     check("lse", torch.where(fin, lse.double(), z), torch.where(fin, l64, z),
           torch.where(fin, llow.double(), z), 2.0, results, dtype=lse.dtype)
+    reached(ext, c.expect, results)
+    if c.smem != H100_SMEM:
+        o_h, l_h = ext.decode(q, k_cache, v_cache, *args, c.num_splits, 132, H100_SMEM)
+        same_as_h100("same as 227 KB", (out, lse), (o_h, l_h), results)
     return results
 
 
@@ -383,6 +489,14 @@ def varlen_cases():
                    Dv=35, causal_mode=2, window=(30, -1), alibi=True, softcap=2.5, dropout=0.17,
                    grad_lse=True),
         VarlenCase("varlen_f64_causal", torch.float64, D=8, causal_mode=1, dropout=0.2),
+        VarlenCase("varlen_smem99_f16_d256", f16, q_lens=(0, 1, 5, 17, 33),
+                   k_lens=(3, 1, 0, 40, 33), D=256, Dv=200, causal_mode=2, dropout=0.1,
+                   smem=SMALL_SMEM, expect=KV256_SMALL),
+        VarlenCase("varlen_smem99_bf16_d128", bf, k_lens=shuffled, D=128, causal_mode=1,
+                   smem=SMALL_SMEM, expect=(Q128_SMALL,)),
+        VarlenCase("varlen_smem99_f64_d256", torch.float64, q_lens=(0, 3, 17), k_lens=(5, 0, 20),
+                   D=256, Dv=240, causal_mode=2, smem=SMALL_SMEM,
+                   expect=(FWD64_SMALL, DKDV_SPLIT, DQ_SPLIT)),
     ]
 
 
@@ -398,6 +512,10 @@ def decode_cases():
                    Hkv=1, D=256),
         DecodeCase("decode_f32_splits", torch.float32, num_splits=3, D=24, Dv=33, Lq=3),
         DecodeCase("decode_f64", torch.float64, Lq=2, D=16, alibi=True),
+        DecodeCase("decode_smem99_f64_d256", torch.float64, cache_seqlens=(0, 3, 40), Lmax=48,
+                   Lq=2, Hq=4, D=256, smem=SMALL_SMEM, expect=(FWD64_SMALL,)),
+        DecodeCase("decode_smem99_bf16_d256_splits", bf, cache_seqlens=(0, 7, 90), Lmax=96,
+                   Hq=4, D=256, num_splits=2, smem=SMALL_SMEM),
     ]
 
 
@@ -427,7 +545,13 @@ def main():
             continue
         bad = [r for r in res if not r[1]]
         failures += bool(bad)
-        detail = ", ".join(f"{n} {e:.2e}/{b:.2e}" for n, ok, e, b in res if n != "determinism")
+        # pass/fail entries without an error value
+        flags = ("reached", "fwd same", "bwd same", "same as", "raises")
+        detail = ", ".join(f"{n} {e:.2e}/{b:.2e}" for n, ok, e, b in res
+                           if n != "determinism" and not n.startswith(flags))
+        detail += "".join(f", {n}" if ok else f", FAILED {n}" for n, ok, e, b in res
+                          if n.startswith(flags))
+        detail = detail.lstrip(", ")
         det = [ok for n, ok, _, _ in res if n == "determinism"]
         print(f"{'ok  ' if not bad else 'FAIL'} {c.name} ({time.time() - t:.1f} s): {detail}"
               f"{'' if not det else ', deterministic' if det[0] else ', NOT DETERMINISTIC'}")
