@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 import os
+import time
+import types
 
 import pytest
 import torch
@@ -753,3 +755,139 @@ def test_rows_hidden_by_a_float_mask_of_minus_inf_have_finite_gradients(backend)
                                    (q, k, v))
         for got, exp in zip(grads, want):
             torch.testing.assert_close(got, exp, atol=1e-5, rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sizes beyond the kernels' index types are refused before any work (issue 16, item 6)
+
+# A key longer than int32 indices hold, in no memory: a stride-0 expansion of one row.
+_HUGE = 2**31 + 5
+
+
+def _huge_key_inputs(D=8):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 1, 1, D, generator=g)
+    k = torch.randn(1, 1, 1, D, generator=g).expand(1, 1, _HUGE, D)
+    v = torch.randn(1, 1, 1, D, generator=g).expand(1, 1, _HUGE, D)
+    return q, k, v
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_key_length_beyond_int32_is_refused(backend):
+    """The CPU kernel used to return a wrong result in seconds here (keys past 2**30 fell
+    outside the band's "unbounded" bound); every backend now refuses at the argument check,
+    so the call returns at once instead of running a kernel."""
+    attention_device(backend)
+    q, k, v = _huge_key_inputs()
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=r"k's length \(Lk\) must be < 2\*\*30 = 1073741824.*"
+                                         r"got 2147483653"):
+        fastattn.attention(q, k, v, backend=backend)
+    assert time.monotonic() - start < 5.0, "the refusal came after the kernel ran"
+
+
+def test_native_op_refuses_key_length_beyond_int32():
+    """The shared C++ check (csrc/attention/attention.h) refuses a direct op call too, before
+    the kernel runs, naming the op and the argument."""
+    attention_device("cpu")
+    q, k, v = _huge_key_inputs()
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"attention_forward: k's length \(Lk\) must be < "
+                                           r"2\^30 = 1073741824.*got 2147483653"):
+        torch.ops.fastattn.attention_forward(q, k, v, None, None, None, 1.0, 0.0, -2**30, 2**30,
+                                             0.0, None)
+    assert time.monotonic() - start < 5.0, "the refusal came after the kernel ran"
+
+
+def test_triton_op_refuses_query_length_beyond_int32():
+    """The Triton launcher checks the lengths itself (direct op calls skip fastattn.attention's
+    checks); q is a stride-0 expansion too, so no output is allocated before the refusal."""
+    backend_device("triton")
+    q = torch.randn(1, 1, 1, 8).expand(1, 1, 2**30, 8)
+    k = v = torch.randn(1, 1, 4, 8)
+    with pytest.raises(ValueError, match=r"q's length \(Lq\) must be < 2\*\*30"):
+        torch.ops.fastattn.attention_forward_triton(q, k, v, None, None, None, 1.0, 0.0,
+                                                    -2**30, 2**30, 0.0, None)
+
+
+def test_sequence_length_limit_is_2_pow_30():
+    """The limit is the band encoding's: 2**30 - 1 passes the check, 2**30 does not (not run:
+    a kernel over 2**30 keys takes seconds)."""
+    from fastattn.reference.attention import MAX_SEQLEN, WINDOW_UNBOUNDED, check_seqlen
+    assert MAX_SEQLEN == WINDOW_UNBOUNDED - 1 == 2**30 - 1
+    check_seqlen("attention", "k's length (Lk)", 2**30 - 1)
+    with pytest.raises(ValueError, match=r"attention: k's length \(Lk\) must be < 2\*\*30"):
+        check_seqlen("attention", "k's length (Lk)", 2**30)
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton tiles against the device's shared memory (issue 16, item 4)
+
+# Opt-in shared memory a block of an sm_86/89/120 card, an A100 and an H100.
+_SHARED_MEMORY = {"99KB": 101376, "163KB": 166912, "227KB": 232448}
+
+
+def _triton_attention_module():
+    pytest.importorskip("triton")
+    import fastattn.triton as fa_triton
+    import fastattn.triton.attention as tri
+    return fa_triton, tri
+
+
+@pytest.mark.parametrize("device_kind", list(_SHARED_MEMORY))
+def test_triton_pruning_fits_the_device_shared_memory(monkeypatch, device_kind):
+    """Every autotune list, pruned for a device with this much shared memory, keeps at least
+    one config and only configs whose tiles fit (the budget used to be a fixed 192 KB, which
+    kept 160 KB tiles on 99 KB cards)."""
+    fa_triton, tri = _triton_attention_module()
+    shared = _SHARED_MEMORY[device_kind]
+    monkeypatch.setattr(fa_triton, "ASSUMED_SHARED_MEMORY", shared)
+    monkeypatch.setattr(tri, "_AUTOTUNE", True)
+    budget = shared - fa_triton.SHARED_MEMORY_MARGIN
+    tables = {"fwd": (tri._FWD_CONFIGS, tri._FWD_CONFIGS_FP32),
+              "dq": (tri._DQ_CONFIGS, tri._DQ_CONFIGS_FP32),
+              "dkdv": (tri._DKDV_CONFIGS, tri._DKDV_CONFIGS_FP32)}
+    for kernel, (table16, table32) in tables.items():
+        for dtype, table in ((torch.float16, table16), (torch.float32, table32)):
+            for head, configs in table.items():
+                q = torch.empty(0, dtype=dtype)
+                kept = tri._pruner(kernel)(configs, {"Q": q}, BLOCK_D=head, BLOCK_DV=head)
+                assert kept, f"{kernel} {dtype} head {head}: no config left"
+                for c in kept:
+                    m, n = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
+                    need = tri.tile_shared_bytes(kernel, m, n, c.num_stages, head, head,
+                                                 dtype.itemsize)
+                    assert need <= budget, f"{kernel} {dtype} head {head}: {c} needs {need} B"
+
+
+def test_triton_pruning_refuses_when_nothing_fits(monkeypatch):
+    fa_triton, tri = _triton_attention_module()
+    monkeypatch.setattr(fa_triton, "ASSUMED_SHARED_MEMORY", 32 * 1024)
+    q = torch.empty(0, dtype=torch.float32)
+    with pytest.raises(ValueError, match="no fwd tile configuration fits the shared memory"):
+        tri._pruner("fwd")(tri._FWD_CONFIGS_FP32[256], {"Q": q}, BLOCK_D=256, BLOCK_DV=256)
+    # Below the margin but within the whole limit, the smallest config is kept.
+    monkeypatch.setattr(fa_triton, "ASSUMED_SHARED_MEMORY", 50 * 1024)
+    kept = tri._pruner("fwd")(tri._FWD_CONFIGS_FP32[256], {"Q": q}, BLOCK_D=256, BLOCK_DV=256)
+    assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages) for c in kept] == [(16, 16, 1)]
+
+
+def test_triton_shared_memory_comes_from_the_device(monkeypatch):
+    """A CUDA device's budget is its opt-in shared memory per block, read once per device."""
+    fa_triton, _ = _triton_attention_module()
+    calls = []
+
+    def props(index):
+        calls.append(index)
+        return types.SimpleNamespace(shared_memory_per_block_optin=101376 + index)
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props)
+    fa_triton._shared_memory_of.cache_clear()
+    try:
+        assert fa_triton.device_shared_memory(torch.device("cuda", 1)) == 101377
+        assert fa_triton.device_shared_memory(torch.device("cuda", 1)) == 101377
+        assert fa_triton.tile_budget(torch.device("cuda", 0)) == (
+            101376 - fa_triton.SHARED_MEMORY_MARGIN)
+        assert calls == [1, 0]
+    finally:
+        fa_triton._shared_memory_of.cache_clear()

@@ -23,6 +23,7 @@ examples/decoding.py (run by tests/test_examples.py) checks whole-model decoding
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 
 import pytest
@@ -834,3 +835,42 @@ def test_cuda_bad_cache_seqlens_fail_on_the_device(backend_name):
     """)
     if backend_name == "cuda":  # fastattn's check kernel prints the rule and the value
         assert "cache_seqlens must be in [0, Lmax - Lnew] = [0, 14]" in output, output
+
+
+# ---------------------------------------------------------------------------------------------
+# Limits (issue 16, items 4 and 6)
+
+@pytest.mark.parametrize("backend_name", ["cpu", "triton"])
+def test_cache_longer_than_int32_indices_is_refused(backend_name):
+    """A cache of 2**31 + 5 rows (a stride-0 expansion: no memory) is refused by the argument
+    checks, naming the cache's length, before any kernel runs."""
+    device = kvcache_device(backend_name)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 1, 8, generator=g).to(device)
+    k_cache = torch.randn(1, 1, 1, 8, generator=g).to(device).expand(1, 1, 2**31 + 5, 8)
+    v_cache = torch.randn(1, 1, 1, 8, generator=g).to(device).expand(1, 1, 2**31 + 5, 8)
+    seqlens = torch.tensor([7], dtype=torch.int32, device=device)
+    start = time.monotonic()
+    with pytest.raises((ValueError, RuntimeError), match=r"length.* must be < 2(\*\*|\^)30"):
+        fastattn.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
+                                        backend=backend_name)
+    assert time.monotonic() - start < 5.0, "the refusal came after the kernel ran"
+
+
+def test_triton_decode_stages_follow_head_dim_and_shared_memory(monkeypatch):
+    """Three pipeline stages up to head dim 128, two above; fewer on a device whose shared
+    memory holds fewer; refused when one stage exceeds the device's whole limit."""
+    pytest.importorskip("triton")
+    import fastattn.triton as fa_triton
+    from fastattn.triton.attention_with_kvcache import _stages
+    cpu = torch.device("cpu")  # planned for fastattn.triton.ASSUMED_SHARED_MEMORY
+    monkeypatch.setattr(fa_triton, "ASSUMED_SHARED_MEMORY", 232448)  # H100
+    assert _stages(16, 64, 128, 128, 2, cpu) == 3
+    assert _stages(16, 32, 256, 256, 2, cpu) == 2
+    assert _stages(16, 16, 256, 256, 4, cpu) == 2
+    monkeypatch.setattr(fa_triton, "ASSUMED_SHARED_MEMORY", 101376)  # sm_86/89/120
+    assert _stages(16, 64, 128, 128, 2, cpu) == 2
+    assert _stages(64, 16, 256, 256, 4, cpu) == 1
+    monkeypatch.setattr(fa_triton, "ASSUMED_SHARED_MEMORY", 48 * 1024)
+    with pytest.raises(ValueError, match="decode tiles .* need .* shared memory"):
+        _stages(64, 16, 256, 256, 4, cpu)

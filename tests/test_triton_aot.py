@@ -1,8 +1,10 @@
 """Every Triton kernel variant the launchers would launch on an H100 compiles for sm_90
 (tests/triton_aot.py: the launchers run with their GPU choices on CPU tensors, launches are
-recorded instead of run, each variant goes through Triton's whole pipeline to a cubin).
+recorded instead of run, each variant goes through Triton's whole pipeline to a cubin) and fits
+the shared memory of every device it was planned for (an H100, an A100, a 99 KB sm_86/89/120
+card).
 
-Slow (about four minutes on two cores): runs with FASTATTN_SLOW=1. CI runs the same script
+Slow (about five minutes on two idle cores): runs with FASTATTN_SLOW=1. CI runs the same script
 with the GPU machine's triton 3.6 (.ci/gpu_machine_check.sh)."""
 import os
 import subprocess

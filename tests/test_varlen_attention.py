@@ -1260,3 +1260,33 @@ def test_cuda_op_errors_name_the_argument():
         op(c.q, c.k, c.v, c.cu_q, c.cu_k.long(), *rest)
     with pytest.raises(RuntimeError, match="max_seqlen_q/max_seqlen_k must be >= 1"):
         op(c.q, c.k, c.v, c.cu_q, c.cu_k, 0, c.max_k, *rest[2:])
+
+
+# ---------------------------------------------------------------------------------------------
+# Limits (issue 16, item 6)
+
+@pytest.mark.parametrize("backend", ["cpu", "triton", "reference"])
+def test_max_seqlen_of_2_pow_30_is_refused(backend):
+    """Every backend's band treats +-2**30 as unbounded: a max_seqlen of 2**30 is refused by
+    the argument checks, naming it, before cu_seqlens are read or a kernel runs."""
+    device = varlen_device(backend)
+    q = torch.randn(3, 2, 8, device=device)
+    cu = cu_seqlens([3], device)
+    with pytest.raises(ValueError, match=r"varlen_attention: max_seqlen_k must be < 2\*\*30"):
+        fastattn.varlen_attention(q, q, q, cu, cu, 3, 2**30, backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_ops_refuse_max_seqlen_of_2_pow_30(backend):
+    """The same rule in the native CPU op's check and the Triton launcher (direct op calls
+    skip fastattn.varlen_attention's checks)."""
+    varlen_device(backend)
+    q = torch.randn(3, 2, 8)
+    cu = cu_seqlens([3], q.device)
+    args = (q, q, q, cu, cu, 2**30, 3, None, 1.0, 0.0, 0, -1, -1, 0.0, None)
+    if backend == "cpu":
+        with pytest.raises(RuntimeError, match=r"max_seqlen_q must be < 2\^30"):
+            torch.ops.fastattn.varlen_attention_forward(*args)
+    else:
+        with pytest.raises(ValueError, match=r"max_seqlen_q must be < 2\*\*30"):
+            torch.ops.fastattn.varlen_attention_forward_triton(*args)

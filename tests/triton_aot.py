@@ -12,12 +12,20 @@ kernel variant instead of launching it (outputs are left unwritten: nothing is c
 Autotuned kernels record every config that survives their pruning. Each distinct variant is
 then compiled (Triton IR -> PTX -> cubin with triton's ptxas).
 
-    python tests/triton_aot.py [--jobs N] [--filter SUBSTRING] [--list]
+    python tests/triton_aot.py [--jobs N] [--filter SUBSTRING] [--devices h100,a100,sm86]
+                               [--list]
+
+The calls are recorded once for each device in DEVICES (an H100, an A100, an sm_86/89/120
+card), with the launchers planning for that device's shared memory
+(fastattn.triton.ASSUMED_SHARED_MEMORY: autotune pruning, decode pipeline stages); a variant
+must fit the smallest shared memory of the devices it was recorded for, so a kernel whose
+launch shape ignores the device must fit a 99 KB card.
 
 Prints one line per variant (registers, stack bytes, shared memory) and exits non-zero when a
-launcher or a compile fails. A non-zero stack is reported, not a failure: register spills (an
-autotune candidate may spill and lose its tuning run), or a small local array such as the one
-libdevice's sin/cos keep for their huge-argument reduction (32 B). Run by tests/test_triton_aot.py (slow) and by the
+launcher or a compile fails, or a variant needs more shared memory than its device has. A
+non-zero stack is reported, not a failure: register spills (an autotune candidate may spill
+and lose its tuning run), or a small local array such as the one libdevice's sin/cos keep for
+their huge-argument reduction (32 B). Run by tests/test_triton_aot.py (slow) and by the
 GPU-machine check of CI (.ci/gpu_machine_check.sh, with the GPU machine's torch and triton).
 """
 from __future__ import annotations
@@ -47,6 +55,9 @@ import fastattn.triton as fa_triton  # noqa: E402
 from fastattn import _backend  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
+# (name, shared memory a block may opt in to): cudaDevAttrMaxSharedMemoryPerBlockOptin of an
+# H100 (sm_90), an A100 (sm_80) and an sm_86/89/120 card.
+DEVICES = {"h100": ("H100", 232448), "a100": ("A100", 166912), "sm86": ("sm_86/89/120", 101376)}
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
                          "cuobjdump")
 
@@ -81,6 +92,8 @@ class Variant:
     def __init__(self, fn, signature, constants, attrs, num_warps, num_stages, label):
         self.fn, self.signature, self.constants, self.attrs = fn, signature, constants, attrs
         self.num_warps, self.num_stages, self.label = num_warps, num_stages, label
+        # The smallest shared memory of the devices it was recorded for, and that device.
+        self.limit, self.device = CURRENT_DEVICE[1], CURRENT_DEVICE[0]
 
     @property
     def name(self) -> str:
@@ -97,6 +110,7 @@ class Variant:
 
 VARIANTS: dict[tuple, Variant] = {}
 CURRENT_LABEL = [""]
+CURRENT_DEVICE = list(DEVICES["h100"])
 # Calls whose label holds this compile every autotune config of their kernels: one call per
 # dtype and head-dim class (the configs depend on nothing else); the other feature
 # combinations compile the first config, which is what varies with their constexpr flags.
@@ -110,6 +124,8 @@ def _cache_hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
         VARIANTS[ident] = Variant(jit, compile["signature"], compile["constants"],
                                   compile["configs"][0], compile["num_warps"],
                                   compile["num_stages"], CURRENT_LABEL[0])
+    elif CURRENT_DEVICE[1] < VARIANTS[ident].limit:
+        VARIANTS[ident].device, VARIANTS[ident].limit = CURRENT_DEVICE
     return True  # handled: skip the compile (and the launch)
 
 
@@ -341,27 +357,39 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--filter", default="", help="only calls whose label contains this")
+    parser.add_argument("--devices", default=",".join(DEVICES),
+                        help="comma-separated devices whose shared memory the launchers plan "
+                        f"for, of {', '.join(DEVICES)}")
     parser.add_argument("--list", action="store_true", help="record and list, compile nothing")
     args = parser.parse_args()
+    devices = [d for d in args.devices.split(",") if d]
+    unknown = [d for d in devices if d not in DEVICES]
+    if unknown or not devices:
+        parser.error(f"--devices: expected some of {', '.join(DEVICES)}, got {args.devices!r}")
     install_recorder()
     print(f"triton {triton.__version__}, torch {torch.__version__}, target {TARGET}", flush=True)
 
     failures = 0
     start = time.time()
-    for source in ALL_CALLS:
-        for label, call in source():
-            if args.filter not in label:
-                continue
-            CURRENT_LABEL[0] = label
-            try:
-                call()
-            except Exception:
-                failures += 1
-                print(f"LAUNCHER FAILED: {label}\n{traceback.format_exc(limit=8)}", flush=True)
-    print(f"recorded {len(VARIANTS)} kernel variants in {time.time() - start:.1f} s", flush=True)
+    for device in devices:
+        CURRENT_DEVICE[:] = DEVICES[device]
+        fa_triton.ASSUMED_SHARED_MEMORY = CURRENT_DEVICE[1]
+        for source in ALL_CALLS:
+            for label, call in source():
+                if args.filter not in label:
+                    continue
+                CURRENT_LABEL[0] = f"{label} ({CURRENT_DEVICE[0]})"
+                try:
+                    call()
+                except Exception:
+                    failures += 1
+                    print(f"LAUNCHER FAILED: {CURRENT_LABEL[0]}\n"
+                          f"{traceback.format_exc(limit=8)}", flush=True)
+    print(f"recorded {len(VARIANTS)} kernel variants for {', '.join(devices)} in "
+          f"{time.time() - start:.1f} s", flush=True)
     if args.list:
         for v in VARIANTS.values():
-            print(f"  {v.describe()}   [{v.label}]")
+            print(f"  {v.describe()}   [{v.label}] must fit {v.device}")
         return 1 if failures else 0
 
     start = time.time()
@@ -378,6 +406,12 @@ def main() -> int:
                 continue
             stack = usage.get("STACK", 0)
             spills += stack > 0
+            if usage["SHARED"] > variant.limit:
+                failures += 1
+                print(f"SHARED MEMORY FAILED: {variant.describe()} needs {usage['SHARED']} B "
+                      f"of shared memory, the {variant.device} has {variant.limit} B\n"
+                      f"  first call: {variant.label}", flush=True)
+                continue
             print(f"ok {variant.name} warps={variant.num_warps} stages={variant.num_stages}: "
                   f"registers {usage.get('REG', '?')}, stack {stack} B, shared "
                   f"{usage.get('SHARED', '?')} B{'  (STACK)' if stack else ''}   "

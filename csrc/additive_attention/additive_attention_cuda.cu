@@ -1,6 +1,7 @@
 // CUDA bodies of the additive-attention score ops (same math as the CPU kernels).
 // Forward: a 16 x 16 block of (query, key) scores per thread block, query/key rows staged in
-// shared memory 64 features at a time. Backward: one block per query row for dQp (each thread
+// shared memory 64 features at a time; the (batch, query tile, key tile) of a block are folded
+// into grid x (y and z hold only 65535). Backward: one block per query row for dQp (each thread
 // owns features a, looping over keys; per-row dv partials), one per key row for dKp, and a
 // final in-order sum of the dv partials: no atomics, deterministic.
 #include <ATen/Dispatch.h>
@@ -21,6 +22,7 @@ using at::Tensor;
 using fastattn::cuda::acc_t;
 using fastattn::cuda::ceil_div;
 using fastattn::cuda::from_acc;
+using fastattn::cuda::grid_x;
 using fastattn::cuda::to_acc;
 
 constexpr int kTile = 16;
@@ -29,20 +31,25 @@ constexpr int kChunk = 64;
 template <typename T>
 __global__ void scores_kernel(const T* __restrict__ qp, const T* __restrict__ kp,
                               const T* __restrict__ v, acc_t<T>* __restrict__ scores,
-                              int64_t Lq, int64_t Lk, int64_t A) {
+                              int64_t Lq, int64_t Lk, int64_t A, int64_t lq_tiles,
+                              int64_t lk_tiles) {
   using acc = acc_t<T>;
   __shared__ acc q_s[kTile][kChunk + 1], k_s[kTile][kChunk + 1], v_s[kChunk];
-  const int64_t b = blockIdx.z;
-  const int64_t i = static_cast<int64_t>(blockIdx.y) * kTile + threadIdx.y;
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * kTile + threadIdx.x;
+  // blockIdx.x = (b * lq_tiles + query tile) * lk_tiles + key tile
+  const int64_t block = blockIdx.x;
+  const int64_t key_tile = block % lk_tiles;
+  const int64_t query_tile = (block / lk_tiles) % lq_tiles;
+  const int64_t b = block / lk_tiles / lq_tiles;
+  const int64_t i = query_tile * kTile + threadIdx.y;
+  const int64_t j = key_tile * kTile + threadIdx.x;
   const int tid = threadIdx.y * kTile + threadIdx.x;
   acc sum = 0;
   for (int64_t a0 = 0; a0 < A; a0 += kChunk) {
     for (int e = tid; e < kTile * kChunk; e += kTile * kTile) {
       const int r = e / kChunk, c = e % kChunk;
       const int64_t a = a0 + c;
-      const int64_t qi = static_cast<int64_t>(blockIdx.y) * kTile + r;
-      const int64_t kj = static_cast<int64_t>(blockIdx.x) * kTile + r;
+      const int64_t qi = query_tile * kTile + r;
+      const int64_t kj = key_tile * kTile + r;
       q_s[r][c] = (qi < Lq && a < A) ? to_acc(qp[(b * Lq + qi) * A + a]) : acc(0);
       k_s[r][c] = (kj < Lk && a < A) ? to_acc(kp[(b * Lk + kj) * A + a]) : acc(0);
       if (r == 0) v_s[c] = a < A ? to_acc(v[a]) : acc(0);
@@ -104,12 +111,14 @@ Tensor additive_scores_cuda(const Tensor& qp_in, const Tensor& kp_in, const Tens
   poison(scores);
   if (scores.numel() == 0) return scores;
   auto stream = c10::cuda::getCurrentCUDAStream();
-  const dim3 grid(static_cast<unsigned>(ceil_div(Lk, kTile)),
-                  static_cast<unsigned>(ceil_div(Lq, kTile)), static_cast<unsigned>(B));
+  const int64_t lq_tiles = ceil_div(Lq, kTile), lk_tiles = ceil_div(Lk, kTile);
+  // (no int64 overflow: the product is at most scores.numel())
+  const unsigned blocks = grid_x(B * lq_tiles * lk_tiles, "additive_scores",
+                                 "B * ceil(Lq / 16) * ceil(Lk / 16)");
   FASTATTN_DISPATCH_ADDITIVE(qp.scalar_type(), [&] {
-    scores_kernel<scalar_t><<<grid, dim3(kTile, kTile), 0, stream>>>(
+    scores_kernel<scalar_t><<<blocks, dim3(kTile, kTile), 0, stream>>>(
         qp.data_ptr<scalar_t>(), kp.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
-        scores.data_ptr<acc_t<scalar_t>>(), Lq, Lk, A);
+        scores.data_ptr<acc_t<scalar_t>>(), Lq, Lk, A, lq_tiles, lk_tiles);
     FASTATTN_CUDA_LAUNCH_CHECK();
   });
   return scores;
@@ -140,14 +149,14 @@ std::tuple<Tensor, Tensor, Tensor> additive_scores_backward_cuda(const Tensor& g
   FASTATTN_DISPATCH_ADDITIVE(qp.scalar_type(), [&] {
     using acc = acc_t<scalar_t>;
     if (B * Lq > 0) {
-      row_grad_kernel<scalar_t><<<static_cast<unsigned>(B * Lq), threads, 0, stream>>>(
+      row_grad_kernel<scalar_t><<<grid_x(B * Lq, op, "B * Lq"), threads, 0, stream>>>(
           qp.data_ptr<scalar_t>(), kp.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
           grad.data_ptr<acc>(), Lq, Lk, A, Lk, 1, Lq * Lk, dqp.data_ptr<scalar_t>(),
           dv_part.data_ptr<acc>());
       FASTATTN_CUDA_LAUNCH_CHECK();
     }
     if (B * Lk > 0) {
-      row_grad_kernel<scalar_t><<<static_cast<unsigned>(B * Lk), threads, 0, stream>>>(
+      row_grad_kernel<scalar_t><<<grid_x(B * Lk, op, "B * Lk"), threads, 0, stream>>>(
           kp.data_ptr<scalar_t>(), qp.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
           grad.data_ptr<acc>(), Lk, Lq, A, 1, Lk, Lq * Lk, dkp.data_ptr<scalar_t>(), nullptr);
       FASTATTN_CUDA_LAUNCH_CHECK();

@@ -11,6 +11,17 @@ namespace fastattn::attention {
 
 constexpr int64_t kMaxHeadDim = 256;
 
+// Sequence lengths must stay below 2^30 on every backend: the canonical band encodes
+// "unbounded" as +-2^30 (fastattn/reference/attention.py), so a longer sequence would hide
+// keys, and the CUDA and Triton kernels add window bounds to int32 indices.
+constexpr int64_t kMaxSeqLen = (int64_t{1} << 30) - 1;
+
+inline void check_seqlen(int64_t length, const char* op, const char* name) {
+  FASTATTN_CHECK(length <= kMaxSeqLen, op, name, " must be < 2^30 = ", kMaxSeqLen + 1,
+                 " (the band's unbounded bound and the GPU kernels' int32 indices), got ",
+                 length);
+}
+
 inline void check_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const c10::optional<at::Tensor>& attn_mask,
                           const c10::optional<at::Tensor>& key_padding_mask,
@@ -36,6 +47,8 @@ inline void check_problem(const at::Tensor& q, const at::Tensor& k, const at::Te
                  k.size(3));
   FASTATTN_CHECK(D >= 1 && D <= kMaxHeadDim && Dv >= 1 && Dv <= kMaxHeadDim, op,
                  "head dims must be in [1, ", kMaxHeadDim, "], got ", D, " and ", Dv);
+  check_seqlen(Lq, op, "q's length (Lq)");
+  check_seqlen(Lk, op, "k's length (Lk)");
   check_unit_last_stride(q, op, "q");
   check_unit_last_stride(k, op, "k");
   check_unit_last_stride(v, op, "v");

@@ -103,7 +103,7 @@ void append_rows(const Tensor& src, const Tensor& cache, const Tensor& positions
   if (B * H * L == 0 || W == 0) return;
   const auto stream = c10::cuda::getCurrentCUDAStream().stream();
   const int threads = static_cast<int>(std::min<int64_t>(256, (W + 31) / 32 * 32));
-  const unsigned blocks = static_cast<unsigned>(B * H * L);
+  const unsigned blocks = cuda::grid_x(B * H * L, "attention_with_kvcache", "B * Hkv * Lnew");
   const int32_t* pos = positions.data_ptr<int32_t>();
   auto launch = [&](auto word_tag) {
     using word = decltype(word_tag);

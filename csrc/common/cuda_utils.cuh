@@ -48,4 +48,15 @@ __device__ __forceinline__ c10::BFloat16 from_acc<c10::BFloat16>(float v) {
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Blocks of a 1-D grid. Grid x holds up to 2^31 - 1 blocks but y and z only 65535, so launches
+// whose batch or tile counts can grow fold them into x and decode them in the kernel; beyond
+// x's limit the call is refused, naming the op and the product of sizes that `blocks` is.
+constexpr int64_t kMaxGridX = 2147483647;
+
+inline unsigned grid_x(int64_t blocks, const char* op, const char* what) {
+  TORCH_CHECK(blocks >= 1 && blocks <= kMaxGridX, op, ": ", what, " = ", blocks,
+              " CUDA blocks, outside a grid's [1, 2^31 - 1]");
+  return static_cast<unsigned>(blocks);
+}
+
 }  // namespace fastattn::cuda

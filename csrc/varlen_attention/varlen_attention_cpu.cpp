@@ -31,6 +31,8 @@ void check_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   FASTATTN_CHECK(q.size(2) <= kMaxHeadDim && v.size(2) <= kMaxHeadDim && q.size(2) >= 1 &&
                      v.size(2) >= 1,
                  op, "head dims must be in [1, ", kMaxHeadDim, "]");
+  check_seqlen(max_q, op, "max_seqlen_q");
+  check_seqlen(max_k, op, "max_seqlen_k");
   check_unit_last_stride(q, op, "q");
   check_unit_last_stride(k, op, "k");
   check_unit_last_stride(v, op, "v");

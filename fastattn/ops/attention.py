@@ -20,7 +20,7 @@ import torch
 
 from .. import _backend, _native
 from ..reference import attention as ref
-from ..reference.attention import WINDOW_UNBOUNDED
+from ..reference.attention import WINDOW_UNBOUNDED, check_seqlen
 from ._common import (backward_through_reference, check_dropout, check_same_device,
                       check_tensor, dropout_seed)
 
@@ -98,6 +98,8 @@ def _check_inputs(op, q, k, v):
     for name, d in (("head dim of q/k", D), ("head dim of v", v.shape[3])):
         if not 1 <= d <= MAX_HEAD_DIM:
             raise ValueError(f"{op}: {name} must be in [1, {MAX_HEAD_DIM}], got {d}")
+    check_seqlen(op, "q's length (Lq)", Lq)
+    check_seqlen(op, "k's length (Lk)", k.shape[2])
     # The kernels read rows with a unit stride; other layouts are copied, as SDPA does.
     return tuple(t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
                  for t in (q, k, v))

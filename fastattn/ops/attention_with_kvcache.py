@@ -110,6 +110,9 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         raise ValueError(f"{op}: q's heads ({Hq}) must be a multiple of the caches' ({Hkv})")
     if not (1 <= D <= MAX_HEAD_DIM and 1 <= Dv <= MAX_HEAD_DIM):
         raise ValueError(f"{op}: head dims must be in [1, {MAX_HEAD_DIM}], got {D} and {Dv}")
+    # Every backend's band (the reference's too) holds sequences below 2**30.
+    dense_ref.check_seqlen(op, "q's length (Lq)", Lq)
+    dense_ref.check_seqlen(op, "k_cache's length (Lmax)", Lmax)
     if cache_seqlens.dtype != torch.int32 or cache_seqlens.shape[0] != B:
         raise TypeError(f"{op}: cache_seqlens must be int32 (B,) = ({B},), got "
                         f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")

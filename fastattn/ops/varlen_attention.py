@@ -151,6 +151,9 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     for name, d in (("head dim of q/k", D), ("head dim of v", Dv)):
         if not 1 <= d <= MAX_HEAD_DIM:
             raise ValueError(f"{op}: {name} must be in [1, {MAX_HEAD_DIM}], got {d}")
+    # Every backend's band (the reference's too) holds sequences below 2**30.
+    dense_ref.check_seqlen(op, "max_seqlen_q", max_seqlen_q)
+    dense_ref.check_seqlen(op, "max_seqlen_k", max_seqlen_k)
     check_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q, q.device)
     check_cu_seqlens(op, "cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k, q.device)
     if cu_seqlens_q.numel() != cu_seqlens_k.numel():

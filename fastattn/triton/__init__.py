@@ -6,6 +6,7 @@ load and launchers let torch round float32 results to bfloat16 (`interpreting()`
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -29,6 +30,57 @@ def device_sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 132
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+# Shared memory a block may opt in to on an H100 (227 KB): what launchers plan for when
+# ASSUME_GPU records on a CPU. tests/triton_aot.py lowers it to replay the pruning of an A100
+# (163 KB) or an sm_86/89/120 card (99 KB).
+ASSUMED_SHARED_MEMORY = 232448
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_memory_of(index: int) -> int:
+    props = torch.cuda.get_device_properties(index)
+    optin = getattr(props, "shared_memory_per_block_optin", 0)
+    if optin:
+        return int(optin)
+    from triton.runtime import driver  # older torch: ask the CUDA driver through triton
+    return int(driver.active.utils.get_device_properties(index)["max_shared_mem"])
+
+
+def device_shared_memory(device: torch.device) -> int:
+    """Bytes of shared memory one block of a kernel may use on `device` (the opt-in maximum:
+    227 KB on an H100, 163 KB on an A100, 99 KB on sm_86/89/120); cached per device."""
+    if device.type != "cuda":
+        return ASSUMED_SHARED_MEMORY
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _shared_memory_of(index)
+
+
+# Shared memory left to Triton beyond the tiles that launchers count (layout conversions,
+# reduction scratch, barriers). Measured with triton 3.8 for sm_90 (tests/triton_aot.py), a
+# kernel took at most 8 KB more than its counted tiles; twice that is kept free.
+SHARED_MEMORY_MARGIN = 16 * 1024
+
+
+def tile_budget(device: torch.device) -> int:
+    """Shared memory that the tiles a launcher counts (resident and pipelined) should take on
+    `device`: the device's limit less SHARED_MEMORY_MARGIN."""
+    return device_shared_memory(device) - SHARED_MEMORY_MARGIN
+
+
+# A CUDA grid's first axis holds 2**31 - 1 programs, its other two only 65535: launchers fold
+# batch and tile indices into the first axis and check it here.
+MAX_GRID_X = 2**31 - 1
+
+
+def grid_x(op: str, what: str, programs: int) -> int:
+    """`programs` as a grid's first axis, or a ValueError naming the op and the product of
+    sizes (`what`) that exceeds the axis."""
+    if programs > MAX_GRID_X:
+        raise ValueError(f"{op} (triton): {what} = {programs} programs, more than a grid's "
+                         f"first axis holds (2**31 - 1)")
+    return programs
 
 
 def interpreting(device: torch.device) -> bool:

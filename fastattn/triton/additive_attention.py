@@ -1,7 +1,9 @@
 """Triton kernels of the additive-attention scores (same math as csrc/additive_attention):
 S[b, i, j] = sum_a v[a] tanh(qp[b, i, a] + kp[b, j, a]), computed in float32 a BLOCK_A slice
 of features at a time, so no (B, Lq, Lk, A) tensor is formed. The backward kernels recompute
-tanh; dv is summed from per-row partials by torch (a fixed-order reduction)."""
+tanh; dv is summed from per-row partials by torch (a fixed-order reduction). Grids are 1-D
+(batch and tile indices folded into the first axis, which holds 2**31 - 1 programs; the
+others hold only 65535)."""
 from __future__ import annotations
 
 import contextlib
@@ -13,7 +15,7 @@ from torch.library import triton_op, wrap_triton
 from triton.language.extra import libdevice
 
 from .. import _debug
-from . import interpreting, on_gpu
+from . import grid_x, interpreting, on_gpu
 
 
 @triton.jit
@@ -29,9 +31,13 @@ def _tanh(x, LIBDEVICE: tl.constexpr):
 @triton.jit
 def _scores_kernel(qp_ptr, kp_ptr, v_ptr, s_ptr, Lq, Lk, A, LIBDEVICE: tl.constexpr,
                    BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_A: tl.constexpr):
-    b = tl.program_id(2).to(tl.int64)
-    i = tl.program_id(0) * BLOCK_I + tl.arange(0, BLOCK_I)
-    j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
+    # program (b * tiles_i + tile_i) * tiles_j + tile_j
+    tiles_i = tl.cdiv(Lq, BLOCK_I)
+    tiles_j = tl.cdiv(Lk, BLOCK_J)
+    pid = tl.program_id(0).to(tl.int64)
+    b = pid // tiles_j // tiles_i
+    i = ((pid // tiles_j) % tiles_i).to(tl.int32) * BLOCK_I + tl.arange(0, BLOCK_I)
+    j = (pid % tiles_j).to(tl.int32) * BLOCK_J + tl.arange(0, BLOCK_J)
     acc = tl.zeros([BLOCK_I, BLOCK_J], dtype=tl.float32)
     for a0 in range(0, A, BLOCK_A):
         a = a0 + tl.arange(0, BLOCK_A)
@@ -54,9 +60,13 @@ def _row_grad_kernel(x_ptr, y_ptr, v_ptr, g_ptr, dx_ptr, dvp_ptr, rows, n, A,
                      BLOCK_A: tl.constexpr):
     """Rows r of X (batch b) against the n rows of Y: dx[r, a] = v[a] sum_j g (1 - t^2),
     dv_part[r, a] = sum_j g t, t = tanh(x[r, a] + y[j, a])."""
-    b = tl.program_id(2).to(tl.int64)
-    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    a = tl.program_id(1) * BLOCK_A + tl.arange(0, BLOCK_A)
+    # program (b * tiles_r + tile_r) * tiles_a + tile_a
+    tiles_r = tl.cdiv(rows, BLOCK_R)
+    tiles_a = tl.cdiv(A, BLOCK_A)
+    pid = tl.program_id(0).to(tl.int64)
+    b = pid // tiles_a // tiles_r
+    r = ((pid // tiles_a) % tiles_r).to(tl.int32) * BLOCK_R + tl.arange(0, BLOCK_R)
+    a = (pid % tiles_a).to(tl.int32) * BLOCK_A + tl.arange(0, BLOCK_A)
     rm = r < rows
     am = a < A
     x = tl.load(x_ptr + (b * rows + r[:, None]) * A + a[None, :], mask=rm[:, None] & am[None, :],
@@ -100,7 +110,8 @@ def additive_scores_triton(qp: torch.Tensor, kp: torch.Tensor, v: torch.Tensor) 
     if scores.numel() == 0:
         return scores
     bi, bj, ba = _blocks(qp.device)
-    grid = (triton.cdiv(Lq, bi), triton.cdiv(Lk, bj), B)
+    grid = (grid_x("additive_scores", "B * ceil(Lq / BLOCK_I) * ceil(Lk / BLOCK_J)",
+                   B * triton.cdiv(Lq, bi) * triton.cdiv(Lk, bj)),)
     with _on_device(qp):
         wrap_triton(_scores_kernel)[grid](qp, kp, v, scores, Lq, Lk, A,
                                           LIBDEVICE=not interpreting(qp.device), BLOCK_I=bi,
@@ -112,6 +123,7 @@ def additive_scores_triton(qp: torch.Tensor, kp: torch.Tensor, v: torch.Tensor) 
 def additive_scores_backward_triton(grad: torch.Tensor, qp: torch.Tensor, kp: torch.Tensor,
                                     v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
                                                               torch.Tensor]:
+    op = "additive_scores_backward"
     qp, kp, v = qp.contiguous(), kp.contiguous(), v.contiguous()
     grad = grad.to(torch.float32).contiguous()
     B, Lq, A = qp.shape
@@ -125,11 +137,15 @@ def additive_scores_backward_triton(grad: torch.Tensor, qp: torch.Tensor, kp: to
     libdevice_on = not interpreting(qp.device)
     with _on_device(qp):
         if B * Lq * A > 0:
-            wrap_triton(_row_grad_kernel)[(triton.cdiv(Lq, br), triton.cdiv(A, ba), B)](
+            grid = (grid_x(op, "B * ceil(Lq / BLOCK_R) * ceil(A / BLOCK_A)",
+                           B * triton.cdiv(Lq, br) * triton.cdiv(A, ba)),)
+            wrap_triton(_row_grad_kernel)[grid](
                 qp, kp, v, grad, dqp, dv_part, Lq, Lk, A, Lk, 1, Lq * Lk, WRITE_DV=True,
                 LIBDEVICE=libdevice_on, BLOCK_R=br, BLOCK_N=bn, BLOCK_A=ba)
         if B * Lk * A > 0:
-            wrap_triton(_row_grad_kernel)[(triton.cdiv(Lk, br), triton.cdiv(A, ba), B)](
+            grid = (grid_x(op, "B * ceil(Lk / BLOCK_R) * ceil(A / BLOCK_A)",
+                           B * triton.cdiv(Lk, br) * triton.cdiv(A, ba)),)
+            wrap_triton(_row_grad_kernel)[grid](
                 kp, qp, v, grad, dkp, dv_part, Lk, Lq, A, 1, Lk, Lq * Lk, WRITE_DV=False,
                 LIBDEVICE=libdevice_on, BLOCK_R=br, BLOCK_N=bn, BLOCK_A=ba)
     dv = dv_part.reshape(-1, A).sum(dim=0)

@@ -44,9 +44,11 @@ import triton.language as tl
 from torch.library import wrap_triton
 from triton.language.extra import libdevice
 
-from . import finish, interpreting, register_op
+from . import (device_shared_memory, finish, grid_x, interpreting, register_op,
+               tile_budget)
 from . import output_like as grad_buffer_like
 from .._debug import poison
+from ..reference.attention import check_seqlen
 from .random import dropout_multiplier
 
 
@@ -535,14 +537,15 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, Cu_q, Cu_k, 
 # Per head-dim class (the padded max(D, Dv)): <= 64, <= 128, > 128. Above 128 the tiles shrink
 # so that q (or k, v, dk, dv) tiles, the pipeline stages of the streamed tiles and the float32
 # accumulators fit an H100's shared memory (227 KB a block) and registers. A pruner drops the
-# configs whose tiles would not fit shared memory for this call's dtype and head dims (float32
-# doubles them), keeping at least the smallest; a config that still fails to compile is
-# skipped by the autotuner. The key is the head dims, the mask kind, dropout and coarse length
-# classes, so that new lengths do not trigger a tuning run each. FASTATTN_TRITON_AUTOTUNE=0
-# uses the first config that fits instead of tuning (quicker test runs on a GPU): each list
-# starts with a config that compiles for sm_90 without spills in the plain case and with at most
-# a few hundred bytes of stack with a mask or dropout (tests/triton_aot.py reports them;
-# benchmarks/notes/triton_aot.md).
+# configs whose tiles would not fit the device's shared memory for this call's dtype and head
+# dims (float32 doubles them); each list holds a config that fits a 99 KB card (sm_86/89/120),
+# and tests/triton_aot.py replays the pruning for 99, 163 and 227 KB. A config that still
+# fails to compile is skipped by the autotuner. The key is the head dims, the mask kind,
+# dropout and coarse length classes, so that new lengths do not trigger a tuning run each.
+# FASTATTN_TRITON_AUTOTUNE=0 uses the first config that fits instead of tuning (quicker test
+# runs on a GPU): each list starts with a config that compiles for sm_90 without spills in the
+# plain case and with at most a few hundred bytes of stack with a mask or dropout
+# (tests/triton_aot.py reports them; benchmarks/notes/triton_aot.md).
 
 
 def _config(block_m, block_n, warps, stages):
@@ -597,31 +600,52 @@ _DQ_CONFIGS_FP32 = {
     256: [_config(16, 16, 4, 1), _config(32, 16, 8, 1), _config(16, 32, 8, 1)],
 }
 _TUNE_KEY = ["BLOCK_D", "BLOCK_DV", "LQ_CLASS", "LK_CLASS", "MASK_KIND", "HAS_DROPOUT", "VARLEN"]
-_SHARED_MEMORY_BUDGET = 192 * 1024  # of the H100's 227 KB, leaving Triton room for scratch
+
+
+def tile_shared_bytes(kernel: str, block_m: int, block_n: int, stages: int, block_d: int,
+                      block_dv: int, itemsize: int) -> int:
+    """Shared memory that the tiles of one program take: the resident tile plus `stages`
+    streamed tiles. The forward and dQ kernels keep a BLOCK_M tile of q (and dO) and stream
+    BLOCK_N tiles of k and v; the dK/dV kernel keeps BLOCK_N keys and streams BLOCK_M tiles of
+    q and dO."""
+    stages = max(stages, 1)
+    if kernel == "fwd":
+        tiles = block_m * block_d + stages * block_n * (block_d + block_dv)
+    elif kernel == "dq":
+        tiles = block_m * (block_d + block_dv) + stages * block_n * (block_d + block_dv)
+    else:
+        tiles = block_n * (block_d + block_dv) + stages * block_m * (block_d + block_dv)
+    return tiles * itemsize
 
 
 def _pruner(kernel: str):
-    """early_config_prune: drop configs whose resident tile plus `num_stages` streamed tiles
-    exceed the shared-memory budget. The forward and dQ kernels keep a BLOCK_M tile of q (and
-    dO) and stream BLOCK_N tiles of k and v; the dK/dV kernel keeps BLOCK_N keys and streams
-    BLOCK_M tiles of q and dO."""
+    """early_config_prune: drop configs whose tiles exceed the shared memory of the call's
+    device (tile_budget: the device's opt-in limit less Triton's scratch), so that an A100 or
+    an sm_86/89/120 card only tries configs that fit. Every list holds small tiles that fit a
+    99 KB card; on a smaller device the smallest config is kept while its tiles fit the whole
+    limit, and the call is refused when not even they do."""
     def prune(configs, named_args, **kwargs):
         meta = {**named_args, **kwargs}
         d, dv = meta.get("BLOCK_D", 256), meta.get("BLOCK_DV", 256)
-        itemsize = getattr(getattr(meta.get("Q"), "dtype", None), "itemsize", 4)
+        q = meta.get("Q")
+        itemsize = getattr(getattr(q, "dtype", None), "itemsize", 4)
+        device = getattr(q, "device", torch.device("cuda"))
 
         def shared_bytes(c):
-            m, n, stages = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], max(c.num_stages, 1)
-            if kernel == "fwd":
-                tiles = m * d + stages * n * (d + dv)
-            elif kernel == "dq":
-                tiles = m * (d + dv) + stages * n * (d + dv)
-            else:
-                tiles = n * (d + dv) + stages * m * (d + dv)
-            return tiles * itemsize
+            return tile_shared_bytes(kernel, c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"],
+                                     c.num_stages, d, dv, itemsize)
 
-        fitting = [c for c in configs if shared_bytes(c) <= _SHARED_MEMORY_BUDGET]
-        fitting = fitting or [min(configs, key=shared_bytes)]
+        fitting = [c for c in configs if shared_bytes(c) <= tile_budget(device)]
+        if not fitting:
+            smallest = min(configs, key=shared_bytes)
+            limit = device_shared_memory(device)
+            if shared_bytes(smallest) > limit:
+                raise ValueError(
+                    f"attention (triton): no {kernel} tile configuration fits the shared "
+                    f"memory of {device} ({limit} bytes a block) with head dims padded to "
+                    f"{d}/{dv} and {itemsize}-byte elements; the smallest needs "
+                    f"{shared_bytes(smallest)} bytes")
+            fitting = [smallest]
         return fitting if _AUTOTUNE else fitting[:1]
     return prune
 
@@ -662,6 +686,9 @@ def _interpreter_block(length: int) -> int:
     return max(16, min(128, triton.next_power_of_2(max(length, 1))))
 
 
+_MAX_PACKED_ROWS = 2**31 - 1 - 1024  # 1024: more than any BLOCK_M of _bwd_preprocess
+
+
 class _Launch:
     """Everything the three main kernels share: pointers for optional tensors, strides,
     constexpr flags, and whether to launch the raw kernel (interpreter) or the tuned one.
@@ -684,6 +711,14 @@ class _Launch:
             Hkv, Lk, Dv = k.shape[1], k.shape[2], v.shape[3]
             cu_q = cu_k = q  # unused pointers
             causal_mode, total_q = 0, 0
+        # Offsets in the kernels are int32 within a sequence (tile starts plus window bounds).
+        self.op = "varlen_attention" if self.varlen else "attention"
+        check_seqlen(self.op, "max_seqlen_q" if self.varlen else "q's length (Lq)", Lq)
+        check_seqlen(self.op, "max_seqlen_k" if self.varlen else "k's length (Lk)", Lk)
+        if self.varlen and total_q > _MAX_PACKED_ROWS:
+            # _bwd_preprocess tiles the packed rows with int32 offsets (start + BLOCK_M).
+            raise ValueError(f"{self.op} (triton): total_q (q.shape[0]) must be <= "
+                             f"{_MAX_PACKED_ROWS} (int32 row offsets), got {total_q}")
         self.shape = (B, Hq, Hkv, Lq, Lk, D, Dv)
         self.interpret = interpreting(q.device)
         if attn_mask is None:
@@ -757,7 +792,8 @@ def launch_forward(launch: _Launch, q, k, v, out, lse) -> None:
     kernel, blocks = launch.kernel(_fwd_kernel, _FWD_TUNED)
 
     def grid(meta):
-        return (B * Hq * triton.cdiv(Lq, meta["BLOCK_M"]),)
+        return (grid_x(launch.op, "B * Hq * ceil(Lq / BLOCK_M)",
+                       B * Hq * triton.cdiv(Lq, meta["BLOCK_M"])),)
 
     with _on_device(q):
         kernel[grid](q, k, v, *launch.optional, out, lse, *launch.strides(q), *launch.strides(k),
@@ -784,7 +820,9 @@ def launch_backward(launch: _Launch, grad_out, grad_lse, q, k, v, out, lse, dq, 
             # delta has lse's layout: (B, Hq, Lq) dense; varlen's (Hq, total_q) is the same
             # loop over one batch of total_q rows (batch stride 0), with no per-sequence work.
             pre_b, pre_l = (1, total_q) if launch.varlen else (B, Lq)
-            wrap_triton(_bwd_preprocess)[(pre_b * Hq * triton.cdiv(pre_l, pre_m),)](
+            pre_grid = grid_x(launch.op, "B * Hq * ceil(Lq / BLOCK_M)",
+                              pre_b * Hq * triton.cdiv(pre_l, pre_m))
+            wrap_triton(_bwd_preprocess)[(pre_grid,)](
                 out, grad_out, grad_lse_arg, delta, *launch.strides(out),
                 *launch.strides(grad_out), Hq, pre_l, Dv, HAS_GRAD_LSE=has_grad_lse,
                 BLOCK_M=pre_m, BLOCK_DV=block_dv)
@@ -792,7 +830,8 @@ def launch_backward(launch: _Launch, grad_out, grad_lse, q, k, v, out, lse, dq, 
             kernel, blocks = launch.kernel(_bwd_dq_kernel, _DQ_TUNED)
 
             def dq_grid(meta):
-                return (B * Hq * triton.cdiv(Lq, meta["BLOCK_M"]),)
+                return (grid_x(launch.op, "B * Hq * ceil(Lq / BLOCK_M)",
+                               B * Hq * triton.cdiv(Lq, meta["BLOCK_M"])),)
 
             kernel[dq_grid](*common, dq, *q_k_v_do_strides, *launch.strides(dq),
                             *launch.trailing_strides, *launch.scalars, **launch.meta, **blocks)
@@ -800,7 +839,8 @@ def launch_backward(launch: _Launch, grad_out, grad_lse, q, k, v, out, lse, dq, 
             kernel, blocks = launch.kernel(_bwd_dkdv_kernel, _DKDV_TUNED)
 
             def dkdv_grid(meta):
-                return (B * Hkv * triton.cdiv(Lk, meta["BLOCK_N"]),)
+                return (grid_x(launch.op, "B * Hkv * ceil(Lk / BLOCK_N)",
+                               B * Hkv * triton.cdiv(Lk, meta["BLOCK_N"])),)
 
             kernel[dkdv_grid](*common, dk, dv, *q_k_v_do_strides, *launch.strides(dk),
                               *launch.strides(dv), *launch.trailing_strides, *launch.scalars,

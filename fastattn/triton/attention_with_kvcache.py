@@ -25,8 +25,10 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from . import device_sm_count, finish, interpreting, on_gpu, register_op
+from . import (device_sm_count, device_shared_memory, finish, grid_x, interpreting, on_gpu,
+               register_op, tile_budget)
 from .._debug import poison
+from ..reference.attention import check_seqlen
 from .attention import (_biased_masked_scores, _capped_scores, _on_device, _online_softmax_step,
                         _softmax_finish)
 
@@ -82,12 +84,15 @@ def _append_kernel(K_new, V_new, K_cache, V_cache, Seqlens, Cos, Sin,
                    HAS_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr,
                    ROUND_BF16: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_DV: tl.constexpr):
-    """Program (b * Hkv + h, tile of BLOCK_L new tokens): k_cache[b, h, seqlens[b] + l] =
-    rotate(k_new[b, h, l]) and v_cache[b, h, seqlens[b] + l] = v_new[b, h, l]."""
-    bh = tl.program_id(0).to(tl.int64)
+    """Program (b * Hkv + h) * tiles + tile, tile of BLOCK_L new tokens (one grid axis: the
+    second holds only 65535 tiles): k_cache[b, h, seqlens[b] + l] = rotate(k_new[b, h, l]) and
+    v_cache[b, h, seqlens[b] + l] = v_new[b, h, l]."""
+    tiles = tl.cdiv(Lnew, BLOCK_L)
+    pid = tl.program_id(0).to(tl.int64)
+    bh = pid // tiles
     b = bh // Hkv
     h = bh % Hkv
-    offs_l = tl.program_id(1) * BLOCK_L + tl.arange(0, BLOCK_L)
+    offs_l = (pid % tiles).to(tl.int32) * BLOCK_L + tl.arange(0, BLOCK_L)
     pos = tl.load(Seqlens + b) + offs_l
     # The caller checks cache_seqlens + Lnew <= Lmax on the host; when it cannot (under
     # torch.compile) rows outside the cache are never written (and TRITON_DEBUG=1 asserts).
@@ -244,6 +249,31 @@ def _blocks(rows: int, Lmax: int, head: int, interpret: bool,
     return block_m, block_n // 2 if fp32 else block_n
 
 
+_MAX_GRID_Y = 65535
+
+
+def _stages(block_m: int, block_n: int, block_d: int, block_dv: int, itemsize: int,
+            device: torch.device) -> int:
+    """Pipeline stages of the decode kernel's key/value tiles: 3 up to head dim 128, 2 above
+    (at head dim 256 a 16-bit stage of 32 keys is 32 KB of k and v: three of them and the q
+    tile would leave an sm_86/89/120 card's 99 KB no room), fewer still when the device's
+    shared memory (tile_budget) holds fewer. Refused when one stage exceeds the device's
+    whole limit."""
+    stages = 3 if max(block_d, block_dv) <= 128 else 2
+    resident = block_m * block_d * itemsize
+    per_stage = block_n * (block_d + block_dv) * itemsize
+    while stages > 1 and resident + stages * per_stage > tile_budget(device):
+        stages -= 1
+    limit = device_shared_memory(device)
+    if resident + per_stage > limit:
+        raise ValueError(
+            f"attention_with_kvcache (triton): the decode tiles ({block_m} query rows, "
+            f"{block_n} keys, head dims padded to {block_d}/{block_dv}) need "
+            f"{resident + per_stage} bytes of shared memory, more than {device} offers "
+            f"({limit} bytes a block)")
+    return stages
+
+
 def _auto_splits(programs: int, Lmax: int, device: torch.device) -> int:
     """Enough programs to fill the device twice over, each split keeping >= 256 cache rows (the
     CPU kernel's rule, with streaming multiprocessors in place of threads)."""
@@ -284,11 +314,17 @@ def attention_with_kvcache_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cach
     """
     from ..ops.attention import output_like
 
+    op = "attention_with_kvcache"
     B, Hq, Lq, D = q.shape
     Hkv, Lmax, Dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
+    # Positions and key indices are int32 in the kernels, with +-2**30 as unbounded windows;
+    # the decode kernel numbers a kv head's (query head, query) rows in int32 too.
+    check_seqlen(op, "q's length (Lq)", Lq)
+    check_seqlen(op, "k_cache's length (Lmax)", Lmax)
+    check_seqlen(op, "(Hq // Hkv) * Lq (query rows per kv head)", Hq // max(Hkv, 1) * Lq)
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if t.shape[3] > 1 and t.stride(3) != 1:
-            raise ValueError(f"attention_with_kvcache: {name} must have a unit stride in its last "
+            raise ValueError(f"{op}: {name} must have a unit stride in its last "
                              f"dimension (it is written in place), got strides {t.stride()}")
     # The kernels address feature d of a row as row + d.
     q, k_new, v_new = (t if t is None or t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
@@ -316,7 +352,9 @@ def attention_with_kvcache_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cach
                          *k_new.stride()[:3], *v_new.stride()[:3], *k_cache.stride()[:3],
                          *v_cache.stride()[:3], cos.stride(0) if has_rotary else 0, Hkv, Lnew,
                          Lmax, D, Dv, rotary_dim)
-            wrap_triton(_append_kernel)[(B * Hkv, triton.cdiv(Lnew, block_l))](
+            append_grid = grid_x(op, "B * Hkv * ceil(Lnew / BLOCK_L)",
+                                 B * Hkv * triton.cdiv(Lnew, block_l))
+            wrap_triton(_append_kernel)[(append_grid,)](
                 *wrap_args, HAS_ROTARY=has_rotary, INTERLEAVED=bool(rotary_interleaved),
                 ROUND_BF16=upcast, BLOCK_L=block_l, BLOCK_D=block_d, BLOCK_DV=block_dv)
 
@@ -328,8 +366,12 @@ def attention_with_kvcache_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cach
         group = Hq // Hkv
         block_m, block_n = _blocks(group * Lq, Lmax, max(block_d, block_dv), interpret,
                                    q.dtype == torch.float32)
-        programs = B * Hkv * triton.cdiv(group * Lq, block_m)
+        programs = grid_x(op, "B * Hkv * ceil((Hq // Hkv) * Lq / BLOCK_M)",
+                          B * Hkv * triton.cdiv(group * Lq, block_m))
         splits = num_splits if num_splits > 0 else _auto_splits(programs, Lmax, q.device)
+        # Splits are the grid's second axis (65535 at most); the result does not depend on
+        # their number.
+        splits = min(splits, _MAX_GRID_Y)
         # Whole key tiles per split; splits that would start past Lmax are not launched.
         split_len = triton.cdiv(triton.cdiv(max(Lmax, 1), splits), block_n) * block_n
         splits = max(1, triton.cdiv(Lmax, split_len))
@@ -350,6 +392,9 @@ def attention_with_kvcache_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cach
             precision = "ieee"
         else:
             precision = "tf32"
+        # (the interpreter has no pipeline)
+        stages = 1 if interpret else _stages(block_m, block_n, block_d, block_dv,
+                                             q.element_size(), q.device)
         wrap_triton(_decode_kernel)[(programs, splits)](
             q, k_cache, v_cache, seqlens, cos, sin, alibi, part, part_lse,
             *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *part_strides,
@@ -360,9 +405,10 @@ def attention_with_kvcache_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cach
             HAS_ALIBI=alibi_slopes is not None, HAS_SOFTCAP=softcap > 0.0, UPCAST=upcast,
             DOT_PRECISION=precision, ACCURATE_EXP=q.dtype == torch.float32 and not interpret,
             BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_M=block_m, BLOCK_N=block_n,
-            num_warps=4 if max(block_d, block_dv) <= 128 else 8)
+            num_warps=4 if max(block_d, block_dv) <= 128 else 8,
+            num_stages=stages)
         if splits > 1:
-            wrap_triton(_merge_kernel)[(B * Hq * Lq,)](
+            wrap_triton(_merge_kernel)[(grid_x(op, "B * Hq * Lq", B * Hq * Lq),)](
                 part, part_lse, out, lse, *out.stride()[:3], Hq, Lq, splits, Dv,
                 BLOCK_S=triton.next_power_of_2(splits), BLOCK_DV=block_dv)
     return finish(out, q.dtype), lse
