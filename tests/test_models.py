@@ -351,18 +351,25 @@ def train_curve(name, model, steps=50, lr=3e-3):
     return torch.tensor(losses, dtype=F64)
 
 
-@pytest.mark.parametrize("dtype,rel_tol", [(F64, 1e-5), (torch.float32, 3e-3)],
+# (dtype, bound on the first 10 steps, bound on all 50). Training is chaotic: rounding
+# differences grow by orders of magnitude over 50 Adam steps (float64: 1e-16 -> ~4e-13;
+# float32: ~1e-7 -> ~5e-3 for the Transformer with one thread). The early bound is the sharp
+# one: a wrong gradient shows within the first steps at 1e-3 or more.
+@pytest.mark.parametrize("dtype,early_tol,rel_tol", [(F64, 1e-11, 1e-5),
+                                                     (torch.float32, 1e-5, 1e-2)],
                          ids=("f64", "f32"))
 @pytest.mark.parametrize("name", ALL)
-def test_training_curves_agree(name, dtype, rel_tol):
+def test_training_curves_agree(name, dtype, early_tol, rel_tol):
     require(name)
     original, fast = pair(name, dtype)
     curve_o = train_curve(name, original)
     curve_f = train_curve(name, fast)
-    rel = ((curve_f - curve_o).abs() / curve_o.abs()).max().item()
+    rels = (curve_f - curve_o).abs() / curve_o.abs()
+    early, rel = rels[:10].max().item(), rels.max().item()
     print(f"{name} {dtype}: loss {curve_o[0]:.4f} -> {curve_o[-1]:.4f}, largest relative "
-          f"difference {rel:.2e}")
+          f"difference {early:.2e} in the first 10 steps, {rel:.2e} in all")
     assert curve_o[-1] < 0.8 * curve_o[0]  # it learns (the comparison means something)
+    assert early < early_tol
     assert rel < rel_tol
     for (n, p), (_, q) in zip(original.named_parameters(), fast.named_parameters()):
         assert torch.isfinite(q).all(), n
