@@ -52,9 +52,9 @@ def _split_offset(op: str, offset: Offset, batch: int, device: torch.device,
     return offset, None
 
 
-def _is_view_of(view: torch.Tensor, base: torch.Tensor) -> bool:
-    """Whether `view`, reshaped from `base` (itself a view), is a view rather than a copy."""
-    return view._base is not None and view._base is base._base
+def _is_view_of(view: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether `view`, reshaped from a view of x, is a view of x's memory rather than a copy."""
+    return view._base is not None and view._base is (x if x._base is None else x._base)
 
 
 def _check_position_range(op: str, offset: int, offsets: torch.Tensor | None, length: int,
@@ -170,7 +170,7 @@ def add_sinusoidal(x: torch.Tensor, *, offset: Offset = 0, scale: float = 1.0,
         moved = x.movedim(sd, -2)
         x3 = moved.reshape(-1, moved.shape[-2], moved.shape[-1])
         # In place needs x3 to be a view of x; otherwise the result is copied back into x.
-        viewed = not inplace or _is_view_of(x3, moved)
+        viewed = not inplace or _is_view_of(x3, x)
     off, offsets = _split_offset(op, offset, x3.shape[0], x.device)
     chosen = _backend.select_backend(op, x.device, backend, limits=_limits(x.dtype))
     seed = dropout_seed(p, x.device)
