@@ -281,9 +281,10 @@ void add_sinusoidal(const AddSinusoidalParams& p) {
   // The sinusoid depends on the position, not on the sequence: with several sequences over
   // the same positions, compute each row once into a table and stream x in memory order.
   const auto [lo, hi] = position_span(p.offset, p.offsets, p.N, p.L);
-  const SharedSinusoid<acc> table =
+  const SharedSinusoid<acc> shared =
       p.add_pe ? shared_sinusoid<acc>(lo, hi, p.N * p.L, inv.data(), p.D, p.base)
                : SharedSinusoid<acc>();
+  const acc* table = shared.rows != nullptr ? shared.row(lo, p.D) : nullptr;  // PE[lo]
   at::parallel_for(0, p.N * p.L, std::max<int64_t>(1, 4096 / std::max<int64_t>(p.D, 1)),
                    [&](int64_t begin, int64_t end) {
     RowBuffers<acc> buf(p.D);
@@ -293,8 +294,8 @@ void add_sinusoidal(const AddSinusoidalParams& p) {
       const acc* pe = nullptr;
       if (p.add_pe) {
         const int64_t pos = p.offset + (p.offsets ? p.offsets[n] : 0) + l;
-        if (table.rows != nullptr) {
-          pe = table.row(pos, p.D);
+        if (table != nullptr) {
+          pe = table + (pos - lo) * p.D;
         } else {
           if (pos != pe_position) {
             sinusoid_row<acc>(pos, inv.data(), p.D, buf.pe.data(), buf.trig.data());
@@ -326,9 +327,10 @@ void embed_with_positions(const EmbedParams& p) {
   const acc scale = static_cast<acc>(p.scale);
   const auto [lo, hi] = position_span(p.offset, p.offsets, p.N, p.L);
   // Sinusoid rows shared by several sequences are computed once (see add_sinusoidal).
-  const SharedSinusoid<acc> sinusoid =
+  const SharedSinusoid<acc> shared =
       table == nullptr ? shared_sinusoid<acc>(lo, hi, p.N * p.L, inv.data(), p.D, p.base)
                        : SharedSinusoid<acc>();
+  const acc* sinusoid = shared.rows != nullptr ? shared.row(lo, p.D) : nullptr;  // PE[lo]
   // A learned table in the compute type is read in place; others are converted per row.
   constexpr bool kDirectTable = std::is_same_v<T, acc>;
   at::parallel_for(0, p.N * p.L, std::max<int64_t>(1, 4096 / std::max<int64_t>(p.D, 1)),
@@ -346,8 +348,8 @@ void embed_with_positions(const EmbedParams& p) {
           load_row<T>(table + pos * p.table_stride, buf.pe.data(), p.D);
           pe = buf.pe.data();
         }
-      } else if (sinusoid.rows != nullptr) {
-        pe = sinusoid.row(pos, p.D);
+      } else if (sinusoid != nullptr) {
+        pe = sinusoid + (pos - lo) * p.D;
       } else {
         if (pos != pe_position) {
           sinusoid_row<acc>(pos, inv.data(), p.D, buf.pe.data(), buf.trig.data());
