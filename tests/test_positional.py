@@ -527,6 +527,12 @@ def test_add_sinusoidal_inplace_with_grad(backend, device, dropout_p):
     assert leaf.grad.abs().sum() > 0
 
 
+def test_add_sinusoidal_inplace_on_expanded_x_raises(backend, device):
+    x = randn(1, 4, 6, device=device).expand(3, 4, 6)
+    with pytest.raises(ValueError, match="add_sinusoidal: inplace=True needs an x whose"):
+        fastattn.add_sinusoidal(x, inplace=True, backend=backend)
+
+
 def test_add_sinusoidal_inplace_on_leaf_requiring_grad_raises(backend, device):
     x = randn(1, 4, 4, device=device).requires_grad_()
     with pytest.raises(RuntimeError, match="leaf"):

@@ -137,7 +137,8 @@ class _InplaceAddSinusoidal(torch.autograd.Function):
 def add_sinusoidal(x: torch.Tensor, *, offset: Offset = 0, scale: float = 1.0,
                    base: float = 10000.0, dropout_p: float = 0.0, seq_dim: int = 1,
                    inplace: bool = False, backend: str | None = None) -> torch.Tensor:
-    """dropout(x * scale + PE) in one pass, the sinusoid computed on the fly (no table read).
+    """dropout(x * scale + PE) in one pass; the sinusoid is computed by the kernel (the caller
+    passes no table; the CPU kernel computes the rows a batch shares once and keeps them).
 
     x: (..., L, ..., D) with the sequence on `seq_dim` and features last; typically (B, L, D)
         (seq_dim=1, batch first) or (L, B, D) (seq_dim=0). Any strides with a unit last stride.
@@ -157,6 +158,9 @@ def add_sinusoidal(x: torch.Tensor, *, offset: Offset = 0, scale: float = 1.0,
     p = check_dropout(op, dropout_p)
     if base <= 0:
         raise ValueError(f"{op}: base must be > 0, got {base}")
+    if inplace and any(st == 0 and n > 1 for st, n in zip(x.stride(), x.shape)):
+        raise ValueError(f"{op}: inplace=True needs an x whose elements are distinct in memory, "
+                         f"got an expanded x (strides {tuple(x.stride())})")
     nd = x.dim()
     if not -nd <= seq_dim < nd or seq_dim % nd == nd - 1:
         raise ValueError(f"{op}: seq_dim must index a dimension other than the last "
