@@ -59,6 +59,8 @@ TORCH_LIBRARY(fastattn, m) {
   m.def("sinusoidal_table(Tensor positions, int dim, float base, ScalarType dtype) -> Tensor");
   m.def("add_sinusoidal(Tensor x, int offset, Tensor? offsets, float scale, float base, "
         "float dropout_p, Tensor? seed) -> Tensor");
+  m.def("add_sinusoidal_(Tensor(a!) x, int offset, Tensor? offsets, float scale, float base, "
+        "float dropout_p, Tensor? seed) -> ()");
   m.def("add_sinusoidal_backward(Tensor grad, float scale, float dropout_p, Tensor? seed) "
         "-> Tensor");
   m.def("embed_with_positions(Tensor tokens, Tensor weight, Tensor? table, int offset, "

@@ -21,6 +21,7 @@ import fastattn
 from fastattn import _backend, _debug
 from fastattn.nn import (LearnedPositionalEmbedding, PositionalEmbedding, RotaryEmbedding,
                          SinusoidalPositionalEncoding)
+from fastattn.reference import positional as positional_ref
 from fastattn.reference import random as philox_ref
 from conftest import backend_device
 from host_reads import (ValueReadError, assert_no_host_reads, device_checks, fake_cuda,
@@ -481,6 +482,108 @@ def test_apply_rotary_inplace_on_leaf_requiring_grad_raises(backend, device):
     x = randn(1, 1, 4, 4, device=device).requires_grad_()
     with pytest.raises(RuntimeError, match="leaf"):
         fastattn.apply_rotary(x, inplace=True, backend=backend)
+
+
+@pytest.mark.parametrize("layout", ("batch_first", "seq_first", "4d_view", "4d_copy"))
+@pytest.mark.parametrize("dropout_p", (0.0, 0.3))
+def test_add_sinusoidal_inplace_matches_out_of_place(backend, device, layout, dropout_p):
+    """inplace=True writes the out-of-place result (same dropout mask under the same seed) into
+    x and returns x, for every layout: a (B, L, D) tensor, a sequence-first (L, B, D) one (a
+    transposed view), a 4-D x whose sequence dim moves to a view, and a 4-D x whose (N, L, D)
+    form is a copy (the result is copied back)."""
+    shapes = {"batch_first": ((3, 7, 10), 1), "seq_first": ((7, 3, 10), 0),
+              "4d_view": ((2, 3, 7, 10), 2), "4d_copy": ((2, 7, 3, 10), 1)}
+    shape, seq_dim = shapes[layout]
+    x = randn(*shape, device=device)
+    batch = 3 if layout in ("batch_first", "seq_first") else 6
+    kw = dict(scale=1.5, seq_dim=seq_dim, dropout_p=dropout_p, backend=backend,
+              offset=torch.arange(batch, device=device) * 5)
+    torch.manual_seed(7)
+    expected = fastattn.add_sinusoidal(x, **kw)
+    y = x.clone()
+    ptr = y.data_ptr()
+    torch.manual_seed(7)
+    result = fastattn.add_sinusoidal(y, inplace=True, **kw)
+    assert result is y and y.data_ptr() == ptr
+    torch.testing.assert_close(y, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dropout_p", (0.0, 0.3))
+def test_add_sinusoidal_inplace_with_grad(backend, device, dropout_p):
+    """inplace=True on a non-leaf that needs gradients: output and the leaf's gradient equal
+    the out-of-place ones (the backward scales and applies the forward's mask)."""
+    leaf = randn(2, 6, 8, device=device).requires_grad_()
+    ref_leaf = leaf.detach().clone().requires_grad_()
+    kw = dict(scale=0.5, offset=3, dropout_p=dropout_p, backend=backend)
+    x = leaf * 2.0
+    torch.manual_seed(11)
+    y = fastattn.add_sinusoidal(x, inplace=True, **kw)
+    assert y is x
+    torch.manual_seed(11)
+    y_ref = fastattn.add_sinusoidal(ref_leaf * 2.0, **kw)
+    torch.testing.assert_close(y.detach(), y_ref.detach(), rtol=0, atol=0)
+    g = randn(*y.shape, device=device)
+    (y * g).sum().backward()
+    (y_ref * g).sum().backward()
+    torch.testing.assert_close(leaf.grad, ref_leaf.grad, rtol=1e-6, atol=1e-6)
+    assert leaf.grad.abs().sum() > 0
+
+
+def test_add_sinusoidal_inplace_on_expanded_x_raises(backend, device):
+    x = randn(1, 4, 6, device=device).expand(3, 4, 6)
+    with pytest.raises(ValueError, match="add_sinusoidal: inplace=True needs an x whose"):
+        fastattn.add_sinusoidal(x, inplace=True, backend=backend)
+
+
+def test_add_sinusoidal_inplace_on_leaf_requiring_grad_raises(backend, device):
+    x = randn(1, 4, 4, device=device).requires_grad_()
+    with pytest.raises(RuntimeError, match="leaf"):
+        fastattn.add_sinusoidal(x, inplace=True, backend=backend)
+    with torch.no_grad():  # fine when grad mode is off
+        fastattn.add_sinusoidal(x, inplace=True, backend=backend)
+
+
+@pytest.mark.parametrize("offset", (0, 98_000, 900_000))
+def test_sinusoid_long_positions(backend, device, offset):
+    """Positions up to ~1e5 (and beyond the CPU's vectorised range reduction, 8e5 radians,
+    where it falls back to std::sin/std::cos): every backend evaluates sin/cos of the same
+    float32 angle p * inv_freq, so it matches that definition, evaluated in float64 and rounded
+    once, within an ulp of the result (no drift with the position), and the float64
+    reference under the FlashAttention rule."""
+    dim, rows = 66, 3000
+    t = fastattn.sinusoidal_table(rows, dim, offset=offset, device=device, backend=backend)
+    positions = torch.arange(offset, offset + rows)
+    inv = positional_ref.inverse_frequencies(dim, 10000.0, torch.float32, "cpu")
+    angle = (positions.to(torch.float32)[:, None] * inv).double()
+    exact = torch.stack((angle.sin(), angle.cos()), dim=-1).flatten(-2)
+    err = float((t.double().cpu() - exact).abs().max())
+    print(f"max error against sin/cos of the float32 angle: {err:.3e}")
+    # The CPU kernel rounds a float64 evaluation once (at most an ulp, 2^-24 below 1); float32
+    # sin/cos implementations (torch's, libdevice's) are within two.
+    assert err <= (2 ** -24 if backend == "cpu" else 2 ** -23)
+    ref64 = fastattn.sinusoidal_table(rows, dim, offset=offset, dtype=torch.float64,
+                                      backend="reference")
+    ref32 = fastattn.sinusoidal_table(rows, dim, offset=offset, backend="reference")
+    assert_fa_close("sinusoidal_table", t.cpu(), ref64, ref32)
+
+
+def test_add_sinusoidal_shared_rows_equal_rows_computed_per_sequence():
+    """The CPU kernel computes the sinusoid rows once per call when several sequences share
+    them, and row by row otherwise (one sequence, or offsets far apart): both give the same
+    bits, with and without per-sequence offsets."""
+    x = randn(4, 37, 30)
+    for offset in (5, torch.tensor([0, 3, 3, 8]), torch.tensor([0, 40_000, 80_000, 120_000])):
+        together = fastattn.add_sinusoidal(x, offset=offset, scale=1.3, backend="cpu")
+        for n in range(4):
+            off = offset if isinstance(offset, int) else offset[n:n + 1]
+            alone = fastattn.add_sinusoidal(x[n:n + 1], offset=off, scale=1.3, backend="cpu")
+            torch.testing.assert_close(together[n:n + 1], alone, rtol=0, atol=0)
+    tokens = torch.randint(0, 20, (4, 37))
+    weight = randn(20, 30)
+    together = fastattn.embed_with_positions(tokens, weight, offset=9, backend="cpu")
+    for n in range(4):
+        alone = fastattn.embed_with_positions(tokens[n:n + 1], weight, offset=9, backend="cpu")
+        torch.testing.assert_close(together[n:n + 1], alone, rtol=0, atol=0)
 
 
 def test_apply_rotary_tables_match_computed(backend, device):
@@ -1008,6 +1111,10 @@ def _opcheck_cases(device):
                              (torch.arange(3, 9, device=device), 7, 10000.0, torch.float32)),
         "add_sinusoidal": ("add_sinusoidal", (x, 2, offsets, 1.5, 10000.0, 0.0, None)),
         "add_sinusoidal-seed": ("add_sinusoidal", (x, 0, None, 1.0, 10000.0, 0.25, seed)),
+        "add_sinusoidal_": ("add_sinusoidal_", (x.detach().clone(), 1, offsets, 1.5, 10000.0,
+                                                0.0, None)),
+        "add_sinusoidal_-seed": ("add_sinusoidal_", (x.detach().clone(), 0, None, 1.0, 10000.0,
+                                                     0.25, seed)),
         "add_sinusoidal_backward": ("add_sinusoidal_backward",
                                     (x.detach().requires_grad_(), 2.0, 0.0, None)),
         "embed_with_positions": ("embed_with_positions",
@@ -1100,12 +1207,12 @@ def test_compile_fullgraph_modules(monkeypatch):
 
 
 def test_compile_fullgraph_functional_seq_first():
-    """Sequence-first add_sinusoidal, sinusoidal embedding with an int offset, and in-place
-    rotary (no grad) in one compiled function."""
+    """Sequence-first add_sinusoidal (in place, from an eval module), sinusoidal embedding with
+    an int offset, and in-place rotary (no grad) in one compiled function."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     weight = randn(30, 8)
-    pe_module = SinusoidalPositionalEncoding(8, batch_first=False).eval()
+    pe_module = SinusoidalPositionalEncoding(8, batch_first=False, inplace=True).eval()
 
     def f(tokens, x):
         e = fastattn.embed_with_positions(tokens, weight, offset=5, scale=2.0, padding_idx=1)

@@ -5,6 +5,7 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
+#include "common/cpu_huge_pages.h"
 #include "common/cpu_isa.h"
 #include "common/debug.h"
 #include "positional/positional.h"
@@ -39,6 +40,7 @@ Tensor sinusoidal_table_cpu(const Tensor& positions, int64_t dim, double base,
   auto sizes = positions.sizes().vec();
   sizes.push_back(dim);
   Tensor out = at::empty(sizes, positions.options().dtype(dtype));
+  cpu::advise_huge_pages(out);
   poison(out);
   Tensor flat = positions.contiguous();
   cpu::SinusoidTableParams p{flat.data_ptr<int64_t>(), out.data_ptr(), flat.numel(), dim, base};
@@ -46,13 +48,13 @@ Tensor sinusoidal_table_cpu(const Tensor& positions, int64_t dim, double base,
   return out;
 }
 
-Tensor add_sinusoidal_impl(const Tensor& x, int64_t offset, const optional<Tensor>& offsets,
-                           double scale, double base, double dropout_p,
-                           const optional<Tensor>& seed, bool add_pe, const char* op) {
+// out = dropout(x * scale [+ PE]); out is x's layout (a fresh empty_like) or x itself.
+void add_sinusoidal_into(const Tensor& x, const Tensor& out, int64_t offset,
+                         const optional<Tensor>& offsets, double scale, double base,
+                         double dropout_p, const optional<Tensor>& seed, bool add_pe,
+                         const char* op) {
   check_add_sinusoidal(x, offsets, base, dropout_p, seed, op);
-  Tensor out = at::empty_like(x);  // keeps x's layout: (L, B, D) input viewed as (B, L, D)
-  poison(out);
-  if (x.numel() == 0) return out;
+  if (x.numel() == 0) return;
   auto [s, stream] = read_seed(seed, dropout_p);
   cpu::AddSinusoidalParams p{x.data_ptr(), out.data_ptr(), x.size(0), x.size(1), x.size(2),
                              x.stride(0), x.stride(1), out.stride(0), out.stride(1),
@@ -61,20 +63,35 @@ Tensor add_sinusoidal_impl(const Tensor& x, int64_t offset, const optional<Tenso
   FASTATTN_DISPATCH_FLOATS(x.scalar_type(), "positional", [&] {
     FASTATTN_CPU_ISA_CALL(add_sinusoidal<scalar_t>, p);
   });
-  return out;
 }
 
 Tensor add_sinusoidal_cpu(const Tensor& x, int64_t offset, const optional<Tensor>& offsets,
                           double scale, double base, double dropout_p,
                           const optional<Tensor>& seed) {
-  return add_sinusoidal_impl(x, offset, offsets, scale, base, dropout_p, seed, true,
-                             "add_sinusoidal");
+  Tensor out = at::empty_like(x);  // keeps x's layout: (L, B, D) input viewed as (B, L, D)
+  cpu::advise_huge_pages(out);
+  poison(out);
+  add_sinusoidal_into(x, out, offset, offsets, scale, base, dropout_p, seed, true,
+                      "add_sinusoidal");
+  return out;
+}
+
+// Each row is read completely before it is written, so out may be x itself.
+void add_sinusoidal_inplace_cpu(const Tensor& x, int64_t offset, const optional<Tensor>& offsets,
+                                double scale, double base, double dropout_p,
+                                const optional<Tensor>& seed) {
+  add_sinusoidal_into(x, x, offset, offsets, scale, base, dropout_p, seed, true,
+                      "add_sinusoidal_");
 }
 
 Tensor add_sinusoidal_backward_cpu(const Tensor& grad, double scale, double dropout_p,
                                    const optional<Tensor>& seed) {
-  return add_sinusoidal_impl(grad, 0, c10::nullopt, scale, 10000.0, dropout_p, seed, false,
-                             "add_sinusoidal_backward");
+  Tensor out = at::empty_like(grad);
+  cpu::advise_huge_pages(out);
+  poison(out);
+  add_sinusoidal_into(grad, out, 0, c10::nullopt, scale, 10000.0, dropout_p, seed, false,
+                      "add_sinusoidal_backward");
+  return out;
 }
 
 Tensor embed_with_positions_cpu(const Tensor& tokens, const Tensor& weight,
@@ -89,6 +106,7 @@ Tensor embed_with_positions_cpu(const Tensor& tokens, const Tensor& weight,
   check_embed(tokens, weight, table, offset, offsets, dropout_p, seed, op);
   const int64_t N = tokens.size(0), L = tokens.size(1), D = weight.size(1);
   Tensor out = at::empty({N, L, D}, weight.options());
+  cpu::advise_huge_pages(out);
   poison(out);
   if (out.numel() == 0) return out;
   Tensor tok = tokens.contiguous();
@@ -161,6 +179,7 @@ Tensor apply_rotary_cpu(const Tensor& x, const optional<Tensor>& cos, const opti
                         const optional<Tensor>& position_ids, int64_t rotary_dim, double base,
                         bool interleaved, bool conjugate) {
   Tensor out = at::empty_like(x);
+  cpu::advise_huge_pages(out);
   poison(out);
   apply_rotary_into(x, out, cos, sin, offset, offsets, position_ids, rotary_dim, base,
                     interleaved, conjugate, "apply_rotary");
@@ -181,6 +200,7 @@ void apply_rotary_inplace_cpu(const Tensor& x, const optional<Tensor>& cos,
 TORCH_LIBRARY_IMPL(fastattn, CPU, m) {
   m.impl("sinusoidal_table", &sinusoidal_table_cpu);
   m.impl("add_sinusoidal", &add_sinusoidal_cpu);
+  m.impl("add_sinusoidal_", &add_sinusoidal_inplace_cpu);
   m.impl("add_sinusoidal_backward", &add_sinusoidal_backward_cpu);
   m.impl("embed_with_positions", &embed_with_positions_cpu);
   m.impl("embed_with_positions_backward", &embed_with_positions_backward_cpu);

@@ -1,10 +1,14 @@
 // Positional-encoding CPU loops. Compiled once per ISA (see CMakeLists.txt), which defines
-// FASTATTN_ISA to the namespace of this copy. Each row is converted to the compute type in a
-// small buffer, transformed with vectorisable loops, and converted back.
+// FASTATTN_ISA to the namespace of this copy. Rows of the compute type are transformed in place
+// with vectorisable loops; other storage types are converted through a small row buffer.
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <type_traits>
 #include <numeric>
 #include <utility>
 #include <vector>
@@ -32,27 +36,224 @@ std::vector<acc> inverse_frequencies(int64_t dim, double base) {
   return inv;
 }
 
-// pe[2i] = sin(pos * inv[i]), pe[2i+1] = cos(pos * inv[i]); the angle is rounded to the compute
-// type (as a float32 PyTorch implementation computes it) and sin/cos are evaluated in double.
-template <typename acc>
-void sinusoid_row(int64_t pos, const acc* inv, int64_t dim, acc* pe) {
-  const acc p = static_cast<acc>(pos);
-  const int64_t half = dim / 2;
-  for (int64_t i = 0; i < half; ++i) {
-    const double angle = static_cast<double>(p * inv[i]);
-    pe[2 * i] = static_cast<acc>(std::sin(angle));
-    pe[2 * i + 1] = static_cast<acc>(std::cos(angle));
+// sin and cos of float angles, evaluated in double and rounded to float, as plain loops that
+// every ISA copy vectorises (std::sin/std::cos are scalar calls: they made the fused ops
+// compute-bound). Cody-Waite reduction by pi/2 = kPio2Hi + kPio2Mid + kPio2Lo (the first two
+// carry 33 significant bits, so k * part is exact for |k| < 2^20), then Taylor series to r^15
+// (sin) and r^16 (cos) on |r| <= pi/4, whose truncation is below 5e-17: the float results are
+// std::sin/std::cos rounded to float except where the exact value lies within ~1e-16 of a
+// float rounding boundary (then 1 ulp apart). Angles beyond kReduceLimit take std::sin/cos.
+constexpr double kPio2Hi = 0x1.921fb544p+0;
+constexpr double kPio2Mid = 0x1.0b4611a6p-34;
+constexpr double kPio2Lo = 0x1.3198a2e037073p-69;
+constexpr double kTwoOverPi = 0.63661977236758134308;
+constexpr double kRoundMagic = 0x1.8p52;  // x + magic - magic rounds |x| < 2^51 to an integer
+constexpr double kReduceLimit = 8.0e5;    // < 2^19 * pi/2, so |k| < 2^20
+constexpr uint64_t kReduceLimitBits = 0x41286a0000000000;  // the bits of 8.0e5
+
+// s[i] = sin(a[i]), c[i] = cos(a[i]) with a[i] = p * inv[i] rounded to float, i < n.
+inline void sincos_angles(float p, const float* inv, int64_t n, float* s, float* c) {
+  constexpr double S1 = -1.0 / 6, S2 = 1.0 / 120, S3 = -1.0 / 5040, S4 = 1.0 / 362880,
+                   S5 = -1.0 / 39916800, S6 = 1.0 / 6227020800.0,
+                   S7 = -1.0 / 1307674368000.0;
+  constexpr double C1 = -1.0 / 2, C2 = 1.0 / 24, C3 = -1.0 / 720, C4 = 1.0 / 40320,
+                   C5 = -1.0 / 3628800, C6 = 1.0 / 479001600.0, C7 = -1.0 / 87178291200.0,
+                   C8 = 1.0 / 20922789888000.0;
+  // Selections and sign flips are bit operations (branch-free, so the loop vectorises).
+  uint64_t far = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float angle = p * inv[i];
+    const double x = angle;
+    const double t = x * kTwoOverPi + kRoundMagic;
+    uint64_t q, xbits, sbits, cbits;
+    std::memcpy(&q, &t, sizeof(q));  // the low bits of t hold k = round(x * 2/pi)
+    std::memcpy(&xbits, &x, sizeof(xbits));
+    const double k = t - kRoundMagic;
+    const double r = ((x - k * kPio2Hi) - k * kPio2Mid) - k * kPio2Lo;
+    const double z = r * r;
+    const double sr =
+        r + r * z * (S1 + z * (S2 + z * (S3 + z * (S4 + z * (S5 + z * (S6 + z * S7))))));
+    const double cr =
+        1.0 + z * (C1 + z * (C2 + z * (C3 + z * (C4 + z * (C5 + z * (C6 + z * (C7 + z * C8)))))));
+    std::memcpy(&sbits, &sr, sizeof(sbits));
+    std::memcpy(&cbits, &cr, sizeof(cbits));
+    // Quadrant q mod 4: sin(q pi/2 + r) = s, c, -s, -c; cos(q pi/2 + r) = c, -s, -c, s.
+    const uint64_t swap = uint64_t(0) - (q & 1);
+    const uint64_t sin_bits = ((sbits & ~swap) | (cbits & swap)) ^ ((q & 2) << 62);
+    const uint64_t cos_bits = ((cbits & ~swap) | (sbits & swap)) ^ (((q + 1) & 2) << 62);
+    double sv, cv;
+    std::memcpy(&sv, &sin_bits, sizeof(sv));
+    std::memcpy(&cv, &cos_bits, sizeof(cv));
+    s[i] = static_cast<float>(sv);
+    c[i] = static_cast<float>(cv);
+    far |= static_cast<uint64_t>((xbits & ~(uint64_t(1) << 63)) >= kReduceLimitBits);  // NaN too
   }
-  if (dim & 1) pe[dim - 1] = static_cast<acc>(std::sin(static_cast<double>(p * inv[half])));
+  if (far) {
+    for (int64_t i = 0; i < n; ++i) {
+      const double x = static_cast<double>(p * inv[i]);
+      if (!(std::fabs(x) < kReduceLimit)) {
+        s[i] = static_cast<float>(std::sin(x));
+        c[i] = static_cast<float>(std::cos(x));
+      }
+    }
+  }
 }
 
-// Row buffers for one worker: values, positional row, dropout multipliers, philox scratch.
+// float64 inputs: sin/cos in double, where std::sin/std::cos are the accurate choice.
+inline void sincos_angles(double p, const double* inv, int64_t n, double* s, double* c) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double angle = p * inv[i];
+    s[i] = std::sin(angle);
+    c[i] = std::cos(angle);
+  }
+}
+
+// pe[2i] = sin(pos * inv[i]), pe[2i+1] = cos(pos * inv[i]); the angle is rounded to the compute
+// type (as a float32 PyTorch implementation computes it). scratch: 2 * ceil(dim / 2) values.
+template <typename acc>
+void sinusoid_row(int64_t pos, const acc* inv, int64_t dim, acc* pe, acc* scratch) {
+  const int64_t n = (dim + 1) / 2, half = dim / 2;
+  acc* s = scratch;
+  acc* c = scratch + n;
+  sincos_angles(static_cast<acc>(pos), inv, n, s, c);
+  for (int64_t i = 0; i < half; ++i) {
+    pe[2 * i] = s[i];
+    pe[2 * i + 1] = c[i];
+  }
+  if (dim & 1) pe[dim - 1] = s[half];
+}
+
+// Row buffers for one worker: values, positional row, dropout multipliers, philox scratch,
+// sin/cos scratch.
 template <typename acc>
 struct RowBuffers {
-  std::vector<acc> value, pe, mult;
+  std::vector<acc> value, pe, mult, trig;
   std::vector<float> uniform;
-  explicit RowBuffers(int64_t d) : value(d), pe(d), mult(d), uniform(d) {}
+  explicit RowBuffers(int64_t d)
+      : value(d), pe(d), mult(d), trig(2 * ((d + 1) / 2)), uniform(d) {}
 };
+
+// Sinusoid rows PE[0 : rows) of one (dim, base), computed once and kept for later calls (a
+// cached table, as models keep one, but filled by this kernel's own sinusoid_row, so its values
+// are the on-the-fly ones bit for bit). A few (dim, base) pairs are kept, each at most
+// kMaxCachedBytes; a call needing more rows regrows its entry to the next power of two.
+// Returns null when the rows needed exceed the cap.
+template <typename acc>
+std::shared_ptr<const std::vector<acc>> cached_sinusoid_rows(int64_t rows_needed, int64_t D,
+                                                             double base, const acc* inv) {
+  constexpr int64_t kMaxCachedBytes = int64_t(8) << 20;
+  constexpr size_t kMaxEntries = 4;
+  struct Entry {
+    int64_t dim;
+    double base;
+    std::shared_ptr<const std::vector<acc>> rows;
+  };
+  static std::mutex mutex;
+  static std::vector<Entry> entries;  // least recently grown first
+  const int64_t row_bytes = D * static_cast<int64_t>(sizeof(acc));
+  if (rows_needed * row_bytes > kMaxCachedBytes) return nullptr;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const Entry& e : entries) {
+    if (e.dim == D && e.base == base && static_cast<int64_t>(e.rows->size()) >= rows_needed * D) {
+      return e.rows;
+    }
+  }
+  int64_t rows = 64;
+  while (rows < rows_needed) rows *= 2;
+  rows = std::max(rows_needed, std::min(rows, kMaxCachedBytes / row_bytes));
+  auto table = std::make_shared<std::vector<acc>>(static_cast<size_t>(rows * D));
+  at::parallel_for(0, rows, std::max<int64_t>(1, 2048 / std::max<int64_t>(D, 1)),
+                   [&](int64_t begin, int64_t end) {
+    std::vector<acc> trig(2 * ((D + 1) / 2));
+    for (int64_t r = begin; r < end; ++r) {
+      sinusoid_row<acc>(r, inv, D, table->data() + r * D, trig.data());
+    }
+  });
+  entries.erase(std::remove_if(entries.begin(), entries.end(),
+                               [&](const Entry& e) { return e.dim == D && e.base == base; }),
+                entries.end());
+  if (entries.size() >= kMaxEntries) entries.erase(entries.begin());
+  entries.push_back(Entry{D, base, table});
+  return table;
+}
+
+// Sinusoid rows for positions [lo, hi], when several sequences share them (the rows are used
+// twice on average): then each row is computed once, or read from the cache above, and x is
+// streamed in memory order. Otherwise (one sequence, or offsets far apart) an empty result:
+// the caller computes rows as it meets them.
+template <typename acc>
+struct SharedSinusoid {
+  std::shared_ptr<const std::vector<acc>> rows;  // PE[first + r] at rows->data() + r * D
+  int64_t first = 0;
+  const acc* row(int64_t pos, int64_t D) const { return rows->data() + (pos - first) * D; }
+};
+
+template <typename acc>
+SharedSinusoid<acc> shared_sinusoid(int64_t lo, int64_t hi, int64_t uses, const acc* inv,
+                                    int64_t D, double base) {
+  constexpr int64_t kMaxTableBytes = int64_t(64) << 20;
+  SharedSinusoid<acc> out;
+  const int64_t rows = hi - lo + 1;
+  if (rows <= 0 || 2 * rows > uses) return out;
+  out.rows = cached_sinusoid_rows<acc>(hi + 1, D, base, inv);
+  if (out.rows != nullptr) return out;
+  if (rows * D * static_cast<int64_t>(sizeof(acc)) > kMaxTableBytes) return out;
+  auto table = std::make_shared<std::vector<acc>>(static_cast<size_t>(rows * D));
+  at::parallel_for(0, rows, std::max<int64_t>(1, 2048 / std::max<int64_t>(D, 1)),
+                   [&](int64_t begin, int64_t end) {
+    std::vector<acc> trig(2 * ((D + 1) / 2));
+    for (int64_t r = begin; r < end; ++r) {
+      sinusoid_row<acc>(lo + r, inv, D, table->data() + r * D, trig.data());
+    }
+  });
+  out.rows = table;
+  out.first = lo;
+  return out;
+}
+
+// Smallest and largest position offset + offsets[n] + l over n < N, l < L.
+inline std::pair<int64_t, int64_t> position_span(int64_t offset, const int64_t* offsets,
+                                                 int64_t N, int64_t L) {
+  int64_t lo = 0, hi = 0;
+  if (offsets != nullptr && N > 0) {
+    lo = hi = offsets[0];
+    for (int64_t n = 1; n < N; ++n) {
+      lo = std::min(lo, offsets[n]);
+      hi = std::max(hi, offsets[n]);
+    }
+  }
+  return {offset + lo, offset + hi + L - 1};
+}
+
+// dst = (src * scale [+ pe]) [* mult] for one row of D values; dst may alias src. Storage types
+// that are the compute type are read and written directly (the memory-bound case); others go
+// through the value buffer v.
+template <typename T, typename acc>
+inline void combine_row(const T* src, T* dst, int64_t D, acc scale, const acc* pe,
+                        const acc* mult, acc* v) {
+  if constexpr (std::is_same_v<T, acc>) {
+    if (pe != nullptr && mult != nullptr) {
+      for (int64_t d = 0; d < D; ++d) dst[d] = (src[d] * scale + pe[d]) * mult[d];
+    } else if (pe != nullptr) {
+      for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * scale + pe[d];
+    } else if (mult != nullptr) {
+      for (int64_t d = 0; d < D; ++d) dst[d] = (src[d] * scale) * mult[d];
+    } else {
+      for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * scale;
+    }
+  } else {
+    load_row<T>(src, v, D);
+    if (pe != nullptr) {
+      for (int64_t d = 0; d < D; ++d) v[d] = v[d] * scale + pe[d];
+    } else {
+      for (int64_t d = 0; d < D; ++d) v[d] = v[d] * scale;
+    }
+    if (mult != nullptr) {
+      for (int64_t d = 0; d < D; ++d) v[d] = v[d] * mult[d];
+    }
+    store_row<T>(v, dst, D);
+  }
+}
 
 }  // namespace
 
@@ -62,9 +263,9 @@ void sinusoidal_table(const SinusoidTableParams& p) {
   const auto inv = inverse_frequencies<acc>(p.dim, p.base);
   T* out = static_cast<T*>(p.out);
   at::parallel_for(0, p.count, 16, [&](int64_t begin, int64_t end) {
-    std::vector<acc> pe(p.dim);
+    std::vector<acc> pe(p.dim), trig(2 * ((p.dim + 1) / 2));
     for (int64_t r = begin; r < end; ++r) {
-      sinusoid_row<acc>(p.positions[r], inv.data(), p.dim, pe.data());
+      sinusoid_row<acc>(p.positions[r], inv.data(), p.dim, pe.data(), trig.data());
       store_row<T>(pe.data(), out + r * p.dim, p.dim);
     }
   });
@@ -77,39 +278,41 @@ void add_sinusoidal(const AddSinusoidalParams& p) {
   const T* x = static_cast<const T*>(p.x);
   T* out = static_cast<T*>(p.out);
   const acc scale = static_cast<acc>(p.scale);
-  const bool shared_positions = p.offsets == nullptr;
-  // Without per-sequence offsets every sequence sees the same PE row at step l: walk rows
-  // l-major so each worker computes a row's sinusoid once and applies it to all N sequences.
+  // The sinusoid depends on the position, not on the sequence: with several sequences over
+  // the same positions, compute each row once into a table and stream x in memory order.
+  const auto [lo, hi] = position_span(p.offset, p.offsets, p.N, p.L);
+  const SharedSinusoid<acc> shared =
+      p.add_pe ? shared_sinusoid<acc>(lo, hi, p.N * p.L, inv.data(), p.D, p.base)
+               : SharedSinusoid<acc>();
+  const acc* table = shared.rows != nullptr ? shared.row(lo, p.D) : nullptr;  // PE[lo]
   at::parallel_for(0, p.N * p.L, std::max<int64_t>(1, 4096 / std::max<int64_t>(p.D, 1)),
                    [&](int64_t begin, int64_t end) {
     RowBuffers<acc> buf(p.D);
     int64_t pe_position = -1;
-    bool pe_valid = false;
     for (int64_t r = begin; r < end; ++r) {
-      const int64_t n = shared_positions ? r % p.N : r / p.L;
-      const int64_t l = shared_positions ? r / p.N : r % p.L;
-      acc* v = buf.value.data();
-      load_row<T>(x + n * p.x_stride_n + l * p.x_stride_l, v, p.D);
+      const int64_t n = r / p.L, l = r % p.L;
+      const acc* pe = nullptr;
       if (p.add_pe) {
-        const int64_t pos = p.offset + (shared_positions ? 0 : p.offsets[n]) + l;
-        if (!pe_valid || pos != pe_position) {
-          sinusoid_row<acc>(pos, inv.data(), p.D, buf.pe.data());
-          pe_position = pos;
-          pe_valid = true;
+        const int64_t pos = p.offset + (p.offsets ? p.offsets[n] : 0) + l;
+        if (table != nullptr) {
+          pe = table + (pos - lo) * p.D;
+        } else {
+          if (pos != pe_position) {
+            sinusoid_row<acc>(pos, inv.data(), p.D, buf.pe.data(), buf.trig.data());
+            pe_position = pos;
+          }
+          pe = buf.pe.data();
         }
-        const acc* pe = buf.pe.data();
-        for (int64_t d = 0; d < p.D; ++d) v[d] = v[d] * scale + pe[d];
-      } else {
-        for (int64_t d = 0; d < p.D; ++d) v[d] = v[d] * scale;
       }
+      const acc* mult = nullptr;
       if (p.dropout_p > 0.0) {
-        const uint64_t e0 = static_cast<uint64_t>((n * p.L + l) * p.D);
-        dropout_multipliers<acc>(p.seed, p.stream, e0, p.D, p.dropout_p, buf.uniform.data(),
-                                 buf.mult.data());
-        const acc* m = buf.mult.data();
-        for (int64_t d = 0; d < p.D; ++d) v[d] = v[d] * m[d];
+        dropout_multipliers<acc>(p.seed, p.stream, static_cast<uint64_t>(r * p.D), p.D,
+                                 p.dropout_p, buf.uniform.data(), buf.mult.data());
+        mult = buf.mult.data();
       }
-      store_row<T>(v, out + n * p.out_stride_n + l * p.out_stride_l, p.D);
+      combine_row<T, acc>(x + n * p.x_stride_n + l * p.x_stride_l,
+                          out + n * p.out_stride_n + l * p.out_stride_l, p.D, scale, pe, mult,
+                          buf.value.data());
     }
   });
 }
@@ -122,28 +325,46 @@ void embed_with_positions(const EmbedParams& p) {
   const T* table = static_cast<const T*>(p.table);
   T* out = static_cast<T*>(p.out);
   const acc scale = static_cast<acc>(p.scale);
+  const auto [lo, hi] = position_span(p.offset, p.offsets, p.N, p.L);
+  // Sinusoid rows shared by several sequences are computed once (see add_sinusoidal).
+  const SharedSinusoid<acc> shared =
+      table == nullptr ? shared_sinusoid<acc>(lo, hi, p.N * p.L, inv.data(), p.D, p.base)
+                       : SharedSinusoid<acc>();
+  const acc* sinusoid = shared.rows != nullptr ? shared.row(lo, p.D) : nullptr;  // PE[lo]
+  // A learned table in the compute type is read in place; others are converted per row.
+  constexpr bool kDirectTable = std::is_same_v<T, acc>;
   at::parallel_for(0, p.N * p.L, std::max<int64_t>(1, 4096 / std::max<int64_t>(p.D, 1)),
                    [&](int64_t begin, int64_t end) {
     RowBuffers<acc> buf(p.D);
+    int64_t pe_position = -1;
     for (int64_t r = begin; r < end; ++r) {
       const int64_t n = r / p.L, l = r % p.L;
       const int64_t pos = p.offset + (p.offsets ? p.offsets[n] : 0) + l;
-      acc* v = buf.value.data();
-      acc* pe = buf.pe.data();
-      load_row<T>(weight + p.tokens[r] * p.weight_stride, v, p.D);
+      const acc* pe;
       if (table != nullptr) {
-        load_row<T>(table + pos * p.table_stride, pe, p.D);
+        if constexpr (kDirectTable) {
+          pe = reinterpret_cast<const acc*>(table + pos * p.table_stride);
+        } else {
+          load_row<T>(table + pos * p.table_stride, buf.pe.data(), p.D);
+          pe = buf.pe.data();
+        }
+      } else if (sinusoid != nullptr) {
+        pe = sinusoid + (pos - lo) * p.D;
       } else {
-        sinusoid_row<acc>(pos, inv.data(), p.D, pe);
+        if (pos != pe_position) {
+          sinusoid_row<acc>(pos, inv.data(), p.D, buf.pe.data(), buf.trig.data());
+          pe_position = pos;
+        }
+        pe = buf.pe.data();
       }
-      for (int64_t d = 0; d < p.D; ++d) v[d] = v[d] * scale + pe[d];
+      const acc* mult = nullptr;
       if (p.dropout_p > 0.0) {
         dropout_multipliers<acc>(p.seed, p.stream, static_cast<uint64_t>(r * p.D), p.D,
                                  p.dropout_p, buf.uniform.data(), buf.mult.data());
-        const acc* m = buf.mult.data();
-        for (int64_t d = 0; d < p.D; ++d) v[d] = v[d] * m[d];
+        mult = buf.mult.data();
       }
-      store_row<T>(v, out + r * p.D, p.D);
+      combine_row<T, acc>(weight + p.tokens[r] * p.weight_stride, out + r * p.D, p.D, scale, pe,
+                          mult, buf.value.data());
     }
   });
 }

@@ -161,10 +161,10 @@ __global__ void sinusoidal_table_kernel(const int64_t* __restrict__ positions, T
   store4<T, false>(out + row * D, d0, D, v);
 }
 
+// x and out are not __restrict__: add_sinusoidal_ passes the same tensor as both.
 template <typename T, bool kAligned>
-__global__ void add_sinusoidal_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t L,
-                                      int64_t D, int64_t x_sn, int64_t x_sl, int64_t o_sn,
-                                      int64_t o_sl, int64_t offset,
+__global__ void add_sinusoidal_kernel(const T* x, T* out, int64_t L, int64_t D, int64_t x_sn,
+                                      int64_t x_sl, int64_t o_sn, int64_t o_sl, int64_t offset,
                                       const int64_t* __restrict__ offsets, acc_t<T> scale,
                                       double log2_base, Dropout<acc_t<T>> drop, bool add_pe) {
   using acc = acc_t<T>;
@@ -352,14 +352,15 @@ Tensor sinusoidal_table_cuda(const Tensor& positions, int64_t dim, double base,
   return out;
 }
 
-Tensor add_sinusoidal_impl(const Tensor& x, int64_t offset, const optional<Tensor>& offsets,
-                           double scale, double base, double dropout_p,
-                           const optional<Tensor>& seed, bool add_pe, const char* op) {
+// out = dropout(x * scale [+ PE]); out is x's layout (a fresh empty_like) or x itself (each
+// thread reads its elements before it writes them, so the in-place form is race-free).
+void add_sinusoidal_into(const Tensor& x, const Tensor& out, int64_t offset,
+                         const optional<Tensor>& offsets, double scale, double base,
+                         double dropout_p, const optional<Tensor>& seed, bool add_pe,
+                         const char* op) {
   check_add_sinusoidal(x, offsets, base, dropout_p, seed, op);
   c10::cuda::CUDAGuard guard(x.device());
-  Tensor out = at::empty_like(x);
-  poison(out);
-  if (x.numel() == 0) return out;
+  if (x.numel() == 0) return;
   const int64_t N = x.size(0), L = x.size(1), D = x.size(2);
   const auto launch = row_launch(N * L, D);
   auto stream = c10::cuda::getCurrentCUDAStream();
@@ -377,20 +378,32 @@ Tensor add_sinusoidal_impl(const Tensor& x, int64_t offset, const optional<Tenso
         std::log2(base), drop, add_pe);
     FASTATTN_CUDA_LAUNCH_CHECK();
   });
-  return out;
 }
 
 Tensor add_sinusoidal_cuda(const Tensor& x, int64_t offset, const optional<Tensor>& offsets,
                            double scale, double base, double dropout_p,
                            const optional<Tensor>& seed) {
-  return add_sinusoidal_impl(x, offset, offsets, scale, base, dropout_p, seed, true,
-                             "add_sinusoidal");
+  Tensor out = at::empty_like(x);
+  poison(out);
+  add_sinusoidal_into(x, out, offset, offsets, scale, base, dropout_p, seed, true,
+                      "add_sinusoidal");
+  return out;
+}
+
+void add_sinusoidal_inplace_cuda(const Tensor& x, int64_t offset,
+                                 const optional<Tensor>& offsets, double scale, double base,
+                                 double dropout_p, const optional<Tensor>& seed) {
+  add_sinusoidal_into(x, x, offset, offsets, scale, base, dropout_p, seed, true,
+                      "add_sinusoidal_");
 }
 
 Tensor add_sinusoidal_backward_cuda(const Tensor& grad, double scale, double dropout_p,
                                     const optional<Tensor>& seed) {
-  return add_sinusoidal_impl(grad, 0, c10::nullopt, scale, 10000.0, dropout_p, seed, false,
-                             "add_sinusoidal_backward");
+  Tensor out = at::empty_like(grad);
+  poison(out);
+  add_sinusoidal_into(grad, out, 0, c10::nullopt, scale, 10000.0, dropout_p, seed, false,
+                      "add_sinusoidal_backward");
+  return out;
 }
 
 Tensor embed_with_positions_cuda(const Tensor& tokens, const Tensor& weight,
@@ -558,6 +571,7 @@ void apply_rotary_inplace_cuda(const Tensor& x, const optional<Tensor>& cos,
 TORCH_LIBRARY_IMPL(fastattn, CUDA, m) {
   m.impl("sinusoidal_table", &sinusoidal_table_cuda);
   m.impl("add_sinusoidal", &add_sinusoidal_cuda);
+  m.impl("add_sinusoidal_", &add_sinusoidal_inplace_cuda);
   m.impl("add_sinusoidal_backward", &add_sinusoidal_backward_cuda);
   m.impl("embed_with_positions", &embed_with_positions_cuda);
   m.impl("embed_with_positions_backward", &embed_with_positions_backward_cuda);

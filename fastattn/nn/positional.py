@@ -14,27 +14,32 @@ class SinusoidalPositionalEncoding(nn.Module):
     forward(x, offset=0): x (B, L, d_model) when batch_first else (L, B, d_model); offset an
     int or an integer (B,) tensor of start positions (for decoding with a cache). Dropout
     applies in training mode only.
+    inplace: when no gradient is needed (eval under torch.no_grad / inference_mode, or x not
+    requiring grad), write the result into x itself, as nn.ReLU(inplace=True) does: the caller
+    must not need x afterwards. No output is allocated (on CPU this saves the page faults of a
+    fresh output). With gradients the module computes out of place.
     """
 
     def __init__(self, d_model: int, *, dropout: float = 0.0, scale: float = 1.0,
-                 base: float = 10000.0, batch_first: bool = True):
+                 base: float = 10000.0, batch_first: bool = True, inplace: bool = False):
         super().__init__()
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"SinusoidalPositionalEncoding: dropout must be in [0, 1), got {dropout}")
         self.d_model, self.dropout, self.scale = d_model, dropout, scale
-        self.base, self.batch_first = base, batch_first
+        self.base, self.batch_first, self.inplace = base, batch_first, inplace
 
     def forward(self, x: torch.Tensor, offset: Offset = 0) -> torch.Tensor:
         if x.shape[-1] != self.d_model:
             raise ValueError(f"SinusoidalPositionalEncoding: expected x with {self.d_model} "
                              f"features in the last dim, got shape {tuple(x.shape)}")
+        inplace = self.inplace and not (x.requires_grad and torch.is_grad_enabled())
         return add_sinusoidal(x, offset=offset, scale=self.scale, base=self.base,
                               dropout_p=self.dropout if self.training else 0.0,
-                              seq_dim=1 if self.batch_first else 0)
+                              seq_dim=1 if self.batch_first else 0, inplace=inplace)
 
     def extra_repr(self) -> str:
         return (f"{self.d_model}, dropout={self.dropout}, scale={self.scale}, base={self.base}, "
-                f"batch_first={self.batch_first}")
+                f"batch_first={self.batch_first}" + (", inplace=True" if self.inplace else ""))
 
 
 class LearnedPositionalEmbedding(nn.Module):

@@ -53,6 +53,11 @@ def _split_offset(op: str, offset: Offset, batch: int, device: torch.device,
     return offset, None
 
 
+def _is_view_of(view: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether `view`, reshaped from a view of x, is a view of x's memory rather than a copy."""
+    return view._base is not None and view._base is (x if x._base is None else x._base)
+
+
 def _check_position_range(op: str, offset: int, offsets: torch.Tensor | None, length: int,
                           rows: int | None, what: str, *, on_device: bool = True) -> None:
     """Positions offset + offsets[n] + l (l < length) must lie in [0, rows) (rows None: >= 0).
@@ -117,10 +122,37 @@ def sinusoidal_table(num_positions: int, dim: int, *, base: float = 10000.0, off
 # add_sinusoidal
 
 
+def _inplace_op(name: str, backend: str):
+    """The in-place op (schema `name_(Tensor(a!) x, ...)`) that `backend` runs for `name`."""
+    return getattr(torch.ops.fastattn, name + ("_triton_" if backend == "triton" else "_"))
+
+
+class _InplaceAddSinusoidal(torch.autograd.Function):
+    """add_sinusoidal(inplace=True) on a tensor that needs gradients: write x in place, mark it
+    dirty; the gradient is the out-of-place op's (scale, then the forward's dropout mask)."""
+
+    @staticmethod
+    def forward(ctx, x, backend, offset, offsets, scale, base, dropout_p, seed):
+        _inplace_op("add_sinusoidal", backend)(x, offset, offsets, scale, base, dropout_p, seed)
+        ctx.mark_dirty(x)
+        ctx.args = (backend, scale, dropout_p)
+        ctx.save_for_backward(seed)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        backend, scale, dropout_p = ctx.args
+        (seed,) = ctx.saved_tensors
+        g = _native_op("add_sinusoidal_backward", backend)(_unit_last_stride(grad), scale,
+                                                           dropout_p, seed)
+        return g, None, None, None, None, None, None, None
+
+
 def add_sinusoidal(x: torch.Tensor, *, offset: Offset = 0, scale: float = 1.0,
                    base: float = 10000.0, dropout_p: float = 0.0, seq_dim: int = 1,
-                   backend: str | None = None) -> torch.Tensor:
-    """dropout(x * scale + PE) in one pass, the sinusoid computed on the fly (no table read).
+                   inplace: bool = False, backend: str | None = None) -> torch.Tensor:
+    """dropout(x * scale + PE) in one pass; the sinusoid is computed by the kernel (the caller
+    passes no table; the CPU kernel computes the rows a batch shares once and keeps them).
 
     x: (..., L, ..., D) with the sequence on `seq_dim` and features last; typically (B, L, D)
         (seq_dim=1, batch first) or (L, B, D) (seq_dim=0). Any strides with a unit last stride.
@@ -128,6 +160,8 @@ def add_sinusoidal(x: torch.Tensor, *, offset: Offset = 0, scale: float = 1.0,
         dimension that is not seq_dim; otherwise the product of the other leading dims).
     scale: multiplies x first (sqrt(d_model) in the original Transformer).
     dropout_p: dropout on the sum, scaled by 1/(1-p); reproducible under torch.manual_seed.
+    inplace: write the result into x and return x (no output allocation; differentiable when x
+        needs gradients, as long as x is not a leaf).
     Returns a tensor shaped and laid out like x.
     """
     op = "add_sinusoidal"
@@ -138,6 +172,9 @@ def add_sinusoidal(x: torch.Tensor, *, offset: Offset = 0, scale: float = 1.0,
     p = check_dropout(op, dropout_p)
     if base <= 0:
         raise ValueError(f"{op}: base must be > 0, got {base}")
+    if inplace and any(st == 0 and n > 1 for st, n in zip(x.stride(), x.shape)):
+        raise ValueError(f"{op}: inplace=True needs an x whose elements are distinct in memory, "
+                         f"got an expanded x (strides {tuple(x.stride())})")
     nd = x.dim()
     if not -nd <= seq_dim < nd or seq_dim % nd == nd - 1:
         raise ValueError(f"{op}: seq_dim must index a dimension other than the last "
@@ -150,6 +187,8 @@ def add_sinusoidal(x: torch.Tensor, *, offset: Offset = 0, scale: float = 1.0,
     else:
         moved = x.movedim(sd, -2)
         x3 = moved.reshape(-1, moved.shape[-2], moved.shape[-1])
+        # In place needs x3 to be a view of x; otherwise the result is copied back into x.
+        viewed = not inplace or _is_view_of(x3, x)
     off, offsets = _split_offset(op, offset, x3.shape[0], x.device)
     chosen = _backend.select_backend(op, x.device, backend, limits=_limits(x.dtype))
     seed = dropout_seed(p, x.device)
@@ -158,11 +197,22 @@ def add_sinusoidal(x: torch.Tensor, *, offset: Offset = 0, scale: float = 1.0,
     # they do not check positions themselves): on the host for CPU tensors, on the device for
     # CUDA ones (no synchronisation).
     _check_position_range(op, off, offsets, x3.shape[1], None, "")
+    if inplace and (nd <= 3 or viewed):
+        _backend._record(op, chosen)
+        if chosen == "reference":
+            x3.copy_(ref.add_sinusoidal(*args))
+        elif x.requires_grad and torch.is_grad_enabled():
+            _InplaceAddSinusoidal.apply(x3, chosen, *args[1:])
+        else:
+            _inplace_op(op, chosen)(*args)
+        return x
     if chosen == "reference":
         out3 = ref.add_sinusoidal(*args)
     else:
         out3 = _native_op(op, chosen)(*args)
     _backend._record(op, chosen)
+    if inplace:  # x3 was a copy of a 4-D or larger x whose layout does not view as (N, L, D)
+        return x.copy_(out3.reshape(moved.shape).movedim(-2, sd))
     if nd == 2:
         return out3[0]
     if nd == 3:
@@ -385,6 +435,10 @@ def _register_native_fakes() -> None:
     @torch.library.register_fake(lib + "add_sinusoidal")
     def _(x, offset, offsets, scale, base, dropout_p, seed):
         return torch.empty_like(x)
+
+    @torch.library.register_fake(lib + "add_sinusoidal_")
+    def _(x, offset, offsets, scale, base, dropout_p, seed):
+        return None
 
     @torch.library.register_fake(lib + "add_sinusoidal_backward")
     def _(grad, scale, dropout_p, seed):

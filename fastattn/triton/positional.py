@@ -306,10 +306,16 @@ def sinusoidal_table_triton(positions: torch.Tensor, dim: int, base: float,
 
 
 def _add_sinusoidal(x, offset, offsets, scale, base, dropout_p, seed, add_pe):
-    N, L, D = x.shape
     out = output_like(x)
+    _add_sinusoidal_into(x, out, offset, offsets, scale, base, dropout_p, seed, add_pe)
+    return finish(out, x.dtype)
+
+
+def _add_sinusoidal_into(x, out, offset, offsets, scale, base, dropout_p, seed, add_pe):
+    """out = dropout(x * scale [+ PE]); out may be x (each program reads its tile first)."""
+    N, L, D = x.shape
     if x.numel() == 0:
-        return finish(out, x.dtype)
+        return
     seed_arg, threshold, keep_scale = _dropout_args(dropout_p, seed, x)
     grid, block_r, block_d = _launch_shape(N * L, D)
     inv = inverse_frequencies(D, base, x) if add_pe else x
@@ -319,7 +325,6 @@ def _add_sinusoidal(x, offset, offsets, scale, base, dropout_p, seed, add_pe):
             out.stride(0), out.stride(1), offset, scale, threshold, keep_scale,
             HAS_OFFSETS=offsets is not None, HAS_DROPOUT=dropout_p > 0.0, ADD_PE=add_pe,
             LIBDEVICE=not interpreting(x.device), BLOCK_R=block_r, BLOCK_D=block_d)
-    return finish(out, x.dtype)
 
 
 @triton_op("fastattn::add_sinusoidal_triton", mutates_args=())
@@ -327,6 +332,19 @@ def add_sinusoidal_triton(x: torch.Tensor, offset: int, offsets: torch.Tensor | 
                           scale: float, base: float, dropout_p: float,
                           seed: torch.Tensor | None) -> torch.Tensor:
     return _add_sinusoidal(x, offset, offsets, scale, base, dropout_p, seed, True)
+
+
+@triton_op("fastattn::add_sinusoidal_triton_", mutates_args={"x"})
+def add_sinusoidal_triton_(x: torch.Tensor, offset: int, offsets: torch.Tensor | None,
+                           scale: float, base: float, dropout_p: float,
+                           seed: torch.Tensor | None) -> None:
+    if x.dtype == torch.bfloat16 and interpreting(x.device):
+        # The interpreter's bfloat16 store truncates: compute in a float32 copy, round with torch.
+        wide = x.float()
+        _add_sinusoidal_into(wide, wide, offset, offsets, scale, base, dropout_p, seed, True)
+        x.copy_(wide)
+        return
+    _add_sinusoidal_into(x, x, offset, offsets, scale, base, dropout_p, seed, True)
 
 
 @triton_op("fastattn::add_sinusoidal_backward_triton", mutates_args=())
