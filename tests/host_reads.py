@@ -116,3 +116,17 @@ def run_failing_cuda_script(script: str) -> str:
     assert run.returncode != 0 and "NO ERROR" not in output, output
     assert "device-side assert" in output or "Assertion" in output, output
     return output
+
+
+def assert_no_device_sync(run) -> None:
+    """Call `run` once to warm up (Triton compiles, lazy initialisations), then again under
+    torch.cuda.set_sync_debug_mode("error"), which raises on any synchronising call (a C++
+    .item() included)."""
+    run()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        run()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()

@@ -31,9 +31,9 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 import fastattn
 from fastattn import _backend
 from fastattn.ops.lstm import unsupported_backends
-from fastattn.reference import lstm as ref_lstm
 from conftest import backend_device
-from host_reads import assert_no_host_reads, device_checks, fake_cuda, force_device_checks
+from host_reads import (assert_no_device_sync, assert_no_host_reads, device_checks, fake_cuda,
+                        force_device_checks)
 from tolerance import assert_fa_close, assert_grad_close, rounding_floor
 
 REPO = Path(__file__).resolve().parents[1]
@@ -736,14 +736,7 @@ def test_cuda_no_synchronisation(backend_name):
                                         lengths=lengths, backend=backend_name)
         torch.autograd.grad(out.sum() + h_n.sum() + c_n.sum(), [x] + weights)
 
-    run()  # warm-up (Triton compiles, cuBLAS handles, lazy initialisations)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        run()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
+    assert_no_device_sync(run)
 
 
 def test_device_checks_catch_bad_lengths(monkeypatch):

@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import io
 import math
-import warnings
 
 import pytest
 import torch

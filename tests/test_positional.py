@@ -24,8 +24,8 @@ from fastattn.nn import (LearnedPositionalEmbedding, PositionalEmbedding, Rotary
 from fastattn.reference import positional as positional_ref
 from fastattn.reference import random as philox_ref
 from conftest import backend_device
-from host_reads import (ValueReadError, assert_no_host_reads, device_checks, fake_cuda,
-                        force_device_checks, run_failing_cuda_script)
+from host_reads import (ValueReadError, assert_no_device_sync, assert_no_host_reads,
+                        device_checks, fake_cuda, force_device_checks, run_failing_cuda_script)
 from tolerance import assert_fa_close, assert_grad_close
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -1668,14 +1668,7 @@ def test_cuda_no_synchronisation(backend):
     included): the positional ops on CUDA tensors make none."""
     backend_device(backend)
     inputs = _positional_inputs("cuda")
-    _positional_calls(backend, inputs)  # warm-up (Triton compiles, lazy initialisations)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        _positional_calls(backend, inputs)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
+    assert_no_device_sync(lambda: _positional_calls(backend, inputs))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

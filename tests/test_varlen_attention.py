@@ -46,7 +46,8 @@ from fastattn.reference.random import dropout_uniform
 from tolerance import assert_fa_close, assert_grad_close, rounding_floor
 
 from conftest import backend_device
-from host_reads import assert_no_host_reads, device_checks, fake_cuda, force_device_checks
+from host_reads import (assert_no_device_sync, assert_no_host_reads, device_checks, fake_cuda,
+                        force_device_checks)
 
 F64 = torch.float64
 DTYPES = (F64, torch.float32, torch.bfloat16, torch.float16)
@@ -892,14 +893,7 @@ def test_cuda_no_synchronisation(backend_name):
                                         backend=backend_name)
         torch.autograd.grad(out, (q, k, v), grad)
 
-    run()  # warm-up (Triton compiles, lazy initialisations)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        run()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
+    assert_no_device_sync(run)
 
 
 @pytest.mark.parametrize("case,match", [
