@@ -105,10 +105,12 @@ class CMakeBuild(build_ext):
             # Torch's cmake config looks for a toolkit whenever torch is a CUDA build.
             cmake_args.append(f"-DCUDA_TOOLKIT_ROOT_DIR={cuda_home}")
             env["CUDA_HOME"] = cuda_home
-        if shutil.which("ninja") or _ninja_from_pip():
-            cmake_args += ["-G", "Ninja"]
-            ninja = shutil.which("ninja") or _ninja_from_pip()
-            cmake_args.append(f"-DCMAKE_MAKE_PROGRAM={ninja}")
+        # The pip package's ninja first, whatever PATH holds: a build first made with another
+        # ninja (an activated venv's, or the system's, older one) would be redone in full,
+        # since a ninja that cannot read a newer .ninja_log treats every output as dirty.
+        ninja = _ninja_from_pip() or shutil.which("ninja")
+        if ninja:
+            cmake_args += ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}"]
         cmake_args += shlex.split(os.environ.get("CMAKE_ARGS", ""))
 
         cmake = _cmake_executable()
