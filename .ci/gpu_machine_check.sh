@@ -32,7 +32,7 @@ FASTATTN_CUDA=1 TORCH_CUDA_ARCH_LIST=9.0 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
   "$VENV/bin/python" -m pip install --quiet --no-build-isolation --no-deps --force-reinstall .
 echo "build against torch 2.11.0: $(( $(date +%s) - start )) s"
 work=$(mktemp -d)
-cp -r tests examples benchmarks tools README.md "$work/"
+cp -r tests examples benchmarks tools README.md pyproject.toml LICENSE "$work/"
 cd "$work"  # import the installed package, not the source tree (built for another torch)
 "$ROOT/$VENV/bin/python" -m fastattn
 "$ROOT/$VENV/bin/python" -c "import fastattn, sys; info = fastattn.build_info(); print(info); sys.exit(not info.get('cuda'))"

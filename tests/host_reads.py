@@ -65,12 +65,17 @@ class HostReadRecorder(TorchDispatchMode):
 
 
 @contextlib.contextmanager
-def fake_cuda() -> Iterator[HostReadRecorder]:
+def fake_cuda(backend: str | None = None) -> Iterator[HostReadRecorder]:
     """Tensors created inside are fake (use device="cuda"); the cuda and triton backends count
     as available. Yields the recorder; the caller asserts `recorder.reads == []`. Skips with a
-    CPU-only build of torch: there some fake kernels (indexing, nonzero) refuse CUDA devices."""
+    CPU-only build of torch: there some fake kernels (indexing, nonzero) refuse CUDA devices.
+    backend "triton": skips where Triton can neither launch (no GPU) nor interpret (its
+    launchers then ask the absent driver for the device's properties)."""
     if torch.version.cuda is None:
         pytest.skip("fake CUDA tensors need a CUDA build of torch (this one is CPU-only)")
+    if (backend == "triton" and not torch.cuda.is_available()
+            and os.environ.get("TRITON_INTERPRET") != "1"):
+        pytest.skip("triton needs a GPU or TRITON_INTERPRET=1 to run its launchers")
     saved = _backend._availability_cache
     status = dict(_backend.available_backends())
     status["cuda"] = status["triton"] = "available"

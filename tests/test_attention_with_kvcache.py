@@ -651,7 +651,7 @@ def test_no_host_reads_for_cuda_tensors(backend_name, rotary):
     (no .item()/.tolist()/nonzero/copy to the CPU): it could be captured in a CUDA graph. The
     triton backend's values are still checked, asynchronously (the cuda op checks them in C++,
     test_cuda_bad_cache_seqlens_fail_on_the_device)."""
-    with fake_cuda() as recorder:
+    with fake_cuda(backend_name) as recorder:
         d = make_decode(Lq=1, Lnew=1, rotary=rotary, dtype=F16, device="cuda")
         out = d.call(backend_name)
         assert out.shape == (*d.q.shape[:3], d.v_cache.shape[3]) and out.device.type == "cuda"

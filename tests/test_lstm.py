@@ -699,7 +699,7 @@ def test_no_host_reads_for_cuda_tensors(backend_name):
     modules read no value on the host; the lengths are still checked, asynchronously on the
     device (and the kernels clamp them into [0, T]). Forward only: autograd's engine needs a
     CUDA device even for fake tensors (the backward formulas read no values either)."""
-    with fake_cuda() as recorder:
+    with fake_cuda(backend_name) as recorder:
         weights = []
         for layer in range(2):
             for _ in range(2):  # directions

@@ -868,7 +868,7 @@ def test_no_host_reads_for_cuda_tensors(backend_name):
     cu_seqlens are checked on the device (torch._assert_async in front of triton; the CUDA
     op's check kernel, csrc/common/device_checks.h), max_seqlen is the caller's host-side
     metadata. Forward only: autograd's engine needs a CUDA device even for fake tensors."""
-    with fake_cuda() as recorder:
+    with fake_cuda(backend_name) as recorder:
         q, k, v, cu_q, cu_k = (t.to("cuda") for t in _small())
         out = fastattn.varlen_attention(q, k, v, cu_q, cu_k, 7, 7, causal=True,
                                         backend=backend_name)
