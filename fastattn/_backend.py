@@ -78,9 +78,8 @@ def use_backend(name: str | None) -> Iterator[None]:
 
 def requested_backend() -> str | None:
     """The backend asked for by use_backend / set_backend / FASTATTN_BACKEND, or None."""
-    stack = getattr(_state, "stack", None)
-    if stack:
-        return stack[-1]
+    if _state.stack:
+        return _state.stack[-1]
     if _global_backend is not None:
         return _global_backend
     return _env_backend

@@ -69,11 +69,14 @@ class MultiheadAttention(nn.MultiheadAttention):
         messages, raised in the order torch's forward and F.multi_head_attention_forward
         raise them (torch's own helpers where they exist), for inputs seen as torch sees them
         (sequence-first, unbatched inputs with a batch of 1)."""
-        key_padding_mask = F._canonical_mask(
-            mask=key_padding_mask, mask_name="key_padding_mask",
-            other_type=F._none_or_dtype(attn_mask), other_name="attn_mask",
-            target_type=query.dtype)
-        F._canonical_mask(mask=attn_mask, mask_name="attn_mask", other_type=None,
+        # torch's dtype checks and mismatch warning, on empty masks of the same dtypes: torch
+        # would also convert a bool mask to a float one, an allocation this module does not need.
+        def empty_like(mask):
+            return None if mask is None else mask.new_empty(0)
+        F._canonical_mask(mask=empty_like(key_padding_mask), mask_name="key_padding_mask",
+                          other_type=F._none_or_dtype(attn_mask), other_name="attn_mask",
+                          target_type=query.dtype)
+        F._canonical_mask(mask=empty_like(attn_mask), mask_name="attn_mask", other_type=None,
                           other_name="", target_type=query.dtype, check_other=False)
         is_batched = query.dim() == 3
         if self.batch_first and is_batched:
@@ -287,24 +290,14 @@ class MultiheadAttention(nn.MultiheadAttention):
         return out.view(N, L, H, v.shape[-1]).transpose(1, 2)
 
     def _canonical_attn_mask(self, attn_mask, bsz, tgt_len, src_len, dtype):
+        """attn_mask as (1 or N, H or 1, L, S), True / 0 = may attend (_check_like_torch has
+        checked its dtype and shape)."""
         if attn_mask is None:
             return None
-        if attn_mask.dtype != torch.bool and not attn_mask.dtype.is_floating_point:
-            raise AssertionError(f"only bool and floating types of attn_mask are supported, "
-                                 f"got {attn_mask.dtype}")
         if attn_mask.dim() == 2:
-            if tuple(attn_mask.shape) != (tgt_len, src_len):
-                raise RuntimeError(f"The shape of the 2D attn_mask is {attn_mask.shape}, but "
-                                   f"should be {(tgt_len, src_len)}.")
             mask = attn_mask.view(1, 1, tgt_len, src_len)
-        elif attn_mask.dim() == 3:
-            if tuple(attn_mask.shape) != (bsz * self.num_heads, tgt_len, src_len):
-                raise RuntimeError(f"The shape of the 3D attn_mask is {attn_mask.shape}, but "
-                                   f"should be {(bsz * self.num_heads, tgt_len, src_len)}.")
+        else:
             mask = attn_mask.view(bsz, self.num_heads, tgt_len, src_len)
-        else:  # torch's _mha_shape_check raises AssertionError here
-            raise AssertionError(f"attn_mask must be None, 2-D (L, S) or 3-D (N * num_heads, L, "
-                                 f"S), got {attn_mask.dim()}-D shape {tuple(attn_mask.shape)}")
         if mask.dtype == torch.bool:
             return ~mask
         return mask.to(dtype) if mask.dtype != dtype else mask
@@ -313,14 +306,8 @@ class MultiheadAttention(nn.MultiheadAttention):
         """(bool ignore-mask or None, float additive (N, S) bias or None)."""
         if key_padding_mask is None:
             return None, None
-        if tuple(key_padding_mask.shape) != (bsz, src_len):
-            raise AssertionError(f"expecting key_padding_mask shape of {(bsz, src_len)}, but "
-                                 f"got {tuple(key_padding_mask.shape)}")
-        if key_padding_mask.dtype == torch.bool:
+        if key_padding_mask.dtype == torch.bool:  # (_check_like_torch checked dtype and shape)
             return key_padding_mask, None
-        if not key_padding_mask.dtype.is_floating_point:
-            raise AssertionError(f"only bool and floating types of key_padding_mask are "
-                                 f"supported, got {key_padding_mask.dtype}")
         return None, key_padding_mask.to(dtype)
 
     @staticmethod
