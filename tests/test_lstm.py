@@ -15,7 +15,7 @@
    fused and GEMM paths, streams and devices.
 The cuda tests skip without a GPU; the triton backend refuses float64, so its float64 tests
 skip and section 8 runs its kernels on small cases (the CPU interpreter is slow). The large
-grid is marked slow (FASTATTN_SLOW=1 or a GPU runs it).
+grid is marked slow (FASTATTN_SLOW=1 runs it).
 """
 from __future__ import annotations
 
@@ -38,9 +38,11 @@ from tolerance import assert_fa_close, assert_grad_close, rounding_floor
 
 REPO = Path(__file__).resolve().parents[1]
 F64 = torch.float64
-RUN_SLOW = os.environ.get("FASTATTN_SLOW", "") not in ("", "0") or torch.cuda.is_available()
+# The slow grids only on request: on a GPU machine the lent time is too short for them (the
+# first H100 run spent its whole test budget on the attention grid at ~23 s per test).
+RUN_SLOW = os.environ.get("FASTATTN_SLOW", "") not in ("", "0")
 slow = [pytest.mark.slow, pytest.mark.skipif(not RUN_SLOW, reason="slow grid: set "
-                                             "FASTATTN_SLOW=1 (runs by default with a GPU)")]
+                                             "FASTATTN_SLOW=1")]
 
 
 def lstm_device(backend: str, dtype: torch.dtype = torch.float32) -> torch.device:
@@ -284,7 +286,7 @@ def test_low_precision_fa_rule(backend, dtype, case):
     if backend == "triton" and device.type == "cpu" and not RUN_SLOW and (
             dtype != torch.float32 or case.get("num_layers", 1) > 1):
         pytest.skip("the interpreter runs only the one-layer large case, in float32 (the rest: "
-                    "test_triton_small_fa_rule; all of them with FASTATTN_SLOW=1 or a GPU)")
+                    "test_triton_small_fa_rule; all of them with FASTATTN_SLOW=1)")
     case = dict(case)
     T, B, I, H = (case.pop(k) for k in ("T", "B", "I", "H"))
     use_lengths = case.pop("lengths", False)
