@@ -172,6 +172,28 @@ def _can_run_device(backend: str, device: torch.device) -> str | None:
     return None
 
 
+# The automatic choice on CUDA tensors, per op. The first GPU run (an H100, 2026-11-26,
+# benchmarks/results/gpu-h100-2026-11-26) measured the Triton kernels of `attention` and `lstm`
+# well ahead of the CUDA ones (median speed against torch: attention forward 0.44x against
+# 0.22x, forward+backward 0.46x against 0.16x; lstm forward 0.32x against 0.09x,
+# forward+backward 0.40x against 0.06x), so those two try Triton first. Every other op keeps
+# the CUDA kernels first: they measured as fast or faster (positional encodings) or have not
+# been measured on a GPU yet.
+_CUDA_TENSOR_ORDER = ("cuda", "triton", "reference")
+_CUDA_TENSOR_ORDER_BY_OP = {
+    "attention": ("triton", "cuda", "reference"),
+    "lstm": ("triton", "cuda", "reference"),
+}
+
+
+def automatic_order(op: str, device_type: str) -> tuple[str, ...]:
+    """The backends the automatic choice tries, in order, for `op` on a `device_type` tensor
+    (the first that implements the op and can run the call wins)."""
+    if device_type == "cuda":
+        return _CUDA_TENSOR_ORDER_BY_OP.get(op, _CUDA_TENSOR_ORDER)
+    return ("cpu", "reference")
+
+
 def select_backend(op: str, device: torch.device, backend: str | None = None,
                    supported: tuple[str, ...] = BACKENDS,
                    limits: dict[str, str] | None = None) -> str:
@@ -193,8 +215,7 @@ def select_backend(op: str, device: torch.device, backend: str | None = None,
         if why is not None:
             raise BackendError(f"{op}: backend {requested!r} cannot run this call: {why}")
         return requested
-    order = ("cuda", "triton", "reference") if device.type == "cuda" else ("cpu", "reference")
-    for candidate in order:
+    for candidate in automatic_order(op, device.type):
         if (candidate in supported and _can_run_device(candidate, device) is None
                 and candidate not in limits):
             return candidate
