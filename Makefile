@@ -18,9 +18,9 @@ PROFILE ?= quick
 export PIP_RESUME_RETRIES ?= 20
 PYTEST_ARGS ?=
 
-.PHONY: bench test build venv clean cpu-torch-check
+.PHONY: bench test build venv clean cpu-torch-check lint format
 
-$(VENV)/.installed: requirements/dev.txt
+$(VENV)/.installed: requirements/dev.txt requirements/constraints.txt
 	test -x $(PY) || $(PYTHON_BOOTSTRAP) -m venv $(VENV)
 	$(PY) -m pip install --upgrade --quiet pip
 	$(PY) -m pip install --quiet -r requirements/dev.txt
@@ -42,6 +42,20 @@ test: build
 bench: build
 	$(PY) -m fastattn
 	$(PY) benchmarks/run.py --profile $(PROFILE)
+
+# Lint and format: ruff (lint + format, 100 columns; pyproject.toml) for Python, clang-format
+# (.clang-format) for csrc/ and tools/. `make lint` checks and changes nothing (CI runs it);
+# `make format` rewrites. pre-commit runs the same tools (.pre-commit-config.yaml).
+CXX_SOURCES = $(shell git ls-files 'csrc/*.cpp' 'csrc/*.h' 'csrc/*.cu' 'csrc/*.cuh' 'tools/*.cpp' 'tools/*.h' 'tools/*.cu' 'tools/*.cuh')
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/clang-format --dry-run --Werror $(CXX_SOURCES)
+
+format: $(VENV)/.installed
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/clang-format -i $(CXX_SOURCES)
 
 # Builds against the CPU-only torch 2.13.0 in a second venv and runs the CPU-side smoke tests.
 cpu-torch-check:

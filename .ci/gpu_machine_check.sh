@@ -23,9 +23,11 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY312" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
-"$VENV/bin/python" -m pip install --quiet torch==2.11.0 triton==3.6.0 numpy pybind11 ninja \
-  "cmake>=3.21,<4" setuptools wheel pytest pytest-xdist pytest-timeout hypothesis \
-  transformers==5.17.0
+"$VENV/bin/python" -m pip install --quiet -c requirements/constraints.txt torch==2.11.0 \
+  triton==3.6.0 numpy pybind11 ninja "cmake>=3.21,<4" setuptools wheel pytest pytest-xdist \
+  pytest-timeout hypothesis
+# The GPU machine's own transformers, not the constraints' pin: this check mirrors that machine.
+"$VENV/bin/python" -m pip install --quiet transformers==5.17.0
 start=$(date +%s)
 FASTATTN_CUDA=1 TORCH_CUDA_ARCH_LIST=9.0 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} \
   flock ${BUILD_LOCK:-/tmp/fastattn-build.lock} \
