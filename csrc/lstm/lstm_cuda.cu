@@ -132,53 +132,60 @@ bool forced_per_step() {
   return env != nullptr && std::strcmp(env, "per_step") == 0;
 }
 
-// Units per block of the persistent kernel, or 0 when it cannot run this layer: smallest power
-// of two U (most blocks, so most SMs busy) whose D * ceil(H / U) blocks are all co-resident,
-// with B * 4U <= 256 * kPersistMaxOut outputs per block and the W_hh slice in shared memory.
-template <typename scalar_t>
-int persistent_units(const LayerDims& d, int device) {
+// The persistent kernels' launch plan for a layer: units per block U (0: the persistent path
+// cannot run this layer), the split of each block's product, the dynamic shared memory.
+struct PersistentPlan {
+  int U = 0;
+  k::PersistentSplit split;
+  size_t smem = 0;
+};
+
+// The smallest power of two U (most blocks) that puts at most one block on each SM, the W_hh
+// slice and a split in shared memory, and every block co-resident; failing that (many units per
+// SM needed to fit the slices), the smallest U whose grid is co-resident at all. One block per
+// SM: a step's latency is one block's product plus one grid.sync(), and grid.sync() costs more
+// with more blocks (the first H100 run, with the smallest co-resident U, had 512 blocks at
+// H = 512). Forward: the block's product is (B, H) x (H, 4U); backward: (B, 4H) x (4H, U).
+template <typename scalar_t, typename Kernel>
+PersistentPlan persistent_plan(const LayerDims& d, int device, Kernel kernel, bool backward) {
   using acc = acc_t<scalar_t>;
-  if (forced_per_step() || d.P != d.H || d.T == 0 || d.B == 0) return 0;
+  PersistentPlan none;
+  if (forced_per_step() || d.P != d.H || d.T == 0 || d.B == 0) return none;
   const DeviceInfo info = device_info(device);
-  if (!info.cooperative) return 0;
-  auto kernel = k::forward_persistent_kernel<scalar_t>;
-  for (int U = 1; 4 * U <= k::kPersistThreads; U *= 2) {
-    if (d.B * 4 * U > static_cast<int64_t>(k::kPersistThreads) * k::kPersistMaxOut) break;
-    const size_t smem = k::persistent_smem_bytes<acc>(d.H, d.B, U);
-    if (smem > static_cast<size_t>(info.smem_optin)) break;  // larger U only needs more
+  if (!info.cooperative) return none;
+  const int64_t K = backward ? 4 * d.H : d.H;
+  PersistentPlan fallback;
+  for (int U = 1; U <= k::kPersistThreads / 4; U *= 2) {
+    const int N = backward ? U : 4 * U;
+    PersistentPlan plan;
+    plan.U = U;
+    // larger U only needs more shared memory and covers fewer rows per thread group
+    if (!k::choose_persistent_split<acc>(K, d.B, N, static_cast<size_t>(info.smem_optin),
+                                         plan.split)) {
+      break;
+    }
+    plan.smem = k::persistent_block_smem_bytes<acc>(K, d.B, N, plan.split);
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(smem)));
+                                        static_cast<int>(plan.smem)));
     int per_sm = 0;
     C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel,
-                                                                 k::kPersistThreads, smem));
+                                                                 k::kPersistThreads, plan.smem));
     const int64_t blocks = d.D * ceil_div(d.H, U);
-    if (per_sm > 0 && blocks <= static_cast<int64_t>(per_sm) * info.sms) return U;
+    if (per_sm <= 0 || blocks > static_cast<int64_t>(per_sm) * info.sms) continue;
+    if (blocks <= info.sms) return plan;
+    if (fallback.U == 0) fallback = plan;
   }
-  return 0;
+  return fallback;
 }
 
-// The same rule for the persistent backward: its (4H, U) column slice of W_hh in shared memory,
-// B * U <= 256 * kPersistMaxOut outputs (dh of its units) per block.
 template <typename scalar_t>
-int persistent_backward_units(const LayerDims& d, int device) {
-  using acc = acc_t<scalar_t>;
-  if (forced_per_step() || d.P != d.H || d.T == 0 || d.B == 0) return 0;
-  const DeviceInfo info = device_info(device);
-  if (!info.cooperative) return 0;
-  auto kernel = k::backward_persistent_kernel<scalar_t>;
-  for (int U = 1; U <= 64; U *= 2) {
-    if (d.B * U > static_cast<int64_t>(k::kPersistThreads) * k::kPersistMaxOut) break;
-    const size_t smem = k::persistent_backward_smem_bytes<acc>(d.H, d.B, U);
-    if (smem > static_cast<size_t>(info.smem_optin)) break;
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(smem)));
-    int per_sm = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel,
-                                                                 k::kPersistThreads, smem));
-    const int64_t blocks = d.D * ceil_div(d.H, U);
-    if (per_sm > 0 && blocks <= static_cast<int64_t>(per_sm) * info.sms) return U;
-  }
-  return 0;
+PersistentPlan persistent_forward_plan(const LayerDims& d, int device) {
+  return persistent_plan<scalar_t>(d, device, k::forward_persistent_kernel<scalar_t>, false);
+}
+
+template <typename scalar_t>
+PersistentPlan persistent_backward_plan(const LayerDims& d, int device) {
+  return persistent_plan<scalar_t>(d, device, k::backward_persistent_kernel<scalar_t>, true);
 }
 
 // True when the cooperative launch ran. The occupancy query that chose the persistent path
@@ -202,8 +209,8 @@ RecurrentPath choose_path(at::ScalarType dtype, const LayerDims& d, int device,
                           bool backward = false) {
   int U = 0;
   FASTATTN_DISPATCH_LSTM_CUDA(dtype, [&] {
-    U = backward ? persistent_backward_units<scalar_t>(d, device)
-                 : persistent_units<scalar_t>(d, device);
+    U = backward ? persistent_backward_plan<scalar_t>(d, device).U
+                 : persistent_forward_plan<scalar_t>(d, device).U;
   });
   return U > 0 ? RecurrentPath::kPersistent : RecurrentPath::kPerStep;
 }
@@ -300,10 +307,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_cuda(
     Tensor c_state = c0.to(acc).contiguous().clone();
     FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
       using a = acc_t<scalar_t>;
-      const int U = persistent_units<scalar_t>(d, input.get_device());
-      TORCH_INTERNAL_ASSERT(U > 0);
-      k::PersistentParams pp{fp, U, static_cast<int>(ceil_div(d.H, U))};
-      const size_t smem = k::persistent_smem_bytes<a>(d.H, d.B, U);
+      const PersistentPlan plan = persistent_forward_plan<scalar_t>(d, input.get_device());
+      TORCH_INTERNAL_ASSERT(plan.U > 0);
+      k::PersistentParams pp{fp, plan.U, static_cast<int>(ceil_div(d.H, plan.U)), plan.split};
+      const size_t smem = plan.smem;
+      // the plan's search set the attribute for each candidate; this launch's must be the last
+      C10_CUDA_CHECK(cudaFuncSetAttribute(k::forward_persistent_kernel<scalar_t>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
       a* ws = workspace.data_ptr<a>();
       const a* whh = w_hh_acc.data_ptr<a>();
       a* hs = h_state.data_ptr<a>();
@@ -412,10 +423,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
                              lengths_ptr(lengths), false};
     FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
       using a = acc_t<scalar_t>;
-      const int U = persistent_backward_units<scalar_t>(d, input.get_device());
-      TORCH_INTERNAL_ASSERT(U > 0);
-      k::PersistentBackwardParams pp{bp, U, static_cast<int>(ceil_div(d.H, U))};
-      const size_t smem = k::persistent_backward_smem_bytes<a>(d.H, d.B, U);
+      const PersistentPlan plan = persistent_backward_plan<scalar_t>(d, input.get_device());
+      TORCH_INTERNAL_ASSERT(plan.U > 0);
+      k::PersistentBackwardParams pp{bp, plan.U, static_cast<int>(ceil_div(d.H, plan.U)),
+                                     plan.split};
+      const size_t smem = plan.smem;
+      C10_CUDA_CHECK(cudaFuncSetAttribute(k::backward_persistent_kernel<scalar_t>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
       const a* wsp = workspace.data_ptr<a>();
       const a* whh = w_hh_acc.data_ptr<a>();
       const a* h0p = h0a.data_ptr<a>();

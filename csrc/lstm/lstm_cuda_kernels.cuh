@@ -214,29 +214,123 @@ __global__ void forward_step_proj_kernel(ForwardStep p, int64_t s, acc_t<scalar_
 // Persistent path (no projection): one cooperative launch runs every step of every direction.
 // Block k of direction d owns hidden units [k * U, k * U + U): it keeps their 4U rows of W_hh
 // (transposed, (H, 4U)) in shared memory for the whole sequence, and per step computes
-// h_{t-1} W_hh^T for its 4U gate columns and all B rows (h_{t-1} streamed through shared memory
-// in chunks of kChunk), applies the cell, publishes h_t to the ping-pong state h_state
-// (2, D, B, H) in global memory and waits at grid.sync() before the next step. The cell state of
-// its units stays in c_state (only this block touches it).
-// Thread mapping: 256 threads, output o = tid + j * 256 (j < kMaxOut) is (b, r) with
-// r = o % (4U), b = o / (4U); since 4U divides 256, r is the same for every j of a thread, so one
-// shared load of W serves kMaxOut FMAs.
+// h_{t-1} W_hh^T for its 4U gate columns and all B rows (persistent_block_product below),
+// applies the cell, publishes h_t to the ping-pong state h_state (2, D, B, H) in global memory
+// and waits at grid.sync() before the next step. The cell state of its units stays in c_state
+// (only this block touches it).
 constexpr int kPersistThreads = 256;
 constexpr int kPersistMaxOut = 16;
-constexpr int kPersistChunk = 32;
+
+// How a persistent block splits its product (B, K) x (K, N) over its threads: `splits` groups
+// of kPersistThreads / splits threads each take a slice of K (split-K), so the serial chain per
+// thread is K / splits long, not K (the first H100 run measured ~150 us per step at H = 512
+// with one thread per column running all of K). The input streams through shared memory in
+// chunks of `chunk` columns (a multiple of `splits`; the whole of K when it fits, so a step
+// costs two barriers, not two per 32 columns).
+struct PersistentSplit {
+  int splits = 0;
+  int chunk = 0;
+};
+
+template <typename acc>
+__host__ __device__ inline size_t persistent_block_smem_bytes(int64_t K, int64_t B, int N,
+                                                              PersistentSplit split) {
+  return (static_cast<size_t>(K) * N + static_cast<size_t>(B) * (split.chunk + 1) +
+          static_cast<size_t>(split.splits) * B * N) *
+         sizeof(acc);
+}
+
+// The host's choice: the most K splits whose thread groups still cover all B x N outputs
+// (kPersistMaxOut rows per thread), at most K of them; the widest chunk the shared memory
+// holds beside the (K, N) weight slice and the (splits, B, N) partial sums. False when the
+// block cannot hold its slice at all.
+template <typename acc>
+inline bool choose_persistent_split(int64_t K, int64_t B, int N, size_t smem_limit,
+                                    PersistentSplit& out) {
+  if (N < 1 || N > kPersistThreads || B < 1 || K < 1) return false;
+  int splits = 0;
+  for (int s = kPersistThreads / N; s >= 1; s /= 2) {
+    if (static_cast<int64_t>(kPersistMaxOut) * (kPersistThreads / s / N) >= B) {
+      splits = s;
+      break;
+    }
+  }
+  if (splits == 0) return false;
+  while (splits > 1 && splits > K) splits /= 2;
+  const size_t fixed = (static_cast<size_t>(K) * N + static_cast<size_t>(splits) * B * N) *
+                       sizeof(acc);
+  if (fixed >= smem_limit) return false;
+  const int64_t widest = static_cast<int64_t>((smem_limit - fixed) / (B * sizeof(acc))) - 1;
+  int64_t chunk = (K + splits - 1) / splits * splits;
+  if (chunk > widest) chunk = widest / splits * splits;
+  if (chunk < splits) return false;
+  out.splits = splits;
+  out.chunk = static_cast<int>(chunk);
+  return true;
+}
+
+// out (B, N) = in (B, K) x w_s (K, N) for one block, every thread of the block calling it. `in`
+// lives in global memory, written by other blocks before the last grid.sync(): read through L2
+// (__ldcg), never a stale L1 line; row stride `in_stride`. Thread mapping: group ks =
+// tid / (kPersistThreads / splits) sums k over its slice [ks * c, ks * c + c) of each chunk (c =
+// chunk / splits); in the group, thread l owns column n = l % N and rows b = l / N + j * (group /
+// N), j < kPersistMaxOut (N divides the group, so one shared load of W serves every row). The
+// groups' partial sums meet in red_s (splits, B, N), added in group order (deterministic); the
+// result is red_s[b * N + n] when the call returns (after a barrier).
+template <typename acc>
+__device__ __forceinline__ void persistent_block_product(const acc* in, int64_t in_stride,
+                                                         int64_t B, int64_t K, int N,
+                                                         const acc* w_s, acc* in_s, acc* red_s,
+                                                         PersistentSplit split, int tid) {
+  const int group = kPersistThreads / split.splits;
+  const int ks = tid / group, l = tid % group;
+  const int n = l % N, b_first = l / N, b_step = group / N;
+  const int chunk = split.chunk, slice = chunk / split.splits;
+  acc sum[kPersistMaxOut];
+#pragma unroll
+  for (int j = 0; j < kPersistMaxOut; ++j) sum[j] = acc(0);
+  for (int64_t k0 = 0; k0 < K; k0 += chunk) {
+    const int kc = static_cast<int>(K - k0 < chunk ? K - k0 : chunk);
+    __syncthreads();  // the previous chunk (or the weight load, or the last use of red_s) is done
+    for (int64_t e = tid; e < B * chunk; e += kPersistThreads) {
+      const int64_t b = e / chunk;
+      const int kk = static_cast<int>(e % chunk);
+      in_s[b * (chunk + 1) + kk] = kk < kc ? FASTATTN_LSTM_LDCG(in + b * in_stride + k0 + kk)
+                                           : acc(0);
+    }
+    __syncthreads();
+    const int kb = ks * slice;
+    const int ke = kb + slice < kc ? kb + slice : kc;
+    for (int kk = kb; kk < ke; ++kk) {
+      const acc w = w_s[(k0 + kk) * N + n];
+#pragma unroll
+      for (int j = 0; j < kPersistMaxOut; ++j) {
+        const int b = b_first + j * b_step;
+        if (b < B) sum[j] += w * in_s[b * (chunk + 1) + kk];
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kPersistMaxOut; ++j) {
+    const int b = b_first + j * b_step;
+    if (b < B) red_s[(ks * B + b) * N + n] = sum[j];
+  }
+  __syncthreads();
+  const int64_t outputs = B * N;
+  for (int64_t e = tid; e < outputs; e += kPersistThreads) {
+    acc v = red_s[e];
+    for (int g = 1; g < split.splits; ++g) v += red_s[g * outputs + e];
+    red_s[e] = v;  // only this thread reads or writes index e of any slot in this phase
+  }
+  __syncthreads();
+}
 
 struct PersistentParams {
   ForwardStep p;
   int U;             // units per block (a power of two, 4U <= 256)
   int blocks_per_dir;
+  PersistentSplit split;
 };
-
-template <typename acc>
-__host__ __device__ inline size_t persistent_smem_bytes(int64_t H, int64_t B, int U) {
-  return (static_cast<size_t>(H) * 4 * U + static_cast<size_t>(B) * (kPersistChunk + 1) +
-          static_cast<size_t>(B) * 4 * U) *
-         sizeof(acc);
-}
 
 template <typename scalar_t>
 __global__ void __launch_bounds__(kPersistThreads)
@@ -253,9 +347,9 @@ __global__ void __launch_bounds__(kPersistThreads)
   const int64_t u0 = static_cast<int64_t>(blockIdx.x % pp.blocks_per_dir) * U;
   const int ub = static_cast<int>(H - u0 < U ? H - u0 : U);
   FASTATTN_LSTM_DYNAMIC_SMEM(smem_raw);
-  acc* w_s = reinterpret_cast<acc*>(smem_raw);        // (H, 4U): w_s[k * R + g * U + uu]
-  acc* h_s = w_s + H * R;                              // (B, kChunk + 1)
-  acc* g_s = h_s + B * (kPersistChunk + 1);            // (B, 4U) pre-activations from h W_hh^T
+  acc* w_s = reinterpret_cast<acc*>(smem_raw);  // (H, 4U): w_s[k * R + g * U + uu]
+  acc* h_s = w_s + H * R;                        // (B, chunk + 1): a chunk of h_{t-1}
+  acc* g_s = h_s + B * (pp.split.chunk + 1);     // (splits, B, 4U); (B, 4U) = h W_hh^T after
   const int tid = threadIdx.x;
 
   for (int64_t e = tid; e < H * R; e += kPersistThreads) {
@@ -263,45 +357,18 @@ __global__ void __launch_bounds__(kPersistThreads)
     const int r = static_cast<int>(e % R), g = r / U, uu = r % U;
     w_s[e] = uu < ub ? w_hh[(static_cast<int64_t>(d) * 4 * H + g * H + u0 + uu) * H + k] : acc(0);
   }
-  const int r = tid % R;
-  const int b_first = tid / R, b_step = kPersistThreads / R;
-  // the host's choice of U guarantees: 4U divides the block, kMaxOut outputs cover every row
-  FASTATTN_DEVICE_CHECK(kPersistThreads % R == 0 && kPersistMaxOut * b_step >= B);
+  // the host's choice guarantees: 4U divides each thread group, kMaxOut rows cover every row
+  FASTATTN_DEVICE_CHECK(pp.split.splits >= 1 && kPersistThreads % pp.split.splits == 0 &&
+                        (kPersistThreads / pp.split.splits) % R == 0 &&
+                        kPersistMaxOut * (kPersistThreads / pp.split.splits / R) >= B &&
+                        pp.split.chunk % pp.split.splits == 0);
   FASTATTN_DEVICE_CHECK(d < p.D && ub >= 1);
   const int64_t state = static_cast<int64_t>(p.D) * B * H;  // one ping-pong half
 
   for (int64_t s = 0; s < p.T; ++s) {
     const acc* h_in = h_state + (s & 1) * state + d * B * H;
     acc* h_out = h_state + ((s + 1) & 1) * state + d * B * H;
-    acc sum[kPersistMaxOut];
-#pragma unroll
-    for (int j = 0; j < kPersistMaxOut; ++j) sum[j] = acc(0);
-    for (int64_t k0 = 0; k0 < H; k0 += kPersistChunk) {
-      const int kc = static_cast<int>(H - k0 < kPersistChunk ? H - k0 : kPersistChunk);
-      __syncthreads();  // the previous chunk (or the weight load) is done
-      for (int e = tid; e < B * kPersistChunk; e += kPersistThreads) {
-        const int64_t b = e / kPersistChunk;
-        const int kk = e % kPersistChunk;
-        // Written by other blocks before the last grid.sync(): read through L2 (__ldcg), never a
-        // stale L1 line.
-        h_s[b * (kPersistChunk + 1) + kk] = kk < kc ? FASTATTN_LSTM_LDCG(h_in + b * H + k0 + kk) : acc(0);
-      }
-      __syncthreads();
-      for (int kk = 0; kk < kc; ++kk) {
-        const acc w = w_s[(k0 + kk) * R + r];
-#pragma unroll
-        for (int j = 0; j < kPersistMaxOut; ++j) {
-          const int b = b_first + j * b_step;
-          if (b < B) sum[j] += w * h_s[b * (kPersistChunk + 1) + kk];
-        }
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kPersistMaxOut; ++j) {
-      const int b = b_first + j * b_step;
-      if (b < B) g_s[b * R + r] = sum[j];
-    }
-    __syncthreads();
+    persistent_block_product(h_in, H, B, H, R, w_s, h_s, g_s, pp.split, tid);
     const int64_t t = d == 0 ? s : p.T - 1 - s;
     acc* w = ws + d * p.ws_dir;
     for (int e = tid; e < B * U; e += kPersistThreads) {
@@ -456,20 +523,13 @@ __global__ void backward_step_update_kernel(BackwardStep p, int64_t s,
 //      dgates of its units' 4 gate columns (dgates buffer = the weight GEMMs' input) and hprev;
 //   grid.sync().
 // After the last step, phase A once more gives grad_h0. dh/dc carries stay in global slices that
-// only the owning block touches. Thread mapping of phase A: output o = tid + j * 256 is
-// (b, uu) = (o / U, o % U); U divides 256, so uu is fixed per thread.
+// only the owning block touches. Phase A is persistent_block_product with K = 4H, N = U.
 struct PersistentBackwardParams {
   BackwardStep p;
   int U;
   int blocks_per_dir;
+  PersistentSplit split;
 };
-
-template <typename acc>
-__host__ __device__ inline size_t persistent_backward_smem_bytes(int64_t H, int64_t B, int U) {
-  return (static_cast<size_t>(H) * 4 * U + static_cast<size_t>(B) * (kPersistChunk + 1) +
-          static_cast<size_t>(B) * U) *
-         sizeof(acc);
-}
 
 template <typename scalar_t>
 __global__ void __launch_bounds__(kPersistThreads)
@@ -490,11 +550,14 @@ __global__ void __launch_bounds__(kPersistThreads)
   const int64_t u0 = static_cast<int64_t>(blockIdx.x % pp.blocks_per_dir) * U;
   const int ub = static_cast<int>(H - u0 < U ? H - u0 : U);
   FASTATTN_LSTM_DYNAMIC_SMEM(smem_raw);
-  acc* w_s = reinterpret_cast<acc*>(smem_raw);        // (4H, U): w_s[j * U + uu] = W[j, u0+uu]
-  acc* g_s = w_s + G * U;                              // (B, kChunk + 1) dgates chunk
-  acc* dh_s = g_s + B * (kPersistChunk + 1);           // (B, U) dh of the step
+  acc* w_s = reinterpret_cast<acc*>(smem_raw);  // (4H, U): w_s[j * U + uu] = W[j, u0+uu]
+  acc* g_s = w_s + G * U;                        // (B, chunk + 1): a chunk of the dgates
+  acc* red_s = g_s + B * (pp.split.chunk + 1);   // (splits, B, U); (B, U) = dh after
   const int tid = threadIdx.x;
-  FASTATTN_DEVICE_CHECK(kPersistThreads % U == 0 && kPersistMaxOut * (kPersistThreads / U) >= B);
+  FASTATTN_DEVICE_CHECK(pp.split.splits >= 1 && kPersistThreads % pp.split.splits == 0 &&
+                        (kPersistThreads / pp.split.splits) % U == 0 &&
+                        kPersistMaxOut * (kPersistThreads / pp.split.splits / U) >= B &&
+                        pp.split.chunk % pp.split.splits == 0);
   FASTATTN_DEVICE_CHECK(d < p.D && ub >= 1 && !p.proj);
 
   for (int64_t e = tid; e < G * U; e += kPersistThreads) {
@@ -502,8 +565,6 @@ __global__ void __launch_bounds__(kPersistThreads)
     const int uu = static_cast<int>(e % U);
     w_s[e] = uu < ub ? w_hh[(static_cast<int64_t>(d) * G + j) * H + u0 + uu] : acc(0);
   }
-  const int my_uu = tid % U;
-  const int b_first = tid / U, b_step = kPersistThreads / U;
   const acc* w = ws + d * p.ws_dir;
   acc* dg_dir = dgates + d * Bt * G;
 
@@ -513,33 +574,12 @@ __global__ void __launch_bounds__(kPersistThreads)
       const int64_t s_prev = p.T - i;  // forward step index of step i - 1
       const int64_t t_prev = d == 0 ? s_prev : p.T - 1 - s_prev;
       const acc* dg_prev = dg_dir + t_prev * B * G;
-      acc sum[kPersistMaxOut];
-#pragma unroll
-      for (int j = 0; j < kPersistMaxOut; ++j) sum[j] = acc(0);
-      for (int64_t k0 = 0; k0 < G; k0 += kPersistChunk) {
-        const int kc = static_cast<int>(G - k0 < kPersistChunk ? G - k0 : kPersistChunk);
-        __syncthreads();
-        for (int e = tid; e < B * kPersistChunk; e += kPersistThreads) {
-          const int64_t b = e / kPersistChunk;
-          const int kk = e % kPersistChunk;
-          g_s[b * (kPersistChunk + 1) + kk] =
-              kk < kc ? FASTATTN_LSTM_LDCG(dg_prev + b * G + k0 + kk) : acc(0);
-        }
-        __syncthreads();
-        for (int kk = 0; kk < kc; ++kk) {
-          const acc wv = w_s[(k0 + kk) * U + my_uu];
-#pragma unroll
-          for (int j = 0; j < kPersistMaxOut; ++j) {
-            const int b = b_first + j * b_step;
-            if (b < B) sum[j] += wv * g_s[b * (kPersistChunk + 1) + kk];
-          }
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kPersistMaxOut; ++j) {
-        const int b = b_first + j * b_step;
-        if (b < B && my_uu < ub && t_prev < row_length(p.lengths, b, p.T)) {
-          dh_state[(d * B + b) * H + u0 + my_uu] = sum[j];
+      persistent_block_product(dg_prev, G, B, G, U, w_s, g_s, red_s, pp.split, tid);
+      for (int64_t e = tid; e < B * U; e += kPersistThreads) {
+        const int64_t b = e / U;
+        const int uu = static_cast<int>(e % U);
+        if (uu < ub && t_prev < row_length(p.lengths, b, p.T)) {
+          dh_state[(d * B + b) * H + u0 + uu] = red_s[e];
         }
       }
     }

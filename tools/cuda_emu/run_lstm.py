@@ -150,9 +150,13 @@ def main():
         ("float32 bidir lengths dropout", dict(base, lengths=[6, 4, 5], p=0.25,
                                                dtype=torch.float32)),
         ("T=1", dict(base, T=1, lengths=None)),
-        # several 32-column chunks of h, U = 16 (64 gate columns), B > 256 / 4U (j > 0)
+        # 8 SMs: U = 32 (128 gate columns), two K splits in the forward, eight in the backward,
+        # rows j > 0 per thread; 91700 bytes of shared memory leave room for chunks of 20
+        # columns of h (4 chunks) and 16 of the dgates (18 chunks)
         ("H=70 multi-chunk B=9", dict(base, T=4, B=9, H=70, lengths=[4, 1, 0, 3, 4, 2, 4, 4, 1],
-                                      p=0.1, sms=(8,))),
+                                      p=0.1, sms=(8,), smem=91700)),
+        # B=1 on 132 SMs: the most K splits (a thread group per few columns of K)
+        ("B=1 many splits", dict(base, T=5, B=1, H=40, lengths=None)),
         ("float32 H=70 multi-chunk B=9", dict(base, T=3, B=9, H=70, lengths=None,
                                               dtype=torch.float32, sms=(8,))),
     ]
@@ -163,9 +167,9 @@ def main():
         kw = dict(kw)
         dtype = kw["dtype"]
         sms_list = kw.pop("sms", (132, 1))
+        smem = kw.pop("smem", 227 * 1024)
         for path in ("persistent", "per_step"):
             for sms in sms_list:
-                smem = 227 * 1024
                 # 1 SM: U grows until the whole grid fits in the SM's blocks
                 emu.set_device(sms, smem, 1)
                 label = f"{name} [{path}, {sms} SM]"
