@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import _backend
+from ..distributed.context_parallel import current_context
 from ..ops._common import dropout_seed
 from ..ops.attention import attention_canonical
 from ..ops.varlen_attention import kernel_available, pack_padded, varlen_attention
@@ -142,6 +143,10 @@ class MultiheadAttention(nn.MultiheadAttention):
 
     def _forward(self, query, key, value, key_padding_mask, need_weights, attn_mask,
                  average_attn_weights, is_causal):
+        context = current_context()
+        if context is not None:
+            return self._forward_context_parallel(context, query, key, value, key_padding_mask,
+                                                  need_weights, attn_mask, is_causal)
         if query.is_nested:
             return self._forward_nested(query, key, value, key_padding_mask, need_weights,
                                         attn_mask, average_attn_weights, is_causal)
@@ -238,6 +243,86 @@ class MultiheadAttention(nn.MultiheadAttention):
             if weights is not None:
                 weights = weights.squeeze(0)
         return out, weights
+
+    def _forward_context_parallel(self, context, query, key, value, key_padding_mask,
+                                  need_weights, attn_mask, is_causal):
+        """Self-attention of sequence shards inside fastattn.distributed.context_parallel:
+        query, key, value (N, L_local, E) (batch_first), (L_local, N, E) or (L_local, E) are
+        this rank's shards; the attention spans the whole sequence of the group."""
+        op = "fastattn.nn.MultiheadAttention under context_parallel"
+        if query.is_nested:
+            raise ValueError(f"{op}: NestedTensor inputs are not supported")
+        if need_weights:
+            raise ValueError(f"{op}: need_weights=True is not supported (the weights span "
+                             f"every rank's keys); pass need_weights=False")
+        if self.bias_k is not None or self.add_zero_attn:
+            raise ValueError(f"{op}: bias_k/bias_v and add_zero_attn are not supported (they "
+                             f"append keys that no rank's shard holds)")
+        if not (query.shape == key.shape == value.shape) or query.dim() not in (2, 3):
+            raise ValueError(f"{op}: query, key and value must be shards of one sequence "
+                             f"(self-attention) of the same shape, (N, L, E), (L, N, E) or "
+                             f"(L, E); got {tuple(query.shape)}, {tuple(key.shape)}, "
+                             f"{tuple(value.shape)}")
+        if query.shape[-1] != self.embed_dim:
+            raise AssertionError(f"was expecting embedding dimension of {self.embed_dim}, but "
+                                 f"got {query.shape[-1]}")
+        is_batched = query.dim() == 3
+        batch_first = self.batch_first and is_batched
+        if not is_batched:
+            query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
+            batch_first = True
+            if key_padding_mask is not None and key_padding_mask.dim() == 1:
+                key_padding_mask = key_padding_mask.unsqueeze(0)
+        seq_dim, batch_dim = (1, 0) if batch_first else (0, 1)
+        bsz, local_len = query.shape[batch_dim], query.shape[seq_dim]
+        world = torch.distributed.get_world_size(context.group)
+        full_len = local_len * world
+        causal = False
+        if attn_mask is not None:
+            if not (is_causal and attn_mask.dim() == 2
+                    and tuple(attn_mask.shape) == (full_len, full_len)):
+                raise ValueError(f"{op}: attn_mask is only accepted as the causal mask beside "
+                                 f"is_causal=True, of the full sequence's shape (L, L) = "
+                                 f"({full_len}, {full_len}); got shape "
+                                 f"{tuple(attn_mask.shape)} with is_causal={is_causal}")
+        if is_causal:
+            causal = True
+        if key_padding_mask is not None:
+            if key_padding_mask.dtype != torch.bool or \
+                    tuple(key_padding_mask.shape) != (bsz, full_len):
+                raise ValueError(f"{op}: key_padding_mask must be a bool (N, L) = ({bsz}, "
+                                 f"{full_len}) mask of the full sequence, got "
+                                 f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
+        H, Dh, E = self.num_heads, self.head_dim, self.embed_dim
+        self_attention = query is key and key is value
+        if self_attention and self._qkv_same_embed_dim:
+            q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
+        else:
+            if self._qkv_same_embed_dim:
+                w_q, w_k, w_v = self.in_proj_weight.chunk(3)
+            else:
+                w_q, w_k, w_v = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
+            b_q = b_k = b_v = None
+            if self.in_proj_bias is not None:
+                b_q, b_k, b_v = self.in_proj_bias.chunk(3)
+            q, k, v = F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
+
+        def heads(x):  # -> (N, H, L_local, Dh)
+            if batch_first:
+                return x.reshape(bsz, local_len, H, Dh).transpose(1, 2)
+            return x.reshape(local_len, bsz, H, Dh).permute(1, 2, 0, 3)
+
+        dropout_p = self.dropout if self.training else 0.0
+        out = context.attention(heads(q), heads(k), heads(v), causal=causal,
+                                key_padding_mask=key_padding_mask, dropout_p=dropout_p)
+        if batch_first:
+            out = out.transpose(1, 2).reshape(bsz, local_len, E)
+        else:
+            out = out.permute(2, 0, 1, 3).reshape(local_len, bsz, E)
+        out = F.linear(out, self.out_proj.weight, self.out_proj.bias)
+        if not is_batched:
+            out = out.squeeze(0)
+        return out, None
 
     def _forward_nested(self, query, key, value, key_padding_mask, need_weights, attn_mask,
                         average_attn_weights, is_causal):

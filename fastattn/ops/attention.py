@@ -207,6 +207,30 @@ def attention_canonical(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     window_hi, dropout_p, seed)). Modules use them to recompute probabilities exactly as the
     kernel defined them (nn.MultiheadAttention's need_weights); `seed` fixes the dropout draw.
     """
+    out, lse, args, _ = attention_band(
+        q, k, v, causal=causal, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+        dropout_p=dropout_p, scale=scale, alibi_slopes=alibi_slopes, window=window,
+        softcap=softcap, backend=backend, seed=seed)
+    return out, lse, args
+
+
+def attention_band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                   causal: Causal = False, attn_mask: torch.Tensor | None = None,
+                   key_padding_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+                   scale: float | None = None, alibi_slopes: torch.Tensor | None = None,
+                   window: tuple[int, int] | None = None, softcap: float = 0.0,
+                   backend: str | None = None, seed: torch.Tensor | None = None,
+                   band: tuple[int, int] | None = None):
+    """`attention_canonical` that also returns the backend that ran: (out, lse, args, backend).
+
+    band: (window_lo, window_hi) given directly instead of `causal` and `window` (which must
+        then be left at their defaults): key j is visible to query i iff
+        i + window_lo <= j <= i + window_hi, any ints (+-2**30 = unbounded). Blocks of a longer
+        sequence (context parallelism, fastattn.distributed) use it to place a global causal
+        mask or window on a block whose queries and keys start at different positions; the
+        public `window` cannot express a band that excludes the diagonal's own side.
+    `attention_backward_canonical(..., args, backend)` runs the matching backward.
+    """
     op = "attention"
     q, k, v = _check_inputs(op, q, k, v)
     B, Hq, Lq, D = q.shape
@@ -232,7 +256,13 @@ def attention_canonical(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     mask = _canonical_mask(op, attn_mask, q, B, Hq, Lq, Lk)
     padding = _canonical_padding(op, key_padding_mask, q, B, Lk)
     alibi = _canonical_alibi(op, alibi_slopes, q, B, Hq)
-    window_lo, window_hi = window_bounds(causal, window, Lq, Lk)
+    if band is None:
+        window_lo, window_hi = window_bounds(causal, window, Lq, Lk)
+    else:
+        if causal is not False or window is not None:
+            raise ValueError(f"{op}: band replaces causal and window; pass only one of them")
+        window_lo = max(int(band[0]), -WINDOW_UNBOUNDED)
+        window_hi = min(int(band[1]), WINDOW_UNBOUNDED)
 
     limits: dict[str, str] = {}
     if q.dtype == torch.float64:
@@ -253,7 +283,33 @@ def attention_canonical(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     else:
         out, lse = _op("attention_forward", chosen)(*args)
     _backend._record(op, chosen)
-    return out, lse, args
+    return out, lse, args, chosen
+
+
+def attention_backward_canonical(grad_out: torch.Tensor, grad_lse: torch.Tensor | None,
+                                 out: torch.Tensor, lse: torch.Tensor, args: tuple,
+                                 backend: str) -> tuple[torch.Tensor, torch.Tensor,
+                                                        torch.Tensor]:
+    """FlashAttention's backward for one block of a longer row: (dq, dk, dv) of the canonical
+    call `args` (from `attention_band`) given the row's final out (B, Hq, Lq, Dv) in q's dtype
+    and lse (B, Hq, Lq) in lse's dtype, possibly merged over other key blocks. The
+    probabilities are exp(s - lse) and the row term rowsum(grad_out * out) - grad_lse, so the
+    gradients are the block's share of the gradients of the merged attention (ring attention's
+    backward). No autograd graph is built (first-order only)."""
+    (q, k, v, mask, padding, alibi, scale, softcap, window_lo, window_hi, p, seed) = args
+    if grad_out.stride(-1) != 1:
+        grad_out = grad_out.contiguous()
+    if out.stride(-1) != 1:
+        out = out.contiguous()
+    lse = lse.contiguous()
+    if grad_lse is not None:
+        grad_lse = grad_lse.contiguous()
+    if backend == "reference":
+        return ref.attention_backward(grad_out, grad_lse, q, k, v, out, lse, mask, padding,
+                                      alibi, scale, softcap, window_lo, window_hi, p, seed)
+    return _op("attention_backward", backend)(
+        grad_out, grad_lse, q, k, v, out, lse, mask, padding, alibi, scale, softcap, window_lo,
+        window_hi, p, seed, True)
 
 
 def merge_attention(outs: Sequence[torch.Tensor],

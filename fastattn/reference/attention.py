@@ -106,6 +106,44 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask, key_
     return out.to(q.dtype), lse.to(lse_dtype(q.dtype))
 
 
+def attention_backward(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask,
+                       alibi_slopes, scale: float, softcap: float, window_lo: int,
+                       window_hi: int, dropout_p: float, seed
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FlashAttention's backward from the saved (out, lse), which may be those of a longer row
+    merged over other key blocks: P = exp(s - lse), dV = (P o keep)^T dO,
+    dS = P o (dP o keep - (rowsum(dO o out) - dlse)), dQ/dK through the scores' own autograd
+    (softcap, scale). Returns (dq, dk, dv) in the inputs' dtypes; dk/dv summed over GQA groups."""
+    B, Hq, Lq, _ = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    acc = compute_dtype(q.dtype)
+    with torch.enable_grad():
+        qq = q.detach().requires_grad_(True)
+        kk = k.detach().requires_grad_(True)
+        s = scores(qq, kk, attn_mask, key_padding_mask, alibi_slopes, scale, softcap, window_lo,
+                   window_hi)
+    lse = lse.to(acc)
+    safe = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse).unsqueeze(-1)
+    p = torch.exp(s.detach() - safe).masked_fill(torch.isneginf(lse).unsqueeze(-1), 0.0)
+    do = grad_out.to(acc)
+    vv = v.to(acc).repeat_interleave(Hq // Hkv, dim=1)
+    dp = torch.matmul(do, vv.transpose(-1, -2))
+    pd = p
+    if dropout_p > 0.0:
+        keep = dropout_keep_mask(seed, (B, Hq, Lq, Lk), dropout_p, q.device) * (
+            1.0 / (1.0 - dropout_p))
+        pd = p * keep
+        dp = dp * keep
+    dv = torch.matmul(pd.transpose(-1, -2), do)
+    dv = dv.view(B, Hkv, Hq // Hkv, Lk, -1).sum(2)
+    delta = (do * out.to(acc)).sum(-1)
+    if grad_lse is not None:
+        delta = delta - grad_lse.to(acc)
+    ds = p * (dp - delta.unsqueeze(-1))
+    dq, dk = torch.autograd.grad(s, (qq, kk), ds)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
 def merge_attention(outs, lses) -> tuple[torch.Tensor, torch.Tensor]:
     """Combine attentions of the same queries over disjoint key sets.
 
