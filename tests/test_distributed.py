@@ -319,3 +319,68 @@ def _overlap(rank, world):
 @pytest.mark.parametrize("world", [2, 4])
 def test_ring_posts_transfers_before_local_attention(groups, world):
     groups(world).run(_overlap)
+
+
+class _TinyModel(torch.nn.Module):
+    """fastattn modules built directly (LSTM) and swapped in (the encoder layer's attention)."""
+
+    def __init__(self, vocab=17, d=16, heads=4):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, d)
+        self.positions = fastattn.nn.SinusoidalPositionalEncoding(d)
+        layer = torch.nn.TransformerEncoderLayer(d, heads, dim_feedforward=32, dropout=0.0,
+                                                 batch_first=True)
+        self.encoder = fastattn.swap_modules(layer)
+        self.lstm = fastattn.nn.LSTM(d, d, batch_first=True)
+        self.head = torch.nn.Linear(d, vocab)
+
+    def forward(self, tokens):
+        x = self.encoder(self.positions(self.embed(tokens)))
+        x, _ = self.lstm(x)
+        return self.head(x)
+
+
+def _train(model, batches, targets, steps=3):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(steps):
+        logits = model(batches[step])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets[step].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model
+
+
+def _data(world, steps=3, per_rank=2, length=6, vocab=17):
+    g = torch.Generator().manual_seed(7)
+    tokens = torch.randint(0, vocab, (steps, world * per_rank, length), generator=g)
+    targets = torch.randint(0, vocab, (steps, world * per_rank, length), generator=g)
+    return tokens, targets
+
+
+def _ddp_fsdp(rank, world, wrapper):
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+    from torch.nn.parallel import DistributedDataParallel
+    tokens, targets = _data(world)
+    torch.manual_seed(0)
+    reference = _TinyModel().double()
+    torch.manual_seed(0)
+    model = _TinyModel().double()
+    _train(reference, tokens, targets)
+    rows = slice(rank * tokens.shape[1] // world, (rank + 1) * tokens.shape[1] // world)
+    if wrapper == "ddp":
+        wrapped = DistributedDataParallel(model)
+    else:
+        for module in (model.encoder, model.lstm):
+            fully_shard(module)
+        wrapped = fully_shard(model)
+    _train(wrapped, tokens[:, rows], targets[:, rows])
+    for (name, p), (_, want) in zip(model.named_parameters(), reference.named_parameters()):
+        got = p.full_tensor() if isinstance(p, DTensor) else p
+        _close(f"{wrapper} {name}", got, want, atol=1e-10)
+
+
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp2"])
+def test_fastattn_model_trains_like_one_process(groups, wrapper):
+    groups(2).run(_ddp_fsdp, wrapper, timeout=120)
