@@ -3,6 +3,12 @@ K/V, and how much of the ring's communication hides behind its attention.
 
     python benchmarks/bench_distributed.py [--worlds 2 4] [--seq-len 2048] [--heads 8]
         [--head-dim 64] [--min-time 2] [--csv benchmarks/results/distributed_cpu.csv]
+    torchrun --standalone --nproc-per-node 8 benchmarks/bench_distributed.py --device cuda \
+        --seq-len 65536 --heads 32 --kv-heads 8 --head-dim 128 --dtype bfloat16
+
+Without torchrun it spawns the processes itself (CPU, gloo); under torchrun (WORLD_SIZE set)
+each launched process is one rank (--device cuda: NCCL, one GPU per rank, CUDA-synchronised
+timing), which is the GPU check of benchmarks/notes/context_parallel.md's model.
 
 For each world size W, W processes (one thread each, gloo, file rendezvous) hold zigzag
 shards of one causal self-attention problem of seq-len tokens and time, in interleaved
@@ -39,17 +45,25 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 RESULTS = Path(__file__).resolve().parent / "results"
-FIELDS = ["time", "host", "torch", "world", "seq_len", "heads", "head_dim", "dtype", "provider",
-          "median_ms", "spread", "reps", "hidden"]
+FIELDS = ["time", "host", "torch", "device", "world", "seq_len", "heads", "kv_heads",
+          "head_dim", "dtype", "provider", "median_ms", "spread", "reps", "hidden"]
 
 
 def _problem(args, rank, world):
     import fastattn.distributed as fd
     g = torch.Generator().manual_seed(0)
-    L, H, D = args.seq_len, args.heads, args.head_dim
-    full = [torch.randn(1, H, L, D, generator=g) for _ in range(3)]
+    L, H, Hkv, D = args.seq_len, args.heads, args.kv_heads or args.heads, args.head_dim
+    dtype = getattr(torch, args.dtype)
+    device = _device(args)
+    full = [torch.randn(1, h, L, D, generator=g).to(device, dtype) for h in (H, Hkv, Hkv)]
     q, k, v = (fd.shard_sequence(t, dim=2).contiguous() for t in full)
     return q, k, v
+
+
+def _device(args) -> torch.device:
+    if args.device == "cuda":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
 
 
 def _providers(args, rank, world, q, k, v):
@@ -88,6 +102,7 @@ def _providers(args, rank, world, q, k, v):
                      torch.cat([vf[:, :, i * c:(i + 1) * c] for i in idx], dim=2))
     plan = ring_module._Plan(None, rank, world, "zigzag", c, -(1 << 30), 0,
                              1.0 / args.head_dim ** 0.5, 0.0, None, None, torch.float32)
+    plan.chosen = None
 
     def ring_compute():
         for step in range(world):
@@ -114,20 +129,32 @@ def _providers(args, rank, world, q, k, v):
     return providers
 
 
-def _timed(fn) -> float:
+def _timed(fn, device) -> float:
     """One call, started together on every rank; the slowest rank's time."""
     dist.barrier()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     fn()
-    elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     return float(elapsed)
 
 
 def _worker(rank, world, rendezvous, args, out_path):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
-                            world_size=world)
+    device = _device(args)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl")
+    else:
+        torch.set_num_threads(1)
+        if rendezvous is None:
+            dist.init_process_group("gloo")
+        else:
+            dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
+                                    world_size=world)
     q, k, v = _problem(args, rank, world)
     providers = _providers(args, rank, world, q, k, v)
     names = list(providers)
@@ -141,9 +168,10 @@ def _worker(rank, world, rendezvous, args, out_path):
     while True:
         order = names[rounds % len(names):] + names[:rounds % len(names)]
         for name in order:
-            times[name].append(_timed(providers[name]))
+            times[name].append(_timed(providers[name], device))
         rounds += 1
-        done = torch.tensor([rounds >= 3 and time.perf_counter() - start > args.min_time])
+        done = torch.tensor([rounds >= 3 and time.perf_counter() - start > args.min_time],
+                            device=device)
         dist.broadcast(done, 0)
         if bool(done):
             break
@@ -168,22 +196,35 @@ def main(argv=None) -> int:
     p.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--kv-heads", type=int, default=None, help="default: --heads")
     p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--min-time", type=float, default=2.0)
     p.add_argument("--csv", default=str(RESULTS / "distributed_cpu.csv"),
                    help="CSV to append rows to ('' for none)")
     args = p.parse_args(argv)
     stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     all_rows = []
-    for world in args.worlds:
+    launched = "WORLD_SIZE" in os.environ  # under torchrun: this process is one rank
+    worlds = [int(os.environ["WORLD_SIZE"])] if launched else args.worlds
+    for world in worlds:
         with tempfile.TemporaryDirectory() as tmp:
             out_path = os.path.join(tmp, "rows.pt")
-            mp.start_processes(_worker, args=(world, os.path.join(tmp, "rdv"), args, out_path),
-                               nprocs=world, start_method="spawn")
+            if launched:
+                rank = int(os.environ["RANK"])
+                _worker(rank, world, None, args, out_path)
+                if rank != 0:
+                    return 0
+            else:
+                mp.start_processes(_worker, args=(world, os.path.join(tmp, "rdv"), args,
+                                                  out_path), nprocs=world, start_method="spawn")
             rows = torch.load(out_path)
+        where = (f"{world} GPUs" if args.device == "cuda" else
+                 f"{world} processes x 1 thread on {os.cpu_count()} cores")
         print(f"\nW={world}: causal self-attention, L={args.seq_len} (zigzag, "
-              f"{args.seq_len // world} tokens per rank), H={args.heads}, D={args.head_dim}, "
-              f"float32, {world} processes x 1 thread on {os.cpu_count()} cores")
+              f"{args.seq_len // world} tokens per rank), H={args.heads}, "
+              f"Hkv={args.kv_heads or args.heads}, D={args.head_dim}, {args.dtype}, {where}")
         ring = next(r for r in rows if r["provider"] == "ring")
         for r in rows:
             extra = f"  hidden {r['hidden']:.0%}" if r["hidden"] != "" else ""
@@ -192,8 +233,9 @@ def main(argv=None) -> int:
                   f"reps {r['reps']:3d}  ({ratio:.2f}x ring){extra}")
         for r in rows:
             all_rows.append({"time": stamp, "host": platform.node(), "torch": torch.__version__,
-                             "world": world, "seq_len": args.seq_len, "heads": args.heads,
-                             "head_dim": args.head_dim, "dtype": "float32", **r})
+                             "device": args.device, "world": world, "seq_len": args.seq_len,
+                             "heads": args.heads, "kv_heads": args.kv_heads or args.heads,
+                             "head_dim": args.head_dim, "dtype": args.dtype, **r})
     if args.csv:
         path = Path(args.csv)
         path.parent.mkdir(parents=True, exist_ok=True)
