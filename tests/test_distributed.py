@@ -314,6 +314,12 @@ def _overlap(rank, world):
         assert trace.count(("compute", world - 1)) == 1
         assert ("send_kv", world - 1) not in trace  # W-1 transfers: the last block stays
     assert [e for e in backward if e[0] == "send_dkv"] == [("send_dkv", s) for s in range(world)]
+    # Causal: the chunk pairs whose keys all lie after their queries are skipped, not computed;
+    # every other pair is computed once (zigzag: the same count, 2W + 1, on every rank).
+    mine = [rank, 2 * world - 1 - rank]
+    computed = sorted(e[1:] for e in forward if e[0] == "block")
+    assert computed == sorted((qi, ki) for qi in mine for ki in range(2 * world) if ki <= qi)
+    assert len(computed) == 2 * world + 1
 
 
 @pytest.mark.parametrize("world", [2, 4])

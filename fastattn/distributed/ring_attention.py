@@ -88,6 +88,7 @@ def _block_forward(plan: _Plan, q, k, v, qi, ki):
     spec = plan.block(qi, ki)
     if spec is None:
         return None
+    _trace("block", qi, ki)
     band, mask, alibi, row = spec
     out, lse, _, chosen = attention_band(q, k, v, attn_mask=mask, alibi_slopes=alibi,
                                          scale=plan.scale, softcap=plan.softcap, band=band,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ._group import (check_full_length, check_layout, check_local_length, group_info,
-                     num_chunks, rank_chunks)
+from ._group import (check_full_length, check_layout, check_local_length,
+                     check_same_across_ranks, group_info, num_chunks, rank_chunks)
 
 
 def shard_sequence(x: torch.Tensor, *, dim: int, group=None,
@@ -79,11 +79,11 @@ def gather_sequence(x_local: torch.Tensor, *, dim: int, group=None,
     check_layout(op, layout)
     if not isinstance(x_local, torch.Tensor):
         raise TypeError(f"{op}: x_local must be a torch.Tensor, got {type(x_local).__name__}")
-    dim = dim % x_local.dim()
-    check_local_length(op, f"x_local.shape[{dim}]", x_local.shape[dim], layout, world)
-    from ._group import check_same_across_ranks
+    # First the shapes of every rank (a rank raising alone would leave the others waiting).
     check_same_across_ranks(op, group, x_local.device, **{"x_local's shape": x_local.shape},
                             **{"x_local's dtype": x_local.dtype})
+    dim = dim % x_local.dim()
+    check_local_length(op, f"x_local.shape[{dim}]", x_local.shape[dim], layout, world)
     return _GatherSequence.apply(x_local, dim, group, layout, rank, world)
 
 
