@@ -58,6 +58,7 @@ def _full_problem(B, Hq, Hkv, L, D, Dv, dtype=torch.float64, seed=0):
 
 def _one_process(q, k, v, grad_out, grad_lse, **kwargs):
     q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
+    torch.manual_seed(1234)  # the dropout seed (the sharded call draws it the same way)
     out, lse = fastattn.attention(q, k, v, return_lse=True, **kwargs)
     grads = torch.autograd.grad((out * grad_out).sum() + (lse * grad_lse).sum(), (q, k, v))
     return out.detach(), lse.detach(), grads
@@ -67,6 +68,7 @@ def _sharded(fn, q, k, v, grad_out, grad_lse, layout, **kwargs):
     def shard(x):
         return fd.shard_sequence(x, dim=2, layout=layout)
     ql, kl, vl = (shard(t).clone().requires_grad_(True) for t in (q, k, v))
+    torch.manual_seed(1234)
     out, lse = fn(ql, kl, vl, layout=layout, return_lse=True, **kwargs)
     grads = torch.autograd.grad((out * shard(grad_out)).sum() + (lse * shard(grad_lse)).sum(),
                                 (ql, kl, vl))
@@ -86,6 +88,9 @@ def _feature_cases(Hq):
         ("gqa+causal", 2, dict(causal=True)),
         ("mqa+all", 1, dict(causal="bottom_right", window=(7, 0), alibi_slopes=slopes,
                             softcap=2.0, scale=0.5)),
+        # The one-process call's dropout mask, numbered on global positions.
+        ("dropout", 2, dict(dropout_p=0.3)),
+        ("dropout+causal+alibi", 4, dict(dropout_p=0.2, causal=True, alibi_slopes=slopes)),
     ]
 
 
@@ -275,9 +280,11 @@ def _bad_input(rank, world):
     heads = torch.randn(1, world + 1, 4, 4)
     with pytest.raises(ValueError, match=rf"divisible by the group's world size \({world}\)"):
         fd.ulysses_attention(heads, heads, heads)
-    # Dropout on the ring: a clear error rather than a mask unlike the one-process call's.
-    with pytest.raises(ValueError, match="dropout_p > 0 is not supported"):
-        fd.ring_attention(q, q, q, dropout_p=0.1)
+    # Dropout on the ring runs the reference math: a fused backend cannot be asked for.
+    with pytest.raises(ValueError, match="backend must be None or 'reference'"):
+        fd.ring_attention(q, q, q, dropout_p=0.1, backend="cpu")
+    with pytest.raises(ValueError, match=r"dropout_p must be a float in \[0, 1\)"):
+        fd.ring_attention(q, q, q, dropout_p=1.0)
     with pytest.raises(ValueError, match="alibi_slopes must be"):
         fd.ring_attention(q, q, q, alibi_slopes=torch.ones(3))
     with pytest.raises(ValueError, match="method must be 'ring' or 'ulysses'"):

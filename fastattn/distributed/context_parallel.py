@@ -58,9 +58,9 @@ def context_parallel(group=None, *, method: str = "ring", layout: str = "zigzag"
     as this rank's sequence shards (self-attention; shard_sequence with the same layout) and
     attends over the whole sequence of the group.
 
-    method: "ring" (ring_attention: any number of heads; no masks but causal, no dropout) or
-        "ulysses" (ulysses_attention: heads divisible by the world size; a full-sequence
-        (B, L) key_padding_mask and dropout work).
+    method: "ring" (ring_attention: any number of heads; no mask but causal; dropout with
+        the one-process mask, on the reference math) or "ulysses" (ulysses_attention: heads
+        divisible by the world size; a full-sequence (B, L) key_padding_mask works).
     layout: "zigzag" or "contiguous", as the shards were made.
     Module rules inside: is_causal=True means causal over global positions (torch asks for a
     causal attn_mask beside that hint; one of the full sequence's shape (L, L) is accepted as

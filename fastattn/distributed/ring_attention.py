@@ -24,8 +24,14 @@ of the merged attention's gradients), so after W hops every accumulator is back 
 The next K/V transfer is posted before the block's backward; an accumulator is sent right
 after its block's backward and waited for one step later.
 
-Dropout is refused: the kernels key their Philox counter on block-local row and column
-numbers, so a ring's mask could not equal the one-process call's (use ulysses_attention).
+Dropout equals the one-process call's, mask included: fastattn numbers its dropout stream
+(Philox, keyed by the call's seed) by element ((b*Hq + h)*L + i)*L + j of the whole (L, L)
+score matrix, and the ring numbers each block's elements by their global i and j. The fused
+kernels number a call's elements by its own rows and columns, so with dropout_p > 0 the
+blocks run fastattn's reference math (plain PyTorch, materialising each block's
+(c, c) scores) with the globally numbered keep-mask, in the forward and the backward. The
+seed is drawn as `attention` draws it (torch's generator of q's device) on the group's first
+rank and broadcast.
 """
 from __future__ import annotations
 
@@ -34,9 +40,12 @@ import math
 import torch
 import torch.distributed as dist
 
+from ..ops._common import dropout_seed
 from ..ops.attention import (attention_backward_canonical, attention_band, merge_attention,
                              window_bounds)
+from ..reference import attention as ref
 from ..reference.attention import WINDOW_UNBOUNDED, compute_dtype, lse_dtype
+from ..reference.random import dropout_uniform
 from ._group import (check_layout, check_local_length, check_same_across_ranks, global_rank,
                      group_info, rank_chunks)
 
@@ -53,10 +62,11 @@ class _Plan:
     """Everything about one call that every block needs."""
 
     def __init__(self, group, rank, world, layout, c, lo, hi, scale, softcap, alibi, backend,
-                 acc_dtype):
+                 acc_dtype, dropout_p: float = 0.0, seed: torch.Tensor | None = None):
         self.group, self.rank, self.world, self.layout, self.c = group, rank, world, layout, c
         self.lo, self.hi, self.scale, self.softcap = lo, hi, scale, softcap
         self.alibi, self.backend, self.acc = alibi, backend, acc_dtype
+        self.dropout_p, self.seed = dropout_p, seed
         self.next = global_rank(group, (rank + 1) % world)
         self.prev = global_rank(group, (rank - 1) % world)
 
@@ -84,16 +94,43 @@ class _Plan:
         return (lo, hi), mask, None, row
 
 
+def _keep(plan: _Plan, q, qi, ki):
+    """The dropout keep-mask (B, Hq, c, c) of the block (qi, ki), numbered as the one-process
+    call numbers the whole (L, L) matrix."""
+    B, Hq, c = q.shape[0], q.shape[1], plan.c
+    L = c * (2 * plan.world if plan.layout == "zigzag" else plan.world)
+    i = torch.arange(qi * c, (qi + 1) * c, device=q.device).view(1, 1, c, 1)
+    j = torch.arange(ki * c, (ki + 1) * c, device=q.device).view(1, 1, 1, c)
+    bh = torch.arange(B * Hq, device=q.device).view(B, Hq, 1, 1)
+    return dropout_uniform(plan.seed, (bh * L + i) * L + j) >= plan.dropout_p
+
+
+def _canonical_block(plan: _Plan, q, k, spec):
+    (lo, hi), mask, alibi, row = spec
+    B, Hq, Lq, _ = q.shape
+    if mask is not None:
+        mask = mask.expand(B, Hq, Lq, k.shape[2])
+    if alibi is not None:
+        alibi = alibi.expand(B, Hq)
+    return lo, hi, mask, alibi, row
+
+
 def _block_forward(plan: _Plan, q, k, v, qi, ki):
     spec = plan.block(qi, ki)
     if spec is None:
         return None
     _trace("block", qi, ki)
     band, mask, alibi, row = spec
-    out, lse, _, chosen = attention_band(q, k, v, attn_mask=mask, alibi_slopes=alibi,
-                                         scale=plan.scale, softcap=plan.softcap, band=band,
-                                         backend=plan.backend)
-    plan.chosen = chosen
+    if plan.dropout_p > 0.0:
+        lo, hi, mask, alibi, row = _canonical_block(plan, q, k, spec)
+        out, lse = ref.attention(q, k, v, mask, None, alibi, plan.scale, plan.softcap, lo, hi,
+                                 plan.dropout_p, plan.seed, keep=_keep(plan, q, qi, ki))
+        plan.chosen = "reference"
+    else:
+        out, lse, _, chosen = attention_band(q, k, v, attn_mask=mask, alibi_slopes=alibi,
+                                             scale=plan.scale, softcap=plan.softcap, band=band,
+                                             backend=plan.backend)
+        plan.chosen = chosen
     if row is not None:
         lse = lse + row.to(lse.dtype)
     return out, lse
@@ -103,14 +140,13 @@ def _block_backward(plan: _Plan, q, k, v, out, lse, dout, dlse, qi, ki):
     spec = plan.block(qi, ki)
     if spec is None:
         return None
-    (lo, hi), mask, alibi, row = spec
-    B, Hq, Lq, _ = q.shape
-    if mask is not None:
-        mask = mask.expand(B, Hq, Lq, k.shape[2])
-    if alibi is not None:
-        alibi = alibi.expand(B, Hq)
+    lo, hi, mask, alibi, row = _canonical_block(plan, q, k, spec)
     if row is not None:
         lse = lse - row.to(lse.dtype)
+    if plan.dropout_p > 0.0:
+        return ref.attention_backward(dout, dlse, q, k, v, out, lse, mask, None, alibi,
+                                      plan.scale, plan.softcap, lo, hi, plan.dropout_p,
+                                      plan.seed, keep=_keep(plan, q, qi, ki))
     args = (q, k, v, mask, None, alibi, plan.scale, plan.softcap, lo, hi, 0.0, None)
     return attention_backward_canonical(dout, dlse, out, lse, args, plan.chosen)
 
@@ -260,7 +296,9 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=N
     scale: default 1/sqrt(D). softcap: > 0 caps the scores (softcap * tanh(s / softcap)).
     alibi_slopes: (Hq,) or (B, Hq): adds -slope * |i - j| on global positions (no gradient).
     window: (left, right) on global positions: i - left <= j <= i + right (-1 unbounded).
-    dropout_p: must be 0 (ValueError otherwise; see the module docstring).
+    dropout_p: dropout on the probabilities, with the one-process call's mask (the same
+        torch.manual_seed state gives the same mask); the blocks then run the reference math
+        (see the module docstring), so backend must be None or "reference".
     return_lse: also return lse (B, Hq, L_local) (float32, float64 for float64 inputs).
     backend: the fastattn backend for the blocks (None: the usual choice).
     Returns this rank's shard of what fastattn.attention gives on the full sequence,
@@ -284,14 +322,14 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=N
         if t.dim() != 4:
             raise ValueError(f"{op}: {name} must be 4-D (B, H, L_local, D), got shape "
                              f"{tuple(t.shape)}")
-    if not 0.0 <= float(dropout_p) < 1.0:
+    if not isinstance(dropout_p, (int, float)) or not 0.0 <= float(dropout_p) < 1.0:
         raise ValueError(f"{op}: dropout_p must be a float in [0, 1), got {dropout_p!r}")
-    if dropout_p > 0.0:
-        raise ValueError(f"{op}: dropout_p > 0 is not supported (got {dropout_p}): the "
-                         f"kernels number their dropout random stream by block-local rows "
-                         f"and columns, so a ring's mask could not equal the one-process "
-                         f"call's; use ulysses_attention (dropout on whole sequences), or "
-                         f"dropout_p=0")
+    dropout_p = float(dropout_p)
+    if dropout_p > 0.0 and backend not in (None, "reference"):
+        raise ValueError(f"{op}: with dropout_p > 0 the blocks run the reference math (the "
+                         f"fused kernels number their dropout stream by block-local rows and "
+                         f"columns, not the whole sequence's); backend must be None or "
+                         f"'reference', got {backend!r}")
     if q.shape[2] != k.shape[2] or k.shape[2] != v.shape[2]:
         raise ValueError(f"{op}: q, k and v must be shards of the same sequence "
                          f"(self-attention), got lengths {q.shape[2]}, {k.shape[2]} and "
@@ -329,7 +367,12 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=N
     lo, hi = window_bounds(causal, window, L, L)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[3])
+    seed = None
+    if dropout_p > 0.0:
+        # Drawn as attention() draws it, then rank 0's for everyone (one mask for the call).
+        seed = dropout_seed(dropout_p, q.device)
+        dist.broadcast(seed, src=global_rank(group, 0), group=group)
     plan = _Plan(group, rank, world, layout, c, lo, hi, float(scale), float(softcap), alibi,
-                 backend, compute_dtype(q.dtype))
+                 backend, compute_dtype(q.dtype), dropout_p, seed)
     out, lse = _RingAttention.apply(q, k, v, plan)
     return (out, lse) if return_lse else out

@@ -108,12 +108,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask, key_
 
 def attention_backward(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask,
                        alibi_slopes, scale: float, softcap: float, window_lo: int,
-                       window_hi: int, dropout_p: float, seed
+                       window_hi: int, dropout_p: float, seed,
+                       keep: torch.Tensor | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FlashAttention's backward from the saved (out, lse), which may be those of a longer row
     merged over other key blocks: P = exp(s - lse), dV = (P o keep)^T dO,
     dS = P o (dP o keep - (rowsum(dO o out) - dlse)), dQ/dK through the scores' own autograd
-    (softcap, scale). Returns (dq, dk, dv) in the inputs' dtypes; dk/dv summed over GQA groups."""
+    (softcap, scale). keep: an explicit dropout keep-mask (B, Hq, Lq, Lk), as `attention`'s.
+    Returns (dq, dk, dv) in the inputs' dtypes; dk/dv summed over GQA groups."""
     B, Hq, Lq, _ = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     acc = compute_dtype(q.dtype)
@@ -130,10 +132,11 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_pad
     dp = torch.matmul(do, vv.transpose(-1, -2))
     pd = p
     if dropout_p > 0.0:
-        keep = dropout_keep_mask(seed, (B, Hq, Lq, Lk), dropout_p, q.device) * (
-            1.0 / (1.0 - dropout_p))
-        pd = p * keep
-        dp = dp * keep
+        if keep is None:
+            keep = dropout_keep_mask(seed, (B, Hq, Lq, Lk), dropout_p, q.device)
+        scaled = keep.to(acc) * (1.0 / (1.0 - dropout_p))
+        pd = p * scaled
+        dp = dp * scaled
     dv = torch.matmul(pd.transpose(-1, -2), do)
     dv = dv.view(B, Hkv, Hq // Hkv, Lk, -1).sum(2)
     delta = (do * out.to(acc)).sum(-1)
