@@ -62,7 +62,7 @@ def _problem(args, rank, world):
 
 def _device(args) -> torch.device:
     if args.device == "cuda":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("cpu")
 
 

@@ -62,7 +62,7 @@ def ring_attention_time(layer: Layer, T: int, N: int, link: float, *, backward: 
         return N * step, (N - 1) * transfer, hidden, compute, transfer
 
     fwd = steps(fwd_rate, 1.0, kv_bytes, merge_bytes)
-    total, transfers, hidden = fwd[0], fwd[1], fwd[2]
+    total, hidden = fwd[0], fwd[2]
     result = {"fwd_step_compute": fwd[3], "fwd_step_transfer": fwd[4]}
     if recompute:
         total += fwd[0]

@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     dist.init_process_group("nccl" if use_cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     if use_cuda:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")

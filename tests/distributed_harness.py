@@ -67,8 +67,8 @@ class WorkerGroup:
             left = deadline - time.monotonic()
             if left <= 0 or not self.alive:
                 self.close()
-                state = "did not finish within %.0f s (a hang?)" % timeout if left <= 0 \
-                    else "lost a process"
+                state = (f"did not finish within {timeout:.0f} s (a hang?)" if left <= 0
+                         else "lost a process")
                 raise TimeoutError(f"{what} on {self.world} processes {state}; ranks still "
                                    f"running: {sorted(pending)}" + "".join(errors))
             try:

@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from distributed_harness import WorkerGroup
+from tolerance import assert_fa_close, assert_grad_close
 
 import fastattn
 import fastattn.distributed as fd
-from distributed_harness import WorkerGroup
-from tolerance import assert_fa_close, assert_grad_close
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -287,9 +287,9 @@ def _bad_input(rank, world):
         fd.ring_attention(q, q, q, dropout_p=1.0)
     with pytest.raises(ValueError, match="alibi_slopes must be"):
         fd.ring_attention(q, q, q, alibi_slopes=torch.ones(3))
-    with pytest.raises(ValueError, match="method must be 'ring' or 'ulysses'"):
-        with fd.context_parallel(method="allgather"):
-            pass
+    with pytest.raises(ValueError, match="method must be 'ring' or 'ulysses'"), \
+            fd.context_parallel(method="allgather"):
+        pass
     # The group still works after the errors: nobody is left waiting.
     out = fd.ring_attention(q, q, q, causal=True)
     assert out.shape == q.shape
