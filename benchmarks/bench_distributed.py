@@ -27,6 +27,7 @@ This machine shows no scale: W processes share its 2 cores (4 processes oversubs
 and gloo's transfers are memory copies through loopback that also need those cores. It is
 shared with other work and noisy. benchmarks/notes/context_parallel.md models the GPU case.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,12 +46,28 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 RESULTS = Path(__file__).resolve().parent / "results"
-FIELDS = ["time", "host", "torch", "device", "world", "seq_len", "heads", "kv_heads",
-          "head_dim", "dtype", "provider", "median_ms", "spread", "reps", "hidden"]
+FIELDS = [
+    "time",
+    "host",
+    "torch",
+    "device",
+    "world",
+    "seq_len",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "dtype",
+    "provider",
+    "median_ms",
+    "spread",
+    "reps",
+    "hidden",
+]
 
 
 def _problem(args, rank, world):
     import fastattn.distributed as fd
+
     g = torch.Generator().manual_seed(0)
     L, H, Hkv, D = args.seq_len, args.heads, args.kv_heads or args.heads, args.head_dim
     dtype = getattr(torch, args.dtype)
@@ -69,6 +86,7 @@ def _device(args) -> torch.device:
 def _providers(args, rank, world, q, k, v):
     import fastattn
     import fastattn.distributed as fd
+
     ring_module = sys.modules["fastattn.distributed.ring_attention"]
     c = q.shape[2] // 2
     chunks = [rank, 2 * world - 1 - rank]
@@ -79,9 +97,18 @@ def _providers(args, rank, world, q, k, v):
         if method == "ulysses":
             return fd.ulysses_attention(qq, kk, vv, causal=True)
         kf, vf = fd.gather_sequence(kk, dim=2), fd.gather_sequence(vv, dim=2)
-        return torch.cat([fastattn.attention(qq.narrow(2, s * c, c), kf[:, :, :(i + 1) * c],
-                                             vf[:, :, :(i + 1) * c], causal="bottom_right")
-                          for s, i in enumerate(chunks)], dim=2)
+        return torch.cat(
+            [
+                fastattn.attention(
+                    qq.narrow(2, s * c, c),
+                    kf[:, :, : (i + 1) * c],
+                    vf[:, :, : (i + 1) * c],
+                    causal="bottom_right",
+                )
+                for s, i in enumerate(chunks)
+            ],
+            dim=2,
+        )
 
     def forward(method):
         return lambda: attend(method, q, k, v)
@@ -90,6 +117,7 @@ def _providers(args, rank, world, q, k, v):
         def run():
             leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
             attend(method, *leaves).sum().backward()
+
         return run
 
     # Every step's K/V shard, present before timing: the ring's attention work alone.
@@ -98,10 +126,24 @@ def _providers(args, rank, world, q, k, v):
     shards = {}
     for s in range(world):
         idx = [s, 2 * world - 1 - s]
-        shards[s] = (torch.cat([kf[:, :, i * c:(i + 1) * c] for i in idx], dim=2),
-                     torch.cat([vf[:, :, i * c:(i + 1) * c] for i in idx], dim=2))
-    plan = ring_module._Plan(None, rank, world, "zigzag", c, -(1 << 30), 0,
-                             1.0 / args.head_dim ** 0.5, 0.0, None, None, torch.float32)
+        shards[s] = (
+            torch.cat([kf[:, :, i * c : (i + 1) * c] for i in idx], dim=2),
+            torch.cat([vf[:, :, i * c : (i + 1) * c] for i in idx], dim=2),
+        )
+    plan = ring_module._Plan(
+        None,
+        rank,
+        world,
+        "zigzag",
+        c,
+        -(1 << 30),
+        0,
+        1.0 / args.head_dim**0.5,
+        0.0,
+        None,
+        None,
+        torch.float32,
+    )
     plan.chosen = None
 
     def ring_compute():
@@ -110,9 +152,14 @@ def _providers(args, rank, world, q, k, v):
             ks, vs = shards[source]
             for slot, qi in enumerate(chunks):
                 for kslot, ki in enumerate(plan.chunks(source)):
-                    ring_module._block_forward(plan, q.narrow(2, slot * c, c),
-                                               ks.narrow(2, kslot * c, c),
-                                               vs.narrow(2, kslot * c, c), qi, ki)
+                    ring_module._block_forward(
+                        plan,
+                        q.narrow(2, slot * c, c),
+                        ks.narrow(2, kslot * c, c),
+                        vs.narrow(2, kslot * c, c),
+                        qi,
+                        ki,
+                    )
 
     def ring_transfers():
         kv = [k, v]
@@ -120,8 +167,11 @@ def _providers(args, rank, world, q, k, v):
             kv, requests = ring_module._exchange(plan, kv, tag=1)
             ring_module._wait(requests)
 
-    providers = {"ring": forward("ring"), "ring_compute": ring_compute,
-                 "ring_transfers": ring_transfers}
+    providers = {
+        "ring": forward("ring"),
+        "ring_compute": ring_compute,
+        "ring_transfers": ring_transfers,
+    }
     for method in ("ulysses", "allgather_kv"):
         providers[method] = forward(method)
     for method in ("ring", "ulysses", "allgather_kv"):
@@ -153,8 +203,9 @@ def _worker(rank, world, rendezvous, args, out_path):
         if rendezvous is None:
             dist.init_process_group("gloo")
         else:
-            dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
-                                    world_size=world)
+            dist.init_process_group(
+                "gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world
+            )
     q, k, v = _problem(args, rank, world)
     providers = _providers(args, rank, world, q, k, v)
     names = list(providers)
@@ -166,12 +217,13 @@ def _worker(rank, world, rendezvous, args, out_path):
     # Interleaved rounds, rotating the order, until min_time has passed (the same decision on
     # every rank: rank 0's clock is broadcast).
     while True:
-        order = names[rounds % len(names):] + names[:rounds % len(names)]
+        order = names[rounds % len(names) :] + names[: rounds % len(names)]
         for name in order:
             times[name].append(_timed(providers[name], device))
         rounds += 1
-        done = torch.tensor([rounds >= 3 and time.perf_counter() - start > args.min_time],
-                            device=device)
+        done = torch.tensor(
+            [rounds >= 3 and time.perf_counter() - start > args.min_time], device=device
+        )
         dist.broadcast(done, 0)
         if bool(done):
             break
@@ -179,14 +231,23 @@ def _worker(rank, world, rendezvous, args, out_path):
         rows = []
         med = {n: statistics.median(t) for n, t in times.items()}
         exposed = med["ring"] - med["ring_compute"]
-        hidden = max(0.0, min(1.0, 1.0 - exposed / med["ring_transfers"])) \
-            if med["ring_transfers"] > 0 else float("nan")
+        hidden = (
+            max(0.0, min(1.0, 1.0 - exposed / med["ring_transfers"]))
+            if med["ring_transfers"] > 0
+            else float("nan")
+        )
         for n in names:
             t = sorted(times[n])
             spread = (t[int(0.9 * (len(t) - 1) + 0.999)] - t[int(0.1 * (len(t) - 1))]) / med[n]
-            rows.append({"provider": n, "median_ms": round(med[n] * 1e3, 3),
-                         "spread": round(spread, 3), "reps": len(t),
-                         "hidden": round(hidden, 3) if n == "ring" else ""})
+            rows.append(
+                {
+                    "provider": n,
+                    "median_ms": round(med[n] * 1e3, 3),
+                    "spread": round(spread, 3),
+                    "reps": len(t),
+                    "hidden": round(hidden, 3) if n == "ring" else "",
+                }
+            )
         torch.save(rows, out_path)
     dist.destroy_process_group()
 
@@ -201,8 +262,11 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--min-time", type=float, default=2.0)
-    p.add_argument("--csv", default=str(RESULTS / "distributed_cpu.csv"),
-                   help="CSV to append rows to ('' for none)")
+    p.add_argument(
+        "--csv",
+        default=str(RESULTS / "distributed_cpu.csv"),
+        help="CSV to append rows to ('' for none)",
+    )
     args = p.parse_args(argv)
     stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     all_rows = []
@@ -217,25 +281,47 @@ def main(argv=None) -> int:
                 if rank != 0:
                     return 0
             else:
-                mp.start_processes(_worker, args=(world, os.path.join(tmp, "rdv"), args,
-                                                  out_path), nprocs=world, start_method="spawn")
+                mp.start_processes(
+                    _worker,
+                    args=(world, os.path.join(tmp, "rdv"), args, out_path),
+                    nprocs=world,
+                    start_method="spawn",
+                )
             rows = torch.load(out_path)
-        where = (f"{world} GPUs" if args.device == "cuda" else
-                 f"{world} processes x 1 thread on {os.cpu_count()} cores")
-        print(f"\nW={world}: causal self-attention, L={args.seq_len} (zigzag, "
-              f"{args.seq_len // world} tokens per rank), H={args.heads}, "
-              f"Hkv={args.kv_heads or args.heads}, D={args.head_dim}, {args.dtype}, {where}")
+        where = (
+            f"{world} GPUs"
+            if args.device == "cuda"
+            else f"{world} processes x 1 thread on {os.cpu_count()} cores"
+        )
+        print(
+            f"\nW={world}: causal self-attention, L={args.seq_len} (zigzag, "
+            f"{args.seq_len // world} tokens per rank), H={args.heads}, "
+            f"Hkv={args.kv_heads or args.heads}, D={args.head_dim}, {args.dtype}, {where}"
+        )
         ring = next(r for r in rows if r["provider"] == "ring")
         for r in rows:
             extra = f"  hidden {r['hidden']:.0%}" if r["hidden"] != "" else ""
             ratio = r["median_ms"] / ring["median_ms"]
-            print(f"  {r['provider']:<22} {r['median_ms']:9.2f} ms  spread {r['spread']:.2f}  "
-                  f"reps {r['reps']:3d}  ({ratio:.2f}x ring){extra}")
+            print(
+                f"  {r['provider']:<22} {r['median_ms']:9.2f} ms  spread {r['spread']:.2f}  "
+                f"reps {r['reps']:3d}  ({ratio:.2f}x ring){extra}"
+            )
         for r in rows:
-            all_rows.append({"time": stamp, "host": platform.node(), "torch": torch.__version__,
-                             "device": args.device, "world": world, "seq_len": args.seq_len,
-                             "heads": args.heads, "kv_heads": args.kv_heads or args.heads,
-                             "head_dim": args.head_dim, "dtype": args.dtype, **r})
+            all_rows.append(
+                {
+                    "time": stamp,
+                    "host": platform.node(),
+                    "torch": torch.__version__,
+                    "device": args.device,
+                    "world": world,
+                    "seq_len": args.seq_len,
+                    "heads": args.heads,
+                    "kv_heads": args.kv_heads or args.heads,
+                    "head_dim": args.head_dim,
+                    "dtype": args.dtype,
+                    **r,
+                }
+            )
     if args.csv:
         path = Path(args.csv)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ whole batch and whole sequences with fastattn.attention, and compares the loss a
 parameter gradient at every step (the two then take the same optimizer step); it exits with
 status 1 on a mismatch. gloo on CPU, NCCL when CUDA is available.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,9 @@ class Block(nn.Module):
         self.kv_proj = nn.Linear(d_model, 2 * n_kv_heads * self.head_dim, bias=False)
         self.out_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=False)
         self.norm2 = nn.LayerNorm(d_model)
-        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(),
-                                 nn.Linear(4 * d_model, d_model))
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model)
+        )
 
     def forward(self, x, positions, attend):
         """x (B, L, E) (whole sequences or this rank's shard); positions (L,) global."""
@@ -92,8 +94,11 @@ def parse_args(argv=None):
     p.add_argument("--method", choices=("ring", "ulysses"), default="ring")
     p.add_argument("--layout", choices=("zigzag", "contiguous"), default="zigzag")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    p.add_argument("--check", action="store_true",
-                   help="compare loss and gradients with one-process training; exit 1 if not equal")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="compare loss and gradients with one-process training; exit 1 if not equal",
+    )
     return p.parse_args(argv)
 
 
@@ -124,16 +129,16 @@ def main(argv=None) -> int:
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3) if args.check else None
 
-    positions = fd.shard_positions(args.seq_len, group=cp_group, layout=args.layout,
-                                   device=device)
+    positions = fd.shard_positions(args.seq_len, group=cp_group, layout=args.layout, device=device)
     full_positions = torch.arange(args.seq_len, device=device)
     if args.method == "ring":
+
         def attend(q, k, v):
             return fd.ring_attention(q, k, v, group=cp_group, layout=args.layout, causal=True)
     else:
+
         def attend(q, k, v):
-            return fd.ulysses_attention(q, k, v, group=cp_group, layout=args.layout,
-                                        causal=True)
+            return fd.ulysses_attention(q, k, v, group=cp_group, layout=args.layout, causal=True)
 
     def attend_one_process(q, k, v):
         return fastattn.attention(q, k, v, causal=True)
@@ -149,8 +154,7 @@ def main(argv=None) -> int:
         local_in = fd.shard_sequence(inputs[rows], dim=1, group=cp_group, layout=args.layout)
         local_tg = fd.shard_sequence(targets[rows], dim=1, group=cp_group, layout=args.layout)
         logits = ddp(local_in, positions, attend)
-        token_losses = F.cross_entropy(logits.flatten(0, 1), local_tg.flatten(),
-                                       reduction="sum")
+        token_losses = F.cross_entropy(logits.flatten(0, 1), local_tg.flatten(), reduction="sum")
         # This rank's share of the global mean, times the world size (DDP averages).
         loss = token_losses * world / targets.numel()
         opt.zero_grad()
@@ -167,25 +171,31 @@ def main(argv=None) -> int:
             worst_name = "loss"
             for (name, p), ref_p in zip(model.named_parameters(), reference.parameters()):
                 err = float((p.grad - ref_p.grad).abs().max()) / max(
-                    1e-3, float(ref_p.grad.abs().max()))
+                    1e-3, float(ref_p.grad.abs().max())
+                )
                 if err > worst:
                     worst, worst_name = err, f"grad {name}"
             ok = worst <= tolerance
             failures += not ok
             if rank == 0:
-                print(f"step {step}: loss {float(global_loss):.6f} (one process "
-                      f"{ref_loss.item():.6f}); worst relative difference {worst:.2e} "
-                      f"({worst_name}) {'ok' if ok else 'MISMATCH'}", flush=True)
+                print(
+                    f"step {step}: loss {float(global_loss):.6f} (one process "
+                    f"{ref_loss.item():.6f}); worst relative difference {worst:.2e} "
+                    f"({worst_name}) {'ok' if ok else 'MISMATCH'}",
+                    flush=True,
+                )
             ref_opt.step()
         elif rank == 0:
             print(f"step {step}: loss {float(global_loss):.6f}", flush=True)
         opt.step()
 
     if rank == 0:
-        print(f"world {world} = dp {args.dp} x cp {cp}, {args.method} attention, "
-              f"{args.layout} layout, {args.seq_len} tokens per sequence "
-              f"({args.seq_len // cp} per rank), attention ran on: "
-              f"{fastattn.last_backend('attention')}")
+        print(
+            f"world {world} = dp {args.dp} x cp {cp}, {args.method} attention, "
+            f"{args.layout} layout, {args.seq_len} tokens per sequence "
+            f"({args.seq_len // cp} per rank), attention ran on: "
+            f"{fastattn.last_backend('attention')}"
+        )
         if args.check:
             print("check passed" if failures == 0 else f"check FAILED ({failures} steps)")
     dist.destroy_process_group()

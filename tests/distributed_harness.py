@@ -8,6 +8,7 @@ every rank and returns once all have finished; a worker's exception fails the ca
 traceback; ranks that have not all answered within `timeout` seconds are killed and the
 caller fails (a hang never blocks the suite; the next test gets a fresh group).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -24,8 +25,14 @@ def _worker(rank: int, world: int, rendezvous: str, tasks, results) -> None:
     torch.set_num_threads(1)
     os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch.distributed as dist
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=60))
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{rendezvous}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )
     results.put((rank, "ready", None))
     while True:
         item = tasks.get()
@@ -51,9 +58,14 @@ class WorkerGroup:
         rendezvous = os.path.join(str(tmp_dir), f"rendezvous-{world}-{time.monotonic_ns()}")
         self.tasks = [ctx.Queue() for _ in range(world)]
         self.results = ctx.Queue()
-        self.processes = [ctx.Process(target=_worker, daemon=True,
-                                      args=(r, world, rendezvous, self.tasks[r], self.results))
-                          for r in range(world)]
+        self.processes = [
+            ctx.Process(
+                target=_worker,
+                daemon=True,
+                args=(r, world, rendezvous, self.tasks[r], self.results),
+            )
+            for r in range(world)
+        ]
         for p in self.processes:
             p.start()
         self._collect("start-up", start_timeout, want="ready")
@@ -71,10 +83,15 @@ class WorkerGroup:
             left = deadline - time.monotonic()
             if left <= 0 or not self.alive:
                 self.close()
-                state = (f"did not finish within {timeout:.0f} s (a hang?)" if left <= 0
-                         else "lost a process")
-                raise TimeoutError(f"{what} on {self.world} processes {state}; ranks still "
-                                   f"running: {sorted(pending)}" + "".join(errors))
+                state = (
+                    f"did not finish within {timeout:.0f} s (a hang?)"
+                    if left <= 0
+                    else "lost a process"
+                )
+                raise TimeoutError(
+                    f"{what} on {self.world} processes {state}; ranks still "
+                    f"running: {sorted(pending)}" + "".join(errors)
+                )
             try:
                 rank, status, value = self.results.get(timeout=min(left, 0.5))
             except queue.Empty:
@@ -85,8 +102,9 @@ class WorkerGroup:
             else:
                 values[rank] = value
         if errors:
-            raise AssertionError(f"{what} failed on {len(errors)} of {self.world} ranks:"
-                                 + "".join(errors))
+            raise AssertionError(
+                f"{what} failed on {len(errors)} of {self.world} ranks:" + "".join(errors)
+            )
         return values
 
     def run(self, fn, *args, timeout: float = 60.0) -> list:

@@ -8,6 +8,7 @@ and shared by the tests; every call is bounded in time, and a hung group is kill
 its test. Each rank draws the same full tensors (same seed), computes the one-process result
 itself, and compares its shard of it.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -52,7 +53,8 @@ def _full_problem(B, Hq, Hkv, L, D, Dv, dtype=torch.float64, seed=0):
     v = torch.randn(B, Hkv, L, Dv, generator=g, dtype=dtype)
     grad_out = torch.randn(B, Hq, L, Dv, generator=g, dtype=dtype)
     grad_lse = torch.randn(B, Hq, L, generator=g, dtype=torch.float64).to(
-        torch.float64 if dtype == torch.float64 else torch.float32)
+        torch.float64 if dtype == torch.float64 else torch.float32
+    )
     return q, k, v, grad_out, grad_lse
 
 
@@ -67,11 +69,13 @@ def _one_process(q, k, v, grad_out, grad_lse, **kwargs):
 def _sharded(fn, q, k, v, grad_out, grad_lse, layout, **kwargs):
     def shard(x):
         return fd.shard_sequence(x, dim=2, layout=layout)
+
     ql, kl, vl = (shard(t).clone().requires_grad_(True) for t in (q, k, v))
     torch.manual_seed(1234)
     out, lse = fn(ql, kl, vl, layout=layout, return_lse=True, **kwargs)
-    grads = torch.autograd.grad((out * shard(grad_out)).sum() + (lse * shard(grad_lse)).sum(),
-                                (ql, kl, vl))
+    grads = torch.autograd.grad(
+        (out * shard(grad_out)).sum() + (lse * shard(grad_lse)).sum(), (ql, kl, vl)
+    )
     return out.detach(), lse.detach(), grads, shard
 
 
@@ -86,8 +90,11 @@ def _feature_cases(Hq):
         ("causal+alibi", 2, dict(causal=True, alibi_slopes=slopes)),
         ("softcap", 4, dict(softcap=1.5, scale=0.7)),
         ("gqa+causal", 2, dict(causal=True)),
-        ("mqa+all", 1, dict(causal="bottom_right", window=(7, 0), alibi_slopes=slopes,
-                            softcap=2.0, scale=0.5)),
+        (
+            "mqa+all",
+            1,
+            dict(causal="bottom_right", window=(7, 0), alibi_slopes=slopes, softcap=2.0, scale=0.5),
+        ),
         # The one-process call's dropout mask, numbered on global positions.
         ("dropout", 2, dict(dropout_p=0.3)),
         ("dropout+causal+alibi", 4, dict(dropout_p=0.2, causal=True, alibi_slopes=slopes)),
@@ -101,8 +108,7 @@ def _ring_cases(rank, world):
         for name, Hkv, kwargs in _feature_cases(Hq):
             problem = _full_problem(B, Hq, Hkv, L, D, Dv, seed=len(name))
             out, lse, grads = _one_process(*problem, **kwargs)
-            out_l, lse_l, grads_l, shard = _sharded(fd.ring_attention, *problem, layout,
-                                                    **kwargs)
+            out_l, lse_l, grads_l, shard = _sharded(fd.ring_attention, *problem, layout, **kwargs)
             tag = f"{layout} {name}"
             _close(f"{tag} out", out_l, shard(out))
             _close(f"{tag} lse", lse_l, shard(lse))
@@ -142,18 +148,24 @@ def _ulysses_cases(rank, world):
     padding[:, 0] = False
     bool_mask = torch.rand(Hq, L, L, generator=g) < 0.8
     bool_mask |= torch.eye(L, dtype=torch.bool)
-    cases = [("plain", Hq, {}), ("causal+gqa", Hq // 2 if (Hq // 2) % world == 0 else Hq,
-                                  dict(causal=True)),
-             ("window+alibi+softcap", Hq, dict(window=(3, 1), softcap=2.0,
-                                               alibi_slopes=torch.linspace(0.3, 0.9, Hq))),
-             ("key_padding_mask", Hq, dict(key_padding_mask=padding)),
-             ("attn_mask per head", Hq, dict(attn_mask=bool_mask))]
+    cases = [
+        ("plain", Hq, {}),
+        ("causal+gqa", Hq // 2 if (Hq // 2) % world == 0 else Hq, dict(causal=True)),
+        (
+            "window+alibi+softcap",
+            Hq,
+            dict(window=(3, 1), softcap=2.0, alibi_slopes=torch.linspace(0.3, 0.9, Hq)),
+        ),
+        ("key_padding_mask", Hq, dict(key_padding_mask=padding)),
+        ("attn_mask per head", Hq, dict(attn_mask=bool_mask)),
+    ]
     for layout in ("zigzag", "contiguous"):
         for name, Hkv, kwargs in cases:
             problem = _full_problem(B, Hq, Hkv, L, D, Dv, seed=len(name) + 50)
             out, lse, grads = _one_process(*problem, **kwargs)
-            out_l, lse_l, grads_l, shard = _sharded(fd.ulysses_attention, *problem, layout,
-                                                    **kwargs)
+            out_l, lse_l, grads_l, shard = _sharded(
+                fd.ulysses_attention, *problem, layout, **kwargs
+            )
             tag = f"ulysses {layout} {name}"
             _close(f"{tag} out", out_l, shard(out))
             _close(f"{tag} lse", lse_l, shard(lse))
@@ -181,15 +193,20 @@ def _round_trips(rank, world):
         assert torch.equal(full, x), f"{layout}: gather(shard(x)) != x"
         # Differentiable: the gradient is the sum over ranks of each rank's gradient.
         leaf = local.clone().requires_grad_(True)
-        weight = torch.randn(x.shape, generator=torch.Generator().manual_seed(rank + 100),
-                             dtype=torch.float64)
+        weight = torch.randn(
+            x.shape, generator=torch.Generator().manual_seed(rank + 100), dtype=torch.float64
+        )
         (fd.gather_sequence(leaf, dim=1, layout=layout) * weight).sum().backward()
         total = weight.clone()
         dist.all_reduce(total)
         assert torch.allclose(leaf.grad, fd.shard_sequence(total, dim=1, layout=layout))
     if layout == "zigzag":
-        expect = torch.cat([torch.arange(rank * 2, rank * 2 + 2),
-                            torch.arange((2 * world - 1 - rank) * 2, (2 * world - rank) * 2)])
+        expect = torch.cat(
+            [
+                torch.arange(rank * 2, rank * 2 + 2),
+                torch.arange((2 * world - 1 - rank) * 2, (2 * world - rank) * 2),
+            ]
+        )
         assert torch.equal(fd.shard_positions(4 * world, layout="zigzag"), expect)
 
 
@@ -204,23 +221,30 @@ def _mha_context_parallel(rank, world):
         for layout in ("zigzag", "contiguous"):
             for batch_first in (True, False):
                 torch.manual_seed(0)
-                mha = fastattn.nn.MultiheadAttention(E, H, batch_first=batch_first,
-                                                     dtype=torch.float64)
+                mha = fastattn.nn.MultiheadAttention(
+                    E, H, batch_first=batch_first, dtype=torch.float64
+                )
                 x = torch.randn(N, L, E, dtype=torch.float64)
                 if not batch_first:
                     x = x.transpose(0, 1).contiguous()
                 seq_dim = 1 if batch_first else 0
                 causal_mask = torch.nn.Transformer.generate_square_subsequent_mask(
-                    L, dtype=torch.float64)
-                ref, _ = mha(x, x, x, attn_mask=causal_mask, is_causal=True,
-                             need_weights=False)
+                    L, dtype=torch.float64
+                )
+                ref, _ = mha(x, x, x, attn_mask=causal_mask, is_causal=True, need_weights=False)
                 ref.sum().backward()
                 ref_grads = {n: p.grad.clone() for n, p in mha.named_parameters()}
                 mha.zero_grad()
                 local = fd.shard_sequence(x, dim=seq_dim, layout=layout)
                 with fd.context_parallel(method=method, layout=layout):
-                    out, weights = mha(local, local, local, attn_mask=causal_mask,
-                                       is_causal=True, need_weights=False)
+                    out, weights = mha(
+                        local,
+                        local,
+                        local,
+                        attn_mask=causal_mask,
+                        is_causal=True,
+                        need_weights=False,
+                    )
                 assert weights is None
                 tag = f"{method} {layout} batch_first={batch_first}"
                 _close(f"{tag} out", out, fd.shard_sequence(ref, dim=seq_dim, layout=layout))
@@ -287,8 +311,10 @@ def _bad_input(rank, world):
         fd.ring_attention(q, q, q, dropout_p=1.0)
     with pytest.raises(ValueError, match="alibi_slopes must be"):
         fd.ring_attention(q, q, q, alibi_slopes=torch.ones(3))
-    with pytest.raises(ValueError, match="method must be 'ring' or 'ulysses'"), \
-            fd.context_parallel(method="allgather"):
+    with (
+        pytest.raises(ValueError, match="method must be 'ring' or 'ulysses'"),
+        fd.context_parallel(method="allgather"),
+    ):
         pass
     # The group still works after the errors: nobody is left waiting.
     out = fd.ring_attention(q, q, q, causal=True)
@@ -302,6 +328,7 @@ def test_bad_input_raises_clear_errors_without_hanging(groups, world):
 
 def _overlap(rank, world):
     import sys
+
     ring_module = sys.modules["fastattn.distributed.ring_attention"]  # (the function shadows it)
     q = torch.randn(1, 2, 4, 8, requires_grad=True)
     ring_module.TRACE = []
@@ -341,8 +368,9 @@ class _TinyModel(torch.nn.Module):
         super().__init__()
         self.embed = torch.nn.Embedding(vocab, d)
         self.positions = fastattn.nn.SinusoidalPositionalEncoding(d)
-        layer = torch.nn.TransformerEncoderLayer(d, heads, dim_feedforward=32, dropout=0.0,
-                                                 batch_first=True)
+        layer = torch.nn.TransformerEncoderLayer(
+            d, heads, dim_feedforward=32, dropout=0.0, batch_first=True
+        )
         self.encoder = fastattn.swap_modules(layer)
         self.lstm = fastattn.nn.LSTM(d, d, batch_first=True)
         self.head = torch.nn.Linear(d, vocab)
@@ -375,6 +403,7 @@ def _ddp_fsdp(rank, world, wrapper):
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
     from torch.nn.parallel import DistributedDataParallel
+
     tokens, targets = _data(world)
     torch.manual_seed(0)
     reference = _TinyModel().double()

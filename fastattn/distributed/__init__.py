@@ -12,6 +12,7 @@ launched the usual way (torchrun).
 Layouts: "zigzag" splits the sequence into 2W chunks and gives rank r chunks r and 2W-1-r
 (equal causal work per rank); "contiguous" gives rank r chunk r of W.
 """
+
 from __future__ import annotations
 
 from .context_parallel import context_parallel, current_context
@@ -19,5 +20,12 @@ from .ring_attention import ring_attention
 from .sequence import gather_sequence, shard_positions, shard_sequence
 from .ulysses_attention import ulysses_attention
 
-__all__ = ["shard_sequence", "gather_sequence", "shard_positions", "ring_attention",
-           "ulysses_attention", "context_parallel", "current_context"]
+__all__ = [
+    "shard_sequence",
+    "gather_sequence",
+    "shard_positions",
+    "ring_attention",
+    "ulysses_attention",
+    "context_parallel",
+    "current_context",
+]

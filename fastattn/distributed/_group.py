@@ -1,4 +1,5 @@
 """Process-group helpers and the layouts' chunk arithmetic, shared by the distributed ops."""
+
 from __future__ import annotations
 
 import torch
@@ -10,9 +11,11 @@ LAYOUTS = ("zigzag", "contiguous")
 def group_info(op: str, group) -> tuple[int, int]:
     """(rank in group, world size of group); a clear error without an initialised group."""
     if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(f"{op}: torch.distributed is not initialised; call "
-                           f"torch.distributed.init_process_group first (torchrun sets the "
-                           f"environment for it)")
+        raise RuntimeError(
+            f"{op}: torch.distributed is not initialised; call "
+            f"torch.distributed.init_process_group first (torchrun sets the "
+            f"environment for it)"
+        )
     return dist.get_rank(group), dist.get_world_size(group)
 
 
@@ -40,10 +43,15 @@ def check_full_length(op: str, name: str, length: int, layout: str, world: int) 
     """The chunk size of a full sequence of `length`; a clear error when it does not divide."""
     n = num_chunks(layout, world)
     if length % n != 0 or length == 0:
-        rule = (f"2 * world_size = {n} equal chunks (layout 'zigzag')" if layout == "zigzag"
-                else f"world_size = {n} equal chunks (layout 'contiguous')")
-        raise ValueError(f"{op}: {name} must be a positive multiple of {n}: the sequence is "
-                         f"split into {rule}, got {length}")
+        rule = (
+            f"2 * world_size = {n} equal chunks (layout 'zigzag')"
+            if layout == "zigzag"
+            else f"world_size = {n} equal chunks (layout 'contiguous')"
+        )
+        raise ValueError(
+            f"{op}: {name} must be a positive multiple of {n}: the sequence is "
+            f"split into {rule}, got {length}"
+        )
     return length // n
 
 
@@ -51,8 +59,12 @@ def check_local_length(op: str, name: str, length: int, layout: str, world: int)
     """The chunk size of a local shard of `length` (2 chunks for zigzag, 1 for contiguous)."""
     per_rank = 2 if layout == "zigzag" else 1
     if length % per_rank != 0 or length == 0:
-        rule = (f"a positive even number with layout 'zigzag' (each rank holds 2 of the "
-                f"2 * world_size = {2 * world} chunks)" if per_rank == 2 else "positive")
+        rule = (
+            f"a positive even number with layout 'zigzag' (each rank holds 2 of the "
+            f"2 * world_size = {2 * world} chunks)"
+            if per_rank == 2
+            else "positive"
+        )
         raise ValueError(f"{op}: {name} must be {rule}, got {length}")
     return length // per_rank
 
@@ -71,7 +83,7 @@ def check_same_across_ranks(op: str, group, device: torch.device, **shapes) -> N
         value = shapes[name]
         if isinstance(value, torch.dtype):
             value = (_DTYPES.index(value) if value in _DTYPES else -1,)
-        value = tuple(int(x) for x in value)[:width - 1]
+        value = tuple(int(x) for x in value)[: width - 1]
         flat.extend((len(value),) + value + (-1,) * (width - 1 - len(value)))
     widths = [width] * len(names)
     mine = torch.tensor(flat, dtype=torch.int64, device=device)
@@ -83,10 +95,12 @@ def check_same_across_ranks(op: str, group, device: torch.device, **shapes) -> N
         return
     offset = 0
     for name, width in zip(names, widths):
-        per_rank = [tuple(row[offset + 1:offset + 1 + row[offset]]) for row in rows]
+        per_rank = [tuple(row[offset + 1 : offset + 1 + row[offset]]) for row in rows]
         offset += width
         if len(set(per_rank)) > 1:
             if isinstance(shapes[name], torch.dtype):
                 per_rank = [str(_DTYPES[v[0]]) if v[0] >= 0 else "other" for v in per_rank]
-            raise ValueError(f"{op}: {name} must be the same on every rank of the group, got "
-                             f"{', '.join(f'rank {r}: {v}' for r, v in enumerate(per_rank))}")
+            raise ValueError(
+                f"{op}: {name} must be the same on every rank of the group, got "
+                f"{', '.join(f'rank {r}: {v}' for r, v in enumerate(per_rank))}"
+            )

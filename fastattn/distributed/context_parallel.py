@@ -6,6 +6,7 @@ shards of the sequence and computes self-attention over the whole sequence with
 ring_attention or ulysses_attention. The module asks `current_context()`; this file knows
 nothing of the module (modules call the distributed layer, not the reverse).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,25 +26,44 @@ _state = threading.local()
 @dataclass(frozen=True)
 class ContextParallel:
     """The active context: the group, the method ("ring" or "ulysses") and the layout."""
+
     group: object
     method: str
     layout: str
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal=False,
-                  key_padding_mask: torch.Tensor | None = None,
-                  dropout_p: float = 0.0) -> torch.Tensor:
+    def attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        causal=False,
+        key_padding_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+    ) -> torch.Tensor:
         """Self-attention of the shards q (B, H, L_local, D), k, v (B, H, L_local, Dv) over
         the whole sequence; key_padding_mask (B, L) bool on the full sequence ("ulysses"
         only). Returns (B, H, L_local, Dv)."""
         if self.method == "ring":
             if key_padding_mask is not None:
-                raise ValueError("context_parallel(method='ring'): key_padding_mask is not "
-                                 "supported by the ring; use method='ulysses' (a full-sequence "
-                                 "(B, L) key_padding_mask)")
-            return ring_attention(q, k, v, group=self.group, layout=self.layout, causal=causal,
-                                  dropout_p=dropout_p)
-        return ulysses_attention(q, k, v, group=self.group, layout=self.layout, causal=causal,
-                                 key_padding_mask=key_padding_mask, dropout_p=dropout_p)
+                raise ValueError(
+                    "context_parallel(method='ring'): key_padding_mask is not "
+                    "supported by the ring; use method='ulysses' (a full-sequence "
+                    "(B, L) key_padding_mask)"
+                )
+            return ring_attention(
+                q, k, v, group=self.group, layout=self.layout, causal=causal, dropout_p=dropout_p
+            )
+        return ulysses_attention(
+            q,
+            k,
+            v,
+            group=self.group,
+            layout=self.layout,
+            causal=causal,
+            key_padding_mask=key_padding_mask,
+            dropout_p=dropout_p,
+        )
 
 
 def current_context() -> ContextParallel | None:

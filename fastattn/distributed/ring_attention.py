@@ -33,6 +33,7 @@ blocks run fastattn's reference math (plain PyTorch, materialising each block's
 seed is drawn as `attention` draws it (torch's generator of q's device) on the group's first
 rank and broadcast.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,13 +42,23 @@ import torch
 import torch.distributed as dist
 
 from ..ops._common import dropout_seed
-from ..ops.attention import (attention_backward_canonical, attention_band, merge_attention,
-                             window_bounds)
+from ..ops.attention import (
+    attention_backward_canonical,
+    attention_band,
+    merge_attention,
+    window_bounds,
+)
 from ..reference import attention as ref
 from ..reference.attention import WINDOW_UNBOUNDED, compute_dtype, lse_dtype
 from ..reference.random import dropout_uniform
-from ._group import (check_layout, check_local_length, check_same_across_ranks, global_rank,
-                     group_info, rank_chunks)
+from ._group import (
+    check_layout,
+    check_local_length,
+    check_same_across_ranks,
+    global_rank,
+    group_info,
+    rank_chunks,
+)
 
 # Tests set this to a list to record the order of transfers and block computations.
 TRACE: list | None = None
@@ -61,8 +72,23 @@ def _trace(*event) -> None:
 class _Plan:
     """Everything about one call that every block needs."""
 
-    def __init__(self, group, rank, world, layout, c, lo, hi, scale, softcap, alibi, backend,
-                 acc_dtype, dropout_p: float = 0.0, seed: torch.Tensor | None = None):
+    def __init__(
+        self,
+        group,
+        rank,
+        world,
+        layout,
+        c,
+        lo,
+        hi,
+        scale,
+        softcap,
+        alibi,
+        backend,
+        acc_dtype,
+        dropout_p: float = 0.0,
+        seed: torch.Tensor | None = None,
+    ):
         self.group, self.rank, self.world, self.layout, self.c = group, rank, world, layout, c
         self.lo, self.hi, self.scale, self.softcap = lo, hi, scale, softcap
         self.alibi, self.backend, self.acc = alibi, backend, acc_dtype
@@ -123,13 +149,34 @@ def _block_forward(plan: _Plan, q, k, v, qi, ki):
     band, mask, alibi, row = spec
     if plan.dropout_p > 0.0:
         lo, hi, mask, alibi, row = _canonical_block(plan, q, k, spec)
-        out, lse = ref.attention(q, k, v, mask, None, alibi, plan.scale, plan.softcap, lo, hi,
-                                 plan.dropout_p, plan.seed, keep=_keep(plan, q, qi, ki))
+        out, lse = ref.attention(
+            q,
+            k,
+            v,
+            mask,
+            None,
+            alibi,
+            plan.scale,
+            plan.softcap,
+            lo,
+            hi,
+            plan.dropout_p,
+            plan.seed,
+            keep=_keep(plan, q, qi, ki),
+        )
         plan.chosen = "reference"
     else:
-        out, lse, _, chosen = attention_band(q, k, v, attn_mask=mask, alibi_slopes=alibi,
-                                             scale=plan.scale, softcap=plan.softcap, band=band,
-                                             backend=plan.backend)
+        out, lse, _, chosen = attention_band(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            alibi_slopes=alibi,
+            scale=plan.scale,
+            softcap=plan.softcap,
+            band=band,
+            backend=plan.backend,
+        )
         plan.chosen = chosen
     if row is not None:
         lse = lse + row.to(lse.dtype)
@@ -144,9 +191,25 @@ def _block_backward(plan: _Plan, q, k, v, out, lse, dout, dlse, qi, ki):
     if row is not None:
         lse = lse - row.to(lse.dtype)
     if plan.dropout_p > 0.0:
-        return ref.attention_backward(dout, dlse, q, k, v, out, lse, mask, None, alibi,
-                                      plan.scale, plan.softcap, lo, hi, plan.dropout_p,
-                                      plan.seed, keep=_keep(plan, q, qi, ki))
+        return ref.attention_backward(
+            dout,
+            dlse,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            mask,
+            None,
+            alibi,
+            plan.scale,
+            plan.softcap,
+            lo,
+            hi,
+            plan.dropout_p,
+            plan.seed,
+            keep=_keep(plan, q, qi, ki),
+        )
     args = (q, k, v, mask, None, alibi, plan.scale, plan.softcap, lo, hi, 0.0, None)
     return attention_backward_canonical(dout, dlse, out, lse, args, plan.chosen)
 
@@ -183,8 +246,7 @@ def _ring_forward(plan: _Plan, q, k, v):
             pending = _exchange(plan, kv, tag=1)
         _trace("compute", step)
         for slot, qi in enumerate(my_chunks):
-            for k_part, v_part, ki in zip(_split(kv[0], c), _split(kv[1], c),
-                                          plan.chunks(source)):
+            for k_part, v_part, ki in zip(_split(kv[0], c), _split(kv[1], c), plan.chunks(source)):
                 result = _block_forward(plan, q_parts[slot], k_part, v_part, qi, ki)
                 if result is None:
                     continue
@@ -193,8 +255,9 @@ def _ring_forward(plan: _Plan, q, k, v):
                 if acc_out[slot] is None:
                     acc_out[slot], acc_lse[slot] = out, lse
                 else:
-                    acc_out[slot], acc_lse[slot] = merge_attention([acc_out[slot], out],
-                                                                   [acc_lse[slot], lse])
+                    acc_out[slot], acc_lse[slot] = merge_attention(
+                        [acc_out[slot], out], [acc_lse[slot], lse]
+                    )
         if pending is not None:
             kv, requests = pending
             _wait(requests)
@@ -230,12 +293,21 @@ def _ring_backward(plan: _Plan, q, k, v, out, lse, dout, dlse):
         dv = torch.zeros(v.shape, dtype=plan.acc, device=v.device)
         dk_parts, dv_parts = _split(dk, c), _split(dv, c)
         for slot, qi in enumerate(my_chunks):
-            for kslot, (k_part, v_part, ki) in enumerate(zip(_split(kv[0], c), _split(kv[1], c),
-                                                             plan.chunks(source))):
-                grads = _block_backward(plan, q_parts[slot], k_part, v_part, out_parts[slot],
-                                        lse_parts[slot], dout_parts[slot],
-                                        None if dlse_parts is None else dlse_parts[slot],
-                                        qi, ki)
+            for kslot, (k_part, v_part, ki) in enumerate(
+                zip(_split(kv[0], c), _split(kv[1], c), plan.chunks(source))
+            ):
+                grads = _block_backward(
+                    plan,
+                    q_parts[slot],
+                    k_part,
+                    v_part,
+                    out_parts[slot],
+                    lse_parts[slot],
+                    dout_parts[slot],
+                    None if dlse_parts is None else dlse_parts[slot],
+                    qi,
+                    ki,
+                )
                 if grads is None:
                     continue
                 dq_parts[slot] += grads[0]
@@ -279,11 +351,22 @@ class _RingAttention(torch.autograd.Function):
         return dq, dk, dv, None
 
 
-def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=None,
-                   layout: str = "zigzag", causal=False, scale: float | None = None,
-                   softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
-                   window: tuple[int, int] | None = None, dropout_p: float = 0.0,
-                   return_lse: bool = False, backend: str | None = None):
+def ring_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    group=None,
+    layout: str = "zigzag",
+    causal=False,
+    scale: float | None = None,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    window: tuple[int, int] | None = None,
+    dropout_p: float = 0.0,
+    return_lse: bool = False,
+    backend: str | None = None,
+):
     """Self-attention over a sequence sharded across the ranks of `group` (ring attention).
 
     q: (B, Hq, L_local, D); k: (B, Hkv, L_local, D); v: (B, Hkv, L_local, Dv): this rank's
@@ -314,54 +397,85 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=N
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
     # First, before any check that could fail on some ranks only: the shapes of every rank
     # (a rank that raised alone would leave the others waiting in the ring).
-    check_same_across_ranks(op, group, q.device, **{"q's shape": tuple(q.shape),
-                                                     "k's shape": tuple(k.shape),
-                                                     "v's shape": tuple(v.shape),
-                                                     "q's dtype": q.dtype})
+    check_same_across_ranks(
+        op,
+        group,
+        q.device,
+        **{
+            "q's shape": tuple(q.shape),
+            "k's shape": tuple(k.shape),
+            "v's shape": tuple(v.shape),
+            "q's dtype": q.dtype,
+        },
+    )
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
-            raise ValueError(f"{op}: {name} must be 4-D (B, H, L_local, D), got shape "
-                             f"{tuple(t.shape)}")
+            raise ValueError(
+                f"{op}: {name} must be 4-D (B, H, L_local, D), got shape {tuple(t.shape)}"
+            )
     if not isinstance(dropout_p, (int, float)) or not 0.0 <= float(dropout_p) < 1.0:
         raise ValueError(f"{op}: dropout_p must be a float in [0, 1), got {dropout_p!r}")
     dropout_p = float(dropout_p)
     if dropout_p > 0.0 and backend not in (None, "reference"):
-        raise ValueError(f"{op}: with dropout_p > 0 the blocks run the reference math (the "
-                         f"fused kernels number their dropout stream by block-local rows and "
-                         f"columns, not the whole sequence's); backend must be None or "
-                         f"'reference', got {backend!r}")
+        raise ValueError(
+            f"{op}: with dropout_p > 0 the blocks run the reference math (the "
+            f"fused kernels number their dropout stream by block-local rows and "
+            f"columns, not the whole sequence's); backend must be None or "
+            f"'reference', got {backend!r}"
+        )
     if q.shape[2] != k.shape[2] or k.shape[2] != v.shape[2]:
-        raise ValueError(f"{op}: q, k and v must be shards of the same sequence "
-                         f"(self-attention), got lengths {q.shape[2]}, {k.shape[2]} and "
-                         f"{v.shape[2]}")
+        raise ValueError(
+            f"{op}: q, k and v must be shards of the same sequence "
+            f"(self-attention), got lengths {q.shape[2]}, {k.shape[2]} and "
+            f"{v.shape[2]}"
+        )
     if q.dtype != k.dtype or k.dtype != v.dtype:
-        raise TypeError(f"{op}: q, k and v must have the same dtype, got {q.dtype}, {k.dtype}, "
-                        f"{v.dtype}")
-    if k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0] or k.shape[1] != v.shape[1] \
-            or k.shape[1] == 0 or q.shape[1] % k.shape[1] or k.shape[3] != q.shape[3]:
-        raise ValueError(f"{op}: shapes must be q (B, Hq, L, D), k (B, Hkv, L, D), v (B, Hkv, "
-                         f"L, Dv) with Hq a multiple of Hkv, got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+        raise TypeError(
+            f"{op}: q, k and v must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
+    if (
+        k.shape[0] != q.shape[0]
+        or v.shape[0] != q.shape[0]
+        or k.shape[1] != v.shape[1]
+        or k.shape[1] == 0
+        or q.shape[1] % k.shape[1]
+        or k.shape[3] != q.shape[3]
+    ):
+        raise ValueError(
+            f"{op}: shapes must be q (B, Hq, L, D), k (B, Hkv, L, D), v (B, Hkv, "
+            f"L, Dv) with Hq a multiple of Hkv, got {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
     Ll = q.shape[2]
     c = check_local_length(op, "L_local (q.shape[2])", Ll, layout, world)
     if layout == "contiguous":
         c = Ll
     if causal not in (False, True, "top_left", "bottom_right"):
-        raise ValueError(f"{op}: causal must be False, True, 'top_left' or 'bottom_right', got "
-                         f"{causal!r}")
-    if window is not None and (not isinstance(window, (tuple, list)) or len(window) != 2
-                               or not all(isinstance(w, int) and w >= -1 for w in window)):
-        raise ValueError(f"{op}: window must be None or (left, right) ints >= -1 "
-                         f"(-1 = unbounded), got {window!r}")
+        raise ValueError(
+            f"{op}: causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}"
+        )
+    if window is not None and (
+        not isinstance(window, (tuple, list))
+        or len(window) != 2
+        or not all(isinstance(w, int) and w >= -1 for w in window)
+    ):
+        raise ValueError(
+            f"{op}: window must be None or (left, right) ints >= -1 "
+            f"(-1 = unbounded), got {window!r}"
+        )
     B, Hq = q.shape[0], q.shape[1]
     alibi = None
     if alibi_slopes is not None:
         if alibi_slopes.requires_grad and torch.is_grad_enabled():
-            raise ValueError(f"{op}: alibi_slopes gets no gradient here; pass a tensor that "
-                             f"does not require grad (alibi_slopes.detach())")
+            raise ValueError(
+                f"{op}: alibi_slopes gets no gradient here; pass a tensor that "
+                f"does not require grad (alibi_slopes.detach())"
+            )
         if tuple(alibi_slopes.shape) not in ((Hq,), (B, Hq)):
-            raise ValueError(f"{op}: alibi_slopes must be (Hq,) = ({Hq},) or (B, Hq) = "
-                             f"({B}, {Hq}), got {tuple(alibi_slopes.shape)}")
+            raise ValueError(
+                f"{op}: alibi_slopes must be (Hq,) = ({Hq},) or (B, Hq) = "
+                f"({B}, {Hq}), got {tuple(alibi_slopes.shape)}"
+            )
         alibi = alibi_slopes.to(device=q.device, dtype=torch.float32).expand(B, Hq)
     L = Ll * world
     lo, hi = window_bounds(causal, window, L, L)
@@ -372,7 +486,21 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=N
         # Drawn as attention() draws it, then rank 0's for everyone (one mask for the call).
         seed = dropout_seed(dropout_p, q.device)
         dist.broadcast(seed, src=global_rank(group, 0), group=group)
-    plan = _Plan(group, rank, world, layout, c, lo, hi, float(scale), float(softcap), alibi,
-                 backend, compute_dtype(q.dtype), dropout_p, seed)
+    plan = _Plan(
+        group,
+        rank,
+        world,
+        layout,
+        c,
+        lo,
+        hi,
+        float(scale),
+        float(softcap),
+        alibi,
+        backend,
+        compute_dtype(q.dtype),
+        dropout_p,
+        seed,
+    )
     out, lse = _RingAttention.apply(q, k, v, plan)
     return (out, lse) if return_lse else out

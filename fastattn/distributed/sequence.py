@@ -1,16 +1,25 @@
 """Sharding a sequence over the ranks of a group: shard_sequence, gather_sequence,
 shard_positions."""
+
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from ._group import (check_full_length, check_layout, check_local_length,
-                     check_same_across_ranks, group_info, num_chunks, rank_chunks)
+from ._group import (
+    check_full_length,
+    check_layout,
+    check_local_length,
+    check_same_across_ranks,
+    group_info,
+    num_chunks,
+    rank_chunks,
+)
 
 
-def shard_sequence(x: torch.Tensor, *, dim: int, group=None,
-                   layout: str = "zigzag") -> torch.Tensor:
+def shard_sequence(
+    x: torch.Tensor, *, dim: int, group=None, layout: str = "zigzag"
+) -> torch.Tensor:
     """This rank's shard of the full sequence `x` (the same x on every rank).
 
     x: any tensor whose dimension `dim` is the sequence, of length L divisible into 2W
@@ -26,8 +35,7 @@ def shard_sequence(x: torch.Tensor, *, dim: int, group=None,
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{op}: x must be a torch.Tensor, got {type(x).__name__}")
     dim = dim % x.dim() if x.dim() else dim
-    c = check_full_length(op, f"x.shape[{dim}] (the sequence length)", x.shape[dim], layout,
-                          world)
+    c = check_full_length(op, f"x.shape[{dim}] (the sequence length)", x.shape[dim], layout, world)
     parts = [x.narrow(dim, i * c, c) for i in rank_chunks(layout, world, rank)]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
 
@@ -59,12 +67,19 @@ class _GatherSequence(torch.autograd.Function):
         dist.all_reduce(grad, group=group)
         c = grad.shape[dim] // num_chunks(layout, world)
         parts = [grad.narrow(dim, i * c, c) for i in rank_chunks(layout, world, rank)]
-        return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)), None, None, None, \
-            None, None
+        return (
+            (parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)),
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
-def gather_sequence(x_local: torch.Tensor, *, dim: int, group=None,
-                    layout: str = "zigzag") -> torch.Tensor:
+def gather_sequence(
+    x_local: torch.Tensor, *, dim: int, group=None, layout: str = "zigzag"
+) -> torch.Tensor:
     """The full sequence from every rank's shard (the inverse of `shard_sequence`).
 
     x_local: this rank's shard, dimension `dim` of length L/W (even for "zigzag"); every rank's
@@ -80,15 +95,21 @@ def gather_sequence(x_local: torch.Tensor, *, dim: int, group=None,
     if not isinstance(x_local, torch.Tensor):
         raise TypeError(f"{op}: x_local must be a torch.Tensor, got {type(x_local).__name__}")
     # First the shapes of every rank (a rank raising alone would leave the others waiting).
-    check_same_across_ranks(op, group, x_local.device, **{"x_local's shape": x_local.shape},
-                            **{"x_local's dtype": x_local.dtype})
+    check_same_across_ranks(
+        op,
+        group,
+        x_local.device,
+        **{"x_local's shape": x_local.shape},
+        **{"x_local's dtype": x_local.dtype},
+    )
     dim = dim % x_local.dim()
     check_local_length(op, f"x_local.shape[{dim}]", x_local.shape[dim], layout, world)
     return _GatherSequence.apply(x_local, dim, group, layout, rank, world)
 
 
-def shard_positions(seq_len: int, *, group=None, layout: str = "zigzag",
-                    device: torch.device | str | None = None) -> torch.Tensor:
+def shard_positions(
+    seq_len: int, *, group=None, layout: str = "zigzag", device: torch.device | str | None = None
+) -> torch.Tensor:
     """int64 (seq_len / W,) global positions of this rank's rows, in the order of its shard
     (what shard_sequence(torch.arange(seq_len), dim=0) gives): feed them to positional
     encodings (apply_rotary's position_ids, a learned table's index)."""
@@ -96,5 +117,9 @@ def shard_positions(seq_len: int, *, group=None, layout: str = "zigzag",
     rank, world = group_info(op, group)
     check_layout(op, layout)
     c = check_full_length(op, "seq_len", int(seq_len), layout, world)
-    return torch.cat([torch.arange(i * c, (i + 1) * c, dtype=torch.int64, device=device)
-                      for i in rank_chunks(layout, world, rank)])
+    return torch.cat(
+        [
+            torch.arange(i * c, (i + 1) * c, dtype=torch.int64, device=device)
+            for i in rank_chunks(layout, world, rank)
+        ]
+    )

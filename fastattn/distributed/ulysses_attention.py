@@ -3,14 +3,21 @@ turns the sequence shards of all heads into whole sequences of a 1/W share of th
 ordinary fastattn.attention call runs on them with every keyword, and a second all-to-all
 turns the result back into sequence shards. Communication: 4 all-to-alls of a shard's q, k, v
 and out (each moves (W-1)/W of the shard), independent of W per token; heads limit W."""
+
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
 from ..ops.attention import attention
-from ._group import (check_layout, check_local_length, check_same_across_ranks, group_info,
-                     num_chunks, rank_chunks)
+from ._group import (
+    check_layout,
+    check_local_length,
+    check_same_across_ranks,
+    group_info,
+    num_chunks,
+    rank_chunks,
+)
 
 
 def _seq_to_heads(x: torch.Tensor, group, layout: str, world: int) -> torch.Tensor:
@@ -36,8 +43,12 @@ def _heads_to_seq(y: torch.Tensor, group, layout: str, world: int) -> torch.Tens
     """(B, H/W, L, D) -> (B, H, L_local, D): the inverse of _seq_to_heads."""
     B, hw, L, D = y.shape
     c = L // num_chunks(layout, world)
-    send = torch.stack([torch.cat([y.narrow(2, i * c, c) for i in rank_chunks(layout, world, r)],
-                                  dim=2) for r in range(world)]).contiguous()
+    send = torch.stack(
+        [
+            torch.cat([y.narrow(2, i * c, c) for i in rank_chunks(layout, world, r)], dim=2)
+            for r in range(world)
+        ]
+    ).contiguous()
     recv = torch.empty_like(send)  # (W, B, hw, L_local, D); recv[g] = head group g
     dist.all_to_all_single(recv, send, group=group)
     return recv.permute(1, 0, 2, 3, 4).reshape(B, hw * world, recv.shape[3], D)
@@ -78,8 +89,15 @@ def _head_slice(op, name, t, rank, world, Hq, B):
     return t
 
 
-def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=None,
-                      layout: str = "zigzag", **attention_kwargs):
+def ulysses_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    group=None,
+    layout: str = "zigzag",
+    **attention_kwargs,
+):
     """Self-attention over a sequence sharded across the ranks of `group`, by all-to-all.
 
     q: (B, Hq, L_local, D); k: (B, Hkv, L_local, D); v: (B, Hkv, L_local, Dv): this rank's
@@ -102,23 +120,35 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, grou
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    check_same_across_ranks(op, group, q.device, **{"q's shape": tuple(q.shape),
-                                                     "k's shape": tuple(k.shape),
-                                                     "v's shape": tuple(v.shape),
-                                                     "q's dtype": q.dtype})
+    check_same_across_ranks(
+        op,
+        group,
+        q.device,
+        **{
+            "q's shape": tuple(q.shape),
+            "k's shape": tuple(k.shape),
+            "v's shape": tuple(v.shape),
+            "q's dtype": q.dtype,
+        },
+    )
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
-            raise ValueError(f"{op}: {name} must be 4-D (B, H, L_local, D), got shape "
-                             f"{tuple(t.shape)}")
+            raise ValueError(
+                f"{op}: {name} must be 4-D (B, H, L_local, D), got shape {tuple(t.shape)}"
+            )
     B, Hq, Ll, _ = q.shape
     Hkv = k.shape[1]
     if Hq % world or Hkv % world:
-        raise ValueError(f"{op}: the heads of q ({Hq}) and of k/v ({Hkv}) must be divisible "
-                         f"by the group's world size ({world}): each rank attends to 1/W of "
-                         f"them")
+        raise ValueError(
+            f"{op}: the heads of q ({Hq}) and of k/v ({Hkv}) must be divisible "
+            f"by the group's world size ({world}): each rank attends to 1/W of "
+            f"them"
+        )
     if not (k.shape[2] == v.shape[2] == Ll):
-        raise ValueError(f"{op}: q, k and v must be shards of the same sequence "
-                         f"(self-attention), got lengths {Ll}, {k.shape[2]} and {v.shape[2]}")
+        raise ValueError(
+            f"{op}: q, k and v must be shards of the same sequence "
+            f"(self-attention), got lengths {Ll}, {k.shape[2]} and {v.shape[2]}"
+        )
     check_local_length(op, "L_local (q.shape[2])", Ll, layout, world)
     return_lse = attention_kwargs.pop("return_lse", False)
     kwargs = dict(attention_kwargs)
