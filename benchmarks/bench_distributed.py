@@ -326,6 +326,14 @@ def main(argv=None) -> int:
         path = Path(args.csv)
         path.parent.mkdir(parents=True, exist_ok=True)
         new = not path.exists()
+        if not new:
+            with path.open() as f:
+                header = f.readline().strip().split(",")
+            if header != FIELDS:
+                raise SystemExit(
+                    f"{path} has the columns {header}, not this version's {FIELDS}; "
+                    f"pass another --csv"
+                )
         with path.open("a", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=FIELDS)
             if new:
