@@ -272,6 +272,28 @@ def _mha_context_parallel(rank, world):
         with pytest.raises(ValueError, match="attn_mask is only accepted as the causal mask"):
             mha(local, local, local, attn_mask=torch.zeros(L, L), need_weights=False)
     assert fd.current_context() is None
+    # A swapped torch model: nn.TransformerEncoderLayer (its MultiheadAttention swapped) on
+    # sequence shards, causal over the whole sequence, against the same layer on one process.
+    torch.manual_seed(2)
+    layer = torch.nn.TransformerEncoderLayer(
+        E, H, dim_feedforward=24, dropout=0.0, batch_first=True, dtype=torch.float64
+    )
+    fastattn.swap_modules(layer)
+    x = torch.randn(N, L, E, dtype=torch.float64)
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(L, dtype=torch.float64)
+    ref = layer(x, src_mask=mask, is_causal=True)
+    ref.square().sum().backward()
+    ref_grads = {n: p.grad.clone() for n, p in layer.named_parameters()}
+    layer.zero_grad()
+    local = fd.shard_sequence(x, dim=1)
+    with fd.context_parallel(method="ring"):
+        out = layer(local, src_mask=mask, is_causal=True)
+    _close("swapped encoder layer out", out, fd.shard_sequence(ref, dim=1))
+    out.square().sum().backward()
+    for n, p in layer.named_parameters():
+        grad = p.grad.clone()
+        dist.all_reduce(grad)
+        _close(f"swapped encoder layer grad {n}", grad, ref_grads[n])
 
 
 @pytest.mark.parametrize("world", [2])
