@@ -43,14 +43,13 @@ import torch.distributed as dist
 
 from ..ops._common import dropout_seed
 from ..ops.attention import (
+    WINDOW_UNBOUNDED,
     attention_backward_canonical,
     attention_band,
+    dropout_keep,
     merge_attention,
     window_bounds,
 )
-from ..reference import attention as ref
-from ..reference.attention import WINDOW_UNBOUNDED, compute_dtype, lse_dtype
-from ..reference.random import dropout_uniform
 from ._group import (
     check_layout,
     check_local_length,
@@ -122,23 +121,15 @@ class _Plan:
 
 def _keep(plan: _Plan, q, qi, ki):
     """The dropout keep-mask (B, Hq, c, c) of the block (qi, ki), numbered as the one-process
-    call numbers the whole (L, L) matrix."""
+    call numbers the whole (L, L) matrix; None without dropout."""
+    if plan.dropout_p <= 0.0:
+        return None
     B, Hq, c = q.shape[0], q.shape[1], plan.c
     L = c * (2 * plan.world if plan.layout == "zigzag" else plan.world)
     i = torch.arange(qi * c, (qi + 1) * c, device=q.device).view(1, 1, c, 1)
     j = torch.arange(ki * c, (ki + 1) * c, device=q.device).view(1, 1, 1, c)
     bh = torch.arange(B * Hq, device=q.device).view(B, Hq, 1, 1)
-    return dropout_uniform(plan.seed, (bh * L + i) * L + j) >= plan.dropout_p
-
-
-def _canonical_block(plan: _Plan, q, k, spec):
-    (lo, hi), mask, alibi, row = spec
-    B, Hq, Lq, _ = q.shape
-    if mask is not None:
-        mask = mask.expand(B, Hq, Lq, k.shape[2])
-    if alibi is not None:
-        alibi = alibi.expand(B, Hq)
-    return lo, hi, mask, alibi, row
+    return dropout_keep(plan.seed, (bh * L + i) * L + j, plan.dropout_p)
 
 
 def _block_forward(plan: _Plan, q, k, v, qi, ki):
@@ -147,37 +138,21 @@ def _block_forward(plan: _Plan, q, k, v, qi, ki):
         return None
     _trace("block", qi, ki)
     band, mask, alibi, row = spec
-    if plan.dropout_p > 0.0:
-        lo, hi, mask, alibi, row = _canonical_block(plan, q, k, spec)
-        out, lse = ref.attention(
-            q,
-            k,
-            v,
-            mask,
-            None,
-            alibi,
-            plan.scale,
-            plan.softcap,
-            lo,
-            hi,
-            plan.dropout_p,
-            plan.seed,
-            keep=_keep(plan, q, qi, ki),
-        )
-        plan.chosen = "reference"
-    else:
-        out, lse, _, chosen = attention_band(
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            alibi_slopes=alibi,
-            scale=plan.scale,
-            softcap=plan.softcap,
-            band=band,
-            backend=plan.backend,
-        )
-        plan.chosen = chosen
+    out, lse, _, chosen = attention_band(
+        q,
+        k,
+        v,
+        attn_mask=mask,
+        alibi_slopes=alibi,
+        scale=plan.scale,
+        softcap=plan.softcap,
+        band=band,
+        backend=plan.backend,
+        dropout_p=plan.dropout_p,
+        seed=plan.seed,
+        keep=_keep(plan, q, qi, ki),
+    )
+    plan.chosen = chosen
     if row is not None:
         lse = lse + row.to(lse.dtype)
     return out, lse
@@ -187,31 +162,18 @@ def _block_backward(plan: _Plan, q, k, v, out, lse, dout, dlse, qi, ki):
     spec = plan.block(qi, ki)
     if spec is None:
         return None
-    lo, hi, mask, alibi, row = _canonical_block(plan, q, k, spec)
+    (lo, hi), mask, alibi, row = spec
+    B, Hq, Lq, _ = q.shape
+    if mask is not None:  # the canonical arguments attention_band gave the forward's block
+        mask = mask.expand(B, Hq, Lq, k.shape[2])
+    if alibi is not None:
+        alibi = alibi.expand(B, Hq)
     if row is not None:
         lse = lse - row.to(lse.dtype)
-    if plan.dropout_p > 0.0:
-        return ref.attention_backward(
-            dout,
-            dlse,
-            q,
-            k,
-            v,
-            out,
-            lse,
-            mask,
-            None,
-            alibi,
-            plan.scale,
-            plan.softcap,
-            lo,
-            hi,
-            plan.dropout_p,
-            plan.seed,
-            keep=_keep(plan, q, qi, ki),
-        )
-    args = (q, k, v, mask, None, alibi, plan.scale, plan.softcap, lo, hi, 0.0, None)
-    return attention_backward_canonical(dout, dlse, out, lse, args, plan.chosen)
+    args = (q, k, v, mask, None, alibi, plan.scale, plan.softcap, lo, hi, plan.dropout_p, plan.seed)
+    return attention_backward_canonical(
+        dout, dlse, out, lse, args, plan.chosen, keep=_keep(plan, q, qi, ki)
+    )
 
 
 def _exchange(plan: _Plan, tensors: list[torch.Tensor], tag: int):
@@ -266,7 +228,7 @@ def _ring_forward(plan: _Plan, q, k, v):
     for slot in range(len(q_parts)):  # a window always holds the diagonal, but be total
         if acc_out[slot] is None:
             acc_out[slot] = q.new_zeros((B, Hq, c, v.shape[3]), dtype=plan.acc)
-            acc_lse[slot] = q.new_full((B, Hq, c), float("-inf"), dtype=lse_dtype(q.dtype))
+            acc_lse[slot] = q.new_full((B, Hq, c), float("-inf"), dtype=plan.acc)
     out = torch.cat(acc_out, dim=2).to(q.dtype)
     lse = torch.cat(acc_lse, dim=2)
     return out, lse
@@ -498,7 +460,7 @@ def ring_attention(
         float(softcap),
         alibi,
         backend,
-        compute_dtype(q.dtype),
+        torch.float64 if q.dtype == torch.float64 else torch.float32,  # accumulators, lse
         dropout_p,
         seed,
     )

@@ -21,6 +21,7 @@ import torch
 from .. import _backend, _native
 from ..reference import attention as ref
 from ..reference.attention import WINDOW_UNBOUNDED, check_seqlen
+from ..reference.random import dropout_uniform
 from ._common import (backward_through_reference, check_dropout, check_same_device,
                       check_tensor, dropout_seed)
 
@@ -220,7 +221,7 @@ def attention_band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                    scale: float | None = None, alibi_slopes: torch.Tensor | None = None,
                    window: tuple[int, int] | None = None, softcap: float = 0.0,
                    backend: str | None = None, seed: torch.Tensor | None = None,
-                   band: tuple[int, int] | None = None):
+                   band: tuple[int, int] | None = None, keep: torch.Tensor | None = None):
     """`attention_canonical` that also returns the backend that ran: (out, lse, args, backend).
 
     band: (window_lo, window_hi) given directly instead of `causal` and `window` (which must
@@ -229,9 +230,18 @@ def attention_band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         sequence (context parallelism, fastattn.distributed) use it to place a global causal
         mask or window on a block whose queries and keys start at different positions; the
         public `window` cannot express a band that excludes the diagonal's own side.
-    `attention_backward_canonical(..., args, backend)` runs the matching backward.
+    keep: an explicit dropout keep-mask (B, Hq, Lq, Lk) bool, for blocks of a longer matrix
+        whose Philox numbering is the whole matrix's (`dropout_keep`); only the reference
+        backend takes one (the kernels number a call's own elements), so backend must be None
+        or "reference" and is then "reference".
+    `attention_backward_canonical(..., args, backend, keep=keep)` runs the matching backward.
     """
     op = "attention"
+    if keep is not None:
+        if backend not in (None, "reference"):
+            raise ValueError(f"{op}: an explicit dropout keep-mask runs on the reference "
+                             f"backend only, got backend={backend!r}")
+        backend = "reference"
     q, k, v = _check_inputs(op, q, k, v)
     B, Hq, Lq, D = q.shape
     Lk = k.shape[2]
@@ -279,7 +289,7 @@ def attention_band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         seed = dropout_seed(p, q.device)
     args = (q, k, v, mask, padding, alibi, scale, softcap, window_lo, window_hi, p, seed)
     if chosen == "reference":
-        out, lse = ref.attention(*args)
+        out, lse = ref.attention(*args, keep=keep)
     else:
         out, lse = _op("attention_forward", chosen)(*args)
     _backend._record(op, chosen)
@@ -288,14 +298,15 @@ def attention_band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 
 def attention_backward_canonical(grad_out: torch.Tensor, grad_lse: torch.Tensor | None,
                                  out: torch.Tensor, lse: torch.Tensor, args: tuple,
-                                 backend: str) -> tuple[torch.Tensor, torch.Tensor,
-                                                        torch.Tensor]:
+                                 backend: str, keep: torch.Tensor | None = None
+                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FlashAttention's backward for one block of a longer row: (dq, dk, dv) of the canonical
     call `args` (from `attention_band`) given the row's final out (B, Hq, Lq, Dv) in q's dtype
     and lse (B, Hq, Lq) in lse's dtype, possibly merged over other key blocks. The
     probabilities are exp(s - lse) and the row term rowsum(grad_out * out) - grad_lse, so the
     gradients are the block's share of the gradients of the merged attention (ring attention's
-    backward). No autograd graph is built (first-order only)."""
+    backward). keep: the forward's explicit dropout keep-mask (reference backend). No autograd
+    graph is built (first-order only)."""
     (q, k, v, mask, padding, alibi, scale, softcap, window_lo, window_hi, p, seed) = args
     if grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
@@ -306,10 +317,18 @@ def attention_backward_canonical(grad_out: torch.Tensor, grad_lse: torch.Tensor 
         grad_lse = grad_lse.contiguous()
     if backend == "reference":
         return ref.attention_backward(grad_out, grad_lse, q, k, v, out, lse, mask, padding,
-                                      alibi, scale, softcap, window_lo, window_hi, p, seed)
+                                      alibi, scale, softcap, window_lo, window_hi, p, seed,
+                                      keep=keep)
     return _op("attention_backward", backend)(
         grad_out, grad_lse, q, k, v, out, lse, mask, padding, alibi, scale, softcap, window_lo,
         window_hi, p, seed, True)
+
+
+def dropout_keep(seed: torch.Tensor, element: torch.Tensor, p: float) -> torch.Tensor:
+    """fastattn's dropout decisions (True = keep) for logical element indices `element` (int64,
+    any shape) of the stream keyed by `seed` (int64 (2,), as the ops draw it): a call numbers
+    element ((b*Hq + h)*Lq + i)*Lk + j. For blocks of a longer matrix numbered as the whole."""
+    return dropout_uniform(seed, element) >= p
 
 
 def merge_attention(outs: Sequence[torch.Tensor],
