@@ -8,7 +8,9 @@ once by tensors allocated during one call above what was held before it:
 - CUDA: torch.cuda.max_memory_allocated() after reset_peak_memory_stats();
 - CPU: a torch.profiler run with profile_memory=True; every allocation event carries the
   allocator's running total (`total_allocated`), whose maximum minus the total before the
-  first allocation is the peak. (tracemalloc does not see torch's allocator.)
+  first allocation is the peak. (tracemalloc does not see torch's allocator.) The profiler
+  library's console log lines (profiler_start/stop, a GPU query that fails without a GPU) are
+  held back (common.without_profiler_logs); anything else written meanwhile still shows.
 The peaks are in the case names ("peak MiB fastattn / eager") and in summary().
 
 Shapes: the issue's B=32, Lq=Lk=400, A=128 (quick profile on CPU: B=4, the straightforward
@@ -23,7 +25,7 @@ import functools
 import torch
 
 import fastattn
-from common import Case, fastattn_backends, relative_error
+from common import Case, fastattn_backends, relative_error, without_profiler_logs
 
 EAGER = "torch eager (straightforward)"
 COMPILE = "torch.compile (straightforward)"
@@ -47,7 +49,8 @@ def cpu_peak_bytes(fn) -> int:
     """Peak bytes held by allocations made during fn() (torch.profiler memory events)."""
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with without_profiler_logs(), profile(activities=[ProfilerActivity.CPU],
+                                          profile_memory=True) as prof:
         fn()
     allocations = []
 

@@ -29,7 +29,8 @@ def test_run_case_checks_times_and_ranks():
                    "slow": _sleeper(0.008, calls, "slow", 1.0),
                    "wrong": _sleeper(0.001, calls, "wrong", 2.0),
                    "broken": lambda: (_ for _ in ()).throw(RuntimeError("no kernel\nmore"))},
-        reference="slow", baselines=("slow",), check=common.relative_error, flops=1e6)
+        reference="slow", baselines=("slow",), check=common.relative_error, flops=1e6,
+        judged=("fast", "wrong", "broken"))
     rows = {r["provider"]: r for r in common.run_case(case, CPU, min_time=0.05)}
     assert list(rows) == ["fast", "slow", "wrong", "broken"]  # the providers' order
     assert rows["wrong"]["status"].startswith("FAIL")
@@ -62,3 +63,93 @@ def test_measure_interleaved_rotates_and_drops_a_provider_that_raises():
     # the order rotates: "b" runs first in some round
     blocks = [calls[i] for i in range(len(calls)) if i == 0 or calls[i] != calls[i - 1]]
     assert any(blocks[i] == "b" and blocks[i + 1] == "a" for i in range(len(blocks) - 1))
+
+
+def test_a_baseline_over_the_tolerance_is_timed_with_a_note_not_failed():
+    """The accuracy rule judges fastattn's providers; a PyTorch baseline's own error is shown."""
+    case = common.Case(
+        op="toy", name="n=1",
+        providers={"fastattn:cpu": lambda: torch.tensor([1.0]),
+                   "reference": lambda: torch.tensor([1.0]),
+                   "eager": lambda: torch.tensor([1.5])},
+        reference="reference", baselines=("reference", "eager"), check=common.relative_error,
+        tolerance=1e-3)
+    rows = {r["provider"]: r for r in common.run_case(case, CPU, min_time=0.0)}
+    assert rows["eager"]["status"] == "ok" and "median_ms" in rows["eager"]
+    assert rows["eager"]["note"].startswith("baseline, not judged: error 5.00e-01 > 1.0e-03")
+    assert rows["eager"]["judged"] is False and rows["fastattn:cpu"]["judged"] is True
+    assert "note" not in rows["fastattn:cpu"]
+
+
+def test_ground_truth_checks_follow_flashattentions_rule():
+    """With a ground truth, a judged provider may be `factor` times as far from it as the
+    reference provider (per output tensor), plus the tolerance as a floor."""
+    truth = (torch.tensor([1.0]), torch.tensor([10.0]))
+
+    def case(fast_outputs):
+        return common.Case(
+            op="toy", name="n=1",
+            providers={"fastattn": lambda: fast_outputs,
+                       "torch": lambda: (torch.tensor([1.1]), torch.tensor([10.0]))},
+            reference="torch", baselines=("torch",), check=common.relative_error,
+            ground_truth=lambda: truth, factor=2.0, tolerance=1e-6)
+
+    within = (torch.tensor([1.15]), torch.tensor([10.0]))  # 0.15 <= 2 x 0.1
+    rows = {r["provider"]: r for r in common.run_case(case(within), CPU, min_time=0.0)}
+    assert rows["fastattn"]["status"] == "ok"
+    assert rows["fastattn"]["error"] == pytest.approx(0.15)
+    assert rows["torch"]["note"].startswith("own error 1.0e-01")
+    # the second tensor: torch is exact there, so fastattn may be off by the floor only
+    over = (torch.tensor([1.0]), torch.tensor([10.001]))
+    rows = {r["provider"]: r for r in common.run_case(case(over), CPU, min_time=0.0)}
+    assert rows["fastattn"]["status"].startswith("FAIL (error 1.00e-04 (output 1) > 2 x torch")
+    assert "median_ms" not in rows["fastattn"]
+
+
+def test_csv_with_an_older_header_is_rewritten_with_the_current_columns(tmp_path):
+    path = tmp_path / "cpu.csv"
+    path.write_text("time,op,provider,status\n2026-01-01T00:00:00,toy,a,ok\n")
+    common.append_csv(path, [{"op": "toy", "provider": "b", "status": "ok", "note": "n"}],
+                      {"time": "2026-01-02T00:00:00"})
+    import csv
+    rows = list(csv.DictReader(path.open()))
+    assert list(rows[0]) == common.CSV_FIELDS
+    assert [(r["time"][:10], r["provider"], r["note"]) for r in rows] == [
+        ("2026-01-01", "a", ""), ("2026-01-02", "b", "n")]
+
+
+def test_profiler_log_lines_are_dropped_and_other_stderr_output_kept(capfd):
+    import os
+    with common.without_profiler_logs():
+        os.write(2, b"USDT:2026-11-26 13:47:23 22126:22126 SyncActivityProfilerHandler.cpp:39]"
+                    b" profiler_start\n")
+        os.write(2, b"ERROR:2026-11-26 13:47:23 22126:22126 DeviceProperties.cpp:56] "
+                    b"gpuGetDeviceCount failed with code 35\n")
+        os.write(2, b"a warning of our own\n")
+    assert capfd.readouterr().err == "a warning of our own\n"
+
+
+def test_run_finds_the_checkout_and_prints_progress_summary_and_plots(tmp_path):
+    """`python benchmarks/run.py` from a source checkout that is not installed (here: the
+    editable install's import hook removed, run from another directory, no PYTHONPATH) imports
+    the checkout's fastattn, shows progress per case, a summary per op family, and writes plots
+    whose paths it prints."""
+    import os
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    script = (
+        "import runpy, sys\n"
+        "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f)]\n"
+        "sys.path[:] = [p for p in sys.path if p not in ('', '.')]\n"
+        f"sys.argv = ['run.py', '--ops', 'decoding', '--device', 'cpu', '--min-time', '0.01',"
+        f" '--csv', {str(tmp_path / 'cpu.csv')!r}]\n"
+        f"runpy.run_path({str(root / 'benchmarks' / 'run.py')!r}, run_name='__main__')\n")
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"fastattn from {root / 'fastattn'}" in out.stdout.splitlines()[0]
+    assert "[op 1/1 decoding] case 1/" in out.stderr  # plain progress lines (no terminal)
+    assert "summary (" in out.stdout and "op family" in out.stdout
+    plots = [line.strip() for line in out.stdout.splitlines() if line.strip().endswith(".png")]
+    assert plots and all(Path(p).exists() for p in plots)

@@ -1,7 +1,8 @@
 """Whole-model tests: torch models and their fastattn versions give the same outputs, gradients
 and training curves, and their checkpoints load into each other.
 
-Four models, built here at small sizes:
+Four models (defined once in benchmarks/model_definitions.py, shared with
+benchmarks/bench_models.py), built here at small sizes:
 - "transformer": a post-norm nn.Transformer encoder-decoder with sinusoidal positions, padded
   source and target batches, a causal target mask (fastattn version: swap_modules);
 - "gpt": a GPT-style pre-norm decoder (nn.TransformerEncoder with causal masks) with learned
@@ -21,25 +22,25 @@ from __future__ import annotations
 
 import copy
 import io
-import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import fastattn
 import fastattn.nn as fnn
 from tolerance import assert_fa_close, rounding_floor
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import model_definitions as models  # noqa: E402  (benchmarks/model_definitions.py)
+
 pytestmark = [pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors"),
-              pytest.mark.filterwarnings("ignore:enable_nested_tensor is True"),
-              # float causal mask + bool padding mask, as PyTorch's own tutorials write them
-              pytest.mark.filterwarnings("ignore:Support for mismatched")]
+              pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")]
 
 F64 = torch.float64
-VOCAB, TAGS, PAD = 41, 7, 0
+VOCAB, TAGS, PAD = 41, 7, models.PAD
 HAS_LSTM = hasattr(fnn, "LSTM")
 HAS_LSTM_CELL = hasattr(fnn, "LSTMCell")
 
@@ -54,144 +55,19 @@ def _one_thread():
 
 
 # ---------------------------------------------------------------------------------------------
-# The models, as users write them with torch.nn
+# The models (benchmarks/model_definitions.py, shared with the benchmarks), at the tests' sizes
 
 
-def sinusoid_table(length: int, d: int) -> torch.Tensor:
-    position = torch.arange(length, dtype=F64).unsqueeze(1)
-    div = torch.exp(torch.arange(0, d, 2, dtype=F64) * (-math.log(10000.0) / d))
-    pe = torch.zeros(length, d, dtype=F64)
-    pe[:, 0::2] = torch.sin(position * div)
-    pe[:, 1::2] = torch.cos(position * div)
-    return pe
-
-
-class TransformerSeq2Seq(nn.Module):
-    def __init__(self, d=32, heads=4, layers=2, ff=48, dropout=0.0):
-        super().__init__()
-        self.d = d
-        self.src_emb = nn.Embedding(VOCAB, d, padding_idx=PAD)
-        self.tgt_emb = nn.Embedding(VOCAB, d, padding_idx=PAD)
-        self.register_buffer("pe", sinusoid_table(64, d).float(), persistent=False)
-        self.transformer = nn.Transformer(d, heads, layers, layers, ff, dropout,
-                                          batch_first=True, norm_first=False)
-        self.out = nn.Linear(d, VOCAB)
-
-    def forward(self, src, tgt_in):
-        src_pad, tgt_pad = src == PAD, tgt_in == PAD
-        x = self.src_emb(src) * math.sqrt(self.d) + self.pe[: src.shape[1]].to(self.out.weight)
-        y = self.tgt_emb(tgt_in) * math.sqrt(self.d) \
-            + self.pe[: tgt_in.shape[1]].to(self.out.weight)
-        causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.shape[1],
-                                                                dtype=x.dtype)
-        h = self.transformer(x, y, tgt_mask=causal, src_key_padding_mask=src_pad,
-                             tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=src_pad,
-                             tgt_is_causal=True)
-        return self.out(h)
-
-
-class GPTDecoder(nn.Module):
-    def __init__(self, d=32, heads=4, layers=2, ff=64, max_len=32, dropout=0.0):
-        super().__init__()
-        self.tok = nn.Embedding(VOCAB, d)
-        self.pos = nn.Embedding(max_len, d)
-        layer = nn.TransformerEncoderLayer(d, heads, ff, dropout, activation="gelu",
-                                           batch_first=True, norm_first=True)
-        self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-        self.norm = nn.LayerNorm(d)
-        self.head = nn.Linear(d, VOCAB, bias=False)
-
-    def forward(self, tokens):
-        L = tokens.shape[1]
-        x = self.tok(tokens) + self.pos(torch.arange(L, device=tokens.device))
-        causal = nn.Transformer.generate_square_subsequent_mask(L, dtype=x.dtype)
-        h = self.blocks(x, mask=causal, src_key_padding_mask=tokens == PAD, is_causal=True)
-        return self.head(self.norm(h))
-
-
-class LSTMTagger(nn.Module):
-    def __init__(self, d=16, hidden=20, dropout=0.0):
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, d, padding_idx=PAD)
-        self.lstm = nn.LSTM(d, hidden, num_layers=2, bidirectional=True, batch_first=True,
-                            dropout=dropout)
-        self.out = nn.Linear(2 * hidden, TAGS)
-
-    def forward(self, tokens):
-        lengths = (tokens != PAD).sum(1)
-        packed = pack_padded_sequence(self.emb(tokens), lengths.cpu(), batch_first=True,
-                                      enforce_sorted=False)
-        out, _ = self.lstm(packed)
-        out, _ = pad_packed_sequence(out, batch_first=True, total_length=tokens.shape[1])
-        return self.out(out)
-
-
-class StraightforwardAdditive(nn.Module):
-    """Bahdanau attention as tutorials write it (the full (B, Lk, A) tanh per step), with
-    fastattn.nn.AdditiveAttention's parameter names."""
-
-    def __init__(self, query_dim, key_dim, attn_dim):
-        super().__init__()
-        self.query_proj = nn.Linear(query_dim, attn_dim, bias=False)
-        self.key_proj = nn.Linear(key_dim, attn_dim)
-        self.v = nn.Parameter(torch.empty(attn_dim).uniform_(-attn_dim ** -0.5,
-                                                             attn_dim ** -0.5))
-
-    def forward(self, query, keys, values=None, key_padding_mask=None, need_weights=False):
-        values = keys if values is None else values
-        e = torch.tanh(self.query_proj(query).unsqueeze(1) + self.key_proj(keys)) @ self.v
-        e = e.masked_fill(key_padding_mask, float("-inf"))
-        w = torch.softmax(e, dim=-1)
-        ctx = torch.bmm(w.unsqueeze(1), values).squeeze(1)
-        return (ctx, w) if need_weights else ctx
-
-
-class LSTMSeq2Seq(nn.Module):
-    def __init__(self, d=16, hidden=24, attn=20):
-        super().__init__()
-        self.hidden = hidden
-        self.src_emb = nn.Embedding(VOCAB, d, padding_idx=PAD)
-        self.tgt_emb = nn.Embedding(VOCAB, d, padding_idx=PAD)
-        self.encoder = nn.LSTM(d, hidden, batch_first=True)
-        self.decoder = nn.LSTMCell(d + hidden, hidden)
-        self.attn = StraightforwardAdditive(hidden, hidden, attn)
-        self.out = nn.Linear(2 * hidden, VOCAB)
-
-    def forward(self, src, tgt_in):
-        src_pad = src == PAD
-        lengths = (~src_pad).sum(1)
-        packed = pack_padded_sequence(self.src_emb(src), lengths.cpu(), batch_first=True,
-                                      enforce_sorted=False)
-        enc, (h, c) = self.encoder(packed)
-        enc, _ = pad_packed_sequence(enc, batch_first=True, total_length=src.shape[1])
-        h, c = h[0], c[0]
-        ctx = torch.zeros_like(h)
-        logits = []
-        for t in range(tgt_in.shape[1]):  # teacher forcing, input feeding
-            h, c = self.decoder(torch.cat([self.tgt_emb(tgt_in[:, t]), ctx], -1), (h, c))
-            ctx = self.attn(h, enc, key_padding_mask=src_pad)
-            logits.append(self.out(torch.cat([h, ctx], -1)))
-        return torch.stack(logits, 1)
-
-
-def to_fastattn(name: str, model: nn.Module) -> nn.Module:
-    """The fastattn version of a model, in place (same Parameter objects)."""
-    if name == "seq2seq-attention-only":
-        fastattn.swap_modules(model, lstm=False)
-    else:
-        fastattn.swap_modules(model)
-    if name.startswith("seq2seq"):
-        old = model.attn
-        new = fnn.AdditiveAttention(old.query_proj.in_features, old.key_proj.in_features,
-                                    old.v.shape[0])
-        new.query_proj, new.key_proj, new.v = old.query_proj, old.key_proj, old.v
-        model.attn = new
-    return model
-
-
-MODELS = {"transformer": TransformerSeq2Seq, "gpt": GPTDecoder, "tagger": LSTMTagger,
-          "seq2seq": LSTMSeq2Seq, "seq2seq-attention-only": LSTMSeq2Seq}
-NEEDS_LSTM = {"tagger", "seq2seq"}
+MODELS = {
+    "transformer": lambda: models.TransformerSeq2Seq(VOCAB, d=32, heads=4, layers=2, ff=48,
+                                                     max_len=64),
+    "gpt": lambda: models.GPTDecoder(VOCAB, d=32, heads=4, layers=2, ff=64, max_len=32),
+    "tagger": lambda: models.LSTMTagger(VOCAB, d=16, hidden=20, tags=TAGS),
+    "seq2seq": lambda: models.LSTMSeq2Seq(VOCAB, d=16, hidden=24, attn=20),
+    "seq2seq-attention-only": lambda: models.LSTMSeq2Seq(VOCAB, d=16, hidden=24, attn=20),
+}
+NEEDS_LSTM = models.NEEDS_LSTM
+to_fastattn = models.to_fastattn
 
 
 def require(name: str) -> None:
