@@ -113,8 +113,12 @@ unset FASTATTN_TRITON_AUTOTUNE FASTATTN_SLOW
 
 if [[ " $STAGES " == *" bench "* ]]; then
   run bench "$(share 15 600)" "$OUT/bench.log" $PY benchmarks/run.py \
-    --profile "${GPU_SUITE_PROFILE:-quick}" --device cuda --csv "$OUT/gpu.csv" || status=1
-  timeout 60 $PY benchmarks/plot.py "$OUT/gpu.csv" "$OUT" > "$OUT/plot.log" 2>&1 || true
+    --profile "${GPU_SUITE_PROFILE:-quick}" --device cuda --csv "$OUT/gpu.csv" \
+    --plots "$OUT/plots" || status=1
+  # run.py plots at its end; a run cut off before then still gets plots of the rows it wrote
+  [[ -e "$OUT/plots/summary.png" ]] ||
+    timeout 60 $PY benchmarks/plot.py "$OUT/gpu.csv" "$OUT/plots" > "$OUT/plot.log" 2>&1 || true
   grep -E "speedup|fastattn:|FAIL|ERROR" "$OUT/bench.log" | head -n 80
+  sed -n '/^summary (/,/^rows appended/p' "$OUT/bench.log"
 fi
 exit $status

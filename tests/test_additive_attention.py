@@ -322,6 +322,77 @@ def test_module_state_dict_round_trip():
     torch.testing.assert_close(a(q, k), b(q, k), rtol=0, atol=0)
 
 
+def _decode(module, keys, mask, steps=4, backward_each_step=False):
+    """A teacher-forced decoder's calls: one query per step, the same keys every step."""
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(keys.shape[0], module.query_dim, dtype=keys.dtype, generator=g)
+    contexts = []
+    for t in range(steps):
+        context = module(h * (t + 1), keys, key_padding_mask=mask)
+        if backward_each_step:
+            context.square().sum().backward()
+        contexts.append(context)
+    return contexts
+
+
+def test_module_reuses_the_key_projection_across_decoder_steps():
+    """A decoder step after step with the same keys projects them once; the outputs and
+    gradients are those of projecting at every step (float64)."""
+    from fastattn.nn import additive_attention as module_file
+    torch.manual_seed(0)
+    module = AdditiveAttention(8, 6, 5).double()
+    keys = torch.randn(3, 7, 6, dtype=F64, requires_grad=True)
+    mask = torch.zeros(3, 7, dtype=torch.bool)
+    mask[1, 4:] = True
+    mask[2] = True  # a row without keys
+    params = [keys, *module.parameters()]
+    calls = []
+    original = module.project_keys
+    module.project_keys = lambda k: calls.append(1) or original(k)
+    contexts = _decode(module, keys, mask)
+    assert len(calls) == 1
+    grads = torch.autograd.grad(sum(c.square().sum() for c in contexts), params)
+    module_file._KEY_PROJECTIONS.clear()
+    module.project_keys = original
+    expected = []
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(3, 8, dtype=F64, generator=g)
+    for t in range(4):
+        expected.append(module(h * (t + 1), keys, key_padding_mask=mask,
+                               projected_keys=module.project_keys(keys)))
+    expected_grads = torch.autograd.grad(sum(c.square().sum() for c in expected), params)
+    for got, want in zip(contexts + list(grads), expected + list(expected_grads)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+
+
+def test_module_projects_anew_when_the_reused_projection_is_no_longer_valid():
+    """New keys, keys or weights changed in place, a backward that freed the graph (a backward
+    after every step), or no_grad after grad mode: the keys are projected again."""
+    torch.manual_seed(0)
+    module = AdditiveAttention(8, 6, 5).double()
+    mask = torch.zeros(3, 7, dtype=torch.bool)
+    keys = torch.randn(3, 7, 6, dtype=F64)
+    calls = []
+    original = module.project_keys
+    module.project_keys = lambda k: calls.append(1) or original(k)
+    _decode(module, keys, mask, backward_each_step=True)  # no retain_graph: must not fail
+    assert len(calls) == 4
+    with torch.no_grad():
+        calls.clear()
+        _decode(module, keys, mask)
+        assert len(calls) == 1  # no graph: reused while keys live
+        keys.add_(1.0)
+        _decode(module, keys, mask, steps=1)
+        module.key_proj.weight.mul_(0.5)
+        _decode(module, keys, mask, steps=1)
+        _decode(module, keys.clone(), mask, steps=1)
+        assert len(calls) == 4
+    reference = module(torch.ones(3, 8, dtype=F64), keys, key_padding_mask=mask,
+                       projected_keys=original(keys))
+    torch.testing.assert_close(module(torch.ones(3, 8, dtype=F64), keys, key_padding_mask=mask),
+                               reference, rtol=0, atol=0)
+
+
 def test_module_rejects_wrong_value_features():
     module = AdditiveAttention(6, 5, 8, value_dim=3)
     with pytest.raises(ValueError, match="values"):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 from torch import nn
@@ -19,6 +20,11 @@ class AdditiveAttention(nn.Module):
     values (B, Lk, value_dim) (default keys), key_padding_mask (B, Lk) bool (True = ignore),
     projected_keys: project_keys(keys), reused across decoder steps.
     Returns the context, or (context, weights) with need_weights.
+
+    A decoder calls forward once per step with the same keys (the encoder states): without
+    projected_keys, the key projection of the previous call is reused while it is still valid
+    (see _reusable_key_projection), so a decoder written for torch's straightforward module
+    projects its keys once per sequence instead of once per step, forward and backward.
     """
 
     def __init__(self, query_dim: int, key_dim: int, attn_dim: int, *,
@@ -43,11 +49,67 @@ class AdditiveAttention(nn.Module):
         if values is not None and values.shape[-1] != self.value_dim:
             raise ValueError(f"AdditiveAttention: values must have {self.value_dim} features, "
                              f"got shape {tuple(values.shape)}")
+        if projected_keys is None and not torch.compiler.is_compiling():
+            projected_keys = self._reusable_key_projection(keys)
         return additive_attention(query, keys, values, w_query=self.query_proj.weight,
                                   w_keys=self.key_proj.weight, v=self.v, bias=self.key_proj.bias,
                                   key_padding_mask=key_padding_mask, return_weights=need_weights,
                                   projected_keys=projected_keys)
 
+    def _reusable_key_projection(self, keys: torch.Tensor) -> torch.Tensor | None:
+        """project_keys(keys), reused from this module's previous call when that call had the
+        same keys tensor, neither keys nor key_proj's parameters have changed since (same
+        tensors, same version counters) and the grad / inference / autocast modes are the
+        same. A projection that is part of an autograd graph is held weakly: once the graph
+        that saved it is gone (a backward without retain_graph frees it), it is projected
+        anew, so a backward after each step still works. None (the op projects) for inputs
+        project_keys would refuse."""
+        if not isinstance(keys, torch.Tensor) or keys.dim() != 3:
+            return None
+        weight, bias = self.key_proj.weight, self.key_proj.bias
+        state = (keys._version, id(weight), weight._version, id(bias),
+                 None if bias is None else bias._version, torch.is_grad_enabled(),
+                 torch.is_inference_mode_enabled(),
+                 torch.is_autocast_enabled(keys.device.type))
+        entry = _KEY_PROJECTIONS.get(self)
+        if entry is not None:
+            keys_ref, projection_ref, saved_state = entry
+            projection = projection_ref()
+            # ids compared while keys (checked first) and the parameters are alive
+            if projection is not None and keys_ref() is keys and saved_state == state:
+                return projection
+        projection = self.project_keys(keys)
+        if projection.requires_grad:  # the graph keeps it alive while it can be used
+            projection_ref = weakref.ref(projection)
+        else:
+            projection_ref = _StrongRef(projection)
+            # a projection without a graph is held until its keys are freed
+            weakref.finalize(keys, _forget_projection, weakref.ref(self), projection_ref)
+        _KEY_PROJECTIONS[self] = (weakref.ref(keys), projection_ref, state)
+        return projection
+
     def extra_repr(self) -> str:
         return (f"query_dim={self.query_dim}, key_dim={self.key_dim}, attn_dim={self.attn_dim}, "
                 f"value_dim={self.value_dim}")
+
+
+# AdditiveAttention -> (weakref to keys, reference to their projection, the state it was
+# made in); outside the modules, so that copying or pickling a module never sees it.
+_KEY_PROJECTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class _StrongRef:
+    """weakref.ref's interface over a strong reference."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __call__(self):
+        return self.value
+
+
+def _forget_projection(module_ref, projection_ref) -> None:
+    module = module_ref()
+    entry = _KEY_PROJECTIONS.get(module) if module is not None else None
+    if entry is not None and entry[1] is projection_ref:
+        del _KEY_PROJECTIONS[module]
