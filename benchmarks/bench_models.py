@@ -25,11 +25,18 @@ import warnings
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from common import Case, relative_error
-from model_definitions import (PAD, GPTDecoder, LSTMSeq2Seq, LSTMTagger, TransformerSeq2Seq,
-                               has_lstm, no_dropout, to_fastattn)
+from model_definitions import (
+    PAD,
+    GPTDecoder,
+    LSTMSeq2Seq,
+    LSTMTagger,
+    TransformerSeq2Seq,
+    has_lstm,
+    no_dropout,
+    to_fastattn,
+)
+from torch import nn
 
 # FlashAttention's rule: fastattn's error <= FACTOR x torch's error (same dtype) + FLOOR.
 FACTOR = {"train": 3.0, "eval": 2.0}  # gradients 3x, as the tests' rule (tests/tolerance.py)

@@ -112,7 +112,7 @@ def plot_run(csv_path: Path, out_dir: Path, targets: dict[str, float] | None = N
                                  squeeze=False)
         labels = [c if len(c) <= 48 else c[:45] + "..." for c in cases]
 
-        def bars(ax, names, key):
+        def bars(ax, names, key, cases=cases, value=value, labels=labels):
             width = 0.8 / max(len(names), 1)
             for k, provider in enumerate(names):
                 values = [_float(value.get((c, provider), {}), key) or 0.0 for c in cases]

@@ -28,10 +28,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from tolerance import assert_fa_close, rounding_floor
 
 import fastattn
 import fastattn.nn as fnn
-from tolerance import assert_fa_close, rounding_floor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import model_definitions as models  # noqa: E402  (benchmarks/model_definitions.py)
