@@ -153,3 +153,25 @@ def test_run_finds_the_checkout_and_prints_progress_summary_and_plots(tmp_path):
     assert "summary (" in out.stdout and "op family" in out.stdout
     plots = [line.strip() for line in out.stdout.splitlines() if line.strip().endswith(".png")]
     assert plots and all(Path(p).exists() for p in plots)
+
+
+def test_progress_draws_a_bar_on_a_terminal_and_plain_lines_otherwise():
+    import io
+
+    import run
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    progress = run.Progress(2, stream=terminal)
+    progress.case(1, "attention", 3, 4, "attention fwd b=8")
+    progress.clear()
+    text = terminal.getvalue()
+    assert text.startswith("\r\033[K[op 1/2 attention] case 3/4 [##########..........]")
+    assert text.endswith("\r\033[K")
+    log = io.StringIO()
+    run.Progress(2, stream=log).case(2, "lstm", 1, 5, "lstm fwd T=100")
+    assert log.getvalue().startswith("[op 2/2 lstm] case 1/5, 5 left in this op, 0s elapsed:")
+    assert log.getvalue().count("\n") == 1
