@@ -1,0 +1,377 @@
+"""The multi-layer driver shared by the GRU and Elman RNN ops (fastattn/ops/gru.py, rnn.py):
+argument checks with torch's wording, backend choice, one layer op per layer, and the
+autograd and fake implementations of the layer ops.
+
+Both families have one hidden state and G gate blocks per weight matrix (GRU: G = 3, gates
+r, z, n; RNN: G = 1); their layer ops share one signature, the last argument before
+save_workspace being the cell's variant (`reset_after` for the GRU, `nonlinearity` for the
+RNN), and one engine per backend (csrc/lstm/lstm_cpu_kernel.cpp on the CPU, generic over the
+cell). Op contract, with X = gru or rnn and "variant" that argument:
+
+fastattn::X_layer(Tensor input, Tensor h0, Tensor w_ih, Tensor w_hh, Tensor? b_ih,
+                  Tensor? b_hh, Tensor? lengths, float dropout_p, Tensor? seed, variant,
+                  bool save_workspace) -> (Tensor output, Tensor h_n, Tensor workspace)
+    One layer with D = 1 or 2 directions (direction 1 runs backwards in time): input (T, B, I)
+    time-major, unit last stride; h0 (D, B, H); w_ih (D, G H, I); w_hh (D, G H, H); b_ih, b_hh
+    (D, G H) (both or none); lengths int64 (B,) in [0, T] or None; dropout_p in [0, 1) with
+    seed int64 (2,) when > 0 (applied to the layer's input, fastattn's Philox stream, as
+    lstm_layer). output (T, B, D H) (0 past a sequence's end), h_n (D, B, H), contiguous,
+    storage dtype. workspace (D, T * B * W * H) in the compute type when save_workspace, else
+    (0,); W = 5 for the GRU, 2 for the RNN; its layout is private to the backend.
+fastattn::X_layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor input, Tensor h0,
+                           Tensor w_ih, Tensor w_hh, Tensor? lengths, Tensor workspace,
+                           float dropout_p, Tensor? seed, variant, bool has_bias,
+                           bool input_grad, bool weight_grad)
+    -> (grad_input (T, B, I), grad_h0 (D, B, H), grad_w_ih (D, G H, I), grad_w_hh (D, G H, H),
+        grad_b_ih (D, G H), grad_b_hh (D, G H)), storage dtype, contiguous. grad_input is (0,)
+    unless input_grad; the weight and bias grads are (0,) unless weight_grad (and has_bias).
+    The two bias gradients differ for the reset-after GRU (b_hn sits inside r * (.)).
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from .. import _backend, _native
+from ._common import (FLOAT_DTYPES, backward_through_reference, device_check_range,
+                      device_checks_enabled, dropout_seed, host_checks_enabled)
+
+# Workspace columns per (row, hidden unit) of one direction, per family.
+WORKSPACE_WIDTH = {"gru": 5, "rnn": 2}
+GATES = {"gru": 3, "rnn": 1}
+
+
+def has_op(name: str, dispatch_key: str | None = None) -> bool:
+    try:
+        getattr(torch.ops.fastattn, name)
+    except (AttributeError, RuntimeError):
+        return False
+    return dispatch_key is None or torch._C._dispatch_has_kernel_for_dispatch_key(
+        f"fastattn::{name}", dispatch_key)
+
+
+_reason_cache: dict[tuple[str, str, bool], str] = {}
+
+
+@torch.compiler.assume_constant_result
+def limit_reason(family: str, backend: str, float64: bool) -> str:
+    """Why `backend` cannot run the `family` ("gru" or "rnn") layer ops ("" when it can)."""
+    key = (family, backend, float64)
+    if key not in _reason_cache:
+        reason = ""
+        upper = family.upper()
+        if backend in ("cpu", "cuda"):
+            dispatch_key = backend.upper()
+            if _native.C is None or not has_op(f"{family}_layer", dispatch_key):
+                reason = f"fastattn._C has no {dispatch_key} {upper} kernel in this build"
+        elif backend == "triton":
+            if not has_op(f"{family}_layer_triton"):
+                reason = f"fastattn has no Triton {upper} kernel (fastattn/triton)"
+            elif float64:
+                reason = "the triton backend does not take float64"
+        _reason_cache[key] = reason
+    return _reason_cache[key]
+
+
+def unsupported_backends(family: str, dtype: torch.dtype = torch.float32) -> dict[str, str]:
+    """Backend -> why it cannot run the `family` ops on `dtype` here; the others can."""
+    limits = {}
+    for name in ("cuda", "triton", "cpu"):
+        reason = limit_reason(family, name, dtype == torch.float64)
+        if reason:
+            limits[name] = reason
+    return limits
+
+
+def check_float(op: str, name: str, t, dtype: torch.dtype | None = None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{op}: {name} must be float32, float64, float16 or bfloat16, got "
+                        f"{t.dtype}")
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"{op}: {name} must have the input's dtype {dtype}, got {t.dtype}")
+
+
+def check_cell_args(op: str, G: int, input, hx, w_ih, w_hh, b_ih, b_hh):
+    """The checks of gru_cell / rnn_cell (torch.nn.GRUCell's wording for the states).
+    Returns (x (B, I), h (B, H), batched)."""
+    check_float(op, "input", input)
+    if input.dim() not in (1, 2):
+        raise ValueError(f"{op}: input must be (B, I) or unbatched (I,), got shape "
+                         f"{tuple(input.shape)}")
+    for name, t in (("hx", hx), ("w_ih", w_ih), ("w_hh", w_hh), ("b_ih", b_ih),
+                    ("b_hh", b_hh)):
+        if t is not None:
+            check_float(op, name, t, input.dtype)
+            if t.device != input.device:
+                raise ValueError(f"{op}: {name} must be on the same device as input "
+                                 f"({input.device}), got {t.device}")
+    if (b_ih is None) != (b_hh is None):
+        raise ValueError(f"{op}: b_ih and b_hh must be given together")
+    if w_hh.dim() != 2 or w_hh.shape[0] != G * w_hh.shape[1] or w_hh.shape[1] == 0:
+        raise ValueError(f"{op}: w_hh must be ({G}H, H), got shape {tuple(w_hh.shape)}")
+    H = w_hh.shape[1]
+    batched = input.dim() == 2
+    x = input if batched else input.unsqueeze(0)
+    if hx is None:
+        h = x.new_zeros((x.shape[0], H))
+    else:
+        if hx.dim() != input.dim():
+            raise ValueError(f"{op}: hx must be {input.dim()}-D like input, got shape "
+                             f"{tuple(hx.shape)}")
+        h = hx if batched else hx.unsqueeze(0)
+    B, I = x.shape
+    if tuple(w_ih.shape) != (G * H, I):
+        raise ValueError(f"{op}: w_ih must have shape {(G * H, I)} (input size {I}), got "
+                         f"{tuple(w_ih.shape)}")
+    if h.shape[0] != B:
+        raise ValueError(f"{op}: Input batch size {B} doesn't match hidden0 batch size "
+                         f"{h.shape[0]}")
+    if h.shape[1] != H:
+        raise ValueError(f"{op}: hidden0 has inconsistent hidden_size: got {h.shape[1]}, "
+                         f"expected {H}")
+    for name, b in (("b_ih", b_ih), ("b_hh", b_hh)):
+        if b is not None and tuple(b.shape) != (G * H,):
+            raise ValueError(f"{op}: {name} must have shape {(G * H,)}, got {tuple(b.shape)}")
+    return x, h, batched
+
+
+def split_weights(op: str, family: str, weights: Sequence[torch.Tensor], num_layers: int,
+                  D: int) -> tuple[list[list[torch.Tensor]], bool]:
+    """weights in nn.GRU's / nn.RNN's _flat_weights order -> per (layer, direction) lists,
+    has_bias."""
+    if not isinstance(weights, (list, tuple)):
+        raise TypeError(f"{op}: weights must be a list or tuple of tensors (nn.{family.upper()}"
+                        f"'s _flat_weights order), got {type(weights).__name__}")
+    groups = num_layers * D
+    per, rest = divmod(len(weights), groups)
+    if rest or per not in (2, 4):
+        raise ValueError(f"{op}: expected {2 * groups} or {4 * groups} weight tensors for "
+                         f"num_layers={num_layers}, "
+                         f"{'bidirectional' if D == 2 else 'unidirectional'} (w_ih, w_hh[, b_ih, "
+                         f"b_hh] per layer and direction), got {len(weights)}")
+    return [list(weights[g * per:(g + 1) * per]) for g in range(groups)], per == 4
+
+
+def check_lengths(op: str, lengths, B: int, T: int, device: torch.device):
+    if lengths is None:
+        return None
+    if not isinstance(lengths, torch.Tensor) or lengths.dtype.is_floating_point or \
+            lengths.dtype.is_complex or lengths.dtype == torch.bool:
+        raise TypeError(f"{op}: lengths must be an integer tensor, got "
+                        f"{getattr(lengths, 'dtype', type(lengths).__name__)}")
+    if lengths.dim() > 1 or lengths.numel() != B:
+        raise ValueError(f"{op}: lengths must have shape ({B},) (the batch size), got "
+                         f"{tuple(lengths.shape)}")
+    lengths = lengths.reshape(B)
+    on_host = host_checks_enabled(lengths)
+    if B > 0 and on_host:
+        lo, hi = (int(v) for v in torch.aminmax(lengths))
+        if lo < 0 or hi > T:
+            raise ValueError(f"{op}: lengths must be in [0, T] = [0, {T}], got values from "
+                             f"{lo} to {hi}")
+    lengths = lengths.to(device=device, dtype=torch.int64)
+    if not on_host and device_checks_enabled(lengths):
+        device_check_range(op, lengths, 0, T, f"lengths must be in [0, T] = [0, {T}]")
+    return lengths
+
+
+def layer_op(family: str, backend: str):
+    name = f"{family}_layer"
+    return getattr(torch.ops.fastattn, name + "_triton" if backend == "triton" else name)
+
+
+def run_layers(op: str, family: str, input, hx, weights, *, num_layers, bidirectional,
+               batch_first, dropout, training, lengths, backend, variant,
+               reference_layer: Callable):
+    """The multi-layer GRU / RNN over whole sequences (see fastattn.gru for the arguments)."""
+    G = GATES[family]
+    check_float(op, "input", input)
+    if input.dim() not in (2, 3):
+        raise ValueError(f"{op}: input must be 3-D ({'B, T' if batch_first else 'T, B'}, I) or "
+                         f"unbatched 2-D (T, I), got {input.dim()}-D")
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+        raise ValueError(f"{op}: num_layers must be an int >= 1, got {num_layers!r}")
+    if (isinstance(dropout, bool) or not isinstance(dropout, (int, float))
+            or not 0.0 <= dropout <= 1.0):
+        raise ValueError(f"{op}: dropout must be a number in [0, 1], got {dropout!r}")
+    D = 2 if bidirectional else 1
+    groups, has_bias = split_weights(op, family, weights, num_layers, D)
+    dtype, device = input.dtype, input.device
+    w_hh0 = groups[0][1]
+    check_float(op, "weights[1] (w_hh of layer 0)", w_hh0, dtype)
+    if w_hh0.dim() != 2 or w_hh0.shape[0] == 0 or w_hh0.shape[0] != G * w_hh0.shape[1]:
+        raise ValueError(f"{op}: w_hh must be ({G} * hidden_size, hidden_size), got "
+                         f"{tuple(w_hh0.shape)}")
+    H = w_hh0.shape[1]
+    names = ["w_ih", "w_hh"] + (["b_ih", "b_hh"] if has_bias else [])
+    batched = input.dim() == 3
+    x = input if batched else input.unsqueeze(1)
+    if batched and batch_first:
+        x = x.transpose(0, 1)
+    T, B, I = x.shape
+    for g, group in enumerate(groups):
+        layer, direction = divmod(g, D)
+        shapes = {"w_ih": (G * H, I if layer == 0 else D * H), "w_hh": (G * H, H),
+                  "b_ih": (G * H,), "b_hh": (G * H,)}
+        for name, w in zip(names, group):
+            label = f"{name} of layer {layer}{' (reverse)' if direction else ''}"
+            check_float(op, label, w, dtype)
+            if tuple(w.shape) != shapes[name]:
+                if name == "w_ih" and layer == 0 and w.dim() == 2 and w.shape[0] == G * H:
+                    raise ValueError(f"{op}: input.size(-1) must be equal to input_size. "
+                                     f"Expected {w.shape[1]}, got {I}")
+                raise ValueError(f"{op}: {label} must have shape {shapes[name]}, got "
+                                 f"{tuple(w.shape)}")
+            if w.device != device:
+                raise ValueError(f"{op}: Input and parameter tensors are not at the same "
+                                 f"device, found input tensor at {device} and parameter "
+                                 f"tensor ({label}) at {w.device}")
+    L = num_layers * D
+    if hx is None:
+        h0 = x.new_zeros((L, B, H))
+    else:
+        check_float(op, "hx", hx, dtype)
+        if hx.device != device:
+            raise ValueError(f"{op}: Input and hidden tensors are not at the same device, "
+                             f"found input tensor at {device} and hidden tensor at "
+                             f"{hx.device}")
+        if batched and hx.dim() != 3:
+            raise ValueError(f"{op}: For batched 3-D input, hx should also be 3-D but got "
+                             f"{hx.dim()}-D tensor")
+        if not batched and hx.dim() != 2:
+            raise ValueError(f"{op}: For unbatched 2-D input, hx should also be 2-D but got "
+                             f"{hx.dim()}-D tensor")
+        h0 = hx if batched else hx.unsqueeze(1)
+        if tuple(h0.shape) != (L, B, H):
+            raise ValueError(f"{op}: Expected hidden size {(L, B, H)}, got {list(h0.shape)}")
+    lengths = check_lengths(op, lengths, B, T, device)
+    p = float(dropout) if training and num_layers > 1 else 0.0
+    chosen = _backend.select_backend(op, device, backend,
+                                     limits=unsupported_backends(family, dtype))
+    h_n = []
+    for layer in range(num_layers):
+        per_dir = groups[layer * D:(layer + 1) * D]
+
+        def stacked(i: int) -> torch.Tensor:
+            ws = [group[i] for group in per_dir]
+            return ws[0].unsqueeze(0) if D == 1 else torch.stack(ws)
+
+        w_ih, w_hh = stacked(0), stacked(1)
+        b_ih, b_hh = (stacked(2), stacked(3)) if has_bias else (None, None)
+        p_layer = p if layer > 0 else 0.0
+        if p_layer >= 1.0:
+            x, p_layer = torch.zeros_like(x), 0.0
+        seed = dropout_seed(p_layer, device)
+        args = (x, h0[layer * D:(layer + 1) * D], w_ih, w_hh, b_ih, b_hh, lengths, p_layer,
+                seed, variant)
+        if chosen == "reference":
+            x, hl = reference_layer(*args)
+        else:
+            save = torch.is_grad_enabled() and any(
+                t is not None and t.requires_grad for t in args[:6])
+            x, hl, _ = layer_op(family, chosen)(*args, save)
+        h_n.append(hl)
+    _backend._record(op, chosen)
+    h_n = torch.cat(h_n) if num_layers > 1 else h_n[0]
+    if not batched:
+        return x[:, 0], h_n[:, 0]
+    return (x.transpose(0, 1) if batch_first else x), h_n
+
+
+def run_cell(op: str, family: str, input, hx, w_ih, w_hh, b_ih, b_hh, *, backend, variant,
+             reference_cell: Callable):
+    """One step of the GRU / RNN cell: the layer op with T = 1 and one direction."""
+    G = GATES[family]
+    x, h, batched = check_cell_args(op, G, input, hx, w_ih, w_hh, b_ih, b_hh)
+    chosen = _backend.select_backend(op, x.device, backend,
+                                     limits=unsupported_backends(family, x.dtype))
+    if chosen == "reference":
+        hy = reference_cell(x, h, w_ih, w_hh, b_ih, b_hh, variant)
+    else:
+        ws = [None if w is None else w.unsqueeze(0) for w in (w_ih, w_hh, b_ih, b_hh)]
+        args = (x.unsqueeze(0), h.unsqueeze(0), *ws, None, 0.0, None, variant)
+        save = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (x, h, w_ih, w_hh, b_ih, b_hh))
+        out, _, _ = layer_op(family, chosen)(*args, save)
+        hy = out[0]
+    _backend._record(op, chosen)
+    return hy if batched else hy[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Fake implementations and autograd of the layer ops
+
+
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def layer_fake_for(family: str):
+    width = WORKSPACE_WIDTH[family]
+
+    def layer_fake(input, h0, w_ih, w_hh, b_ih, b_hh, lengths, dropout_p, seed, variant,
+                   save_workspace):
+        T, B, _ = input.shape
+        D, _, H = w_hh.shape
+        workspace = (D, T * B * width * H) if save_workspace else (0,)
+        return (input.new_empty((T, B, D * H)), input.new_empty((D, B, H)),
+                input.new_empty(workspace, dtype=_acc(input.dtype)))
+    return layer_fake
+
+
+def layer_backward_fake(grad_output, grad_h_n, input, h0, w_ih, w_hh, lengths, workspace,
+                        dropout_p, seed, variant, has_bias, input_grad, weight_grad):
+    T, B, I = input.shape
+    D, GH, H = w_hh.shape
+
+    def maybe(shape, wanted):
+        return input.new_empty(shape if wanted else (0,))
+
+    return (maybe((T, B, I), input_grad), input.new_empty((D, B, H)),
+            maybe((D, GH, I), weight_grad), maybe((D, GH, H), weight_grad),
+            maybe((D, GH), weight_grad and has_bias), maybe((D, GH), weight_grad and has_bias))
+
+
+def register(family: str, suffix: str, reference_layer: Callable, fakes: bool) -> None:
+    """Fake implementations (native ops: fakes=True) and autograd of fastattn::<family>_layer
+    <suffix>."""
+    name = f"fastattn::{family}_layer{suffix}"
+    if fakes:
+        torch.library.register_fake(name)(layer_fake_for(family))
+        torch.library.register_fake(f"fastattn::{family}_layer_backward{suffix}")(
+            layer_backward_fake)
+    backward_op = f"{family}_layer_backward{suffix}"
+
+    def setup(ctx, inputs, output):
+        (input, h0, w_ih, w_hh, b_ih, b_hh, lengths, dropout_p, seed, variant,
+         save_workspace) = inputs
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(output[2])
+        ctx.meta = (dropout_p, variant, b_ih is not None, save_workspace)
+        ctx.save_for_backward(input, h0, w_ih, w_hh, b_ih, b_hh, lengths, seed, output[2])
+
+    def backward(ctx, grad_output, grad_h_n, _grad_workspace):
+        if grad_output is None and grad_h_n is None:
+            return (None,) * 11
+        input, h0, w_ih, w_hh, b_ih, b_hh, lengths, seed, workspace = ctx.saved_tensors
+        dropout_p, variant, has_bias, saved = ctx.meta
+        if torch.is_grad_enabled():  # create_graph=True: a backward that is differentiable
+            args = (input, h0, w_ih, w_hh, b_ih, b_hh, lengths, dropout_p, seed, variant)
+            return backward_through_reference(reference_layer, args, ctx.needs_input_grad,
+                                              (grad_output, grad_h_n)) + (None,)
+        if not saved:
+            raise RuntimeError(f"{name} was called with save_workspace=False, so it cannot be "
+                               "differentiated: pass save_workspace=True")
+        needs = ctx.needs_input_grad
+        gi, gh0, gwih, gwhh, gbih, gbhh = getattr(torch.ops.fastattn, backward_op)(
+            grad_output, grad_h_n, input, h0, w_ih, w_hh, lengths, workspace, dropout_p, seed,
+            variant, has_bias, needs[0], any(needs[2:6]))
+        return (gi if needs[0] else None, gh0 if needs[1] else None,
+                gwih if needs[2] else None, gwhh if needs[3] else None,
+                gbih if has_bias and needs[4] else None,
+                gbhh if has_bias and needs[5] else None, None, None, None, None, None)
+
+    torch.library.register_autograd(name, backward, setup_context=setup)

@@ -1,0 +1,79 @@
+"""GRU: `gru_cell` and the multi-layer `gru` (public functions; the shared driver, checks,
+autograd and fake implementations are in fastattn/ops/_recurrent.py, whose docstring holds the
+op contract of fastattn::gru_layer / gru_layer_backward).
+
+Backends: "cpu" runs the native layer ops (csrc/gru/gru_cpu.cpp on the recurrent engine of
+csrc/lstm, generic over the cell), "reference" runs fastattn/reference/gru.py under torch
+autograd. A backend without GRU kernels is reported by `unsupported_backends` and refused with
+its reason when asked for explicitly. `gru_cell` runs the layer op with T = 1.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..reference import gru as ref
+from . import _recurrent
+
+
+def unsupported_backends(dtype: torch.dtype = torch.float32) -> dict[str, str]:
+    """Backend -> why it cannot run the GRU ops on `dtype` here; the backends not named can."""
+    return _recurrent.unsupported_backends("gru", dtype)
+
+
+def _check_reset_after(op: str, reset_after) -> bool:
+    if not isinstance(reset_after, bool):
+        raise TypeError(f"{op}: reset_after must be a bool, got {reset_after!r}")
+    return reset_after
+
+
+def gru_cell(input: torch.Tensor, hx: torch.Tensor | None, w_ih: torch.Tensor,
+             w_hh: torch.Tensor, b_ih: torch.Tensor | None = None,
+             b_hh: torch.Tensor | None = None, *, reset_after: bool = True,
+             backend: str | None = None) -> torch.Tensor:
+    """One GRU step (torch.nn.GRUCell's math and gate order r, z, n).
+
+    input: (B, I) or unbatched (I,); hx: (B, H) / (H,) or None (zeros); w_ih: (3H, I);
+    w_hh: (3H, H); b_ih, b_hh: (3H,) or None (both or neither). Same dtype and device.
+    r = sigmoid(W_ir x + b_ir + W_hr h + b_hr), z = sigmoid(W_iz x + b_iz + W_hz h + b_hz),
+    n = tanh(W_in x + b_in + r * (W_hn h + b_hn)) with reset_after=True (torch, cuDNN) or
+    tanh(W_in x + b_in + W_hn (r * h) + b_hn) with reset_after=False (Cho et al. 2014).
+    Returns hy = (1 - z) * n + z * h, shaped like hx.
+    """
+    op = "gru_cell"
+    _check_reset_after(op, reset_after)
+    return _recurrent.run_cell(op, "gru", input, hx, w_ih, w_hh, b_ih, b_hh, backend=backend,
+                               variant=reset_after, reference_cell=ref.gru_cell)
+
+
+def gru(input: torch.Tensor, hx: torch.Tensor | None, weights: Sequence[torch.Tensor], *,
+        num_layers: int, bidirectional: bool = False, batch_first: bool = False,
+        dropout: float = 0.0, training: bool = False, lengths: torch.Tensor | None = None,
+        reset_after: bool = True, backend: str | None = None):
+    """A multi-layer (bidirectional) GRU over whole sequences, fused per layer.
+
+    input: (T, B, I), batch_first (B, T, I) or unbatched (T, I).
+    hx: h_0 (num_layers * D, B, H) ((num_layers * D, H) unbatched) or None (zeros),
+        D = 2 if bidirectional else 1.
+    weights: nn.GRU's _flat_weights order: per layer and direction w_ih (3H, I_l), w_hh (3H, H)
+        [, b_ih (3H,), b_hh (3H,)]; I_0 = I, I_l = D * H after.
+    dropout, training: dropout on the outputs of every layer but the last, when training
+        (fastattn's Philox stream: reproducible under torch.manual_seed, backend-independent).
+    lengths: (B,) integer sequence lengths in [0, T] for a padded batch (no work past a
+        sequence's end; h_n at each sequence's last step; outputs past the end 0).
+    reset_after: True for torch's / cuDNN's GRU, False for the textbook form (see gru_cell).
+    Returns (output, h_n) as torch.nn.GRU: output (T, B, D * H) (batch_first (B, T, D * H),
+    unbatched (T, D * H)), h_n (num_layers * D, B, H).
+    """
+    op = "gru"
+    _check_reset_after(op, reset_after)
+    return _recurrent.run_layers(op, "gru", input, hx, weights, num_layers=num_layers,
+                                 bidirectional=bidirectional, batch_first=batch_first,
+                                 dropout=dropout, training=training, lengths=lengths,
+                                 backend=backend, variant=reset_after,
+                                 reference_layer=ref.gru_layer)
+
+
+if _recurrent.has_op("gru_layer"):
+    _recurrent.register("gru", "", ref.gru_layer, fakes=True)
