@@ -36,7 +36,8 @@ if importlib.util.find_spec("fastattn") is None:
 
 import common  # noqa: E402
 
-OPS = ("positional", "attention", "lstm", "models", "varlen", "decoding", "additive_attention")
+OPS = ("positional", "attention", "lstm", "gru", "rnn", "models", "varlen", "decoding",
+       "additive_attention")
 
 
 def available_ops() -> list[str]:

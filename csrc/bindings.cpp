@@ -91,6 +91,22 @@ TORCH_LIBRARY(fastattn, m) {
         "Tensor? lengths, Tensor workspace, float dropout_p, Tensor? seed, bool has_bias, "
         "bool input_grad, bool weight_grad) "
         "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // GRU and Elman RNN layers (csrc/gru, csrc/rnn on the engine of csrc/lstm). The op contract
+  // is documented at the top of fastattn/ops/_recurrent.py.
+  m.def("gru_layer(Tensor input, Tensor h0, Tensor w_ih, Tensor w_hh, Tensor? b_ih, "
+        "Tensor? b_hh, Tensor? lengths, float dropout_p, Tensor? seed, bool reset_after, "
+        "bool save_workspace) -> (Tensor, Tensor, Tensor)");
+  m.def("gru_layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor input, Tensor h0, "
+        "Tensor w_ih, Tensor w_hh, Tensor? lengths, Tensor workspace, float dropout_p, "
+        "Tensor? seed, bool reset_after, bool has_bias, bool input_grad, bool weight_grad) "
+        "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("rnn_layer(Tensor input, Tensor h0, Tensor w_ih, Tensor w_hh, Tensor? b_ih, "
+        "Tensor? b_hh, Tensor? lengths, float dropout_p, Tensor? seed, str nonlinearity, "
+        "bool save_workspace) -> (Tensor, Tensor, Tensor)");
+  m.def("rnn_layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor input, Tensor h0, "
+        "Tensor w_ih, Tensor w_hh, Tensor? lengths, Tensor workspace, float dropout_p, "
+        "Tensor? seed, str nonlinearity, bool has_bias, bool input_grad, bool weight_grad) "
+        "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   // CUDA backend only: which recurrent path lstm_layer (lstm_layer_backward with backward=True)
   // takes for these arguments (0 = the persistent cooperative kernel, 1 = per step);
   // fastattn.ops.lstm.cuda_recurrent_path.

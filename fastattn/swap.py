@@ -1,6 +1,7 @@
 """swap_modules / restore_modules: put fastattn's modules into an existing model in place.
 
-Each torch.nn.MultiheadAttention, nn.LSTM and nn.LSTMCell (exact classes) becomes the fastattn
+Each torch.nn.MultiheadAttention, nn.LSTM, nn.LSTMCell, nn.GRU, nn.GRUCell, nn.RNN and
+nn.RNNCell (exact classes) becomes the fastattn
 module of the same family by changing the object's class: the module object, its Parameter
 objects and buffers stay the same, so optimisers, state_dict keys and references held
 elsewhere keep working. restore_modules changes the classes back.
@@ -25,19 +26,24 @@ def _targets() -> list[tuple[type, Callable[[], type | None], str]]:
         (nn.MultiheadAttention, lambda: fnn.MultiheadAttention, "attention"),
         (nn.LSTM, lambda: getattr(fnn, "LSTM", None), "lstm"),
         (nn.LSTMCell, lambda: getattr(fnn, "LSTMCell", None), "lstm"),
+        (nn.GRU, lambda: fnn.GRU, "gru"),
+        (nn.GRUCell, lambda: fnn.GRUCell, "gru"),
+        (nn.RNN, lambda: fnn.RNN, "rnn"),
+        (nn.RNNCell, lambda: fnn.RNNCell, "rnn"),
     ]
 
 
 def swap_modules(model: nn.Module, *, attention: bool = True, lstm: bool = True,
-                 backend: str | None = None) -> nn.Module:
+                 gru: bool = True, rnn: bool = True, backend: str | None = None) -> nn.Module:
     """Replace, in place, every torch.nn.MultiheadAttention (attention=True), nn.LSTM and
-    nn.LSTMCell (lstm=True) of `model` (exact classes, the model itself included) with the
+    nn.LSTMCell (lstm=True), nn.GRU and nn.GRUCell (gru=True), nn.RNN and nn.RNNCell (rnn=True)
+    of `model` (exact classes, the model itself included) with the
     fastattn module, sharing the same Parameter objects. Outputs, gradients and state_dict
     keys stay the same. backend: the fastattn backend the swapped modules use (None: the
     automatic choice). Swapping twice is harmless. Returns the model; `swap_summary(model)`
     lists what was swapped (also logged at INFO on the "fastattn" logger).
     """
-    families = {"attention": attention, "lstm": lstm}
+    families = {"attention": attention, "lstm": lstm, "gru": gru, "rnn": rnn}
     plan = []
     for name, module in model.named_modules():
         for torch_cls, fast_cls_getter, family in _targets():

@@ -11,10 +11,12 @@
 
 namespace fastattn::lstm {
 
-// Sizes of one lstm_layer call: T steps, B rows, I input features, D directions, H hidden
-// units, P = projection size (H without projection).
+// Sizes of one layer call: T steps, B rows, I input features, D directions, H hidden units,
+// P = projection size (H without projection); the cell's G gate blocks and E extra saved
+// columns per unit (LSTM 4 and 1, GRU 3 and 1, RNN 1 and 0; csrc/lstm/lstm_cpu_kernel.h).
 struct LayerDims {
   int64_t T, B, I, D, H, P;
+  int64_t G = 4, E = 1;
 };
 
 inline bool defined(const c10::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
@@ -24,9 +26,9 @@ inline at::ScalarType compute_dtype(at::ScalarType t) {
 }
 
 // Elements of the forward workspace of one direction (see fastattn/ops/lstm.py): T * B rows of
-// 4H activated gates, H cell values and P hidden values.
+// G H activated gates, E H extra values (the LSTM's cell) and P hidden values.
 inline int64_t workspace_per_direction(const LayerDims& d) {
-  return d.T * d.B * (5 * d.H + d.P);
+  return d.T * d.B * ((d.G + d.E) * d.H + d.P);
 }
 
 inline void check_same(const at::Tensor& t, const at::Tensor& input, const char* op,
@@ -80,6 +82,45 @@ inline LayerDims check_layer(const at::Tensor& input, const at::Tensor& h0, cons
   check_shape(c0, {d.D, d.B, d.H}, op, "c0");
   check_same(h0, input, op, "h0");
   check_same(c0, input, op, "c0");
+  if (defined(lengths)) {
+    FASTATTN_CHECK(lengths->scalar_type() == at::kLong && lengths->dim() == 1 &&
+                       lengths->size(0) == d.B,
+                   op, "lengths must be an int64 (B,) = (", d.B, ",) tensor, got ",
+                   lengths->scalar_type(), " ", lengths->sizes());
+    check_same_device(*lengths, input, op, "lengths", "input");
+  }
+  return d;
+}
+
+// The GRU / RNN layer ops (one state, no projection): input (T, B, I); w_ih (D, G H, I);
+// w_hh (D, G H, H); b_ih/b_hh (D, G H); h0 (D, B, H); lengths int64 (B,).
+inline LayerDims check_gated_layer(const at::Tensor& input, const at::Tensor& h0,
+                                   const at::Tensor& w_ih, const at::Tensor& w_hh,
+                                   const c10::optional<at::Tensor>& b_ih,
+                                   const c10::optional<at::Tensor>& b_hh,
+                                   const c10::optional<at::Tensor>& lengths, int64_t G,
+                                   int64_t E, const char* op) {
+  check_float_dtype(input, op, "input");
+  FASTATTN_CHECK(input.dim() == 3, op, "input must be 3-D (T, B, I), got ", input.sizes());
+  FASTATTN_CHECK(w_ih.dim() == 3 && (w_ih.size(0) == 1 || w_ih.size(0) == 2), op,
+                 "w_ih must be (D, ", G, "H, I) with D = 1 or 2 directions, got ", w_ih.sizes());
+  FASTATTN_CHECK(w_hh.dim() == 3, op, "w_hh must be (D, ", G, "H, H), got ", w_hh.sizes());
+  LayerDims d{input.size(0), input.size(1), input.size(2), w_ih.size(0), w_hh.size(2),
+              w_hh.size(2), G, E};
+  FASTATTN_CHECK(d.H >= 1 && w_hh.size(1) == G * d.H && w_hh.size(0) == d.D, op, "w_hh must be (D, ",
+                 G, "H, H) with H >= 1, got ", w_hh.sizes());
+  check_shape(w_ih, {d.D, G * d.H, d.I}, op, "w_ih");
+  check_same(w_ih, input, op, "w_ih");
+  check_same(w_hh, input, op, "w_hh");
+  FASTATTN_CHECK(defined(b_ih) == defined(b_hh), op, "b_ih and b_hh must be given together");
+  if (defined(b_ih)) {
+    check_shape(*b_ih, {d.D, G * d.H}, op, "b_ih");
+    check_shape(*b_hh, {d.D, G * d.H}, op, "b_hh");
+    check_same(*b_ih, input, op, "b_ih");
+    check_same(*b_hh, input, op, "b_hh");
+  }
+  check_shape(h0, {d.D, d.B, d.H}, op, "h0");
+  check_same(h0, input, op, "h0");
   if (defined(lengths)) {
     FASTATTN_CHECK(lengths->scalar_type() == at::kLong && lengths->dim() == 1 &&
                        lengths->size(0) == d.B,

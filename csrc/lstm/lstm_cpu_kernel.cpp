@@ -1,7 +1,7 @@
 // LSTM recurrence on the CPU. Compiled once per ISA (CMakeLists.txt defines FASTATTN_ISA).
 //
 // Forward, one time step (both directions of a layer together): the tasks are (direction,
-// block of kLstmUnitBlock hidden units, chunk of batch rows). A task multiplies the previous
+// block of kRecurrentUnitBlock hidden units, chunk of batch rows). A task multiplies the previous
 // hidden state, kept transposed (k-major, the layout the register-blocked micro-kernel of
 // common/cpu_gemm.h broadcasts from), by its block of the packed W_hh^T, accumulating onto the
 // input projection that lstm_cpu.cpp computed for every time step with one large GEMM. Its
@@ -38,14 +38,13 @@
 namespace fastattn::cpu::FASTATTN_ISA {
 namespace {
 
-constexpr int64_t kUB = kLstmUnitBlock;
+constexpr int64_t kUB = kRecurrentUnitBlock;
 
 // Grow-only per-thread scratch buffers for the large temporaries of a call (packed weights,
 // GEMM operands): a fresh multi-megabyte allocation is page-faulted and zero-filled by the
 // kernel on every call (about 0.45 ms per MB here), a sizeable share of an LSTM step. Contents
 // are undefined; each slot is used by one buffer at a time, on the calling thread only.
-enum ScratchSlot : int { kWeightPanels, kProjPanels, kStates, kStates2, kRows, kGemmA, kGemmB,
-                         kNumSlots };
+enum ScratchSlot : int { kWeightPanels, kProjPanels, kStates, kStates2, kRows, kNumSlots };
 
 template <typename T>
 T* scratch(ScratchSlot slot, int64_t n) {
@@ -106,20 +105,20 @@ void run_grid(const Grid& g, const F& task) {
 }
 
 // Time of step s in direction d.
-inline int64_t time_of(const LstmPacking& pk, int64_t d, int64_t s) {
+inline int64_t time_of(const RecurrentPacking& pk, int64_t d, int64_t s) {
   return d == 0 ? s : pk.T - 1 - s;
 }
 
 // Packed row whose state sorted row j (active at time t) starts from in direction d, or -1
 // for h0/c0.
-inline int64_t previous_row(const LstmPacking& pk, int64_t d, int64_t t, int64_t j) {
+inline int64_t previous_row(const RecurrentPacking& pk, int64_t d, int64_t t, int64_t j) {
   if (d == 0) return t > 0 ? pk.offsets[t - 1] + j : -1;
   return (t + 1 < pk.T && j < pk.batch_sizes[t + 1]) ? pk.offsets[t + 1] + j : -1;
 }
 
 // Sorted, converted copy of a (D, B, W) state tensor: dst[(d * B + j) * W] = src[d, perm[j]].
 template <typename T, typename acc>
-std::vector<acc> sorted_state(const void* src, const LstmPacking& pk, int64_t D, int64_t W) {
+std::vector<acc> sorted_state(const void* src, const RecurrentPacking& pk, int64_t D, int64_t W) {
   std::vector<acc> out(static_cast<size_t>(D * pk.B * W), acc(0));
   if (src == nullptr) return out;
   const T* s = static_cast<const T*>(src);
@@ -133,7 +132,7 @@ std::vector<acc> sorted_state(const void* src, const LstmPacking& pk, int64_t D,
 
 // Visits every packed row (t, j) in [0, total) in parallel: f(t, j, packed_row).
 template <typename F>
-void for_packed_rows(const LstmPacking& pk, int64_t cost_per_row, const F& f) {
+void for_packed_rows(const RecurrentPacking& pk, int64_t cost_per_row, const F& f) {
   const int64_t total = pk.offsets[pk.T];
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(cost_per_row, 1));
   at::parallel_for(0, total, grain, [&](int64_t begin, int64_t end) {
@@ -318,7 +317,7 @@ inline acc dot(const acc* a, const acc* b, int64_t K) {
 // Packed input and the scattered input gradient
 
 template <typename T>
-void lstm_gather_input(const LstmGatherParams& p) {
+void recurrent_gather_input(const RecurrentGatherParams& p) {
   using acc = acc_t<T>;
   const T* in = static_cast<const T*>(p.input);
   acc* xp = static_cast<acc*>(p.xp);
@@ -342,7 +341,7 @@ void lstm_gather_input(const LstmGatherParams& p) {
 }
 
 template <typename T>
-void lstm_scatter_grad_input(const LstmScatterParams& p) {
+void recurrent_scatter_grad_input(const RecurrentScatterParams& p) {
   using acc = acc_t<T>;
   const auto& pk = p.pk;
   const acc* dx = static_cast<const acc*>(p.dx);
@@ -372,37 +371,179 @@ void lstm_scatter_grad_input(const LstmScatterParams& p) {
   });
 }
 
-// ---------------------------------------------------------------------------------------------
-// Layer forward
+namespace {
 
-template <typename T>
-void lstm_layer_forward(const LstmForwardParams& p) {
+// ---------------------------------------------------------------------------------------------
+// The cells' pointwise parts, on one row of a unit block of hb units. Gate tiles are blocked:
+// gate q of unit u at g[q * hb + u].
+
+// GRU, reset after W_hn h: g holds x W_i^T + b_i (+ b_hr, b_hz) of r, z, n and receives their
+// activations; hp the recurrent products h W_h^T of r, z, n (the GEMM's tile); bhn = b_hn or
+// nullptr; hprev = h_{t-1}. Writes hn = W_hn h + b_hn (saved) and h_t.
+template <typename acc>
+void gru_forward(acc* __restrict__ g, const acc* __restrict__ hp, const acc* __restrict__ bhn,
+                 const acc* __restrict__ hprev, acc* __restrict__ hn, acc* __restrict__ h,
+                 int64_t hb) {
+  for (int64_t u = 0; u < hb; ++u) {
+    const acc r = sigmoid(g[u] + hp[u]);
+    const acc z = sigmoid(g[hb + u] + hp[hb + u]);
+    const acc a = hp[2 * hb + u] + (bhn != nullptr ? bhn[u] : acc(0));
+    const acc n = tanh_approx(g[2 * hb + u] + r * a);
+    g[u] = r;
+    g[hb + u] = z;
+    g[2 * hb + u] = n;
+    hn[u] = a;
+    h[u] = (acc(1) - z) * n + z * hprev[u];
+  }
+}
+
+// Its derivative: dh = dL/dh_t from the output and the recurrent GEMM; carry = dL/dh_t through
+// the direct z * h path of the step after (in), z * dL/dh_t (out). Writes the input-side
+// pre-activation gradients d_r, d_z, d_n and d_hn = r * d_n, the gradient of W_hn h + b_hn.
+template <typename acc>
+void gru_backward(const acc* __restrict__ g, const acc* __restrict__ hn,
+                  const acc* __restrict__ hprev, const acc* __restrict__ dh,
+                  acc* __restrict__ carry, acc* __restrict__ d_r, acc* __restrict__ d_z,
+                  acc* __restrict__ d_n, acc* __restrict__ d_hn, int64_t hb) {
+  for (int64_t u = 0; u < hb; ++u) {
+    const acc r = g[u], z = g[hb + u], n = g[2 * hb + u];
+    const acc dt = dh[u] + carry[u];
+    const acc dn = dt * (acc(1) - z) * (acc(1) - n * n);
+    d_n[u] = dn;
+    d_z[u] = dt * (hprev[u] - n) * z * (acc(1) - z);
+    d_r[u] = dn * hn[u] * r * (acc(1) - r);
+    d_hn[u] = dn * r;
+    carry[u] = dt * z;
+  }
+}
+
+// GRU, reset before W_hn (Cho et al.), first half: g's r and z hold their full
+// pre-activations; writes their activations and rh = r * h_{t-1} (the input of W_hn).
+template <typename acc>
+void gru_reset_gates(acc* __restrict__ g, const acc* __restrict__ hprev, acc* __restrict__ rh,
+                     int64_t hb) {
+  for (int64_t u = 0; u < hb; ++u) {
+    const acc r = sigmoid(g[u]), z = sigmoid(g[hb + u]);
+    g[u] = r;
+    g[hb + u] = z;
+    rh[u] = r * hprev[u];
+  }
+}
+
+// Second half: g's n holds x W_in^T + b_in + (r * h) W_hn^T + b_hn; writes n and h_t.
+template <typename acc>
+void gru_new_state(acc* __restrict__ g, const acc* __restrict__ hprev, acc* __restrict__ h,
+                   int64_t hb) {
+  for (int64_t u = 0; u < hb; ++u) {
+    const acc z = g[hb + u], n = tanh_approx(g[2 * hb + u]);
+    g[2 * hb + u] = n;
+    h[u] = (acc(1) - z) * n + z * hprev[u];
+  }
+}
+
+// Reset-before derivative, first half (needs only dL/dh_t): d_z, d_n; carry as gru_backward
+// (its r * dL/d(r h) part is added by the second half).
+template <typename acc>
+void gru_reset_before_backward_a(const acc* __restrict__ g, const acc* __restrict__ hprev,
+                                 const acc* __restrict__ dh, acc* __restrict__ carry,
+                                 acc* __restrict__ d_z, acc* __restrict__ d_n, int64_t hb) {
+  for (int64_t u = 0; u < hb; ++u) {
+    const acc z = g[hb + u], n = g[2 * hb + u];
+    const acc dt = dh[u] + carry[u];
+    d_n[u] = dt * (acc(1) - z) * (acc(1) - n * n);
+    d_z[u] = dt * (hprev[u] - n) * z * (acc(1) - z);
+    carry[u] = dt * z;
+  }
+}
+
+// Second half, from dq = dL/d(r * h_{t-1}) = d_n W_hn: d_r and the carry's r * dq.
+template <typename acc>
+void gru_reset_before_backward_b(const acc* __restrict__ g, const acc* __restrict__ hprev,
+                                 const acc* __restrict__ dq, acc* __restrict__ carry,
+                                 acc* __restrict__ d_r, int64_t hb) {
+  for (int64_t u = 0; u < hb; ++u) {
+    const acc r = g[u];
+    d_r[u] = dq[u] * hprev[u] * r * (acc(1) - r);
+    carry[u] += dq[u] * r;
+  }
+}
+
+// Elman RNN: g holds the pre-activation, receives h_t = act(g).
+template <typename acc, bool kRelu>
+void rnn_forward(acc* __restrict__ g, acc* __restrict__ h, int64_t hb) {
+  for (int64_t u = 0; u < hb; ++u) {
+    const acc y = kRelu ? (g[u] > acc(0) ? g[u] : acc(0)) : tanh_approx(g[u]);
+    g[u] = y;
+    h[u] = y;
+  }
+}
+
+template <typename acc, bool kRelu>
+void rnn_backward(const acc* __restrict__ y, const acc* __restrict__ dh, acc* __restrict__ d,
+                  int64_t hb) {
+  for (int64_t u = 0; u < hb; ++u) {
+    d[u] = kRelu ? (y[u] > acc(0) ? dh[u] : acc(0)) : dh[u] * (acc(1) - y[u] * y[u]);
+  }
+}
+
+// Compile-time description of a cell for the layer driver.
+template <RecurrentCell C>
+struct CellTraits {
+  static constexpr bool kLstm = C == RecurrentCell::lstm;
+  static constexpr bool kGru = C == RecurrentCell::gru;
+  static constexpr bool kGruBefore = C == RecurrentCell::gru_reset_before;
+  static constexpr bool kRnn = C == RecurrentCell::rnn_tanh || C == RecurrentCell::rnn_relu;
+  static constexpr bool kRelu = C == RecurrentCell::rnn_relu;
+  static constexpr int64_t G = kLstm ? 4 : (kRnn ? 1 : 3);  // gate blocks
+  static constexpr int64_t E = kRnn ? 0 : 1;                // extra saved columns per unit
+  // Gates whose recurrent product the first per-step GEMM forms: all of them, except for the
+  // reset-before GRU, whose n gate needs r first (a second GEMM, with W_hn, on r * h).
+  static constexpr int64_t G1 = kGruBefore ? 2 : G;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Layer forward: one driver for every cell
+
+template <typename T, RecurrentCell C>
+void layer_forward(const RecurrentForwardParams& p) {
   using acc = acc_t<T>;
-  const LstmPacking& pk = p.pk;
-  const int64_t T_ = pk.T, B = pk.B, D = p.w.D, H = p.w.H, P = p.w.P, G4 = 4 * H;
-  const bool proj = p.w.w_hr != nullptr;
-  const int64_t Bt = T_ * B, ws_dir = Bt * (5 * H + P), SB = strips(B) * kStrip;
+  using Cell = CellTraits<C>;
+  constexpr int64_t G = Cell::G, E = Cell::E, G1 = Cell::G1;
+  const RecurrentPacking& pk = p.pk;
+  const int64_t T_ = pk.T, B = pk.B, D = p.w.D, H = p.w.H, P = p.w.P, GH = G * H;
+  const bool proj = Cell::kLstm && p.w.w_hr != nullptr;
+  const int64_t Bt = T_ * B, ws_dir = Bt * ((G + E) * H + P), SB = strips(B) * kStrip;
   acc* ws = static_cast<acc*>(p.workspace);
   auto gates = [&](int64_t d) { return ws + d * ws_dir; };
-  auto cells = [&](int64_t d) { return ws + d * ws_dir + Bt * G4; };
-  auto hidden = [&](int64_t d) { return ws + d * ws_dir + Bt * 5 * H; };
+  auto extra = [&](int64_t d) { return ws + d * ws_dir + Bt * GH; };
+  auto hidden = [&](int64_t d) { return ws + d * ws_dir + Bt * (G + E) * H; };
   T* out = static_cast<T*>(p.output);
+  const acc* w_hh = static_cast<const acc*>(p.w.w_hh);
+  const acc* b_hn = static_cast<const acc*>(p.w.b_hn);
 
-  // W_hh^T (P x 4H, blocked gate columns) and W_hr^T (H x P) in panels.
-  const int64_t w_size = panels(G4) * kPanel * P, hr_size = panels(P) * kPanel * H;
+  // W_hh^T (P x G1 H, blocked gate columns), W_hn^T (reset-before GRU) and W_hr^T (H x P)
+  // in panels. The projection (LSTM) and W_hn (GRU) never meet, so they share a slot.
+  const int64_t w_size = panels(G1 * H) * kPanel * P;
+  const int64_t n_size = Cell::kGruBefore ? panels(H) * kPanel * H : 0;
+  const int64_t hr_size = proj ? panels(P) * kPanel * H : 0;
   acc* w_pk = scratch<acc>(kWeightPanels, D * w_size);
+  acc* n_pk = Cell::kGruBefore ? scratch<acc>(kProjPanels, D * n_size) : nullptr;
   acc* hr_pk = proj ? scratch<acc>(kProjPanels, D * hr_size) : nullptr;
-  auto gate_row = [H](int64_t n) { return lstm_natural_gate_row(n, H); };
+  auto gate_row = [H](int64_t n) { return natural_gate_row(n, H, G1); };
   for (int64_t d = 0; d < D; ++d) {
-    pack_panels_transposed(static_cast<const acc*>(p.w.w_hh) + d * G4 * P, P, G4, P, gate_row,
-                           w_pk + d * w_size);
+    pack_panels_transposed(w_hh + d * GH * P, P, G1 * H, P, gate_row, w_pk + d * w_size);
+    if (Cell::kGruBefore) {
+      pack_panels_transposed(w_hh + d * GH * H + 2 * H * H, H, H, H, identity_index,
+                             n_pk + d * n_size);
+    }
     if (proj) {
       pack_panels_transposed(static_cast<const acc*>(p.w.w_hr) + d * P * H, H, P, H,
                              identity_index, hr_pk + d * hr_size);
     }
   }
   const std::vector<acc> h0s = sorted_state<T, acc>(p.h0, pk, D, P);
-  const std::vector<acc> c0s = sorted_state<T, acc>(p.c0, pk, D, H);
+  const std::vector<acc> c0s =
+      Cell::kLstm ? sorted_state<T, acc>(p.c0, pk, D, H) : std::vector<acc>();
   // h_{t-1} in strips (SB x P per direction), double-buffered: step s reads buffer s & 1 and
   // writes the other. Rows that have not started (reverse direction) read h0 from both.
   acc* hS = scratch<acc>(kStates, D * 2 * SB * P);
@@ -416,11 +557,25 @@ void lstm_layer_forward(const LstmForwardParams& p) {
       }
     }
   }
-  acc* rS = proj ? scratch<acc>(kStates2, D * SB * H) : nullptr;
+  // The second GEMM's input in strips: r = o * tanh(c) (projection), r * h (reset-before).
+  acc* rS = proj || Cell::kGruBefore ? scratch<acc>(kStates2, D * SB * H) : nullptr;
 
-  const double step_flops = 2.0 * D * B * (G4 * P + (proj ? H * P : 0));
+  const double step_flops = 2.0 * D * B * (GH * P + (proj ? H * P : 0));
   const Grid cell_grid = make_grid(D, H, kUB, B, step_flops);
   const Grid proj_grid = make_grid(D, P, kPanel, B, step_flops);
+
+  // h_{t-1} of units [u0, u0 + hb) of sorted row j at time t (P = H: no projection).
+  auto h_prev = [&](int64_t d, int64_t t, int64_t j, int64_t u0) {
+    const int64_t prev = previous_row(pk, d, t, j);
+    return (prev >= 0 ? hidden(d) + prev * P : h0s.data() + (d * B + j) * P) + u0;
+  };
+  // h_t of units [u0, u0 + hb) of row j into the workspace, the next step's strips, the output.
+  auto emit = [&](int64_t d, int64_t t, int64_t j, int64_t u0, int64_t hb, const acc* h,
+                  acc* h_next) {
+    std::copy(h, h + hb, hidden(d) + (pk.offsets[t] + j) * P + u0);
+    for (int64_t u = 0; u < hb; ++u) h_next[strip_index(j, u0 + u, P)] = h[u];
+    store_row<T>(h, out + (t * B + pk.perm[j]) * D * P + d * P + u0, hb);
+  };
 
   for (int64_t s = 0; s < T_; ++s) {
     run_grid(cell_grid, [&](int64_t d, int64_t k, int64_t r0, int64_t r1) {
@@ -428,27 +583,67 @@ void lstm_layer_forward(const LstmForwardParams& p) {
       r1 = std::min(r1, pk.batch_sizes[t]);
       if (r0 >= r1) return;
       const int64_t u0 = k * kUB, hb = std::min(kUB, H - u0);
-      acc* G = gates(d) + pk.offsets[t] * G4;
-      gemm_packed(r0, r1, 4 * u0, 4 * hb, P, h_strips(d, s & 1), w_pk + d * w_size,
-                  G + r0 * G4 + 4 * u0, G4, /*accumulate=*/true);
+      acc* Gt = gates(d) + pk.offsets[t] * GH;
+      // The recurrent products of the block's gates: accumulated onto the input projection,
+      // except for the reset-after GRU, whose n gate needs W_hn h + b_hn apart (r * (.)).
+      thread_local std::vector<acc> hp;
+      if constexpr (Cell::kGru) {
+        hp.resize((r1 - r0) * G * kUB);
+        gemm_packed(r0, r1, G * u0, G * hb, P, h_strips(d, s & 1), w_pk + d * w_size,
+                    hp.data(), G * hb, /*accumulate=*/false);
+      } else {
+        gemm_packed(r0, r1, G1 * u0, G1 * hb, P, h_strips(d, s & 1), w_pk + d * w_size,
+                    Gt + r0 * GH + G * u0, GH, /*accumulate=*/true);
+      }
       acc* h_next = h_strips(d, (s & 1) ^ 1);
       acc hrow[kUB];
       for (int64_t j = r0; j < r1; ++j) {
-        acc* g = G + j * G4 + 4 * u0;
-        const int64_t prev = previous_row(pk, d, t, j);
-        const acc* cp = (prev >= 0 ? cells(d) + prev * H : c0s.data() + (d * B + j) * H) + u0;
-        cell_forward(g, g + hb, g + 2 * hb, g + 3 * hb, cp,
-                     cells(d) + (pk.offsets[t] + j) * H + u0, hrow, hb);
-        if (!proj) {
-          std::copy(hrow, hrow + hb, hidden(d) + (pk.offsets[t] + j) * P + u0);
-          for (int64_t u = 0; u < hb; ++u) h_next[strip_index(j, u0 + u, P)] = hrow[u];
-          store_row<T>(hrow, out + (t * B + pk.perm[j]) * D * P + d * P + u0, hb);
-        } else {
+        acc* g = Gt + j * GH + G * u0;
+        const int64_t row = pk.offsets[t] + j;
+        if constexpr (Cell::kLstm) {
+          const int64_t prev = previous_row(pk, d, t, j);
+          const acc* cp = (prev >= 0 ? extra(d) + prev * H : c0s.data() + (d * B + j) * H) + u0;
+          cell_forward(g, g + hb, g + 2 * hb, g + 3 * hb, cp, extra(d) + row * H + u0, hrow,
+                       hb);
+          if (proj) {
+            acc* r = rS + d * SB * H;
+            for (int64_t u = 0; u < hb; ++u) r[strip_index(j, u0 + u, H)] = hrow[u];
+            continue;
+          }
+        } else if constexpr (Cell::kGru) {
+          gru_forward(g, hp.data() + (j - r0) * G * hb,
+                      b_hn != nullptr ? b_hn + d * H + u0 : nullptr, h_prev(d, t, j, u0),
+                      extra(d) + row * H + u0, hrow, hb);
+        } else if constexpr (Cell::kGruBefore) {
+          acc* rh = extra(d) + row * H + u0;
+          gru_reset_gates(g, h_prev(d, t, j, u0), rh, hb);
           acc* r = rS + d * SB * H;
-          for (int64_t u = 0; u < hb; ++u) r[strip_index(j, u0 + u, H)] = hrow[u];
+          for (int64_t u = 0; u < hb; ++u) r[strip_index(j, u0 + u, H)] = rh[u];
+          continue;
+        } else {
+          rnn_forward<acc, Cell::kRelu>(g, hrow, hb);
         }
+        emit(d, t, j, u0, hb, hrow, h_next);
       }
     });
+    if constexpr (Cell::kGruBefore) {
+      // n = tanh(x W_in^T + b_in + b_hn + (r * h) W_hn^T) and h_t, once every r is known.
+      run_grid(cell_grid, [&](int64_t d, int64_t k, int64_t r0, int64_t r1) {
+        const int64_t t = time_of(pk, d, s);
+        r1 = std::min(r1, pk.batch_sizes[t]);
+        if (r0 >= r1) return;
+        const int64_t u0 = k * kUB, hb = std::min(kUB, H - u0);
+        acc* Gt = gates(d) + pk.offsets[t] * GH;
+        gemm_packed(r0, r1, u0, hb, H, rS + d * SB * H, n_pk + d * n_size,
+                    Gt + r0 * GH + G * u0 + 2 * hb, GH, /*accumulate=*/true);
+        acc* h_next = h_strips(d, (s & 1) ^ 1);
+        acc hrow[kUB];
+        for (int64_t j = r0; j < r1; ++j) {
+          gru_new_state(Gt + j * GH + G * u0, h_prev(d, t, j, u0), hrow, hb);
+          emit(d, t, j, u0, hb, hrow, h_next);
+        }
+      });
+    }
     if (!proj) continue;
     run_grid(proj_grid, [&](int64_t d, int64_t k, int64_t r0, int64_t r1) {
       const int64_t t = time_of(pk, d, s);
@@ -467,75 +662,95 @@ void lstm_layer_forward(const LstmForwardParams& p) {
     });
   }
 
-  // h_n and c_n: the state at each sequence's last step (time len - 1 forward, 0 reverse).
+  // h_n (and c_n): the state at each sequence's last step (time len - 1 forward, 0 reverse).
   T* h_n = static_cast<T*>(p.h_n);
   T* c_n = static_cast<T*>(p.c_n);
   for (int64_t d = 0; d < D; ++d) {
     for (int64_t j = 0; j < B; ++j) {
       const int64_t b = pk.perm[j], len = pk.lengths[j];
       const acc* hs = h0s.data() + (d * B + j) * P;
-      const acc* cs = c0s.data() + (d * B + j) * H;
+      const acc* cs = Cell::kLstm ? c0s.data() + (d * B + j) * H : nullptr;
       if (len > 0) {
         const int64_t row = pk.offsets[d == 0 ? len - 1 : 0] + j;
         hs = hidden(d) + row * P;
-        cs = cells(d) + row * H;
+        cs = extra(d) + row * H;
       }
       store_row<T>(hs, h_n + (d * B + b) * P, P);
-      store_row<T>(cs, c_n + (d * B + b) * H, H);
+      if (Cell::kLstm) store_row<T>(cs, c_n + (d * B + b) * H, H);
     }
   }
 }
 
 // ---------------------------------------------------------------------------------------------
-// Layer backward
+// Layer backward: one driver for every cell
 
-template <typename T>
-void lstm_layer_backward(const LstmBackwardParams& p) {
+template <typename T, RecurrentCell C>
+void layer_backward(const RecurrentBackwardParams& p) {
   using acc = acc_t<T>;
-  const LstmPacking& pk = p.pk;
-  const int64_t T_ = pk.T, B = pk.B, D = p.w.D, H = p.w.H, P = p.w.P, G4 = 4 * H;
+  using Cell = CellTraits<C>;
+  constexpr int64_t G = Cell::G, E = Cell::E, G1 = Cell::G1;
+  const RecurrentPacking& pk = p.pk;
+  const int64_t T_ = pk.T, B = pk.B, D = p.w.D, H = p.w.H, P = p.w.P, GH = G * H;
   const int64_t total = pk.offsets[T_];
-  const bool proj = p.w.w_hr != nullptr;
-  const int64_t Bt = T_ * B, ws_dir = Bt * (5 * H + P), SB = strips(B) * kStrip;
+  const bool proj = Cell::kLstm && p.w.w_hr != nullptr;
+  const int64_t Bt = T_ * B, ws_dir = Bt * ((G + E) * H + P), SB = strips(B) * kStrip;
   const acc* ws = static_cast<const acc*>(p.workspace);
   auto gates = [&](int64_t d) { return ws + d * ws_dir; };
-  auto cells = [&](int64_t d) { return ws + d * ws_dir + Bt * G4; };
-  auto hidden = [&](int64_t d) { return ws + d * ws_dir + Bt * 5 * H; };
+  auto extra = [&](int64_t d) { return ws + d * ws_dir + Bt * GH; };
+  auto hidden = [&](int64_t d) { return ws + d * ws_dir + Bt * (G + E) * H; };
   const T* gout = static_cast<const T*>(p.grad_output);
   acc* dgates = static_cast<acc*>(p.dgates);
+  acc* aux = static_cast<acc*>(p.aux);
   acc* dh_out = static_cast<acc*>(p.dh);
   acc* r_out = static_cast<acc*>(p.r);
+  const acc* w_hh = static_cast<const acc*>(p.w.w_hh);
 
-  // W_hh (4H x P, blocked gate rows) and W_hr (P x H) in panels.
-  const int64_t w_size = panels(P) * kPanel * G4, hr_size = panels(H) * kPanel * P;
+  // W_hh (G1 H x P, blocked gate rows), W_hn (H x H, reset-before GRU) and W_hr (P x H) in
+  // panels.
+  const int64_t w_size = panels(P) * kPanel * G1 * H, n_size = panels(H) * kPanel * H;
+  const int64_t hr_size = panels(H) * kPanel * P;
   acc* w_pk = scratch<acc>(kWeightPanels, D * w_size);
+  acc* n_pk = Cell::kGruBefore ? scratch<acc>(kProjPanels, D * n_size) : nullptr;
   acc* hr_pk = proj ? scratch<acc>(kProjPanels, D * hr_size) : nullptr;
-  auto gate_row = [H](int64_t k) { return lstm_natural_gate_row(k, H); };
+  auto gate_row = [H](int64_t k) { return natural_gate_row(k, H, G1); };
   for (int64_t d = 0; d < D; ++d) {
-    pack_panels_rows(static_cast<const acc*>(p.w.w_hh) + d * G4 * P, G4, P, P, gate_row,
-                     w_pk + d * w_size);
+    pack_panels_rows(w_hh + d * GH * P, G1 * H, P, P, gate_row, w_pk + d * w_size);
+    if (Cell::kGruBefore) {
+      pack_panels_rows(w_hh + d * GH * H + 2 * H * H, H, H, H, identity_index,
+                       n_pk + d * n_size);
+    }
     if (proj) {
       pack_panels_rows(static_cast<const acc*>(p.w.w_hr) + d * P * H, P, H, H, identity_index,
                        hr_pk + d * hr_size);
     }
   }
   const std::vector<acc> h0s = sorted_state<T, acc>(p.h0, pk, D, P);
-  const std::vector<acc> c0s = sorted_state<T, acc>(p.c0, pk, D, H);
-  // dh_next / dc_next: the gradient reaching each row's state from the step processed before
-  // (later in time for direction 0). They start as grad_h_n / grad_c_n: a row's last step is
-  // processed first, and rows not active yet keep them untouched. At the end they hold the
-  // gradients of h0 and c0.
+  const std::vector<acc> c0s =
+      Cell::kLstm ? sorted_state<T, acc>(p.c0, pk, D, H) : std::vector<acc>();
+  // dh_next: the gradient reaching each row's h from the recurrent GEMM of the step processed
+  // before (later in time for direction 0); it starts as grad_h_n: a row's last step is
+  // processed first, and rows not active yet keep it untouched. carry: the rest of the
+  // gradient reaching the state from that step, outside the GEMM: dL/dc (LSTM), or the direct
+  // path z * dL/dh_t (GRU); zero for the RNN. At the end dh_next (+ carry, GRU) is grad_h0 and
+  // the LSTM's carry grad_c0.
   std::vector<acc> dh_next = sorted_state<T, acc>(p.grad_h_n, pk, D, P);
-  std::vector<acc> dc_next = sorted_state<T, acc>(p.grad_c_n, pk, D, H);
-  // dgates of the previous step in strips (SB x 4H, blocked gate order), double-buffered.
-  acc* dgS = scratch<acc>(kStates, D * 2 * SB * G4);
-  auto dg_strips = [&](int64_t d, int64_t buf) { return dgS + (d * 2 + buf) * SB * G4; };
-  acc* dhS = proj ? scratch<acc>(kStates2, D * SB * P) : nullptr;
+  std::vector<acc> carry = sorted_state<T, acc>(Cell::kLstm ? p.grad_c_n : nullptr, pk, D, H);
+  // Recurrent-side pre-activation gradients of the previous step in strips (SB x G1 H, blocked
+  // gate order), double-buffered.
+  acc* dgS = scratch<acc>(kStates, D * 2 * SB * G1 * H);
+  auto dg_strips = [&](int64_t d, int64_t buf) { return dgS + (d * 2 + buf) * SB * G1 * H; };
+  // dh (projection) or d_n (reset-before GRU) of the current step in strips: the second
+  // GEMM's input.
+  acc* dhS = proj || Cell::kGruBefore ? scratch<acc>(kStates2, D * SB * std::max(P, H)) : nullptr;
   acc* dr = proj ? scratch<acc>(kRows, D * B * H) : nullptr;
-  // Without a projection r = o * tanh(c) is not needed: rr (per task) receives it.
-  const double step_flops = 2.0 * D * B * (G4 * P + (proj ? H * P : 0));
+  const double step_flops = 2.0 * D * B * (GH * P + (proj ? H * P : 0));
   const Grid cell_grid = make_grid(D, H, kUB, B, step_flops);
   const Grid proj_grid = make_grid(D, P, kPanel, B, step_flops);
+
+  auto h_prev = [&](int64_t d, int64_t t, int64_t j, int64_t u0) {
+    const int64_t prev = previous_row(pk, d, t, j);
+    return (prev >= 0 ? hidden(d) + prev * P : h0s.data() + (d * B + j) * P) + u0;
+  };
 
   // The cell's derivative for rows [r0, r1) active at step s of direction d, units of block
   // k; dh holds dL/dh (dL/dr with a projection) for those rows, row stride ld_dh.
@@ -547,18 +762,42 @@ void lstm_layer_backward(const LstmBackwardParams& p) {
     acc rr[kUB];
     for (int64_t j = r0; j < r1; ++j) {
       const int64_t row = pk.offsets[t] + j;
-      const acc* g = gates(d) + row * G4 + 4 * u0;
-      const int64_t prev = previous_row(pk, d, t, j);
-      const acc* cp = (prev >= 0 ? cells(d) + prev * H : c0s.data() + (d * B + j) * H) + u0;
-      acc* dgrow = dgates + (d * total + row) * G4;  // natural order i, f, g, o
-      cell_backward(g, g + hb, g + 2 * hb, g + 3 * hb, cells(d) + row * H + u0, cp,
-                    dh + (j - r0) * ld_dh, dc_next.data() + (d * B + j) * H + u0, dgrow + u0,
-                    dgrow + H + u0, dgrow + 2 * H + u0, dgrow + 3 * H + u0,
-                    proj ? r_out + (d * total + row) * H + u0 : rr, hb);
-      for (int64_t gate = 0; gate < 4; ++gate) {  // blocked order, in strips
+      const acc* g = gates(d) + row * GH + G * u0;
+      acc* dgrow = dgates + (d * total + row) * GH;  // natural gate order
+      acc* cr = carry.data() + (d * B + j) * H + u0;
+      const acc* dhr = dh + (j - r0) * ld_dh;
+      if constexpr (Cell::kLstm) {
+        const int64_t prev = previous_row(pk, d, t, j);
+        const acc* cp = (prev >= 0 ? extra(d) + prev * H : c0s.data() + (d * B + j) * H) + u0;
+        cell_backward(g, g + hb, g + 2 * hb, g + 3 * hb, extra(d) + row * H + u0, cp, dhr, cr,
+                      dgrow + u0, dgrow + H + u0, dgrow + 2 * H + u0, dgrow + 3 * H + u0,
+                      proj ? r_out + (d * total + row) * H + u0 : rr, hb);
+      } else if constexpr (Cell::kGru) {
+        acc* dhn = aux + (d * total + row) * H + u0;
+        gru_backward(g, extra(d) + row * H + u0, h_prev(d, t, j, u0), dhr, cr, dgrow + u0,
+                     dgrow + H + u0, dgrow + 2 * H + u0, dhn, hb);
+        for (int64_t u = 0; u < hb; ++u) {  // recurrent side: d_r, d_z, r * d_n
+          dg_cur[strip_index(j, G * u0 + u, G1 * H)] = dgrow[u0 + u];
+          dg_cur[strip_index(j, G * u0 + hb + u, G1 * H)] = dgrow[H + u0 + u];
+          dg_cur[strip_index(j, G * u0 + 2 * hb + u, G1 * H)] = dhn[u];
+        }
+        continue;
+      } else if constexpr (Cell::kGruBefore) {
+        acc* dn = dgrow + 2 * H + u0;
+        gru_reset_before_backward_a(g, h_prev(d, t, j, u0), dhr, cr, dgrow + H + u0, dn, hb);
+        acc* dnS = dhS + d * SB * H;
+        for (int64_t u = 0; u < hb; ++u) {
+          dg_cur[strip_index(j, G1 * u0 + hb + u, G1 * H)] = dgrow[H + u0 + u];
+          dnS[strip_index(j, u0 + u, H)] = dn[u];
+        }
+        continue;
+      } else {
+        rnn_backward<acc, Cell::kRelu>(g, dhr, dgrow + u0, hb);
+      }
+      for (int64_t gate = 0; gate < G; ++gate) {  // blocked order, in strips
         const acc* src = dgrow + gate * H + u0;
         for (int64_t u = 0; u < hb; ++u) {
-          dg_cur[strip_index(j, 4 * u0 + gate * hb + u, G4)] = src[u];
+          dg_cur[strip_index(j, G * u0 + gate * hb + u, G1 * H)] = src[u];
         }
       }
     }
@@ -570,7 +809,7 @@ void lstm_layer_backward(const LstmBackwardParams& p) {
     if (s + 1 >= T_) return;
     r1 = std::min(r1, pk.batch_sizes[time_of(pk, d, s + 1)]);
     if (r0 >= r1) return;
-    gemm_packed(r0, r1, c0, width, G4, dg_strips(d, (s + 1) & 1), w_pk + d * w_size,
+    gemm_packed(r0, r1, c0, width, G1 * H, dg_strips(d, (s + 1) & 1), w_pk + d * w_size,
                 dh_next.data() + (d * B + r0) * P + c0, P, /*accumulate=*/false);
   };
 
@@ -602,6 +841,31 @@ void lstm_layer_backward(const LstmBackwardParams& p) {
         gather_dh(d, t, r0, r1, u0, hb, dh.data(), kUB);
         backward_rows(d, s, k, r0, r1, dh.data(), kUB);
       });
+      if constexpr (Cell::kGruBefore) {
+        if (s < 0) break;
+        // dq = d_n W_hn (the gradient of r * h_{t-1}), then d_r, once every d_n is known.
+        run_grid(cell_grid, [&](int64_t d, int64_t k, int64_t r0, int64_t r1) {
+          const int64_t t = time_of(pk, d, s);
+          r1 = std::min(r1, pk.batch_sizes[t]);
+          if (r0 >= r1) return;
+          const int64_t u0 = k * kUB, hb = std::min(kUB, H - u0);
+          thread_local std::vector<acc> dq;
+          dq.resize((r1 - r0) * kUB);
+          gemm_packed(r0, r1, u0, hb, H, dhS + d * SB * H, n_pk + d * n_size, dq.data(), kUB,
+                      /*accumulate=*/false);
+          acc* dg_cur = dg_strips(d, s & 1);
+          for (int64_t j = r0; j < r1; ++j) {
+            const int64_t row = pk.offsets[t] + j;
+            acc* d_r = dgates + (d * total + row) * GH + u0;
+            gru_reset_before_backward_b(gates(d) + row * GH + G * u0, h_prev(d, t, j, u0),
+                                        dq.data() + (j - r0) * kUB,
+                                        carry.data() + (d * B + j) * H + u0, d_r, hb);
+            for (int64_t u = 0; u < hb; ++u) {
+              dg_cur[strip_index(j, G1 * u0 + u, G1 * H)] = d_r[u];
+            }
+          }
+        });
+      }
       continue;
     }
     // With a projection: dh_t (P columns) first, then dr_t = dh_t W_hr and the cell.
@@ -637,8 +901,14 @@ void lstm_layer_backward(const LstmBackwardParams& p) {
   for (int64_t d = 0; d < D; ++d) {
     for (int64_t j = 0; j < B; ++j) {
       const int64_t b = pk.perm[j];
-      store_row<T>(dh_next.data() + (d * B + j) * P, gh0 + (d * B + b) * P, P);
-      store_row<T>(dc_next.data() + (d * B + j) * H, gc0 + (d * B + b) * H, H);
+      acc* dh0 = dh_next.data() + (d * B + j) * P;
+      if (Cell::kLstm) {
+        store_row<T>(carry.data() + (d * B + j) * H, gc0 + (d * B + b) * H, H);
+      } else {
+        const acc* cr = carry.data() + (d * B + j) * H;
+        for (int64_t u = 0; u < H; ++u) dh0[u] += cr[u];
+      }
+      store_row<T>(dh0, gh0 + (d * B + b) * P, P);
     }
   }
 
@@ -652,6 +922,30 @@ void lstm_layer_backward(const LstmBackwardParams& p) {
     });
   }
 }
+
+}  // namespace
+
+#define FASTATTN_RECURRENT_CELL_SWITCH(CELL, FN, ...)                                      \
+  switch (CELL) {                                                                          \
+    case RecurrentCell::lstm: FN<T, RecurrentCell::lstm>(__VA_ARGS__); break;              \
+    case RecurrentCell::gru: FN<T, RecurrentCell::gru>(__VA_ARGS__); break;                \
+    case RecurrentCell::gru_reset_before:                                                  \
+      FN<T, RecurrentCell::gru_reset_before>(__VA_ARGS__);                                 \
+      break;                                                                               \
+    case RecurrentCell::rnn_tanh: FN<T, RecurrentCell::rnn_tanh>(__VA_ARGS__); break;      \
+    case RecurrentCell::rnn_relu: FN<T, RecurrentCell::rnn_relu>(__VA_ARGS__); break;      \
+  }
+
+template <typename T>
+void recurrent_layer_forward(const RecurrentForwardParams& p) {
+  FASTATTN_RECURRENT_CELL_SWITCH(p.w.cell, layer_forward, p)
+}
+
+template <typename T>
+void recurrent_layer_backward(const RecurrentBackwardParams& p) {
+  FASTATTN_RECURRENT_CELL_SWITCH(p.w.cell, layer_backward, p)
+}
+
 
 // ---------------------------------------------------------------------------------------------
 // Cell
@@ -738,163 +1032,11 @@ void lstm_cell_backward(const LstmCellBackwardParams& p) {
   });
 }
 
-// ---------------------------------------------------------------------------------------------
-// Large GEMM: K in chunks of kGemmKc; per chunk, B is packed into panels and A into strips
-// (both once, in parallel), then each task takes kGemmMc rows (a few strips) and sweeps its
-// columns strip by strip: the A strip stays in L1 across the panels and each C row is written
-// in long contiguous runs (B streams from L2/L3; measured faster here than blocking N for L2).
-// Columns are split between tasks only when there are too few row blocks for the threads.
-
-namespace {
-constexpr int64_t kGemmKc = 512, kGemmMc = 64;
-
-// Ap (strips(M) x Kc x 8) = rows [0, M), columns [k0, k0 + Kc) of A, zero-padded rows.
-void pack_a(const LstmGemmParams& p, int64_t k0, int64_t Kc, float* Ap) {
-  const int64_t ns = strips(p.M);
-  if (p.a_k == 1 && p.a_m != 1) {
-    // Row-major A: 16 rows at a time through 16 x 16 register transposes, split in 2 strips.
-    at::parallel_for(0, (ns + 1) / 2, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> tmp(static_cast<size_t>(Kc * 16));
-      for (int64_t pair = begin; pair < end; ++pair) {
-        const int64_t m0 = pair * 16, rows = std::min<int64_t>(16, p.M - m0);
-        if (rows == 16) {
-          transpose(p.A + m0 * p.a_m + k0, p.a_m, tmp.data(), 16, 16, Kc);
-        } else {
-          std::fill(tmp.begin(), tmp.end(), 0.0f);
-          transpose_generic<float>(p.A + m0 * p.a_m + k0, p.a_m, tmp.data(), 16, rows, Kc);
-        }
-        for (int64_t half = 0; half < 2 && 2 * pair + half < ns; ++half) {
-          float* dst = Ap + (2 * pair + half) * Kc * kStrip;
-          for (int64_t k = 0; k < Kc; ++k) {
-            std::copy(tmp.data() + k * 16 + half * 8, tmp.data() + k * 16 + half * 8 + 8,
-                      dst + k * kStrip);
-          }
-        }
-      }
-    });
-    return;
-  }
-  at::parallel_for(0, ns, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t s = begin; s < end; ++s) {
-      const int64_t m0 = s * kStrip, rows = std::min(kStrip, p.M - m0);
-      float* dst = Ap + s * Kc * kStrip;
-      if (p.a_m == 1 && rows == kStrip) {  // k-major A (A = X^T): 8 contiguous values per k
-        for (int64_t k = 0; k < Kc; ++k) {
-          std::memcpy(dst + k * kStrip, p.A + m0 + (k0 + k) * p.a_k, kStrip * sizeof(float));
-        }
-        continue;
-      }
-      for (int64_t k = 0; k < Kc; ++k) {
-        const float* src = p.A + m0 * p.a_m + (k0 + k) * p.a_k;
-        for (int64_t r = 0; r < kStrip; ++r) dst[k * kStrip + r] = r < rows ? src[r * p.a_m] : 0.0f;
-      }
-    }
-  });
-}
-
-// Bp (panels(N) x Kc x 32) = rows [k0, k0 + Kc) of B, zero-padded columns.
-void pack_b(const LstmGemmParams& p, int64_t k0, int64_t Kc, float* Bp) {
-  const int64_t np = panels(p.N);
-  at::parallel_for(0, np, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t q = begin; q < end; ++q) {
-      const int64_t n0 = q * kPanel, cols = std::min(kPanel, p.N - n0);
-      float* dst = Bp + q * Kc * kPanel;
-      auto col = [&](int64_t n) { return p.b_cols != nullptr ? p.b_cols[n] : n; };
-      bool consecutive = cols == kPanel;
-      for (int64_t c = 1; c < cols && consecutive; ++c) consecutive = col(n0 + c) == col(n0) + c;
-      if (p.b_k == 1 && p.b_n != 1 && consecutive) {
-        transpose(p.B + col(n0) * p.b_n + k0, p.b_n, dst, kPanel, kPanel, Kc);
-        continue;
-      }
-      if (p.b_n == 1 && consecutive) {  // row-major B: 32 contiguous values per k
-        const float* src = p.B + k0 * p.b_k + col(n0);
-        for (int64_t k = 0; k < Kc; ++k) {
-          std::memcpy(dst + k * kPanel, src + k * p.b_k, kPanel * sizeof(float));
-        }
-        continue;
-      }
-      for (int64_t k = 0; k < Kc; ++k) {
-        const float* src = p.B + (k0 + k) * p.b_k;
-        for (int64_t c = 0; c < kPanel; ++c) {
-          dst[k * kPanel + c] = c < cols ? src[col(n0 + c) * p.b_n] : 0.0f;
-        }
-      }
-    }
-  });
-}
-}  // namespace
-
-void lstm_gemm(const LstmGemmParams& p) {
-  if (p.M <= 0 || p.N <= 0) return;
-  const int64_t threads = at::get_num_threads();
-  // Row blocks of about kGemmMc rows, as many as a multiple of the thread count and equal to
-  // within one strip: the static split of the tasks then gives every thread the same work
-  // (13 blocks of 64 rows for M = 800 left one of two threads idle a fifth of the time).
-  const int64_t total_strips = strips(p.M);
-  int64_t m_blocks = (total_strips + kGemmMc / kStrip - 1) / (kGemmMc / kStrip);
-  m_blocks = std::min(total_strips, (m_blocks + threads - 1) / threads * threads);
-  auto block_rows = [&](int64_t mb, int64_t& m0, int64_t& m1) {  // strip-aligned [m0, m1)
-    m0 = mb * total_strips / m_blocks * kStrip;
-    m1 = std::min(p.M, (mb + 1) * total_strips / m_blocks * kStrip);
-  };
-  int64_t n_parts = 1;
-  if (m_blocks < 4 * threads) n_parts = std::min(panels(p.N), (4 * threads + m_blocks - 1) / m_blocks);
-  const int64_t part_panels = (panels(p.N) + n_parts - 1) / n_parts;
-  if (p.K <= 0) {  // C = bias (or 0), or C += bias
-    at::parallel_for(0, p.M, 64, [&](int64_t begin, int64_t end) {
-      for (int64_t m = begin; m < end; ++m) {
-        float* c = p.C + m * p.ldc;
-        for (int64_t n = 0; n < p.N; ++n) {
-          c[n] = (p.accumulate ? c[n] : 0.0f) + (p.bias != nullptr ? p.bias[n] : 0.0f);
-        }
-      }
-    });
-    return;
-  }
-  const int64_t Kc_max = std::min(p.K, kGemmKc);
-  float* Ap = scratch<float>(kGemmA, strips(p.M) * kStrip * Kc_max);
-  float* Bp = scratch<float>(kGemmB, panels(p.N) * kPanel * Kc_max);
-  for (int64_t k0 = 0; k0 < p.K; k0 += kGemmKc) {
-    const int64_t Kc = std::min(kGemmKc, p.K - k0);
-    const bool first = k0 == 0;
-    pack_a(p, k0, Kc, Ap);
-    pack_b(p, k0, Kc, Bp);
-    at::parallel_for(0, m_blocks * n_parts, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t task = begin; task < end; ++task) {
-        const int64_t mb = task / n_parts, part = task % n_parts;
-        const int64_t n0 = std::min(p.N, part * part_panels * kPanel);
-        const int64_t n1 = std::min(p.N, n0 + part_panels * kPanel);
-        int64_t m0, m1;
-        block_rows(mb, m0, m1);
-        for (int64_t m = m0; m < m1; m += kStrip) {
-          const int64_t M = std::min(kStrip, m1 - m);
-          const float* a = Ap + (m / kStrip) * Kc * kStrip;
-          for (int64_t n = n0; n < n1; n += kPanel) {
-            const int64_t N = std::min(kPanel, n1 - n);
-            float* c = p.C + m * p.ldc + n;
-            // The bias enters each C tile right before its first product, while it is in L1
-            // (a separate pass over C would cost a trip through memory).
-            if (first && p.bias != nullptr) {
-              for (int64_t r = 0; r < M; ++r) {
-                for (int64_t j = 0; j < N; ++j) {
-                  c[r * p.ldc + j] = (p.accumulate ? c[r * p.ldc + j] : 0.0f) + p.bias[n + j];
-                }
-              }
-            }
-            gemm(M, N, Kc, 1.0f, a, 1, kStrip, Bp + (n / kPanel) * Kc * kPanel, kPanel, c,
-                 p.ldc, !first || p.accumulate || p.bias != nullptr);
-          }
-        }
-      }
-    });
-  }
-}
-
 #define FASTATTN_INSTANTIATE_LSTM(T)                                           \
-  template void lstm_gather_input<T>(const LstmGatherParams&);                 \
-  template void lstm_scatter_grad_input<T>(const LstmScatterParams&);          \
-  template void lstm_layer_forward<T>(const LstmForwardParams&);               \
-  template void lstm_layer_backward<T>(const LstmBackwardParams&);             \
+  template void recurrent_gather_input<T>(const RecurrentGatherParams&);                 \
+  template void recurrent_scatter_grad_input<T>(const RecurrentScatterParams&);          \
+  template void recurrent_layer_forward<T>(const RecurrentForwardParams&);               \
+  template void recurrent_layer_backward<T>(const RecurrentBackwardParams&);             \
   template void lstm_cell_forward<T>(const LstmCellParams&);                   \
   template void lstm_cell_backward<T>(const LstmCellBackwardParams&);
 

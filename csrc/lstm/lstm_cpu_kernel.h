@@ -1,6 +1,8 @@
-// LSTM loops on raw pointers (no ATen), compiled once per x86 ISA.
-// lstm_cpu.cpp checks arguments, sorts the batch by length, packs the weights, runs the large
-// GEMMs (input projection, weight gradients) with ATen, and calls these for the recurrence.
+// The recurrent engine's loops on raw pointers (no ATen), compiled once per x86 ISA: one
+// layer driver generic over the cell (LSTM, GRU with the reset gate after or before W_hn,
+// tanh / relu Elman RNN; RecurrentCell below), and the LSTM cell op's loops.
+// recurrent_cpu.cpp checks arguments, sorts the batch by length, runs the large GEMMs (input
+// projection, weight gradients) and calls these for the recurrence.
 //
 // Conventions shared by every kernel here ("acc" is float, double for double storage):
 //
@@ -14,11 +16,13 @@
 // * Direction 0 runs t = 0 .. T-1; direction 1 (reverse) runs t = T-1 .. 0, and its row j
 //   starts from h0/c0 at t = len_j - 1. Both directions advance together, step s running
 //   t = s (direction 0) and t = T-1-s (direction 1).
-// * Gate columns in the forward workspace are blocked: hidden units are grouped in blocks of
-//   kUnitBlock (the last block may be shorter, hb units), and block k, starting at unit
-//   u0 = k * kUnitBlock, holds columns [4 * u0, 4 * u0 + 4 * hb) = [i(hb) f(hb) g(hb) o(hb)].
-//   So the per-step GEMM of one block produces all four gates of its units and the pointwise
-//   cell runs right after it on the tile it just wrote (the fused epilogue).
+// * A cell has G gate blocks of H rows in W_ih / W_hh (LSTM 4: i, f, g, o; GRU 3: r, z, n;
+//   RNN 1). Gate columns in the forward workspace are blocked: hidden units are grouped in
+//   blocks of kRecurrentUnitBlock (the last block may be shorter, hb units), and block k,
+//   starting at unit u0 = k * kRecurrentUnitBlock, holds columns [G * u0, G * u0 + G * hb) =
+//   the G gates of its units side by side. So the per-step GEMM of one block produces every
+//   gate of its units and the pointwise cell runs right after it on the tile it just wrote
+//   (the fused epilogue).
 #pragma once
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -26,10 +30,27 @@
 
 namespace fastattn::cpu {
 
-constexpr int64_t kLstmUnitBlock = 32;  // hidden units per gate block (4 x 32 gate columns)
+constexpr int64_t kRecurrentUnitBlock = 32;  // hidden units per gate block (G x 32 columns)
+
+// The cell a layer runs. Per cell: G gate blocks, E extra state columns per unit saved in the
+// workspace (LSTM: c_t; GRU reset-after: W_hn h + b_hn; GRU reset-before: r * h_{t-1}).
+enum class RecurrentCell : int { lstm = 0, gru = 1, gru_reset_before = 2, rnn_tanh = 3,
+                                 rnn_relu = 4 };
+
+inline int64_t cell_gates(RecurrentCell c) {
+  switch (c) {
+    case RecurrentCell::lstm: return 4;
+    case RecurrentCell::gru:
+    case RecurrentCell::gru_reset_before: return 3;
+    default: return 1;
+  }
+}
+inline int64_t cell_extra(RecurrentCell c) {
+  return c == RecurrentCell::rnn_tanh || c == RecurrentCell::rnn_relu ? 0 : 1;
+}
 
 // The sorted, packed view of a (T, B) batch with per-sequence lengths.
-struct LstmPacking {
+struct RecurrentPacking {
   int64_t T, B;
   const int64_t* perm;         // (B,) sorted row -> batch index
   const int64_t* lengths;      // (B,) length of sorted row j (non-increasing)
@@ -39,8 +60,8 @@ struct LstmPacking {
 
 // Xp[offsets[t] + j, :] = dropout(input[t, perm[j], :]) in acc, for every active (t, j).
 // Dropout element numbering: (t * B + perm[j]) * I + i (row-major over the (T, B, I) input).
-struct LstmGatherParams {
-  LstmPacking pk;
+struct RecurrentGatherParams {
+  RecurrentPacking pk;
   const void* input;  // (T, B, I) storage type, strides below, unit last stride
   int64_t I, stride_t, stride_b;
   void* xp;           // (total, I) acc, contiguous
@@ -49,8 +70,8 @@ struct LstmGatherParams {
 };
 
 // grad_input[t, b, :] = dropout_mask * dX[packed row of (t, b)], 0 where t >= len_b.
-struct LstmScatterParams {
-  LstmPacking pk;
+struct RecurrentScatterParams {
+  RecurrentPacking pk;
   const void* dx;     // (total, I) acc
   void* grad_input;   // (T, B, I) storage type, contiguous
   int64_t I;
@@ -60,52 +81,62 @@ struct LstmScatterParams {
 
 // One layer, D directions: the weights in acc, in their natural (torch) layout; the kernels
 // pack them into the panels their GEMMs stream (one pass each, once per call).
-struct LstmLayerWeights {
-  int64_t D, H, P;        // P = projection size (H without projection)
-  const void* w_hh;       // (D, 4H, P) contiguous
+struct RecurrentWeights {
+  RecurrentCell cell;
+  int64_t D, H, P;        // P = projection size (H without projection; LSTM only)
+  const void* w_hh;       // (D, G H, P) contiguous
   const void* w_hr;       // (D, P, H) contiguous, or nullptr without projection
+  const void* b_hn;       // (D, H) contiguous: the GRU's reset-after b_hn, or nullptr (zero)
 };
 
-// Natural gate row (i, f, g, o blocks of H) of column n of the blocked gate order.
-inline int64_t lstm_natural_gate_row(int64_t n, int64_t H) {
-  const int64_t u0 = (n / (4 * kLstmUnitBlock)) * kLstmUnitBlock;
-  const int64_t hb = H - u0 < kLstmUnitBlock ? H - u0 : kLstmUnitBlock;
-  const int64_t within = n - 4 * u0;
+// Natural gate row (G blocks of H) of column n of the blocked order of G gates.
+inline int64_t natural_gate_row(int64_t n, int64_t H, int64_t G) {
+  const int64_t u0 = (n / (G * kRecurrentUnitBlock)) * kRecurrentUnitBlock;
+  const int64_t hb = H - u0 < kRecurrentUnitBlock ? H - u0 : kRecurrentUnitBlock;
+  const int64_t within = n - G * u0;
   return (within / hb) * H + u0 + within % hb;
 }
 
 // Forward workspace of direction d (acc), rows are packed rows, Bt = T * B rows reserved:
-//   gates (Bt, 4H): on entry x W_ih^T + b_ih + b_hh (blocked columns) for every packed row;
-//                   on exit the activated gates i, f, g, o (blocked columns)
-//   cells (Bt, H):  c_t
-//   hidden (Bt, P): h_t (after the projection)
-// and the direction's block starts at workspace + d * (Bt * (5H + P)).
-struct LstmForwardParams {
-  LstmPacking pk;
-  LstmLayerWeights w;
+//   gates (Bt, G H): on entry x W_ih^T + b_ih + b_hh (blocked columns) for every packed row
+//                    (the GRU's reset-after n gate: b_in only, b_hn is added inside r * (.));
+//                    on exit the activated gates (blocked columns)
+//   extra (Bt, E H): c_t (LSTM), W_hn h + b_hn (GRU reset-after), r * h_{t-1} (reset-before)
+//   hidden (Bt, P):  h_t (after the projection)
+// and the direction's block starts at workspace + d * recurrent_workspace_per_row(...) * Bt.
+inline int64_t recurrent_workspace_per_row(RecurrentCell c, int64_t H, int64_t P) {
+  return (cell_gates(c) + cell_extra(c)) * H + P;
+}
+
+struct RecurrentForwardParams {
+  RecurrentPacking pk;
+  RecurrentWeights w;
   const void* h0;      // (D, B, P) storage type, contiguous
-  const void* c0;      // (D, B, H) storage type, contiguous
+  const void* c0;      // (D, B, H) storage type, contiguous (LSTM only, else nullptr)
   void* workspace;     // acc, see above
   void* output;        // (T, B, D * P) storage type, contiguous; inactive rows left untouched
   void* h_n;           // (D, B, P) storage type
-  void* c_n;           // (D, B, H) storage type
+  void* c_n;           // (D, B, H) storage type (LSTM only)
 };
 
 // Backward through time. Reads the forward workspace; writes, per direction d:
-//   dgates (D, total, 4H) acc, natural gate order (i, f, g, o), for the weight-gradient GEMMs
+//   dgates (D, total, G H) acc, natural gate order: the gradients of the input-side
+//          pre-activations x W_ih^T + b_ih, for the weight-gradient GEMMs
+//   aux (D, total, H) acc, GRU reset-after only: the gradient of W_hn h + b_hn (r * d_n)
 //   dh (D, total, P) acc and r (D, total, H) acc (projection only: dW_hr = dh^T r)
 //   hprev (D, total, P) acc: the h each packed row read (h_{t-1}, or h0 where it started)
-//   grad_h0 (D, B, P), grad_c0 (D, B, H) in the storage type
-struct LstmBackwardParams {
-  LstmPacking pk;
-  LstmLayerWeights w;
+//   grad_h0 (D, B, P), grad_c0 (D, B, H) (LSTM only) in the storage type
+struct RecurrentBackwardParams {
+  RecurrentPacking pk;
+  RecurrentWeights w;
   const void* h0;
   const void* c0;
   const void* workspace;
   const void* grad_output;  // (T, B, D * P) storage type, contiguous, or nullptr (zeros)
   const void* grad_h_n;     // (D, B, P) storage type or nullptr
-  const void* grad_c_n;     // (D, B, H) storage type or nullptr
+  const void* grad_c_n;     // (D, B, H) storage type or nullptr (LSTM only)
   void* dgates;
+  void* aux;                // nullptr unless GRU reset-after
   void* dh;                 // nullptr without projection
   void* r;                  // nullptr without projection
   void* hprev;
@@ -143,34 +174,14 @@ struct LstmCellBackwardParams {
   void* grad_cx;         // (B, H) storage
 };
 
-// C (M x N, row-major, leading dimension ldc) = A B (+ bias on every row) (+ C if accumulate),
-// A(m, k) = A[m * a_m + k * a_k], B(k, n) = B[k * b_k + n * b_n]: float, any strides. The large
-// GEMMs of a layer (input projection, weight and input gradients over all time steps) run
-// through this packed, cache-blocked, parallel driver of common/cpu_gemm.h's AVX-512
-// micro-kernel; lstm_cpu.cpp uses it where that micro-kernel exists (the avx512 copy) and
-// ATen's GEMM otherwise.
-struct LstmGemmParams {
-  int64_t M, N, K;
-  const float* A;
-  int64_t a_m, a_k;
-  const float* B;
-  int64_t b_k, b_n;
-  const int64_t* b_cols;  // (N,) column n of the product reads column b_cols[n] of B, or nullptr
-  float* C;
-  int64_t ldc;
-  const float* bias;  // (N,) or nullptr
-  bool accumulate;
-};
-
 #define FASTATTN_DECLARE_LSTM_KERNELS(ISA)                                      \
   namespace ISA {                                                               \
-  template <typename T> void lstm_gather_input(const LstmGatherParams&);        \
-  template <typename T> void lstm_scatter_grad_input(const LstmScatterParams&); \
-  template <typename T> void lstm_layer_forward(const LstmForwardParams&);      \
-  template <typename T> void lstm_layer_backward(const LstmBackwardParams&);    \
+  template <typename T> void recurrent_gather_input(const RecurrentGatherParams&);        \
+  template <typename T> void recurrent_scatter_grad_input(const RecurrentScatterParams&); \
+  template <typename T> void recurrent_layer_forward(const RecurrentForwardParams&);   \
+  template <typename T> void recurrent_layer_backward(const RecurrentBackwardParams&); \
   template <typename T> void lstm_cell_forward(const LstmCellParams&);          \
   template <typename T> void lstm_cell_backward(const LstmCellBackwardParams&); \
-  void lstm_gemm(const LstmGemmParams&);                                        \
   }
 
 FASTATTN_DECLARE_LSTM_KERNELS(avx512bf16)

@@ -1,10 +1,12 @@
 """Drop-in nn.Modules backed by fastattn's fused ops."""
 from .additive_attention import AdditiveAttention
 from .attention import MultiheadAttention
+from .gru import GRU, GRUCell
 from .lstm import LSTM, LSTMCell
+from .rnn import RNN, RNNCell
 from .positional import (LearnedPositionalEmbedding, PositionalEmbedding, RotaryEmbedding,
                          SinusoidalPositionalEncoding)
 
-__all__ = ["AdditiveAttention", "MultiheadAttention", "LSTM", "LSTMCell",
+__all__ = ["AdditiveAttention", "MultiheadAttention", "LSTM", "LSTMCell", "GRU", "GRUCell", "RNN", "RNNCell",
            "SinusoidalPositionalEncoding", "LearnedPositionalEmbedding", "PositionalEmbedding",
            "RotaryEmbedding"]

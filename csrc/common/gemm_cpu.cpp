@@ -1,0 +1,52 @@
+// Host-side matrix products (common/gemm_cpu.h).
+#include "common/gemm_cpu.h"
+
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/index_select.h>
+#include <ATen/ops/mm.h>
+
+#include "common/cpu_isa.h"
+#include "common/gemm_cpu_kernel.h"
+
+namespace fastattn::cpu {
+
+using at::Tensor;
+
+void matmul_into(Tensor out, const Tensor& a, const Tensor& b, const Tensor& bias,
+                 bool accumulate, const Tensor& b_cols, int64_t k_block) {
+  if (out.scalar_type() == at::kFloat && cpu_isa() >= Isa::avx512 && out.stride(1) == 1) {
+    const int64_t N = out.size(1);
+    GemmParams p{a.size(0), N, a.size(1), a.data_ptr<float>(), a.stride(0), a.stride(1),
+                 b.data_ptr<float>(), b.stride(0), b.stride(1),
+                 b_cols.defined() ? b_cols.data_ptr<int64_t>() : nullptr,
+                 out.data_ptr<float>(), out.stride(0),
+                 bias.defined() ? bias.data_ptr<float>() : nullptr, accumulate, k_block};
+    avx512::gemm_large(p);
+    return;
+  }
+  if (b_cols.defined()) {
+    matmul_into(out, a, b.index_select(1, b_cols), bias, accumulate);
+    return;
+  }
+  if (accumulate) {
+    out.addmm_(a, b);
+    if (bias.defined()) out.add_(bias);
+  } else if (bias.defined()) {
+    at::addmm_out(out, bias, a, b);
+  } else {
+    at::mm_out(out, a, b);
+  }
+}
+
+void mm_into(Tensor out, const Tensor& a, const Tensor& b) {
+  if (out.scalar_type() == a.scalar_type()) {
+    matmul_into(out, a, b, Tensor(), false, Tensor(), kReductionBlock);
+  } else {
+    Tensor tmp = at::empty({a.size(0), b.size(1)}, a.options());  // weight-sized
+    matmul_into(tmp, a, b, Tensor(), false, Tensor(), kReductionBlock);
+    out.copy_(tmp);
+  }
+}
+
+}  // namespace fastattn::cpu

@@ -1,0 +1,24 @@
+// Host-side matrix products on ATen tensors for the CPU op bodies: fastattn's packed AVX-512
+// GEMM (common/gemm_cpu_kernel.h) for float where that micro-kernel exists, ATen's otherwise.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+namespace fastattn::cpu {
+
+// out (+)= a @ b (+ bias on every row), all in the compute type, out with a unit column
+// stride. b_cols (optional, int64 (N,)): column n of the product uses column b_cols[n] of b.
+// On AMD CPUs MKL's sgemm takes a slower, non-AVX-512 path (about 70% of the FMA peak here),
+// hence fastattn's own driver for float.
+// k_block > 0 (float driver only): the products are summed in blocks of k_block terms, then
+// the blocks (for long reductions such as weight gradients over all time steps: the rounding
+// error grows with k_block + K / k_block instead of K).
+void matmul_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b,
+                 const at::Tensor& bias, bool accumulate, const at::Tensor& b_cols = at::Tensor(),
+                 int64_t k_block = 0);
+
+// out = a @ b for an output in the storage type (converted when that is not a's type); a
+// reduction over rows (weight gradients), summed in blocks of kReductionBlock.
+constexpr int64_t kReductionBlock = 32;
+void mm_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b);
+
+}  // namespace fastattn::cpu

@@ -1,0 +1,36 @@
+// The large CPU GEMM of the recurrent layers (input projections, weight and input gradients
+// over all time steps): a packed, cache-blocked, parallel driver of common/cpu_gemm.h's
+// register-blocked micro-kernel, compiled once per x86 ISA (only the AVX-512 copies have the
+// micro-kernel; common/gemm_cpu.h's matmul_into calls it there and ATen's GEMM elsewhere).
+#pragma once
+#include <cstdint>
+
+namespace fastattn::cpu {
+
+// C (M x N, row-major, leading dimension ldc) = A B (+ bias on every row) (+ C if accumulate),
+// A(m, k) = A[m * a_m + k * a_k], B(k, n) = B[k * b_k + n * b_n]: float, any strides.
+struct GemmParams {
+  int64_t M, N, K;
+  const float* A;
+  int64_t a_m, a_k;
+  const float* B;
+  int64_t b_k, b_n;
+  const int64_t* b_cols;  // (N,) column n of the product reads column b_cols[n] of B, or nullptr
+  float* C;
+  int64_t ldc;
+  const float* bias;  // (N,) or nullptr
+  bool accumulate;
+  int64_t k_block = 0;  // > 0: sum k_block products per register pass (long K: less rounding)
+};
+
+#define FASTATTN_DECLARE_GEMM_KERNELS(ISA) \
+  namespace ISA {                           \
+  void gemm_large(const GemmParams&);       \
+  }
+
+FASTATTN_DECLARE_GEMM_KERNELS(avx512bf16)
+FASTATTN_DECLARE_GEMM_KERNELS(avx512)
+FASTATTN_DECLARE_GEMM_KERNELS(avx2)
+FASTATTN_DECLARE_GEMM_KERNELS(base)
+
+}  // namespace fastattn::cpu
