@@ -1,23 +1,34 @@
-// LSTM recurrence on the CPU. Compiled once per ISA (CMakeLists.txt defines FASTATTN_ISA).
+// The CPU recurrent engine: one layer driver for every cell (LSTM, GRU with the reset gate
+// after or before W_hn, tanh / relu Elman RNN; the cell is a template parameter, CellTraits
+// below), and the LSTM cell op's loops. Compiled once per ISA (CMakeLists.txt defines
+// FASTATTN_ISA).
 //
 // Forward, one time step (both directions of a layer together): the tasks are (direction,
-// block of kRecurrentUnitBlock hidden units, chunk of batch rows). A task multiplies the previous
-// hidden state, kept transposed (k-major, the layout the register-blocked micro-kernel of
-// common/cpu_gemm.h broadcasts from), by its block of the packed W_hh^T, accumulating onto the
-// input projection that lstm_cpu.cpp computed for every time step with one large GEMM. Its
-// gate columns are blocked (i, f, g, o of the same units side by side), so the task then runs
-// the cell on the tile it just wrote, still in cache: the fused epilogue. It writes the
-// activated gates and c_t (saved for the backward), h_t (packed, transposed for the next step,
-// and into the output). With a projection a second parallel pass forms h_t = r_t W_hr^T.
+// block of kRecurrentUnitBlock hidden units, chunk of batch rows). A task multiplies the
+// previous hidden state, kept transposed (k-major, the layout the register-blocked
+// micro-kernel of common/cpu_gemm.h broadcasts from), by its block of the packed W_hh^T,
+// accumulating onto the input projection that recurrent_cpu.cpp computed for every time step
+// with one large GEMM. Its gate columns are blocked (the G gates of the same units side by
+// side), so the task then runs the cell on the tile it just wrote, still in cache: the fused
+// epilogue. It writes the activated gates and the cell's extra state (saved for the
+// backward), h_t (packed, transposed for the next step, and into the output). Two cells need
+// a second pass per step: the LSTM with a projection (h_t = r_t W_hr^T) and the reset-before
+// GRU (n needs W_hn (r * h), so r of every unit first). The reset-after GRU keeps its
+// recurrent products apart (the GEMM writes a tile, the epilogue adds them: n needs
+// r * (W_hn h + b_hn)).
 //
-// Backward, one step (the same grid): dh_t = grad_output_t + dgates_{t+1} W_hh, a GEMM against
-// W_hh (rows in blocked gate order) from the transposed dgates of the previous step, then the
-// cell's derivative on the task's units. The weight gradients are left to large GEMMs over all
-// time steps (lstm_cpu.cpp); this file writes what they read: dgates in natural gate order and
-// the h each step read.
+// Backward, one step (the same grid): dh_t = grad_output_t + dgates_{t+1} W_hh, a GEMM
+// against W_hh (rows in blocked gate order) from the transposed recurrent-side pre-activation
+// gradients of the previous step, then the cell's derivative on the task's units; what
+// reaches the previous state outside that GEMM (the LSTM's dc, the GRU's z * dh) is carried
+// per row. The weight gradients are left to large GEMMs over all time steps
+// (recurrent_cpu.cpp); this file writes what they read: the input-side pre-activation
+// gradients in natural gate order, the h each step read (and, for the reset-after GRU, the
+// gradient of W_hn h + b_hn).
 //
-// One parallel region per step (two with a projection); the work is deterministic (fixed
-// task decomposition and summation order, independent of the thread count).
+// One parallel region per step (two with a projection or for the reset-before GRU); the work
+// is deterministic (fixed task decomposition and summation order, independent of the thread
+// count).
 #include <ATen/Parallel.h>
 
 #include <algorithm>

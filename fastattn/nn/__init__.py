@@ -3,10 +3,11 @@ from .additive_attention import AdditiveAttention
 from .attention import MultiheadAttention
 from .gru import GRU, GRUCell
 from .lstm import LSTM, LSTMCell
+from .luong_attention import LuongAttention
 from .rnn import RNN, RNNCell
 from .positional import (LearnedPositionalEmbedding, PositionalEmbedding, RotaryEmbedding,
                          SinusoidalPositionalEncoding)
 
-__all__ = ["AdditiveAttention", "MultiheadAttention", "LSTM", "LSTMCell", "GRU", "GRUCell", "RNN", "RNNCell",
+__all__ = ["AdditiveAttention", "LuongAttention", "MultiheadAttention", "LSTM", "LSTMCell", "GRU", "GRUCell", "RNN", "RNNCell",
            "SinusoidalPositionalEncoding", "LearnedPositionalEmbedding", "PositionalEmbedding",
            "RotaryEmbedding"]
