@@ -107,8 +107,8 @@ inline LayerDims check_gated_layer(const at::Tensor& input, const at::Tensor& h0
   FASTATTN_CHECK(w_hh.dim() == 3, op, "w_hh must be (D, ", G, "H, H), got ", w_hh.sizes());
   LayerDims d{input.size(0), input.size(1), input.size(2), w_ih.size(0), w_hh.size(2),
               w_hh.size(2), G, E};
-  FASTATTN_CHECK(d.H >= 1 && w_hh.size(1) == G * d.H && w_hh.size(0) == d.D, op, "w_hh must be (D, ",
-                 G, "H, H) with H >= 1, got ", w_hh.sizes());
+  FASTATTN_CHECK(d.H >= 1 && w_hh.size(1) == G * d.H && w_hh.size(0) == d.D, op,
+                 "w_hh must be (D, ", G, "H, H) with H >= 1, got ", w_hh.sizes());
   check_shape(w_ih, {d.D, G * d.H, d.I}, op, "w_ih");
   check_same(w_ih, input, op, "w_ih");
   check_same(w_hh, input, op, "w_hh");

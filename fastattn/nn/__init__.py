@@ -8,6 +8,6 @@ from .rnn import RNN, RNNCell
 from .positional import (LearnedPositionalEmbedding, PositionalEmbedding, RotaryEmbedding,
                          SinusoidalPositionalEncoding)
 
-__all__ = ["AdditiveAttention", "LuongAttention", "MultiheadAttention", "LSTM", "LSTMCell", "GRU", "GRUCell", "RNN", "RNNCell",
-           "SinusoidalPositionalEncoding", "LearnedPositionalEmbedding", "PositionalEmbedding",
-           "RotaryEmbedding"]
+__all__ = ["AdditiveAttention", "LuongAttention", "MultiheadAttention", "LSTM", "LSTMCell",
+           "GRU", "GRUCell", "RNN", "RNNCell", "SinusoidalPositionalEncoding",
+           "LearnedPositionalEmbedding", "PositionalEmbedding", "RotaryEmbedding"]
