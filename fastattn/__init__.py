@@ -27,26 +27,10 @@ from .ops.positional import add_sinusoidal, apply_rotary, embed_with_positions, 
 
 __version__ = "0.1.0"
 
-# Triton kernels register their torch ops on import; without triton the backend reports why.
-def _import_triton_kernels() -> None:
-    import importlib
-    import importlib.util
-
-    from . import _backend as backend_state
-    try:
-        for module in ("positional", "attention", "additive_attention", "varlen_attention",
-                       "attention_with_kvcache", "lstm"):
-            name = f"{__name__}.triton.{module}"
-            if importlib.util.find_spec(name) is not None:
-                importlib.import_module(name)
-    except Exception as exc:  # ImportError, or a triton too old for these kernels
-        backend_state.TRITON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
-
-
-_import_triton_kernels()
-
-from . import nn  # noqa: E402
-from .swap import restore_modules, swap_modules, swap_summary  # noqa: E402
+# Importing the ops above registered every backend's kernels as torch ops (the Triton ones
+# where triton imports; otherwise available_backends() says why the triton backend is missing).
+from . import nn
+from .swap import restore_modules, swap_modules, swap_summary
 
 __all__ = [
     "BackendError", "available_backends", "use_backend", "set_backend", "last_backend",

@@ -194,13 +194,77 @@ def automatic_order(op: str, device_type: str) -> tuple[str, ...]:
     return ("cpu", "reference")
 
 
+# ---------------------------------------------------------------------------------------------
+# Kernels in this build
+
+_DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
+_missing_cache: dict[tuple[str, str], str] = {}
+TRITON_NO_FLOAT64 = "the triton backend computes in float32 and does not take float64"
+
+
+# Fixed once fastattn is imported (the native ops are declared when fastattn._C loads, the
+# Triton ops are registered by the op layer during the import), and evaluated eagerly even
+# while torch.compile traces: the dispatcher query is not traceable, and a string is a
+# constant Dynamo uses without guards.
+@torch.compiler.assume_constant_result
+def missing_kernel(kernel: str, backend: str) -> str:
+    """"" when this build has `backend`'s implementation of the torch op fastattn::<kernel>
+    (e.g. "attention_forward"), else why not: "cpu"/"cuda" need fastattn._C to declare the op
+    with a kernel for that device; "triton" needs fastattn::<kernel>_triton (registered when
+    the Triton kernels import); "reference" always has one. Whether a device can run the
+    backend at all is the other half of `cannot_run`."""
+    key = (kernel, backend)
+    if key not in _missing_cache:
+        reason = ""
+        if backend in _DISPATCH_KEYS:
+            dispatch_key = _DISPATCH_KEYS[backend]
+            from . import _native
+            if _native.C is None or not has_op(kernel) or not \
+                    torch._C._dispatch_has_kernel_for_dispatch_key(f"fastattn::{kernel}",
+                                                                  dispatch_key):
+                reason = f"fastattn._C has no {dispatch_key} kernel for {kernel} in this build"
+        elif backend == "triton" and not has_op(kernel + "_triton"):
+            reason = (f"no Triton kernel for {kernel} here (fastattn::{kernel}_triton is not "
+                      f"registered; see fastattn.available_backends())")
+        _missing_cache[key] = reason
+    return _missing_cache[key]
+
+
+def has_op(name: str) -> bool:
+    """Whether the torch op fastattn::<name> is registered (declared by fastattn._C, or a
+    Triton op registered by the op layer)."""
+    try:
+        getattr(torch.ops.fastattn, name)
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+def cannot_run(backend: str, device: torch.device, kernel: str | None = None,
+               dtype: torch.dtype | None = None) -> str | None:
+    """The one query "is this kernel built, and can it run this call": None when `backend`
+    can run a call of the torch op fastattn::<kernel> (None: any op) on tensors of `dtype` on
+    `device`, else the reason it cannot (backend not available, wrong device, no kernel in
+    this build, float64 on triton)."""
+    why = _can_run_device(backend, device)
+    if why is None and kernel is not None and backend != "reference":
+        why = missing_kernel(kernel, backend) or None
+    if why is None and backend == "triton" and dtype == torch.float64:
+        why = TRITON_NO_FLOAT64
+    return why
+
+
 def select_backend(op: str, device: torch.device, backend: str | None = None,
                    supported: tuple[str, ...] = BACKENDS,
-                   limits: dict[str, str] | None = None) -> str:
+                   limits: dict[str, str] | None = None, *, kernel: str | None = None,
+                   dtype: torch.dtype | None = None) -> str:
     """The backend that runs this call of `op` on `device`.
 
     backend: the op's own `backend=` argument (wins over everything else).
     supported: the backends that implement this op.
+    kernel, dtype: the torch op fastattn::<kernel> that the call runs and its tensors' dtype:
+        a backend without that kernel in this build, or refusing the dtype, cannot run it
+        (`cannot_run`).
     limits: backend -> why it cannot run this particular call (a feature it lacks). The
         automatic choice skips such a backend (last_backend shows what ran instead); an
         explicit request for it raises BackendError with the reason.
@@ -211,12 +275,12 @@ def select_backend(op: str, device: torch.device, backend: str | None = None,
         if requested not in supported:
             raise BackendError(f"{op}: backend {requested!r} does not implement this op "
                                f"(implemented by: {', '.join(supported)})")
-        why = _can_run_device(requested, device) or limits.get(requested)
+        why = cannot_run(requested, device, kernel, dtype) or limits.get(requested)
         if why is not None:
             raise BackendError(f"{op}: backend {requested!r} cannot run this call: {why}")
         return requested
     for candidate in automatic_order(op, device.type):
-        if (candidate in supported and _can_run_device(candidate, device) is None
+        if (candidate in supported and cannot_run(candidate, device, kernel, dtype) is None
                 and candidate not in limits):
             return candidate
     return "reference"

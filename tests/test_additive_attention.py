@@ -17,7 +17,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import fastattn
 from fastattn.nn import AdditiveAttention
-from fastattn.ops.additive_attention import _has_kernel
+from fastattn._backend import missing_kernel
 from conftest import backend_device, requires_cuda
 from tolerance import assert_fa_close, assert_grad_close, rounding_floor
 
@@ -106,7 +106,7 @@ def skip_unavailable(backend: str, dtype: torch.dtype) -> torch.device:
     device = backend_device(backend)
     if backend == "triton" and dtype == F64:
         pytest.skip("the triton backend refuses float64 (test_triton_refuses_float64)")
-    if backend in ("cpu", "cuda") and not _has_kernel(backend.upper()):
+    if backend in ("cpu", "cuda") and missing_kernel("additive_scores", backend):
         pytest.skip(f"fastattn._C has no {backend} additive attention kernel")
     return device
 
@@ -265,7 +265,7 @@ def test_backends_agree_on_scores():
     inputs, mask = make_inputs(CASES["larger"], F64, "cpu")
     got = {}
     for backend in ("cpu", "reference"):
-        if backend == "cpu" and not _has_kernel("CPU"):
+        if backend == "cpu" and missing_kernel("additive_scores", "cpu"):
             continue
         got[backend] = run_fastattn(inputs, mask, backend, grads=False)[1]
     if "cpu" in got:
@@ -448,7 +448,7 @@ class _Seq2SeqStep(torch.nn.Module):
 
 
 def test_compile_fullgraph_module():
-    if not _has_kernel("CPU"):
+    if missing_kernel("additive_scores", "cpu"):
         pytest.skip("fastattn._C has no CPU additive attention kernel")
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -481,7 +481,7 @@ def test_last_backend_names_the_backend_that_ran(backend):
 def test_default_backend_on_cpu_is_cpu():
     inputs, mask = make_inputs(CASES["odd"], torch.float32, "cpu")
     run_fastattn(inputs, mask, None, grads=False)
-    expected = "cpu" if _has_kernel("CPU") else "reference"
+    expected = "cpu" if not missing_kernel("additive_scores", "cpu") else "reference"
     assert fastattn.last_backend("additive_attention") == expected
     run_fastattn({n: (t.double() if t is not None else None) for n, t in inputs.items()},
                  mask, None, grads=False)
@@ -570,7 +570,7 @@ def largest_allocation(backend: str) -> tuple[int, int]:
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_cpu_backend_never_allocates_the_4d_tensor():
-    if not _has_kernel("CPU"):
+    if missing_kernel("additive_scores", "cpu"):
         pytest.skip("fastattn._C has no CPU additive attention kernel")
     s = MEM_SHAPE
     four_d = s["B"] * s["Lq"] * s["Lk"] * s["A"] * 4
@@ -584,7 +584,7 @@ def test_cpu_backend_never_allocates_the_4d_tensor():
 
 @requires_cuda()
 def test_cuda_backend_never_allocates_the_4d_tensor():
-    if not _has_kernel("CUDA"):
+    if missing_kernel("additive_scores", "cuda"):
         pytest.skip("fastattn._C has no CUDA additive attention kernel")
     s = dict(MEM_SHAPE, B=32, Lq=400, Lk=400)
     four_d = s["B"] * s["Lq"] * s["Lk"] * s["A"] * 4

@@ -21,7 +21,7 @@ import torch
 
 import fastattn
 from fastattn.ops._common import dropout_seed
-from fastattn.ops.attention import _native_has
+from fastattn._backend import missing_kernel
 from fastattn.reference.random import dropout_keep_mask
 from tolerance import assert_fa_close, assert_grad_close, rounding_floor
 
@@ -42,7 +42,7 @@ _DT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
 def attention_device(backend: str) -> torch.device:
     """The device for `backend`'s attention tests; skips when the backend cannot run here."""
-    if backend in ("cpu", "cuda") and not _native_has("attention_forward", backend.upper()):
+    if backend in ("cpu", "cuda") and missing_kernel("attention_forward", backend):
         pytest.skip(f"backend {backend}: fastattn._C was built without its attention kernels")
     return backend_device(backend)
 
@@ -830,7 +830,7 @@ _SHARED_MEMORY = {"99KB": 101376, "163KB": 166912, "227KB": 232448}
 def _triton_attention_module():
     pytest.importorskip("triton")
     import fastattn.triton as fa_triton
-    import fastattn.triton.attention as tri
+    import fastattn.triton.attention_tuning as tri
     return fa_triton, tri
 
 
@@ -844,14 +844,11 @@ def test_triton_pruning_fits_the_device_shared_memory(monkeypatch, device_kind):
     monkeypatch.setattr(fa_triton, "ASSUMED_SHARED_MEMORY", shared)
     monkeypatch.setattr(tri, "_AUTOTUNE", True)
     budget = shared - fa_triton.SHARED_MEMORY_MARGIN
-    tables = {"fwd": (tri._FWD_CONFIGS, tri._FWD_CONFIGS_FP32),
-              "dq": (tri._DQ_CONFIGS, tri._DQ_CONFIGS_FP32),
-              "dkdv": (tri._DKDV_CONFIGS, tri._DKDV_CONFIGS_FP32)}
-    for kernel, (table16, table32) in tables.items():
+    for kernel, (table16, table32) in tri.TABLES.items():
         for dtype, table in ((torch.float16, table16), (torch.float32, table32)):
             for head, configs in table.items():
                 q = torch.empty(0, dtype=dtype)
-                kept = tri._pruner(kernel)(configs, {"Q": q}, BLOCK_D=head, BLOCK_DV=head)
+                kept = tri.pruner(kernel)(configs, {"Q": q}, BLOCK_D=head, BLOCK_DV=head)
                 assert kept, f"{kernel} {dtype} head {head}: no config left"
                 for c in kept:
                     m, n = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
@@ -865,10 +862,10 @@ def test_triton_pruning_refuses_when_nothing_fits(monkeypatch):
     monkeypatch.setattr(fa_triton, "ASSUMED_SHARED_MEMORY", 32 * 1024)
     q = torch.empty(0, dtype=torch.float32)
     with pytest.raises(ValueError, match="no fwd tile configuration fits the shared memory"):
-        tri._pruner("fwd")(tri._FWD_CONFIGS_FP32[256], {"Q": q}, BLOCK_D=256, BLOCK_DV=256)
+        tri.pruner("fwd")(tri._FWD_CONFIGS_FP32[256], {"Q": q}, BLOCK_D=256, BLOCK_DV=256)
     # Below the margin but within the whole limit, the smallest config is kept.
     monkeypatch.setattr(fa_triton, "ASSUMED_SHARED_MEMORY", 50 * 1024)
-    kept = tri._pruner("fwd")(tri._FWD_CONFIGS_FP32[256], {"Q": q}, BLOCK_D=256, BLOCK_DV=256)
+    kept = tri.pruner("fwd")(tri._FWD_CONFIGS_FP32[256], {"Q": q}, BLOCK_D=256, BLOCK_DV=256)
     assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages) for c in kept] == [(16, 16, 1)]
 
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import fastattn
-from fastattn.ops.attention import _native_has
+from fastattn._backend import missing_kernel
 from fastattn.reference.random import dropout_keep_mask
 from tolerance import assert_fa_close, assert_grad_close, rounding_floor
 
@@ -32,7 +32,7 @@ UNBOUNDED = 1 << 30
 @pytest.fixture
 def cuda() -> torch.device:
     device = backend_device("cuda")  # skips with the reason when the backend is unavailable
-    if not _native_has("attention_forward", "CUDA"):
+    if missing_kernel("attention_forward", "cuda"):
         pytest.skip("fastattn._C has no CUDA attention kernel in this build")
     return device
 

@@ -30,7 +30,7 @@ import pytest
 import torch
 
 import fastattn
-from fastattn.ops import attention_with_kvcache as kvcache_ops
+from fastattn._backend import missing_kernel
 from host_reads import (ValueReadError, assert_no_host_reads, device_checks, fake_cuda,
                         force_device_checks, run_failing_cuda_script)
 from tolerance import assert_fa_close, rounding_floor
@@ -59,10 +59,10 @@ def _one_thread():
 def kvcache_device(backend: str) -> torch.device:
     """The device for `backend`'s tests; skips when it cannot run attention_with_kvcache."""
     device = backend_device(backend)
-    if backend == "triton" and not kvcache_ops._triton_has():
+    if backend == "triton" and missing_kernel("attention_with_kvcache", "triton"):
         pytest.skip("backend triton: attention_with_kvcache has no Triton implementation in "
                     "this version (test_triton_request_raises_backend_error checks the error)")
-    if backend in ("cpu", "cuda") and not kvcache_ops._has_kernel(backend.upper()):
+    if backend in ("cpu", "cuda") and missing_kernel("attention_decode", backend):
         pytest.skip(f"backend {backend}: fastattn._C has no {backend.upper()} decoding kernel "
                     "in this build")
     return device
@@ -441,7 +441,7 @@ def test_opcheck_triton():
 def test_opcheck_native_cpu():
     """The native ops as opcheck sees them: attention_with_kvcache (rotary, append and decode in
     one call, the caches declared as written in place) and attention_decode."""
-    if not kvcache_ops._has_kernel("CPU", "attention_with_kvcache"):
+    if missing_kernel("attention_with_kvcache", "cpu"):
         pytest.skip("fastattn._C has no CPU attention_with_kvcache kernel in this build")
     d = make_decode(Lq=2, Lnew=2, Lmax=20, rotary="gptj", dtype=F32, seed=7)
     alibi = torch.rand(3, 6)
@@ -458,7 +458,7 @@ def test_opcheck_native_cpu():
 def test_opcheck_native_cuda():
     """The CUDA registration of the one-call op: opcheck, and the same output and caches as the
     CPU op in float32."""
-    if not kvcache_ops._has_kernel("CUDA", "attention_with_kvcache"):
+    if missing_kernel("attention_with_kvcache", "cuda"):
         pytest.skip("fastattn._C has no CUDA attention_with_kvcache kernel in this build")
     d = make_decode(Lq=2, Lnew=2, Lmax=20, rotary="gptj", dtype=F32, seed=7)
     alibi = torch.rand(3, 6)
@@ -477,7 +477,7 @@ def test_opcheck_native_cuda():
 def test_native_op_checks_before_appending():
     """Called directly (no Python checks), the CPU op refuses a cache too small for the new
     tokens, and a k_new of the wrong dtype, before writing anything."""
-    if not kvcache_ops._has_kernel("CPU", "attention_with_kvcache"):
+    if missing_kernel("attention_with_kvcache", "cpu"):
         pytest.skip("fastattn._C has no CPU attention_with_kvcache kernel in this build")
     d = make_decode(Lnew=3, Lmax=20, dtype=F32, seed=3)
     k_before, v_before = d.k_cache.clone(), d.v_cache.clone()
@@ -496,7 +496,7 @@ def test_native_op_checks_before_appending():
 def test_triton_request_raises_backend_error():
     """A Triton request that cannot run is a clear BackendError and leaves the caches alone:
     float64 (no float64 kernels), or any call when there is no Triton implementation."""
-    if kvcache_ops._triton_has():
+    if not missing_kernel("attention_with_kvcache", "triton"):
         if fastattn.available_backends()["triton"] != "available":
             pytest.skip(f"backend triton: {fastattn.available_backends()['triton']}")
         d = make_decode(dtype=F64)

@@ -194,13 +194,14 @@ class AttentionSpy:
 
     def __init__(self, monkeypatch):
         self.calls = []
-        original = fa_mha.attention_canonical
+        for name in ("attention", "attention_with_weights"):
+            monkeypatch.setattr(fa_mha, name, self._spy(getattr(fa_mha, name)))
 
+    def _spy(self, original):
         def spy(*args, **kwargs):
             self.calls.append(kwargs)
             return original(*args, **kwargs)
-
-        monkeypatch.setattr(fa_mha, "attention_canonical", spy)
+        return spy
 
 
 def float32_floor(ref64: torch.Tensor) -> float:

@@ -39,6 +39,7 @@ from torch import nn
 
 import fastattn
 from fastattn import _backend
+from fastattn._backend import missing_kernel
 from fastattn.nn import MultiheadAttention
 from fastattn.ops import varlen_attention as varlen_ops
 from fastattn.ops._common import dropout_seed
@@ -85,9 +86,9 @@ def varlen_device(backend: str) -> torch.device:
     device = backend_device(backend)
     if backend == "cpu" and not varlen_ops.kernel_available(torch.device("cpu")):
         pytest.skip("backend cpu: fastattn._C has no CPU varlen attention kernel in this build")
-    if backend == "cuda" and not varlen_ops._has_kernel("varlen_attention_forward", "CUDA"):
+    if backend == "cuda" and missing_kernel("varlen_attention_forward", "cuda"):
         pytest.skip("backend cuda: fastattn._C has no CUDA varlen attention kernel in this build")
-    if backend == "triton" and not varlen_ops._triton_has("varlen_attention_forward"):
+    if backend == "triton" and missing_kernel("varlen_attention_forward", "triton"):
         pytest.skip("backend triton: no Triton varlen attention kernel in this version "
                     "(test_triton_request_raises_backend_error checks the error)")
     return device
@@ -711,7 +712,7 @@ def test_triton_request_raises_backend_error():
     if fastattn.available_backends()["triton"] != "available":
         pytest.skip(f"backend triton: {fastattn.available_backends()['triton']}")
     q, k, v, cu_q, cu_k = _small()
-    if varlen_ops._triton_has("varlen_attention_forward"):
+    if not missing_kernel("varlen_attention_forward", "triton"):
         with pytest.raises(fastattn.BackendError, match="does not take float64"):
             fastattn.varlen_attention(q.double(), k.double(), v.double(), cu_q, cu_k, 7, 7,
                                       backend="triton")

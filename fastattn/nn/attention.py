@@ -8,11 +8,8 @@ from torch import Tensor, nn
 
 from .. import _backend
 from ..distributed.context_parallel import current_context
-from ..ops._common import dropout_seed
-from ..ops.attention import attention_canonical
+from ..ops.attention import attention, attention_with_weights
 from ..ops.varlen_attention import kernel_available, pack_padded, varlen_attention
-from ..reference import attention as ref
-from ..reference.random import dropout_keep_mask
 
 
 def _disable_torch_fast_paths(module: nn.Module, *args) -> None:
@@ -217,15 +214,16 @@ class MultiheadAttention(nn.MultiheadAttention):
             # torch's rule: the is_causal hint replaces the mask (the mask must be causal).
             causal, mask = True, None
         dropout_p = self.dropout if self.training else 0.0
+        weights = None
         if (padding is not None and mask is None and not need_weights
                 and self._heavy_padding(padding)):
             out = self._varlen(q, k, v, padding, dropout_p)
-            lse = canonical = None
+        elif need_weights:
+            out, weights = attention_with_weights(q, k, v, causal=causal, attn_mask=mask,
+                                                  key_padding_mask=padding, dropout_p=dropout_p)
         else:
-            seed = dropout_seed(dropout_p, q.device)
-            out, lse, canonical = attention_canonical(
-                q, k, v, causal=causal, attn_mask=mask, key_padding_mask=padding,
-                dropout_p=dropout_p, seed=seed)
+            out = attention(q, k, v, causal=causal, attn_mask=mask, key_padding_mask=padding,
+                            dropout_p=dropout_p)
         # out is (N, L, H, Dh) in memory when q's heads are inner (always the case here).
         if batch_first:
             out = out.transpose(1, 2).reshape(bsz, tgt_len, embed_dim)
@@ -233,11 +231,8 @@ class MultiheadAttention(nn.MultiheadAttention):
             out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
         out = F.linear(out, self.out_proj.weight, self.out_proj.bias)
 
-        weights = None
-        if need_weights:
-            weights = self._probabilities(lse, canonical)
-            if average_attn_weights:
-                weights = weights.mean(dim=1)
+        if weights is not None and average_attn_weights:
+            weights = weights.mean(dim=1)
         if not is_batched:
             out = out.squeeze(0)
             if weights is not None:
@@ -402,24 +397,3 @@ class MultiheadAttention(nn.MultiheadAttention):
         if mask.dtype == torch.bool:
             return F.pad(mask, (0, n), value=True)
         return F.pad(mask, (0, n), value=0.0)
-
-    @staticmethod
-    def _probabilities(lse: Tensor, canonical) -> Tensor:
-        """Attention weights (N, H, L, S) as the kernel used them, dropped out with the call's
-        mask (torch's MultiheadAttention returns dropped-out weights); rows the kernel found
-        empty (lse -inf) are zero.
-
-        softmax(scores) rather than exp(scores - lse): in float32, exp(s - lse) carries the
-        rounding of |lse| (about ulp(max score)) into every weight, 4-5x the error of torch's
-        weights for scores of a few units, while the softmax subtracts the row maximum exactly.
-        Empty rows are given zero scores before the softmax so that no NaN (exp(-inf + inf))
-        exists even in the branch that is masked out: it would reach the gradients."""
-        (q, k, v, mask, padding, alibi, scale, softcap, window_lo, window_hi, p,
-         seed) = canonical
-        s = ref.scores(q, k, mask, padding, alibi, scale, softcap, window_lo, window_hi)
-        empty = torch.isneginf(lse).unsqueeze(-1)
-        probs = torch.softmax(s.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
-        if p > 0.0:
-            probs = probs * dropout_keep_mask(seed, tuple(probs.shape), p, probs.device) \
-                * (1.0 / (1.0 - p))
-        return probs.to(q.dtype)

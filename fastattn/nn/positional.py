@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..ops._common import device_check_range, device_checks_enabled, host_checks_enabled
-from ..ops.positional import Offset, add_sinusoidal, apply_rotary, embed_with_positions
+from ..ops.positional import (Offset, add_sinusoidal, apply_rotary, embed_with_positions,
+                              learned_positions)
 
 
 class SinusoidalPositionalEncoding(nn.Module):
@@ -59,23 +59,8 @@ class LearnedPositionalEmbedding(nn.Module):
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"LearnedPositionalEmbedding: expected x (B, L, {self.d_model}), "
                              f"got shape {tuple(x.shape)}")
-        L = x.shape[1]
-        if isinstance(offset, torch.Tensor):
-            rows = offset.to(torch.int64).view(-1, 1) + torch.arange(L, device=x.device)
-            if host_checks_enabled(rows):
-                if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= self.max_len):
-                    raise ValueError(f"LearnedPositionalEmbedding: positions must be in [0, "
-                                     f"{self.max_len}), got offsets {offset.tolist()} with "
-                                     f"L={L}")
-            elif device_checks_enabled(rows):  # CUDA: no host read (indexing asserts too)
-                device_check_range("LearnedPositionalEmbedding", rows, 0, self.max_len - 1,
-                                   f"positions offset + l must be in [0, {self.max_len})")
-            pos = self.weight[rows]
-        else:
-            if offset < 0 or offset + L > self.max_len:
-                raise ValueError(f"LearnedPositionalEmbedding: positions {offset}..{offset + L - 1}"
-                                 f" exceed max_len {self.max_len}")
-            pos = self.weight[offset:offset + L]
+        pos = learned_positions(self.weight, offset, x.shape[1],
+                                caller="LearnedPositionalEmbedding")
         return nn.functional.dropout(x + pos.to(x.dtype), self.dropout, self.training)
 
     def extra_repr(self) -> str:

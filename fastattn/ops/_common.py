@@ -1,9 +1,16 @@
-"""Helpers shared by the public ops: argument checks with clear messages, dropout seeds."""
+"""Helpers shared by the public ops: argument checks with clear messages, dropout seeds, and
+the registration of every backend's kernels as torch ops (the op layer registers; the kernel
+modules only define launchers)."""
 from __future__ import annotations
 
+import importlib
 import os
+from types import ModuleType
+from typing import Callable
 
 import torch
+
+from .. import _backend
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -96,30 +103,46 @@ def device_check_range(op: str, t: torch.Tensor, lo: int, hi: int | None, messag
     device_check(op, ok.all(), message)
 
 
-def backward_through_reference(forward, inputs: tuple, needs_input_grad: tuple,
-                               grad_outputs: tuple) -> tuple:
-    """A differentiable backward: the gradients of `forward(*inputs)` (the op's plain-PyTorch
-    reference composition) with respect to the inputs that need them, built with
-    create_graph=True.
+# ---------------------------------------------------------------------------------------------
+# Registration
 
-    The kernels' backward ops have no derivative of their own; an op's autograd backward calls
-    this instead of its kernel when grad mode is on inside the backward (a backward taken with
-    create_graph=True, as gradient penalties and MAML take it), so second-order gradients are
-    those of the reference formula rather than silently missing. grad_outputs holds one
-    gradient (or None) per output of `forward`; returns one gradient (or None) per input.
-    """
-    with torch.enable_grad():
-        outputs = forward(*inputs)
-    outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
-    pairs = [(o, g) for o, g in zip(outputs, grad_outputs)
-             if g is not None and isinstance(o, torch.Tensor) and o.requires_grad]
-    wanted = [i for i, (t, need) in enumerate(zip(inputs, needs_input_grad))
-              if need and isinstance(t, torch.Tensor) and t.requires_grad]
-    result = [None] * len(inputs)
-    if not pairs or not wanted:
-        return tuple(result)
-    grads = torch.autograd.grad([o for o, _ in pairs], [inputs[i] for i in wanted],
-                                [g for _, g in pairs], create_graph=True, allow_unused=True)
-    for i, g in zip(wanted, grads):
-        result[i] = g if g is not None else torch.zeros_like(inputs[i])
-    return tuple(result)
+
+def triton_kernels(name: str) -> ModuleType | None:
+    """The Triton kernels of op `name` (fastattn.triton.<name>), or None when they cannot be
+    imported (triton missing or too old); the first such error is what
+    fastattn.available_backends() reports for the triton backend."""
+    try:
+        return importlib.import_module(f"fastattn.triton.{name}")
+    except Exception as exc:  # ImportError, or a triton too old for these kernels
+        if _backend.TRITON_IMPORT_ERROR is None:
+            _backend.TRITON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+        return None
+
+
+def register_triton_op(name: str, launcher: Callable, fake: Callable | None = None,
+                       mutates_args: tuple[str, ...] = ()) -> None:
+    """Registers a Triton launcher as the torch op `name` (a native op's schema, suffixed
+    _triton; the schema is inferred from the launcher's annotations). On a GPU it is a
+    triton_op: torch.compile sees the kernels, and the fake implementation is the launcher
+    traced with fake tensors. Under TRITON_INTERPRET=1 wrap_triton hands back the interpreted
+    kernel, which would run on fake tensors while tracing; there, when the op's contract gives
+    a `fake`, the op is an opaque custom op with that fake, so opcheck and torch.compile work
+    on CPU too (without one it stays a triton_op)."""
+    if fake is not None and os.environ.get("TRITON_INTERPRET") == "1":
+        op = torch.library.custom_op(name, mutates_args=mutates_args)(launcher)
+        op.register_fake(fake)
+        return
+    torch.library.triton_op(name, mutates_args=mutates_args)(launcher)
+
+
+def register_native_fakes(fakes: dict[str, Callable]) -> None:
+    """register_fake for the native ops fastattn::<name> -> fake that this build declares."""
+    for name, fake in fakes.items():
+        if _backend.has_op(name):
+            torch.library.register_fake(f"fastattn::{name}")(fake)
+
+
+def register_autograd(op: str, formula: tuple[Callable, Callable]) -> None:
+    """Attaches (backward, setup_context) to the torch op fastattn::<op>."""
+    backward, setup_context = formula
+    torch.library.register_autograd(f"fastattn::{op}", backward, setup_context=setup_context)

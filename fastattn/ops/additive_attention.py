@@ -11,17 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from .. import _backend, _native
+from .. import _backend
+from ..contracts import additive_attention as contract
 from ..reference import additive_attention as ref
-from ._common import backward_through_reference, check_same_device, check_tensor
-
-
-@torch.compiler.assume_constant_result  # fixed at import; Dynamo cannot trace the query
-def _has_kernel(dispatch_key: str) -> bool:
-    if _native.C is None:
-        return False
-    return torch._C._dispatch_has_kernel_for_dispatch_key("fastattn::additive_scores",
-                                                          dispatch_key)
+from ._common import (check_same_device, check_tensor, register_autograd, register_native_fakes,
+                      register_triton_op, triton_kernels)
 
 
 def additive_attention(query: torch.Tensor, keys: torch.Tensor,
@@ -77,13 +71,8 @@ def additive_attention(query: torch.Tensor, keys: torch.Tensor,
             raise ValueError(f"{op}: key_padding_mask must be bool (B, Lk) = ({B}, {Lk}), got "
                              f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
 
-    limits = {}
-    if q.dtype == torch.float64:
-        limits["triton"] = "the triton backend does not take float64"
-    for name, key in (("cpu", "CPU"), ("cuda", "CUDA")):
-        if not _has_kernel(key):
-            limits[name] = f"fastattn._C has no {key} additive attention kernel in this build"
-    chosen = _backend.select_backend(op, q.device, backend, limits=limits)
+    chosen = _backend.select_backend(op, q.device, backend, kernel="additive_scores",
+                                     dtype=q.dtype)
     qp = torch.nn.functional.linear(q, w_query)
     if projected_keys is not None:
         check_tensor(op, "projected_keys", projected_keys, dims=3, float_dtype=True)
@@ -116,36 +105,23 @@ def additive_attention(query: torch.Tensor, keys: torch.Tensor,
     return (context, weights) if return_weights else context
 
 
-def _register_native_fakes() -> None:
-    @torch.library.register_fake("fastattn::additive_scores")
-    def _(qp, kp, v):
-        dtype = torch.float64 if qp.dtype == torch.float64 else torch.float32
-        return qp.new_empty((qp.shape[0], qp.shape[1], kp.shape[1]), dtype=dtype)
-
-    @torch.library.register_fake("fastattn::additive_scores_backward")
-    def _(grad, qp, kp, v):
-        # contiguous, as the kernels allocate them (at::empty(qp.sizes()))
-        return qp.new_empty(qp.shape), kp.new_empty(kp.shape), v.new_empty(v.shape)
-
-
-def register_autograd(suffix: str) -> None:
-    """Attach the backward to fastattn::additive_scores<suffix>."""
-
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs)
-
-    def backward(ctx, grad):
-        qp, kp, v = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True: a backward that is differentiable
-            return backward_through_reference(ref.additive_scores, (qp, kp, v),
-                                              ctx.needs_input_grad, (grad,))
-        return getattr(torch.ops.fastattn, "additive_scores_backward" + suffix)(
-            grad.contiguous(), qp, kp, v)
-
-    torch.library.register_autograd("fastattn::additive_scores" + suffix, backward,
-                                    setup_context=setup_context)
+def _register() -> None:
+    """Fakes and autograd of the native ops and of their Triton twins, from the contract
+    (fastattn/contracts/additive_attention.py)."""
+    register_native_fakes({"additive_scores": contract.scores_fake,
+                           "additive_scores_backward": contract.scores_backward_fake})
+    if _backend.has_op("additive_scores"):
+        register_autograd("additive_scores", contract.autograd_formula(
+            torch.ops.fastattn.additive_scores_backward, ref.additive_scores))
+    kernels = triton_kernels("additive_attention")
+    if kernels is None:
+        return
+    register_triton_op("fastattn::additive_scores_triton", kernels.additive_scores,
+                       contract.scores_fake)
+    register_triton_op("fastattn::additive_scores_backward_triton",
+                       kernels.additive_scores_backward, contract.scores_backward_fake)
+    register_autograd("additive_scores_triton", contract.autograd_formula(
+        torch.ops.fastattn.additive_scores_backward_triton, ref.additive_scores))
 
 
-if _native.C is not None and hasattr(torch.ops.fastattn, "additive_scores"):
-    _register_native_fakes()
-    register_autograd("")
+_register()

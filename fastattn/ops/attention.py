@@ -18,45 +18,20 @@ from typing import Sequence, Union
 
 import torch
 
-from .. import _backend, _native
+from .. import _backend
+from ..contracts import attention as contract
+from ..contracts.attention import MAX_HEAD_DIM, WINDOW_UNBOUNDED, check_seqlen
 from ..reference import attention as ref
-from ..reference.attention import WINDOW_UNBOUNDED, check_seqlen
-from ..reference.random import dropout_uniform
-from ._common import (backward_through_reference, check_dropout, check_same_device,
-                      check_tensor, dropout_seed)
+from ..reference.random import dropout_keep_mask, dropout_uniform
+from ._common import (check_dropout, check_same_device, check_tensor, dropout_seed,
+                      register_autograd, register_native_fakes, register_triton_op,
+                      triton_kernels)
 
 Causal = Union[bool, str]
-MAX_HEAD_DIM = 256
-
-
-@torch.compiler.assume_constant_result  # fixed at import; torch.compile cannot trace the query
-def _native_has(name: str, dispatch_key: str | None = None) -> bool:
-    """Whether fastattn._C declares op `name` (and, with dispatch_key "CPU" or "CUDA", whether
-    it has a kernel for that device)."""
-    if _native.C is None:
-        return False
-    try:
-        getattr(torch.ops.fastattn, name)
-    except (AttributeError, RuntimeError):
-        return False
-    return dispatch_key is None or torch._C._dispatch_has_kernel_for_dispatch_key(
-        f"fastattn::{name}", dispatch_key)
 
 
 def _op(name: str, backend: str):
     return getattr(torch.ops.fastattn, name + "_triton" if backend == "triton" else name)
-
-
-def output_like(q: torch.Tensor, Dv: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """The attention output buffer (B, Hq, Lq, Dv). It follows q's layout: when q's heads are
-    inner to its sequence (q is a (B, L, H, D) tensor transposed), out is (B, Lq, Hq, Dv) in
-    memory, so out.transpose(1, 2).reshape(B, Lq, Hq * Dv) is free (nn.MultiheadAttention).
-    The native kernels apply the same rule (csrc/attention/attention.h)."""
-    B, Hq, Lq, _ = q.shape
-    dtype = q.dtype if dtype is None else dtype
-    if q.stride(1) < q.stride(2):
-        return q.new_empty((B, Lq, Hq, Dv), dtype=dtype).transpose(1, 2)
-    return q.new_empty((B, Hq, Lq, Dv), dtype=dtype)
 
 
 def window_bounds(causal: Causal, window, Lq: int, Lk: int) -> tuple[int, int]:
@@ -190,28 +165,68 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Caus
     masks. Rows with no visible key give output 0 (and lse -inf), never NaN.
     Returns out (B, Hq, Lq, Dv) in q's dtype, or (out, lse) with return_lse.
     """
-    out, lse, _ = attention_canonical(
+    out, lse, _ = _attention(
         q, k, v, causal=causal, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
         dropout_p=dropout_p, scale=scale, alibi_slopes=alibi_slopes, window=window,
         softcap=softcap, backend=backend)
     return (out, lse) if return_lse else out
 
 
-def attention_canonical(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                        causal: Causal = False, attn_mask: torch.Tensor | None = None,
-                        key_padding_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
-                        scale: float | None = None, alibi_slopes: torch.Tensor | None = None,
-                        window: tuple[int, int] | None = None, softcap: float = 0.0,
-                        backend: str | None = None, seed: torch.Tensor | None = None):
+def attention_with_weights(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                           causal: Causal = False, attn_mask: torch.Tensor | None = None,
+                           key_padding_mask: torch.Tensor | None = None,
+                           dropout_p: float = 0.0, scale: float | None = None,
+                           alibi_slopes: torch.Tensor | None = None,
+                           window: tuple[int, int] | None = None, softcap: float = 0.0,
+                           backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`attention` (same arguments and output) that also returns the attention weights, as
+    torch's nn.MultiheadAttention returns them with need_weights=True.
+
+    Returns (out (B, Hq, Lq, Dv), weights (B, Hq, Lq, Lk) in q's dtype): the probabilities
+    exactly as the kernel defined them (recomputed from its scores and lse), multiplied by this
+    call's dropout mask and 1 / (1 - dropout_p); rows with no visible key are 0. Unlike
+    `attention` this materialises (Lq, Lk) per head; differentiable in q, k (and the masks
+    the reference differentiates).
+    """
+    out, lse, canonical = _attention(
+        q, k, v, causal=causal, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+        dropout_p=dropout_p, scale=scale, alibi_slopes=alibi_slopes, window=window,
+        softcap=softcap, backend=backend)
+    return out, _weights(lse, canonical)
+
+
+def _weights(lse: torch.Tensor, canonical: tuple) -> torch.Tensor:
+    """The probabilities of a call with canonical arguments `canonical` and log-sum-exp `lse`.
+
+    softmax(scores) rather than exp(scores - lse): in float32, exp(s - lse) carries the
+    rounding of |lse| (about ulp(max score)) into every weight, 4-5x the error of torch's
+    weights for scores of a few units, while the softmax subtracts the row maximum exactly.
+    Empty rows are given zero scores before the softmax so that no NaN (exp(-inf + inf))
+    exists even in the branch that is masked out: it would reach the gradients."""
+    (q, k, v, mask, padding, alibi, scale, softcap, window_lo, window_hi, p,
+     seed) = canonical
+    s = ref.scores(q, k, mask, padding, alibi, scale, softcap, window_lo, window_hi)
+    empty = torch.isneginf(lse).unsqueeze(-1)
+    probs = torch.softmax(s.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
+    if p > 0.0:
+        probs = probs * dropout_keep_mask(seed, tuple(probs.shape), p, probs.device) \
+            * (1.0 / (1.0 - p))
+    return probs.to(q.dtype)
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Causal = False,
+               attn_mask: torch.Tensor | None = None,
+               key_padding_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+               scale: float | None = None, alibi_slopes: torch.Tensor | None = None,
+               window: tuple[int, int] | None = None, softcap: float = 0.0,
+               backend: str | None = None):
     """`attention` that also returns the canonical arguments every backend received:
     (out, lse, (q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap, window_lo,
-    window_hi, dropout_p, seed)). Modules use them to recompute probabilities exactly as the
-    kernel defined them (nn.MultiheadAttention's need_weights); `seed` fixes the dropout draw.
-    """
+    window_hi, dropout_p, seed)), from which `_weights` recomputes the probabilities."""
     out, lse, args, _ = attention_band(
         q, k, v, causal=causal, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
         dropout_p=dropout_p, scale=scale, alibi_slopes=alibi_slopes, window=window,
-        softcap=softcap, backend=backend, seed=seed)
+        softcap=softcap, backend=backend)
     return out, lse, args
 
 
@@ -222,7 +237,10 @@ def attention_band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                    window: tuple[int, int] | None = None, softcap: float = 0.0,
                    backend: str | None = None, seed: torch.Tensor | None = None,
                    band: tuple[int, int] | None = None, keep: torch.Tensor | None = None):
-    """`attention_canonical` that also returns the backend that ran: (out, lse, args, backend).
+    """`attention` that also returns the canonical arguments every backend received and the
+    backend that ran: (out, lse, args, backend), args = (q, k, v, attn_mask, key_padding_mask,
+    alibi_slopes, scale, softcap, window_lo, window_hi, dropout_p, seed). `seed` fixes the
+    dropout draw (default: drawn from torch's generator, as `attention` draws it).
 
     band: (window_lo, window_hi) given directly instead of `causal` and `window` (which must
         then be left at their defaults): key j is visible to query i iff
@@ -275,16 +293,12 @@ def attention_band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         window_hi = min(int(band[1]), WINDOW_UNBOUNDED)
 
     limits: dict[str, str] = {}
-    if q.dtype == torch.float64:
-        limits["triton"] = "the triton backend does not take float64"
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (mask, alibi)):
         for name in ("cpu", "cuda", "triton"):
             limits[name] = ("gradients with respect to attn_mask or alibi_slopes are computed "
                             "by the reference backend only")
-    for name, key in (("cpu", "CPU"), ("cuda", "CUDA")):
-        if name not in limits and not _native_has("attention_forward", key):
-            limits[name] = f"fastattn._C has no {key} attention kernel in this build"
-    chosen = _backend.select_backend(op, q.device, backend, limits=limits)
+    chosen = _backend.select_backend(op, q.device, backend, limits=limits,
+                                     kernel="attention_forward", dtype=q.dtype)
     if seed is None:
         seed = dropout_seed(p, q.device)
     args = (q, k, v, mask, padding, alibi, scale, softcap, window_lo, window_hi, p, seed)
@@ -360,62 +374,25 @@ def merge_attention(outs: Sequence[torch.Tensor],
 
 
 # ---------------------------------------------------------------------------------------------
-# Fake implementations (native ops) and autograd (native and triton op sets)
+# Registration: fakes and autograd of the native ops and of their Triton twins, from the
+# contract (fastattn/contracts/attention.py)
 
 
-def _register_native_fakes() -> None:
-    @torch.library.register_fake("fastattn::attention_forward")
-    def _(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap, window_lo,
-          window_hi, dropout_p, seed):
-        B, Hq, Lq, _ = q.shape
-        return output_like(q, v.shape[3]), q.new_empty((B, Hq, Lq), dtype=ref.lse_dtype(q.dtype))
-
-    @torch.library.register_fake("fastattn::attention_backward")
-    def _(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask, alibi_slopes,
-          scale, softcap, window_lo, window_hi, dropout_p, seed, deterministic):
-        # The kernels return contiguous gradients (at::empty(q.sizes())) whatever q's strides;
-        # empty_like would keep a transposed q's strides, and Inductor asserts the fake's.
-        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-
-
-def register_autograd(suffix: str) -> None:
-    """Attach the backward to fastattn::attention_forward<suffix>."""
-
-    def setup_context(ctx, inputs, output):
-        (q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap, window_lo,
-         window_hi, dropout_p, seed) = inputs
-        out, lse = output
-        ctx.set_materialize_grads(False)
-        ctx.meta = (scale, softcap, window_lo, window_hi, dropout_p)
-        ctx.save_for_backward(q, k, v, out, lse, attn_mask, key_padding_mask, alibi_slopes, seed)
-
-    def backward(ctx, grad_out, grad_lse):
-        q, k, v, out, lse, attn_mask, key_padding_mask, alibi_slopes, seed = ctx.saved_tensors
-        scale, softcap, window_lo, window_hi, dropout_p = ctx.meta
-        if grad_out is None and grad_lse is None:
-            return (None,) * 12
-        if torch.is_grad_enabled():  # create_graph=True: a backward that is differentiable
-            args = (q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
-                    window_lo, window_hi, dropout_p, seed)
-            return backward_through_reference(ref.attention, args, ctx.needs_input_grad,
-                                              (grad_out, grad_lse))
-        if grad_out is None:
-            grad_out = torch.zeros_like(out)
-        if grad_out.numel() == 0:
-            grad_out = torch.zeros_like(out)  # an empty expanded grad keeps stride 0 otherwise
-        elif grad_out.stride(-1) != 1:
-            grad_out = grad_out.contiguous()
-        if grad_lse is not None:
-            grad_lse = grad_lse.contiguous()
-        dq, dk, dv = getattr(torch.ops.fastattn, "attention_backward" + suffix)(
-            grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask, alibi_slopes,
-            scale, softcap, window_lo, window_hi, dropout_p, seed, True)
-        return (dq, dk, dv) + (None,) * 9
-
-    torch.library.register_autograd("fastattn::attention_forward" + suffix, backward,
-                                    setup_context=setup_context)
+def _register() -> None:
+    register_native_fakes({"attention_forward": contract.forward_fake,
+                           "attention_backward": contract.backward_fake})
+    if _backend.has_op("attention_forward"):
+        register_autograd("attention_forward", contract.autograd_formula(
+            torch.ops.fastattn.attention_backward, ref.attention))
+    kernels = triton_kernels("attention")
+    if kernels is None:
+        return
+    register_triton_op("fastattn::attention_forward_triton", kernels.attention_forward,
+                       contract.forward_fake)
+    register_triton_op("fastattn::attention_backward_triton", kernels.attention_backward,
+                       contract.backward_fake)
+    register_autograd("attention_forward_triton", contract.autograd_formula(
+        torch.ops.fastattn.attention_backward_triton, ref.attention))
 
 
-if _native_has("attention_forward"):
-    _register_native_fakes()
-    register_autograd("")
+_register()

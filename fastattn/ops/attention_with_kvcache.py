@@ -15,34 +15,15 @@ import math
 
 import torch
 
-from .. import _backend, _native
-from ..reference import attention as dense_ref
+from .. import _backend
+from ..contracts import attention_with_kvcache as contract
+from ..contracts.attention import MAX_HEAD_DIM, check_seqlen
 from ..reference import attention_with_kvcache as ref
 from ._common import (check_same_device, check_tensor, device_check_range,
-                      device_checks_enabled, host_checks_enabled)
-from .attention import MAX_HEAD_DIM, output_like
+                      device_checks_enabled, host_checks_enabled, register_native_fakes,
+                      register_triton_op, triton_kernels)
 from .positional import _check_position_range, apply_rotary
 from .varlen_attention import causal_mode, window_sides
-
-
-@torch.compiler.assume_constant_result  # fixed at import; Dynamo cannot trace the query
-def _has_kernel(dispatch_key: str, name: str = "attention_decode") -> bool:
-    if _native.C is None:
-        return False
-    try:
-        getattr(torch.ops.fastattn, name)
-    except (AttributeError, RuntimeError):
-        return False
-    return torch._C._dispatch_has_kernel_for_dispatch_key(f"fastattn::{name}", dispatch_key)
-
-
-@torch.compiler.assume_constant_result  # fixed at import, as _has_kernel
-def _triton_has() -> bool:
-    try:
-        torch.ops.fastattn.attention_with_kvcache_triton
-        return True
-    except (AttributeError, RuntimeError):
-        return False
 
 
 def _check_rotary_tables(op: str, D: int, cos: torch.Tensor, sin: torch.Tensor,
@@ -111,8 +92,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if not (1 <= D <= MAX_HEAD_DIM and 1 <= Dv <= MAX_HEAD_DIM):
         raise ValueError(f"{op}: head dims must be in [1, {MAX_HEAD_DIM}], got {D} and {Dv}")
     # Every backend's band (the reference's too) holds sequences below 2**30.
-    dense_ref.check_seqlen(op, "q's length (Lq)", Lq)
-    dense_ref.check_seqlen(op, "k_cache's length (Lmax)", Lmax)
+    check_seqlen(op, "q's length (Lq)", Lq)
+    check_seqlen(op, "k_cache's length (Lmax)", Lmax)
     if cache_seqlens.dtype != torch.int32 or cache_seqlens.shape[0] != B:
         raise TypeError(f"{op}: cache_seqlens must be int32 (B,) = ({B},), got "
                         f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
@@ -152,15 +133,15 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                              f"{tuple(alibi_slopes.shape)}")
         alibi = alibi_slopes.to(torch.float32).expand(B, Hq).contiguous()
 
+    # The native backends attend with attention_decode (and fuse the append where their build
+    # has attention_with_kvcache); the triton backend has the fused op only.
     limits = {}
-    if q.dtype == torch.float64:
-        limits["triton"] = "the triton backend does not take float64"
-    elif not _triton_has():
-        limits["triton"] = "no Triton KV-cache kernel in this version"
-    for name, key in (("cpu", "CPU"), ("cuda", "CUDA")):
-        if not _has_kernel(key):
-            limits[name] = f"fastattn._C has no {key} decoding kernel in this build"
-    chosen = _backend.select_backend(op, q.device, backend, limits=limits)
+    for name, kernel in (("cpu", "attention_decode"), ("cuda", "attention_decode"),
+                         ("triton", "attention_with_kvcache")):
+        why = _backend.missing_kernel(kernel, name)
+        if why:
+            limits[name] = why
+    chosen = _backend.select_backend(op, q.device, backend, limits=limits, dtype=q.dtype)
     # CUDA values are checked on the device, before anything is appended: by the native CUDA
     # op itself (a check kernel), here for the other backends.
     device_side = chosen != "cuda" and device_checks_enabled(cache_seqlens)
@@ -172,8 +153,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     # One op for rotary, append and attention where the backend has it (triton; a native
     # build's attention_with_kvcache): a decoding step is short enough that a handful of ops'
     # dispatch and checks would cost more than the attention itself.
-    if chosen == "triton" or (chosen != "reference"
-                              and _has_kernel(chosen.upper(), "attention_with_kvcache")):
+    if chosen != "reference" and not _backend.missing_kernel("attention_with_kvcache", chosen):
         if rotary_cos is not None:
             _check_rotary_tables(op, D, rotary_cos, rotary_sin, positions, max(Lq, Lnew),
                                  on_device=chosen != "cuda")
@@ -211,22 +191,16 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     return out
 
 
-def _register_native_fakes() -> None:
-    @torch.library.register_fake("fastattn::attention_decode")
-    def _(q, k_cache, v_cache, k_lengths, q_positions, alibi, scale, softcap, mode, left, right,
-          num_splits):
-        B, Hq, Lq, _ = q.shape
-        return output_like(q, v_cache.shape[3]), q.new_empty(
-            (B, Hq, Lq), dtype=dense_ref.lse_dtype(q.dtype))
-
-    if _has_kernel("CPU", "attention_with_kvcache"):
-        @torch.library.register_fake("fastattn::attention_with_kvcache")
-        def _(q, k_cache, v_cache, cache_seqlens, k_new, v_new, rotary_cos, rotary_sin,
-              rotary_interleaved, alibi, scale, softcap, mode, left, right, num_splits):
-            B, Hq, Lq, _ = q.shape
-            return output_like(q, v_cache.shape[3]), q.new_empty(
-                (B, Hq, Lq), dtype=dense_ref.lse_dtype(q.dtype))
+def _register() -> None:
+    """Fakes of the native ops and the Triton op, from the contract
+    (fastattn/contracts/attention_with_kvcache.py)."""
+    register_native_fakes({"attention_decode": contract.decode_fake,
+                           "attention_with_kvcache": contract.attention_with_kvcache_fake})
+    kernels = triton_kernels("attention_with_kvcache")
+    if kernels is not None:
+        register_triton_op("fastattn::attention_with_kvcache_triton",
+                           kernels.attention_with_kvcache, contract.attention_with_kvcache_fake,
+                           mutates_args=("k_cache", "v_cache"))
 
 
-if _native.C is not None and _has_kernel("CPU"):
-    _register_native_fakes()
+_register()

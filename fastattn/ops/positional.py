@@ -14,23 +14,21 @@ from typing import Union
 
 import torch
 
-from .. import _backend, _native
+from .. import _backend
+from ..contracts import positional as contract
+from ..contracts import unit_last_stride
 from ..reference import positional as ref
-from ._common import (backward_through_reference, check_dropout, check_same_device,
-                      check_tensor, check_unit_last_stride, device_check_range,
-                      device_checks_enabled, dropout_seed, host_checks_enabled)
+from ._common import (check_dropout, check_same_device, check_tensor, check_unit_last_stride,
+                      device_check_range, device_checks_enabled, dropout_seed,
+                      host_checks_enabled, register_autograd, register_native_fakes,
+                      register_triton_op, triton_kernels)
 
 Offset = Union[int, torch.Tensor]
-_TRITON_NO_FLOAT64 = "the triton backend computes in float32 and does not take float64"
 
 
 def _native_op(name: str, backend: str):
     """The registered op that `backend` ("cpu", "cuda" or "triton") runs for `name`."""
     return getattr(torch.ops.fastattn, name + "_triton" if backend == "triton" else name)
-
-
-def _limits(dtype: torch.dtype) -> dict[str, str]:
-    return {"triton": _TRITON_NO_FLOAT64} if dtype == torch.float64 else {}
 
 
 def _split_offset(op: str, offset: Offset, batch: int, device: torch.device,
@@ -111,7 +109,7 @@ def sinusoidal_table(num_positions: int, dim: int, *, base: float = 10000.0, off
         raise TypeError(f"{op}: dtype must be a floating dtype, got {dtype}")
     device = torch.device("cpu") if device is None else torch.device(device)
     positions = torch.arange(offset, offset + num_positions, dtype=torch.int64, device=device)
-    chosen = _backend.select_backend(op, device, backend, limits=_limits(dtype))
+    chosen = _backend.select_backend(op, device, backend, kernel=op, dtype=dtype)
     _backend._record(op, chosen)
     if chosen == "reference":
         return ref.sinusoidal_table(positions, dim, float(base), dtype)
@@ -143,7 +141,7 @@ class _InplaceAddSinusoidal(torch.autograd.Function):
     def backward(ctx, grad):
         backend, scale, dropout_p = ctx.args
         (seed,) = ctx.saved_tensors
-        g = _native_op("add_sinusoidal_backward", backend)(_unit_last_stride(grad), scale,
+        g = _native_op("add_sinusoidal_backward", backend)(unit_last_stride(grad), scale,
                                                            dropout_p, seed)
         return g, None, None, None, None, None, None, None
 
@@ -190,7 +188,7 @@ def add_sinusoidal(x: torch.Tensor, *, offset: Offset = 0, scale: float = 1.0,
         # In place needs x3 to be a view of x; otherwise the result is copied back into x.
         viewed = not inplace or _is_view_of(x3, x)
     off, offsets = _split_offset(op, offset, x3.shape[0], x.device)
-    chosen = _backend.select_backend(op, x.device, backend, limits=_limits(x.dtype))
+    chosen = _backend.select_backend(op, x.device, backend, kernel=op, dtype=x.dtype)
     seed = dropout_seed(p, x.device)
     args = (x3, off, offsets, float(scale), float(base), p, seed)
     # Every backend rejects per-sequence starts below 0 (the native kernels read no table, so
@@ -273,7 +271,7 @@ def embed_with_positions(tokens: torch.Tensor, weight: torch.Tensor, *,
     unbatched = tokens.dim() == 1
     tok = (tokens.unsqueeze(0) if unbatched else tokens).to(torch.int64)
     off, offsets = _split_offset(op, offset, tok.shape[0], weight.device)
-    chosen = _backend.select_backend(op, weight.device, backend, limits=_limits(weight.dtype))
+    chosen = _backend.select_backend(op, weight.device, backend, kernel=op, dtype=weight.dtype)
     seed = dropout_seed(p, weight.device)
     args = (tok, weight, table, off, offsets, float(scale), float(base), p, seed, pad,
             bool(deterministic))
@@ -295,6 +293,35 @@ def embed_with_positions(tokens: torch.Tensor, weight: torch.Tensor, *,
         out = _native_op(op, chosen)(*args)
     _backend._record(op, chosen)
     return out[0] if unbatched else out
+
+
+# ---------------------------------------------------------------------------------------------
+# learned_positions
+
+
+def learned_positions(table: torch.Tensor, offset: Offset, length: int, *,
+                      caller: str = "learned_positions") -> torch.Tensor:
+    """Rows offset + l (l < length) of a learned positions table (max_len, D): (length, D) for
+    an int offset, (B, length, D) for an integer (B,) tensor of per-sequence offsets.
+    Differentiable in table. Positions outside [0, max_len) raise ValueError naming `caller`:
+    on the host for an int or CPU offsets; for CUDA offsets asynchronously on the device (no
+    synchronisation; indexing would assert too).
+    """
+    max_len = table.shape[0]
+    if isinstance(offset, torch.Tensor):
+        rows = offset.to(torch.int64).view(-1, 1) + torch.arange(length, device=table.device)
+        if host_checks_enabled(rows):
+            if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= max_len):
+                raise ValueError(f"{caller}: positions must be in [0, {max_len}), got offsets "
+                                 f"{offset.tolist()} with L={length}")
+        elif device_checks_enabled(rows):
+            device_check_range(caller, rows, 0, max_len - 1,
+                               f"positions offset + l must be in [0, {max_len})")
+        return table[rows]
+    if offset < 0 or offset + length > max_len:
+        raise ValueError(f"{caller}: positions {offset}..{offset + length - 1} exceed max_len "
+                         f"{max_len}")
+    return table[offset:offset + length]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,7 +351,7 @@ class _InplaceRotary(torch.autograd.Function):
     def backward(ctx, grad):
         backend, offset, rotary_dim, base, interleaved = ctx.args
         cos, sin, offsets, position_ids = ctx.saved_tensors
-        g = _native_op("apply_rotary", backend)(_unit_last_stride(grad), cos, sin, offset, offsets,
+        g = _native_op("apply_rotary", backend)(unit_last_stride(grad), cos, sin, offset, offsets,
                                                 position_ids, rotary_dim, base, interleaved,
                                                 True)
         return g, None, None, None, None, None, None, None, None, None
@@ -388,7 +415,7 @@ def apply_rotary(x: torch.Tensor, *, cos: torch.Tensor | None = None,
         off, offsets = 0, None
     else:
         off, offsets = _split_offset(op, offset, B, x.device)
-    chosen = _backend.select_backend(op, x.device, backend, limits=_limits(x.dtype))
+    chosen = _backend.select_backend(op, x.device, backend, kernel=op, dtype=x.dtype)
     # As in embed_with_positions: the native ops check positions themselves.
     ids_or_x = x if position_ids is None else position_ids
     if chosen in ("triton", "reference") or (chosen == "cuda" and host_checks_enabled(ids_or_x)):
@@ -422,141 +449,33 @@ def apply_rotary(x: torch.Tensor, *, cos: torch.Tensor | None = None,
 
 
 # ---------------------------------------------------------------------------------------------
-# Fake implementations (native ops; triton_op derives its own) and autograd (both op sets)
+# Registration: fakes and autograd of the native ops and of their Triton twins, from the
+# contract (fastattn/contracts/positional.py)
 
 
-def _register_native_fakes() -> None:
-    lib = "fastattn::"
-
-    @torch.library.register_fake(lib + "sinusoidal_table")
-    def _(positions, dim, base, dtype):
-        return positions.new_empty((*positions.shape, dim), dtype=dtype)
-
-    @torch.library.register_fake(lib + "add_sinusoidal")
-    def _(x, offset, offsets, scale, base, dropout_p, seed):
-        return torch.empty_like(x)
-
-    @torch.library.register_fake(lib + "add_sinusoidal_")
-    def _(x, offset, offsets, scale, base, dropout_p, seed):
-        return None
-
-    @torch.library.register_fake(lib + "add_sinusoidal_backward")
-    def _(grad, scale, dropout_p, seed):
-        return torch.empty_like(grad)
-
-    @torch.library.register_fake(lib + "embed_with_positions")
-    def _(tokens, weight, table, offset, offsets, scale, base, dropout_p, seed, padding_idx,
-          deterministic):
-        return weight.new_empty((tokens.shape[0], tokens.shape[1], weight.shape[1]))
-
-    @torch.library.register_fake(lib + "embed_with_positions_backward")
-    def _(grad, tokens, num_weights, padding_idx, table_rows, offset, offsets, scale,
-          dropout_p, seed, deterministic):
-        D = grad.shape[2]
-        return grad.new_empty((num_weights, D)), grad.new_empty((max(table_rows, 0), D))
-
-    @torch.library.register_fake(lib + "apply_rotary")
-    def _(x, cos, sin, offset, offsets, position_ids, rotary_dim, base, interleaved,
-          conjugate):
-        return torch.empty_like(x)
-
-    @torch.library.register_fake(lib + "apply_rotary_")
-    def _(x, cos, sin, offset, offsets, position_ids, rotary_dim, base, interleaved,
-          conjugate):
-        return None
+def _triton_name(name: str) -> str:
+    """The Triton op of native op `name`: add_sinusoidal_ -> add_sinusoidal_triton_."""
+    return name[:-1] + "_triton_" if name.endswith("_") else name + "_triton"
 
 
-def _unit_last_stride(grad: torch.Tensor) -> torch.Tensor:
-    """Incoming gradients can be expanded (stride 0, from .sum()); kernels need stride 1."""
-    return grad if grad.dim() == 0 or grad.shape[-1] <= 1 or grad.stride(-1) == 1 \
-        else grad.contiguous()
+def _register() -> None:
+    register_native_fakes(contract.FAKES)
+    if _backend.has_op("apply_rotary"):
+        formulas = contract.autograd_formulas(lambda name: getattr(torch.ops.fastattn, name),
+                                              ref.embed_with_positions)
+        for name, formula in formulas.items():
+            register_autograd(name, formula)
+    kernels = triton_kernels("positional")
+    if kernels is None:
+        return
+    for name, fake in contract.FAKES.items():
+        mutates = ("x",) if name.endswith("_") else ()
+        register_triton_op(f"fastattn::{_triton_name(name)}", getattr(kernels, name), fake,
+                           mutates_args=mutates)
+    formulas = contract.autograd_formulas(
+        lambda name: getattr(torch.ops.fastattn, _triton_name(name)), ref.embed_with_positions)
+    for name, formula in formulas.items():
+        register_autograd(_triton_name(name), formula)
 
 
-def register_autograd(suffix: str) -> None:
-    """Attach backward formulas to the op set named fastattn::<op><suffix>."""
-    ops = torch.ops.fastattn
-
-    def add_sinusoidal_setup(ctx, inputs, output):
-        x, offset, offsets, scale, base, dropout_p, seed = inputs
-        ctx.scale, ctx.dropout_p = scale, dropout_p
-        ctx.save_for_backward(seed)
-
-    def add_sinusoidal_backward(ctx, grad):
-        (seed,) = ctx.saved_tensors
-        grad_x = getattr(ops, "add_sinusoidal_backward" + suffix)(
-            _unit_last_stride(grad), ctx.scale, ctx.dropout_p, seed)
-        return grad_x, None, None, None, None, None, None
-
-    torch.library.register_autograd("fastattn::add_sinusoidal" + suffix, add_sinusoidal_backward,
-                                    setup_context=add_sinusoidal_setup)
-
-    def add_sinusoidal_backward_setup(ctx, inputs, output):
-        grad, scale, dropout_p, seed = inputs
-        ctx.scale, ctx.dropout_p = scale, dropout_p
-        ctx.save_for_backward(seed)
-
-    def add_sinusoidal_double_backward(ctx, grad):
-        # The backward is linear in grad: its own backward is the same operation.
-        (seed,) = ctx.saved_tensors
-        out = getattr(ops, "add_sinusoidal_backward" + suffix)(
-            _unit_last_stride(grad), ctx.scale, ctx.dropout_p, seed)
-        return out, None, None, None
-
-    torch.library.register_autograd("fastattn::add_sinusoidal_backward" + suffix,
-                                    add_sinusoidal_double_backward,
-                                    setup_context=add_sinusoidal_backward_setup)
-
-    def embed_setup(ctx, inputs, output):
-        (tokens, weight, table, offset, offsets, scale, base, dropout_p, seed, padding_idx,
-         deterministic) = inputs
-        ctx.meta = (weight.shape[0], -1 if table is None else table.shape[0], offset, scale,
-                    base, dropout_p, padding_idx, deterministic)
-        ctx.save_for_backward(tokens, offsets, seed)
-        # Only a create_graph backward reads these (to differentiate the reference); held
-        # without save_for_backward's version check, which would fail ordinary backwards of
-        # models that update the weight in place between forward and backward.
-        ctx.weight, ctx.table = weight, table
-
-    def embed_backward(ctx, grad):
-        (num_weights, table_rows, offset, scale, base, dropout_p, padding_idx,
-         deterministic) = ctx.meta
-        tokens, offsets, seed = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True: a backward that is differentiable
-            args = (tokens, ctx.weight, ctx.table, offset, offsets, scale, base, dropout_p, seed,
-                    padding_idx, deterministic)
-            return backward_through_reference(ref.embed_with_positions, args,
-                                              ctx.needs_input_grad, (grad,))
-        grad_weight = grad_table = None
-        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            grad_weight, grad_table = getattr(ops, "embed_with_positions_backward" + suffix)(
-                grad, tokens, num_weights, padding_idx, table_rows, offset, offsets, scale,
-                dropout_p, seed, deterministic)
-            if table_rows < 0:
-                grad_table = None
-        return (None, grad_weight, grad_table, None, None, None, None, None, None, None, None)
-
-    torch.library.register_autograd("fastattn::embed_with_positions" + suffix, embed_backward,
-                                    setup_context=embed_setup)
-
-    def rotary_setup(ctx, inputs, output):
-        (x, cos, sin, offset, offsets, position_ids, rotary_dim, base, interleaved,
-         conjugate) = inputs
-        ctx.meta = (offset, rotary_dim, base, interleaved, conjugate)
-        ctx.save_for_backward(cos, sin, offsets, position_ids)
-
-    def rotary_backward(ctx, grad):
-        offset, rotary_dim, base, interleaved, conjugate = ctx.meta
-        cos, sin, offsets, position_ids = ctx.saved_tensors
-        # A rotation's transpose is the rotation by the opposite angle.
-        grad_x = getattr(ops, "apply_rotary" + suffix)(
-            _unit_last_stride(grad), cos, sin, offset, offsets, position_ids, rotary_dim, base,
-            interleaved, not conjugate)
-        return grad_x, None, None, None, None, None, None, None, None, None
-
-    torch.library.register_autograd("fastattn::apply_rotary" + suffix, rotary_backward,
-                                    setup_context=rotary_setup)
-
-
-if _native.C is not None:
-    _register_native_fakes()
-    register_autograd("")
+_register()

@@ -14,43 +14,23 @@ import math
 
 import torch
 
-from .. import _backend, _native
-from ..reference import attention as dense_ref
+from .. import _backend
+from ..contracts import varlen_attention as contract
+from ..contracts.attention import MAX_HEAD_DIM, check_seqlen
 from ..reference import varlen_attention as ref
-from ._common import (backward_through_reference, check_dropout, check_same_device,
-                      check_tensor, device_check, device_checks_enabled, dropout_seed,
-                      host_checks_enabled)
-from .attention import MAX_HEAD_DIM, Causal
-
-
-# Fixed at import; Dynamo cannot trace the dispatcher query (a graph break under
-# torch.compile(fullgraph=True)), so both are constants to it, as in ops/attention.py.
-@torch.compiler.assume_constant_result
-def _has_kernel(name: str, dispatch_key: str) -> bool:
-    if _native.C is None:
-        return False
-    try:
-        getattr(torch.ops.fastattn, name)
-    except (AttributeError, RuntimeError):
-        return False
-    return torch._C._dispatch_has_kernel_for_dispatch_key(f"fastattn::{name}", dispatch_key)
-
-
-@torch.compiler.assume_constant_result
-def _triton_has(name: str) -> bool:
-    try:
-        getattr(torch.ops.fastattn, name + "_triton")
-        return True
-    except (AttributeError, RuntimeError):
-        return False
+from ._common import (check_dropout, check_same_device, check_tensor, device_check,
+                      device_checks_enabled, dropout_seed, host_checks_enabled,
+                      register_autograd, register_native_fakes, register_triton_op,
+                      triton_kernels)
+from .attention import Causal
 
 
 def kernel_available(device: torch.device) -> bool:
-    """Whether a varlen kernel (not only the reference) runs tensors on `device`."""
-    if device.type == "cpu":
-        return _has_kernel("varlen_attention_forward", "CPU")
-    return (_has_kernel("varlen_attention_forward", "CUDA")
-            or _triton_has("varlen_attention_forward"))
+    """Whether a varlen kernel (not only the reference) can run tensors on `device` here: the
+    automatic backend choice for that device would not fall back to the reference."""
+    candidates = ("cpu",) if device.type == "cpu" else ("cuda", "triton")
+    return any(_backend.cannot_run(backend, device, "varlen_attention_forward") is None
+               for backend in candidates)
 
 
 def causal_mode(causal: Causal) -> int:
@@ -152,8 +132,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         if not 1 <= d <= MAX_HEAD_DIM:
             raise ValueError(f"{op}: {name} must be in [1, {MAX_HEAD_DIM}], got {d}")
     # Every backend's band (the reference's too) holds sequences below 2**30.
-    dense_ref.check_seqlen(op, "max_seqlen_q", max_seqlen_q)
-    dense_ref.check_seqlen(op, "max_seqlen_k", max_seqlen_k)
+    check_seqlen(op, "max_seqlen_q", max_seqlen_q)
+    check_seqlen(op, "max_seqlen_k", max_seqlen_k)
     check_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q, q.device)
     check_cu_seqlens(op, "cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k, q.device)
     if cu_seqlens_q.numel() != cu_seqlens_k.numel():
@@ -175,17 +155,11 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              f"{tuple(alibi_slopes.shape)}")
         alibi = alibi_slopes.to(torch.float32).expand(B, Hq)
     limits: dict[str, str] = {}
-    if q.dtype == torch.float64:
-        limits["triton"] = "the triton backend does not take float64"
-    elif not _triton_has("varlen_attention_forward"):
-        limits["triton"] = "no Triton varlen kernel in this version"
-    for name, key in (("cpu", "CPU"), ("cuda", "CUDA")):
-        if not _has_kernel("varlen_attention_forward", key):
-            limits[name] = f"fastattn._C has no {key} varlen attention kernel in this build"
     if torch.is_grad_enabled() and alibi is not None and alibi.requires_grad:
         for name in ("cpu", "cuda", "triton"):
             limits[name] = "gradients with respect to alibi_slopes need the reference backend"
-    chosen = _backend.select_backend(op, q.device, backend, limits=limits)
+    chosen = _backend.select_backend(op, q.device, backend, limits=limits,
+                                     kernel="varlen_attention_forward", dtype=q.dtype)
     if chosen != "cuda" and device_checks_enabled(cu_seqlens_q):  # the CUDA op checks itself
         device_check_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q)
         device_check_cu_seqlens(op, "cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k)
@@ -237,55 +211,25 @@ def unpack_padded(packed: torch.Tensor, indices: torch.Tensor, batch: int,
 
 
 # ---------------------------------------------------------------------------------------------
-# Fakes and autograd
+# Registration: fakes and autograd of the native ops and of their Triton twins, from the
+# contract (fastattn/contracts/varlen_attention.py)
 
 
-def _register_native_fakes() -> None:
-    @torch.library.register_fake("fastattn::varlen_attention_forward")
-    def _(q, k, v, cu_q, cu_k, max_q, max_k, alibi, scale, softcap, mode, left, right, p, seed):
-        return (q.new_empty((q.shape[0], q.shape[1], v.shape[2])),
-                q.new_empty((q.shape[1], q.shape[0]), dtype=dense_ref.lse_dtype(q.dtype)))
-
-    @torch.library.register_fake("fastattn::varlen_attention_backward")
-    def _(grad_out, grad_lse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, alibi, scale,
-          softcap, mode, left, right, p, seed, deterministic):
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
-def register_autograd(suffix: str) -> None:
-    def setup_context(ctx, inputs, output):
-        (q, k, v, cu_q, cu_k, max_q, max_k, alibi, scale, softcap, mode, left, right, p,
-         seed) = inputs
-        out, lse = output
-        ctx.set_materialize_grads(False)
-        ctx.meta = (max_q, max_k, scale, softcap, mode, left, right, p)
-        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi, seed)
-
-    def backward(ctx, grad_out, grad_lse):
-        q, k, v, out, lse, cu_q, cu_k, alibi, seed = ctx.saved_tensors
-        max_q, max_k, scale, softcap, mode, left, right, p = ctx.meta
-        if grad_out is None and grad_lse is None:
-            return (None,) * 15
-        if torch.is_grad_enabled():  # create_graph=True: a backward that is differentiable
-            args = (q, k, v, cu_q, cu_k, max_q, max_k, alibi, scale, softcap, mode, left, right,
-                    p, seed)
-            return backward_through_reference(ref.varlen_attention, args,
-                                              ctx.needs_input_grad, (grad_out, grad_lse))
-        if grad_out is None or grad_out.numel() == 0:
-            # An empty expanded gradient (out.sum() with total_q = 0) keeps stride 0, which
-            # .contiguous() does not change and the kernels refuse.
-            grad_out = torch.zeros_like(out)
-        elif grad_out.stride(-1) != 1:
-            grad_out = grad_out.contiguous()
-        dq, dk, dv = getattr(torch.ops.fastattn, "varlen_attention_backward" + suffix)(
-            grad_out, grad_lse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, alibi, scale,
-            softcap, mode, left, right, p, seed, True)
-        return (dq, dk, dv) + (None,) * 12
-
-    torch.library.register_autograd("fastattn::varlen_attention_forward" + suffix, backward,
-                                    setup_context=setup_context)
+def _register() -> None:
+    register_native_fakes({"varlen_attention_forward": contract.forward_fake,
+                           "varlen_attention_backward": contract.backward_fake})
+    if _backend.has_op("varlen_attention_forward"):
+        register_autograd("varlen_attention_forward", contract.autograd_formula(
+            torch.ops.fastattn.varlen_attention_backward, ref.varlen_attention))
+    kernels = triton_kernels("varlen_attention")
+    if kernels is None:
+        return
+    register_triton_op("fastattn::varlen_attention_forward_triton",
+                       kernels.varlen_attention_forward, contract.forward_fake)
+    register_triton_op("fastattn::varlen_attention_backward_triton",
+                       kernels.varlen_attention_backward, contract.backward_fake)
+    register_autograd("varlen_attention_forward_triton", contract.autograd_formula(
+        torch.ops.fastattn.varlen_attention_backward_triton, ref.varlen_attention))
 
 
-if _native.C is not None and _has_kernel("varlen_attention_forward", "CPU"):
-    _register_native_fakes()
-    register_autograd("")
+_register()

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import torch
 
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
+from ..contracts import compute_dtype
 
 
 def additive_scores(qp: torch.Tensor, kp: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -20,29 +20,9 @@ from __future__ import annotations
 
 import torch
 
+from ..contracts import compute_dtype
+from ..contracts.attention import lse_dtype
 from .random import dropout_keep_mask
-
-WINDOW_UNBOUNDED = 1 << 30
-# Longest query or key sequence of every backend: with +-WINDOW_UNBOUNDED as "unbounded", a
-# longer one would hide keys, and the CUDA and Triton kernels add window bounds to int32
-# indices. (csrc/attention/attention.h: kMaxSeqLen, the same rule.)
-MAX_SEQLEN = WINDOW_UNBOUNDED - 1
-
-
-def check_seqlen(op: str, name: str, length: int) -> None:
-    """Refuses a sequence length of MAX_SEQLEN + 1 = 2**30 or more, naming the argument."""
-    if length > MAX_SEQLEN:
-        raise ValueError(f"{op}: {name} must be < 2**30 = {MAX_SEQLEN + 1} (the band's unbounded "
-                         f"bound and the GPU kernels' int32 indices), got {length}")
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def lse_dtype(dtype: torch.dtype) -> torch.dtype:
-    """lse is float32, or float64 for float64 inputs (so gradcheck can see through it)."""
-    return compute_dtype(dtype)
 
 
 def scores(q: torch.Tensor, k: torch.Tensor, attn_mask, key_padding_mask, alibi_slopes,

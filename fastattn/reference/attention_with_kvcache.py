@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..contracts import compute_dtype
+from ..contracts.attention import WINDOW_UNBOUNDED
 from . import attention as dense
 
 
@@ -12,8 +14,8 @@ def attention_decode(q, k_cache, v_cache, k_lengths, q_positions, alibi_slopes, 
     """q (B, Hq, Lq, D), caches (B, Hkv, Lmax, D/Dv) -> out (B, Hq, Lq, Dv), lse (B, Hq, Lq)."""
     outs, lses = [], []
     for b, (length, pos) in enumerate(zip(k_lengths.tolist(), q_positions.tolist())):
-        lo = pos - window_left if window_left >= 0 else -dense.WINDOW_UNBOUNDED
-        hi = pos + window_right if window_right >= 0 else dense.WINDOW_UNBOUNDED
+        lo = pos - window_left if window_left >= 0 else -WINDOW_UNBOUNDED
+        hi = pos + window_right if window_right >= 0 else WINDOW_UNBOUNDED
         if causal_mode:
             hi = min(hi, 0 if causal_mode == 1 else pos)
         # ALiBi distance |i + pos - j|: reference.attention uses i + Lk - Lq - j, so shift the
@@ -24,7 +26,7 @@ def attention_decode(q, k_cache, v_cache, k_lengths, q_positions, alibi_slopes, 
             Lq = q.shape[2]
             i = torch.arange(Lq, device=q.device).view(Lq, 1)
             j = torch.arange(length, device=q.device).view(1, length)
-            dist = (i + pos - j).abs().to(dense.compute_dtype(q.dtype))
+            dist = (i + pos - j).abs().to(compute_dtype(q.dtype))
             bias = -alibi_slopes[b].to(dist.dtype).view(-1, 1, 1) * dist
             out, lse = dense.attention(q[b:b + 1], kb, vb, bias.unsqueeze(0), None, None, scale,
                                        softcap, lo, hi, 0.0, None)

@@ -19,11 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..contracts import compute_dtype
 from .positional import apply_dropout
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _cell(x_t, h, c, w_ih, w_hh, b_ih, b_hh):

@@ -12,11 +12,8 @@ import math
 
 import torch
 
+from ..contracts import compute_dtype
 from .random import dropout_keep_mask
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def inverse_frequencies(dim: int, base: float, dtype: torch.dtype,

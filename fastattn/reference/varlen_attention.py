@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ..contracts.attention import WINDOW_UNBOUNDED
 from . import attention as dense
 from .random import dropout_uniform
 
@@ -17,8 +18,8 @@ def band(causal_mode: int, window_left: int, window_right: int, Lq: int,
     """(window_lo, window_hi) of one sequence: causal_mode 0 off, 1 top-left, 2 bottom-right;
     window sides -1 = unbounded (bottom-right aligned, as attention's window)."""
     shift = Lk - Lq
-    lo = shift - window_left if window_left >= 0 else -dense.WINDOW_UNBOUNDED
-    hi = shift + window_right if window_right >= 0 else dense.WINDOW_UNBOUNDED
+    lo = shift - window_left if window_left >= 0 else -WINDOW_UNBOUNDED
+    hi = shift + window_right if window_right >= 0 else WINDOW_UNBOUNDED
     if causal_mode:
         hi = min(hi, 0 if causal_mode == 1 else shift)
     return lo, hi
@@ -51,7 +52,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     if not outs:  # B = 0 (cu_seqlens = [0]): q, k and v are empty; results stay in the graph
         out, lse = dense.attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
                                    v.transpose(0, 1).unsqueeze(0), None, None, None, scale,
-                                   softcap, -dense.WINDOW_UNBOUNDED, dense.WINDOW_UNBOUNDED, 0.0,
+                                   softcap, -WINDOW_UNBOUNDED, WINDOW_UNBOUNDED, 0.0,
                                    None)
         return out[0].transpose(0, 1), lse[0]
     return torch.cat(outs, dim=0), torch.cat(lses, dim=1)

@@ -1,4 +1,7 @@
-"""Triton kernels of fastattn, one module per op. Imported only when triton is installed.
+"""Triton kernels of fastattn, one module per op, and the host-side helpers their launchers
+share (below; device functions shared by the kernels are in _common.py). A kernel module
+defines launchers; the op layer (fastattn/ops/<op>.py) registers them as torch ops with the
+op's contract (fastattn/contracts/<op>.py), and imports them only when triton is installed.
 
 On CPU tensors the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set before
 import); there bfloat16 arithmetic is not trustworthy, so kernels upcast right after every
@@ -6,11 +9,11 @@ load and launchers let torch round float32 results to bfloat16 (`interpreting()`
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
 import torch
-from torch.library import triton_op
 
 from .._debug import poison
 
@@ -108,17 +111,15 @@ def finish(buffer: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return buffer if buffer.dtype == dtype else buffer.to(dtype)
 
 
-def register_op(name: str, fake, mutates_args: tuple[str, ...] = ()):
-    """Decorator registering a launcher as the torch op `name` (a native op's schema, suffixed
-    _triton). On a GPU it is a triton_op: torch.compile sees the kernels, and the fake
-    implementation is the launcher itself traced with fake tensors. Under TRITON_INTERPRET=1,
-    wrap_triton hands back the interpreted kernel, which would run on fake tensors while
-    tracing; there the op is an opaque custom op with the explicit `fake`, so opcheck and
-    torch.compile work on CPU too."""
-    def decorate(fn):
-        if os.environ.get("TRITON_INTERPRET") == "1":
-            op = torch.library.custom_op(name, mutates_args=mutates_args)(fn)
-            op.register_fake(fake)
-            return op
-        return triton_op(name, mutates_args=mutates_args)(fn)
-    return decorate
+def on_device(t: torch.Tensor):
+    """Launch context: the tensor's CUDA device (no-op for CPU tensors under the interpreter)."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """tl.dot's input_precision for inputs of `dtype`: float32 products stay float32 ("ieee")
+    as torch's own matmuls do at precision "highest"; 16-bit inputs (whose rounding dwarfs
+    tf32's) and relaxed float32 use the tensor cores. The interpreter ignores it."""
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest":
+        return "ieee"
+    return "tf32"

@@ -6,26 +6,14 @@ tanh; dv is summed from per-row partials by torch (a fixed-order reduction). Gri
 others hold only 65535)."""
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
-from triton.language.extra import libdevice
+from torch.library import wrap_triton
 
 from .. import _debug
-from . import grid_x, interpreting, on_gpu
-
-
-@triton.jit
-def _tanh(x, LIBDEVICE: tl.constexpr):
-    if LIBDEVICE:
-        return libdevice.tanh(x)
-    else:
-        # exp-based under the interpreter (libdevice is GPU-only); clamp to avoid inf/inf
-        e = tl.exp(2.0 * tl.minimum(tl.maximum(x, -20.0), 20.0))
-        return (e - 1.0) / (e + 1.0)
+from . import grid_x, interpreting, on_device, on_gpu
+from ._common import tanh
 
 
 @triton.jit
@@ -47,7 +35,7 @@ def _scores_kernel(qp_ptr, kp_ptr, v_ptr, s_ptr, Lq, Lk, A, LIBDEVICE: tl.conste
         k = tl.load(kp_ptr + (b * Lk + j[:, None]) * A + a[None, :],
                     mask=(j[:, None] < Lk) & am[None, :], other=0.0).to(tl.float32)
         v = tl.load(v_ptr + a, mask=am, other=0.0).to(tl.float32)
-        t = _tanh(q[:, None, :] + k[None, :, :], LIBDEVICE)
+        t = tanh(q[:, None, :] + k[None, :, :], LIBDEVICE)
         acc += tl.sum(t * v[None, None, :], axis=2)
     tl.store(s_ptr + (b * Lq + i[:, None]) * Lk + j[None, :], acc,
              mask=(i[:, None] < Lq) & (j[None, :] < Lk))
@@ -80,7 +68,7 @@ def _row_grad_kernel(x_ptr, y_ptr, v_ptr, g_ptr, dx_ptr, dvp_ptr, rows, n, A,
                     other=0.0).to(tl.float32)
         g = tl.load(g_ptr + b * g_batch_stride + r[:, None] * g_row_stride + j[None, :] * g_col_stride,
                     mask=rm[:, None] & jm[None, :], other=0.0)
-        t = _tanh(x[:, None, :] + y[None, :, :], LIBDEVICE)
+        t = tanh(x[:, None, :] + y[None, :, :], LIBDEVICE)
         dx += tl.sum(g[:, :, None] * (1.0 - t * t), axis=1)
         if WRITE_DV:
             dv += tl.sum(g[:, :, None] * t, axis=1)
@@ -92,17 +80,18 @@ def _row_grad_kernel(x_ptr, y_ptr, v_ptr, g_ptr, dx_ptr, dvp_ptr, rows, n, A,
         tl.store(dvp_ptr + out, dv, mask=rm[:, None] & am[None, :])
 
 
-def _on_device(t: torch.Tensor):
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
-
-
 def _blocks(device: torch.device):
     # Under the interpreter bigger blocks are faster (numpy); on GPU keep the 3-D tile small.
     return (16, 16, 16) if on_gpu(device) else (32, 32, 32)
 
 
-@triton_op("fastattn::additive_scores_triton", mutates_args=())
-def additive_scores_triton(qp: torch.Tensor, kp: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+# Launchers of the torch ops fastattn::additive_scores_triton / additive_scores_backward_triton
+# (fastattn/ops/additive_attention.py registers them with the contract of
+# fastattn/contracts/additive_attention.py).
+
+
+def additive_scores(qp: torch.Tensor, kp: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """qp (B, Lq, A), kp (B, Lk, A), v (A,) -> scores (B, Lq, Lk) float32."""
     qp, kp, v = qp.contiguous(), kp.contiguous(), v.contiguous()
     B, Lq, A = qp.shape
     Lk = kp.shape[1]
@@ -112,17 +101,17 @@ def additive_scores_triton(qp: torch.Tensor, kp: torch.Tensor, v: torch.Tensor) 
     bi, bj, ba = _blocks(qp.device)
     grid = (grid_x("additive_scores", "B * ceil(Lq / BLOCK_I) * ceil(Lk / BLOCK_J)",
                    B * triton.cdiv(Lq, bi) * triton.cdiv(Lk, bj)),)
-    with _on_device(qp):
+    with on_device(qp):
         wrap_triton(_scores_kernel)[grid](qp, kp, v, scores, Lq, Lk, A,
                                           LIBDEVICE=not interpreting(qp.device), BLOCK_I=bi,
                                           BLOCK_J=bj, BLOCK_A=ba)
     return scores
 
 
-@triton_op("fastattn::additive_scores_backward_triton", mutates_args=())
-def additive_scores_backward_triton(grad: torch.Tensor, qp: torch.Tensor, kp: torch.Tensor,
-                                    v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
-                                                              torch.Tensor]:
+def additive_scores_backward(grad: torch.Tensor, qp: torch.Tensor, kp: torch.Tensor,
+                             v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """grad (B, Lq, Lk) of the scores -> (grad_qp, grad_kp, grad_v), contiguous, in the
+    inputs' dtype."""
     op = "additive_scores_backward"
     qp, kp, v = qp.contiguous(), kp.contiguous(), v.contiguous()
     grad = grad.to(torch.float32).contiguous()
@@ -135,7 +124,7 @@ def additive_scores_backward_triton(grad: torch.Tensor, qp: torch.Tensor, kp: to
     dv_part = torch.zeros((B, Lq, A), dtype=torch.float32, device=qp.device)
     br, bn, ba = _blocks(qp.device)
     libdevice_on = not interpreting(qp.device)
-    with _on_device(qp):
+    with on_device(qp):
         if B * Lq * A > 0:
             grid = (grid_x(op, "B * ceil(Lq / BLOCK_R) * ceil(A / BLOCK_A)",
                            B * triton.cdiv(Lq, br) * triton.cdiv(A, ba)),)
@@ -150,11 +139,3 @@ def additive_scores_backward_triton(grad: torch.Tensor, qp: torch.Tensor, kp: to
                 LIBDEVICE=libdevice_on, BLOCK_R=br, BLOCK_N=bn, BLOCK_A=ba)
     dv = dv_part.reshape(-1, A).sum(dim=0)
     return dqp.to(qp.dtype), dkp.to(qp.dtype), dv.to(v.dtype)
-
-
-def _register() -> None:
-    from ..ops.additive_attention import register_autograd
-    register_autograd("_triton")
-
-
-_register()

@@ -35,20 +35,16 @@ through a float32 buffer that torch rounds.
 """
 from __future__ import annotations
 
-import contextlib
-import os
-
 import torch
 import triton
 import triton.language as tl
 from torch.library import wrap_triton
-from triton.language.extra import libdevice
 
-from . import (device_shared_memory, finish, grid_x, interpreting, register_op,
-               tile_budget)
-from . import output_like as grad_buffer_like
+from . import dot_precision, finish, grid_x, interpreting, on_device, output_buffer
 from .._debug import poison
-from ..reference.attention import check_seqlen
+from ..contracts.attention import check_seqlen, output_like
+from ._common import exp, round_to_bfloat16, tanh
+from .attention_tuning import head_class, interpreter_block, length_class, tuned
 from .random import dropout_multiplier
 
 
@@ -60,27 +56,6 @@ _NO_MASK, _BOOL_MASK, _FLOAT_MASK = 0, 1, 2
 
 
 @triton.jit
-def _tanh(x):
-    """tanh from one exp of a non-positive argument: no overflow for any |x| (tl has no tanh
-    on every Triton version, and libdevice is unavailable under the interpreter)."""
-    e = tl.exp(-2.0 * tl.abs(x))
-    t = (1.0 - e) / (1.0 + e)
-    return tl.where(x >= 0, t, -t)
-
-
-@triton.jit
-def _exp(x, ACCURATE: tl.constexpr):
-    """exp(x). tl.exp is the hardware exp2 of x * log2(e) on a GPU (about 2 ulp, far below the
-    rounding of 16-bit inputs); float32 inputs on a GPU use libdevice's exp, accurate to the
-    last bits as torch's own exp. Under the interpreter tl.exp is numpy's (libdevice functions
-    are unavailable there)."""
-    if ACCURATE:
-        return libdevice.exp(x)
-    else:
-        return tl.exp(x)
-
-
-@triton.jit
 def _operand(x, other, UPCAST: tl.constexpr):
     """x (float32) as the left operand of a tl.dot with `other`: in other's dtype, as
     FlashAttention does (16-bit P and dS feed the tensor cores). Under the interpreter with
@@ -88,19 +63,17 @@ def _operand(x, other, UPCAST: tl.constexpr):
     bfloat16 by bit arithmetic instead, since the interpreter's own conversion truncates; the
     CPU run then rounds exactly where a GPU does."""
     if UPCAST:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return bits.to(tl.float32, bitcast=True)
+        return round_to_bfloat16(x)
     else:
         return x.to(other.dtype)
 
 
 @triton.jit
-def _capped_scores(qk, scale, softcap, HAS_SOFTCAP: tl.constexpr):
+def _capped_scores(qk, scale, softcap, HAS_SOFTCAP: tl.constexpr, ACCURATE: tl.constexpr):
     """scale * q.k, soft-capped: softcap * tanh(s / softcap)."""
     s = qk * scale
     if HAS_SOFTCAP:
-        s = softcap * _tanh(s / softcap)
+        s = softcap * tanh(s / softcap, ACCURATE)
     return s
 
 
@@ -280,7 +253,7 @@ def _fwd_kernel(Q, K, V, Mask, Pad, Alibi, Seed, Cu_q, Cu_k, Out, Lse,
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        s = _capped_scores(qk, scale, softcap, HAS_SOFTCAP)
+        s = _capped_scores(qk, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
         s = _biased_masked_scores(s, offs_m[:, None], offs_n[None, :], b, h, Mask, s_mb, s_mh,
                                   s_mi, s_mj, Pad, slope, seq_q, seq_k, seq_k - seq_q, lo_w,
                                   hi_w, MASK_KIND, HAS_PAD, HAS_ALIBI)
@@ -309,8 +282,8 @@ def _online_softmax_step(s, v, m_i, l_i, acc, Seed, element, threshold, keep_sca
     # While a row has seen no visible key its max is -inf: subtract 0 instead, so that
     # exp(-inf - -inf) = NaN never appears (p and alpha are then 0).
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = _exp(s - m_safe[:, None], ACCURATE_EXP)
-    alpha = _exp(m_i - m_safe, ACCURATE_EXP)
+    p = exp(s - m_safe[:, None], ACCURATE_EXP)
+    alpha = exp(m_i - m_safe, ACCURATE_EXP)
     l_i = l_i * alpha + tl.sum(p, 1)
     if HAS_DROPOUT:
         p = p * dropout_multiplier(Seed, element, threshold, keep_scale)
@@ -424,12 +397,12 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, Cu_q, Cu_k
             lse = tl.where(lse == float("-inf"), float("inf"), lse)
             delta = tl.load(Delta + row0 + offs_m, mask=m_valid, other=0.0)
             qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)
-            sT = _capped_scores(qkT, scale, softcap, HAS_SOFTCAP)
+            sT = _capped_scores(qkT, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
             sT_masked = _biased_masked_scores(sT, offs_m[None, :], offs_n[:, None], b, h, Mask,
                                               s_mb, s_mh, s_mi, s_mj, Pad, slope, seq_q, seq_k,
                                               seq_k - seq_q, lo_w, hi_w, MASK_KIND, HAS_PAD,
                                               HAS_ALIBI)
-            pT = _exp(sT_masked - lse[None, :], ACCURATE_EXP)
+            pT = exp(sT_masked - lse[None, :], ACCURATE_EXP)
             dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
             if HAS_DROPOUT:
                 zT = dropout_multiplier(Seed, drop0 + cols_m[None, :] * drop_step
@@ -511,12 +484,12 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, Cu_q, Cu_k, 
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        s = _capped_scores(qk, scale, softcap, HAS_SOFTCAP)
+        s = _capped_scores(qk, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
         s_masked = _biased_masked_scores(s, offs_m[:, None], offs_n[None, :], b, h, Mask, s_mb,
                                          s_mh, s_mi, s_mj, Pad, slope, seq_q, seq_k,
                                          seq_k - seq_q, lo_w, hi_w, MASK_KIND, HAS_PAD,
                                          HAS_ALIBI)
-        p = _exp(s_masked - lse[:, None], ACCURATE_EXP)
+        p = exp(s_masked - lse[:, None], ACCURATE_EXP)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         if HAS_DROPOUT:
             dp = dp * dropout_multiplier(Seed, row_element[:, None] + offs_n[None, :], threshold,
@@ -532,159 +505,12 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, Cu_q, Cu_k, 
 
 
 # ---------------------------------------------------------------------------------------------
-# Tile shapes: autotuned on CUDA, one shape under the interpreter
-#
-# Per head-dim class (the padded max(D, Dv)): <= 64, <= 128, > 128. Above 128 the tiles shrink
-# so that q (or k, v, dk, dv) tiles, the pipeline stages of the streamed tiles and the float32
-# accumulators fit an H100's shared memory (227 KB a block) and registers. A pruner drops the
-# configs whose tiles would not fit the device's shared memory for this call's dtype and head
-# dims (float32 doubles them); each list holds a config that fits a 99 KB card (sm_86/89/120),
-# and tests/triton_aot.py replays the pruning for 99, 163 and 227 KB. A config that still
-# fails to compile is skipped by the autotuner. The key is the head dims, the mask kind,
-# dropout and coarse length classes, so that new lengths do not trigger a tuning run each.
-# FASTATTN_TRITON_AUTOTUNE=0 uses the first config that fits instead of tuning (quicker test
-# runs on a GPU): each list starts with a config that compiles for sm_90 without spills in the
-# plain case and with at most a few hundred bytes of stack with a mask or dropout
-# (tests/triton_aot.py reports them; benchmarks/notes/triton_aot.md).
+# Tile shapes (fastattn/triton/attention_tuning.py): autotuned copies of the kernels on CUDA
 
 
-def _config(block_m, block_n, warps, stages):
-    return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps,
-                         num_stages=stages)
-
-
-_FWD_CONFIGS = {
-    64: [_config(64, 64, 4, 3), _config(128, 64, 4, 3), _config(128, 128, 8, 3),
-         _config(128, 32, 4, 4), _config(64, 32, 4, 2)],
-    128: [_config(64, 64, 4, 3), _config(128, 64, 8, 3), _config(128, 32, 4, 3),
-          _config(128, 128, 8, 2), _config(64, 32, 4, 2)],
-    256: [_config(64, 32, 4, 2), _config(64, 64, 4, 2), _config(128, 32, 8, 2),
-          _config(32, 32, 4, 1)],
-}
-_DKDV_CONFIGS = {
-    64: [_config(64, 64, 4, 3), _config(32, 128, 4, 3), _config(64, 128, 8, 2),
-         _config(32, 64, 4, 2)],
-    128: [_config(32, 128, 8, 2), _config(64, 64, 8, 2), _config(32, 64, 4, 2),
-          _config(16, 64, 4, 2)],
-    256: [_config(16, 32, 4, 1), _config(32, 32, 4, 2), _config(32, 64, 8, 1)],
-}
-_DQ_CONFIGS = {
-    64: [_config(128, 32, 4, 3), _config(64, 64, 4, 3), _config(128, 64, 8, 2),
-         _config(64, 32, 4, 2)],
-    128: [_config(128, 32, 8, 2), _config(64, 32, 4, 2), _config(64, 64, 8, 2),
-          _config(32, 32, 4, 2)],
-    256: [_config(32, 32, 4, 2), _config(64, 32, 8, 1), _config(32, 16, 4, 1)],
-}
-# float32 runs its dots with input_precision="ieee" (FMA units, not tensor cores) and keeps
-# every tile in registers: the 16-bit tiles above would spill kilobytes per thread on sm_90
-# (tests/triton_aot.py reports registers and stack). Small tiles instead.
-_FWD_CONFIGS_FP32 = {
-    64: [_config(32, 32, 4, 2), _config(64, 16, 4, 2), _config(64, 32, 4, 2)],
-    128: [_config(32, 32, 4, 2), _config(64, 16, 4, 2), _config(32, 16, 4, 2),
-          _config(64, 32, 8, 2), _config(16, 32, 4, 2)],
-    256: [_config(32, 16, 4, 1), _config(16, 16, 4, 1), _config(16, 32, 4, 1),
-          _config(32, 32, 8, 1)],
-}
-_DKDV_CONFIGS_FP32 = {
-    64: [_config(16, 32, 4, 2), _config(32, 32, 4, 2), _config(16, 64, 4, 2),
-         _config(32, 64, 8, 2)],
-    128: [_config(16, 32, 4, 2), _config(16, 16, 4, 2), _config(32, 32, 8, 2),
-          _config(16, 64, 8, 2)],
-    256: [_config(16, 16, 4, 1), _config(16, 32, 8, 1), _config(16, 16, 8, 1)],
-}
-_DQ_CONFIGS_FP32 = {
-    64: [_config(32, 16, 4, 2), _config(32, 32, 4, 2), _config(64, 16, 4, 2),
-         _config(64, 32, 8, 2)],
-    128: [_config(16, 32, 4, 2), _config(32, 16, 4, 2), _config(16, 16, 4, 2),
-          _config(32, 32, 8, 2)],
-    256: [_config(16, 16, 4, 1), _config(32, 16, 8, 1), _config(16, 32, 8, 1)],
-}
-_TUNE_KEY = ["BLOCK_D", "BLOCK_DV", "LQ_CLASS", "LK_CLASS", "MASK_KIND", "HAS_DROPOUT", "VARLEN"]
-
-
-def tile_shared_bytes(kernel: str, block_m: int, block_n: int, stages: int, block_d: int,
-                      block_dv: int, itemsize: int) -> int:
-    """Shared memory that the tiles of one program take: the resident tile plus `stages`
-    streamed tiles. The forward and dQ kernels keep a BLOCK_M tile of q (and dO) and stream
-    BLOCK_N tiles of k and v; the dK/dV kernel keeps BLOCK_N keys and streams BLOCK_M tiles of
-    q and dO."""
-    stages = max(stages, 1)
-    if kernel == "fwd":
-        tiles = block_m * block_d + stages * block_n * (block_d + block_dv)
-    elif kernel == "dq":
-        tiles = block_m * (block_d + block_dv) + stages * block_n * (block_d + block_dv)
-    else:
-        tiles = block_n * (block_d + block_dv) + stages * block_m * (block_d + block_dv)
-    return tiles * itemsize
-
-
-def _pruner(kernel: str):
-    """early_config_prune: drop configs whose tiles exceed the shared memory of the call's
-    device (tile_budget: the device's opt-in limit less Triton's scratch), so that an A100 or
-    an sm_86/89/120 card only tries configs that fit. Every list holds small tiles that fit a
-    99 KB card; on a smaller device the smallest config is kept while its tiles fit the whole
-    limit, and the call is refused when not even they do."""
-    def prune(configs, named_args, **kwargs):
-        meta = {**named_args, **kwargs}
-        d, dv = meta.get("BLOCK_D", 256), meta.get("BLOCK_DV", 256)
-        q = meta.get("Q")
-        itemsize = getattr(getattr(q, "dtype", None), "itemsize", 4)
-        device = getattr(q, "device", torch.device("cuda"))
-
-        def shared_bytes(c):
-            return tile_shared_bytes(kernel, c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"],
-                                     c.num_stages, d, dv, itemsize)
-
-        fitting = [c for c in configs if shared_bytes(c) <= tile_budget(device)]
-        if not fitting:
-            smallest = min(configs, key=shared_bytes)
-            limit = device_shared_memory(device)
-            if shared_bytes(smallest) > limit:
-                raise ValueError(
-                    f"attention (triton): no {kernel} tile configuration fits the shared "
-                    f"memory of {device} ({limit} bytes a block) with head dims padded to "
-                    f"{d}/{dv} and {itemsize}-byte elements; the smallest needs "
-                    f"{shared_bytes(smallest)} bytes")
-            fitting = [smallest]
-        return fitting if _AUTOTUNE else fitting[:1]
-    return prune
-
-
-_AUTOTUNE = os.environ.get("FASTATTN_TRITON_AUTOTUNE", "1") != "0"
-
-
-def _tuned(kernel, configs, configs_fp32, name):
-    """Autotuned copies of `kernel`, keyed by (float32?, head-dim class)."""
-    return {(fp32, cls): triton.autotune(
-                configs=cfgs, key=_TUNE_KEY,
-                prune_configs_by={"early_config_prune": _pruner(name)})(kernel)
-            for fp32, table in ((False, configs), (True, configs_fp32))
-            for cls, cfgs in table.items()}
-
-
-_FWD_TUNED = _tuned(_fwd_kernel, _FWD_CONFIGS, _FWD_CONFIGS_FP32, "fwd")
-_DKDV_TUNED = _tuned(_bwd_dkdv_kernel, _DKDV_CONFIGS, _DKDV_CONFIGS_FP32, "dkdv")
-_DQ_TUNED = _tuned(_bwd_dq_kernel, _DQ_CONFIGS, _DQ_CONFIGS_FP32, "dq")
-
-
-def _head_class(block_d: int, block_dv: int) -> int:
-    widest = max(block_d, block_dv)
-    return 64 if widest <= 64 else 128 if widest <= 128 else 256
-
-
-def _length_class(length: int) -> int:
-    """Coarse autotune bucket of a sequence length: 64, 256, 1024, 4096, 16384."""
-    c = 64
-    while c < length and c < 16384:
-        c *= 4
-    return c
-
-
-def _interpreter_block(length: int) -> int:
-    # Under the interpreter every tile op is a numpy call: large tiles cost fewer calls, and
-    # tiles beyond the length only waste work.
-    return max(16, min(128, triton.next_power_of_2(max(length, 1))))
-
+_FWD_TUNED = tuned(_fwd_kernel, "fwd")
+_DKDV_TUNED = tuned(_bwd_dkdv_kernel, "dkdv")
+_DQ_TUNED = tuned(_bwd_dq_kernel, "dq")
 
 _MAX_PACKED_ROWS = 2**31 - 1 - 1024  # 1024: more than any BLOCK_M of _bwd_preprocess
 
@@ -740,13 +566,10 @@ class _Launch:
                         int(window_lo), int(window_hi), int(total_q), int(causal_mode),
                         float(dropout_p) if has_dropout else 0.0,
                         1.0 / (1.0 - dropout_p) if has_dropout else 1.0,
-                        _length_class(Lq), _length_class(Lk))
+                        length_class(Lq), length_class(Lk))
         block_d = max(16, triton.next_power_of_2(D))
         block_dv = max(16, triton.next_power_of_2(Dv))
-        if q.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest":
-            precision = "ieee"  # float32 products stay float32, as torch's own matmuls
-        else:
-            precision = "tf32"  # ignored for 16-bit inputs
+        precision = dot_precision(q.dtype)
         self.meta = dict(MASK_KIND=mask_kind, HAS_PAD=key_padding_mask is not None,
                          HAS_ALIBI=alibi_slopes is not None, HAS_SOFTCAP=softcap > 0.0,
                          HAS_DROPOUT=has_dropout,
@@ -754,10 +577,10 @@ class _Launch:
                          DOT_PRECISION=precision,
                          ACCURATE_EXP=q.dtype == torch.float32 and not self.interpret,
                          VARLEN=self.varlen, BLOCK_D=block_d, BLOCK_DV=block_dv)
-        self.head_class = _head_class(block_d, block_dv)
+        self.head_class = head_class(block_d, block_dv)
         self.fp32 = q.dtype == torch.float32
-        self.interpreter_blocks = dict(BLOCK_M=_interpreter_block(Lq),
-                                       BLOCK_N=_interpreter_block(Lk))
+        self.interpreter_blocks = dict(BLOCK_M=interpreter_block(Lq),
+                                       BLOCK_N=interpreter_block(Lk))
 
     def strides(self, t: torch.Tensor) -> tuple[int, int, int]:
         """(batch, head, row) strides of q, k, v or a tensor shaped like them: a packed
@@ -766,16 +589,12 @@ class _Launch:
             return 0, t.stride(1), t.stride(0)
         return t.stride(0), t.stride(1), t.stride(2)
 
-    def kernel(self, raw, tuned):
-        """(kernel, extra meta-parameters) for this device."""
+    def kernel(self, raw, tuned_copies):
+        """(kernel, extra meta-parameters) for this device: `raw` with the interpreter's tile
+        shape, or its autotuned copy (attention_tuning.tuned) for this dtype and head dims."""
         if self.interpret:
             return wrap_triton(raw), self.interpreter_blocks
-        return wrap_triton(tuned[(self.fp32, self.head_class)]), {}
-
-
-def _on_device(t: torch.Tensor):
-    """Launch context: the tensor's CUDA device (no-op for CPU tensors under the interpreter)."""
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+        return wrap_triton(tuned_copies[(self.fp32, self.head_class)]), {}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -795,7 +614,7 @@ def launch_forward(launch: _Launch, q, k, v, out, lse) -> None:
         return (grid_x(launch.op, "B * Hq * ceil(Lq / BLOCK_M)",
                        B * Hq * triton.cdiv(Lq, meta["BLOCK_M"])),)
 
-    with _on_device(q):
+    with on_device(q):
         kernel[grid](q, k, v, *launch.optional, out, lse, *launch.strides(q), *launch.strides(k),
                      *launch.strides(v), *launch.strides(out), *launch.trailing_strides,
                      *launch.scalars, **launch.meta, **blocks)
@@ -813,7 +632,7 @@ def launch_backward(launch: _Launch, grad_out, grad_lse, q, k, v, out, lse, dq, 
     common = (q, k, v, grad_out, lse, delta, *launch.optional)
     q_k_v_do_strides = (*launch.strides(q), *launch.strides(k), *launch.strides(v),
                         *launch.strides(grad_out))
-    with _on_device(q):
+    with on_device(q):
         if Hq * total_q > 0:
             block_dv = launch.meta["BLOCK_DV"]
             pre_m = max(16, 8192 // block_dv)  # 64 float32 registers a thread per tile
@@ -848,33 +667,18 @@ def launch_backward(launch: _Launch, grad_out, grad_lse, q, k, v, out, lse, dq, 
 
 
 # ---------------------------------------------------------------------------------------------
-# Torch ops (same schemas as the native ops in csrc/bindings.cpp, suffixed _triton), registered
-# by fastattn.triton.register_op (triton_ops on a GPU, opaque custom ops under the interpreter).
+# Launchers of the torch ops fastattn::attention_forward_triton / attention_backward_triton
+# (the schemas of the native ops in csrc/bindings.cpp; fastattn/ops/attention.py registers
+# them with the contract of fastattn/contracts/attention.py)
 
 
-def _forward_fake(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
-                  window_lo, window_hi, dropout_p, seed):
-    from ..ops.attention import output_like
-    B, Hq, Lq, _ = q.shape
-    return (output_like(q, v.shape[3]),
-            torch.empty((B, Hq, Lq), dtype=torch.float32, device=q.device))
-
-
-def _backward_fake(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask,
-                   alibi_slopes, scale, softcap, window_lo, window_hi, dropout_p, seed,
-                   deterministic):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
-@register_op("fastattn::attention_forward_triton", _forward_fake)
-def attention_forward_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                             attn_mask: torch.Tensor | None,
-                             key_padding_mask: torch.Tensor | None,
-                             alibi_slopes: torch.Tensor | None, scale: float, softcap: float,
-                             window_lo: int, window_hi: int, dropout_p: float,
-                             seed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    from ..ops.attention import output_like
-
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      attn_mask: torch.Tensor | None, key_padding_mask: torch.Tensor | None,
+                      alibi_slopes: torch.Tensor | None, scale: float, softcap: float,
+                      window_lo: int, window_hi: int, dropout_p: float,
+                      seed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (B, Hq, Lq, Dv) in q's layout, lse (B, Hq, Lq) float32) of the canonical
+    arguments (module docstring)."""
     launch = _Launch(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
                      window_lo, window_hi, dropout_p, seed)
     B, Hq, Hkv, Lq, Lk, D, Dv = launch.shape
@@ -885,34 +689,21 @@ def attention_forward_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return finish(out, q.dtype), lse
 
 
-@register_op("fastattn::attention_backward_triton", _backward_fake)
-def attention_backward_triton(grad_out: torch.Tensor, grad_lse: torch.Tensor | None,
-                              q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                              out: torch.Tensor, lse: torch.Tensor,
-                              attn_mask: torch.Tensor | None,
-                              key_padding_mask: torch.Tensor | None,
-                              alibi_slopes: torch.Tensor | None, scale: float, softcap: float,
-                              window_lo: int, window_hi: int, dropout_p: float,
-                              seed: torch.Tensor | None,
-                              deterministic: bool) -> tuple[torch.Tensor, torch.Tensor,
-                                                            torch.Tensor]:
-    # `deterministic` needs nothing: these kernels never use atomics, so every backward is
-    # bitwise reproducible.
+def attention_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: torch.Tensor,
+                       k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                       attn_mask: torch.Tensor | None, key_padding_mask: torch.Tensor | None,
+                       alibi_slopes: torch.Tensor | None, scale: float, softcap: float,
+                       window_lo: int, window_hi: int, dropout_p: float,
+                       seed: torch.Tensor | None,
+                       deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv), contiguous and shaped like q, k, v, of <out, grad_out> + <lse, grad_lse>.
+    `deterministic` needs nothing: these kernels never use atomics, so every backward is
+    bitwise reproducible."""
     launch = _Launch(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
                      window_lo, window_hi, dropout_p, seed)
-    dq = grad_buffer_like(q)
-    dk = grad_buffer_like(k)
-    dv = grad_buffer_like(v)
+    dq, dk, dv = (output_buffer(t.shape, t.dtype, t.device) for t in (q, k, v))
     if grad_out.shape[-1] > 1 and grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
     launch_backward(launch, grad_out, None if grad_lse is None else grad_lse.contiguous(), q, k,
                     v, out, lse.contiguous(), dq, dk, dv)
     return finish(dq, q.dtype), finish(dk, k.dtype), finish(dv, v.dtype)
-
-
-def _register() -> None:
-    from ..ops.attention import register_autograd
-    register_autograd("_triton")
-
-
-_register()

@@ -1,6 +1,7 @@
-"""Triton decoding over a KV cache, registered as the torch op
+"""Triton decoding over a KV cache: the launcher of the torch op
 fastattn::attention_with_kvcache_triton (inference only; fastattn/ops/attention_with_kvcache.py
-checks the arguments and calls it).
+checks the arguments, registers the op with the contract of
+fastattn/contracts/attention_with_kvcache.py and calls it).
 
 Three kernels, launched in order on one stream:
 - `_append_kernel`: writes k_new / v_new (B, Hkv, Lnew, D/Dv) into k_cache / v_cache
@@ -25,21 +26,13 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from . import (device_sm_count, device_shared_memory, finish, grid_x, interpreting, on_gpu,
-               register_op, tile_budget)
+from . import (device_shared_memory, device_sm_count, dot_precision, finish, grid_x,
+               interpreting, on_device, on_gpu, tile_budget)
 from .._debug import poison
-from ..reference.attention import check_seqlen
-from .attention import (_biased_masked_scores, _capped_scores, _on_device, _online_softmax_step,
+from ..contracts.attention import check_seqlen, output_like
+from ._common import round_to_bfloat16
+from .attention import (_biased_masked_scores, _capped_scores, _online_softmax_step,
                         _softmax_finish)
-
-
-@triton.jit
-def _round_to_bfloat16(x):
-    """float32 x rounded to the nearest bfloat16, kept in float32 (the interpreter's own
-    float32 -> bfloat16 conversion truncates; storing an exact value then loses nothing)."""
-    bits = x.to(tl.uint32, bitcast=True)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -103,7 +96,7 @@ def _append_kernel(K_new, V_new, K_cache, V_cache, Seqlens, Cos, Sin,
     k = _rotated_rows(src, l_valid, pos, Cos, Sin, s_cos, rotary_dim, D, HAS_ROTARY,
                       INTERLEAVED, BLOCK_D)
     if ROUND_BF16:
-        k = _round_to_bfloat16(k)
+        k = round_to_bfloat16(k)
     offs_d = tl.arange(0, BLOCK_D)
     dst = K_cache + b * s_cb + h * s_ch + pos.to(tl.int64)[:, None] * s_cl + offs_d[None, :]
     tl.store(dst, k.to(K_cache.dtype.element_ty), mask=l_valid[:, None] & (offs_d < D)[None, :])
@@ -162,7 +155,7 @@ def _decode_kernel(Q, K, V, Seqlens, Cos, Sin, Alibi, Out, Lse,
                       INTERLEAVED, BLOCK_D)
     # The rotated q rounded to q's dtype, as the other backends rotate it before attending.
     if UPCAST:
-        q = _round_to_bfloat16(q)
+        q = round_to_bfloat16(q)
     else:
         q = q.to(Q.dtype.element_ty)
     slope = 0.0
@@ -190,7 +183,7 @@ def _decode_kernel(Q, K, V, Seqlens, Cos, Sin, Alibi, Out, Lse,
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        s = _capped_scores(qk, scale, softcap, HAS_SOFTCAP)
+        s = _capped_scores(qk, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
         # Keys past this split's range are hidden as "beyond the sequence" (Lk = key_hi).
         s = _biased_masked_scores(s, i[:, None], offs_n[None, :], b, h, Q, 0, 0, 0, 0, Q, slope,
                                   Lq, key_hi, cached, lo_w, hi_w, 0, False, HAS_ALIBI)
@@ -285,24 +278,14 @@ def _auto_splits(programs: int, Lmax: int, device: torch.device) -> int:
     return max(1, min(want, max(1, -(-Lmax // 256))))
 
 
-def _fake(q, k_cache, v_cache, cache_seqlens, k_new, v_new, rotary_cos, rotary_sin,
-          rotary_interleaved, alibi_slopes, scale, softcap, causal_mode, window_left,
-          window_right, num_splits):
-    from ..ops.attention import output_like
-    B, Hq, Lq, _ = q.shape
-    return (output_like(q, v_cache.shape[3]),
-            torch.empty((B, Hq, Lq), dtype=torch.float32, device=q.device))
-
-
-@register_op("fastattn::attention_with_kvcache_triton", _fake, mutates_args=("k_cache", "v_cache"))
-def attention_with_kvcache_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                                  cache_seqlens: torch.Tensor, k_new: torch.Tensor | None,
-                                  v_new: torch.Tensor | None, rotary_cos: torch.Tensor | None,
-                                  rotary_sin: torch.Tensor | None, rotary_interleaved: bool,
-                                  alibi_slopes: torch.Tensor | None, scale: float,
-                                  softcap: float, causal_mode: int, window_left: int,
-                                  window_right: int, num_splits: int
-                                  ) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           cache_seqlens: torch.Tensor, k_new: torch.Tensor | None,
+                           v_new: torch.Tensor | None, rotary_cos: torch.Tensor | None,
+                           rotary_sin: torch.Tensor | None, rotary_interleaved: bool,
+                           alibi_slopes: torch.Tensor | None, scale: float,
+                           softcap: float, causal_mode: int, window_left: int,
+                           window_right: int, num_splits: int
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Appends (rotated) k_new/v_new into the caches in place, then attends.
 
     q (B, Hq, Lq, D); k_cache/v_cache (B, Hkv, Lmax, D/Dv), unit last strides; cache_seqlens
@@ -312,8 +295,6 @@ def attention_with_kvcache_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cach
     window sides -1 = unbounded; num_splits <= 0 chooses. Returns out (B, Hq, Lq, Dv) in q's
     dtype and lse (B, Hq, Lq) float32.
     """
-    from ..ops.attention import output_like
-
     op = "attention_with_kvcache"
     B, Hq, Lq, D = q.shape
     Hkv, Lmax, Dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
@@ -345,7 +326,7 @@ def attention_with_kvcache_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cach
     block_dv = max(16, triton.next_power_of_2(Dv))
     Lnew = 0 if k_new is None else k_new.shape[2]
 
-    with _on_device(q):
+    with on_device(q):
         if Lnew > 0 and B * Hkv > 0:
             block_l = max(1, min(triton.next_power_of_2(Lnew), max(1, 4096 // block_d)))
             wrap_args = (k_new, v_new, k_cache, v_cache, seqlens, cos, sin,
@@ -388,10 +369,7 @@ def attention_with_kvcache_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cach
             alibi, alibi_strides = q, (0, 0)
         else:
             alibi, alibi_strides = alibi_slopes, tuple(alibi_slopes.stride())
-        if q.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest":
-            precision = "ieee"
-        else:
-            precision = "tf32"
+        precision = dot_precision(q.dtype)
         # (the interpreter has no pipeline)
         stages = 1 if interpret else _stages(block_m, block_n, block_d, block_dv,
                                              q.element_size(), q.device)

@@ -1,6 +1,7 @@
-"""Triton kernels of the LSTM, registered as torch ops fastattn::lstm_cell_triton,
-lstm_cell_backward_triton, lstm_layer_triton and lstm_layer_backward_triton, with the
-signatures and semantics of the op contract in fastattn/ops/lstm.py (the CPU backend,
+"""Triton kernels of the LSTM: the launchers of the torch ops fastattn::lstm_cell_triton,
+lstm_cell_backward_triton, lstm_layer_triton and lstm_layer_backward_triton (registered by
+fastattn/ops/lstm.py), with the
+signatures and semantics of the op contract in fastattn/contracts/lstm.py (the CPU backend,
 csrc/lstm, is the model). Everything is computed in float32 ("acc"; float64 is refused) and
 rounded once to the storage dtype.
 
@@ -48,7 +49,6 @@ bfloat16 results go through float32 buffers that torch rounds (fastattn/triton/_
 """
 from __future__ import annotations
 
-import contextlib
 import os
 
 import torch
@@ -56,46 +56,17 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from . import device_sm_count, finish, interpreting, on_gpu, output_buffer, register_op
+from . import (device_sm_count, dot_precision, finish, interpreting, on_device, on_gpu,
+               output_buffer)
 from .._debug import poison
-from ..ops.lstm import (cell_backward_fake, cell_fake, layer_backward_fake, layer_fake,
-                        register_autograd)
-from .attention import _exp
+from ._common import sigmoid as _sigmoid
+from ._common import tanh as _tanh
 from .random import dropout_multiplier
 
 _F32 = torch.float32
 
 # ---------------------------------------------------------------------------------------------
 # Device functions
-
-
-@triton.jit
-def _sigmoid(x, ACCURATE: tl.constexpr):
-    # exp(-x) overflows to inf for very negative x, giving exactly 0: no NaN.
-    return 1.0 / (1.0 + _exp(-x, ACCURATE))
-
-
-@triton.jit
-def _tanh(x, ACCURATE: tl.constexpr):
-    """tanh to about 2 ulp in float32 (torch's is within 1.4; the CPU backend's too).
-
-    (1 - e) / (1 + e) with e = exp(-2|x|) cancels for small |x| (relative error unbounded as
-    x -> 0, and a few ulp at |x| ~ 0.1, which shows in h = o tanh(c)); below 0.625 an odd
-    polynomial x P(x^2) is used instead (least-squares fit on Chebyshev nodes of [0, 0.625^2],
-    1.2 ulp there). exp(-2|x|) never overflows.
-    """
-    ax = tl.abs(x)
-    u = x * x
-    p = 0.0021303086
-    p = p * u - 0.008161231
-    p = p * u + 0.021692755
-    p = p * u - 0.053944888
-    p = p * u + 0.13333185
-    p = p * u - 0.3333333
-    p = p * u + 1.0
-    e = _exp(-2.0 * ax, ACCURATE)
-    t = (1.0 - e) / (1.0 + e)
-    return tl.where(ax < 0.625, x * p, tl.where(x >= 0, t, -t))
 
 
 @triton.jit
@@ -490,19 +461,6 @@ def _cell_bwd_kernel(GHy, GCy, Cx, WS, DG, GCx,
 # Launch helpers
 
 
-def _on_device(t: torch.Tensor):
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
-
-
-def _precision(dtype: torch.dtype) -> str:
-    # float32 products stay float32 as torch's own matmuls do at "highest"; 16-bit storage
-    # (whose rounding dwarfs tf32's) and relaxed float32 use the tensor cores. The
-    # interpreter ignores it.
-    if dtype == _F32 and torch.get_float32_matmul_precision() == "highest":
-        return "ieee"
-    return "tf32"
-
-
 # Largest tile under the interpreter; tests lower it to 16 to run several tiles per dimension
 # on small sizes.
 INTERPRETER_MAX_BLOCK = 64
@@ -570,7 +528,7 @@ def _dropout(x: torch.Tensor, p: float, seed: torch.Tensor) -> torch.Tensor:
     block_r = _block(T * B, interpret, lo=1, gpu=16, cap=128)
     block_i = _block(I, interpret, lo=1, gpu=64, cap=128)
     grid = (triton.cdiv(T * B, block_r), triton.cdiv(I, block_i))
-    with _on_device(x):
+    with on_device(x):
         wrap_triton(_dropout_kernel)[grid](
             x, out, seed, x.stride(0), x.stride(1), B, I, T * B, float(p), 1.0 / (1.0 - p),
             BLOCK_R=block_r, BLOCK_I=block_i)
@@ -638,11 +596,10 @@ def _check_layer_shapes(op, input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr):
 
 
 # ---------------------------------------------------------------------------------------------
-# Torch ops (the schemas of csrc/bindings.cpp's LSTM ops, suffixed _triton), registered by
-# fastattn.triton.register_op (triton_ops on a GPU, opaque custom ops under the interpreter).
+# Launchers of the torch ops fastattn::lstm_*_triton (the schemas of csrc/bindings.cpp's LSTM
+# ops), which fastattn/ops/lstm.py registers with the contract of fastattn/contracts/lstm.py.
 
 
-@register_op("fastattn::lstm_cell_triton", cell_fake)
 def lstm_cell_triton(input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor, w_ih: torch.Tensor,
                      w_hh: torch.Tensor, b_ih: torch.Tensor | None,
                      b_hh: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -672,17 +629,16 @@ def lstm_cell_triton(input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor, w_
         block_h = _block(H, interpret)
         block_k = _block(max(I, H), interpret)
         grid = (triton.cdiv(H, block_h), triton.cdiv(B, block_b))
-        with _on_device(input):
+        with on_device(input):
             wrap_triton(_cell_fwd_kernel)[grid](
                 x, h, c, wi, wh, bi, bh, hy, cy, ws, x.stride(0), h.stride(0), c.stride(0),
                 wi.stride(0), wh.stride(0), hy.stride(0), cy.stride(0), B, I, H,
-                HAS_BIAS=has_bias, PRECISION=_precision(input.dtype),
+                HAS_BIAS=has_bias, PRECISION=dot_precision(input.dtype),
                 ACCURATE=not interpret, BLOCK_B=block_b,
                 BLOCK_H=block_h, BLOCK_K=block_k, num_warps=_warps(block_b, block_h))
     return finish(hy, input.dtype), finish(cy, input.dtype), ws
 
 
-@register_op("fastattn::lstm_cell_backward_triton", cell_backward_fake)
 def lstm_cell_backward_triton(grad_hy: torch.Tensor | None, grad_cy: torch.Tensor | None,
                               input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor,
                               w_ih: torch.Tensor, w_hh: torch.Tensor, workspace: torch.Tensor,
@@ -710,7 +666,7 @@ def lstm_cell_backward_triton(grad_hy: torch.Tensor | None, grad_cy: torch.Tenso
         c = _unit_last(cx)
         block_b, block_h = _batch_block(B, interpret), _block(H, interpret, lo=1)
         grid = (triton.cdiv(H, block_h), triton.cdiv(B, block_b))
-        with _on_device(input):
+        with on_device(input):
             wrap_triton(_cell_bwd_kernel)[grid](
                 gh, gc, c, workspace, dgates, grad_cx, gh.stride(0), gc.stride(0), c.stride(0),
                 B, H, HAS_GH=grad_hy is not None, HAS_GC=grad_cy is not None,
@@ -723,7 +679,6 @@ def lstm_cell_backward_triton(grad_hy: torch.Tensor | None, grad_cy: torch.Tenso
     return grad_input, grad_hx, finish(grad_cx, dtype), grad_w_ih, grad_w_hh, grad_bias
 
 
-@register_op("fastattn::lstm_layer_triton", layer_fake)
 def lstm_layer_triton(input: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
                       w_ih: torch.Tensor, w_hh: torch.Tensor, b_ih: torch.Tensor | None,
                       b_hh: torch.Tensor | None, w_hr: torch.Tensor | None,
@@ -765,7 +720,7 @@ def lstm_layer_triton(input: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
     ws_arg = ws if save_workspace else xproj
     w_hh_ = _unit_last(w_hh)
     w_hr_ = _unit_last(w_hr) if has_proj else w_hh_
-    precision = _precision(dtype)
+    precision = dot_precision(dtype)
     if T > 0 and B > 0:
         block_b, block_h, block_p = _step_tiles(B, H, P, D, device, interpret)
         block_k = _block(P, interpret)
@@ -774,7 +729,7 @@ def lstm_layer_triton(input: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
         proj_grid = (triton.cdiv(P, block_p), triton.cdiv(B, block_b), D)
         step_kernel = wrap_triton(_fwd_step_kernel)
         proj_kernel = wrap_triton(_fwd_proj_kernel)
-        with _on_device(input):
+        with on_device(input):
             for s in range(T):
                 h_in, h_out = states[s % 2], states[(s + 1) % 2]
                 step_kernel[step_grid](
@@ -795,7 +750,6 @@ def lstm_layer_triton(input: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
     return finish(out, dtype), h_n, c_n, ws
 
 
-@register_op("fastattn::lstm_layer_backward_triton", layer_backward_fake)
 def lstm_layer_backward_triton(grad_output: torch.Tensor | None, grad_h_n: torch.Tensor | None,
                                grad_c_n: torch.Tensor | None, input: torch.Tensor,
                                h0: torch.Tensor, c0: torch.Tensor, w_ih: torch.Tensor,
@@ -836,7 +790,7 @@ def lstm_layer_backward_triton(grad_output: torch.Tensor | None, grad_h_n: torch
     w_hh_ = _unit_last(w_hh)
     w_hr_ = _unit_last(w_hr) if has_proj else w_hh_
     c0_ = _unit_last(c0)
-    precision = _precision(dtype)
+    precision = dot_precision(dtype)
     if T > 0 and B > 0:
         block_b, block_h, block_p = _step_tiles(B, H, P, D, device, interpret)
         block_kp = _block(P, interpret)
@@ -845,7 +799,7 @@ def lstm_layer_backward_triton(grad_output: torch.Tensor | None, grad_h_n: torch
         dh_grid = (triton.cdiv(P, block_p), triton.cdiv(B, block_b), D)
         gates_kernel = wrap_triton(_bwd_gates_kernel)
         dh_kernel = wrap_triton(_bwd_dh_kernel)
-        with _on_device(input):
+        with on_device(input):
             for s in range(T - 1, -1, -1):
                 gates_kernel[gates_grid](
                     gout, dh, dc, w_hr_, workspace, c0_, lens, dgates, dhp,
@@ -897,10 +851,3 @@ def lstm_layer_backward_triton(grad_output: torch.Tensor | None, grad_h_n: torch
                 D, T * B, H)
             grad_w_hr = torch.matmul(dhp.view(D, T * B, P).transpose(1, 2), h_raw).to(dtype)
     return (grad_input, dh.to(dtype), dc.to(dtype), grad_w_ih, grad_w_hh, grad_bias, grad_w_hr)
-
-
-def _register() -> None:
-    register_autograd("_triton")
-
-
-_register()

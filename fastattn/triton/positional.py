@@ -1,4 +1,6 @@
-"""Triton kernels of the positional-encoding ops, registered as torch ops (triton_op).
+"""Triton kernels of the positional-encoding ops: the launchers of the torch ops
+fastattn::<op>_triton (in place: <op>_triton_), which fastattn/ops/positional.py registers with
+the contract of fastattn/contracts/positional.py; each launcher has the native op's name.
 
 Same math as the C++ and CUDA kernels: angles pos * inv_freq with inv_freq = base^(-2i/dim)
 computed in float64 and rounded to float32 once (a cached (dim/2,) vector per device), the
@@ -7,16 +9,15 @@ dropout from the shared Philox stream. Each program owns a BLOCK_R x BLOCK_D til
 """
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import wrap_triton
 from triton.language.extra import libdevice
 
-from . import finish, interpreting, output_buffer, output_like
+from . import finish, interpreting, on_device, output_buffer, output_like
 from .random import dropout_multiplier
 
 # ---------------------------------------------------------------------------------------------
@@ -75,11 +76,6 @@ def _launch_shape(rows: int, D: int):
     block_r = max(1, min(4096 // block_d, triton.next_power_of_2(max(rows, 1))))
     grid = (triton.cdiv(rows, block_r), triton.cdiv(D, block_d))
     return grid, block_r, block_d
-
-
-def _on_device(t: torch.Tensor):
-    """Launch context: the tensor's CUDA device (no-op for CPU tensors under the interpreter)."""
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
 def _dropout_args(dropout_p: float, seed: torch.Tensor | None, like: torch.Tensor):
@@ -283,7 +279,7 @@ def _rotary_kernel(x_ptr, out_ptr, cos_ptr, sin_ptr, inv_ptr, offsets_ptr, pos_i
 
 
 # ---------------------------------------------------------------------------------------------
-# Torch ops (same schemas as the native ops in csrc/bindings.cpp, suffixed _triton)
+# Launchers (same schemas as the native ops in csrc/bindings.cpp)
 
 
 def _opt(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
@@ -291,14 +287,13 @@ def _opt(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     return t if t is not None else like
 
 
-@triton_op("fastattn::sinusoidal_table_triton", mutates_args=())
-def sinusoidal_table_triton(positions: torch.Tensor, dim: int, base: float,
-                            dtype: torch.dtype) -> torch.Tensor:
+def sinusoidal_table(positions: torch.Tensor, dim: int, base: float,
+                     dtype: torch.dtype) -> torch.Tensor:
     flat = positions.reshape(-1).contiguous()
     out = output_buffer((flat.numel(), dim), dtype, positions.device)
     if flat.numel() > 0:
         grid, block_r, block_d = _launch_shape(flat.numel(), dim)
-        with _on_device(positions):
+        with on_device(positions):
             wrap_triton(_sinusoidal_table_kernel)[grid](
                 flat, out, inverse_frequencies(dim, base, positions), flat.numel(), dim,
                 LIBDEVICE=not interpreting(positions.device), BLOCK_R=block_r, BLOCK_D=block_d)
@@ -319,7 +314,7 @@ def _add_sinusoidal_into(x, out, offset, offsets, scale, base, dropout_p, seed, 
     seed_arg, threshold, keep_scale = _dropout_args(dropout_p, seed, x)
     grid, block_r, block_d = _launch_shape(N * L, D)
     inv = inverse_frequencies(D, base, x) if add_pe else x
-    with _on_device(x):
+    with on_device(x):
         wrap_triton(_add_sinusoidal_kernel)[grid](
             x, out, _opt(offsets, x), seed_arg, inv, N, L, D, x.stride(0), x.stride(1),
             out.stride(0), out.stride(1), offset, scale, threshold, keep_scale,
@@ -327,17 +322,15 @@ def _add_sinusoidal_into(x, out, offset, offsets, scale, base, dropout_p, seed, 
             LIBDEVICE=not interpreting(x.device), BLOCK_R=block_r, BLOCK_D=block_d)
 
 
-@triton_op("fastattn::add_sinusoidal_triton", mutates_args=())
-def add_sinusoidal_triton(x: torch.Tensor, offset: int, offsets: torch.Tensor | None,
-                          scale: float, base: float, dropout_p: float,
-                          seed: torch.Tensor | None) -> torch.Tensor:
+def add_sinusoidal(x: torch.Tensor, offset: int, offsets: torch.Tensor | None,
+                   scale: float, base: float, dropout_p: float,
+                   seed: torch.Tensor | None) -> torch.Tensor:
     return _add_sinusoidal(x, offset, offsets, scale, base, dropout_p, seed, True)
 
 
-@triton_op("fastattn::add_sinusoidal_triton_", mutates_args={"x"})
-def add_sinusoidal_triton_(x: torch.Tensor, offset: int, offsets: torch.Tensor | None,
-                           scale: float, base: float, dropout_p: float,
-                           seed: torch.Tensor | None) -> None:
+def add_sinusoidal_(x: torch.Tensor, offset: int, offsets: torch.Tensor | None,
+                    scale: float, base: float, dropout_p: float,
+                    seed: torch.Tensor | None) -> None:
     if x.dtype == torch.bfloat16 and interpreting(x.device):
         # The interpreter's bfloat16 store truncates: compute in a float32 copy, round with torch.
         wide = x.float()
@@ -347,18 +340,16 @@ def add_sinusoidal_triton_(x: torch.Tensor, offset: int, offsets: torch.Tensor |
     _add_sinusoidal_into(x, x, offset, offsets, scale, base, dropout_p, seed, True)
 
 
-@triton_op("fastattn::add_sinusoidal_backward_triton", mutates_args=())
-def add_sinusoidal_backward_triton(grad: torch.Tensor, scale: float, dropout_p: float,
-                                   seed: torch.Tensor | None) -> torch.Tensor:
+def add_sinusoidal_backward(grad: torch.Tensor, scale: float, dropout_p: float,
+                            seed: torch.Tensor | None) -> torch.Tensor:
     return _add_sinusoidal(grad, 0, None, scale, 10000.0, dropout_p, seed, False)
 
 
-@triton_op("fastattn::embed_with_positions_triton", mutates_args=())
-def embed_with_positions_triton(tokens: torch.Tensor, weight: torch.Tensor,
-                                table: torch.Tensor | None, offset: int,
-                                offsets: torch.Tensor | None, scale: float, base: float,
-                                dropout_p: float, seed: torch.Tensor | None, padding_idx: int,
-                                deterministic: bool) -> torch.Tensor:
+def embed_with_positions(tokens: torch.Tensor, weight: torch.Tensor,
+                         table: torch.Tensor | None, offset: int,
+                         offsets: torch.Tensor | None, scale: float, base: float,
+                         dropout_p: float, seed: torch.Tensor | None, padding_idx: int,
+                         deterministic: bool) -> torch.Tensor:
     N, L = tokens.shape
     D = weight.shape[1]
     out = output_buffer((N, L, D), weight.dtype, weight.device)
@@ -368,7 +359,7 @@ def embed_with_positions_triton(tokens: torch.Tensor, weight: torch.Tensor,
     seed_arg, threshold, keep_scale = _dropout_args(dropout_p, seed, weight)
     grid, block_r, block_d = _launch_shape(N * L, D)
     inv = inverse_frequencies(D, base, weight) if table is None else weight
-    with _on_device(weight):
+    with on_device(weight):
         wrap_triton(_embed_kernel)[grid](
             tokens, weight, _opt(table, weight), out, _opt(offsets, tokens), seed_arg, inv,
             N, L, D, weight.shape[0], table.shape[0] if table is not None else 0,
@@ -380,8 +371,7 @@ def embed_with_positions_triton(tokens: torch.Tensor, weight: torch.Tensor,
     return finish(out, weight.dtype)
 
 
-@triton_op("fastattn::embed_with_positions_backward_triton", mutates_args=())
-def embed_with_positions_backward_triton(
+def embed_with_positions_backward(
         grad: torch.Tensor, tokens: torch.Tensor, num_weights: int, padding_idx: int,
         table_rows: int, offset: int, offsets: torch.Tensor | None, scale: float,
         dropout_p: float, seed: torch.Tensor | None,
@@ -395,7 +385,7 @@ def embed_with_positions_backward_triton(
     table_acc = torch.zeros((max(table_rows, 0), D), dtype=torch.float32, device=grad.device)
     seed_arg, threshold, keep_scale = _dropout_args(dropout_p, seed, grad)
     if rows > 0 and D > 0:
-        with _on_device(grad):
+        with on_device(grad):
             if not deterministic:
                 grid, block_r, block_d = _launch_shape(rows, D)
                 wrap_triton(_embed_backward_atomic_kernel)[grid](
@@ -435,7 +425,7 @@ def _rotary(x, out, cos, sin, offset, offsets, position_ids, rotary_dim, base, i
     block_h = max(1, min(triton.next_power_of_2(H), max(1, 2048 // block_half)))
     grid = (B * L, triton.cdiv(H, block_h))
     inv = inverse_frequencies(rotary_dim, base, x) if cos is None else cos
-    with _on_device(x):
+    with on_device(x):
         wrap_triton(_rotary_kernel)[grid](
             x, out, _opt(cos, x), _opt(sin, x), inv, _opt(offsets, x), _opt(position_ids, x),
             B, H, L, D, rotary_dim, x.stride(0), x.stride(1), x.stride(2), out.stride(0),
@@ -448,22 +438,20 @@ def _rotary(x, out, cos, sin, offset, offsets, position_ids, rotary_dim, base, i
             BLOCK_TAIL=min(triton.next_power_of_2(max(D - rotary_dim, 1)), 256))
 
 
-@triton_op("fastattn::apply_rotary_triton", mutates_args=())
-def apply_rotary_triton(x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
-                        offset: int, offsets: torch.Tensor | None,
-                        position_ids: torch.Tensor | None, rotary_dim: int, base: float,
-                        interleaved: bool, conjugate: bool) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
+                 offset: int, offsets: torch.Tensor | None,
+                 position_ids: torch.Tensor | None, rotary_dim: int, base: float,
+                 interleaved: bool, conjugate: bool) -> torch.Tensor:
     out = output_like(x)
     _rotary(x, out, cos, sin, offset, offsets, position_ids, rotary_dim, base, interleaved,
             conjugate, inplace=False)
     return finish(out, x.dtype)
 
 
-@triton_op("fastattn::apply_rotary_triton_", mutates_args={"x"})
-def apply_rotary_triton_(x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
-                         offset: int, offsets: torch.Tensor | None,
-                         position_ids: torch.Tensor | None, rotary_dim: int, base: float,
-                         interleaved: bool, conjugate: bool) -> None:
+def apply_rotary_(x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
+                  offset: int, offsets: torch.Tensor | None,
+                  position_ids: torch.Tensor | None, rotary_dim: int, base: float,
+                  interleaved: bool, conjugate: bool) -> None:
     if x.dtype == torch.bfloat16 and interpreting(x.device):
         # The interpreter's bfloat16 store truncates: rotate a float32 copy, round with torch.
         wide = x.float()
@@ -473,11 +461,3 @@ def apply_rotary_triton_(x: torch.Tensor, cos: torch.Tensor | None, sin: torch.T
         return
     _rotary(x, x, cos, sin, offset, offsets, position_ids, rotary_dim, base, interleaved,
             conjugate, inplace=True)
-
-
-def _register() -> None:
-    from ..ops.positional import register_autograd
-    register_autograd("_triton")
-
-
-_register()

@@ -1,6 +1,7 @@
-"""Triton packed variable-length attention, registered as torch ops
+"""Triton packed variable-length attention: the launchers of the torch ops
 fastattn::varlen_attention_forward_triton / varlen_attention_backward_triton (the schemas of
-the native varlen ops in csrc/bindings.cpp).
+the native varlen ops in csrc/bindings.cpp; fastattn/ops/varlen_attention.py registers them
+with the contract of fastattn/contracts/varlen_attention.py).
 
 The kernels are the FlashAttention-2 kernels of fastattn/triton/attention.py run with their
 VARLEN path: q (total_q, Hq, D), k/v (total_k, Hkv, D/Dv) with batch stride 0; programs index
@@ -15,23 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from . import finish, register_op
-from . import output_like as grad_buffer_like
+from . import finish, output_buffer
 from .._debug import poison
 from .attention import _Launch, launch_backward, launch_forward
-
-
-def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                  alibi_slopes, scale, softcap, causal_mode, window_left, window_right,
-                  dropout_p, seed):
-    return (q.new_empty((q.shape[0], q.shape[1], v.shape[2])),
-            q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
-
-
-def _backward_fake(grad_out, grad_lse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                   max_seqlen_q, max_seqlen_k, alibi_slopes, scale, softcap, causal_mode,
-                   window_left, window_right, dropout_p, seed, deterministic):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
@@ -44,15 +31,14 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ali
                            max_seqlen_k, causal_mode))
 
 
-@register_op("fastattn::varlen_attention_forward_triton", _forward_fake)
-def varlen_attention_forward_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                                    cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-                                    max_seqlen_q: int, max_seqlen_k: int,
-                                    alibi_slopes: torch.Tensor | None, scale: float,
-                                    softcap: float, causal_mode: int, window_left: int,
-                                    window_right: int, dropout_p: float,
-                                    seed: torch.Tensor | None
-                                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def varlen_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                             max_seqlen_q: int, max_seqlen_k: int,
+                             alibi_slopes: torch.Tensor | None, scale: float,
+                             softcap: float, causal_mode: int, window_left: int,
+                             window_right: int, dropout_p: float,
+                             seed: torch.Tensor | None
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
     """q (total_q, Hq, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv), cu_seqlens int32 (B+1,),
     alibi_slopes float32 (B, Hq) view or None -> out (total_q, Hq, Dv), lse (Hq, total_q)."""
     launch = _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -67,34 +53,25 @@ def varlen_attention_forward_triton(q: torch.Tensor, k: torch.Tensor, v: torch.T
     return finish(out, q.dtype), lse
 
 
-@register_op("fastattn::varlen_attention_backward_triton", _backward_fake)
-def varlen_attention_backward_triton(grad_out: torch.Tensor, grad_lse: torch.Tensor | None,
-                                     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                                     out: torch.Tensor, lse: torch.Tensor,
-                                     cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-                                     max_seqlen_q: int, max_seqlen_k: int,
-                                     alibi_slopes: torch.Tensor | None, scale: float,
-                                     softcap: float, causal_mode: int, window_left: int,
-                                     window_right: int, dropout_p: float,
-                                     seed: torch.Tensor | None, deterministic: bool
-                                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients (dq, dk, dv) shaped like q, k, v of <out, grad_out> + <lse, grad_lse>.
-    Always deterministic (no atomics): `deterministic` needs nothing."""
+def varlen_attention_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None,
+                              q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                              out: torch.Tensor, lse: torch.Tensor,
+                              cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                              max_seqlen_q: int, max_seqlen_k: int,
+                              alibi_slopes: torch.Tensor | None, scale: float,
+                              softcap: float, causal_mode: int, window_left: int,
+                              window_right: int, dropout_p: float,
+                              seed: torch.Tensor | None, deterministic: bool
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients (dq, dk, dv), contiguous and shaped like q, k, v, of <out, grad_out> +
+    <lse, grad_lse>. Always deterministic (no atomics): `deterministic` needs nothing."""
     launch = _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                      alibi_slopes, scale, softcap, causal_mode, window_left, window_right,
                      dropout_p, seed)
-    dq, dk, dv = grad_buffer_like(q), grad_buffer_like(k), grad_buffer_like(v)
+    dq, dk, dv = (output_buffer(t.shape, t.dtype, t.device) for t in (q, k, v))
     if grad_out.shape[-1] > 1 and grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
     if grad_lse is not None:
         grad_lse = grad_lse.to(torch.float32).contiguous()
     launch_backward(launch, grad_out, grad_lse, q, k, v, out, lse.contiguous(), dq, dk, dv)
     return finish(dq, q.dtype), finish(dk, k.dtype), finish(dv, v.dtype)
-
-
-def _register() -> None:
-    from ..ops.varlen_attention import register_autograd
-    register_autograd("_triton")
-
-
-_register()

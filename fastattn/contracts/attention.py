@@ -1,0 +1,105 @@
+"""Contract of softmax attention: the ops fastattn::attention_forward / attention_backward and
+their Triton twins (suffix _triton), with the canonical arguments of
+fastattn/reference/attention.py:
+
+    attention_forward(q (B, Hq, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv), attn_mask?,
+                      key_padding_mask?, alibi_slopes?, scale, softcap, window_lo, window_hi,
+                      dropout_p, seed?) -> (out (B, Hq, Lq, Dv) in q's layout, lse (B, Hq, Lq))
+    attention_backward(grad_out, grad_lse?, q, k, v, out, lse, <the forward's arguments>,
+                       deterministic) -> (dq, dk, dv), contiguous, shaped like q, k, v
+
+The rules every backend shares (csrc/attention/attention.h states the same for the native
+kernels): head dims up to MAX_HEAD_DIM, sequences shorter than 2**30, lse in float32 (float64
+for float64 inputs), and the output layout of `output_like`.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from . import backward_through_reference, compute_dtype
+
+MAX_HEAD_DIM = 256
+WINDOW_UNBOUNDED = 1 << 30
+# Longest query or key sequence of every backend: with +-WINDOW_UNBOUNDED as "unbounded", a
+# longer one would hide keys, and the CUDA and Triton kernels add window bounds to int32
+# indices. (csrc/attention/attention.h: kMaxSeqLen, the same rule.)
+MAX_SEQLEN = WINDOW_UNBOUNDED - 1
+
+
+def check_seqlen(op: str, name: str, length: int) -> None:
+    """Refuses a sequence length of MAX_SEQLEN + 1 = 2**30 or more, naming the argument."""
+    if length > MAX_SEQLEN:
+        raise ValueError(f"{op}: {name} must be < 2**30 = {MAX_SEQLEN + 1} (the band's unbounded "
+                         f"bound and the GPU kernels' int32 indices), got {length}")
+
+
+def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """lse is float32, or float64 for float64 inputs (so gradcheck can see through it)."""
+    return compute_dtype(dtype)
+
+
+def output_like(q: torch.Tensor, Dv: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The attention output buffer (B, Hq, Lq, Dv). It follows q's layout: when q's heads are
+    inner to its sequence (q is a (B, L, H, D) tensor transposed), out is (B, Lq, Hq, Dv) in
+    memory, so out.transpose(1, 2).reshape(B, Lq, Hq * Dv) is free (nn.MultiheadAttention).
+    The native kernels apply the same rule (csrc/attention/attention.h)."""
+    B, Hq, Lq, _ = q.shape
+    dtype = q.dtype if dtype is None else dtype
+    if q.stride(1) < q.stride(2):
+        return q.new_empty((B, Lq, Hq, Dv), dtype=dtype).transpose(1, 2)
+    return q.new_empty((B, Hq, Lq, Dv), dtype=dtype)
+
+
+def forward_fake(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap, window_lo,
+                 window_hi, dropout_p, seed):
+    """(out, lse) as every backend's attention_forward returns them."""
+    B, Hq, Lq, _ = q.shape
+    return output_like(q, v.shape[3]), q.new_empty((B, Hq, Lq), dtype=lse_dtype(q.dtype))
+
+
+def backward_fake(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask,
+                  alibi_slopes, scale, softcap, window_lo, window_hi, dropout_p, seed,
+                  deterministic):
+    """(dq, dk, dv): contiguous whatever q's strides (the kernels allocate them so; empty_like
+    would keep a transposed q's strides, and Inductor asserts the fake's)."""
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def autograd_formula(backward_op: Callable, reference: Callable):
+    """(backward, setup_context) for torch.library.register_autograd of an attention_forward
+    op whose kernel backward is `backward_op` (the same backend's attention_backward).
+    `reference` is fastattn.reference.attention.attention: a backward taken with
+    create_graph=True differentiates it instead (the kernels have no double backward)."""
+
+    def setup_context(ctx, inputs, output):
+        (q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap, window_lo,
+         window_hi, dropout_p, seed) = inputs
+        out, lse = output
+        ctx.set_materialize_grads(False)
+        ctx.meta = (scale, softcap, window_lo, window_hi, dropout_p)
+        ctx.save_for_backward(q, k, v, out, lse, attn_mask, key_padding_mask, alibi_slopes, seed)
+
+    def backward(ctx, grad_out, grad_lse):
+        q, k, v, out, lse, attn_mask, key_padding_mask, alibi_slopes, seed = ctx.saved_tensors
+        scale, softcap, window_lo, window_hi, dropout_p = ctx.meta
+        if grad_out is None and grad_lse is None:
+            return (None,) * 12
+        if torch.is_grad_enabled():  # create_graph=True: a backward that is differentiable
+            args = (q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
+                    window_lo, window_hi, dropout_p, seed)
+            return backward_through_reference(reference, args, ctx.needs_input_grad,
+                                              (grad_out, grad_lse))
+        if grad_out is None or grad_out.numel() == 0:
+            grad_out = torch.zeros_like(out)  # an empty expanded grad keeps stride 0 otherwise
+        elif grad_out.stride(-1) != 1:
+            grad_out = grad_out.contiguous()
+        if grad_lse is not None:
+            grad_lse = grad_lse.contiguous()
+        dq, dk, dv = backward_op(
+            grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask, alibi_slopes,
+            scale, softcap, window_lo, window_hi, dropout_p, seed, True)
+        return (dq, dk, dv) + (None,) * 9
+
+    return backward, setup_context
