@@ -28,6 +28,18 @@ def _poison_outputs():
         yield
 
 
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for the test, restored after. Most test shapes are tiny, and with
+    pytest -n 2 on a 2-core machine two OpenMP threads per worker spend more time waking each
+    other than computing (50x slower per test when the machine is busy). A file opts in with
+    pytestmark = pytest.mark.usefixtures("one_thread")."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(autouse=True)
 def _reset_backend():
     fastattn.set_backend(None)

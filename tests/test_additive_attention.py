@@ -21,19 +21,11 @@ from fastattn._backend import missing_kernel
 from conftest import backend_device, requires_cuda
 from tolerance import assert_fa_close, assert_grad_close, rounding_floor
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 F64 = torch.float64
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f64": F64}
 GRAD_NAMES = ("query", "keys", "values", "w_query", "w_keys", "v", "bias")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small shapes: one intra-op thread per test avoids OpenMP oversubscription under -n 2
-    (the memory and benchmark-sized tests set their own)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,7 +23,8 @@ import fastattn
 from fastattn.ops._common import dropout_seed
 from fastattn._backend import missing_kernel
 from fastattn.reference.random import dropout_keep_mask
-from tolerance import assert_fa_close, assert_grad_close, rounding_floor
+from tolerance import (F32_ULP, assert_fa_close, assert_grad_close, assert_lse_close,
+                       float32_floor, rounding_floor)
 
 from conftest import backend_device
 
@@ -116,24 +117,6 @@ def run_attention(backend, q, k, v, kw, grad_out=None, grad_lse=None, seed=1234,
     return out.detach(), lse.detach(), dq, dk, dv
 
 
-F32_ULP = 2.0**-23
-
-
-def float32_floor(ref64: torch.Tensor, dtype: torch.dtype, extra: float = 0.0) -> float | None:
-    """The rounding floor of the FlashAttention rule, plus 16 float32 ulps of the largest
-    reference magnitude (and `extra`) for float32 results.
-
-    The rule's floor (twice the representation error at |x| + 0.3) is made for 16-bit results.
-    A float32 result is a float32 accumulation whose order differs between implementations, so
-    a few ulps of its magnitude are noise whatever the baseline says, and the baseline is a
-    maximum over few elements when Lq or Lk is tiny. Errors of real bugs (a wrong mask, tile
-    or dropout element) are orders of magnitude larger.
-    """
-    if dtype != torch.float32 or ref64.numel() == 0:
-        return None
-    return rounding_floor(ref64, dtype) + 16 * F32_ULP * float(ref64.abs().max()) + extra
-
-
 def cancellation_floors(q, k, v, kw, grad_out, col_sums) -> tuple[float, float]:
     """Extra float32 floors of dq and dk for the cancellation in dS = P * (dP - delta).
 
@@ -166,20 +149,6 @@ def cancellation_floors(q, k, v, kw, grad_out, col_sums) -> tuple[float, float]:
     dq_floor = residue * float(k.abs().max())
     dk_floor = residue * float(q.abs().max()) * math.sqrt(max(1.0, float(col_sums.max())))
     return dq_floor, dk_floor
-
-
-def assert_lse_close(lse, lse64, lse_lowp):
-    """lse within the rule; rows without visible keys exactly -inf on both sides."""
-    empty = torch.isneginf(lse64)
-    assert not torch.isnan(lse).any(), "lse has NaN"
-    assert torch.equal(torch.isneginf(lse).cpu(), empty.cpu()), \
-        "rows without a visible key must have lse -inf (and only those)"
-
-    def finite(t):
-        return t.masked_fill(torch.isneginf(t), 0.0)
-
-    assert_fa_close("lse", finite(lse), finite(lse64), finite(lse_lowp),
-                    floor=float32_floor(finite(lse64), torch.float32))
 
 
 def check_against_reference(backend, q, k, v, kw, grads=True, lse_grad=True):

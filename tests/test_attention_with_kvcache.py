@@ -33,23 +33,15 @@ import fastattn
 from fastattn._backend import missing_kernel
 from host_reads import (ValueReadError, assert_no_host_reads, device_checks, fake_cuda,
                         force_device_checks, run_failing_cuda_script)
-from tolerance import assert_fa_close, rounding_floor
+from tolerance import F32_ULP, assert_fa_close, rounding_floor
 
 from conftest import backend_device
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 F64, F32, F16, BF16 = torch.float64, torch.float32, torch.float16, torch.bfloat16
 _DT = {F64: "f64", F32: "f32", F16: "f16", BF16: "bf16"}
 DTYPES = [F64, F32, F16, BF16]
-F32_ULP = 2.0**-23
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread per test (tiny shapes on a busy 2-core machine); restored after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from tolerance import assert_fa_close, rounding_floor
+from tolerance import assert_fa_close, float32_floor, rounding_floor
 
 import fastattn
 import fastattn.nn as fnn
@@ -37,21 +37,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import model_definitions as models  # noqa: E402  (benchmarks/model_definitions.py)
 
 pytestmark = [pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors"),
-              pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")]
+              pytest.mark.filterwarnings("ignore:enable_nested_tensor is True"),
+              pytest.mark.usefixtures("one_thread")]
 
 F64 = torch.float64
 VOCAB, TAGS, PAD = 41, 7, models.PAD
 HAS_LSTM = hasattr(fnn, "LSTM")
 HAS_LSTM_CELL = hasattr(fnn, "LSTMCell")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small models: one intra-op thread per test avoids OpenMP oversubscription under -n 2."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,11 +175,6 @@ def test_same_outputs_in_eval_mode(name):
 
 # ---------------------------------------------------------------------------------------------
 # 2. float32 under FlashAttention's rule
-
-
-def float32_floor(ref64):
-    return rounding_floor(ref64, torch.float32) \
-        + 16 * torch.finfo(torch.float32).eps * float(ref64.abs().max())
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -29,12 +29,13 @@ import fastattn
 from fastattn import _backend
 from fastattn.nn import MultiheadAttention
 import fastattn.nn.attention as fa_mha
-from tolerance import assert_fa_close, assert_grad_close, rounding_floor
+from tolerance import assert_fa_close, assert_grad_close, float32_floor
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask"),  # torch's
     pytest.mark.filterwarnings("ignore:enable_nested_tensor is True"),
     pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors"),
+    pytest.mark.usefixtures("one_thread"),
 ]
 
 F64 = torch.float64
@@ -58,17 +59,6 @@ KINDS = ("self", "cross", "kv-shared")  # q is k is v / three tensors / k is v, 
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread per test: these shapes are tiny, and with pytest -n 2 on a 2-core
-    machine two OpenMP threads per worker spend more time waking each other than computing
-    (50x slower per test when the machine is busy). Restored after each test."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def randomize_(module: nn.Module, seed: int = 0) -> nn.Module:
@@ -202,14 +192,6 @@ class AttentionSpy:
             self.calls.append(kwargs)
             return original(*args, **kwargs)
         return spy
-
-
-def float32_floor(ref64: torch.Tensor) -> float:
-    """FlashAttention's rounding floor plus 16 float32 ulps of the largest reference magnitude,
-    as tests/test_attention.py's float32 floor: float32 sums in another order differ by a few
-    ulps whatever the baseline (a maximum over few elements at these small sizes) says."""
-    return (rounding_floor(ref64, torch.float32)
-            + 16 * torch.finfo(torch.float32).eps * float(ref64.abs().max()))
 
 
 def reset_last_backend():

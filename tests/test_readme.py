@@ -12,13 +12,15 @@ import traceback
 from pathlib import Path
 
 import pytest
-import torch
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 PRELUDE = '''
 import torch
 import fastattn
+
 torch.manual_seed(0)
 B, H, L, D = 3, 2, 16, 64
 x = torch.randn(B, L, D)                               # (B, L, D) activations
@@ -63,14 +65,6 @@ BLOCKS = python_blocks()
 def run_block(namespace: dict, start: int, code: str) -> None:
     # Pad so that tracebacks show README.md's own line numbers.
     exec(compile("\n" * (start - 1) + code, str(README), "exec"), namespace)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_readme_has_python_examples():

@@ -21,7 +21,8 @@ import fastattn.nn as fnn
 from fastattn import restore_modules, swap_modules, swap_summary
 
 pytestmark = [pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors"),
-              pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")]
+              pytest.mark.filterwarnings("ignore:enable_nested_tensor is True"),
+              pytest.mark.usefixtures("one_thread")]
 
 F64 = torch.float64
 TOL = dict(rtol=1e-12, atol=1e-12)
@@ -31,15 +32,6 @@ needs_lstm = pytest.mark.skipif(not HAS_LSTM, reason="fastattn.nn.LSTM does not 
                                 "(being added in the LSTM issue)")
 needs_lstm_cell = pytest.mark.skipif(not HAS_LSTM_CELL, reason="fastattn.nn.LSTMCell does not "
                                      "exist yet (being added in the LSTM issue)")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny shapes: one intra-op thread per test avoids OpenMP oversubscription under -n 2."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def randomize_(module: nn.Module, seed: int = 0) -> nn.Module:

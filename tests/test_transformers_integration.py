@@ -31,16 +31,13 @@ VOCAB = 97
 
 
 @pytest.fixture(autouse=True)
-def _setup():
+def _setup(one_thread):
     """register() once per test (idempotent); quiet transformers; one intra-op thread (tiny
     models, pytest -n 2 on 2 cores)."""
     fa_hf.register()
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     yield
-    torch.set_num_threads(threads)
     transformers.logging.set_verbosity(verbosity)
 
 

@@ -44,16 +44,17 @@ from fastattn.nn import MultiheadAttention
 from fastattn.ops import varlen_attention as varlen_ops
 from fastattn.ops._common import dropout_seed
 from fastattn.reference.random import dropout_uniform
-from tolerance import assert_fa_close, assert_grad_close, rounding_floor
+from tolerance import assert_fa_close, assert_grad_close, assert_lse_close, float32_floor
 
 from conftest import backend_device
 from host_reads import (assert_no_device_sync, assert_no_host_reads, device_checks, fake_cuda,
                         force_device_checks)
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 F64 = torch.float64
 DTYPES = (F64, torch.float32, torch.bfloat16, torch.float16)
 _DT = {F64: "f64", torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
-F32_ULP = 2.0**-23
 
 # (Lq, Lk) of each packed sequence: no queries, no keys, neither, single tokens, Lq > Lk (the
 # first Lq - Lk rows see nothing under bottom-right causal), Lq < Lk, odd lengths.
@@ -64,16 +65,6 @@ TRITON_LENGTHS = ((5, 17), (0, 4), (1, 1), (4, 0), (17, 5), (0, 0))
 FEATURES = ("plain", "causal", "causal_top_left", "causal_bottom_right", "window",
             "window_causal", "window_right", "gqa", "mqa", "dv", "alibi_heads",
             "alibi_batch_heads", "softcap", "scale", "dropout", "everything")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread per test (tiny shapes; two OpenMP threads per pytest -n 2 worker on
-    a 2-core machine mostly wait for each other). Restored after each test."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,29 +241,6 @@ def dense_per_sequence(c: Packed, grad_out=None, grad_lse=None, seed=1234, cast=
         outputs.append(lse)
         grads.append(grad_lse.to(lse.dtype))
     return (out.detach(), lse.detach(), *grads_of(outputs, grads, leaves))
-
-
-def float32_floor(ref64: torch.Tensor, dtype: torch.dtype):
-    """The rule's rounding floor plus 16 float32 ulps of the largest reference magnitude for
-    float32 results: float32 accumulations in another order differ by a few ulps of their
-    magnitude whatever the baseline says (as tests/test_attention.py)."""
-    if dtype != torch.float32 or ref64.numel() == 0:
-        return None
-    return rounding_floor(ref64, dtype) + 16 * F32_ULP * float(ref64.abs().max())
-
-
-def assert_lse_close(lse, lse64, lse_lowp):
-    """lse within the rule; rows without a visible key exactly -inf (and only those)."""
-    empty = torch.isneginf(lse64)
-    assert not torch.isnan(lse).any(), "lse has NaN"
-    assert torch.equal(torch.isneginf(lse).cpu(), empty.cpu()), \
-        "rows without a visible key must have lse -inf (and only those)"
-
-    def finite(t):
-        return t.masked_fill(torch.isneginf(t), 0.0)
-
-    assert_fa_close("lse", finite(lse), finite(lse64), finite(lse_lowp),
-                    floor=float32_floor(finite(lse64), torch.float32))
 
 
 def check_against_dense(backend, c: Packed, grads=True, lse_grad=True):

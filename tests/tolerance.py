@@ -45,3 +45,37 @@ def assert_fa_close(name: str, out: torch.Tensor, ref64: torch.Tensor, ref_lowp:
 def assert_grad_close(name: str, out: torch.Tensor, ref64: torch.Tensor,
                       ref_lowp: torch.Tensor, **kwargs) -> None:
     assert_fa_close(name, out, ref64, ref_lowp, factor=kwargs.pop("factor", 3.0), **kwargs)
+
+
+F32_ULP = 2.0**-23
+
+
+def float32_floor(ref64: torch.Tensor, dtype: torch.dtype = torch.float32,
+                  extra: float = 0.0) -> float | None:
+    """The rule's rounding floor plus 16 float32 ulps of the largest reference magnitude (and
+    `extra`) for float32 results; None (assert_fa_close's own floor) for other dtypes.
+
+    The rule's floor (twice the representation error at |x| + 0.3) is made for 16-bit results.
+    A float32 result is a float32 accumulation whose order differs between implementations, so
+    a few ulps of its magnitude are noise whatever the baseline says, and the baseline is a
+    maximum over few elements when a dimension is tiny. Errors of real bugs (a wrong mask,
+    tile or dropout element) are orders of magnitude larger.
+    """
+    if dtype != torch.float32 or ref64.numel() == 0:
+        return None
+    return rounding_floor(ref64, dtype) + 16 * F32_ULP * float(ref64.abs().max()) + extra
+
+
+def assert_lse_close(lse: torch.Tensor, lse64: torch.Tensor, lse_lowp: torch.Tensor) -> None:
+    """lse (the log-sum-exp of attention rows) within the rule; rows without a visible key
+    exactly -inf on both sides (and only those)."""
+    empty = torch.isneginf(lse64)
+    assert not torch.isnan(lse).any(), "lse has NaN"
+    assert torch.equal(torch.isneginf(lse).cpu(), empty.cpu()), \
+        "rows without a visible key must have lse -inf (and only those)"
+
+    def finite(t):
+        return t.masked_fill(torch.isneginf(t), 0.0)
+
+    assert_fa_close("lse", finite(lse), finite(lse64), finite(lse_lowp),
+                    floor=float32_floor(finite(lse64), torch.float32))
