@@ -1,5 +1,5 @@
 // Argument checks and output allocation of the attention ops, shared by the CPU and CUDA op
-// bodies. fastattn/ops/attention.py checks the same rules first with friendlier messages and
+// bodies (and the CUDA emulator): one check per rule, whatever the device. fastattn/ops/attention.py checks the same rules first with friendlier messages and
 // builds the canonical arguments; these guard direct calls of torch.ops.fastattn.*.
 #pragma once
 #include <ATen/core/Tensor.h>
@@ -13,13 +13,18 @@ constexpr int64_t kMaxHeadDim = 256;
 
 // Sequence lengths must stay below 2^30 on every backend: the canonical band encodes
 // "unbounded" as +-2^30 (fastattn/reference/attention.py), so a longer sequence would hide
-// keys, and the CUDA and Triton kernels add window bounds to int32 indices.
+// keys, and the CUDA and Triton kernels add window bounds to int32 indices
+// (fastattn/contracts/attention.py: MAX_SEQLEN, the same rule).
 constexpr int64_t kMaxSeqLen = (int64_t{1} << 30) - 1;
 
 inline void check_seqlen(int64_t length, const char* op, const char* name) {
   FASTATTN_CHECK(length <= kMaxSeqLen, op, name, " must be < 2^30 = ", kMaxSeqLen + 1,
                  " (the band's unbounded bound and the GPU kernels' int32 indices), got ",
                  length);
+}
+
+inline at::ScalarType lse_dtype(const at::Tensor& q) {
+  return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
 inline void check_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -82,19 +87,48 @@ inline void check_problem(const at::Tensor& q, const at::Tensor& k, const at::Te
   check_seed(seed, dropout_p, q, op);
 }
 
+// attention_backward's arguments, on every device: the forward's problem (check_problem), then
+// grad_out and out (B, Hq, Lq, Dv) in q's dtype with unit last strides, lse a contiguous
+// (B, Hq, Lq) tensor of lse_dtype, grad_lse (when given) (B, Hq, Lq); all on q's device.
+inline void check_backward(const at::Tensor& grad_out, const c10::optional<at::Tensor>& grad_lse,
+                           const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& out, const at::Tensor& lse,
+                           const c10::optional<at::Tensor>& attn_mask,
+                           const c10::optional<at::Tensor>& key_padding_mask,
+                           const c10::optional<at::Tensor>& alibi_slopes, double dropout_p,
+                           const c10::optional<at::Tensor>& seed, const char* op) {
+  check_problem(q, k, v, attn_mask, key_padding_mask, alibi_slopes, dropout_p, seed, op);
+  FASTATTN_CHECK(grad_out.sizes() == out.sizes() && out.dim() == 4 && out.size(0) == q.size(0) &&
+                     out.size(1) == q.size(1) && out.size(2) == q.size(2) &&
+                     out.size(3) == v.size(3),
+                 op, "grad_out and out must be (B, Hq, Lq, Dv), got ", grad_out.sizes(), " and ",
+                 out.sizes());
+  FASTATTN_CHECK(grad_out.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
+                 op, "grad_out and out must have q's dtype");
+  check_same_device(grad_out, q, op, "grad_out", "q");
+  check_same_device(out, q, op, "out", "q");
+  check_same_device(lse, q, op, "lse", "q");
+  check_unit_last_stride(grad_out, op, "grad_out");
+  check_unit_last_stride(out, op, "out");
+  FASTATTN_CHECK(lse.scalar_type() == lse_dtype(q) && lse.is_contiguous() && lse.dim() == 3 &&
+                     lse.size(0) == q.size(0) && lse.size(1) == q.size(1) &&
+                     lse.size(2) == q.size(2),
+                 op, "lse must be a contiguous ", lse_dtype(q), " (B, Hq, Lq) tensor");
+  if (grad_lse.has_value() && grad_lse->defined()) {
+    check_same_device(*grad_lse, q, op, "grad_lse", "q");
+    FASTATTN_CHECK(grad_lse->sizes() == lse.sizes(), op, "grad_lse must be (B, Hq, Lq)");
+  }
+}
+
 // (B, Hq, Lq, Dv) output following q's layout: (B, Lq, Hq, Dv) in memory when q's heads are
 // inner to its sequence (a transposed (B, L, H, D) input). Same rule as
-// fastattn.ops.attention.output_like.
+// fastattn.contracts.attention.output_like.
 inline at::Tensor output_like(const at::Tensor& q, int64_t Dv) {
   const int64_t B = q.size(0), Hq = q.size(1), Lq = q.size(2);
   if (q.stride(1) < q.stride(2)) {
     return at::empty({B, Lq, Hq, Dv}, q.options()).transpose(1, 2);
   }
   return at::empty({B, Hq, Lq, Dv}, q.options());
-}
-
-inline at::ScalarType lse_dtype(const at::Tensor& q) {
-  return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
 }  // namespace fastattn::attention

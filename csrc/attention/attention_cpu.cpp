@@ -51,23 +51,10 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cpu(
   // The CPU backward is always deterministic (fixed summation order, no atomics).
   (void)deterministic;
   constexpr const char* op = "attention_backward";
-  check_problem(q, k, v, attn_mask, key_padding_mask, alibi_slopes, dropout_p, seed, op);
-  FASTATTN_CHECK(grad_out.sizes() == out.sizes() && out.size(3) == v.size(3) &&
-                     out.dim() == 4 && out.size(0) == q.size(0) && out.size(1) == q.size(1) &&
-                     out.size(2) == q.size(2),
-                 op, "grad_out and out must be (B, Hq, Lq, Dv), got ", grad_out.sizes(), " and ",
-                 out.sizes());
-  FASTATTN_CHECK(grad_out.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
-                 op, "grad_out and out must have q's dtype");
-  check_unit_last_stride(grad_out, op, "grad_out");
-  check_unit_last_stride(out, op, "out");
-  FASTATTN_CHECK(lse.scalar_type() == lse_dtype(q) && lse.is_contiguous() && lse.dim() == 3, op,
-                 "lse must be a contiguous ", lse_dtype(q), " (B, Hq, Lq) tensor");
+  check_backward(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask, alibi_slopes,
+                 dropout_p, seed, op);
   Tensor dlse;
-  if (grad_lse.has_value() && grad_lse->defined()) {
-    dlse = grad_lse->to(lse_dtype(q)).contiguous();
-    FASTATTN_CHECK(dlse.sizes() == lse.sizes(), op, "grad_lse must be (B, Hq, Lq)");
-  }
+  if (grad_lse.has_value() && grad_lse->defined()) dlse = grad_lse->to(lse_dtype(q)).contiguous();
   Tensor dq = at::empty(q.sizes(), q.options());
   Tensor dk = at::empty(k.sizes(), k.options());
   Tensor dv = at::empty(v.sizes(), v.options());

@@ -1,17 +1,15 @@
 // CUDA bodies of the attention ops (registered for the CUDA dispatch key). The op logic lives in
 // attention_cuda_ops.h (shared with the CPU emulator of tools/cuda_emu); this file adds the
-// device guard, the current stream and the device limits, and registers the ops.
+// device guard and the device preamble (attention_cuda_device.h), and registers the ops.
 //
 // Kernels: fp16/bf16 run FlashAttention-2 style tensor-core kernels (mma.sync m16n8k16,
 // attention_cuda_{fwd,bwd}.cuh), instantiated per head-dim bucket 64/128/256 in
 // attention_cuda_{fwd,bwd}_hd*_*.cu; float32/float64 run SIMT kernels with exact FMA arithmetic
 // (attention_cuda_simt.cuh). The backward is always deterministic (no atomics).
-#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime_api.h>
 #include <torch/library.h>
 
+#include "attention/attention_cuda_device.h"
 #include "attention/attention_cuda_ops.h"
 
 namespace fastattn::attention {
@@ -20,21 +18,7 @@ namespace {
 using at::Tensor;
 using c10::optional;
 
-// Stream and shared-memory limit of q's device (capped by FASTATTN_CUDA_SMEM_LIMIT); the
-// tensor-core kernels need sm_80+.
-fastattn::cuda::attn::Launch launch_for(const Tensor& q, const char* op) {
-  int device = 0, major = 0, smem = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  C10_CUDA_CHECK(
-      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  if (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) {
-    FASTATTN_CHECK(major >= 8, op, "float16/bfloat16 attention on CUDA needs compute capability "
-                   "8.0 or newer (tensor-core mma and cp.async), got ", major, ".x");
-  }
-  return {static_cast<void*>(c10::cuda::getCurrentCUDAStream().stream()),
-          cuda_impl::smem_limit(smem)};
-}
+using cuda_impl::launch_for;
 
 std::tuple<Tensor, Tensor> attention_forward_cuda(
     const Tensor& q, const Tensor& k, const Tensor& v, const optional<Tensor>& attn_mask,

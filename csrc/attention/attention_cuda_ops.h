@@ -1,4 +1,5 @@
-// Bodies of the CUDA attention ops: argument checks (attention.h, shared with the CPU ops),
+// Bodies of the CUDA attention ops: argument checks (attention.h: check_problem for the
+// forward, check_backward for the backward, shared with the CPU ops),
 // output allocation and poisoning, kernel arguments, and the choice of kernel (dtype and head-dim
 // bucket). attention_cuda.cu wraps these with the device guard and the current stream; the CPU
 // emulator of tools/cuda_emu calls the very same functions on CPU tensors.
@@ -215,29 +216,10 @@ inline std::tuple<Tensor, Tensor, Tensor> backward(
     double scale, double softcap, int64_t window_lo, int64_t window_hi, double dropout_p,
     const optional<Tensor>& seed, const Launch& launch) {
   constexpr const char* op = "attention_backward";
-  check_problem(q, k, v, attn_mask, key_padding_mask, alibi_slopes, dropout_p, seed, op);
-  FASTATTN_CHECK(grad_out.sizes() == out.sizes() && out.dim() == 4 && out.size(0) == q.size(0) &&
-                     out.size(1) == q.size(1) && out.size(2) == q.size(2) &&
-                     out.size(3) == v.size(3),
-                 op, "grad_out and out must be (B, Hq, Lq, Dv), got ", grad_out.sizes(), " and ",
-                 out.sizes());
-  FASTATTN_CHECK(grad_out.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
-                 op, "grad_out and out must have q's dtype");
-  check_same_device(grad_out, q, op, "grad_out", "q");
-  check_same_device(out, q, op, "out", "q");
-  check_same_device(lse, q, op, "lse", "q");
-  check_unit_last_stride(grad_out, op, "grad_out");
-  check_unit_last_stride(out, op, "out");
-  FASTATTN_CHECK(lse.scalar_type() == lse_dtype(q) && lse.is_contiguous() && lse.dim() == 3 &&
-                     lse.size(0) == q.size(0) && lse.size(1) == q.size(1) &&
-                     lse.size(2) == q.size(2),
-                 op, "lse must be a contiguous ", lse_dtype(q), " (B, Hq, Lq) tensor");
+  check_backward(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask, alibi_slopes,
+                 dropout_p, seed, op);
   Tensor dlse;
-  if (defined(grad_lse)) {
-    check_same_device(*grad_lse, q, op, "grad_lse", "q");
-    dlse = grad_lse->to(lse_dtype(q)).contiguous();
-    FASTATTN_CHECK(dlse.sizes() == lse.sizes(), op, "grad_lse must be (B, Hq, Lq)");
-  }
+  if (defined(grad_lse)) dlse = grad_lse->to(lse_dtype(q)).contiguous();
   Tensor dq = at::empty(q.sizes(), q.options());
   Tensor dk = at::empty(k.sizes(), k.options());
   Tensor dv = at::empty(v.sizes(), v.options());

@@ -2,11 +2,12 @@
 // key). The op logic lives in attention_with_kvcache_cuda_ops.h (shared with the CPU emulator of
 // tools/cuda_emu): the dense CUDA attention forward kernels of csrc/attention with per-sequence
 // key lengths and query positions read on the device, split over the keys (flash-decoding) with
-// float32 partials and a combine kernel. This file adds the device guard, the current stream and
-// the device limits, and registers the op. attention_with_kvcache (the whole decoding step in
-// one op, as on the CPU): fastattn's rotary kernel on q and k_new, an append kernel that writes
-// the new rows at the positions it reads on the device (no host synchronisation), then
-// attention_decode; one op call instead of the handful a Python composition dispatches.
+// float32 partials and a combine kernel. This file adds the device guard and the device
+// preamble (attention/attention_cuda_device.h), and registers the op. attention_with_kvcache
+// (the whole decoding step in one op, as on the CPU): fastattn's rotary kernel on q and k_new,
+// an append kernel that writes the new rows at the positions it reads on the device (no host
+// synchronisation), then attention_decode; one op call instead of the handful a Python
+// composition dispatches.
 #include <ATen/ops/add.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -14,6 +15,7 @@
 #include <cuda_runtime_api.h>
 #include <torch/library.h>
 
+#include "attention/attention_cuda_device.h"
 #include "attention_with_kvcache/attention_with_kvcache.h"
 #include "attention_with_kvcache/attention_with_kvcache_cuda_ops.h"
 #include "common/cuda_utils.cuh"
@@ -37,19 +39,8 @@ std::tuple<Tensor, Tensor> decode(const Tensor& q, const Tensor& k_cache, const 
   constexpr const char* op = "attention_decode";
   FASTATTN_CHECK(q.is_cuda(), op, "q must be a CUDA tensor, got ", q.device());
   c10::cuda::CUDAGuard guard(q.device());
-  int device = 0, major = 0, smem = 0, sms = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  C10_CUDA_CHECK(
-      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  if (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) {
-    FASTATTN_CHECK(major >= 8, op, "float16/bfloat16 attention on CUDA needs compute capability "
-                   "8.0 or newer (tensor-core mma and cp.async), got ", major, ".x");
-  }
-  const fastattn::cuda::attn::Launch launch{
-      static_cast<void*>(c10::cuda::getCurrentCUDAStream().stream()),
-      fastattn::attention::cuda_impl::smem_limit(smem)};
+  const fastattn::cuda::attn::Launch launch = fastattn::attention::cuda_impl::launch_for(q, op);
+  const int sms = fastattn::attention::cuda_impl::sm_count();
   return cuda_impl::decode(q, k_cache, v_cache, k_lengths, q_positions, alibi, scale, softcap,
                            causal_mode, wl, wr, num_splits, sms, launch);
 }

@@ -7,6 +7,7 @@
 
 #include "attention/attention.h"
 #include "attention/attention_cpu_common.h"
+#include "varlen_attention/varlen_attention.h"
 #include "common/cpu_isa.h"
 #include "common/debug.h"
 
@@ -15,49 +16,6 @@ namespace {
 
 // (total, H, D) viewed by the kernels as (batch stride 0, head stride, row stride).
 cpu::Strides4 packed_strides(const Tensor& t) { return {0, t.stride(1), t.stride(0)}; }
-
-void check_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_q,
-                  const Tensor& cu_k, int64_t max_q, int64_t max_k, const char* op) {
-  check_float_dtype(q, op, "q");
-  FASTATTN_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, op,
-                 "q, k and v must be packed (total, H, D), got ", q.sizes(), ", ", k.sizes(),
-                 ", ", v.sizes());
-  FASTATTN_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), op,
-                 "q, k and v must have the same dtype");
-  FASTATTN_CHECK(k.size(1) == v.size(1) && k.size(1) > 0 && q.size(1) % k.size(1) == 0, op,
-                 "q's heads must be a multiple of k/v's heads, got ", q.size(1), " and ", k.size(1));
-  FASTATTN_CHECK(k.size(2) == q.size(2) && k.size(0) == v.size(0), op,
-                 "q/k head dims and k/v lengths must match");
-  FASTATTN_CHECK(q.size(2) <= kMaxHeadDim && v.size(2) <= kMaxHeadDim && q.size(2) >= 1 &&
-                     v.size(2) >= 1,
-                 op, "head dims must be in [1, ", kMaxHeadDim, "]");
-  check_seqlen(max_q, op, "max_seqlen_q");
-  check_seqlen(max_k, op, "max_seqlen_k");
-  check_unit_last_stride(q, op, "q");
-  check_unit_last_stride(k, op, "k");
-  check_unit_last_stride(v, op, "v");
-  for (const auto* t : {&cu_q, &cu_k}) {
-    FASTATTN_CHECK(t->scalar_type() == at::kInt && t->dim() == 1 && t->is_contiguous() &&
-                       t->numel() >= 1 && t->device().is_cpu(),
-                   op, "cu_seqlens must be contiguous int32 (B+1,) CPU tensors here, got ",
-                   t->scalar_type(), " ", t->sizes(), " on ", t->device());
-  }
-  FASTATTN_CHECK(cu_q.numel() == cu_k.numel(), op,
-                 "cu_seqlens_q and cu_seqlens_k must have the same length");
-  const int32_t* cq = cu_q.data_ptr<int32_t>();
-  const int32_t* ck = cu_k.data_ptr<int32_t>();
-  const int64_t B = cu_q.numel() - 1;
-  FASTATTN_CHECK(cq[0] == 0 && ck[0] == 0, op, "cu_seqlens must start at 0");
-  for (int64_t b = 0; b < B; ++b) {
-    FASTATTN_CHECK(cq[b + 1] >= cq[b] && ck[b + 1] >= ck[b], op,
-                   "cu_seqlens must be non-decreasing");
-    FASTATTN_CHECK(cq[b + 1] - cq[b] <= max_q && ck[b + 1] - ck[b] <= max_k, op,
-                   "a sequence is longer than max_seqlen_q/max_seqlen_k");
-  }
-  FASTATTN_CHECK(cq[B] == q.size(0) && ck[B] == k.size(0), op,
-                 "cu_seqlens must end at the packed lengths (", q.size(0), ", ", k.size(0),
-                 "), got ", cq[B], " and ", ck[B]);
-}
 
 cpu::AttentionProblem varlen_problem(const Tensor& q, const Tensor& k, const Tensor& v,
                                      const Tensor& cu_q, const Tensor& cu_k, int64_t max_q,
@@ -79,10 +37,7 @@ cpu::AttentionProblem varlen_problem(const Tensor& q, const Tensor& k, const Ten
   p.D = q.size(2);
   p.Dv = v.size(2);
   p.mask_kind = cpu::MaskKind::none;
-  if (defined(alibi)) {
-    FASTATTN_CHECK(alibi->scalar_type() == at::kFloat && alibi->dim() == 2 &&
-                       alibi->size(0) == p.B && alibi->size(1) == p.Hq,
-                   "varlen_attention: ", "alibi_slopes must be float32 (B, Hq)");
+  if (defined(alibi)) {  // float32 (B, Hq): varlen_attention::check_varlen
     p.alibi = alibi->data_ptr<float>();
     p.alibi_sb = alibi->stride(0);
     p.alibi_sh = alibi->stride(1);
@@ -112,8 +67,8 @@ std::tuple<Tensor, Tensor> varlen_attention_forward_cpu(
     int64_t max_q, int64_t max_k, const optional<Tensor>& alibi, double scale, double softcap,
     int64_t causal_mode, int64_t wl, int64_t wr, double dropout_p, const optional<Tensor>& seed) {
   constexpr const char* op = "varlen_attention_forward";
-  check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, op);
-  check_seed(seed, dropout_p, q, op);
+  varlen_attention::check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, alibi, dropout_p, seed, op);
+  varlen_attention::check_cu_seqlens_on_host(q, k, cu_q, cu_k, max_q, max_k, op);
   Tensor out = at::empty({q.size(0), q.size(1), v.size(2)}, q.options());
   Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(lse_dtype(q)));
   poison(out);
@@ -136,13 +91,9 @@ std::tuple<Tensor, Tensor, Tensor> varlen_attention_backward_cpu(
     bool deterministic) {
   (void)deterministic;  // always deterministic (fixed summation order, no atomics)
   constexpr const char* op = "varlen_attention_backward";
-  check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, op);
-  check_seed(seed, dropout_p, q, op);
-  FASTATTN_CHECK(grad_out.sizes() == out.sizes() && out.dim() == 3 && out.size(0) == q.size(0),
-                 op, "grad_out and out must be (total_q, Hq, Dv)");
-  check_unit_last_stride(grad_out, op, "grad_out");
-  FASTATTN_CHECK(lse.scalar_type() == lse_dtype(q) && lse.is_contiguous(), op,
-                 "lse must be a contiguous (Hq, total_q) tensor of ", lse_dtype(q));
+  varlen_attention::check_varlen_backward(grad_out, grad_lse, q, k, v, out, lse, cu_q, cu_k,
+                                          max_q, max_k, alibi, dropout_p, seed, op);
+  varlen_attention::check_cu_seqlens_on_host(q, k, cu_q, cu_k, max_q, max_k, op);
   Tensor dlse;
   if (defined(grad_lse)) dlse = grad_lse->to(lse_dtype(q)).contiguous();
   Tensor dq = at::empty(q.sizes(), q.options());

@@ -2,14 +2,12 @@
 // logic lives in varlen_attention_cuda_ops.h (shared with the CPU emulator of tools/cuda_emu):
 // it runs the dense CUDA attention kernels of csrc/attention with per-sequence offsets read from
 // cu_seqlens on the device (one grid over max_seqlen query tiles x B x H; tiles past the end
-// of their sequence exit at once). This file adds the device guard, the current stream and the
-// device limits, and registers the ops. The backward is always deterministic.
-#include <c10/cuda/CUDAException.h>
+// of their sequence exit at once). This file adds the device guard and the device preamble
+// (attention/attention_cuda_device.h), and registers the ops. The backward is always deterministic.
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime_api.h>
 #include <torch/library.h>
 
+#include "attention/attention_cuda_device.h"
 #include "common/device_checks.h"
 #include "varlen_attention/varlen_attention_cuda_ops.h"
 
@@ -21,21 +19,7 @@ namespace {
 using at::Tensor;
 using c10::optional;
 
-// Stream and shared-memory limit of q's device (capped by FASTATTN_CUDA_SMEM_LIMIT); the
-// tensor-core kernels need sm_80+.
-fastattn::cuda::attn::Launch launch_for(const Tensor& q, const char* op) {
-  int device = 0, major = 0, smem = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  C10_CUDA_CHECK(
-      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  if (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) {
-    FASTATTN_CHECK(major >= 8, op, "float16/bfloat16 attention on CUDA needs compute capability "
-                   "8.0 or newer (tensor-core mma and cp.async), got ", major, ".x");
-  }
-  return {static_cast<void*>(c10::cuda::getCurrentCUDAStream().stream()),
-          fastattn::attention::cuda_impl::smem_limit(smem)};
-}
+using fastattn::attention::cuda_impl::launch_for;
 
 // The values of cu_seqlens, checked on the device (no host read): the kernels read rows
 // [cu[b], cu[b+1]) of the packed tensors and size their grids by max_seqlen.
@@ -57,8 +41,8 @@ std::tuple<Tensor, Tensor> varlen_attention_forward_cuda(
   FASTATTN_CHECK(q.is_cuda(), "varlen_attention_forward", "q must be a CUDA tensor, got ",
                  q.device());
   c10::cuda::CUDAGuard guard(q.device());
-  cuda_impl::check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, alibi, dropout_p, seed,
-                          "varlen_attention_forward");
+  check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, alibi, dropout_p, seed,
+               "varlen_attention_forward");
   check_cu_seqlens_on_device(q, k, cu_q, cu_k, max_q, max_k, "varlen_attention_forward");
   return cuda_impl::forward(q, k, v, cu_q, cu_k, max_q, max_k, alibi, scale, softcap,
                             causal_mode, wl, wr, dropout_p, seed,
@@ -76,8 +60,8 @@ std::tuple<Tensor, Tensor, Tensor> varlen_attention_backward_cuda(
   FASTATTN_CHECK(q.is_cuda(), "varlen_attention_backward", "q must be a CUDA tensor, got ",
                  q.device());
   c10::cuda::CUDAGuard guard(q.device());
-  cuda_impl::check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, alibi, dropout_p, seed,
-                          "varlen_attention_backward");
+  check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, alibi, dropout_p, seed,
+               "varlen_attention_backward");
   check_cu_seqlens_on_device(q, k, cu_q, cu_k, max_q, max_k, "varlen_attention_backward");
   return cuda_impl::backward(grad_out, grad_lse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k,
                              alibi, scale, softcap, causal_mode, wl, wr, dropout_p, seed,

@@ -1,4 +1,5 @@
-// Bodies of the CUDA varlen_attention ops: argument checks, outputs, and the kernel arguments of
+// Bodies of the CUDA varlen_attention ops: argument checks (varlen_attention.h, shared with the
+// CPU ops, plus the CUDA kernels' int32 limits), outputs, and the kernel arguments of
 // the dense CUDA attention kernels (csrc/attention/attention_cuda_*.cuh) with per-sequence
 // geometry (Problem::cu_q/cu_k, read by the kernels: select_sequence). varlen_attention_cuda.cu
 // wraps these with the device guard and the current stream; tools/cuda_emu calls them on CPU
@@ -12,6 +13,7 @@
 
 #include "attention/attention.h"
 #include "attention/attention_cuda_ops.h"
+#include "varlen_attention/varlen_attention.h"
 #include "common/debug.h"
 
 namespace fastattn::varlen_attention::cuda_impl {
@@ -35,65 +37,15 @@ inline bool packed_rows_aligned16(const Tensor& t) {
   return true;
 }
 
-inline void check_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_q,
-                         const Tensor& cu_k, int64_t max_q, int64_t max_k,
-                         const optional<Tensor>& alibi, double dropout_p,
-                         const optional<Tensor>& seed, const char* op) {
-  check_float_dtype(q, op, "q");
-  FASTATTN_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, op,
-                 "q, k and v must be packed (total, H, D), got ", q.sizes(), ", ", k.sizes(),
-                 ", ", v.sizes());
-  FASTATTN_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), op,
-                 "q, k and v must have the same dtype, got ", q.scalar_type(), ", ",
-                 k.scalar_type(), ", ", v.scalar_type());
-  check_same_device(q, k, op, "q", "k");
-  check_same_device(q, v, op, "q", "v");
-  FASTATTN_CHECK(k.size(1) == v.size(1) && k.size(1) > 0 && q.size(1) % k.size(1) == 0, op,
-                 "q's heads must be a multiple of k/v's heads, got ", q.size(1), " and ",
-                 k.size(1));
-  FASTATTN_CHECK(k.size(2) == q.size(2), op, "q and k must have the same head dim, got ",
-                 q.size(2), " and ", k.size(2));
-  FASTATTN_CHECK(k.size(0) == v.size(0), op, "k and v must have the same total length, got ",
-                 k.size(0), " and ", v.size(0));
-  FASTATTN_CHECK(q.size(2) >= 1 && q.size(2) <= attention::kMaxHeadDim && v.size(2) >= 1 &&
-                     v.size(2) <= attention::kMaxHeadDim,
-                 op, "head dims must be in [1, ", attention::kMaxHeadDim, "], got ", q.size(2),
-                 " and ", v.size(2));
-  check_unit_last_stride(q, op, "q");
-  check_unit_last_stride(k, op, "k");
-  check_unit_last_stride(v, op, "v");
-  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&cu_q, "cu_seqlens_q"},
-                                std::pair<const Tensor*, const char*>{&cu_k, "cu_seqlens_k"}}) {
-    FASTATTN_CHECK(t->scalar_type() == at::kInt && t->dim() == 1 && t->numel() >= 1 &&
-                       t->is_contiguous(),
-                   op, name, " must be a contiguous int32 (B+1,) tensor, got ", t->scalar_type(),
-                   " ", t->sizes());
-    check_same_device(*t, q, op, name, "q");
-  }
-  FASTATTN_CHECK(cu_q.numel() == cu_k.numel(), op,
-                 "cu_seqlens_q and cu_seqlens_k must have the same length B+1, got ",
-                 cu_q.numel(), " and ", cu_k.numel());
+// The CUDA kernels' own limits, beyond check_varlen's rules: int32 row indices of the packed
+// tensors and of the (sequence, head) grid axis.
+inline void check_cuda_limits(const Tensor& q, const Tensor& k, const Tensor& cu_q,
+                              const char* op) {
   FASTATTN_CHECK(q.size(0) < kMaxRows && k.size(0) < kMaxRows, op,
                  "total_q and total_k must be < 2^30 on CUDA, got ", q.size(0), " and ",
                  k.size(0));
-  FASTATTN_CHECK(max_q >= 0 && max_q < kMaxRows && max_k >= 0 && max_k < kMaxRows, op,
-                 "max_seqlen_q and max_seqlen_k must be in [0, 2^30), got ", max_q, " and ",
-                 max_k);
-  // A non-empty packed tensor has a sequence of length >= 1 (the kernels' grid covers
-  // max_seqlen tiles; the lengths themselves are checked on the device).
-  FASTATTN_CHECK((q.size(0) == 0 || max_q >= 1) && (k.size(0) == 0 || max_k >= 1), op,
-                 "max_seqlen_q/max_seqlen_k must be >= 1 when q/k have rows, got ", max_q,
-                 " and ", max_k);
   FASTATTN_CHECK((cu_q.numel() - 1) * q.size(1) < kMaxRows, op,
                  "B * Hq must be < 2^30 on CUDA, got ", (cu_q.numel() - 1) * q.size(1));
-  if (alibi.has_value() && alibi->defined()) {
-    FASTATTN_CHECK(alibi->scalar_type() == at::kFloat && alibi->dim() == 2 &&
-                       alibi->size(0) == cu_q.numel() - 1 && alibi->size(1) == q.size(1),
-                   op, "alibi_slopes must be float32 (B, Hq) = (", cu_q.numel() - 1, ", ",
-                   q.size(1), "), got ", alibi->scalar_type(), " ", alibi->sizes());
-    check_same_device(*alibi, q, op, "alibi_slopes", "q");
-  }
-  check_seed(seed, dropout_p, q, op);
 }
 
 // The dense kernels' problem for packed tensors: (total, H, D) seen as (B, H, L, D) with batch
@@ -144,6 +96,7 @@ inline std::tuple<Tensor, Tensor> forward(const Tensor& q, const Tensor& k, cons
                                           const optional<Tensor>& seed, const Launch& launch) {
   constexpr const char* op = "varlen_attention_forward";
   check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, alibi, dropout_p, seed, op);
+  check_cuda_limits(q, k, cu_q, op);
   Tensor out = at::empty({q.size(0), q.size(1), v.size(2)}, q.options());
   Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(attention::lse_dtype(q)));
   poison(out);
@@ -168,30 +121,12 @@ inline std::tuple<Tensor, Tensor, Tensor> backward(
     int64_t causal_mode, int64_t wl, int64_t wr, double dropout_p, const optional<Tensor>& seed,
     const Launch& launch) {
   constexpr const char* op = "varlen_attention_backward";
-  check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, alibi, dropout_p, seed, op);
-  FASTATTN_CHECK(out.dim() == 3 && out.size(0) == q.size(0) && out.size(1) == q.size(1) &&
-                     out.size(2) == v.size(2) && grad_out.sizes() == out.sizes(),
-                 op, "grad_out and out must be (total_q, Hq, Dv) = (", q.size(0), ", ",
-                 q.size(1), ", ", v.size(2), "), got ", grad_out.sizes(), " and ", out.sizes());
-  FASTATTN_CHECK(grad_out.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
-                 op, "grad_out and out must have q's dtype ", q.scalar_type(), ", got ",
-                 grad_out.scalar_type(), " and ", out.scalar_type());
-  check_same_device(grad_out, q, op, "grad_out", "q");
-  check_same_device(out, q, op, "out", "q");
-  check_same_device(lse, q, op, "lse", "q");
-  check_unit_last_stride(grad_out, op, "grad_out");
-  check_unit_last_stride(out, op, "out");
-  FASTATTN_CHECK(lse.scalar_type() == attention::lse_dtype(q) && lse.is_contiguous() &&
-                     lse.dim() == 2 && lse.size(0) == q.size(1) && lse.size(1) == q.size(0),
-                 op, "lse must be a contiguous ", attention::lse_dtype(q), " (Hq, total_q) = (",
-                 q.size(1), ", ", q.size(0), ") tensor, got ", lse.scalar_type(), " ",
-                 lse.sizes());
+  check_varlen_backward(grad_out, grad_lse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, alibi,
+                        dropout_p, seed, op);
+  check_cuda_limits(q, k, cu_q, op);
   Tensor dlse;
   if (grad_lse.has_value() && grad_lse->defined()) {
-    check_same_device(*grad_lse, q, op, "grad_lse", "q");
     dlse = grad_lse->to(attention::lse_dtype(q)).contiguous();
-    FASTATTN_CHECK(dlse.sizes() == lse.sizes(), op, "grad_lse must be (Hq, total_q), got ",
-                   grad_lse->sizes());
   }
   Tensor dq = at::empty(q.sizes(), q.options());
   Tensor dk = at::empty(k.sizes(), k.options());

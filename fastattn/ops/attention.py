@@ -1,5 +1,6 @@
-"""Softmax attention: `attention` and `merge_attention` (public functions, argument checks,
-backend choice, autograd, fake implementations).
+"""Softmax attention: `attention`, `attention_with_weights` and `merge_attention` (public
+functions, argument checks, backend choice, registration with the contract of
+fastattn/contracts/attention.py).
 
 Every backend receives the same canonical arguments (see fastattn/reference/attention.py):
 q (B, Hq, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv) with unit last strides; attn_mask

@@ -1,5 +1,5 @@
 """LSTM: `lstm_cell` and the multi-layer `lstm` (public functions, argument checks, backend
-choice, autograd, fake implementations).
+choice, registration with the contract of fastattn/contracts/lstm.py).
 
 The multi-layer driver below is plain Python (layers, directions, inter-layer dropout,
 batch_first, unbatched input): it calls one op per layer, which runs every direction of that

@@ -1,5 +1,5 @@
 """Positional encodings: sinusoidal tables, fused add-sinusoid, fused embedding + positions,
-and rotary embeddings (public functions, backend choice, autograd, fake implementations).
+and rotary embeddings (public functions, backend choice, registration with the contract).
 
 Backends: "cpu" and "cuda" run the native ops torch.ops.fastattn.<name> (csrc/positional),
 "triton" runs torch.ops.fastattn.<name>_triton (fastattn/triton/positional.py), "reference"

@@ -99,7 +99,7 @@ def output_buffer(shape, dtype: torch.dtype, device: torch.device) -> torch.Tens
     return poison(torch.empty(shape, dtype=dtype, device=device))
 
 
-def output_like(x: torch.Tensor) -> torch.Tensor:
+def output_buffer_like(x: torch.Tensor) -> torch.Tensor:
     """An output laid out like x (float32 under the interpreter for bfloat16), poisoned in tests."""
     if x.dtype == torch.bfloat16 and interpreting(x.device):
         return poison(torch.empty(x.shape, dtype=torch.float32, device=x.device))

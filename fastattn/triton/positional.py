@@ -17,7 +17,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 from triton.language.extra import libdevice
 
-from . import finish, interpreting, on_device, output_buffer, output_like
+from . import finish, interpreting, on_device, output_buffer, output_buffer_like
 from .random import dropout_multiplier
 
 # ---------------------------------------------------------------------------------------------
@@ -301,7 +301,7 @@ def sinusoidal_table(positions: torch.Tensor, dim: int, base: float,
 
 
 def _add_sinusoidal(x, offset, offsets, scale, base, dropout_p, seed, add_pe):
-    out = output_like(x)
+    out = output_buffer_like(x)
     _add_sinusoidal_into(x, out, offset, offsets, scale, base, dropout_p, seed, add_pe)
     return finish(out, x.dtype)
 
@@ -442,7 +442,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | 
                  offset: int, offsets: torch.Tensor | None,
                  position_ids: torch.Tensor | None, rotary_dim: int, base: float,
                  interleaved: bool, conjugate: bool) -> torch.Tensor:
-    out = output_like(x)
+    out = output_buffer_like(x)
     _rotary(x, out, cos, sin, offset, offsets, position_ids, rotary_dim, base, interleaved,
             conjugate, inplace=False)
     return finish(out, x.dtype)

@@ -141,75 +141,111 @@ std::atomic<bool>& poison_flag() {
 }
 }  // namespace fastattn
 
+#include "op_schemas.h"
+
 namespace {
 
 using at::Tensor;
 using c10::optional;
 namespace impl = fastattn::attention::cuda_impl;
 
-std::tuple<Tensor, Tensor> forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                   const optional<Tensor>& attn_mask,
-                                   const optional<Tensor>& key_padding_mask,
-                                   const optional<Tensor>& alibi_slopes, double scale,
-                                   double softcap, int64_t window_lo, int64_t window_hi,
-                                   double dropout_p, const optional<Tensor>& seed,
-                                   int64_t smem_optin) {
-  return impl::forward(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
-                       window_lo, window_hi, dropout_p, seed,
-                       {nullptr, static_cast<int>(smem_optin)});
+// The emulated device: the shared memory a block may opt in to (the launchers pick their tile
+// variants from it) and its streaming multiprocessors (the decode's split count). Set from
+// Python (set_device) before a call; the CUDA build reads the same from the real device
+// (attention/attention_cuda_device.h).
+struct EmulatedDevice {
+  int smem_optin = 227 * 1024;
+  int sm_count = 132;
+};
+
+EmulatedDevice& device() {
+  static EmulatedDevice emulated;
+  return emulated;
 }
 
-std::tuple<Tensor, Tensor, Tensor> backward(
+fastattn::cuda::attn::Launch launch() { return {nullptr, device().smem_optin}; }
+
+// The CUDA op bodies with the native ops' signatures (the CUDA build wraps the same functions
+// with a device guard and the real device's preamble).
+std::tuple<Tensor, Tensor> attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const optional<Tensor>& attn_mask,
+                                             const optional<Tensor>& key_padding_mask,
+                                             const optional<Tensor>& alibi_slopes, double scale,
+                                             double softcap, int64_t window_lo,
+                                             int64_t window_hi, double dropout_p,
+                                             const optional<Tensor>& seed) {
+  return impl::forward(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
+                       window_lo, window_hi, dropout_p, seed, launch());
+}
+
+std::tuple<Tensor, Tensor, Tensor> attention_backward(
     const Tensor& grad_out, const optional<Tensor>& grad_lse, const Tensor& q, const Tensor& k,
     const Tensor& v, const Tensor& out, const Tensor& lse, const optional<Tensor>& attn_mask,
     const optional<Tensor>& key_padding_mask, const optional<Tensor>& alibi_slopes,
     double scale, double softcap, int64_t window_lo, int64_t window_hi, double dropout_p,
-    const optional<Tensor>& seed, int64_t smem_optin) {
+    const optional<Tensor>& seed, bool deterministic) {
+  (void)deterministic;  // always deterministic
   return impl::backward(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask,
                         alibi_slopes, scale, softcap, window_lo, window_hi, dropout_p, seed,
-                        {nullptr, static_cast<int>(smem_optin)});
+                        launch());
 }
 
-std::tuple<Tensor, Tensor> varlen_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                          const Tensor& cu_q, const Tensor& cu_k, int64_t max_q,
-                                          int64_t max_k, const optional<Tensor>& alibi,
-                                          double scale, double softcap, int64_t causal_mode,
-                                          int64_t wl, int64_t wr, double dropout_p,
-                                          const optional<Tensor>& seed, int64_t smem_optin) {
-  return fastattn::varlen_attention::cuda_impl::forward(
-      q, k, v, cu_q, cu_k, max_q, max_k, alibi, scale, softcap, causal_mode, wl, wr, dropout_p,
-      seed, {nullptr, static_cast<int>(smem_optin)});
+std::tuple<Tensor, Tensor> varlen_attention_forward(
+    const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_q, const Tensor& cu_k,
+    int64_t max_q, int64_t max_k, const optional<Tensor>& alibi, double scale, double softcap,
+    int64_t causal_mode, int64_t wl, int64_t wr, double dropout_p, const optional<Tensor>& seed) {
+  return fastattn::varlen_attention::cuda_impl::forward(q, k, v, cu_q, cu_k, max_q, max_k, alibi,
+                                                        scale, softcap, causal_mode, wl, wr,
+                                                        dropout_p, seed, launch());
 }
 
-std::tuple<Tensor, Tensor, Tensor> varlen_backward(
+std::tuple<Tensor, Tensor, Tensor> varlen_attention_backward(
     const Tensor& grad_out, const optional<Tensor>& grad_lse, const Tensor& q, const Tensor& k,
     const Tensor& v, const Tensor& out, const Tensor& lse, const Tensor& cu_q, const Tensor& cu_k,
     int64_t max_q, int64_t max_k, const optional<Tensor>& alibi, double scale, double softcap,
     int64_t causal_mode, int64_t wl, int64_t wr, double dropout_p, const optional<Tensor>& seed,
-    int64_t smem_optin) {
+    bool deterministic) {
+  (void)deterministic;  // always deterministic
   return fastattn::varlen_attention::cuda_impl::backward(
       grad_out, grad_lse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, alibi, scale, softcap,
-      causal_mode, wl, wr, dropout_p, seed, {nullptr, static_cast<int>(smem_optin)});
+      causal_mode, wl, wr, dropout_p, seed, launch());
 }
 
-std::tuple<Tensor, Tensor> decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                                  const Tensor& k_lengths, const Tensor& q_positions,
-                                  const optional<Tensor>& alibi, double scale, double softcap,
-                                  int64_t causal_mode, int64_t wl, int64_t wr, int64_t num_splits,
-                                  int64_t sm_count, int64_t smem_optin) {
+std::tuple<Tensor, Tensor> attention_decode(const Tensor& q, const Tensor& k_cache,
+                                            const Tensor& v_cache, const Tensor& k_lengths,
+                                            const Tensor& q_positions,
+                                            const optional<Tensor>& alibi, double scale,
+                                            double softcap, int64_t causal_mode, int64_t wl,
+                                            int64_t wr, int64_t num_splits) {
   return fastattn::attention_with_kvcache::cuda_impl::decode(
       q, k_cache, v_cache, k_lengths, q_positions, alibi, scale, softcap, causal_mode, wl, wr,
-      num_splits, static_cast<int>(sm_count), {nullptr, static_cast<int>(smem_optin)});
+      num_splits, device().sm_count, launch());
 }
 
 }  // namespace
 
+// The schemas of the native ops (csrc/op_schemas.h, as csrc/bindings.cpp declares them) under
+// the library fastattn_emu_attention, so that the emulated ops sit next to the real ones.
+// attention_with_kvcache is declared with the rest of its op's schemas but not emulated.
+TORCH_LIBRARY(fastattn_emu_attention, m) {
+  fastattn::schemas::define_attention(m);
+  fastattn::schemas::define_varlen_attention(m);
+  fastattn::schemas::define_attention_with_kvcache(m);
+}
+
+TORCH_LIBRARY_IMPL(fastattn_emu_attention, CPU, m) {
+  m.impl("attention_forward", &attention_forward);
+  m.impl("attention_backward", &attention_backward);
+  m.impl("varlen_attention_forward", &varlen_attention_forward);
+  m.impl("varlen_attention_backward", &varlen_attention_backward);
+  m.impl("attention_decode", &attention_decode);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("forward", &forward);
-  m.def("backward", &backward);
-  m.def("varlen_forward", &varlen_forward);
-  m.def("varlen_backward", &varlen_backward);
-  m.def("decode", &decode);
+  m.def("set_device", [](int smem_optin, int sm_count) {
+    device().smem_optin = smem_optin;
+    device().sm_count = sm_count;
+  }, pybind11::arg("smem_optin"), pybind11::arg("sm_count") = 132);
   m.def("set_poison", [](bool on) { fastattn::poison_flag().store(on); });
   // The launches since the previous call ("launcher signature | smem bytes"), then clears them.
   m.def("take_launches", []() {

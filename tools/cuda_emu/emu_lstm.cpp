@@ -1,11 +1,13 @@
 // csrc/lstm/lstm_cuda.cu compiled for the CPU (see emu_lstm.h): the CUDA op bodies registered as
-// CPU kernels of torch.ops.fastattn_emu.lstm_* (same schemas as fastattn::lstm_*), plus the
-// emulated device's configuration. Driven by tools/cuda_emu/run_lstm.py.
+// CPU kernels of torch.ops.fastattn_emu.lstm_* (the schemas of fastattn::lstm_*, from
+// csrc/op_schemas.h), plus the emulated device's configuration. Driven by
+// tools/cuda_emu/run_lstm.py.
 #include "emu_lstm.h"
 
 #include <torch/extension.h>
 
 #include "lstm/lstm_cuda.cu"
+#include "op_schemas.h"
 
 namespace fastattn {
 std::atomic<bool>& poison_flag() {
@@ -14,22 +16,9 @@ std::atomic<bool>& poison_flag() {
 }
 }  // namespace fastattn
 
-TORCH_LIBRARY(fastattn_emu, m) {
-  m.def("lstm_cell(Tensor input, Tensor hx, Tensor cx, Tensor w_ih, Tensor w_hh, Tensor? b_ih, "
-        "Tensor? b_hh) -> (Tensor, Tensor, Tensor)");
-  m.def("lstm_cell_backward(Tensor? grad_hy, Tensor? grad_cy, Tensor input, Tensor hx, "
-        "Tensor cx, Tensor w_ih, Tensor w_hh, Tensor workspace, bool has_bias) "
-        "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
-  m.def("lstm_layer(Tensor input, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, Tensor? b_ih, "
-        "Tensor? b_hh, Tensor? w_hr, Tensor? lengths, float dropout_p, Tensor? seed, "
-        "bool save_workspace) -> (Tensor, Tensor, Tensor, Tensor)");
-  m.def("lstm_layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n, "
-        "Tensor input, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, Tensor? w_hr, "
-        "Tensor? lengths, Tensor workspace, float dropout_p, Tensor? seed, bool has_bias, "
-        "bool input_grad, bool weight_grad) "
-        "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
-  m.def("lstm_cuda_path(Tensor input, Tensor w_hh, Tensor? w_hr, bool backward=False) -> int");
-}
+// The same schemas as fastattn::lstm_* (csrc/op_schemas.h), under another library name so that
+// the emulated ops sit next to the real ones.
+TORCH_LIBRARY(fastattn_emu, m) { fastattn::schemas::define_lstm(m); }
 
 TORCH_LIBRARY_IMPL(fastattn_emu, CPU, m) {
   m.impl("lstm_cell", &fastattn::lstm::lstm_cell_cuda);

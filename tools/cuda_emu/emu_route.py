@@ -16,9 +16,10 @@ import run  # noqa: E402  (tools/cuda_emu/run.py)
 
 ext = run.build()
 ext.set_poison(True)
-SMEM = run.H100_SMEM
+ext.set_device(run.H100_SMEM, 132)
+# The emulated ops have the native ops' schemas (csrc/op_schemas.h): arguments pass through.
+emulated = getattr(torch.ops, run.EMU_LIBRARY)
 _lib = torch.library.Library("fastattn", "IMPL")
-_lib.impl("varlen_attention_forward", lambda *a: ext.varlen_forward(*a, SMEM), "CPU")
-_lib.impl("varlen_attention_backward", lambda *a: ext.varlen_backward(*a[:-1], SMEM), "CPU")
-_lib.impl("attention_decode", lambda *a: ext.decode(*a, 132, SMEM), "CPU")
+for _name in ("varlen_attention_forward", "varlen_attention_backward", "attention_decode"):
+    _lib.impl(_name, getattr(emulated, _name), "CPU")
 print("fastattn varlen/decode CPU ops routed to the CUDA emulator", file=sys.stderr)

@@ -36,6 +36,17 @@ SMALL_SMEM = 101376  # 99 KB: sm_86, sm_89, sm_120
 UNBOUNDED = 1 << 30
 
 
+EMU_LIBRARY = "fastattn_emu_attention"  # emu_attention.cpp's ops: the native schemas
+
+
+def emulated(ext, op: str, *args, smem: int, sm_count: int = 132):
+    """torch.ops.fastattn_emu_attention.<op>(*args): the native op `op`'s CUDA body run by the
+    emulator on CPU tensors, for a device with `smem` bytes of opt-in shared memory a block
+    and `sm_count` multiprocessors."""
+    ext.set_device(smem, sm_count)
+    return getattr(getattr(torch.ops, EMU_LIBRARY), op)(*args)
+
+
 def build():
     here = Path(__file__).resolve().parent
     build_dir = Path(os.environ.get("CUDA_EMU_BUILD", "/tmp/fastattn_cuda_emu"))
@@ -187,15 +198,15 @@ def run_case(ext, c: Case, verbose: bool):
     ext.take_launches()
     if c.expect_error is not None:
         try:
-            out, lse = ext.forward(q, k, v, *args, c.smem)
-            ext.backward(torch.randn(out.shape, generator=g).to(c.dtype), None, q, k, v, out, lse,
-                         *args, c.smem)
+            out, lse = emulated(ext, "attention_forward", q, k, v, *args, smem=c.smem)
+            emulated(ext, "attention_backward", torch.randn(out.shape, generator=g).to(c.dtype),
+                     None, q, k, v, out, lse, *args, True, smem=c.smem)
         except RuntimeError as exc:
             if c.expect_error not in str(exc):
                 print(f"  raised: {exc}")
             return [(f"raises '{c.expect_error}'", c.expect_error in str(exc), 0.0, 0.0)]
         return [(f"raises '{c.expect_error}'", False, 0.0, 0.0)]
-    out, lse = ext.forward(q, k, v, *args, c.smem)
+    out, lse = emulated(ext, "attention_forward", q, k, v, *args, smem=c.smem)
     grad_out = torch.randn(out.shape, generator=g).to(c.dtype) if c.backward else None
     if c.backward and c.grad_out_expanded:  # d(out.sum()): every outer stride 0
         grad_out = torch.randn(out.shape[-1], generator=g).to(c.dtype).expand(out.shape)
@@ -214,7 +225,8 @@ def run_case(ext, c: Case, verbose: bool):
     check("lse", lse_f, torch.where(fin, l64, torch.zeros_like(l64)),
           torch.where(fin, llow.double(), torch.zeros_like(l64)), 2.0, results, dtype=lse.dtype)
     if c.backward:
-        dq, dk, dv = ext.backward(grad_out, grad_lse, q, k, v, out, lse, *args, c.smem)
+        dq, dk, dv = emulated(ext, "attention_backward", grad_out, grad_lse, q, k, v, out, lse,
+                              *args, True, smem=c.smem)
         floors = cancellation_floors(q, k, v, kw, grad_out) + (0.0,)
         for nm, got, r64, rlow, extra in zip(("dq", "dk", "dv"), (dq, dk, dv), g64, glow, floors):
             assert got.is_contiguous()
@@ -222,14 +234,16 @@ def run_case(ext, c: Case, verbose: bool):
         # determinism: a second run is bitwise equal
     reached(ext, c.expect, results)
     if c.backward:
-        dq2, dk2, dv2 = ext.backward(grad_out, grad_lse, q, k, v, out, lse, *args, c.smem)
+        dq2, dk2, dv2 = emulated(ext, "attention_backward", grad_out, grad_lse, q, k, v, out,
+                                 lse, *args, True, smem=c.smem)
         results.append(("determinism", bool(torch.equal(dq, dq2) and torch.equal(dk, dk2)
                                             and torch.equal(dv, dv2)), 0.0, 0.0))
     if c.smem != H100_SMEM:
-        o_h, l_h = ext.forward(q, k, v, *args, H100_SMEM)
+        o_h, l_h = emulated(ext, "attention_forward", q, k, v, *args, smem=H100_SMEM)
         same_as_h100("fwd same as 227 KB", (out, lse), (o_h, l_h), results)
         if c.backward:
-            g_h = ext.backward(grad_out, grad_lse, q, k, v, out, lse, *args, H100_SMEM)
+            g_h = emulated(ext, "attention_backward", grad_out, grad_lse, q, k, v, out, lse,
+                           *args, True, smem=H100_SMEM)
             same_as_h100("bwd same as 227 KB", (dq, dk, dv), g_h, results)
     return results
 
@@ -381,7 +395,7 @@ def run_varlen_case(ext, c: VarlenCase, verbose: bool):
             c.window[1], c.dropout, seed)
     ext.set_poison(True)
     ext.take_launches()
-    out, lse = ext.varlen_forward(q, k, v, *args, c.smem)
+    out, lse = emulated(ext, "varlen_attention_forward", q, k, v, *args, smem=c.smem)
     grad_out = torch.randn(out.shape, generator=g).to(c.dtype)
     grad_lse = torch.randn(lse.shape, generator=g) if c.grad_lse else None
 
@@ -405,7 +419,8 @@ def run_varlen_case(ext, c: VarlenCase, verbose: bool):
     z = torch.zeros_like(l64)
     check("lse", torch.where(fin, lse.double(), z), torch.where(fin, l64, z),
           torch.where(fin, llow.double(), z), 2.0, results, dtype=lse.dtype)
-    dq, dk, dv = ext.varlen_backward(grad_out, grad_lse, q, k, v, out, lse, *args, c.smem)
+    dq, dk, dv = emulated(ext, "varlen_attention_backward", grad_out, grad_lse, q, k, v, out,
+                          lse, *args, True, smem=c.smem)
     reached(ext, c.expect, results)
     for nm, got, r64, rlow in zip(("dq", "dk", "dv"), (dq, dk, dv), g64, glow):
         r64 = torch.zeros_like(got, dtype=torch.float64) if r64 is None else r64
@@ -420,13 +435,16 @@ def run_varlen_case(ext, c: VarlenCase, verbose: bool):
             other = (k if nm == "dq" else q).double().abs().max()
             extra = res * float(other) * (math.sqrt(c.D * (c.Hq // c.Hkv)) if nm == "dk" else 1)
         check(nm, got, r64, rlow, 3.0, results, extra=extra)
-    dq2, dk2, dv2 = ext.varlen_backward(grad_out, grad_lse, q, k, v, out, lse, *args, c.smem)
+    dq2, dk2, dv2 = emulated(ext, "varlen_attention_backward", grad_out, grad_lse, q, k, v,
+                             out, lse, *args, True, smem=c.smem)
     results.append(("determinism", bool(torch.equal(dq, dq2) and torch.equal(dk, dk2)
                                         and torch.equal(dv, dv2)), 0.0, 0.0))
     if c.smem != H100_SMEM:
-        o_h, l_h = ext.varlen_forward(q, k, v, *args, H100_SMEM)
+        o_h, l_h = emulated(ext, "varlen_attention_forward", q, k, v, *args,
+                            smem=H100_SMEM)
         same_as_h100("fwd same as 227 KB", (out, lse), (o_h, l_h), results)
-        g_h = ext.varlen_backward(grad_out, grad_lse, q, k, v, out, lse, *args, H100_SMEM)
+        g_h = emulated(ext, "varlen_attention_backward", grad_out, grad_lse, q, k, v, out, lse,
+                       *args, True, smem=H100_SMEM)
         same_as_h100("bwd same as 227 KB", (dq, dk, dv), g_h, results)
     return results
 
@@ -453,7 +471,8 @@ def run_decode_case(ext, c: DecodeCase, verbose: bool):
     args = (k_lengths, pos, alibi, scale, c.softcap, c.causal_mode, c.window[0], c.window[1])
     ext.set_poison(True)
     ext.take_launches()
-    out, lse = ext.decode(q, k_cache, v_cache, *args, c.num_splits, 132, c.smem)
+    out, lse = emulated(ext, "attention_decode", q, k_cache, v_cache, *args, c.num_splits,
+                        smem=c.smem)
     o64, l64 = kv_ref.attention_decode(q.double(), k_cache.double(), v_cache.double(), *args)
     olow, llow = kv_ref.attention_decode(q, k_cache, v_cache, *args)
     results = []
@@ -466,7 +485,8 @@ def run_decode_case(ext, c: DecodeCase, verbose: bool):
           torch.where(fin, llow.double(), z), 2.0, results, dtype=lse.dtype)
     reached(ext, c.expect, results)
     if c.smem != H100_SMEM:
-        o_h, l_h = ext.decode(q, k_cache, v_cache, *args, c.num_splits, 132, H100_SMEM)
+        o_h, l_h = emulated(ext, "attention_decode", q, k_cache, v_cache, *args, c.num_splits,
+                            smem=H100_SMEM)
         same_as_h100("same as 227 KB", (out, lse), (o_h, l_h), results)
     return results
 
