@@ -10,7 +10,7 @@ rules) and the reference all read one definition.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -9,7 +9,7 @@ additive_scores_backward and their Triton twins (suffix _triton):
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -14,7 +14,7 @@ for float64 inputs), and the output layout of `output_like`.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

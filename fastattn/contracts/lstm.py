@@ -63,8 +63,8 @@ lets `lstm`/`lstm_cell` choose it.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
-from typing import Callable
 
 import torch
 
@@ -92,7 +92,8 @@ def layer_fake(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, dropout_p, 
     H = G // 4
     workspace = (D, T * B * (5 * H + P)) if save_workspace else (0,)
     return (input.new_empty((T, B, D * P)), input.new_empty((D, B, P)),
-            input.new_empty((D, B, H)), input.new_empty(workspace, dtype=compute_dtype(input.dtype)))
+            input.new_empty((D, B, H)),
+            input.new_empty(workspace, dtype=compute_dtype(input.dtype)))
 
 
 def layer_backward_fake(grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, w_hr,

@@ -13,7 +13,7 @@ Lengths and the lse dtype follow the dense attention contract (contracts/attenti
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

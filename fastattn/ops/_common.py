@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from types import ModuleType
-from typing import Callable
 
 import torch
 
