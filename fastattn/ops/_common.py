@@ -146,3 +146,24 @@ def register_autograd(op: str, formula: tuple[Callable, Callable]) -> None:
     """Attaches (backward, setup_context) to the torch op fastattn::<op>."""
     backward, setup_context = formula
     torch.library.register_autograd(f"fastattn::{op}", backward, setup_context=setup_context)
+
+
+def register_forward_backward(forward: str, backward: str, forward_fake: Callable,
+                              backward_fake: Callable, autograd_formula: Callable,
+                              reference: Callable, triton_module: str) -> None:
+    """Registers an op pair fastattn::<forward> / <backward> (the backward is the forward's
+    kernel gradient) for every backend, from the op's contract: the fakes of the native ops,
+    the backward formula `autograd_formula(backward_op, reference)` on the native forward, and
+    the same for the Triton twins <forward>_triton / <backward>_triton, whose launchers
+    fastattn/triton/<triton_module>.py defines under the native names."""
+    register_native_fakes({forward: forward_fake, backward: backward_fake})
+    ops = torch.ops.fastattn
+    if _backend.has_op(forward):
+        register_autograd(forward, autograd_formula(getattr(ops, backward), reference))
+    kernels = triton_kernels(triton_module)
+    if kernels is None:
+        return
+    for name, fake in ((forward, forward_fake), (backward, backward_fake)):
+        register_triton_op(f"fastattn::{name}_triton", getattr(kernels, name), fake)
+    register_autograd(forward + "_triton",
+                      autograd_formula(getattr(ops, backward + "_triton"), reference))

@@ -14,8 +14,7 @@ import torch
 from .. import _backend
 from ..contracts import additive_attention as contract
 from ..reference import additive_attention as ref
-from ._common import (check_same_device, check_tensor, register_autograd, register_native_fakes,
-                      register_triton_op, triton_kernels)
+from ._common import check_same_device, check_tensor, register_forward_backward
 
 
 def additive_attention(query: torch.Tensor, keys: torch.Tensor,
@@ -108,20 +107,10 @@ def additive_attention(query: torch.Tensor, keys: torch.Tensor,
 def _register() -> None:
     """Fakes and autograd of the native ops and of their Triton twins, from the contract
     (fastattn/contracts/additive_attention.py)."""
-    register_native_fakes({"additive_scores": contract.scores_fake,
-                           "additive_scores_backward": contract.scores_backward_fake})
-    if _backend.has_op("additive_scores"):
-        register_autograd("additive_scores", contract.autograd_formula(
-            torch.ops.fastattn.additive_scores_backward, ref.additive_scores))
-    kernels = triton_kernels("additive_attention")
-    if kernels is None:
-        return
-    register_triton_op("fastattn::additive_scores_triton", kernels.additive_scores,
-                       contract.scores_fake)
-    register_triton_op("fastattn::additive_scores_backward_triton",
-                       kernels.additive_scores_backward, contract.scores_backward_fake)
-    register_autograd("additive_scores_triton", contract.autograd_formula(
-        torch.ops.fastattn.additive_scores_backward_triton, ref.additive_scores))
+    register_forward_backward("additive_scores", "additive_scores_backward",
+                              contract.scores_fake, contract.scores_backward_fake,
+                              contract.autograd_formula, ref.additive_scores,
+                              "additive_attention")
 
 
 _register()

@@ -25,8 +25,7 @@ from ..contracts.attention import MAX_HEAD_DIM, WINDOW_UNBOUNDED, check_seqlen
 from ..reference import attention as ref
 from ..reference.random import dropout_keep_mask, dropout_uniform
 from ._common import (check_dropout, check_same_device, check_tensor, dropout_seed,
-                      register_autograd, register_native_fakes, register_triton_op,
-                      triton_kernels)
+                      register_forward_backward)
 
 Causal = Union[bool, str]
 
@@ -380,20 +379,9 @@ def merge_attention(outs: Sequence[torch.Tensor],
 
 
 def _register() -> None:
-    register_native_fakes({"attention_forward": contract.forward_fake,
-                           "attention_backward": contract.backward_fake})
-    if _backend.has_op("attention_forward"):
-        register_autograd("attention_forward", contract.autograd_formula(
-            torch.ops.fastattn.attention_backward, ref.attention))
-    kernels = triton_kernels("attention")
-    if kernels is None:
-        return
-    register_triton_op("fastattn::attention_forward_triton", kernels.attention_forward,
-                       contract.forward_fake)
-    register_triton_op("fastattn::attention_backward_triton", kernels.attention_backward,
-                       contract.backward_fake)
-    register_autograd("attention_forward_triton", contract.autograd_formula(
-        torch.ops.fastattn.attention_backward_triton, ref.attention))
+    register_forward_backward("attention_forward", "attention_backward", contract.forward_fake,
+                              contract.backward_fake, contract.autograd_formula, ref.attention,
+                              "attention")
 
 
 _register()

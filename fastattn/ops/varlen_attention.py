@@ -20,8 +20,7 @@ from ..contracts.attention import MAX_HEAD_DIM, check_seqlen
 from ..reference import varlen_attention as ref
 from ._common import (check_dropout, check_same_device, check_tensor, device_check,
                       device_checks_enabled, dropout_seed, host_checks_enabled,
-                      register_autograd, register_native_fakes, register_triton_op,
-                      triton_kernels)
+                      register_forward_backward)
 from .attention import Causal
 
 
@@ -216,20 +215,10 @@ def unpack_padded(packed: torch.Tensor, indices: torch.Tensor, batch: int,
 
 
 def _register() -> None:
-    register_native_fakes({"varlen_attention_forward": contract.forward_fake,
-                           "varlen_attention_backward": contract.backward_fake})
-    if _backend.has_op("varlen_attention_forward"):
-        register_autograd("varlen_attention_forward", contract.autograd_formula(
-            torch.ops.fastattn.varlen_attention_backward, ref.varlen_attention))
-    kernels = triton_kernels("varlen_attention")
-    if kernels is None:
-        return
-    register_triton_op("fastattn::varlen_attention_forward_triton",
-                       kernels.varlen_attention_forward, contract.forward_fake)
-    register_triton_op("fastattn::varlen_attention_backward_triton",
-                       kernels.varlen_attention_backward, contract.backward_fake)
-    register_autograd("varlen_attention_forward_triton", contract.autograd_formula(
-        torch.ops.fastattn.varlen_attention_backward_triton, ref.varlen_attention))
+    register_forward_backward("varlen_attention_forward", "varlen_attention_backward",
+                              contract.forward_fake, contract.backward_fake,
+                              contract.autograd_formula, ref.varlen_attention,
+                              "varlen_attention")
 
 
 _register()
