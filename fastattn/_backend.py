@@ -199,7 +199,7 @@ def automatic_order(op: str, device_type: str) -> tuple[str, ...]:
 
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
 _missing_cache: dict[tuple[str, str], str] = {}
-TRITON_NO_FLOAT64 = "the triton backend computes in float32 and does not take float64"
+TRITON_NO_FLOAT64 = "the triton backend does not take float64 (its kernels compute in float32)"
 
 
 # Fixed once fastattn is imported (the native ops are declared when fastattn._C loads, the

@@ -782,7 +782,7 @@ def test_triton_op_refuses_query_length_beyond_int32():
 def test_sequence_length_limit_is_2_pow_30():
     """The limit is the band encoding's: 2**30 - 1 passes the check, 2**30 does not (not run:
     a kernel over 2**30 keys takes seconds)."""
-    from fastattn.reference.attention import MAX_SEQLEN, WINDOW_UNBOUNDED, check_seqlen
+    from fastattn.contracts.attention import MAX_SEQLEN, WINDOW_UNBOUNDED, check_seqlen
     assert MAX_SEQLEN == WINDOW_UNBOUNDED - 1 == 2**30 - 1
     check_seqlen("attention", "k's length (Lk)", 2**30 - 1)
     with pytest.raises(ValueError, match=r"attention: k's length \(Lk\) must be < 2\*\*30"):
