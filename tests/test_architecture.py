@@ -26,7 +26,9 @@ ALLOWED = {
     "fastattn.ops": {"fastattn.ops", "fastattn.contracts", "fastattn.reference",
                      "fastattn.triton", "fastattn._backend", "fastattn._native",
                      "fastattn._debug"},
-    "fastattn.nn": {"fastattn.nn", "fastattn.ops", "fastattn._backend"},
+    "fastattn.nn": {"fastattn.nn", "fastattn.ops", "fastattn.distributed", "fastattn._backend"},
+    # context parallelism: modules-level code built on the ops and torch.distributed
+    "fastattn.distributed": {"fastattn.distributed", "fastattn.ops", "fastattn._backend"},
     "fastattn._backend": {"fastattn._native"},
     "fastattn._native": {"fastattn._C"},
     "fastattn._debug": {"fastattn._native"},
