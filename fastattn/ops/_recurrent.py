@@ -34,8 +34,9 @@ from typing import Callable, Sequence
 import torch
 
 from .. import _backend, _native
-from ._common import (FLOAT_DTYPES, backward_through_reference, device_check_range,
-                      device_checks_enabled, dropout_seed, host_checks_enabled)
+from ..contracts import backward_through_reference
+from ._common import (FLOAT_DTYPES, device_check_range, device_checks_enabled, dropout_seed,
+                      host_checks_enabled)
 
 # Workspace columns per (row, hidden unit) of one direction, per family.
 WORKSPACE_WIDTH = {"gru": 5, "rnn": 2}
