@@ -76,6 +76,8 @@ def test_build_info():
         assert key in info, key
     assert isinstance(info["cuda"], bool)
     assert info["cpu_isa"] in ("base", "avx2", "avx512", "avx512bf16")
+    assert isinstance(info["cpu_amx"], bool)
+    assert not info["cpu_amx"] or info["cpu_isa"] == "avx512bf16"
     assert torch.__version__.startswith(info["torch_version"]), (torch.__version__, info)
     if info["cuda"]:
         assert info["cuda_archs"] and info["cuda_version"]
@@ -373,3 +375,50 @@ def test_automatic_order_on_cuda_follows_the_gpu_measurements():
         assert _backend.automatic_order(op, "cuda") == ("cuda", "triton", "reference"), op
     for op in ("attention", "lstm", "lstm_cell"):
         assert _backend.automatic_order(op, "cpu") == ("cpu", "reference"), op
+
+
+_AMX_SCRIPT = r"""
+import sys, torch, fastattn
+out = {"amx": fastattn.build_info()["cpu_amx"]}
+torch.manual_seed(4)
+# Head dims the AMX path takes (multiples of 32), lengths with tails of every block size, GQA,
+# causal, a boolean mask and dropout (the score pipeline runs on the tile products' output).
+for D, Lq, Lk in ((32, 37, 53), (64, 130, 97), (128, 64, 200)):
+    q = torch.randn(2, 4, Lq, D).bfloat16().requires_grad_()
+    k = torch.randn(2, 2, Lk, D).bfloat16().requires_grad_()
+    v = torch.randn(2, 2, Lk, D).bfloat16().requires_grad_()
+    mask = torch.rand(Lq, Lk) > 0.2
+    for name, kw in (("causal", dict(causal="bottom_right")), ("mask", dict(attn_mask=mask)),
+                     ("dropout", dict(dropout_p=0.3))):
+        torch.manual_seed(5)
+        o = fastattn.attention(q, k, v, backend="cpu", **kw)
+        grads = torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
+        out[f"{name}/D{D}"] = o.detach()
+        for g_name, g in zip("qkv", grads):
+            out[f"{name}.d{g_name}/D{D}"] = g
+torch.save(out, sys.argv[1])
+"""
+
+
+def test_cpu_bf16_attention_amx_agrees_with_avx512bf16(tmp_path):
+    """Where the CPU and OS allow AMX, bfloat16 attention with head dims that are multiples of
+    32 runs its tile products on AMX (build_info()['cpu_amx']); FASTATTN_CPU_ISA=avx512bf16
+    turns that off. Both round the same operands to bfloat16 and accumulate in float32, so
+    they differ only in summation order."""
+    results = {}
+    for mode, env in (("default", python_env(unset=("FASTATTN_CPU_ISA",))),
+                      ("avx512bf16", python_env({"FASTATTN_CPU_ISA": "avx512bf16"}))):
+        path = tmp_path / f"{mode}.pt"
+        proc = run_python(_AMX_SCRIPT, str(path), env=env)
+        assert proc.returncode == 0, (mode, proc.stderr[-3000:])
+        results[mode] = torch.load(path)
+    assert results["avx512bf16"]["amx"] is False
+    if not results["default"]["amx"]:
+        pytest.skip("this CPU or OS does not offer AMX-BF16")
+    for key, a in results["default"].items():
+        if key == "amx":
+            continue
+        b = results["avx512bf16"][key]
+        assert not torch.isnan(a).any(), key
+        torch.testing.assert_close(a.double(), b.double(), rtol=2.0 ** -4, atol=2.0 ** -4,
+                                   msg=lambda m, key=key: f"{key}: {m}")

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "attention/attention_cpu_kernel.h"
+#include "common/cpu_amx.h"
 #include "common/cpu_convert.h"
 #include "common/cpu_dropout.h"
 #include "common/cpu_gemm.h"
@@ -268,7 +269,7 @@ struct FloatTiles {
     q_rows = rows_view<T>(base, stride, i0, M, D, q_buf.data(), ldq);
     if (!backward) transpose(q_rows, ldq, qT.data(), kBlockQ, M, D);
   }
-  void load_k(const T* base, int64_t stride, int64_t j0, int64_t N) {
+  void load_k(const T* base, int64_t stride, int64_t j0, int64_t N, bool /*backward*/) {
     k_rows = rows_view<T>(base, stride, j0, N, D, k_buf.data(), ldk);
     transpose(k_rows, ldk, kt.data(), kBlockK, N, D);
   }
@@ -341,10 +342,10 @@ struct Bf16Tiles {
     pairs_transposed(x, stride, M, D, qA.data(), kBlockQ);          // A of Q K^T
     if (backward) pair_rows(x, stride, M, D, qB.data(), D);          // B of dS^T Q
   }
-  void load_k(const c10::BFloat16* base, int64_t stride, int64_t j0, int64_t N) {
+  void load_k(const c10::BFloat16* base, int64_t stride, int64_t j0, int64_t N, bool backward) {
     const uint16_t* x = bits(base + j0 * stride);
     pairs_transposed(x, stride, N, D, kB.data(), kBlockK);          // B of Q K^T
-    pair_rows(x, stride, N, D, kA.data(), D);                        // B of dS K
+    if (backward) pair_rows(x, stride, N, D, kA.data(), D);          // B of dS K
   }
   void load_v(const c10::BFloat16* base, int64_t stride, int64_t j0, int64_t N, bool backward) {
     const uint16_t* x = bits(base + j0 * stride);
@@ -394,6 +395,161 @@ struct Bf16Tiles {
 };
 #endif
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+inline int64_t round_up32(int64_t x) { return (x + 31) & ~int64_t(31); }
+
+// x (M x N float, row stride ldx) rounded to bfloat16 rows out (row stride ld_out), padded with
+// zeros to rows_out x cols_out (multiples of 16) so that tile products may read whole blocks.
+inline void round_rows_padded(const float* x, int64_t ldx, int64_t M, int64_t N,
+                              int64_t rows_out, int64_t cols_out, uint16_t* out,
+                              int64_t ld_out) {
+  for (int64_t r = 0; r < rows_out; ++r) {
+    uint16_t* o = out + r * ld_out;
+    for (int64_t c = 0; c < cols_out; c += 16) {
+      const __mmask16 m = r < M ? detail::tail_mask(N - c) : __mmask16(0);
+      const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + r * ldx + c));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + c), (__m256i)h);
+    }
+  }
+}
+
+// Bfloat16 tiles on the AMX tile unit, for head dims that are multiples of 32 (the tile
+// products run on 32 x 32 blocks). Same operand rounding as Bf16Tiles (P and dS to bfloat16,
+// float accumulation); A operands are plain bfloat16 rows, so Q and dO feed the products
+// straight from the tensor when a block is full. Rows and columns past M or N are zero in
+// every padded operand, and the products only touch whole blocks of buffers sized for them.
+struct AmxTiles {
+  using acc = float;
+  int64_t D, Dv;
+  AmxTileScope tile_scope;
+  std::vector<uint32_t> pairs, qB, kA, kB, vA, vB, doB;   // VNNI pair layouts (B operands)
+  std::vector<uint16_t> q_pad, do_pad, a_rows, a_rows_t;  // bfloat16 rows (A operands)
+  std::vector<float> transposed, dq_tile;
+  const uint16_t *q_rows = nullptr, *do_rows = nullptr;
+  int64_t ldq = 0, lddo = 0;
+
+  AmxTiles(int64_t D_, int64_t Dv_)
+      : D(D_), Dv(Dv_),
+        pairs(std::max(kBlockQ, kBlockK) * std::max(D_, Dv_) / 2),
+        qB(kBlockQ / 2 * D_), kA(kBlockK / 2 * D_), kB(D_ / 2 * kBlockK),
+        vA(kBlockK / 2 * Dv_), vB(Dv_ / 2 * kBlockK), doB(kBlockQ / 2 * Dv_),
+        q_pad(kBlockQ * D_), do_pad(kBlockQ * Dv_), a_rows(kBlockQ * kBlockK),
+        a_rows_t(kBlockK * kBlockQ), transposed(kBlockK * kBlockQ), dq_tile(kBlockQ * D_) {}
+
+  static bool fits(const AttentionProblem& p) {
+    return amx_bf16_usable() && p.D % 32 == 0 && p.Dv % 32 == 0;
+  }
+  static const uint16_t* bits(const c10::BFloat16* p) {
+    return reinterpret_cast<const uint16_t*>(p);
+  }
+  // rows x cols bfloat16 rows -> VNNI pairs of the transpose, out[kk * ld_out + r], with
+  // columns r in [rows, ld_out) zero.
+  void pairs_transposed(const uint16_t* x, int64_t ld, int64_t rows, int64_t cols,
+                        uint32_t* out, int64_t ld_out) {
+    const int64_t cols2 = cols / 2;
+    pair_columns(x, ld, rows, cols, pairs.data(), cols2);
+    transpose_words(pairs.data(), cols2, out, ld_out, rows, cols2);
+    if (rows < ld_out) {
+      for (int64_t kk = 0; kk < cols2; ++kk) std::fill(out + kk * ld_out + rows, out + (kk + 1) * ld_out, 0u);
+    }
+  }
+  // VNNI pairs of consecutive rows, zero pair rows up to block_rows / 2.
+  static void pair_rows_padded(const uint16_t* x, int64_t ld, int64_t rows, int64_t cols,
+                               int64_t block_rows, uint32_t* out) {
+    pair_rows(x, ld, rows, cols, out, cols);
+    const int64_t used = (rows + 1) / 2;
+    std::fill(out + used * cols, out + block_rows / 2 * cols, 0u);
+  }
+  // Rows of a (rows x cols) bfloat16 block as the A operand: the tensor itself when the block
+  // is full, else a zero-padded copy.
+  static const uint16_t* a_operand(const uint16_t* x, int64_t stride, int64_t rows,
+                                   int64_t cols, int64_t block_rows, uint16_t* pad,
+                                   int64_t& ld) {
+    if (rows == block_rows) {
+      ld = stride;
+      return x;
+    }
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(pad + r * cols, x + r * stride, cols * 2);
+    std::fill(pad + rows * cols, pad + block_rows * cols, uint16_t(0));
+    ld = cols;
+    return pad;
+  }
+
+  void load_q(const c10::BFloat16* base, int64_t stride, int64_t i0, int64_t M, bool backward) {
+    const uint16_t* x = bits(base + i0 * stride);
+    q_rows = a_operand(x, stride, M, D, kBlockQ, q_pad.data(), ldq);  // A of Q K^T
+    if (backward) pair_rows_padded(x, stride, M, D, kBlockQ, qB.data());  // B of dS^T Q
+  }
+  void load_k(const c10::BFloat16* base, int64_t stride, int64_t j0, int64_t N, bool backward) {
+    const uint16_t* x = bits(base + j0 * stride);
+    pairs_transposed(x, stride, N, D, kB.data(), kBlockK);                // B of Q K^T
+    if (backward) pair_rows_padded(x, stride, N, D, kBlockK, kA.data());  // B of dS K
+  }
+  void load_v(const c10::BFloat16* base, int64_t stride, int64_t j0, int64_t N, bool backward) {
+    const uint16_t* x = bits(base + j0 * stride);
+    if (backward) {
+      pairs_transposed(x, stride, N, Dv, vB.data(), kBlockK);        // B of dO V^T
+    } else {
+      pair_rows_padded(x, stride, N, Dv, kBlockK, vA.data());        // B of P V
+    }
+  }
+  void load_do(const c10::BFloat16* base, int64_t stride, int64_t i0, int64_t M) {
+    const uint16_t* x = bits(base + i0 * stride);
+    do_rows = a_operand(x, stride, M, Dv, kBlockQ, do_pad.data(), lddo);  // A of dO V^T
+    pair_rows_padded(x, stride, M, Dv, kBlockQ, doB.data());               // B of P^T dO
+  }
+  void scores(int64_t M, int64_t N, float scale, bool /*backward*/, float* s) {
+    amx_gemm_bf16(round_up32(M), round_up32(N), D, q_rows, ldq, kB.data(), kBlockK, s, kBlockK,
+                  false);
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int64_t r = 0; r < M; ++r) {
+      float* row = s + r * kBlockK;
+      for (int64_t c = 0; c < N; c += 16) {
+        const __mmask16 m = detail::tail_mask(N - c);
+        _mm512_mask_storeu_ps(row + c, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + c), vs));
+      }
+    }
+  }
+  // x (M x N, ld kBlockK) as A rows, and its transpose (N x M) as A rows of x^T products.
+  const uint16_t* rows_of(int64_t M, int64_t N, const float* x) {
+    round_rows_padded(x, kBlockK, M, N, round_up32(M), round_up32(N), a_rows.data(), kBlockK);
+    return a_rows.data();
+  }
+  const uint16_t* rows_of_transpose(int64_t M, int64_t N, const float* x) {
+    transpose(x, kBlockK, transposed.data(), kBlockQ, M, N);
+    round_rows_padded(transposed.data(), kBlockQ, N, M, round_up32(N), round_up32(M),
+                      a_rows_t.data(), kBlockQ);
+    return a_rows_t.data();
+  }
+  void pv(int64_t M, int64_t N, const float* p, float* o) {
+    amx_gemm_bf16(round_up32(M), Dv, round_up32(N), rows_of(M, N, p), kBlockK, vA.data(), Dv, o,
+                  Dv, true);
+  }
+  void dv(int64_t M, int64_t N, const float* p, float* dv_acc) {
+    amx_gemm_bf16(round_up32(N), Dv, round_up32(M), rows_of_transpose(M, N, p), kBlockQ,
+                  doB.data(), Dv, dv_acc, Dv, true);
+  }
+  void dp(int64_t M, int64_t N, float* out) {
+    amx_gemm_bf16(round_up32(M), round_up32(N), Dv, do_rows, lddo, vB.data(), kBlockK, out,
+                  kBlockK, false);
+  }
+  void dk_dq(int64_t M, int64_t N, const float* ds, float* dk_acc, float* dq) {
+    amx_gemm_bf16(round_up32(N), D, round_up32(M), rows_of_transpose(M, N, ds), kBlockQ,
+                  qB.data(), D, dk_acc, D, true);
+    const uint16_t* a = rows_of(M, N, ds);
+    // dq rows past M belong to other rows of the caller's buffer: go through a copy then.
+    const int64_t M32 = round_up32(M);
+    if (M32 == M) {
+      amx_gemm_bf16(M, D, round_up32(N), a, kBlockK, kA.data(), D, dq, D, true);
+    } else {
+      std::copy(dq, dq + M * D, dq_tile.data());
+      amx_gemm_bf16(M32, D, round_up32(N), a, kBlockK, kA.data(), D, dq_tile.data(), D, true);
+      std::copy(dq_tile.data(), dq_tile.data() + M * D, dq);
+    }
+  }
+};
+#endif
+
 template <typename T>
 struct TilesFor {
   using type = FloatTiles<T>;
@@ -432,11 +588,9 @@ void online_softmax(acc* s, int64_t M, int64_t N, acc* m, acc* l, acc* o_acc, in
   }
 }
 
-}  // namespace
 
-template <typename T>
-void attention_forward(const AttentionForwardParams& fp) {
-  using Tiles = typename TilesFor<T>::type;
+template <typename T, typename Tiles>
+void forward_impl(const AttentionForwardParams& fp) {
   using acc = typename Tiles::acc;
   const AttentionProblem& p = fp.p;
   const int64_t q_blocks = (p.Lq + kBlockQ - 1) / kBlockQ;
@@ -480,7 +634,7 @@ void attention_forward(const AttentionForwardParams& fp) {
       kb_last = std::min(kb_last, (split + 1) * blocks_per_split);
       for (int64_t kb = kb_first; kb < kb_last; ++kb) {
         const int64_t j0 = kb * kBlockK, N = std::min(kBlockK, g.Lk - j0);
-        tiles.load_k(k_base, p.k_s.l, j0, N);
+        tiles.load_k(k_base, p.k_s.l, j0, N, false);
         tiles.scores(M, N, static_cast<acc>(p.scale), false, s.data());
         ctx.apply(s.data(), kBlockK, i0, M, j0, N, nullptr, row.data());
         const bool dropout = p.dropout_p > 0.0;
@@ -543,9 +697,8 @@ void attention_forward(const AttentionForwardParams& fp) {
   });
 }
 
-template <typename T>
-void attention_backward(const AttentionBackwardParams& bp) {
-  using Tiles = typename TilesFor<T>::type;
+template <typename T, typename Tiles>
+void backward_impl(const AttentionBackwardParams& bp) {
   using acc = typename Tiles::acc;
   const AttentionProblem& p = bp.p;
   const int64_t D = p.D, Dv = p.Dv;
@@ -611,7 +764,7 @@ void attention_backward(const AttentionBackwardParams& bp) {
       const T* v_base = V + b * p.v_s.b + hk * p.v_s.h + g.k_row0 * p.v_s.l;
       for (int64_t kb = chunk * blocks_per_chunk; kb < kb_end; ++kb) {
         const int64_t j0 = kb * kBlockK, N = std::min(kBlockK, g.Lk - j0);
-        tiles.load_k(k_base, p.k_s.l, j0, N);
+        tiles.load_k(k_base, p.k_s.l, j0, N, true);
         tiles.load_v(v_base, p.v_s.l, j0, N, true);
         std::fill(dk_acc.begin(), dk_acc.begin() + N * D, acc(0));
         std::fill(dv_acc.begin(), dv_acc.begin() + N * Dv, acc(0));
@@ -702,6 +855,28 @@ void attention_backward(const AttentionBackwardParams& bp) {
       store_row<T>(sum.data(), dQ + b * bp.dq_s.b + h * bp.dq_s.h + (g.q_row0 + i) * bp.dq_s.l, D);
     }
   });
+}
+
+}  // namespace
+
+template <typename T>
+void attention_forward(const AttentionForwardParams& fp) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (AmxTiles::fits(fp.p)) return forward_impl<T, AmxTiles>(fp);
+  }
+#endif
+  forward_impl<T, typename TilesFor<T>::type>(fp);
+}
+
+template <typename T>
+void attention_backward(const AttentionBackwardParams& bp) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (AmxTiles::fits(bp.p)) return backward_impl<T, AmxTiles>(bp);
+  }
+#endif
+  backward_impl<T, typename TilesFor<T>::type>(bp);
 }
 
 template void attention_forward<float>(const AttentionForwardParams&);

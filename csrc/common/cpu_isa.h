@@ -10,7 +10,8 @@ enum class Isa { base, avx2, avx512, avx512bf16 };
 
 inline Isa detect_isa() {
   // FASTATTN_CPU_ISA=base|avx2|avx512 caps the choice (for tests of the other copies).
-  // avx512bf16 adds AVX512-BF16 dot products (bfloat16 attention) to avx512.
+  // avx512bf16 adds AVX512-BF16 dot products (bfloat16 attention) to avx512; the cap
+  // avx512bf16 keeps that copy but turns off its AMX tile products (cpu_amx.h).
   const char* cap = std::getenv("FASTATTN_CPU_ISA");
 #if defined(__x86_64__)
   __builtin_cpu_init();
