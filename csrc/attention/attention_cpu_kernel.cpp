@@ -254,6 +254,7 @@ inline std::pair<int64_t, int64_t> visible_query_blocks(const Geometry& g, int64
 template <typename T>
 struct FloatTiles {
   using acc = acc_t<T>;
+  static constexpr bool kProbabilitiesInBf16 = false;
   int64_t D, Dv;
   std::vector<acc> q_buf, qT, k_buf, kt, v_buf, vt, do_buf;
   const acc *q_rows = nullptr, *k_rows = nullptr, *v_rows = nullptr, *do_rows = nullptr;
@@ -310,6 +311,7 @@ struct FloatTiles {
 #if defined(__AVX512BF16__)
 struct Bf16Tiles {
   using acc = float;
+  static constexpr bool kProbabilitiesInBf16 = true;
   int64_t D, Dv, D2, Dv2;
   // k-major pair matrices (A operands) and VNNI pair matrices (B operands), see cpu_gemm_bf16.h
   std::vector<uint32_t> pairs, qA, qB, kA, kB, vA, vB, doA, doB, pA;
@@ -420,6 +422,7 @@ inline void round_rows_padded(const float* x, int64_t ldx, int64_t M, int64_t N,
 // every padded operand, and the products only touch whole blocks of buffers sized for them.
 struct AmxTiles {
   using acc = float;
+  static constexpr bool kProbabilitiesInBf16 = true;
   int64_t D, Dv;
   AmxTileScope tile_scope;
   std::vector<uint32_t> pairs, qB, kA, kB, vA, vB, doB;   // VNNI pair layouts (B operands)
@@ -563,7 +566,17 @@ struct TilesFor<c10::BFloat16> {
 
 // Online softmax of one S tile (rows of ld kBlockK): updates m, l, rescales o_acc, and turns S
 // into P (times the dropout multipliers when given).
-template <typename acc>
+// exp(x - shift) over a score row, summed: the bfloat16 tiles, whose products take P rounded to
+// bfloat16, use the shorter exponential of cpu_math.h.
+template <typename Tiles, typename acc>
+acc exp_row(acc* x, int64_t n, acc shift) {
+#if defined(__AVX512F__)
+  if constexpr (Tiles::kProbabilitiesInBf16) return exp_shift_sum_for_bf16(x, n, shift);
+#endif
+  return exp_shift_sum(x, n, shift);
+}
+
+template <typename Tiles, typename acc>
 void online_softmax(acc* s, int64_t M, int64_t N, acc* m, acc* l, acc* o_acc, int64_t Dv,
                     const acc* mult) {
   for (int64_t r = 0; r < M; ++r) {
@@ -574,7 +587,7 @@ void online_softmax(acc* s, int64_t M, int64_t N, acc* m, acc* l, acc* o_acc, in
       continue;
     }
     const acc alpha = exp_approx(m[r] - m_new);  // m[r] = -inf gives 0
-    const acc sum = exp_shift_sum(sr, N, m_new);
+    const acc sum = exp_row<Tiles>(sr, N, m_new);
     l[r] = l[r] * alpha + sum;
     m[r] = m_new;
     if (alpha != acc(1)) {
@@ -641,7 +654,7 @@ void forward_impl(const AttentionForwardParams& fp) {
         if (dropout) {
           dropout_tile<acc>(p, g, b, h, i0, M, j0, N, mult.data(), kBlockK, scratch.data());
         }
-        online_softmax<acc>(s.data(), M, N, m.data(), l.data(), o_acc.data(), Dv,
+        online_softmax<Tiles, acc>(s.data(), M, N, m.data(), l.data(), o_acc.data(), Dv,
                             dropout ? mult.data() : nullptr);
         tiles.load_v(v_base, p.v_s.l, j0, N, false);
         tiles.pv(M, N, s.data(), o_acc.data());
@@ -798,7 +811,7 @@ void backward_impl(const AttentionBackwardParams& bp) {
                 std::fill(pr, pr + N, acc(0));
                 continue;
               }
-              exp_shift_sum(sr, N, lse);
+              exp_row<Tiles>(sr, N, lse);
               if (dropout) {
                 const acc* mr = mult.data() + r * kBlockK;
                 for (int64_t n = 0; n < N; ++n) pr[n] = sr[n] * mr[n];
