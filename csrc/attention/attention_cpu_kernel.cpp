@@ -430,6 +430,31 @@ struct AmxTiles {
   std::vector<float> transposed, dq_tile;
   const uint16_t *q_rows = nullptr, *do_rows = nullptr;
   int64_t ldq = 0, lddo = 0;
+  // The forward tasks of one head walk the same key blocks: each block's packed K^T and V are
+  // kept (packed on first use) instead of being packed again for every query block.
+  struct PackedBlocks {
+    const void* head = nullptr;  // base pointer of the head the blocks belong to
+    int64_t block_words = 0;
+    std::vector<uint32_t> words;
+    std::vector<bool> ready;
+    // The slot of block kb, or nullptr when caching would hold too much (long sequences).
+    uint32_t* slot(const void* base, int64_t kb, bool& fresh) {
+      static constexpr int64_t kMaxBlocks = 256;  // 16K keys
+      if (kb >= kMaxBlocks) return nullptr;
+      if (base != head) {
+        head = base;
+        ready.assign(ready.size(), false);
+      }
+      if (kb >= static_cast<int64_t>(ready.size())) {
+        ready.resize(kb + 1, false);
+        words.resize((kb + 1) * block_words);
+      }
+      fresh = !ready[kb];
+      ready[kb] = true;
+      return words.data() + kb * block_words;
+    }
+  } k_blocks, v_blocks;
+  const uint32_t *kB_cur = nullptr, *vA_cur = nullptr;
 
   AmxTiles(int64_t D_, int64_t Dv_)
       : D(D_), Dv(Dv_),
@@ -437,7 +462,10 @@ struct AmxTiles {
         qB(kBlockQ / 2 * D_), kA(kBlockK / 2 * D_), kB(D_ / 2 * kBlockK),
         vA(kBlockK / 2 * Dv_), vB(Dv_ / 2 * kBlockK), doB(kBlockQ / 2 * Dv_),
         q_pad(kBlockQ * D_), do_pad(kBlockQ * Dv_), a_rows(kBlockQ * kBlockK),
-        a_rows_t(kBlockK * kBlockQ), transposed(kBlockK * kBlockQ), dq_tile(kBlockQ * D_) {}
+        a_rows_t(kBlockK * kBlockQ), transposed(kBlockK * kBlockQ), dq_tile(kBlockQ * D_) {
+    k_blocks.block_words = D_ / 2 * kBlockK;
+    v_blocks.block_words = kBlockK / 2 * Dv_;
+  }
 
   static bool fits(const AttentionProblem& p) {
     return amx_bf16_usable() && p.D % 32 == 0 && p.Dv % 32 == 0;
@@ -485,16 +513,24 @@ struct AmxTiles {
   }
   void load_k(const c10::BFloat16* base, int64_t stride, int64_t j0, int64_t N, bool backward) {
     const uint16_t* x = bits(base + j0 * stride);
-    pairs_transposed(x, stride, N, D, kB.data(), kBlockK);                // B of Q K^T
+    bool fresh = true;
+    uint32_t* slot = backward ? nullptr : k_blocks.slot(base, j0 / kBlockK, fresh);
+    uint32_t* dst = slot != nullptr ? slot : kB.data();
+    if (fresh) pairs_transposed(x, stride, N, D, dst, kBlockK);          // B of Q K^T
+    kB_cur = dst;
     if (backward) pair_rows_padded(x, stride, N, D, kBlockK, kA.data());  // B of dS K
   }
   void load_v(const c10::BFloat16* base, int64_t stride, int64_t j0, int64_t N, bool backward) {
     const uint16_t* x = bits(base + j0 * stride);
     if (backward) {
       pairs_transposed(x, stride, N, Dv, vB.data(), kBlockK);        // B of dO V^T
-    } else {
-      pair_rows_padded(x, stride, N, Dv, kBlockK, vA.data());        // B of P V
+      return;
     }
+    bool fresh = true;
+    uint32_t* slot = v_blocks.slot(base, j0 / kBlockK, fresh);
+    uint32_t* dst = slot != nullptr ? slot : vA.data();
+    if (fresh) pair_rows_padded(x, stride, N, Dv, kBlockK, dst);     // B of P V
+    vA_cur = dst;
   }
   void load_do(const c10::BFloat16* base, int64_t stride, int64_t i0, int64_t M) {
     const uint16_t* x = bits(base + i0 * stride);
@@ -502,7 +538,7 @@ struct AmxTiles {
     pair_rows_padded(x, stride, M, Dv, kBlockQ, doB.data());               // B of P^T dO
   }
   void scores(int64_t M, int64_t N, float scale, bool /*backward*/, float* s) {
-    amx_gemm_bf16(round_up32(M), round_up32(N), D, q_rows, ldq, kB.data(), kBlockK, s, kBlockK,
+    amx_gemm_bf16(round_up32(M), round_up32(N), D, q_rows, ldq, kB_cur, kBlockK, s, kBlockK,
                   false);
     const __m512 vs = _mm512_set1_ps(scale);
     for (int64_t r = 0; r < M; ++r) {
@@ -525,7 +561,7 @@ struct AmxTiles {
     return a_rows_t.data();
   }
   void pv(int64_t M, int64_t N, const float* p, float* o) {
-    amx_gemm_bf16(round_up32(M), Dv, round_up32(N), rows_of(M, N, p), kBlockK, vA.data(), Dv, o,
+    amx_gemm_bf16(round_up32(M), Dv, round_up32(N), rows_of(M, N, p), kBlockK, vA_cur, Dv, o,
                   Dv, true);
   }
   void dv(int64_t M, int64_t N, const float* p, float* dv_acc) {
