@@ -306,6 +306,7 @@ struct FloatTiles {
     gemm(N, D, M, acc(1), ds, 1, kBlockK, q_rows, ldq, dk_acc, D, true);
     gemm(M, D, N, acc(1), ds, kBlockK, 1, k_rows, ldk, dq, D, true);
   }
+  void finish_key_block(int64_t, acc*, acc*) {}
 };
 
 #if defined(__AVX512BF16__)
@@ -394,6 +395,7 @@ struct Bf16Tiles {
     const uint32_t* a = round_as_a(M, N, ds);
     gemm_bf16(M, D, (N + 1) / 2, 1.0f, a, kBlockQ, kA.data(), D, dq, D, true);
   }
+  void finish_key_block(int64_t, float*, float*) {}
 };
 #endif
 
@@ -415,19 +417,46 @@ inline void round_rows_padded(const float* x, int64_t ldx, int64_t M, int64_t N,
   }
 }
 
+// x (M x N float, row stride ldx) rounded to bfloat16 as VNNI pairs of rows, out[kk * ld_out +
+// n] = (x[2kk][n], x[2kk+1][n]), zero past M and N, up to rows_out / 2 pair rows of cols_out.
+inline void round_pair_rows_padded(const float* x, int64_t ldx, int64_t M, int64_t N,
+                                   int64_t rows_out, int64_t cols_out, uint32_t* out,
+                                   int64_t ld_out) {
+  // cvtne2ps puts row 2kk in the low 16 bfloat16 and row 2kk+1 in the high 16: interleave.
+  alignas(64) static constexpr uint16_t kInterleave[32] = {
+      0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+      8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i interleave = _mm512_load_si512(kInterleave);
+  for (int64_t kk = 0; kk < rows_out / 2; ++kk) {
+    const int64_t r0 = 2 * kk, r1 = 2 * kk + 1;
+    for (int64_t c = 0; c < cols_out; c += 16) {
+      const __mmask16 m0 = r0 < M ? detail::tail_mask(N - c) : __mmask16(0);
+      const __mmask16 m1 = r1 < M ? detail::tail_mask(N - c) : __mmask16(0);
+      const __m512 a = _mm512_maskz_loadu_ps(m0, x + r0 * ldx + c);
+      const __m512 b = _mm512_maskz_loadu_ps(m1, x + r1 * ldx + c);
+      const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(b, a);
+      _mm512_storeu_si512(out + kk * ld_out + c, _mm512_permutexvar_epi16(interleave, both));
+    }
+  }
+}
+
 // Bfloat16 tiles on the AMX tile unit, for head dims that are multiples of 32 (the tile
 // products run on 32 x 32 blocks). Same operand rounding as Bf16Tiles (P and dS to bfloat16,
 // float accumulation); A operands are plain bfloat16 rows, so Q and dO feed the products
 // straight from the tensor when a block is full. Rows and columns past M or N are zero in
 // every padded operand, and the products only touch whole blocks of buffers sized for them.
+// The backward accumulates dK^T += Q^T dS and dV^T += dO^T P, whose B operands (dS and P in
+// pairs of rows) come straight from rounding, and transposes dK and dV once per key block; Q^T
+// and dO^T are packed once per query block and head.
 struct AmxTiles {
   using acc = float;
   static constexpr bool kProbabilitiesInBf16 = true;
   int64_t D, Dv;
   AmxTileScope tile_scope;
-  std::vector<uint32_t> pairs, qB, kA, kB, vA, vB, doB;   // VNNI pair layouts (B operands)
-  std::vector<uint16_t> q_pad, do_pad, a_rows, a_rows_t;  // bfloat16 rows (A operands)
-  std::vector<float> transposed, dq_tile;
+  std::vector<uint32_t> pairs, kA, kB, vA, vB, b_pairs;   // VNNI pair layouts (B operands)
+  std::vector<uint16_t> q_pad, do_pad, a_rows;              // bfloat16 rows (A operands)
+  std::vector<uint32_t> qT, doT;                            // Q^T, dO^T rows as words
+  std::vector<float> dq_tile, dkT, dvT;
   const uint16_t *q_rows = nullptr, *do_rows = nullptr;
   int64_t ldq = 0, lddo = 0;
   // The forward tasks of one head walk the same key blocks: each block's packed K^T and V are
@@ -453,18 +482,20 @@ struct AmxTiles {
       ready[kb] = true;
       return words.data() + kb * block_words;
     }
-  } k_blocks, v_blocks;
-  const uint32_t *kB_cur = nullptr, *vA_cur = nullptr;
+  } k_blocks, v_blocks, qT_blocks, doT_blocks;
+  const uint32_t *kB_cur = nullptr, *vA_cur = nullptr, *qT_cur = nullptr, *doT_cur = nullptr;
 
   AmxTiles(int64_t D_, int64_t Dv_)
       : D(D_), Dv(Dv_),
         pairs(std::max(kBlockQ, kBlockK) * std::max(D_, Dv_) / 2),
-        qB(kBlockQ / 2 * D_), kA(kBlockK / 2 * D_), kB(D_ / 2 * kBlockK),
-        vA(kBlockK / 2 * Dv_), vB(Dv_ / 2 * kBlockK), doB(kBlockQ / 2 * Dv_),
-        q_pad(kBlockQ * D_), do_pad(kBlockQ * Dv_), a_rows(kBlockQ * kBlockK),
-        a_rows_t(kBlockK * kBlockQ), transposed(kBlockK * kBlockQ), dq_tile(kBlockQ * D_) {
+        kA(kBlockK / 2 * D_), kB(D_ / 2 * kBlockK), vA(kBlockK / 2 * Dv_),
+        vB(Dv_ / 2 * kBlockK), b_pairs(kBlockQ / 2 * kBlockK), q_pad(kBlockQ * D_),
+        do_pad(kBlockQ * Dv_), a_rows(kBlockQ * kBlockK), qT(D_ * kBlockQ / 2),
+        doT(Dv_ * kBlockQ / 2), dq_tile(kBlockQ * D_), dkT(D_ * kBlockK), dvT(Dv_ * kBlockK) {
     k_blocks.block_words = D_ / 2 * kBlockK;
     v_blocks.block_words = kBlockK / 2 * Dv_;
+    qT_blocks.block_words = D_ * kBlockQ / 2;
+    doT_blocks.block_words = Dv_ * kBlockQ / 2;
   }
 
   static bool fits(const AttentionProblem& p) {
@@ -506,10 +537,28 @@ struct AmxTiles {
     return pad;
   }
 
+  // X^T (cols x rows) as bfloat16 rows of kBlockQ (words of two), zero past rows: the pairs
+  // of X's rows, transposed as words.
+  void rows_of_transpose(const uint16_t* x, int64_t stride, int64_t rows, int64_t cols,
+                         uint32_t* out) {
+    pair_rows_padded(x, stride, rows, cols, kBlockQ, pairs.data());
+    transpose_words(pairs.data(), cols, out, kBlockQ / 2, kBlockQ / 2, cols);
+  }
+  // The A operand Q^T (or dO^T) of query block i0 / kBlockQ of this head, packed on first use.
+  const uint32_t* transposed_block(PackedBlocks& cache, const c10::BFloat16* base,
+                                   int64_t stride, int64_t i0, int64_t M, int64_t cols,
+                                   uint32_t* scratch) {
+    bool fresh = true;
+    uint32_t* slot = cache.slot(base, i0 / kBlockQ, fresh);
+    uint32_t* dst = slot != nullptr ? slot : scratch;
+    if (fresh) rows_of_transpose(bits(base + i0 * stride), stride, M, cols, dst);
+    return dst;
+  }
+
   void load_q(const c10::BFloat16* base, int64_t stride, int64_t i0, int64_t M, bool backward) {
     const uint16_t* x = bits(base + i0 * stride);
     q_rows = a_operand(x, stride, M, D, kBlockQ, q_pad.data(), ldq);  // A of Q K^T
-    if (backward) pair_rows_padded(x, stride, M, D, kBlockQ, qB.data());  // B of dS^T Q
+    if (backward) qT_cur = transposed_block(qT_blocks, base, stride, i0, M, D, qT.data());
   }
   void load_k(const c10::BFloat16* base, int64_t stride, int64_t j0, int64_t N, bool backward) {
     const uint16_t* x = bits(base + j0 * stride);
@@ -518,7 +567,11 @@ struct AmxTiles {
     uint32_t* dst = slot != nullptr ? slot : kB.data();
     if (fresh) pairs_transposed(x, stride, N, D, dst, kBlockK);          // B of Q K^T
     kB_cur = dst;
-    if (backward) pair_rows_padded(x, stride, N, D, kBlockK, kA.data());  // B of dS K
+    if (backward) {
+      pair_rows_padded(x, stride, N, D, kBlockK, kA.data());  // B of dS K
+      std::fill(dkT.begin(), dkT.end(), 0.0f);
+      std::fill(dvT.begin(), dvT.end(), 0.0f);
+    }
   }
   void load_v(const c10::BFloat16* base, int64_t stride, int64_t j0, int64_t N, bool backward) {
     const uint16_t* x = bits(base + j0 * stride);
@@ -535,7 +588,7 @@ struct AmxTiles {
   void load_do(const c10::BFloat16* base, int64_t stride, int64_t i0, int64_t M) {
     const uint16_t* x = bits(base + i0 * stride);
     do_rows = a_operand(x, stride, M, Dv, kBlockQ, do_pad.data(), lddo);  // A of dO V^T
-    pair_rows_padded(x, stride, M, Dv, kBlockQ, doB.data());               // B of P^T dO
+    doT_cur = transposed_block(doT_blocks, base, stride, i0, M, Dv, doT.data());
   }
   void scores(int64_t M, int64_t N, float scale, bool /*backward*/, float* s) {
     amx_gemm_bf16(round_up32(M), round_up32(N), D, q_rows, ldq, kB_cur, kBlockK, s, kBlockK,
@@ -549,32 +602,33 @@ struct AmxTiles {
       }
     }
   }
-  // x (M x N, ld kBlockK) as A rows, and its transpose (N x M) as A rows of x^T products.
+  // x (M x N, ld kBlockK) as A rows, and as B pairs of rows.
   const uint16_t* rows_of(int64_t M, int64_t N, const float* x) {
     round_rows_padded(x, kBlockK, M, N, round_up32(M), round_up32(N), a_rows.data(), kBlockK);
     return a_rows.data();
   }
-  const uint16_t* rows_of_transpose(int64_t M, int64_t N, const float* x) {
-    transpose(x, kBlockK, transposed.data(), kBlockQ, M, N);
-    round_rows_padded(transposed.data(), kBlockQ, N, M, round_up32(N), round_up32(M),
-                      a_rows_t.data(), kBlockQ);
-    return a_rows_t.data();
+  const uint32_t* pairs_of(int64_t M, int64_t N, const float* x) {
+    round_pair_rows_padded(x, kBlockK, M, N, round_up32(M), round_up32(N), b_pairs.data(),
+                           kBlockK);
+    return b_pairs.data();
   }
   void pv(int64_t M, int64_t N, const float* p, float* o) {
     amx_gemm_bf16(round_up32(M), Dv, round_up32(N), rows_of(M, N, p), kBlockK, vA_cur, Dv, o,
                   Dv, true);
   }
-  void dv(int64_t M, int64_t N, const float* p, float* dv_acc) {
-    amx_gemm_bf16(round_up32(N), Dv, round_up32(M), rows_of_transpose(M, N, p), kBlockQ,
-                  doB.data(), Dv, dv_acc, Dv, true);
+  // dV^T (Dv x N) += dO^T P; dv_acc receives it in finish_key_block.
+  void dv(int64_t M, int64_t N, const float* p, float* /*dv_acc*/) {
+    amx_gemm_bf16(Dv, round_up32(N), round_up32(M), reinterpret_cast<const uint16_t*>(doT_cur),
+                  kBlockQ, pairs_of(M, N, p), kBlockK, dvT.data(), kBlockK, true);
   }
   void dp(int64_t M, int64_t N, float* out) {
     amx_gemm_bf16(round_up32(M), round_up32(N), Dv, do_rows, lddo, vB.data(), kBlockK, out,
                   kBlockK, false);
   }
-  void dk_dq(int64_t M, int64_t N, const float* ds, float* dk_acc, float* dq) {
-    amx_gemm_bf16(round_up32(N), D, round_up32(M), rows_of_transpose(M, N, ds), kBlockQ,
-                  qB.data(), D, dk_acc, D, true);
+  // dK^T (D x N) += Q^T dS (dk_acc receives it in finish_key_block); dQ += dS K.
+  void dk_dq(int64_t M, int64_t N, const float* ds, float* /*dk_acc*/, float* dq) {
+    amx_gemm_bf16(D, round_up32(N), round_up32(M), reinterpret_cast<const uint16_t*>(qT_cur),
+                  kBlockQ, pairs_of(M, N, ds), kBlockK, dkT.data(), kBlockK, true);
     const uint16_t* a = rows_of(M, N, ds);
     // dq rows past M belong to other rows of the caller's buffer: go through a copy then.
     const int64_t M32 = round_up32(M);
@@ -585,6 +639,11 @@ struct AmxTiles {
       amx_gemm_bf16(M32, D, round_up32(N), a, kBlockK, kA.data(), D, dq_tile.data(), D, true);
       std::copy(dq_tile.data(), dq_tile.data() + M * D, dq);
     }
+  }
+  // dK and dV of the key block (N x D, N x Dv rows) from the transposed accumulators.
+  void finish_key_block(int64_t N, float* dk_acc, float* dv_acc) {
+    transpose(dkT.data(), kBlockK, dk_acc, D, D, N);
+    transpose(dvT.data(), kBlockK, dv_acc, Dv, Dv, N);
   }
 };
 #endif
@@ -878,6 +937,7 @@ void backward_impl(const AttentionBackwardParams& bp) {
             tiles.dk_dq(M, N, dp.data(), dk_acc.data(), dq_h + i0 * D);
           }
         }
+        tiles.finish_key_block(N, dk_acc.data(), dv_acc.data());
         T* dk_base = dK + b * bp.dk_s.b + hk * bp.dk_s.h + (g.k_row0 + j0) * bp.dk_s.l;
         T* dv_base = dV + b * bp.dv_s.b + hk * bp.dv_s.h + (g.k_row0 + j0) * bp.dv_s.l;
         for (int64_t n = 0; n < N; ++n) {
