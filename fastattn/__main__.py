@@ -57,7 +57,8 @@ def report() -> str:
         cuda = (f"CUDA {info['cuda_version']} (toolkit {info['cuda_home']}), "
                 f"archs {info['cuda_archs']}" if info["cuda"] else "CUDA not built")
         lines.append(f"build    {cuda}; built against torch {info['torch_version']}; "
-                     f"CPU kernels: {info['cpu_isa']}; debug checks "
+                     f"CPU kernels: {info['cpu_isa']}"
+                     f"{' + AMX (bfloat16 attention)' if info.get('cpu_amx') else ''}; debug checks "
                      f"{'on' if info['debug_checks'] else 'off'}")
     lines.append("backends")
     for name, status in fastattn.available_backends().items():
