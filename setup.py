@@ -10,6 +10,7 @@ Environment:
   CUDA_HOME                CUDA toolkit root (else CUDA_PATH, /usr/local/cuda, or the nvcc on
                            PATH: tools/cuda_toolkit.py)
 """
+
 import importlib.util
 import os
 import shlex
@@ -32,8 +33,9 @@ DEFAULT_CUDA_ARCHS = "8.0;9.0+PTX"
 
 def _load_cuda_toolkit_module():
     """tools/cuda_toolkit.py (the toolkit search, also used by gpu_suite.sh and tested)."""
-    spec = importlib.util.spec_from_file_location("fastattn_cuda_toolkit",
-                                                  ROOT / "tools" / "cuda_toolkit.py")
+    spec = importlib.util.spec_from_file_location(
+        "fastattn_cuda_toolkit", ROOT / "tools" / "cuda_toolkit.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -49,7 +51,8 @@ def _cuda_enabled(torch_cuda: str | None, cuda_home: str | None) -> bool:
             raise RuntimeError(
                 "FASTATTN_CUDA=1 but the CUDA kernels cannot be built: "
                 f"torch.version.cuda={torch_cuda!r}, CUDA toolkit={cuda_home!r} "
-                "(install a CUDA build of torch and set CUDA_HOME to the toolkit root)")
+                "(install a CUDA build of torch and set CUDA_HOME to the toolkit root)"
+            )
         return True
     if mode != "auto":
         raise RuntimeError(f"FASTATTN_CUDA must be auto, 0 or 1, got {mode!r}")
@@ -85,7 +88,8 @@ class CMakeBuild(build_ext):
         cuda_home = _load_cuda_toolkit_module().find_cuda_home()
         use_cuda = _cuda_enabled(torch.version.cuda, cuda_home)
         archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip() or DEFAULT_CUDA_ARCHS
-        tag = f"torch{torch.__version__}-{'cuda' if use_cuda else 'cpu'}-py{sys.version_info[0]}{sys.version_info[1]}"
+        python = f"py{sys.version_info[0]}{sys.version_info[1]}"
+        tag = f"torch{torch.__version__}-{'cuda' if use_cuda else 'cpu'}-{python}"
         build_dir = ROOT / "build" / tag
         build_dir.mkdir(parents=True, exist_ok=True)
 
@@ -94,11 +98,12 @@ class CMakeBuild(build_ext):
         # cmake >= 4 (what `pip install cmake` brings) refuses projects whose
         # cmake_minimum_required predates 3.5, which some of torch's cmake files still declare.
         env.setdefault("CMAKE_POLICY_VERSION_MINIMUM", "3.5")
+        debug_checks = os.environ.get("FASTATTN_DEBUG_CHECKS") == "1"
         cmake_args = [
             f"-DPython_EXECUTABLE={sys.executable}",
             f"-DFASTATTN_OUTPUT_DIR={build_dir / 'out'}",
             f"-DFASTATTN_CUDA={'ON' if use_cuda else 'OFF'}",
-            f"-DFASTATTN_DEBUG_CHECKS={'ON' if os.environ.get('FASTATTN_DEBUG_CHECKS') == '1' else 'OFF'}",
+            f"-DFASTATTN_DEBUG_CHECKS={'ON' if debug_checks else 'OFF'}",
             "-DCMAKE_BUILD_TYPE=Release",
         ]
         if cuda_home:
@@ -120,9 +125,12 @@ class CMakeBuild(build_ext):
         elif torch.version.cuda is None:
             cuda = "off (torch is a CPU build)"
         else:
-            cuda = f"off (FASTATTN_CUDA={os.environ.get('FASTATTN_CUDA', 'auto')}, toolkit {cuda_home})"
+            mode = os.environ.get("FASTATTN_CUDA", "auto")
+            cuda = f"off (FASTATTN_CUDA={mode}, toolkit {cuda_home})"
         print(f"fastattn: building {tag}, CUDA {cuda}, {jobs} jobs", flush=True)
-        subprocess.run([cmake, "-S", str(ROOT), "-B", str(build_dir), *cmake_args], check=True, env=env)
+        subprocess.run(
+            [cmake, "-S", str(ROOT), "-B", str(build_dir), *cmake_args], check=True, env=env
+        )
         subprocess.run([cmake, "--build", str(build_dir), "--parallel", jobs], check=True, env=env)
         # Each (torch, CUDA) configuration builds in its own folder; its result is copied to
         # where setuptools expects it, and into the source tree's package as well, so that
@@ -138,6 +146,7 @@ class CMakeBuild(build_ext):
 def _ninja_from_pip() -> str | None:
     try:
         import ninja  # noqa: F401
+
         candidate = Path(ninja.BIN_DIR) / "ninja"
         return str(candidate) if candidate.exists() else None
     except Exception:
@@ -147,6 +156,7 @@ def _ninja_from_pip() -> str | None:
 def _cmake_executable() -> str:
     try:
         import cmake  # the pip package brings a newer cmake than the system's
+
         candidate = Path(cmake.CMAKE_BIN_DIR) / "cmake"
         if candidate.exists():
             return str(candidate)

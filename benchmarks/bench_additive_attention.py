@@ -18,14 +18,15 @@ forward+backward at B=32 takes ~25 s a call and ~8 GB there); a teacher-forced s
 decoder over a bidirectional encoder (Lq=40 targets, Lk=50 sources, Dk=2x512); and one
 decoding step (a (B, Dq) query) per call.
 """
+
 from __future__ import annotations
 
 import functools
 
 import torch
+from common import Case, fastattn_backends, relative_error, without_profiler_logs
 
 import fastattn
-from common import Case, fastattn_backends, relative_error, without_profiler_logs
 
 EAGER = "torch eager (straightforward)"
 COMPILE = "torch.compile (straightforward)"
@@ -40,7 +41,7 @@ def straightforward(query, keys, values, w_query, w_keys, v, bias):
     return context.squeeze(1) if single else context
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compiled(fn):
     return torch.compile(fn, dynamic=False)
 
@@ -49,16 +50,20 @@ def cpu_peak_bytes(fn) -> int:
     """Peak bytes held by allocations made during fn() (torch.profiler memory events)."""
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
-    with without_profiler_logs(), profile(activities=[ProfilerActivity.CPU],
-                                          profile_memory=True) as prof:
+
+    with (
+        without_profiler_logs(),
+        profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof,
+    ):
         fn()
     allocations = []
 
     def walk(events):
         for e in events:
             if e.tag == _EventType.Allocation:
-                allocations.append((e.start_time_ns, e.extra_fields.alloc_size,
-                                    e.extra_fields.total_allocated))
+                allocations.append(
+                    (e.start_time_ns, e.extra_fields.alloc_size, e.extra_fields.total_allocated)
+                )
             walk(e.children)
 
     walk(prof.profiler.kineto_results.experimental_event_tree())
@@ -80,8 +85,9 @@ def peak_bytes(fn, device: torch.device) -> int:
     return cpu_peak_bytes(fn)
 
 
-def additive_case(label, B, Lq, Lk, Dq, Dk, A, dtype, device, backward=False,
-                  with_compile=False) -> Case:
+def additive_case(
+    label, B, Lq, Lk, Dq, Dk, A, dtype, device, backward=False, with_compile=False
+) -> Case:
     g = torch.Generator().manual_seed(0)
 
     def randn(*shape, scale=1.0):
@@ -89,7 +95,7 @@ def additive_case(label, B, Lq, Lk, Dq, Dk, A, dtype, device, backward=False,
 
     query = randn(B, Dq) if Lq is None else randn(B, Lq, Dq)
     keys = randn(B, Lk, Dk)
-    w_query, w_keys = randn(A, Dq, scale=Dq ** -0.5), randn(A, Dk, scale=Dk ** -0.5)
+    w_query, w_keys = randn(A, Dq, scale=Dq**-0.5), randn(A, Dk, scale=Dk**-0.5)
     v, bias = randn(A), randn(A, scale=0.1)
     leaves = [query, keys, w_query, w_keys, v, bias]
     if backward:
@@ -102,13 +108,19 @@ def additive_case(label, B, Lq, Lk, Dq, Dk, A, dtype, device, backward=False,
             return lambda: fwd()
         return lambda: torch.autograd.grad(fwd(), leaves, grad_out)
 
-    providers = {f"fastattn:{b}": wrap(lambda b=b: fastattn.additive_attention(
-        query, keys, w_query=w_query, w_keys=w_keys, v=v, bias=bias, backend=b))
-        for b in fastattn_backends(device)}
+    providers = {
+        f"fastattn:{b}": wrap(
+            lambda b=b: fastattn.additive_attention(
+                query, keys, w_query=w_query, w_keys=w_keys, v=v, bias=bias, backend=b
+            )
+        )
+        for b in fastattn_backends(device)
+    }
     providers[EAGER] = wrap(lambda: straightforward(query, keys, keys, w_query, w_keys, v, bias))
     if with_compile:
-        providers[COMPILE] = wrap(lambda: compiled(straightforward)(query, keys, keys, w_query,
-                                                                    w_keys, v, bias))
+        providers[COMPILE] = wrap(
+            lambda: compiled(straightforward)(query, keys, keys, w_query, w_keys, v, bias)
+        )
     peaks = {}
     for name in providers:
         if name == COMPILE:
@@ -116,45 +128,88 @@ def additive_case(label, B, Lq, Lk, Dq, Dk, A, dtype, device, backward=False,
         peaks[name] = peak_bytes(providers[name], device)
     four_d = B * (Lq or 1) * Lk * A * torch.tensor([], dtype=dtype).element_size()
     shown = " / ".join(f"{peaks[n] / 2**20:.1f}" for n in providers)
-    who = " / ".join("fastattn" if n.startswith("fastattn") else
-                     "compile" if n == COMPILE else "eager" for n in providers)
+    who = " / ".join(
+        "fastattn" if n.startswith("fastattn") else "compile" if n == COMPILE else "eager"
+        for n in providers
+    )
     lq = "1 (step)" if Lq is None else str(Lq)
-    name = (f"{label}: B={B} Lq={lq} Lk={Lk} Dq={Dq} Dk={Dk} A={A}"
-            f"{' fwd+bwd' if backward else ' fwd'} | peak MiB {who} {shown}")
-    return Case(op="additive_attention" + (" fwd+bwd" if backward else ""), name=name,
-                providers=providers, reference=EAGER,
-                baselines=(EAGER, COMPILE) if with_compile else (EAGER,),
-                check=relative_error, tolerance=1e-4 if dtype == torch.float32 else 3e-2,
-                dtype=str(dtype)[6:],
-                notes={"peak_bytes": repr(peaks), "four_d_bytes": str(four_d)})
+    name = (
+        f"{label}: B={B} Lq={lq} Lk={Lk} Dq={Dq} Dk={Dk} A={A}"
+        f"{' fwd+bwd' if backward else ' fwd'} | peak MiB {who} {shown}"
+    )
+    return Case(
+        op="additive_attention" + (" fwd+bwd" if backward else ""),
+        name=name,
+        providers=providers,
+        reference=EAGER,
+        baselines=(EAGER, COMPILE) if with_compile else (EAGER,),
+        check=relative_error,
+        tolerance=1e-4 if dtype == torch.float32 else 3e-2,
+        dtype=str(dtype)[6:],
+        notes={"peak_bytes": repr(peaks), "four_d_bytes": str(four_d)},
+    )
 
 
 def cases(profile: str, device: torch.device) -> list[Case]:
     f32 = torch.float32
     if device.type == "cuda":
-        out = [additive_case("issue", 32, 400, 400, 256, 256, 128, f32, device),
-               additive_case("issue", 32, 400, 400, 256, 256, 128, f32, device, backward=True),
-               additive_case("seq2seq teacher-forced", 64, 40, 50, 512, 1024, 256, f32, device,
-                             backward=True),
-               additive_case("seq2seq decode step", 64, None, 50, 512, 1024, 256, f32, device)]
+        out = [
+            additive_case("issue", 32, 400, 400, 256, 256, 128, f32, device),
+            additive_case("issue", 32, 400, 400, 256, 256, 128, f32, device, backward=True),
+            additive_case(
+                "seq2seq teacher-forced", 64, 40, 50, 512, 1024, 256, f32, device, backward=True
+            ),
+            additive_case("seq2seq decode step", 64, None, 50, 512, 1024, 256, f32, device),
+        ]
         if profile == "full":
-            out += [additive_case("issue", 32, 400, 400, 256, 256, 128, torch.bfloat16, device,
-                                  backward=True),
-                    additive_case("issue", 32, 400, 400, 256, 256, 128, f32, device,
-                                  backward=True, with_compile=True)]
+            out += [
+                additive_case(
+                    "issue", 32, 400, 400, 256, 256, 128, torch.bfloat16, device, backward=True
+                ),
+                additive_case(
+                    "issue",
+                    32,
+                    400,
+                    400,
+                    256,
+                    256,
+                    128,
+                    f32,
+                    device,
+                    backward=True,
+                    with_compile=True,
+                ),
+            ]
         return out
     if profile == "quick":
-        return [additive_case("issue shape, B=4", 4, 400, 400, 256, 256, 128, f32, device),
-                additive_case("issue shape, B=4", 4, 400, 400, 256, 256, 128, f32, device,
-                              backward=True),
-                additive_case("seq2seq teacher-forced", 32, 40, 50, 512, 1024, 256, f32, device,
-                              backward=True),
-                additive_case("seq2seq decode step", 32, None, 50, 512, 1024, 256, f32, device)]
-    return [additive_case("issue", 32, 400, 400, 256, 256, 128, f32, device),
-            additive_case("issue", 32, 400, 400, 256, 256, 128, f32, device, backward=True),
-            additive_case("seq2seq teacher-forced", 32, 40, 50, 512, 1024, 256, f32, device,
-                          backward=True, with_compile=True),
-            additive_case("seq2seq decode step", 32, None, 50, 512, 1024, 256, f32, device)]
+        return [
+            additive_case("issue shape, B=4", 4, 400, 400, 256, 256, 128, f32, device),
+            additive_case(
+                "issue shape, B=4", 4, 400, 400, 256, 256, 128, f32, device, backward=True
+            ),
+            additive_case(
+                "seq2seq teacher-forced", 32, 40, 50, 512, 1024, 256, f32, device, backward=True
+            ),
+            additive_case("seq2seq decode step", 32, None, 50, 512, 1024, 256, f32, device),
+        ]
+    return [
+        additive_case("issue", 32, 400, 400, 256, 256, 128, f32, device),
+        additive_case("issue", 32, 400, 400, 256, 256, 128, f32, device, backward=True),
+        additive_case(
+            "seq2seq teacher-forced",
+            32,
+            40,
+            50,
+            512,
+            1024,
+            256,
+            f32,
+            device,
+            backward=True,
+            with_compile=True,
+        ),
+        additive_case("seq2seq decode step", 32, None, 50, 512, 1024, 256, f32, device),
+    ]
 
 
 def summary(rows: list[dict]) -> list[str]:
@@ -162,7 +217,9 @@ def summary(rows: list[dict]) -> list[str]:
     lines = []
     for r in rows:
         if r.get("provider", "").startswith("fastattn:") and "speedup" in r:
-            lines.append(f"{r['op']} {r['case'].split(' | ')[0]}: {r['provider']} "
-                         f"{r['speedup']:.2f}x faster than the best PyTorch provider; "
-                         f"{r['case'].split(' | ')[1]}")
+            lines.append(
+                f"{r['op']} {r['case'].split(' | ')[0]}: {r['provider']} "
+                f"{r['speedup']:.2f}x faster than the best PyTorch provider; "
+                f"{r['case'].split(' | ')[1]}"
+            )
     return lines

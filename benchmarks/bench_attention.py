@@ -8,53 +8,64 @@ FLOPs: 4 * b * h * s^2 * d (half when causal); backward 2.5x forward, so forward
 (flash, efficient, math, cuDNN on GPU; flash and math on CPU), and the eager reference
 (materialised softmax) where it fits.
 """
+
 from __future__ import annotations
 
 import math
 
 import torch
 import torch.nn.functional as F
+from common import Case, fastattn_backends, relative_error
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fastattn
-from common import Case, fastattn_backends, relative_error
 
 
 def eager_attention(q, k, v, causal):
     s = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     if causal:
         L = q.shape[-2]
-        s = s.masked_fill(torch.ones(L, L, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+        s = s.masked_fill(
+            torch.ones(L, L, dtype=torch.bool, device=q.device).triu(1), float("-inf")
+        )
     return torch.matmul(torch.softmax(s, dim=-1), v)
 
 
 def sdpa_backends(device: torch.device) -> dict[str, SDPBackend]:
     if device.type == "cuda":
-        return {"sdpa:flash": SDPBackend.FLASH_ATTENTION,
-                "sdpa:efficient": SDPBackend.EFFICIENT_ATTENTION,
-                "sdpa:cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa:math": SDPBackend.MATH}
+        return {
+            "sdpa:flash": SDPBackend.FLASH_ATTENTION,
+            "sdpa:efficient": SDPBackend.EFFICIENT_ATTENTION,
+            "sdpa:cudnn": SDPBackend.CUDNN_ATTENTION,
+            "sdpa:math": SDPBackend.MATH,
+        }
     return {"sdpa:flash": SDPBackend.FLASH_ATTENTION, "sdpa:math": SDPBackend.MATH}
 
 
-def attention_case(batch, seqlen, head_dim, width, causal, dtype, device, backward,
-                   with_math=True) -> Case:
+def attention_case(
+    batch, seqlen, head_dim, width, causal, dtype, device, backward, with_math=True
+) -> Case:
     heads = width // head_dim
     shape = (batch, heads, seqlen, head_dim)
-    q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=backward)
-               for _ in range(3))
+    q, k, v = (
+        torch.randn(shape, device=device, dtype=dtype, requires_grad=backward) for _ in range(3)
+    )
     grad = torch.randn(shape, device=device, dtype=dtype)
 
     def wrap(fwd):
         if not backward:
+
             def run():
                 with torch.no_grad():
                     return fwd()
+
             return run
         return lambda: torch.autograd.grad(fwd(), (q, k, v), grad)
 
-    providers = {f"fastattn:{b}": wrap(lambda b=b: fastattn.attention(q, k, v, causal=causal,
-                                                                     backend=b))
-                 for b in fastattn_backends(device)}
+    providers = {
+        f"fastattn:{b}": wrap(lambda b=b: fastattn.attention(q, k, v, causal=causal, backend=b))
+        for b in fastattn_backends(device)
+    }
     for name, sdp in sdpa_backends(device).items():
         if name == "sdpa:math" and not with_math:
             continue
@@ -62,17 +73,24 @@ def attention_case(batch, seqlen, head_dim, width, causal, dtype, device, backwa
         def call(sdp=sdp):
             with sdpa_kernel(sdp):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
         providers[name] = wrap(call)
     if with_math:
         providers["eager"] = wrap(lambda: eager_attention(q, k, v, causal))
     flops = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
     baselines = tuple(n for n in providers if n.startswith("sdpa:"))
     reference = "sdpa:math" if "sdpa:math" in providers else "sdpa:flash"
-    return Case(op="attention" + (" fwd+bwd" if backward else " fwd"),
-                name=f"b={batch} s={seqlen} h={heads} d={head_dim}{' causal' if causal else ''}",
-                providers=providers, reference=reference, baselines=baselines,
-                flops=flops * (3.5 if backward else 1.0), check=relative_error,
-                tolerance=2e-5 if dtype == torch.float32 else 3e-2, dtype=str(dtype)[6:])
+    return Case(
+        op="attention" + (" fwd+bwd" if backward else " fwd"),
+        name=f"b={batch} s={seqlen} h={heads} d={head_dim}{' causal' if causal else ''}",
+        providers=providers,
+        reference=reference,
+        baselines=baselines,
+        flops=flops * (3.5 if backward else 1.0),
+        check=relative_error,
+        tolerance=2e-5 if dtype == torch.float32 else 3e-2,
+        dtype=str(dtype)[6:],
+    )
 
 
 def cases(profile: str, device: torch.device) -> list[Case]:
@@ -92,8 +110,19 @@ def cases(profile: str, device: torch.device) -> list[Case]:
                     for seqlen in seqlens:
                         # The materialising providers get too slow or too big at long lengths.
                         with_math = seqlen <= (4096 if device.type == "cuda" else 1024)
-                        out.append(attention_case(tokens // seqlen, seqlen, head_dim, width,
-                                                  causal, dtype, device, backward, with_math))
+                        out.append(
+                            attention_case(
+                                tokens // seqlen,
+                                seqlen,
+                                head_dim,
+                                width,
+                                causal,
+                                dtype,
+                                device,
+                                backward,
+                                with_math,
+                            )
+                        )
     return out
 
 
@@ -106,8 +135,13 @@ def summary(rows: list[dict]) -> list[str]:
             groups.setdefault((r["op"], r["dtype"], r["provider"]), []).append(r["speedup"])
     for (op, dtype, provider), values in sorted(groups.items()):
         values.sort()
-        median = values[len(values) // 2] if len(values) % 2 else 0.5 * (
-            values[len(values) // 2 - 1] + values[len(values) // 2])
-        lines.append(f"{op} {dtype} {provider}: median {median:.2f}x, min {values[0]:.2f}x "
-                     f"over the best SDPA backend ({len(values)} rows)")
+        median = (
+            values[len(values) // 2]
+            if len(values) % 2
+            else 0.5 * (values[len(values) // 2 - 1] + values[len(values) // 2])
+        )
+        lines.append(
+            f"{op} {dtype} {provider}: median {median:.2f}x, min {values[0]:.2f}x "
+            f"over the best SDPA backend ({len(values)} rows)"
+        )
     return lines

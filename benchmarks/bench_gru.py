@@ -7,19 +7,31 @@ Throughput counts the GEMM work: 2 * rows * G H * (I + H) per layer and directio
 (G = 3 gates), three times that for forward+backward. `recurrent_case` is shared with
 bench_rnn.py.
 """
+
 from __future__ import annotations
 
 import torch
+from common import Case, fastattn_backends, relative_error
 from torch.nn.utils.rnn import pack_padded_sequence
 
 import fastattn
-from common import Case, fastattn_backends, relative_error
 from fastattn.ops import _recurrent
 
 
-def recurrent_case(kind: str, T: int, B: int, I: int, H: int, device: torch.device, *,
-                   layers: int = 1, bidirectional: bool = False, backward: bool = False,
-                   varlen: bool = False, reference: bool = False) -> Case:
+def recurrent_case(
+    kind: str,
+    T: int,
+    B: int,
+    I: int,
+    H: int,
+    device: torch.device,
+    *,
+    layers: int = 1,
+    bidirectional: bool = False,
+    backward: bool = False,
+    varlen: bool = False,
+    reference: bool = False,
+) -> Case:
     """kind: "gru", "rnn_tanh" or "rnn_relu"."""
     torch.manual_seed(0)
     D = 2 if bidirectional else 1
@@ -50,36 +62,54 @@ def recurrent_case(kind: str, T: int, B: int, I: int, H: int, device: torch.devi
                 return module(inp, h0)
 
         if not backward:
+
             def call():
                 with torch.no_grad():
                     out, h = fwd()
                 return (out.data if varlen else out), h
+
             return call
         params = list(module.parameters())
 
         def call():
             out, h = fwd()
             out = out.data if varlen else out
-            return tuple(torch.autograd.grad((out, h), params, (torch.ones_like(out) * 1e-2,
-                                                                torch.ones_like(h))))
+            return tuple(
+                torch.autograd.grad(
+                    (out, h), params, (torch.ones_like(out) * 1e-2, torch.ones_like(h))
+                )
+            )
+
         return call
 
     limits = _recurrent.unsupported_backends(family, torch.float32)
-    providers = {f"fastattn:{b}": run(ours, b) for b in fastattn_backends(device)
-                 if b not in limits}
+    providers = {
+        f"fastattn:{b}": run(ours, b) for b in fastattn_backends(device) if b not in limits
+    }
     providers[f"torch.nn.{label}"] = run(theirs)
     if reference:
         providers["reference loop"] = run(ours, "reference")
     flops = 2.0 * rows * G * H * (I + H) * D + 2.0 * rows * G * H * (D * H + H) * D * (layers - 1)
     if backward:
         flops *= 3
-    name = f"T={T} B={B} I={I} H={H}" + (f" layers={layers}" if layers > 1 else "") + \
-        (" bidir" if bidirectional else "") + (" lengths~U[30,100)" if varlen else "") + \
-        (f" {kind.split('_')[1]}" if kind != "gru" else "")
-    return Case(op=f"{family} " + ("fwd+bwd" if backward else "fwd"), name=name,
-                providers=providers, reference=f"torch.nn.{label}",
-                baselines=(f"torch.nn.{label}",), flops=flops, check=relative_error,
-                tolerance=2e-3, dtype="float32")
+    name = (
+        f"T={T} B={B} I={I} H={H}"
+        + (f" layers={layers}" if layers > 1 else "")
+        + (" bidir" if bidirectional else "")
+        + (" lengths~U[30,100)" if varlen else "")
+        + (f" {kind.split('_')[1]}" if kind != "gru" else "")
+    )
+    return Case(
+        op=f"{family} " + ("fwd+bwd" if backward else "fwd"),
+        name=name,
+        providers=providers,
+        reference=f"torch.nn.{label}",
+        baselines=(f"torch.nn.{label}",),
+        flops=flops,
+        check=relative_error,
+        tolerance=2e-3,
+        dtype="float32",
+    )
 
 
 def cases(profile: str, device: torch.device) -> list[Case]:
@@ -87,8 +117,23 @@ def cases(profile: str, device: torch.device) -> list[Case]:
     out = []
     for backward in (False, True):
         for B in (1, 8, 64):
-            out.append(recurrent_case("gru", 100, B, 512, 512, device, backward=backward,
-                                      reference=full and B == 8))
-        out.append(recurrent_case("gru", 100, 64, 512, 512, device, layers=2,
-                                  bidirectional=True, varlen=True, backward=backward))
+            out.append(
+                recurrent_case(
+                    "gru", 100, B, 512, 512, device, backward=backward, reference=full and B == 8
+                )
+            )
+        out.append(
+            recurrent_case(
+                "gru",
+                100,
+                64,
+                512,
+                512,
+                device,
+                layers=2,
+                bidirectional=True,
+                varlen=True,
+                backward=backward,
+            )
+        )
     return out

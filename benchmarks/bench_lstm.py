@@ -5,18 +5,20 @@ Run through the CLI (`python benchmarks/run.py --ops lstm`). Cases: fastrnns' de
 (T=100, B=64, I=H=512), small batches (B=1, 4, 8), large hidden sizes (H=1024; 2048 in the
 full profile), a 2-layer bidirectional LSTM, and variable lengths drawn from U[30, 100)
 (PackedSequence in and out). On a GPU the cuda backend runs too; its provider name says
-which recurrent path it takes (fastattn.ops.lstm.cuda_recurrent_path). "fwd" is inference (torch.no_grad); "fwd+bwd" follows fastrnns:
+which recurrent path it takes (fastattn.ops.lstm.cuda_recurrent_path). "fwd" is inference
+(torch.no_grad); "fwd+bwd" follows fastrnns:
 the inputs and initial states need no gradient, the parameters do (their gradients are
 returned and checked). Throughput counts the GEMM work: 2 * rows * 4H * (I + P) per layer
 and direction forward (rows = sum of the lengths), three times that for forward+backward.
 """
+
 from __future__ import annotations
 
 import torch
+from common import Case, fastattn_backends, relative_error
 from torch.nn.utils.rnn import pack_padded_sequence
 
 import fastattn
-from common import Case, fastattn_backends, relative_error
 from fastattn.ops.lstm import cuda_recurrent_path, unsupported_backends
 
 
@@ -25,17 +27,29 @@ def _lstm_backends(device: torch.device) -> list[str]:
     return [b for b in fastattn_backends(device) if b not in limits]
 
 
-def lstm_case(T: int, B: int, I: int, H: int, device: torch.device, *, layers: int = 1,
-              bidirectional: bool = False, backward: bool = False, varlen: bool = False,
-              reference: bool = True) -> Case:
+def lstm_case(
+    T: int,
+    B: int,
+    I: int,
+    H: int,
+    device: torch.device,
+    *,
+    layers: int = 1,
+    bidirectional: bool = False,
+    backward: bool = False,
+    varlen: bool = False,
+    reference: bool = True,
+) -> Case:
     torch.manual_seed(0)
     D = 2 if bidirectional else 1
     theirs = torch.nn.LSTM(I, H, num_layers=layers, bidirectional=bidirectional).to(device)
     ours = fastattn.nn.LSTM(I, H, num_layers=layers, bidirectional=bidirectional).to(device)
     ours.load_state_dict(theirs.state_dict())
     x = torch.randn(T, B, I, device=device)
-    hx = (torch.randn(layers * D, B, H, device=device), torch.randn(layers * D, B, H,
-                                                                     device=device))
+    hx = (
+        torch.randn(layers * D, B, H, device=device),
+        torch.randn(layers * D, B, H, device=device),
+    )
     if varlen:
         lengths = torch.randint(30, 100, (B,), generator=torch.Generator().manual_seed(1))
         lengths[0] = T  # the padded batch is T long
@@ -50,10 +64,12 @@ def lstm_case(T: int, B: int, I: int, H: int, device: torch.device, *, layers: i
                 return module(inp, hx)
 
         if not backward:
+
             def call():
                 with torch.no_grad():
                     out, (h, c) = fwd()
                 return (out.data if varlen else out), h, c
+
             return call
         params = list(module.parameters())
 
@@ -61,10 +77,13 @@ def lstm_case(T: int, B: int, I: int, H: int, device: torch.device, *, layers: i
             out, (h, c) = fwd()
             out = out.data if varlen else out
             # A fixed, data-independent incoming gradient for every output.
-            grads = torch.autograd.grad((out, h, c), params,
-                                        (torch.ones_like(out) * 1e-2, torch.ones_like(h),
-                                         torch.ones_like(c)))
+            grads = torch.autograd.grad(
+                (out, h, c),
+                params,
+                (torch.ones_like(out) * 1e-2, torch.ones_like(h), torch.ones_like(c)),
+            )
             return tuple(grads)
+
         return call
 
     providers = {}
@@ -72,8 +91,9 @@ def lstm_case(T: int, B: int, I: int, H: int, device: torch.device, *, layers: i
         label = f"fastattn:{b}"
         if b == "cuda":
             # which recurrent path the CUDA kernels take (layer 0; the backward runs per step)
-            w_hh = torch.stack([ours.weight_hh_l0] +
-                               ([ours.weight_hh_l0_reverse] if bidirectional else []))
+            w_hh = torch.stack(
+                [ours.weight_hh_l0] + ([ours.weight_hh_l0_reverse] if bidirectional else [])
+            )
             label += f" ({cuda_recurrent_path(x, w_hh)})"
         providers[label] = run(ours, b)
     providers["torch.nn.LSTM"] = run(theirs)
@@ -82,11 +102,23 @@ def lstm_case(T: int, B: int, I: int, H: int, device: torch.device, *, layers: i
     flops = 2.0 * rows * 4 * H * (I + H) * D + 2.0 * rows * 4 * H * (D * H + H) * D * (layers - 1)
     if backward:
         flops *= 3
-    name = f"T={T} B={B} I={I} H={H}" + (f" layers={layers}" if layers > 1 else "") + \
-        (" bidir" if bidirectional else "") + (" lengths~U[30,100)" if varlen else "")
-    return Case(op="lstm " + ("fwd+bwd" if backward else "fwd"), name=name, providers=providers,
-                reference="torch.nn.LSTM", baselines=("torch.nn.LSTM",), flops=flops,
-                check=relative_error, tolerance=2e-3, dtype="float32")
+    name = (
+        f"T={T} B={B} I={I} H={H}"
+        + (f" layers={layers}" if layers > 1 else "")
+        + (" bidir" if bidirectional else "")
+        + (" lengths~U[30,100)" if varlen else "")
+    )
+    return Case(
+        op="lstm " + ("fwd+bwd" if backward else "fwd"),
+        name=name,
+        providers=providers,
+        reference="torch.nn.LSTM",
+        baselines=("torch.nn.LSTM",),
+        flops=flops,
+        check=relative_error,
+        tolerance=2e-3,
+        dtype="float32",
+    )
 
 
 def cases(profile: str, device: torch.device) -> list[Case]:
@@ -95,18 +127,32 @@ def cases(profile: str, device: torch.device) -> list[Case]:
     full = profile == "full"
     out = []
     for backward in (False, True):
-        out.append(lstm_case(100, 64, 512, 512, device, backward=backward,
-                             reference=full or not backward))
+        out.append(
+            lstm_case(100, 64, 512, 512, device, backward=backward, reference=full or not backward)
+        )
         for B in (1, 4, 8):
             if backward and B == 4 and not full:
                 continue
-            out.append(lstm_case(100, B, 512, 512, device, backward=backward,
-                                 reference=full or B == 8))
+            out.append(
+                lstm_case(100, B, 512, 512, device, backward=backward, reference=full or B == 8)
+            )
         out.append(lstm_case(100, 64, 1024, 1024, device, backward=backward, reference=full))
         if full:
             out.append(lstm_case(100, 64, 2048, 2048, device, backward=backward))
-        out.append(lstm_case(100, 64, 512, 512, device, layers=2, bidirectional=True,
-                             backward=backward, reference=full))
-        out.append(lstm_case(100, 64, 512, 512, device, varlen=True, backward=backward,
-                             reference=full))
+        out.append(
+            lstm_case(
+                100,
+                64,
+                512,
+                512,
+                device,
+                layers=2,
+                bidirectional=True,
+                backward=backward,
+                reference=full,
+            )
+        )
+        out.append(
+            lstm_case(100, 64, 512, 512, device, varlen=True, backward=backward, reference=full)
+        )
     return out

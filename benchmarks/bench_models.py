@@ -18,6 +18,7 @@ with each other under a fixed bound does not work: over several layers and decod
 bfloat16 torch model is itself off by 0.1-0.4 (relative, worst gradient) from the ground truth,
 and two correct bfloat16 implementations differ from each other by as much.
 """
+
 from __future__ import annotations
 
 import copy
@@ -76,11 +77,11 @@ def model_case(name, size, B, L, dtype, device, *, train=True) -> Case:
     vocab = size["vocab"]
     torch.manual_seed(0)
     if name == "transformer":
-        model = TransformerSeq2Seq(vocab, size["d"], size["heads"], size["layers"], size["ff"],
-                                   dropout=0.1)
+        model = TransformerSeq2Seq(
+            vocab, size["d"], size["heads"], size["layers"], size["ff"], dropout=0.1
+        )
     elif name == "gpt":
-        model = GPTDecoder(vocab, size["d"], size["heads"], size["layers"], size["ff"],
-                           dropout=0.1)
+        model = GPTDecoder(vocab, size["d"], size["heads"], size["layers"], size["ff"], dropout=0.1)
     elif name == "tagger":
         model = LSTMTagger(vocab, size["d"], size["hidden"], TAGS)
     else:
@@ -107,6 +108,7 @@ def model_case(name, size, B, L, dtype, device, *, train=True) -> Case:
         def run():
             m.zero_grad(set_to_none=True)
             loss_of(m).backward()
+
         return run
 
     def checked(m):  # loss and every gradient with dropout off (the masks differ)
@@ -115,14 +117,18 @@ def model_case(name, size, B, L, dtype, device, *, train=True) -> Case:
                 m.zero_grad(set_to_none=True)
                 loss = loss_of(m)
                 loss.backward()
-            return (loss.detach(), *[p.grad.detach().clone() for p in m.parameters()
-                                     if p.grad is not None])
+            return (
+                loss.detach(),
+                *[p.grad.detach().clone() for p in m.parameters() if p.grad is not None],
+            )
+
         return run
 
     def infer(m):
         def run():
             with torch.no_grad():
                 return m(*inputs)
+
         return run
 
     def ground_truth():
@@ -141,14 +147,24 @@ def model_case(name, size, B, L, dtype, device, *, train=True) -> Case:
     else:
         original.eval(), fast.eval()
         providers = {"torch": infer(original), "fastattn": infer(fast)}
-        check_providers = {"torch": valid_logits(infer)(original),
-                           "fastattn": valid_logits(infer)(fast)}
+        check_providers = {
+            "torch": valid_logits(infer)(original),
+            "fastattn": valid_logits(infer)(fast),
+        }
     dims = ", ".join(f"{k}={v}" for k, v in size.items() if k != "vocab")
-    return Case(op=f"model {name}" + (" train step" if train else " eval fwd"),
-                name=f"B={B} L={L} {dims}", providers=providers, reference="torch",
-                baselines=("torch",), check=relative_error, check_providers=check_providers,
-                ground_truth=ground_truth, factor=FACTOR["train" if train else "eval"],
-                tolerance=FLOOR[dtype], dtype=str(dtype)[6:])
+    return Case(
+        op=f"model {name}" + (" train step" if train else " eval fwd"),
+        name=f"B={B} L={L} {dims}",
+        providers=providers,
+        reference="torch",
+        baselines=("torch",),
+        check=relative_error,
+        check_providers=check_providers,
+        ground_truth=ground_truth,
+        factor=FACTOR["train" if train else "eval"],
+        tolerance=FLOOR[dtype],
+        dtype=str(dtype)[6:],
+    )
 
 
 def cases(profile: str, device: torch.device) -> list[Case]:
@@ -157,40 +173,59 @@ def cases(profile: str, device: torch.device) -> list[Case]:
         dtype = torch.bfloat16
         tr = dict(vocab=32000, d=512, heads=8, layers=6, ff=2048)
         gpt = dict(vocab=32000, d=768, heads=12, layers=12, ff=3072)
-        out = [model_case("transformer", tr, 32, 256, dtype, device),
-               model_case("gpt", gpt, 16, 1024, dtype, device),
-               model_case("transformer", tr, 32, 256, dtype, device, train=False)]
+        out = [
+            model_case("transformer", tr, 32, 256, dtype, device),
+            model_case("gpt", gpt, 16, 1024, dtype, device),
+            model_case("transformer", tr, 32, 256, dtype, device, train=False),
+        ]
         if profile == "full":
-            out += [model_case("transformer", tr, 32, 256, f32, device),
-                    model_case("gpt", gpt, 8, 2048, dtype, device)]
-        lstm = [("tagger", dict(vocab=32000, d=256, hidden=512), 64, 100),
-                ("seq2seq", dict(vocab=32000, d=256, hidden=512, attn=256), 64, 50)]
+            out += [
+                model_case("transformer", tr, 32, 256, f32, device),
+                model_case("gpt", gpt, 8, 2048, dtype, device),
+            ]
+        lstm = [
+            ("tagger", dict(vocab=32000, d=256, hidden=512), 64, 100),
+            ("seq2seq", dict(vocab=32000, d=256, hidden=512, attn=256), 64, 50),
+        ]
     elif profile == "quick":
         tr = dict(vocab=1000, d=128, heads=4, layers=2, ff=512)
         gpt = dict(vocab=1000, d=128, heads=4, layers=2, ff=512)
-        out = [model_case("transformer", tr, 16, 64, f32, device),
-               model_case("gpt", gpt, 8, 256, f32, device),
-               model_case("transformer", tr, 16, 64, f32, device, train=False)]
-        lstm = [("tagger", dict(vocab=1000, d=64, hidden=128), 16, 40),
-                ("seq2seq", dict(vocab=1000, d=64, hidden=128, attn=64), 16, 20)]
+        out = [
+            model_case("transformer", tr, 16, 64, f32, device),
+            model_case("gpt", gpt, 8, 256, f32, device),
+            model_case("transformer", tr, 16, 64, f32, device, train=False),
+        ]
+        lstm = [
+            ("tagger", dict(vocab=1000, d=64, hidden=128), 16, 40),
+            ("seq2seq", dict(vocab=1000, d=64, hidden=128, attn=64), 16, 20),
+        ]
     else:
         tr = dict(vocab=8000, d=256, heads=4, layers=3, ff=1024)
         gpt = dict(vocab=8000, d=256, heads=4, layers=4, ff=1024)
-        out = [model_case("transformer", tr, 32, 128, f32, device),
-               model_case("gpt", gpt, 16, 512, f32, device),
-               model_case("transformer", tr, 32, 128, f32, device, train=False)]
-        lstm = [("tagger", dict(vocab=8000, d=128, hidden=256), 32, 100),
-                ("seq2seq", dict(vocab=8000, d=128, hidden=256, attn=128), 32, 40)]
+        out = [
+            model_case("transformer", tr, 32, 128, f32, device),
+            model_case("gpt", gpt, 16, 512, f32, device),
+            model_case("transformer", tr, 32, 128, f32, device, train=False),
+        ]
+        lstm = [
+            ("tagger", dict(vocab=8000, d=128, hidden=256), 32, 100),
+            ("seq2seq", dict(vocab=8000, d=128, hidden=256, attn=128), 32, 40),
+        ]
     if has_lstm():
         dtype = torch.bfloat16 if device.type == "cuda" else f32
         out += [model_case(name, size, B, L, dtype, device) for name, size, B, L in lstm]
     else:
-        print("bench_models: the LSTM models are skipped (fastattn.nn.LSTM / LSTMCell do not "
-              "exist yet)")
+        print(
+            "bench_models: the LSTM models are skipped (fastattn.nn.LSTM / LSTMCell do not "
+            "exist yet)"
+        )
     return out
 
 
 def summary(rows: list[dict]) -> list[str]:
-    return [f"{r['op']} {r['case']}: fastattn {r['speedup']:.2f}x torch "
-            f"({r['median_ms']:.1f} ms per call)"
-            for r in rows if r.get("provider") == "fastattn" and "speedup" in r]
+    return [
+        f"{r['op']} {r['case']}: fastattn {r['speedup']:.2f}x torch "
+        f"({r['median_ms']:.1f} ms per call)"
+        for r in rows
+        if r.get("provider") == "fastattn" and "speedup" in r
+    ]

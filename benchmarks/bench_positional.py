@@ -11,6 +11,7 @@ the two-pass form, and torch.compile of the one-pass form). In-place rows (fasta
 inplace=True and PyTorch's one-pass add written into x) are shown beside them; they do the
 same work without allocating an output, so compare them with each other.
 """
+
 from __future__ import annotations
 
 import functools
@@ -18,9 +19,9 @@ import math
 
 import torch
 import torch.nn.functional as F
+from common import Case, copy_bandwidth, fastattn_backends, relative_error
 
 import fastattn
-from common import Case, copy_bandwidth, fastattn_backends, relative_error
 
 # ---------------------------------------------------------------------------------------------
 # The PyTorch implementations users write today
@@ -74,7 +75,7 @@ def eager_rotary(x, cos, sin):
     return x * cos + rotate_half(x) * sin
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compiled(fn):
     return torch.compile(fn, dynamic=False)
 
@@ -107,35 +108,46 @@ def add_sinusoidal_case(B, L, D, dtype, p, device, backward=False, copy_gbs=None
             if not backward:
                 return lambda: fwd()
             return lambda: torch.autograd.grad(fwd(), x, grad)[0]
+
         # Checked in-place providers write a fresh copy of x (its values stay comparable).
         buf = (lambda: x.detach().clone()) if check else (lambda: x_inplace)
         providers = {}
         for b in fastattn_backends(device):
-            providers[f"fastattn:{b}"] = wrap(lambda b=b: fastattn.add_sinusoidal(
-                x, scale=scale, dropout_p=p_, backend=b))
+            providers[f"fastattn:{b}"] = wrap(
+                lambda b=b: fastattn.add_sinusoidal(x, scale=scale, dropout_p=p_, backend=b)
+            )
             if not backward:
                 providers[f"fastattn:{b} inplace"] = lambda b=b: fastattn.add_sinusoidal(
-                    buf(), scale=scale, dropout_p=p_, inplace=True, backend=b)
+                    buf(), scale=scale, dropout_p=p_, inplace=True, backend=b
+                )
         providers["torch one-pass table"] = wrap(lambda: one_pass_add_sinusoidal(x, pe, scale, p_))
         providers["torch two-pass"] = wrap(lambda: two_pass_add_sinusoidal(x, pe, scale, p_))
         providers["torch.compile one-pass"] = wrap(
-            lambda: compiled(one_pass_add_sinusoidal)(x, pe, scale, p_))
+            lambda: compiled(one_pass_add_sinusoidal)(x, pe, scale, p_)
+        )
         if not backward:
             providers["torch one-pass table inplace"] = lambda: one_pass_add_sinusoidal_(
-                buf(), pe, scale, p_)
+                buf(), pe, scale, p_
+            )
         return providers
 
     nbytes = 2 * B * L * D * _element_size(dtype) * (2 if backward else 1)
-    return Case(op="add_sinusoidal" + (" fwd+bwd" if backward else ""),
-                name=f"B={B} L={L} D={D} p={p}", providers=make(p, False),
-                check_providers=make(0.0, True), reference="torch one-pass table",
-                baselines=BASELINES, bytes=nbytes, check=relative_error,
-                tolerance=1e-5 if dtype == torch.float32 else 2e-2, dtype=str(dtype)[6:],
-                notes=_notes(copy_gbs))
+    return Case(
+        op="add_sinusoidal" + (" fwd+bwd" if backward else ""),
+        name=f"B={B} L={L} D={D} p={p}",
+        providers=make(p, False),
+        check_providers=make(0.0, True),
+        reference="torch one-pass table",
+        baselines=BASELINES,
+        bytes=nbytes,
+        check=relative_error,
+        tolerance=1e-5 if dtype == torch.float32 else 2e-2,
+        dtype=str(dtype)[6:],
+        notes=_notes(copy_gbs),
+    )
 
 
-def embed_case(B, L, D, V, dtype, p, device, learned=False, backward=False,
-               copy_gbs=None) -> Case:
+def embed_case(B, L, D, V, dtype, p, device, learned=False, backward=False, copy_gbs=None) -> Case:
     tokens = torch.randint(0, V, (B, L), device=device)
     weight = torch.randn(V, D, device=device, dtype=dtype, requires_grad=backward)
     grad = torch.randn(B, L, D, device=device, dtype=dtype)
@@ -150,27 +162,42 @@ def embed_case(B, L, D, V, dtype, p, device, learned=False, backward=False,
             if not backward:
                 return lambda: fwd()
             return lambda: torch.autograd.grad(fwd(), weight, grad)[0]
+
         positions = pe if learned else "sinusoidal"
-        providers = {f"fastattn:{b}": wrap(lambda b=b: fastattn.embed_with_positions(
-            tokens, weight, positions=positions, scale=scale, dropout_p=p_, backend=b))
-            for b in fastattn_backends(device)}
-        providers["torch one-pass table"] = wrap(lambda: one_pass_embed(tokens, weight, pe, scale,
-                                                                        p_))
+        providers = {
+            f"fastattn:{b}": wrap(
+                lambda b=b: fastattn.embed_with_positions(
+                    tokens, weight, positions=positions, scale=scale, dropout_p=p_, backend=b
+                )
+            )
+            for b in fastattn_backends(device)
+        }
+        providers["torch one-pass table"] = wrap(
+            lambda: one_pass_embed(tokens, weight, pe, scale, p_)
+        )
         providers["torch two-pass"] = wrap(lambda: two_pass_embed(tokens, weight, pe, scale, p_))
         providers["torch.compile one-pass"] = wrap(
-            lambda: compiled(one_pass_embed)(tokens, weight, pe, scale, p_))
+            lambda: compiled(one_pass_embed)(tokens, weight, pe, scale, p_)
+        )
         return providers
 
     # Rows gathered + output written (+ the gradient read and the weight gradient written).
     nbytes = 2 * B * L * D * _element_size(dtype)
     if backward:
         nbytes += B * L * D * _element_size(dtype) + V * D * _element_size(dtype)
-    return Case(op="embed_with_positions" + (" fwd+bwd" if backward else ""),
-                name=f"B={B} L={L} D={D} V={V} {'learned' if learned else 'sinusoid'} p={p}",
-                providers=make(p), check_providers=make(0.0), reference="torch one-pass table",
-                baselines=BASELINES, bytes=nbytes, check=relative_error,
-                tolerance=1e-5 if dtype == torch.float32 else 2e-2, dtype=str(dtype)[6:],
-                notes=_notes(copy_gbs))
+    return Case(
+        op="embed_with_positions" + (" fwd+bwd" if backward else ""),
+        name=f"B={B} L={L} D={D} V={V} {'learned' if learned else 'sinusoid'} p={p}",
+        providers=make(p),
+        check_providers=make(0.0),
+        reference="torch one-pass table",
+        baselines=BASELINES,
+        bytes=nbytes,
+        check=relative_error,
+        tolerance=1e-5 if dtype == torch.float32 else 2e-2,
+        dtype=str(dtype)[6:],
+        notes=_notes(copy_gbs),
+    )
 
 
 def rotary_case(B, H, L, D, dtype, device, copy_gbs=None) -> Case:
@@ -180,16 +207,26 @@ def rotary_case(B, H, L, D, dtype, device, copy_gbs=None) -> Case:
     cos_half, sin_half = freqs.cos(), freqs.sin()
     cos_full = torch.cat((cos_half, cos_half), -1).to(dtype)
     sin_full = torch.cat((sin_half, sin_half), -1).to(dtype)
-    providers = {f"fastattn:{b}": (lambda b=b: fastattn.apply_rotary(
-        x, cos=cos_half, sin=sin_half, backend=b)) for b in fastattn_backends(device)}
+    providers = {
+        f"fastattn:{b}": (
+            lambda b=b: fastattn.apply_rotary(x, cos=cos_half, sin=sin_half, backend=b)
+        )
+        for b in fastattn_backends(device)
+    }
     providers["torch eager (HF rotate_half)"] = lambda: eager_rotary(x, cos_full, sin_full)
     providers["torch.compile"] = lambda: compiled(eager_rotary)(x, cos_full, sin_full)
-    return Case(op="apply_rotary", name=f"B={B} H={H} L={L} D={D}", providers=providers,
-                reference="torch eager (HF rotate_half)",
-                baselines=("torch eager (HF rotate_half)", "torch.compile"),
-                bytes=2 * x.numel() * _element_size(dtype), check=relative_error,
-                tolerance=1e-5 if dtype == torch.float32 else 2e-2, dtype=str(dtype)[6:],
-                notes=_notes(copy_gbs))
+    return Case(
+        op="apply_rotary",
+        name=f"B={B} H={H} L={L} D={D}",
+        providers=providers,
+        reference="torch eager (HF rotate_half)",
+        baselines=("torch eager (HF rotate_half)", "torch.compile"),
+        bytes=2 * x.numel() * _element_size(dtype),
+        check=relative_error,
+        tolerance=1e-5 if dtype == torch.float32 else 2e-2,
+        dtype=str(dtype)[6:],
+        notes=_notes(copy_gbs),
+    )
 
 
 def cases(profile: str, device: torch.device) -> list[Case]:
@@ -200,32 +237,38 @@ def cases(profile: str, device: torch.device) -> list[Case]:
     if device.type == "cuda":
         out = []
         for p in (0.0, 0.1):
-            out += [add_sinusoidal_case(64, 2048, 1024, f32, p, device, copy_gbs=copy_gbs),
-                    add_sinusoidal_case(64, 2048, 1024, bf16, p, device, copy_gbs=copy_gbs),
-                    embed_case(64, 2048, 1024, 32000, bf16, p, device, copy_gbs=copy_gbs),
-                    embed_case(64, 2048, 1024, 32000, bf16, p, device, learned=True,
-                               copy_gbs=copy_gbs)]
+            out += [
+                add_sinusoidal_case(64, 2048, 1024, f32, p, device, copy_gbs=copy_gbs),
+                add_sinusoidal_case(64, 2048, 1024, bf16, p, device, copy_gbs=copy_gbs),
+                embed_case(64, 2048, 1024, 32000, bf16, p, device, copy_gbs=copy_gbs),
+                embed_case(64, 2048, 1024, 32000, bf16, p, device, learned=True, copy_gbs=copy_gbs),
+            ]
         out.append(rotary_case(16, 32, 2048, 128, bf16, device, copy_gbs=copy_gbs))
         if profile == "full":
-            out += [add_sinusoidal_case(64, 2048, 1024, bf16, 0.1, device, backward=True,
-                                        copy_gbs=copy_gbs),
-                    embed_case(64, 2048, 1024, 32000, bf16, 0.1, device, backward=True),
-                    rotary_case(16, 32, 2048, 64, f32, device, copy_gbs=copy_gbs)]
+            out += [
+                add_sinusoidal_case(
+                    64, 2048, 1024, bf16, 0.1, device, backward=True, copy_gbs=copy_gbs
+                ),
+                embed_case(64, 2048, 1024, 32000, bf16, 0.1, device, backward=True),
+                rotary_case(16, 32, 2048, 64, f32, device, copy_gbs=copy_gbs),
+            ]
         return out
     # CPU: the issue's case (B=32, L=512, D=512, fp32), inference (p=0) and training (p=0.1).
     out = []
     for p in (0.0, 0.1):
-        out += [add_sinusoidal_case(32, 512, 512, f32, p, device, copy_gbs=copy_gbs),
-                embed_case(32, 512, 512, 32000, f32, p, device, copy_gbs=copy_gbs),
-                embed_case(32, 512, 512, 32000, f32, p, device, learned=True, copy_gbs=copy_gbs)]
+        out += [
+            add_sinusoidal_case(32, 512, 512, f32, p, device, copy_gbs=copy_gbs),
+            embed_case(32, 512, 512, 32000, f32, p, device, copy_gbs=copy_gbs),
+            embed_case(32, 512, 512, 32000, f32, p, device, learned=True, copy_gbs=copy_gbs),
+        ]
     out.append(rotary_case(8, 16, 512, 128, f32, device, copy_gbs=copy_gbs))
     if profile == "full":
-        out += [add_sinusoidal_case(32, 512, 512, bf16, 0.1, device, copy_gbs=copy_gbs),
-                add_sinusoidal_case(32, 512, 512, f32, 0.1, device, backward=True,
-                                    copy_gbs=copy_gbs),
-                embed_case(32, 512, 512, 32000, f32, 0.1, device, backward=True,
-                           copy_gbs=copy_gbs),
-                rotary_case(8, 16, 512, 128, bf16, device, copy_gbs=copy_gbs)]
+        out += [
+            add_sinusoidal_case(32, 512, 512, bf16, 0.1, device, copy_gbs=copy_gbs),
+            add_sinusoidal_case(32, 512, 512, f32, 0.1, device, backward=True, copy_gbs=copy_gbs),
+            embed_case(32, 512, 512, 32000, f32, 0.1, device, backward=True, copy_gbs=copy_gbs),
+            rotary_case(8, 16, 512, 128, bf16, device, copy_gbs=copy_gbs),
+        ]
     return out
 
 
@@ -251,8 +294,11 @@ def test_add_sinusoidal_fastattn(benchmark):
 
 def test_add_sinusoidal_eager(benchmark):
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    _bench_case(benchmark, add_sinusoidal_case(32, 512, 512, torch.float32, 0.1, device),
-                "torch one-pass table")
+    _bench_case(
+        benchmark,
+        add_sinusoidal_case(32, 512, 512, torch.float32, 0.1, device),
+        "torch one-pass table",
+    )
 
 
 def test_apply_rotary_fastattn(benchmark):
@@ -263,5 +309,8 @@ def test_apply_rotary_fastattn(benchmark):
 
 def test_apply_rotary_eager(benchmark):
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    _bench_case(benchmark, rotary_case(8, 16, 512, 128, torch.float32, device),
-                "torch eager (HF rotate_half)")
+    _bench_case(
+        benchmark,
+        rotary_case(8, 16, 512, 128, torch.float32, device),
+        "torch eager (HF rotate_half)",
+    )

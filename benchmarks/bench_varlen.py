@@ -6,13 +6,14 @@ the padded batch with a key_padding_mask (fastattn and torch SDPA, which needs a
 mask: its math/efficient backends), causal. FLOPs count only the real (unpadded) work, so
 the padded providers' TFLOP/s shows how much of their time is wasted.
 """
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from common import Case, fastattn_backends
 
 import fastattn
-from common import Case, fastattn_backends
 
 
 def lengths_for(tokens: int, low: int, high: int, gen: torch.Generator) -> list[int]:
@@ -30,7 +31,7 @@ def varlen_case(tokens, low, high, heads, head_dim, dtype, device, backward) -> 
     lens = lengths_for(tokens, low, high, gen)
     B, L, total = len(lens), max(lens), sum(lens)
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=device)
-    padding = torch.arange(L).unsqueeze(0) >= torch.tensor(lens).unsqueeze(1)   # True = pad
+    padding = torch.arange(L).unsqueeze(0) >= torch.tensor(lens).unsqueeze(1)  # True = pad
     padding = padding.to(device)
     dense = [torch.randn(B, heads, L, head_dim, device=device, dtype=dtype) for _ in range(3)]
     for t in dense:
@@ -43,26 +44,40 @@ def varlen_case(tokens, low, high, heads, head_dim, dtype, device, backward) -> 
 
     def wrap(fwd, inputs, grad):
         if not backward:
+
             def run():
                 with torch.no_grad():
                     return fwd()
+
             return run
         return lambda: torch.autograd.grad(fwd(), inputs, grad)
 
     providers, checks = {}, {}
     for b in fastattn_backends(device):
-        providers[f"fastattn:{b} varlen"] = wrap(lambda b=b: fastattn.varlen_attention(
-            *packed, cu, cu, L, L, causal=True, backend=b), packed, grad_packed)
-        providers[f"fastattn:{b} padded"] = wrap(lambda b=b: fastattn.attention(
-            *dense, causal=True, key_padding_mask=padding, backend=b), dense, grad_dense)
+        providers[f"fastattn:{b} varlen"] = wrap(
+            lambda b=b: fastattn.varlen_attention(*packed, cu, cu, L, L, causal=True, backend=b),
+            packed,
+            grad_packed,
+        )
+        providers[f"fastattn:{b} padded"] = wrap(
+            lambda b=b: fastattn.attention(
+                *dense, causal=True, key_padding_mask=padding, backend=b
+            ),
+            dense,
+            grad_dense,
+        )
     causal = torch.ones(L, L, dtype=torch.bool, device=device).tril()
-    providers["sdpa padded"] = wrap(lambda: F.scaled_dot_product_attention(
-        *dense, attn_mask=sdpa_mask & causal), dense, grad_dense)
+    providers["sdpa padded"] = wrap(
+        lambda: F.scaled_dot_product_attention(*dense, attn_mask=sdpa_mask & causal),
+        dense,
+        grad_dense,
+    )
 
     # The check compares outputs at real tokens only, packed form.
     def as_packed(out):
         o = out[0] if isinstance(out, tuple) else out
         return o if o.dim() == 3 else o.transpose(1, 2)[~padding]
+
     for name, fn in providers.items():
         if backward:
             checks[name] = fn
@@ -77,12 +92,18 @@ def varlen_case(tokens, low, high, heads, head_dim, dtype, device, backward) -> 
 
     real = sum(n * (n + 1) / 2 for n in lens)  # causal pairs
     flops = 4 * heads * head_dim * real * (3.5 if backward else 1.0)
-    return Case(op="varlen" + (" fwd+bwd" if backward else " fwd"),
-                name=f"{B} seqs U[{low},{high}] {total} tok h={heads} d={head_dim} causal",
-                providers=providers, check_providers=checks, reference="sdpa padded",
-                baselines=tuple(n for n in providers if "padded" in n), flops=flops,
-                check=error, tolerance=2e-5 if dtype == torch.float32 else 3e-2,
-                dtype=str(dtype)[6:])
+    return Case(
+        op="varlen" + (" fwd+bwd" if backward else " fwd"),
+        name=f"{B} seqs U[{low},{high}] {total} tok h={heads} d={head_dim} causal",
+        providers=providers,
+        check_providers=checks,
+        reference="sdpa padded",
+        baselines=tuple(n for n in providers if "padded" in n),
+        flops=flops,
+        check=error,
+        tolerance=2e-5 if dtype == torch.float32 else 3e-2,
+        dtype=str(dtype)[6:],
+    )
 
 
 def cases(profile: str, device: torch.device) -> list[Case]:

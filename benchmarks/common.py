@@ -20,6 +20,7 @@ Two kinds of check:
   against the ground truth. This is the sound check where the reference provider runs in a
   low precision (bfloat16 over many layers and steps): its own error is the scale.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -45,12 +46,12 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 @dataclass
 class Case:
     op: str
-    name: str                                  # shape / setting, e.g. "B=32 L=512 D=512 p=0.1"
+    name: str  # shape / setting, e.g. "B=32 L=512 D=512 p=0.1"
     providers: dict[str, Callable[[], object]]
-    reference: str                             # provider whose output defines correct
-    baselines: tuple[str, ...]                 # PyTorch providers to compare fastattn with
-    bytes: float = 0.0                         # memory traffic of one call (GB/s)
-    flops: float = 0.0                         # floating-point work of one call (TFLOP/s)
+    reference: str  # provider whose output defines correct
+    baselines: tuple[str, ...]  # PyTorch providers to compare fastattn with
+    bytes: float = 0.0  # memory traffic of one call (GB/s)
+    flops: float = 0.0  # floating-point work of one call (TFLOP/s)
     check: Callable[[object, object], float] | None = None  # (out, ref) -> error; None: skip
     # Providers whose outputs are compared instead of `providers` (e.g. the same computation
     # without dropout, whose masks legitimately differ between implementations).
@@ -96,21 +97,23 @@ def _as_tensors(out) -> list:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
-def flash_rule(check: Callable[[object, object], float], out, baseline, truth, *,
-               factor: float, floor: float) -> tuple[bool, float, float, int]:
+def flash_rule(
+    check: Callable[[object, object], float], out, baseline, truth, *, factor: float, floor: float
+) -> tuple[bool, float, float, int]:
     """FlashAttention's rule per output tensor: check(out_k, truth_k) <= factor *
     check(baseline_k, truth_k) + floor for every k. Returns (passed, the largest error of out,
     the largest error of baseline, the index of the tensor nearest to or furthest over its
     bound)."""
     outs, bases, truths = _as_tensors(out), _as_tensors(baseline), _as_tensors(truth)
     if not len(outs) == len(bases) == len(truths):
-        raise ValueError(f"flash_rule: {len(outs)} outputs, {len(bases)} baseline outputs and "
-                         f"{len(truths)} ground-truth outputs")
+        raise ValueError(
+            f"flash_rule: {len(outs)} outputs, {len(bases)} baseline outputs and "
+            f"{len(truths)} ground-truth outputs"
+        )
     errors = [check(o, t) for o, t in zip(outs, truths)]
     base_errors = [check(b, t) for b, t in zip(bases, truths)]
     # how far each tensor uses its allowance (NaN counts as over it)
-    usage = [e / (factor * b + floor) if e == e else math.inf
-             for e, b in zip(errors, base_errors)]
+    usage = [e / (factor * b + floor) if e == e else math.inf for e, b in zip(errors, base_errors)]
     worst = max(range(len(usage)), key=lambda k: usage[k])
     return usage[worst] <= 1.0, max(errors), max(base_errors), worst
 
@@ -120,8 +123,14 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(fn: Callable[[], object], device: torch.device, *, min_time: float,
-            max_reps: int = 1000, warmup: int = 2) -> list[float]:
+def measure(
+    fn: Callable[[], object],
+    device: torch.device,
+    *,
+    min_time: float,
+    max_reps: int = 1000,
+    warmup: int = 2,
+) -> list[float]:
     """Per-call times in seconds: warm up, then repeat until min_time has passed."""
     for _ in range(warmup):
         fn()
@@ -162,14 +171,13 @@ def matmul_throughput(device: torch.device, dtype: torch.dtype, n: int = 2048) -
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     times = measure(lambda: a @ b, device, min_time=0.3, max_reps=50)
-    return 2 * n ** 3 / summarize(times)[0]
+    return 2 * n**3 / summarize(times)[0]
 
 
 def machine_ceilings(device: torch.device) -> dict[str, float]:
     """The measured ceilings of the plots: "copy_GB/s" and "<dtype>_TFLOP/s" (float32 on a
     CPU; float32, bfloat16 and float16 on a GPU)."""
-    dtypes = [torch.float32] + ([torch.bfloat16, torch.float16] if device.type == "cuda"
-                                else [])
+    dtypes = [torch.float32] + ([torch.bfloat16, torch.float16] if device.type == "cuda" else [])
     out = {"copy_GB/s": copy_bandwidth(device, 1 << 26) / 1e9}
     for dtype in dtypes:
         out[f"{str(dtype)[6:]}_TFLOP/s"] = matmul_throughput(device, dtype) / 1e12
@@ -195,9 +203,16 @@ def _timed_call(fn: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
-def measure_interleaved(fns: dict[str, Callable[[], object]], device: torch.device, *,
-                        min_time: float, min_rounds: int = 3, max_rounds: int = 200,
-                        warmup: int = 2, block: int = 2) -> tuple[dict, dict]:
+def measure_interleaved(
+    fns: dict[str, Callable[[], object]],
+    device: torch.device,
+    *,
+    min_time: float,
+    min_rounds: int = 3,
+    max_rounds: int = 200,
+    warmup: int = 2,
+    block: int = 2,
+) -> tuple[dict, dict]:
     """Per-call times (seconds) of several providers, measured in rounds: a round runs every
     provider block + 1 times in a row, the first call untimed (it pays for taking over the
     caches from the provider before), and the order rotates from round to round. A drift of
@@ -223,8 +238,9 @@ def measure_interleaved(fns: dict[str, Callable[[], object]], device: torch.devi
     synchronize(device)
     start = time.perf_counter()
     rounds = 0
-    while rounds < max_rounds and (rounds < min_rounds or
-                                   time.perf_counter() - start < min_time * len(fns)):
+    while rounds < max_rounds and (
+        rounds < min_rounds or time.perf_counter() - start < min_time * len(fns)
+    ):
         live = [name for name in fns if name not in errors]
         if not live:
             break
@@ -236,6 +252,7 @@ def measure_interleaved(fns: dict[str, Callable[[], object]], device: torch.devi
                 fn()
                 synchronize(device)
                 return [_timed_call(fn, device) for _ in range(block)]
+
             got = guarded(name, one_block)
             if got is not None:
                 times[name] += got
@@ -255,21 +272,28 @@ def run_case(case: Case, device: torch.device, *, min_time: float) -> list[dict]
         ref_out = checked[case.reference]()
     to_time: dict[str, Callable[[], object]] = {}
     for name, fn in case.providers.items():
-        row = {"op": case.op, "case": case.name, "provider": name, "dtype": case.dtype,
-               "judged": case.is_judged(name)}
+        row = {
+            "op": case.op,
+            "case": case.name,
+            "provider": name,
+            "dtype": case.dtype,
+            "judged": case.is_judged(name),
+        }
         rows[name] = row
         try:
             if case.check and truth is not None:
                 out = ref_out if name == case.reference else checked[name]()
-                passed, err, ref_err, worst = flash_rule(case.check, out, ref_out, truth,
-                                                         factor=case.factor,
-                                                         floor=case.tolerance)
+                passed, err, ref_err, worst = flash_rule(
+                    case.check, out, ref_out, truth, factor=case.factor, floor=case.tolerance
+                )
                 row["error"] = err
                 if name == case.reference:
                     row["note"] = f"own error {err:.1e} against the ground truth"
                 elif not passed:
-                    verdict = (f"error {err:.2e} (output {worst}) > {case.factor:g} x "
-                               f"{case.reference}'s {ref_err:.2e} + {case.tolerance:.0e}")
+                    verdict = (
+                        f"error {err:.2e} (output {worst}) > {case.factor:g} x "
+                        f"{case.reference}'s {ref_err:.2e} + {case.tolerance:.0e}"
+                    )
                     if case.is_judged(name):
                         row["status"] = f"FAIL ({verdict})"
                         continue
@@ -299,8 +323,7 @@ def run_case(case: Case, device: torch.device, *, min_time: float) -> list[dict]
             continue
         median, spread = summarize(all_times[name])
         timed[name] = median
-        row.update(status="ok", median_ms=median * 1e3, spread=spread,
-                   reps=len(all_times[name]))
+        row.update(status="ok", median_ms=median * 1e3, spread=spread, reps=len(all_times[name]))
         if case.bytes:
             row["GB/s"] = case.bytes / median / 1e9
             if "copy_GB/s" in case.notes:
@@ -316,8 +339,20 @@ def run_case(case: Case, device: torch.device, *, min_time: float) -> list[dict]
 
 def format_table(rows: list[dict]) -> str:
     """Plain-text table of result rows."""
-    headers = ["op", "case", "dtype", "provider", "median_ms", "spread", "GB/s", "of_copy_bw",
-               "TFLOP/s", "speedup", "status", "note"]
+    headers = [
+        "op",
+        "case",
+        "dtype",
+        "provider",
+        "median_ms",
+        "spread",
+        "GB/s",
+        "of_copy_bw",
+        "TFLOP/s",
+        "speedup",
+        "status",
+        "note",
+    ]
     present = [h for h in headers if any(h in r for r in rows)]
 
     def cell(row, h):
@@ -339,19 +374,47 @@ def format_table(rows: list[dict]) -> str:
 
 def environment(device: torch.device) -> dict[str, str]:
     import fastattn
+
     try:
         import triton
+
         triton_version = triton.__version__
     except Exception:
         triton_version = "none"
-    return {"time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "device": device_name(device), "torch": torch.__version__, "triton": triton_version,
-            "fastattn": fastattn.__version__, "host": platform.node()}
+    return {
+        "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": device_name(device),
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "fastattn": fastattn.__version__,
+        "host": platform.node(),
+    }
 
 
-CSV_FIELDS = ["time", "device", "torch", "triton", "fastattn", "host", "op", "case", "dtype",
-              "provider", "median_ms", "spread", "reps", "GB/s", "of_copy_bw", "TFLOP/s",
-              "speedup", "error", "status", "note", "ceiling_GB/s", "ceiling_TFLOP/s"]
+CSV_FIELDS = [
+    "time",
+    "device",
+    "torch",
+    "triton",
+    "fastattn",
+    "host",
+    "op",
+    "case",
+    "dtype",
+    "provider",
+    "median_ms",
+    "spread",
+    "reps",
+    "GB/s",
+    "of_copy_bw",
+    "TFLOP/s",
+    "speedup",
+    "error",
+    "status",
+    "note",
+    "ceiling_GB/s",
+    "ceiling_TFLOP/s",
+]
 
 
 def append_csv(path: Path, rows: list[dict], env: dict[str, str]) -> None:
@@ -385,6 +448,7 @@ def fastattn_backends(device: torch.device) -> list[str]:
     """fastattn backends that run on `device` here (triton on CPU only when interpreting,
     which is far too slow to time, so it is left out of CPU benchmarks)."""
     import fastattn
+
     status = fastattn.available_backends()
     if device.type == "cuda":
         return [b for b in ("cuda", "triton") if status[b] == "available"]
@@ -397,8 +461,10 @@ def env_flag(name: str) -> bool:
 
 # Log lines of the profiler's native library (kineto), written straight to file descriptor 2:
 # "USDT:2026-11-26 13:47:23 22126:22126 SyncActivityProfilerHandler.cpp:39] profiler_start".
-_NATIVE_PROFILER_LOG = re.compile(r"^(USDT|INFO|WARNING|ERROR):\d{4}-\d\d-\d\d "
-                                  r"\d\d:\d\d:\d\d \d+:\d+ \w+\.cpp:\d+\] ")
+_NATIVE_PROFILER_LOG = re.compile(
+    r"^(USDT|INFO|WARNING|ERROR):\d{4}-\d\d-\d\d "
+    r"\d\d:\d\d:\d\d \d+:\d+ \w+\.cpp:\d+\] "
+)
 
 
 @contextlib.contextmanager
@@ -417,8 +483,11 @@ def without_profiler_logs():
             os.dup2(saved, 2)
             os.close(saved)
             held.seek(0)
-            kept = [line for line in held.read().decode(errors="replace").splitlines(True)
-                    if not _NATIVE_PROFILER_LOG.match(line)]
+            kept = [
+                line
+                for line in held.read().decode(errors="replace").splitlines(True)
+                if not _NATIVE_PROFILER_LOG.match(line)
+            ]
             if kept:
                 sys.stderr.write("".join(kept))
                 sys.stderr.flush()

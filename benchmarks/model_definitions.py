@@ -15,6 +15,7 @@ their fastattn versions (`to_fastattn`). The tests build them small, the benchma
 Masks: the causal masks are bool (True = masked), like the key padding masks, so torch's
 "mismatched key_padding_mask and attn_mask" deprecation warning has no cause.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -46,15 +47,24 @@ def causal_mask(length: int, device: torch.device) -> torch.Tensor:
 
 
 class TransformerSeq2Seq(nn.Module):
-    def __init__(self, vocab: int, d: int, heads: int, layers: int, ff: int,
-                 dropout: float = 0.0, max_len: int = 1024):
+    def __init__(
+        self,
+        vocab: int,
+        d: int,
+        heads: int,
+        layers: int,
+        ff: int,
+        dropout: float = 0.0,
+        max_len: int = 1024,
+    ):
         super().__init__()
         self.d = d
         self.src_emb = nn.Embedding(vocab, d, padding_idx=PAD)
         self.tgt_emb = nn.Embedding(vocab, d, padding_idx=PAD)
         self.register_buffer("pe", sinusoid_table(max_len, d), persistent=False)
-        self.transformer = nn.Transformer(d, heads, layers, layers, ff, dropout,
-                                          batch_first=True, norm_first=False)
+        self.transformer = nn.Transformer(
+            d, heads, layers, layers, ff, dropout, batch_first=True, norm_first=False
+        )
         self.out = nn.Linear(d, vocab)
 
     def forward(self, src, tgt_in):
@@ -62,20 +72,35 @@ class TransformerSeq2Seq(nn.Module):
         pe = self.pe.to(self.out.weight.dtype)
         x = self.src_emb(src) * math.sqrt(self.d) + pe[: src.shape[1]]
         y = self.tgt_emb(tgt_in) * math.sqrt(self.d) + pe[: tgt_in.shape[1]]
-        h = self.transformer(x, y, tgt_mask=causal_mask(tgt_in.shape[1], x.device),
-                             src_key_padding_mask=src_pad, tgt_key_padding_mask=tgt_pad,
-                             memory_key_padding_mask=src_pad, tgt_is_causal=True)
+        h = self.transformer(
+            x,
+            y,
+            tgt_mask=causal_mask(tgt_in.shape[1], x.device),
+            src_key_padding_mask=src_pad,
+            tgt_key_padding_mask=tgt_pad,
+            memory_key_padding_mask=src_pad,
+            tgt_is_causal=True,
+        )
         return self.out(h)
 
 
 class GPTDecoder(nn.Module):
-    def __init__(self, vocab: int, d: int, heads: int, layers: int, ff: int,
-                 dropout: float = 0.0, max_len: int = 2048):
+    def __init__(
+        self,
+        vocab: int,
+        d: int,
+        heads: int,
+        layers: int,
+        ff: int,
+        dropout: float = 0.0,
+        max_len: int = 2048,
+    ):
         super().__init__()
         self.tok = nn.Embedding(vocab, d)
         self.pos = nn.Embedding(max_len, d)
-        layer = nn.TransformerEncoderLayer(d, heads, ff, dropout, activation="gelu",
-                                           batch_first=True, norm_first=True)
+        layer = nn.TransformerEncoderLayer(
+            d, heads, ff, dropout, activation="gelu", batch_first=True, norm_first=True
+        )
         self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab, bias=False)
@@ -83,8 +108,9 @@ class GPTDecoder(nn.Module):
     def forward(self, tokens):
         L = tokens.shape[1]
         x = self.tok(tokens) + self.pos(torch.arange(L, device=tokens.device))
-        h = self.blocks(x, mask=causal_mask(L, x.device), src_key_padding_mask=tokens == PAD,
-                        is_causal=True)
+        h = self.blocks(
+            x, mask=causal_mask(L, x.device), src_key_padding_mask=tokens == PAD, is_causal=True
+        )
         return self.head(self.norm(h))
 
 
@@ -92,14 +118,16 @@ class LSTMTagger(nn.Module):
     def __init__(self, vocab: int, d: int, hidden: int, tags: int, dropout: float = 0.0):
         super().__init__()
         self.emb = nn.Embedding(vocab, d, padding_idx=PAD)
-        self.lstm = nn.LSTM(d, hidden, num_layers=2, bidirectional=True, batch_first=True,
-                            dropout=dropout)
+        self.lstm = nn.LSTM(
+            d, hidden, num_layers=2, bidirectional=True, batch_first=True, dropout=dropout
+        )
         self.out = nn.Linear(2 * hidden, tags)
 
     def forward(self, tokens):
         lengths = (tokens != PAD).sum(1)
-        packed = pack_padded_sequence(self.emb(tokens), lengths.cpu(), batch_first=True,
-                                      enforce_sorted=False)
+        packed = pack_padded_sequence(
+            self.emb(tokens), lengths.cpu(), batch_first=True, enforce_sorted=False
+        )
         out, _ = self.lstm(packed)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=tokens.shape[1])
         return self.out(out)
@@ -113,8 +141,7 @@ class StraightforwardAdditive(nn.Module):
         super().__init__()
         self.query_proj = nn.Linear(query_dim, attn_dim, bias=False)
         self.key_proj = nn.Linear(key_dim, attn_dim)
-        self.v = nn.Parameter(torch.empty(attn_dim).uniform_(-attn_dim ** -0.5,
-                                                             attn_dim ** -0.5))
+        self.v = nn.Parameter(torch.empty(attn_dim).uniform_(-(attn_dim**-0.5), attn_dim**-0.5))
 
     def forward(self, query, keys, values=None, key_padding_mask=None, need_weights=False):
         values = keys if values is None else values
@@ -139,8 +166,9 @@ class LSTMSeq2Seq(nn.Module):
     def forward(self, src, tgt_in):
         src_pad = src == PAD
         lengths = (~src_pad).sum(1)
-        packed = pack_padded_sequence(self.src_emb(src), lengths.cpu(), batch_first=True,
-                                      enforce_sorted=False)
+        packed = pack_padded_sequence(
+            self.src_emb(src), lengths.cpu(), batch_first=True, enforce_sorted=False
+        )
         enc, (h, c) = self.encoder(packed)
         enc, _ = pad_packed_sequence(enc, batch_first=True, total_length=src.shape[1])
         h, c = h[0], c[0]
@@ -168,8 +196,9 @@ def to_fastattn(name: str, model: nn.Module) -> nn.Module:
         fastattn.swap_modules(model)
     if name.startswith("seq2seq"):
         old = model.attn
-        new = fnn.AdditiveAttention(old.query_proj.in_features, old.key_proj.in_features,
-                                    old.v.shape[0]).to(old.v)
+        new = fnn.AdditiveAttention(
+            old.query_proj.in_features, old.key_proj.in_features, old.v.shape[0]
+        ).to(old.v)
         new.query_proj, new.key_proj, new.v = old.query_proj, old.key_proj, old.v
         model.attn = new
     return model

@@ -11,6 +11,7 @@ writes, in OUTDIR:
   measured matmul TFLOP/s of the dtype, or the measured copy bandwidth; run.py measures both
   and stores them in the rows' ceiling_* columns).
 """
+
 from __future__ import annotations
 
 import csv
@@ -46,11 +47,11 @@ def _file_name(family: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", family.replace("+", "plus")).strip("_") + ".png"
 
 
-def plot_run(csv_path: Path, out_dir: Path, targets: dict[str, float] | None = None
-             ) -> list[Path]:
+def plot_run(csv_path: Path, out_dir: Path, targets: dict[str, float] | None = None) -> list[Path]:
     """Write the plots of the newest run in csv_path to out_dir; returns their paths.
     targets: op family ("<op> (<dtype>)") -> target speedup, drawn on the summary."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -84,9 +85,15 @@ def plot_run(csv_path: Path, out_dir: Path, targets: dict[str, float] | None = N
         ax.barh([i - 0.2 for i in y], [headline[n][1] for n in names], 0.4, label="worst")
         for i, n in enumerate(names):
             if targets and n in targets:
-                ax.plot([targets[n]] * 2, [i - 0.45, i + 0.45], color="red", linewidth=2,
-                        label="target" if i == 0 or "target" not in
-                        ax.get_legend_handles_labels()[1] else None)
+                ax.plot(
+                    [targets[n]] * 2,
+                    [i - 0.45, i + 0.45],
+                    color="red",
+                    linewidth=2,
+                    label="target"
+                    if i == 0 or "target" not in ax.get_legend_handles_labels()[1]
+                    else None,
+                )
         ax.axvline(1.0, color="black", linewidth=0.8)
         ax.set_yticks(list(y))
         ax.set_yticklabels(names, fontsize=8)
@@ -104,20 +111,30 @@ def plot_run(csv_path: Path, out_dir: Path, targets: dict[str, float] | None = N
         cases = list(dict.fromkeys(r["case"] for r in rows))
         providers = list(dict.fromkeys(r["provider"] for r in rows))
         fast = [p for p in providers if _is_fastattn(p)]
-        metric = ("TFLOP/s" if any(_float(r, "TFLOP/s") for r in rows) else
-                  "GB/s" if any(_float(r, "GB/s") for r in rows) else None)
+        metric = (
+            "TFLOP/s"
+            if any(_float(r, "TFLOP/s") for r in rows)
+            else "GB/s"
+            if any(_float(r, "GB/s") for r in rows)
+            else None
+        )
         value = {(r["case"], r["provider"]): r for r in rows}
         height = max(3.0, 0.35 * len(cases) * max(len(providers), 1) / 2 + 1.5)
-        fig, axes = plt.subplots(1, 2 if metric else 1, figsize=(13 if metric else 7, height),
-                                 squeeze=False)
+        fig, axes = plt.subplots(
+            1, 2 if metric else 1, figsize=(13 if metric else 7, height), squeeze=False
+        )
         labels = [c if len(c) <= 48 else c[:45] + "..." for c in cases]
 
         def bars(ax, names, key, cases=cases, value=value, labels=labels):
             width = 0.8 / max(len(names), 1)
             for k, provider in enumerate(names):
                 values = [_float(value.get((c, provider), {}), key) or 0.0 for c in cases]
-                ax.barh([i - 0.4 + (k + 0.5) * width for i in range(len(cases))], values,
-                        width, label=provider)
+                ax.barh(
+                    [i - 0.4 + (k + 0.5) * width for i in range(len(cases))],
+                    values,
+                    width,
+                    label=provider,
+                )
             ax.set_yticks(range(len(cases)))
             ax.set_yticklabels(labels, fontsize=6)
             ax.invert_yaxis()
@@ -133,8 +150,14 @@ def plot_run(csv_path: Path, out_dir: Path, targets: dict[str, float] | None = N
             if ceiling:
                 what = "matmul" if metric == "TFLOP/s" else "copy"
                 ax.axvline(ceiling, color="red", linewidth=1.2)
-                ax.text(ceiling, len(cases) - 0.5, f" measured {what}\n {ceiling:.3g} {metric}",
-                        color="red", fontsize=6, va="bottom")
+                ax.text(
+                    ceiling,
+                    len(cases) - 0.5,
+                    f" measured {what}\n {ceiling:.3g} {metric}",
+                    color="red",
+                    fontsize=6,
+                    va="bottom",
+                )
             ax.set_xlabel(metric)
         fig.suptitle(f"{family} on {device}", fontsize=9)
         fig.tight_layout()

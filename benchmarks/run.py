@@ -15,6 +15,7 @@ is shown in the table's note column and is not a failure).
 Run from a source checkout built in place (`tools/build_inplace.sh`, `make build`), it imports
 that checkout's fastattn when no installed one is importable.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,17 @@ if importlib.util.find_spec("fastattn") is None:
 
 import common  # noqa: E402
 
-OPS = ("positional", "attention", "lstm", "gru", "rnn", "models", "varlen", "decoding",
-       "additive_attention")
+OPS = (
+    "positional",
+    "attention",
+    "lstm",
+    "gru",
+    "rnn",
+    "models",
+    "varlen",
+    "decoding",
+    "additive_attention",
+)
 
 
 def available_ops() -> list[str]:
@@ -70,8 +80,9 @@ class Progress:
             self.stream.write("\r\033[K" + line[:160])
             self.drawn = True
         else:
-            self.stream.write(f"{head}, {count - index + 1} left in this op, {elapsed} "
-                              f"elapsed: {label}\n")
+            self.stream.write(
+                f"{head}, {count - index + 1} left in this op, {elapsed} elapsed: {label}\n"
+            )
         self.stream.flush()
 
     def clear(self) -> None:
@@ -98,9 +109,14 @@ def summary_table(results: list[tuple[object, list[dict]]]) -> str:
                 by_case.setdefault((r["op"], r["case"], r["dtype"]), []).append(r)
         for (op, _, dtype), case_rows in by_case.items():
             best = max(case_rows, key=lambda r: r["speedup"])
-            family = families.setdefault(f"{op} ({dtype})", {
-                "speedups": [], "providers": set(),
-                "target": module.target(op) if hasattr(module, "target") else 1.0})
+            family = families.setdefault(
+                f"{op} ({dtype})",
+                {
+                    "speedups": [],
+                    "providers": set(),
+                    "target": module.target(op) if hasattr(module, "target") else 1.0,
+                },
+            )
             family["speedups"].append(best["speedup"])
             family["providers"].add(best["provider"])
     if not families:
@@ -109,10 +125,17 @@ def summary_table(results: list[tuple[object, list[dict]]]) -> str:
     for name, f in families.items():
         speedups = f["speedups"]
         worst = min(speedups)
-        table.append([name, str(len(speedups)), f"{statistics.median(speedups):.2f}x",
-                      f"{worst:.2f}x", f">= {f['target']:.2f}x",
-                      "yes" if worst >= f["target"] else "no",
-                      ", ".join(sorted(f["providers"]))])
+        table.append(
+            [
+                name,
+                str(len(speedups)),
+                f"{statistics.median(speedups):.2f}x",
+                f"{worst:.2f}x",
+                f">= {f['target']:.2f}x",
+                "yes" if worst >= f["target"] else "no",
+                ", ".join(sorted(f["providers"])),
+            ]
+        )
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -121,22 +144,36 @@ def summary_table(results: list[tuple[object, list[dict]]]) -> str:
 
 def family_targets(results: list[tuple[object, list[dict]]]) -> dict[str, float]:
     """op family ("<op> (<dtype>)") -> target speedup (the bench module's target(op), else 1)."""
-    return {f"{r['op']} ({r['dtype']})": module.target(r["op"]) if hasattr(module, "target")
-            else 1.0 for module, rows in results for r in rows}
+    return {
+        f"{r['op']} ({r['dtype']})": module.target(r["op"]) if hasattr(module, "target") else 1.0
+        for module, rows in results
+        for r in rows
+    }
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ops", default="all",
-                        help=f"comma-separated subset of {','.join(available_ops())} (default all)")
+    parser.add_argument(
+        "--ops",
+        default="all",
+        help=f"comma-separated subset of {','.join(available_ops())} (default all)",
+    )
     parser.add_argument("--profile", choices=("quick", "full"), default="quick")
     parser.add_argument("--device", default="auto", help="auto (cuda if present), cpu or cuda")
     parser.add_argument("--csv", type=Path, default=None)
-    parser.add_argument("--min-time", type=float, default=None,
-                        help="seconds of timing per provider (default 0.3 quick, 1.0 full)")
-    parser.add_argument("--plots", type=Path, default=None,
-                        help="folder for the PNG plots (default: the CSV's folder, in a "
-                             "<device kind>_plots subfolder)")
+    parser.add_argument(
+        "--min-time",
+        type=float,
+        default=None,
+        help="seconds of timing per provider (default 0.3 quick, 1.0 full)",
+    )
+    parser.add_argument(
+        "--plots",
+        type=Path,
+        default=None,
+        help="folder for the PNG plots (default: the CSV's folder, in a "
+        "<device kind>_plots subfolder)",
+    )
     parser.add_argument("--no-plots", action="store_true", help="write no plots")
     args = parser.parse_args(argv)
 
@@ -149,8 +186,12 @@ def main(argv=None) -> int:
     csv_path = args.csv or common.RESULTS_DIR / f"{device.type}.csv"
     env = common.environment(device)
     import fastattn
-    print(f"fastattn benchmarks: {env['device']}, torch {env['torch']}, triton {env['triton']}, "
-          f"profile {args.profile}, fastattn from {Path(fastattn.__file__).parent}", flush=True)
+
+    print(
+        f"fastattn benchmarks: {env['device']}, torch {env['torch']}, triton {env['triton']}, "
+        f"profile {args.profile}, fastattn from {Path(fastattn.__file__).parent}",
+        flush=True,
+    )
     ceilings = common.machine_ceilings(device)
     progress = Progress(len(ops))
     failures: list[str] = []
@@ -178,12 +219,15 @@ def main(argv=None) -> int:
             if r.get("status", "").startswith(("FAIL", "ERROR")):
                 entry = f"{r['op']} {r['case']} {r['dtype']} {r['provider']}: {r['status']}"
                 (failures if r.get("judged") else baseline_errors).append(entry)
-    print(f"\nsummary ({progress.elapsed()}): fastattn's best provider per case against the "
-          "best PyTorch provider")
+    print(
+        f"\nsummary ({progress.elapsed()}): fastattn's best provider per case against the "
+        "best PyTorch provider"
+    )
     print(summary_table(results))
     print(f"\nrows appended to {csv_path}")
     if not args.no_plots:
         import plot
+
         plot_dir = args.plots or csv_path.parent / f"{device.type}_plots"
         try:
             paths = plot.plot_run(csv_path, plot_dir, targets=family_targets(results))
@@ -194,11 +238,17 @@ def main(argv=None) -> int:
             for path in paths:
                 print(f"  {path}")
     if baseline_errors:
-        print(f"{len(baseline_errors)} PyTorch baseline provider(s) errored (not counted as "
-              "failures):\n  " + "\n  ".join(baseline_errors), file=sys.stderr)
+        print(
+            f"{len(baseline_errors)} PyTorch baseline provider(s) errored (not counted as "
+            "failures):\n  " + "\n  ".join(baseline_errors),
+            file=sys.stderr,
+        )
     if failures:
-        print(f"{len(failures)} fastattn provider(s) failed their correctness check or "
-              "errored:\n  " + "\n  ".join(failures), file=sys.stderr)
+        print(
+            f"{len(failures)} fastattn provider(s) failed their correctness check or "
+            "errored:\n  " + "\n  ".join(failures),
+            file=sys.stderr,
+        )
     return 1 if failures else 0
 
 

@@ -33,8 +33,8 @@ pybind11::dict build_info() {
   info["cuda"] = true;
   info["cuda_archs"] = std::string(FASTATTN_CUDA_ARCHS);
   info["cuda_home"] = std::string(FASTATTN_CUDA_HOME);
-  info["cuda_version"] = std::to_string(CUDART_VERSION / 1000) + "." +
-                         std::to_string((CUDART_VERSION % 1000) / 10);
+  info["cuda_version"] =
+      std::to_string(CUDART_VERSION / 1000) + "." + std::to_string((CUDART_VERSION % 1000) / 10);
 #else
   info["cuda"] = false;
   info["cuda_archs"] = std::string();
@@ -63,6 +63,7 @@ PYBIND11_MODULE(_C, m) {
         "cuda_version, torch_version, cpu_isa (the x86 kernel copy chosen at run time), "
         "cpu_amx (bfloat16 attention uses AMX tiles where head dims are multiples of 32), "
         "debug_checks");
-  m.def("_set_poison", [](bool on) { fastattn::poison_flag().store(on); },
-        "Tests: fill every output an op allocates with NaN before its kernel runs");
+  m.def(
+      "_set_poison", [](bool on) { fastattn::poison_flag().store(on); },
+      "Tests: fill every output an op allocates with NaN before its kernel runs");
 }

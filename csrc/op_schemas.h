@@ -10,13 +10,15 @@ namespace fastattn::schemas {
 inline void define_attention(torch::Library& m) {
   // Softmax attention (csrc/attention). Canonical arguments and contract:
   // fastattn/contracts/attention.py.
-  m.def("attention_forward(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, "
-        "Tensor? key_padding_mask, Tensor? alibi_slopes, float scale, float softcap, "
-        "int window_lo, int window_hi, float dropout_p, Tensor? seed) -> (Tensor, Tensor)");
-  m.def("attention_backward(Tensor grad_out, Tensor? grad_lse, Tensor q, Tensor k, Tensor v, "
-        "Tensor out, Tensor lse, Tensor? attn_mask, Tensor? key_padding_mask, "
-        "Tensor? alibi_slopes, float scale, float softcap, int window_lo, int window_hi, "
-        "float dropout_p, Tensor? seed, bool deterministic) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "attention_forward(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, "
+      "Tensor? key_padding_mask, Tensor? alibi_slopes, float scale, float softcap, "
+      "int window_lo, int window_hi, float dropout_p, Tensor? seed) -> (Tensor, Tensor)");
+  m.def(
+      "attention_backward(Tensor grad_out, Tensor? grad_lse, Tensor q, Tensor k, Tensor v, "
+      "Tensor out, Tensor lse, Tensor? attn_mask, Tensor? key_padding_mask, "
+      "Tensor? alibi_slopes, float scale, float softcap, int window_lo, int window_hi, "
+      "float dropout_p, Tensor? seed, bool deterministic) -> (Tensor, Tensor, Tensor)");
 }
 
 inline void define_varlen_attention(torch::Library& m) {
@@ -24,81 +26,97 @@ inline void define_varlen_attention(torch::Library& m) {
   // (total_k, Hkv, D/Dv), cu_seqlens int32 (B+1,); causal_mode 0 off, 1 top-left,
   // 2 bottom-right; window_left/right -1 = unbounded; lse (Hq, total_q). max_seqlen is a
   // SymInt so that torch.compile(dynamic=True) does not specialize a graph on it.
-  m.def("varlen_attention_forward(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, "
-        "Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, Tensor? alibi_slopes, "
-        "float scale, float softcap, int causal_mode, int window_left, int window_right, "
-        "float dropout_p, Tensor? seed) -> (Tensor, Tensor)");
-  m.def("varlen_attention_backward(Tensor grad_out, Tensor? grad_lse, Tensor q, Tensor k, "
-        "Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
-        "SymInt max_seqlen_q, SymInt max_seqlen_k, Tensor? alibi_slopes, float scale, "
-        "float softcap, int causal_mode, int window_left, int window_right, float dropout_p, "
-        "Tensor? seed, bool deterministic) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "varlen_attention_forward(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, "
+      "Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, Tensor? alibi_slopes, "
+      "float scale, float softcap, int causal_mode, int window_left, int window_right, "
+      "float dropout_p, Tensor? seed) -> (Tensor, Tensor)");
+  m.def(
+      "varlen_attention_backward(Tensor grad_out, Tensor? grad_lse, Tensor q, Tensor k, "
+      "Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+      "SymInt max_seqlen_q, SymInt max_seqlen_k, Tensor? alibi_slopes, float scale, "
+      "float softcap, int causal_mode, int window_left, int window_right, float dropout_p, "
+      "Tensor? seed, bool deterministic) -> (Tensor, Tensor, Tensor)");
 }
 
 inline void define_attention_with_kvcache(torch::Library& m) {
   // Attention over a KV cache (csrc/attention_with_kvcache): q (B, Hq, Lq, D) at positions
   // q_positions[b] + i against keys [0, k_lengths[b]) of k_cache/v_cache (B, Hkv, Lmax, D/Dv),
   // split over num_splits key ranges merged at the end (flash-decoding). Inference only.
-  m.def("attention_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor k_lengths, "
-        "Tensor q_positions, Tensor? alibi_slopes, float scale, float softcap, int causal_mode, "
-        "int window_left, int window_right, int num_splits) -> (Tensor, Tensor)");
+  m.def(
+      "attention_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor k_lengths, "
+      "Tensor q_positions, Tensor? alibi_slopes, float scale, float softcap, int causal_mode, "
+      "int window_left, int window_right, int num_splits) -> (Tensor, Tensor)");
   // Decoding in one call: rotary on q and k_new (tables (Lmax, rotary_dim / 2) in the compute
   // dtype, positions cache_seqlens[b] + i), k_new/v_new appended into the caches in place at
   // cache_seqlens, then attention_decode over cache_seqlens + Lnew keys. Returns (out, lse).
-  m.def("attention_with_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, "
-        "Tensor cache_seqlens, Tensor? k_new, Tensor? v_new, Tensor? rotary_cos, "
-        "Tensor? rotary_sin, bool rotary_interleaved, Tensor? alibi_slopes, float scale, "
-        "float softcap, int causal_mode, int window_left, int window_right, int num_splits) "
-        "-> (Tensor, Tensor)");
+  m.def(
+      "attention_with_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+      "Tensor cache_seqlens, Tensor? k_new, Tensor? v_new, Tensor? rotary_cos, "
+      "Tensor? rotary_sin, bool rotary_interleaved, Tensor? alibi_slopes, float scale, "
+      "float softcap, int causal_mode, int window_left, int window_right, int num_splits) "
+      "-> (Tensor, Tensor)");
 }
 
 inline void define_additive_attention(torch::Library& m) {
   // Additive (Bahdanau) attention scores (csrc/additive_attention):
   // S[b, i, j] = sum_a v[a] tanh(qp[b, i, a] + kp[b, j, a]), in float (double for double).
   m.def("additive_scores(Tensor qp, Tensor kp, Tensor v) -> Tensor");
-  m.def("additive_scores_backward(Tensor grad, Tensor qp, Tensor kp, Tensor v) "
-        "-> (Tensor, Tensor, Tensor)");
+  m.def(
+      "additive_scores_backward(Tensor grad, Tensor qp, Tensor kp, Tensor v) "
+      "-> (Tensor, Tensor, Tensor)");
 }
 
 inline void define_positional(torch::Library& m) {
   // Positional encodings (csrc/positional). Dropout ops take seed = int64 (2,) on the device.
   m.def("sinusoidal_table(Tensor positions, int dim, float base, ScalarType dtype) -> Tensor");
-  m.def("add_sinusoidal(Tensor x, int offset, Tensor? offsets, float scale, float base, "
-        "float dropout_p, Tensor? seed) -> Tensor");
-  m.def("add_sinusoidal_(Tensor(a!) x, int offset, Tensor? offsets, float scale, float base, "
-        "float dropout_p, Tensor? seed) -> ()");
-  m.def("add_sinusoidal_backward(Tensor grad, float scale, float dropout_p, Tensor? seed) "
-        "-> Tensor");
-  m.def("embed_with_positions(Tensor tokens, Tensor weight, Tensor? table, int offset, "
-        "Tensor? offsets, float scale, float base, float dropout_p, Tensor? seed, int padding_idx, "
-        "bool deterministic) -> Tensor");
-  m.def("embed_with_positions_backward(Tensor grad, Tensor tokens, int num_weights, "
-        "int padding_idx, int table_rows, int offset, Tensor? offsets, float scale, "
-        "float dropout_p, Tensor? seed, bool deterministic) -> (Tensor, Tensor)");
-  m.def("apply_rotary(Tensor x, Tensor? cos, Tensor? sin, int offset, Tensor? offsets, "
-        "Tensor? position_ids, int rotary_dim, float base, bool interleaved, bool conjugate) "
-        "-> Tensor");
-  m.def("apply_rotary_(Tensor(a!) x, Tensor? cos, Tensor? sin, int offset, Tensor? offsets, "
-        "Tensor? position_ids, int rotary_dim, float base, bool interleaved, bool conjugate) "
-        "-> ()");
+  m.def(
+      "add_sinusoidal(Tensor x, int offset, Tensor? offsets, float scale, float base, "
+      "float dropout_p, Tensor? seed) -> Tensor");
+  m.def(
+      "add_sinusoidal_(Tensor(a!) x, int offset, Tensor? offsets, float scale, float base, "
+      "float dropout_p, Tensor? seed) -> ()");
+  m.def(
+      "add_sinusoidal_backward(Tensor grad, float scale, float dropout_p, Tensor? seed) "
+      "-> Tensor");
+  m.def(
+      "embed_with_positions(Tensor tokens, Tensor weight, Tensor? table, int offset, "
+      "Tensor? offsets, float scale, float base, float dropout_p, Tensor? seed, int padding_idx, "
+      "bool deterministic) -> Tensor");
+  m.def(
+      "embed_with_positions_backward(Tensor grad, Tensor tokens, int num_weights, "
+      "int padding_idx, int table_rows, int offset, Tensor? offsets, float scale, "
+      "float dropout_p, Tensor? seed, bool deterministic) -> (Tensor, Tensor)");
+  m.def(
+      "apply_rotary(Tensor x, Tensor? cos, Tensor? sin, int offset, Tensor? offsets, "
+      "Tensor? position_ids, int rotary_dim, float base, bool interleaved, bool conjugate) "
+      "-> Tensor");
+  m.def(
+      "apply_rotary_(Tensor(a!) x, Tensor? cos, Tensor? sin, int offset, Tensor? offsets, "
+      "Tensor? position_ids, int rotary_dim, float base, bool interleaved, bool conjugate) "
+      "-> ()");
 }
 
 inline void define_lstm(torch::Library& m) {
   // LSTM (csrc/lstm). The op contract (shapes, workspace, gate order) is documented at the top
   // of fastattn/contracts/lstm.py. Dropout ops take seed = int64 (2,) on the device.
-  m.def("lstm_cell(Tensor input, Tensor hx, Tensor cx, Tensor w_ih, Tensor w_hh, Tensor? b_ih, "
-        "Tensor? b_hh) -> (Tensor, Tensor, Tensor)");
-  m.def("lstm_cell_backward(Tensor? grad_hy, Tensor? grad_cy, Tensor input, Tensor hx, "
-        "Tensor cx, Tensor w_ih, Tensor w_hh, Tensor workspace, bool has_bias) "
-        "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
-  m.def("lstm_layer(Tensor input, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, Tensor? b_ih, "
-        "Tensor? b_hh, Tensor? w_hr, Tensor? lengths, float dropout_p, Tensor? seed, "
-        "bool save_workspace) -> (Tensor, Tensor, Tensor, Tensor)");
-  m.def("lstm_layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n, "
-        "Tensor input, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, Tensor? w_hr, "
-        "Tensor? lengths, Tensor workspace, float dropout_p, Tensor? seed, bool has_bias, "
-        "bool input_grad, bool weight_grad) "
-        "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "lstm_cell(Tensor input, Tensor hx, Tensor cx, Tensor w_ih, Tensor w_hh, Tensor? b_ih, "
+      "Tensor? b_hh) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "lstm_cell_backward(Tensor? grad_hy, Tensor? grad_cy, Tensor input, Tensor hx, "
+      "Tensor cx, Tensor w_ih, Tensor w_hh, Tensor workspace, bool has_bias) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "lstm_layer(Tensor input, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, Tensor? b_ih, "
+      "Tensor? b_hh, Tensor? w_hr, Tensor? lengths, float dropout_p, Tensor? seed, "
+      "bool save_workspace) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "lstm_layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n, "
+      "Tensor input, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_hh, Tensor? w_hr, "
+      "Tensor? lengths, Tensor workspace, float dropout_p, Tensor? seed, bool has_bias, "
+      "bool input_grad, bool weight_grad) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   // CUDA backend only: which recurrent path lstm_layer (lstm_layer_backward with backward=True)
   // takes for these arguments (0 = the persistent cooperative kernel, 1 = per step);
   // fastattn.ops.lstm.cuda_recurrent_path.
@@ -108,20 +126,24 @@ inline void define_lstm(torch::Library& m) {
 // GRU and Elman RNN layers (csrc/gru, csrc/rnn on the engine of csrc/lstm). The op contract is
 // documented at the top of fastattn/ops/_recurrent.py.
 inline void define_gru_rnn(torch::Library& m) {
-  m.def("gru_layer(Tensor input, Tensor h0, Tensor w_ih, Tensor w_hh, Tensor? b_ih, "
-        "Tensor? b_hh, Tensor? lengths, float dropout_p, Tensor? seed, bool reset_after, "
-        "bool save_workspace) -> (Tensor, Tensor, Tensor)");
-  m.def("gru_layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor input, Tensor h0, "
-        "Tensor w_ih, Tensor w_hh, Tensor? lengths, Tensor workspace, float dropout_p, "
-        "Tensor? seed, bool reset_after, bool has_bias, bool input_grad, bool weight_grad) "
-        "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
-  m.def("rnn_layer(Tensor input, Tensor h0, Tensor w_ih, Tensor w_hh, Tensor? b_ih, "
-        "Tensor? b_hh, Tensor? lengths, float dropout_p, Tensor? seed, str nonlinearity, "
-        "bool save_workspace) -> (Tensor, Tensor, Tensor)");
-  m.def("rnn_layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor input, Tensor h0, "
-        "Tensor w_ih, Tensor w_hh, Tensor? lengths, Tensor workspace, float dropout_p, "
-        "Tensor? seed, str nonlinearity, bool has_bias, bool input_grad, bool weight_grad) "
-        "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "gru_layer(Tensor input, Tensor h0, Tensor w_ih, Tensor w_hh, Tensor? b_ih, "
+      "Tensor? b_hh, Tensor? lengths, float dropout_p, Tensor? seed, bool reset_after, "
+      "bool save_workspace) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "gru_layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor input, Tensor h0, "
+      "Tensor w_ih, Tensor w_hh, Tensor? lengths, Tensor workspace, float dropout_p, "
+      "Tensor? seed, bool reset_after, bool has_bias, bool input_grad, bool weight_grad) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "rnn_layer(Tensor input, Tensor h0, Tensor w_ih, Tensor w_hh, Tensor? b_ih, "
+      "Tensor? b_hh, Tensor? lengths, float dropout_p, Tensor? seed, str nonlinearity, "
+      "bool save_workspace) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "rnn_layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor input, Tensor h0, "
+      "Tensor w_ih, Tensor w_hh, Tensor? lengths, Tensor workspace, float dropout_p, "
+      "Tensor? seed, str nonlinearity, bool has_bias, bool input_grad, bool weight_grad) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 inline void define_all(torch::Library& m) {

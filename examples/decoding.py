@@ -8,10 +8,10 @@ new token's (rotated) key and value in place and attends over the cache. Greedy 
 beam search (K beams, length-normalised scores) run both with the cache and by recomputing
 the whole prefix every step; --check asserts they produce the same tokens.
 """
+
 from __future__ import annotations
 
 import argparse
-import math
 
 import torch
 from torch import nn
@@ -28,8 +28,9 @@ class Block(nn.Module):
         self.kv_proj = nn.Linear(d_model, 2 * n_kv_heads * self.head_dim, bias=False)
         self.out_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=False)
         self.norm2 = nn.LayerNorm(d_model)
-        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(),
-                                 nn.Linear(4 * d_model, d_model))
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model)
+        )
 
     def qkv(self, x):
         """x (B, L, E) -> q (B, H, L, Dh), k, v (B, Hkv, L, Dh) as views of the projections."""
@@ -46,8 +47,15 @@ class Block(nn.Module):
 
 
 class DecoderLM(nn.Module):
-    def __init__(self, vocab: int, d_model: int = 64, n_heads: int = 4, n_kv_heads: int = 2,
-                 n_layers: int = 2, max_len: int = 128):
+    def __init__(
+        self,
+        vocab: int,
+        d_model: int = 64,
+        n_heads: int = 4,
+        n_kv_heads: int = 2,
+        n_layers: int = 2,
+        max_len: int = 128,
+    ):
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model)
         self.blocks = nn.ModuleList(Block(d_model, n_heads, n_kv_heads) for _ in range(n_layers))
@@ -85,8 +93,16 @@ class DecoderLM(nn.Module):
         for block, (k_cache, v_cache) in zip(self.blocks, caches):
             q, k, v = block.qkv(x)
             attn = fastattn.attention_with_kvcache(
-                q, k_cache, v_cache, cache_seqlens=seqlens, k_new=k, v_new=v,
-                rotary_cos=self.rotary_cos, rotary_sin=self.rotary_sin, causal=True)
+                q,
+                k_cache,
+                v_cache,
+                cache_seqlens=seqlens,
+                k_new=k,
+                v_new=v,
+                rotary_cos=self.rotary_cos,
+                rotary_sin=self.rotary_sin,
+                causal=True,
+            )
             x = block.finish(x, attn)
         return self.head(self.norm(x))
 
@@ -112,8 +128,14 @@ def greedy(model: DecoderLM, prompt: torch.Tensor, steps: int, use_cache: bool) 
 
 
 @torch.no_grad()
-def beam_search(model: DecoderLM, prompt: torch.Tensor, steps: int, beams: int,
-                use_cache: bool, alpha: float = 0.7) -> list[int]:
+def beam_search(
+    model: DecoderLM,
+    prompt: torch.Tensor,
+    steps: int,
+    beams: int,
+    use_cache: bool,
+    alpha: float = 0.7,
+) -> list[int]:
     """One prompt (1, L): keep the `beams` best continuations by summed log-probability; the
     final choice maximises score / length**alpha (length normalisation)."""
     tokens = prompt.expand(beams, -1).contiguous()
@@ -126,7 +148,7 @@ def beam_search(model: DecoderLM, prompt: torch.Tensor, steps: int, beams: int,
     else:
         logits = model(tokens)
     for _ in range(steps):
-        logp = torch.log_softmax(logits[:, -1].double(), dim=-1)          # (K, V)
+        logp = torch.log_softmax(logits[:, -1].double(), dim=-1)  # (K, V)
         cand = (scores.unsqueeze(1) + logp).reshape(-1)
         best = torch.topk(cand, beams).indices
         origin, token = best // logp.shape[1], best % logp.shape[1]
@@ -141,14 +163,17 @@ def beam_search(model: DecoderLM, prompt: torch.Tensor, steps: int, beams: int,
         else:
             logits = model(tokens)
     generated = tokens.shape[1] - prompt.shape[1]
-    final = scores / (generated ** alpha)
+    final = scores / (generated**alpha)
     return tokens[int(final.argmax())].tolist()
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true",
-                        help="assert cached and uncached decoding give the same tokens")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="assert cached and uncached decoding give the same tokens",
+    )
     parser.add_argument("--backend", default=None)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--beams", type=int, default=4)

@@ -9,21 +9,21 @@ Public API (see README.md and the docstrings):
   positional: sinusoidal_table, add_sinusoidal, embed_with_positions, apply_rotary
   modules:    fastattn.nn, swap_modules, restore_modules, swap_summary
 """
+
 from __future__ import annotations
 
 import torch  # noqa: F401  (must load before fastattn._C)
 
 from . import _native
-from ._backend import (BackendError, available_backends, last_backend, set_backend,
-                       use_backend)
+from ._backend import BackendError, available_backends, last_backend, set_backend, use_backend
 from .ops.additive_attention import additive_attention
 from .ops.attention import attention, merge_attention
 from .ops.attention_with_kvcache import attention_with_kvcache
 from .ops.gru import gru, gru_cell
 from .ops.lstm import lstm, lstm_cell
+from .ops.positional import add_sinusoidal, apply_rotary, embed_with_positions, sinusoidal_table
 from .ops.rnn import rnn, rnn_cell
 from .ops.varlen_attention import pack_padded, unpack_padded, varlen_attention
-from .ops.positional import add_sinusoidal, apply_rotary, embed_with_positions, sinusoidal_table
 
 __version__ = "0.1.0"
 
@@ -33,12 +33,33 @@ from . import nn
 from .swap import restore_modules, swap_modules, swap_summary
 
 __all__ = [
-    "BackendError", "available_backends", "use_backend", "set_backend", "last_backend",
-    "attention", "merge_attention", "additive_attention", "varlen_attention", "pack_padded",
-    "unpack_padded", "attention_with_kvcache", "lstm_cell", "lstm", "gru_cell", "gru",
-    "rnn_cell", "rnn", "sinusoidal_table",
-    "add_sinusoidal", "embed_with_positions", "apply_rotary", "nn", "build_info",
-    "swap_modules", "restore_modules", "swap_summary",
+    "BackendError",
+    "available_backends",
+    "use_backend",
+    "set_backend",
+    "last_backend",
+    "attention",
+    "merge_attention",
+    "additive_attention",
+    "varlen_attention",
+    "pack_padded",
+    "unpack_padded",
+    "attention_with_kvcache",
+    "lstm_cell",
+    "lstm",
+    "gru_cell",
+    "gru",
+    "rnn_cell",
+    "rnn",
+    "sinusoidal_table",
+    "add_sinusoidal",
+    "embed_with_positions",
+    "apply_rotary",
+    "nn",
+    "build_info",
+    "swap_modules",
+    "restore_modules",
+    "swap_summary",
 ]
 
 

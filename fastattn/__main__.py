@@ -1,4 +1,5 @@
 """python -m fastattn: the environment report (versions, build, backends, devices)."""
+
 from __future__ import annotations
 
 import platform
@@ -31,10 +32,11 @@ def arch_coverage(archs: str, major: int, minor: int) -> str:
         return f"native code for sm_{best[0]}{best[1]}"
     if ptx:
         best = max(ptx)
-        return (f"runs compute_{best[0]}{best[1]} PTX, compiled by the driver on first use "
-                "(cached)")
-    return (f"NOT COVERED by the archs {archs}: the CUDA kernels cannot run; rebuild with "
-            f"TORCH_CUDA_ARCH_LIST={major}.{minor}")
+        return f"runs compute_{best[0]}{best[1]} PTX, compiled by the driver on first use (cached)"
+    return (
+        f"NOT COVERED by the archs {archs}: the CUDA kernels cannot run; rebuild with "
+        f"TORCH_CUDA_ARCH_LIST={major}.{minor}"
+    )
 
 
 def report() -> str:
@@ -42,11 +44,14 @@ def report() -> str:
 
     import fastattn
 
-    lines = [f"fastattn {fastattn.__version__}",
-             f"python   {platform.python_version()} ({sys.executable})",
-             f"torch    {torch.__version__} (CUDA {torch.version.cuda or 'none'})"]
+    lines = [
+        f"fastattn {fastattn.__version__}",
+        f"python   {platform.python_version()} ({sys.executable})",
+        f"torch    {torch.__version__} (CUDA {torch.version.cuda or 'none'})",
+    ]
     try:
         import triton
+
         lines.append(f"triton   {triton.__version__}")
     except Exception as exc:  # pragma: no cover - depends on the environment
         lines.append(f"triton   not importable ({type(exc).__name__})")
@@ -54,12 +59,17 @@ def report() -> str:
     if "error" in info:
         lines.append(f"build    fastattn._C did not import: {info['error']}")
     else:
-        cuda = (f"CUDA {info['cuda_version']} (toolkit {info['cuda_home']}), "
-                f"archs {info['cuda_archs']}" if info["cuda"] else "CUDA not built")
-        lines.append(f"build    {cuda}; built against torch {info['torch_version']}; "
-                     f"CPU kernels: {info['cpu_isa']}"
-                     f"{' + AMX (bfloat16 attention)' if info.get('cpu_amx') else ''}; debug checks "
-                     f"{'on' if info['debug_checks'] else 'off'}")
+        cuda = (
+            f"CUDA {info['cuda_version']} (toolkit {info['cuda_home']}), archs {info['cuda_archs']}"
+            if info["cuda"]
+            else "CUDA not built"
+        )
+        lines.append(
+            f"build    {cuda}; built against torch {info['torch_version']}; "
+            f"CPU kernels: {info['cpu_isa']}"
+            f"{' + AMX (bfloat16 attention)' if info.get('cpu_amx') else ''}; debug checks "
+            f"{'on' if info['debug_checks'] else 'off'}"
+        )
     lines.append("backends")
     for name, status in fastattn.available_backends().items():
         lines.append(f"  {name:<10} {status}")
@@ -69,12 +79,17 @@ def report() -> str:
             coverage = ""
             if info.get("cuda"):
                 coverage = ": " + arch_coverage(info["cuda_archs"], props.major, props.minor)
-            lines.append(f"device   cuda:{i} {props.name} (sm_{props.major}{props.minor}, "
-                         f"{props.total_memory / 2**30:.0f} GiB){coverage}")
+            lines.append(
+                f"device   cuda:{i} {props.name} (sm_{props.major}{props.minor}, "
+                f"{props.total_memory / 2**30:.0f} GiB){coverage}"
+            )
     else:
-        lines.append(f"device   cpu: {platform.processor() or platform.machine()}, "
-                     f"{torch.get_num_threads()} threads (no CUDA device)")
+        lines.append(
+            f"device   cpu: {platform.processor() or platform.machine()}, "
+            f"{torch.get_num_threads()} threads (no CUDA device)"
+        )
     from ._backend import requested_backend
+
     lines.append(f"default  {requested_backend() or 'automatic per device'}")
     return "\n".join(lines)
 

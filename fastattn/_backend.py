@@ -12,12 +12,13 @@ choice never falls back silently from a kernel that exists to a slower one: when
 backend for a device lacks a feature, the op raises unless a fallback is documented for it,
 and `last_backend(op)` always names the backend that actually ran.
 """
+
 from __future__ import annotations
 
 import contextlib
 import os
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -97,9 +98,11 @@ def last_backend(op: str) -> str | None:
 # ---------------------------------------------------------------------------------------------
 # Availability
 
+
 def _native_status() -> tuple[bool, bool, str]:
     """(cpu_ok, cuda_built, reason) for the compiled extension."""
     from . import _native
+
     if _native.C is None:
         return False, False, f"fastattn._C failed to import: {_native.IMPORT_ERROR}"
     return True, bool(_native.C.build_info()["cuda"]), ""
@@ -208,7 +211,7 @@ TRITON_NO_FLOAT64 = "the triton backend does not take float64 (its kernels compu
 # constant Dynamo uses without guards.
 @torch.compiler.assume_constant_result
 def missing_kernel(kernel: str, backend: str) -> str:
-    """"" when this build has `backend`'s implementation of the torch op fastattn::<kernel>
+    """ "" when this build has `backend`'s implementation of the torch op fastattn::<kernel>
     (e.g. "attention_forward"), else why not: "cpu"/"cuda" need fastattn._C to declare the op
     with a kernel for that device; "triton" needs fastattn::<kernel>_triton (registered when
     the Triton kernels import); "reference" always has one. Whether a device can run the
@@ -219,13 +222,20 @@ def missing_kernel(kernel: str, backend: str) -> str:
         if backend in _DISPATCH_KEYS:
             dispatch_key = _DISPATCH_KEYS[backend]
             from . import _native
-            if _native.C is None or not has_op(kernel) or not \
-                    torch._C._dispatch_has_kernel_for_dispatch_key(f"fastattn::{kernel}",
-                                                                  dispatch_key):
+
+            if (
+                _native.C is None
+                or not has_op(kernel)
+                or not torch._C._dispatch_has_kernel_for_dispatch_key(
+                    f"fastattn::{kernel}", dispatch_key
+                )
+            ):
                 reason = f"fastattn._C has no {dispatch_key} kernel for {kernel} in this build"
         elif backend == "triton" and not has_op(kernel + "_triton"):
-            reason = (f"no Triton kernel for {kernel} here (fastattn::{kernel}_triton is not "
-                      f"registered; see fastattn.available_backends())")
+            reason = (
+                f"no Triton kernel for {kernel} here (fastattn::{kernel}_triton is not "
+                f"registered; see fastattn.available_backends())"
+            )
         _missing_cache[key] = reason
     return _missing_cache[key]
 
@@ -240,8 +250,9 @@ def has_op(name: str) -> bool:
     return True
 
 
-def cannot_run(backend: str, device: torch.device, kernel: str | None = None,
-               dtype: torch.dtype | None = None) -> str | None:
+def cannot_run(
+    backend: str, device: torch.device, kernel: str | None = None, dtype: torch.dtype | None = None
+) -> str | None:
     """The one query "is this kernel built, and can it run this call": None when `backend`
     can run a call of the torch op fastattn::<kernel> (None: any op) on tensors of `dtype` on
     `device`, else the reason it cannot (backend not available, wrong device, no kernel in
@@ -254,10 +265,16 @@ def cannot_run(backend: str, device: torch.device, kernel: str | None = None,
     return why
 
 
-def select_backend(op: str, device: torch.device, backend: str | None = None,
-                   supported: tuple[str, ...] = BACKENDS,
-                   limits: dict[str, str] | None = None, *, kernel: str | None = None,
-                   dtype: torch.dtype | None = None) -> str:
+def select_backend(
+    op: str,
+    device: torch.device,
+    backend: str | None = None,
+    supported: tuple[str, ...] = BACKENDS,
+    limits: dict[str, str] | None = None,
+    *,
+    kernel: str | None = None,
+    dtype: torch.dtype | None = None,
+) -> str:
     """The backend that runs this call of `op` on `device`.
 
     backend: the op's own `backend=` argument (wins over everything else).
@@ -273,14 +290,19 @@ def select_backend(op: str, device: torch.device, backend: str | None = None,
     requested = _validate(backend, "backend") or requested_backend()
     if requested is not None:
         if requested not in supported:
-            raise BackendError(f"{op}: backend {requested!r} does not implement this op "
-                               f"(implemented by: {', '.join(supported)})")
+            raise BackendError(
+                f"{op}: backend {requested!r} does not implement this op "
+                f"(implemented by: {', '.join(supported)})"
+            )
         why = cannot_run(requested, device, kernel, dtype) or limits.get(requested)
         if why is not None:
             raise BackendError(f"{op}: backend {requested!r} cannot run this call: {why}")
         return requested
     for candidate in automatic_order(op, device.type):
-        if (candidate in supported and cannot_run(candidate, device, kernel, dtype) is None
-                and candidate not in limits):
+        if (
+            candidate in supported
+            and cannot_run(candidate, device, kernel, dtype) is None
+            and candidate not in limits
+        ):
             return candidate
     return "reference"

@@ -4,10 +4,11 @@ With poisoning on, every op fills the outputs it allocates with NaN before its k
 (native ops through fastattn._C, Triton launchers through `poison`), so an element that a
 kernel forgets to write shows up as NaN. The test suite turns it on for every test.
 """
+
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 

@@ -6,10 +6,11 @@ module of the same family by changing the object's class: the module object, its
 objects and buffers stay the same, so optimisers, state_dict keys and references held
 elsewhere keep working. restore_modules changes the classes back.
 """
+
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 from torch import nn
 
@@ -22,6 +23,7 @@ _NESTED = "_fastattn_original_use_nested_tensor"
 def _targets() -> list[tuple[type, Callable[[], type | None], str]]:
     """(torch class, fastattn class getter, family) for every swappable module."""
     from . import nn as fnn
+
     return [
         (nn.MultiheadAttention, lambda: fnn.MultiheadAttention, "attention"),
         (nn.LSTM, lambda: getattr(fnn, "LSTM", None), "lstm"),
@@ -33,8 +35,15 @@ def _targets() -> list[tuple[type, Callable[[], type | None], str]]:
     ]
 
 
-def swap_modules(model: nn.Module, *, attention: bool = True, lstm: bool = True,
-                 gru: bool = True, rnn: bool = True, backend: str | None = None) -> nn.Module:
+def swap_modules(
+    model: nn.Module,
+    *,
+    attention: bool = True,
+    lstm: bool = True,
+    gru: bool = True,
+    rnn: bool = True,
+    backend: str | None = None,
+) -> nn.Module:
     """Replace, in place, every torch.nn.MultiheadAttention (attention=True), nn.LSTM and
     nn.LSTMCell (lstm=True), nn.GRU and nn.GRUCell (gru=True), nn.RNN and nn.RNNCell (rnn=True)
     of `model` (exact classes, the model itself included) with the
@@ -51,8 +60,10 @@ def swap_modules(model: nn.Module, *, attention: bool = True, lstm: bool = True,
                 continue
             fast_cls = fast_cls_getter()
             if fast_cls is None:  # checked for every module before anything is swapped
-                raise RuntimeError(f"swap_modules: fastattn has no replacement for "
-                                   f"{torch_cls.__name__} ({name or '<model>'}) in this version")
+                raise RuntimeError(
+                    f"swap_modules: fastattn has no replacement for "
+                    f"{torch_cls.__name__} ({name or '<model>'}) in this version"
+                )
             plan.append((name, module, torch_cls, fast_cls))
     swapped = []
     for name, module, torch_cls, fast_cls in plan:
@@ -75,8 +86,11 @@ def _disable_nested_tensor_encoders(model: nn.Module) -> None:
     only its own fused layers understand: encoders holding swapped attention keep dense
     tensors (restore_modules puts the setting back)."""
     from .nn import MultiheadAttention
+
     for module in model.modules():
-        if isinstance(module, nn.TransformerEncoder) and getattr(module, "use_nested_tensor", False):
+        if isinstance(module, nn.TransformerEncoder) and getattr(
+            module, "use_nested_tensor", False
+        ):
             if any(isinstance(m, MultiheadAttention) for m in module.modules()):
                 setattr(module, _NESTED, module.use_nested_tensor)
                 module.use_nested_tensor = False
@@ -88,8 +102,11 @@ def restore_modules(model: nn.Module) -> nn.Module:
         original = getattr(module, _ORIGINAL, None)
         if original is not None:
             hooks = module._forward_pre_hooks
-            for key in [k for k, hook in hooks.items()
-                        if getattr(hook, "__module__", "").startswith("fastattn.")]:
+            for key in [
+                k
+                for k, hook in hooks.items()
+                if getattr(hook, "__module__", "").startswith("fastattn.")
+            ]:
                 del hooks[key]
             module.__class__ = original
             delattr(module, _ORIGINAL)

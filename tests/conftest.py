@@ -7,6 +7,7 @@
 - `backend_device` maps each backend to the device its tests use; CUDA-only cases skip with a
   reason per test, never at import.
 """
+
 import os
 
 import torch

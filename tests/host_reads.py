@@ -9,6 +9,7 @@ implementations, so this covers the Python layer of each op (argument checks, ba
 the ops it dispatches); the C++ checks are covered by the GPU tests (CUDA-graph capture and
 `torch.cuda.set_sync_debug_mode("error")`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -16,8 +17,8 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch
@@ -32,8 +33,12 @@ aten = torch.ops.aten
 ValueReadError = DataDependentOutputException
 
 # Ops whose result depends on tensor values on the host.
-_VALUE_READS = (aten._local_scalar_dense.default, aten.nonzero.default, aten.equal.default,
-                aten.is_nonzero.default)
+_VALUE_READS = (
+    aten._local_scalar_dense.default,
+    aten.nonzero.default,
+    aten.equal.default,
+    aten.is_nonzero.default,
+)
 
 
 def _device_type(x) -> str | None:
@@ -56,8 +61,11 @@ class HostReadRecorder(TorchDispatchMode):
             self.asserts += 1
         if func in _VALUE_READS and src != "cpu":
             self.reads.append(f"{func} on a {src} tensor")
-        elif func is aten._to_copy.default and src not in (None, "cpu") and \
-                torch.device(kwargs.get("device") or args[0].device).type == "cpu":
+        elif (
+            func is aten._to_copy.default
+            and src not in (None, "cpu")
+            and torch.device(kwargs.get("device") or args[0].device).type == "cpu"
+        ):
             self.reads.append(f"{func}: a {src} tensor copied to the CPU")
         elif func is aten.copy_.default and src == "cpu" and _device_type(args[1]) != "cpu":
             self.reads.append(f"{func}: a {_device_type(args[1])} tensor copied to the CPU")
@@ -73,8 +81,11 @@ def fake_cuda(backend: str | None = None) -> Iterator[HostReadRecorder]:
     launchers then ask the absent driver for the device's properties)."""
     if torch.version.cuda is None:
         pytest.skip("fake CUDA tensors need a CUDA build of torch (this one is CPU-only)")
-    if (backend == "triton" and not torch.cuda.is_available()
-            and os.environ.get("TRITON_INTERPRET") != "1"):
+    if (
+        backend == "triton"
+        and not torch.cuda.is_available()
+        and os.environ.get("TRITON_INTERPRET") != "1"
+    ):
         pytest.skip("triton needs a GPU or TRITON_INTERPRET=1 to run its launchers")
     saved = _backend._availability_cache
     status = dict(_backend.available_backends())
@@ -109,8 +120,11 @@ def force_device_checks(monkeypatch) -> None:
 
     # (fastattn.nn's modules check values through these op modules: learned_positions)
     for module in (positional, attention_with_kvcache, varlen_attention, lstm):
-        monkeypatch.setattr(module, "host_checks_enabled",
-                            lambda t=None: t is None and not torch.compiler.is_compiling())
+        monkeypatch.setattr(
+            module,
+            "host_checks_enabled",
+            lambda t=None: t is None and not torch.compiler.is_compiling(),
+        )
         monkeypatch.setattr(module, "device_checks_enabled", lambda t: True)
 
 
@@ -125,9 +139,14 @@ def run_failing_cuda_script(script: str) -> str:
     the CUDA context unusable, hence the separate process."""
     env = dict(os.environ)
     env.pop("FASTATTN_HOST_CHECKS", None)
-    run = subprocess.run([sys.executable, "-c", textwrap.dedent(script) + '\nprint("NO ERROR")\n'],
-                         cwd=Path(__file__).resolve().parent.parent, env=env,
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script) + '\nprint("NO ERROR")\n'],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     output = run.stdout + run.stderr
     assert run.returncode != 0 and "NO ERROR" not in output, output
     assert "device-side assert" in output or "Assertion" in output, output

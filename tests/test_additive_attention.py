@@ -9,17 +9,18 @@ dtype as the baseline: outputs, weights, and the gradients of every input and we
 profiler run proves that the cpu backend never allocates the (B, Lq, Lk, A) tensor the
 straightforward implementation (and the reference backend) builds.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
+from conftest import backend_device, requires_cuda
+from tolerance import assert_fa_close, assert_grad_close, rounding_floor
 from torch.profiler import ProfilerActivity, profile
 
 import fastattn
-from fastattn.nn import AdditiveAttention
 from fastattn._backend import missing_kernel
-from conftest import backend_device, requires_cuda
-from tolerance import assert_fa_close, assert_grad_close, rounding_floor
+from fastattn.nn import AdditiveAttention
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -32,8 +33,9 @@ GRAD_NAMES = ("query", "keys", "values", "w_query", "w_keys", "v", "bias")
 # The straightforward implementation (what users write today) and helpers
 
 
-def straightforward(query, keys, values=None, *, w_query, w_keys, v, bias=None,
-                    key_padding_mask=None):
+def straightforward(
+    query, keys, values=None, *, w_query, w_keys, v, bias=None, key_padding_mask=None
+):
     """Bahdanau attention as written in tutorials, in the inputs' dtype: (context, weights).
     Queries whose keys are all masked get zero weights and a zero context (the naive softmax
     would give NaN; fastattn's documented behaviour is zeros)."""
@@ -68,8 +70,8 @@ def make_inputs(shape: dict, dtype, device, seed=0):
         "query": randn((B, Dq) if Lq is None else (B, Lq, Dq), dtype, device, g),
         "keys": randn((B, Lk, Dk), dtype, device, g),
         "values": None if Dv is None else randn((B, Lk, Dv), dtype, device, g),
-        "w_query": randn((A, Dq), dtype, device, g) / Dq ** 0.5,
-        "w_keys": randn((A, Dk), dtype, device, g) / Dk ** 0.5,
+        "w_query": randn((A, Dq), dtype, device, g) / Dq**0.5,
+        "w_keys": randn((A, Dk), dtype, device, g) / Dk**0.5,
         "v": randn((A,), dtype, device, g),
         "bias": randn((A,), dtype, device, g) if shape.get("bias", True) else None,
     }
@@ -117,28 +119,48 @@ def float_floor(ref64: torch.Tensor, dtype: torch.dtype) -> float | None:
 
 
 def run_fastattn(inputs, mask, backend, grads=True, seed=1):
-    args = {n: (None if t is None else t.detach().clone().requires_grad_(grads))
-            for n, t in inputs.items()}
-    ctx, w = fastattn.additive_attention(args["query"], args["keys"], args["values"],
-                                         w_query=args["w_query"], w_keys=args["w_keys"],
-                                         v=args["v"], bias=args["bias"], key_padding_mask=mask,
-                                         return_weights=True, backend=backend)
+    args = {
+        n: (None if t is None else t.detach().clone().requires_grad_(grads))
+        for n, t in inputs.items()
+    }
+    ctx, w = fastattn.additive_attention(
+        args["query"],
+        args["keys"],
+        args["values"],
+        w_query=args["w_query"],
+        w_keys=args["w_keys"],
+        v=args["v"],
+        bias=args["bias"],
+        key_padding_mask=mask,
+        return_weights=True,
+        backend=backend,
+    )
     return ctx, w, args
 
 
 def run_straightforward(inputs, mask, dtype, grads=True):
-    args = {n: (None if t is None else t.detach().to(dtype).requires_grad_(grads))
-            for n, t in inputs.items()}
-    ctx, w = straightforward(args["query"], args["keys"], args["values"],
-                             w_query=args["w_query"], w_keys=args["w_keys"], v=args["v"],
-                             bias=args["bias"], key_padding_mask=mask)
+    args = {
+        n: (None if t is None else t.detach().to(dtype).requires_grad_(grads))
+        for n, t in inputs.items()
+    }
+    ctx, w = straightforward(
+        args["query"],
+        args["keys"],
+        args["values"],
+        w_query=args["w_query"],
+        w_keys=args["w_keys"],
+        v=args["v"],
+        bias=args["bias"],
+        key_padding_mask=mask,
+    )
     return ctx, w, args
 
 
 def backward(ctx, w, seed=1):
     g = torch.Generator().manual_seed(seed)
-    loss = (ctx * randn(ctx.shape, ctx.dtype, ctx.device, g)).sum() \
-        + (w * randn(w.shape, w.dtype, w.device, g)).sum()
+    loss = (ctx * randn(ctx.shape, ctx.dtype, ctx.device, g)).sum() + (
+        w * randn(w.shape, w.dtype, w.device, g)
+    ).sum()
     loss.backward()
 
 
@@ -163,8 +185,9 @@ def test_matches_straightforward(backend, dtype_name, case):
     assert w.shape == (*lead, Lk)
     assert w.dtype == (F64 if dtype == F64 else torch.float32)  # the compute type
     d = torch.Tensor.detach
-    assert_fa_close(f"context [{backend}]", d(ctx), d(ctx64), d(ctx_lp),
-                    floor=float_floor(ctx64, dtype))
+    assert_fa_close(
+        f"context [{backend}]", d(ctx), d(ctx64), d(ctx_lp), floor=float_floor(ctx64, dtype)
+    )
     assert_fa_close(f"weights [{backend}]", d(w), d(w64), d(w_lp), floor=float_floor(w64, w.dtype))
     for c, ww in ((ctx, w), (ctx64, w64), (ctx_lp, w_lp)):
         backward(c, ww)
@@ -174,8 +197,7 @@ def test_matches_straightforward(backend, dtype_name, case):
         g, g64, g_lp = args[name].grad, args64[name].grad, args_lp[name].grad
         assert g is not None, f"no gradient reached {name}"
         assert g.dtype == dtype and g.shape == args[name].shape
-        assert_grad_close(f"grad {name} [{backend}]", g, g64, g_lp,
-                          floor=float_floor(g64, dtype))
+        assert_grad_close(f"grad {name} [{backend}]", g, g64, g_lp, floor=float_floor(g64, dtype))
 
 
 @pytest.mark.parametrize("with_values", (False, True), ids=("values=keys", "values"))
@@ -206,21 +228,29 @@ def test_empty_row_zero_context_weights_and_finite_grads(backend, with_values):
 @pytest.mark.parametrize("case", ("values-mask-empty-row", "single-step", "no-bias"))
 def test_gradcheck(backend, case):
     device = skip_unavailable(backend, F64)
-    shape = {"values-mask-empty-row": dict(B=3, Lq=3, Lk=4, Dq=3, Dk=2, Dv=3, A=5,
-                                           mask="empty-row"),
-             "single-step": dict(B=2, Lq=None, Lk=5, Dq=3, Dk=3, Dv=None, A=4, mask="random"),
-             "no-bias": dict(B=2, Lq=2, Lk=3, Dq=2, Dk=3, Dv=2, A=6, bias=False)}[case]
+    shape = {
+        "values-mask-empty-row": dict(B=3, Lq=3, Lk=4, Dq=3, Dk=2, Dv=3, A=5, mask="empty-row"),
+        "single-step": dict(B=2, Lq=None, Lk=5, Dq=3, Dk=3, Dv=None, A=4, mask="random"),
+        "no-bias": dict(B=2, Lq=2, Lk=3, Dq=2, Dk=3, Dv=2, A=6, bias=False),
+    }[case]
     inputs, mask = make_inputs(shape, F64, device)
     names = [n for n in GRAD_NAMES if inputs[n] is not None]
     leaves = [inputs[n].requires_grad_() for n in names]
 
     def fn(*tensors):
         kw = dict(zip(names, tensors))
-        return fastattn.additive_attention(kw["query"], kw["keys"], kw.get("values"),
-                                           w_query=kw["w_query"], w_keys=kw["w_keys"],
-                                           v=kw["v"], bias=kw.get("bias"),
-                                           key_padding_mask=mask, return_weights=True,
-                                           backend=backend)
+        return fastattn.additive_attention(
+            kw["query"],
+            kw["keys"],
+            kw.get("values"),
+            w_query=kw["w_query"],
+            w_keys=kw["w_keys"],
+            v=kw["v"],
+            bias=kw.get("bias"),
+            key_padding_mask=mask,
+            return_weights=True,
+            backend=backend,
+        )
 
     assert torch.autograd.gradcheck(fn, leaves, eps=1e-6, atol=1e-8)
     assert fastattn.last_backend("additive_attention") == backend
@@ -244,9 +274,15 @@ def test_default_values_are_keys(backend):
     explicit = dict(inputs, values=inputs["keys"])
     ctx2, _, _ = run_fastattn(explicit, mask, backend, grads=False)
     torch.testing.assert_close(ctx, ctx2, rtol=0, atol=0)
-    only_ctx = fastattn.additive_attention(inputs["query"], inputs["keys"],
-                                           w_query=inputs["w_query"], w_keys=inputs["w_keys"],
-                                           v=inputs["v"], bias=inputs["bias"], backend=backend)
+    only_ctx = fastattn.additive_attention(
+        inputs["query"],
+        inputs["keys"],
+        w_query=inputs["w_query"],
+        w_keys=inputs["w_keys"],
+        v=inputs["v"],
+        bias=inputs["bias"],
+        backend=backend,
+    )
     assert isinstance(only_ctx, torch.Tensor)  # return_weights=False: the context alone
     torch.testing.assert_close(only_ctx, ctx, rtol=0, atol=0)
 
@@ -273,8 +309,12 @@ def test_module_parameters_and_forward():
     module = AdditiveAttention(12, 7, 20, value_dim=5)
     names = [n for n, _ in module.named_parameters()]
     assert sorted(names) == ["key_proj.bias", "key_proj.weight", "query_proj.weight", "v"]
-    assert set(module.state_dict()) == {"query_proj.weight", "key_proj.weight",
-                                        "key_proj.bias", "v"}
+    assert set(module.state_dict()) == {
+        "query_proj.weight",
+        "key_proj.weight",
+        "key_proj.bias",
+        "v",
+    }
     assert module.query_proj.weight.shape == (20, 12) and module.query_proj.bias is None
     assert module.key_proj.weight.shape == (20, 7) and module.v.shape == (20,)
     with torch.no_grad():  # random, nonzero everything
@@ -290,17 +330,24 @@ def test_module_parameters_and_forward():
     assert isinstance(out, torch.Tensor) and out.shape == (3, 4, 5)
     ctx, w = module(query, keys, values, key_padding_mask=mask, need_weights=True)
     assert fastattn.last_backend("additive_attention") == "cpu"
-    ref_ctx, ref_w = straightforward(query.double(), keys.double(), values.double(),
-                                     w_query=module.query_proj.weight.double(),
-                                     w_keys=module.key_proj.weight.double(),
-                                     v=module.v.double(), bias=module.key_proj.bias.double(),
-                                     key_padding_mask=mask)
+    ref_ctx, ref_w = straightforward(
+        query.double(),
+        keys.double(),
+        values.double(),
+        w_query=module.query_proj.weight.double(),
+        w_keys=module.key_proj.weight.double(),
+        v=module.v.double(),
+        bias=module.key_proj.bias.double(),
+        key_padding_mask=mask,
+    )
     torch.testing.assert_close(ctx, out, rtol=0, atol=0)
     torch.testing.assert_close(ctx.double(), ref_ctx, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(w.double(), ref_w, rtol=1e-5, atol=1e-5)
     (ctx.square().sum() + w.square().sum()).backward()
-    assert all(p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0
-               for p in module.parameters())
+    assert all(
+        p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0
+        for p in module.parameters()
+    )
     step = module(query[:, 0], keys)  # one decoder step, values = keys (key_dim features)
     assert step.shape == (3, 7)
     assert "attn_dim=20" in repr(module)
@@ -331,6 +378,7 @@ def test_module_reuses_the_key_projection_across_decoder_steps():
     """A decoder step after step with the same keys projects them once; the outputs and
     gradients are those of projecting at every step (float64)."""
     from fastattn.nn import additive_attention as module_file
+
     torch.manual_seed(0)
     module = AdditiveAttention(8, 6, 5).double()
     keys = torch.randn(3, 7, 6, dtype=F64, requires_grad=True)
@@ -350,8 +398,11 @@ def test_module_reuses_the_key_projection_across_decoder_steps():
     g = torch.Generator().manual_seed(1)
     h = torch.randn(3, 8, dtype=F64, generator=g)
     for t in range(4):
-        expected.append(module(h * (t + 1), keys, key_padding_mask=mask,
-                               projected_keys=module.project_keys(keys)))
+        expected.append(
+            module(
+                h * (t + 1), keys, key_padding_mask=mask, projected_keys=module.project_keys(keys)
+            )
+        )
     expected_grads = torch.autograd.grad(sum(c.square().sum() for c in expected), params)
     for got, want in zip(contexts + list(grads), expected + list(expected_grads)):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
@@ -379,10 +430,12 @@ def test_module_projects_anew_when_the_reused_projection_is_no_longer_valid():
         _decode(module, keys, mask, steps=1)
         _decode(module, keys.clone(), mask, steps=1)
         assert len(calls) == 4
-    reference = module(torch.ones(3, 8, dtype=F64), keys, key_padding_mask=mask,
-                       projected_keys=original(keys))
-    torch.testing.assert_close(module(torch.ones(3, 8, dtype=F64), keys, key_padding_mask=mask),
-                               reference, rtol=0, atol=0)
+    reference = module(
+        torch.ones(3, 8, dtype=F64), keys, key_padding_mask=mask, projected_keys=original(keys)
+    )
+    torch.testing.assert_close(
+        module(torch.ones(3, 8, dtype=F64), keys, key_padding_mask=mask), reference, rtol=0, atol=0
+    )
 
 
 def test_module_rejects_wrong_value_features():
@@ -401,8 +454,10 @@ def _opcheck_args(device, dtype=torch.float32):
     kp = randn((2, 6, 7), dtype, device, g).requires_grad_()
     v = randn((7,), dtype, device, g).requires_grad_()
     grad = randn((2, 5, 6), F64 if dtype == F64 else torch.float32, device, g)
-    return {"additive_scores": (qp, kp, v),
-            "additive_scores_backward": (grad, qp.detach(), kp.detach(), v.detach())}
+    return {
+        "additive_scores": (qp, kp, v),
+        "additive_scores_backward": (grad, qp.detach(), kp.detach(), v.detach()),
+    }
 
 
 @pytest.mark.parametrize("dtype_name", ("f32", "f64", "bf16"))
@@ -410,8 +465,9 @@ def _opcheck_args(device, dtype=torch.float32):
 @pytest.mark.parametrize("backend", ("cpu", "cuda"))
 def test_opcheck_native(backend, op, dtype_name):
     device = skip_unavailable(backend, torch.float32)
-    torch.library.opcheck(getattr(torch.ops.fastattn, op),
-                          _opcheck_args(device, DTYPES[dtype_name])[op])
+    torch.library.opcheck(
+        getattr(torch.ops.fastattn, op), _opcheck_args(device, DTYPES[dtype_name])[op]
+    )
 
 
 @pytest.mark.parametrize("op", ("additive_scores", "additive_scores_backward"))
@@ -475,8 +531,12 @@ def test_default_backend_on_cpu_is_cpu():
     run_fastattn(inputs, mask, None, grads=False)
     expected = "cpu" if not missing_kernel("additive_scores", "cpu") else "reference"
     assert fastattn.last_backend("additive_attention") == expected
-    run_fastattn({n: (t.double() if t is not None else None) for n, t in inputs.items()},
-                 mask, None, grads=False)
+    run_fastattn(
+        {n: (t.double() if t is not None else None) for n, t in inputs.items()},
+        mask,
+        None,
+        grads=False,
+    )
     assert fastattn.last_backend("additive_attention") == expected  # float64 too
 
 
@@ -501,6 +561,7 @@ def _bad(**changes):
         for name, fn in changes.items():
             kw[name] = fn(kw)
         return kw
+
     return make
 
 
@@ -515,10 +576,16 @@ BAD_INPUTS = {
     "v-2d": (_bad(v=lambda kw: kw["v"][None]), ValueError, "v"),
     "bias-shape": (_bad(bias=lambda kw: kw["bias"][:-1]), ValueError, "bias"),
     "dtype-mix": (_bad(keys=lambda kw: kw["keys"].double()), TypeError, "dtype"),
-    "mask-float": (_bad(key_padding_mask=lambda kw: torch.zeros(3, 19)), ValueError,
-                   "key_padding_mask"),
-    "mask-shape": (_bad(key_padding_mask=lambda kw: torch.zeros(3, 18, dtype=torch.bool)),
-                   ValueError, "key_padding_mask"),
+    "mask-float": (
+        _bad(key_padding_mask=lambda kw: torch.zeros(3, 19)),
+        ValueError,
+        "key_padding_mask",
+    ),
+    "mask-shape": (
+        _bad(key_padding_mask=lambda kw: torch.zeros(3, 18, dtype=torch.bool)),
+        ValueError,
+        "key_padding_mask",
+    ),
     "keys-device": (_bad(keys=lambda kw: kw["keys"].to("meta")), ValueError, "keys"),
 }
 
@@ -551,13 +618,19 @@ def largest_allocation(backend: str) -> tuple[int, int]:
     args = {n: (None if t is None else t.requires_grad_()) for n, t in inputs.items()}
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         ctx, w = fastattn.additive_attention(
-            args["query"], args["keys"], w_query=args["w_query"], w_keys=args["w_keys"],
-            v=args["v"], bias=args["bias"], key_padding_mask=mask, return_weights=True,
-            backend=backend)
+            args["query"],
+            args["keys"],
+            w_query=args["w_query"],
+            w_keys=args["w_keys"],
+            v=args["v"],
+            bias=args["bias"],
+            key_padding_mask=mask,
+            return_weights=True,
+            backend=backend,
+        )
         (ctx.sum() + w.sum()).backward()
     events = prof.events()
-    return (max(e.self_cpu_memory_usage for e in events),
-            max(e.cpu_memory_usage for e in events))
+    return (max(e.self_cpu_memory_usage for e in events), max(e.cpu_memory_usage for e in events))
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
@@ -568,8 +641,10 @@ def test_cpu_backend_never_allocates_the_4d_tensor():
     four_d = s["B"] * s["Lq"] * s["Lk"] * s["A"] * 4
     cpu_self, cpu_incl = largest_allocation("cpu")
     ref_self, ref_incl = largest_allocation("reference")
-    print(f"(B, Lq, Lk, A) float32: {four_d} bytes; largest allocation: cpu {cpu_self} "
-          f"(op with children {cpu_incl}), reference {ref_self} (op with children {ref_incl})")
+    print(
+        f"(B, Lq, Lk, A) float32: {four_d} bytes; largest allocation: cpu {cpu_self} "
+        f"(op with children {cpu_incl}), reference {ref_self} (op with children {ref_incl})"
+    )
     assert ref_self >= four_d  # the measurement sees the 4-D tensor when there is one
     assert cpu_self <= four_d // 16 and cpu_incl <= four_d // 16
 
@@ -587,13 +662,19 @@ def test_cuda_backend_never_allocates_the_4d_tensor():
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        ctx = fastattn.additive_attention(args["query"], args["keys"], w_query=args["w_query"],
-                                          w_keys=args["w_keys"], v=args["v"], bias=args["bias"],
-                                          key_padding_mask=mask, backend=backend)
+        ctx = fastattn.additive_attention(
+            args["query"],
+            args["keys"],
+            w_query=args["w_query"],
+            w_keys=args["w_keys"],
+            v=args["v"],
+            bias=args["bias"],
+            key_padding_mask=mask,
+            backend=backend,
+        )
         ctx.sum().backward()
         torch.cuda.synchronize()
         peaks[backend] = torch.cuda.max_memory_allocated() - base
     print(f"(B, Lq, Lk, A) float32: {four_d} bytes; peak: {peaks}")
     assert peaks["reference"] >= four_d
     assert peaks["cuda"] <= four_d // 16
-

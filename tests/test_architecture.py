@@ -8,6 +8,7 @@ their users need them (_backend: backend choice, for ops and nn; _native: the co
 extension; _debug: output poisoning, for kernels). Every import statement counts, also those
 inside functions, so a "lazy" upward import fails here too.
 """
+
 from __future__ import annotations
 
 import ast
@@ -23,9 +24,15 @@ ALLOWED = {
     "fastattn.contracts": {"fastattn.contracts"},
     "fastattn.reference": {"fastattn.reference", "fastattn.contracts"},
     "fastattn.triton": {"fastattn.triton", "fastattn.contracts", "fastattn._debug"},
-    "fastattn.ops": {"fastattn.ops", "fastattn.contracts", "fastattn.reference",
-                     "fastattn.triton", "fastattn._backend", "fastattn._native",
-                     "fastattn._debug"},
+    "fastattn.ops": {
+        "fastattn.ops",
+        "fastattn.contracts",
+        "fastattn.reference",
+        "fastattn.triton",
+        "fastattn._backend",
+        "fastattn._native",
+        "fastattn._debug",
+    },
     "fastattn.nn": {"fastattn.nn", "fastattn.ops", "fastattn.distributed", "fastattn._backend"},
     # context parallelism: modules-level code built on the ops and torch.distributed
     "fastattn.distributed": {"fastattn.distributed", "fastattn.ops", "fastattn._backend"},
@@ -60,16 +67,21 @@ def _imports_in(source: str, package: str) -> list[tuple[int, str, list[str]]]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
-                base = base[:len(base) - (node.level - 1)]
+                base = base[: len(base) - (node.level - 1)]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
             if target.split(".")[0] != "fastattn":
                 continue
             names = [alias.name for alias in node.names]
-            if node.module is None or target in ("fastattn", "fastattn.ops", "fastattn.triton",
-                                                 "fastattn.reference", "fastattn.contracts",
-                                                 "fastattn.nn"):
+            if node.module is None or target in (
+                "fastattn",
+                "fastattn.ops",
+                "fastattn.triton",
+                "fastattn.reference",
+                "fastattn.contracts",
+                "fastattn.nn",
+            ):
                 # `from . import x` / `from fastattn import x`: x may itself be a module
                 for alias in names:
                     found.append((node.lineno, f"{target}.{alias}", [alias]))
@@ -92,7 +104,8 @@ def _allowed(layer: str, target: str) -> bool:
         # `from . import name` inside a package that holds `name` as an attribute, not a module
         target.rsplit(".", 1)[0] in ALLOWED[layer]
         and not (PACKAGE.parent / target.replace(".", "/")).with_suffix(".py").exists()
-        and not (PACKAGE.parent / target.replace(".", "/")).is_dir())
+        and not (PACKAGE.parent / target.replace(".", "/")).is_dir()
+    )
 
 
 SOURCES = sorted(PACKAGE.rglob("*.py"))
@@ -104,10 +117,15 @@ def test_imports_follow_the_layers(path):
     layer = _layer(module)
     if layer is None:
         pytest.skip(f"{module} is at the top: it may import every layer")
-    wrong = [f"line {line}: {target}" for line, target, _ in _imports(path)
-             if not _allowed(layer, target)]
-    assert not wrong, (f"{module} ({layer} layer) may import only "
-                       f"{sorted(ALLOWED[layer])}, but imports:\n" + "\n".join(wrong))
+    wrong = [
+        f"line {line}: {target}"
+        for line, target, _ in _imports(path)
+        if not _allowed(layer, target)
+    ]
+    assert not wrong, (
+        f"{module} ({layer} layer) may import only "
+        f"{sorted(ALLOWED[layer])}, but imports:\n" + "\n".join(wrong)
+    )
 
 
 def test_modules_use_public_ops_only():
@@ -123,13 +141,17 @@ def test_modules_use_public_ops_only():
     assert not wrong, "fastattn/nn must use public ops only:\n" + "\n".join(wrong)
 
 
-@pytest.mark.parametrize("source", [
-    "from ..ops.attention import attention\n",
-    "import fastattn.ops.lstm\n",
-    "def launch():\n    from ..nn import LSTM\n",
-    "from .. import ops\n",
-    "from ..reference.attention import scores\n",
-], ids=["relative", "absolute", "inside-a-function", "package", "sibling-backend"])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from ..ops.attention import attention\n",
+        "import fastattn.ops.lstm\n",
+        "def launch():\n    from ..nn import LSTM\n",
+        "from .. import ops\n",
+        "from ..reference.attention import scores\n",
+    ],
+    ids=["relative", "absolute", "inside-a-function", "package", "sibling-backend"],
+)
 def test_the_rule_catches_an_upward_import(source):
     """The checker itself: a Triton kernel module importing the op layer (or the modules, or
     the reference backend), relatively or absolutely, at the top or inside a function."""
@@ -138,7 +160,9 @@ def test_the_rule_catches_an_upward_import(source):
 
 
 def test_the_rule_accepts_the_contract_and_shared_helpers():
-    source = ("from ..contracts.attention import output_like\n"
-              "from . import finish, on_device\nfrom ._common import exp\n")
+    source = (
+        "from ..contracts.attention import output_like\n"
+        "from . import finish, on_device\nfrom ._common import exp\n"
+    )
     targets = [t for _, t, _ in _imports_in(source, "fastattn.triton")]
     assert all(_allowed("fastattn.triton", t) for t in targets), targets

@@ -9,6 +9,7 @@ The Triton backend runs under Triton's CPU interpreter here (slow), so the quick
 representative subset of the issue's grid; the full cross-product (head dims x lengths x
 features x dtypes) is marked slow and runs with FASTATTN_SLOW=1.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,21 +19,52 @@ import types
 
 import pytest
 import torch
+from conftest import backend_device
+from tolerance import (
+    F32_ULP,
+    assert_fa_close,
+    assert_grad_close,
+    assert_lse_close,
+    float32_floor,
+    rounding_floor,
+)
 
 import fastattn
-from fastattn.ops._common import dropout_seed
 from fastattn._backend import missing_kernel
+from fastattn.ops._common import dropout_seed
 from fastattn.reference.random import dropout_keep_mask
-from tolerance import (F32_ULP, assert_fa_close, assert_grad_close, assert_lse_close,
-                       float32_floor, rounding_floor)
-
-from conftest import backend_device
 
 HEAD_DIMS = (32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256)
-LENGTHS = ((1, 1), (1, 128), (128, 1), (113, 203), (128, 217), (113, 211), (108, 256),
-           (256, 512), (512, 256), (1023, 1024), (1024, 1023))
-FEATURES = ("plain", "causal", "causal_br", "bool_mask", "float_mask", "padding", "gqa", "mqa",
-            "dv", "alibi", "window", "softcap", "dropout", "scale", "everything")
+LENGTHS = (
+    (1, 1),
+    (1, 128),
+    (128, 1),
+    (113, 203),
+    (128, 217),
+    (113, 211),
+    (108, 256),
+    (256, 512),
+    (512, 256),
+    (1023, 1024),
+    (1024, 1023),
+)
+FEATURES = (
+    "plain",
+    "causal",
+    "causal_br",
+    "bool_mask",
+    "float_mask",
+    "padding",
+    "gqa",
+    "mqa",
+    "dv",
+    "alibi",
+    "window",
+    "softcap",
+    "dropout",
+    "scale",
+    "everything",
+)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _DT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
@@ -54,8 +86,9 @@ def require_slow() -> None:
     pytest.skip("slow: set FASTATTN_SLOW=1 to run it")
 
 
-def make_case(feature: str, D: int, Lq: int, Lk: int, dtype: torch.dtype,
-              device: torch.device, seed: int = 0):
+def make_case(
+    feature: str, D: int, Lq: int, Lk: int, dtype: torch.dtype, device: torch.device, seed: int = 0
+):
     """Random q, k, v (leaves in `dtype` on `device`) and attention keywords for `feature`."""
     g = torch.Generator().manual_seed(seed * 7919 + D * 31 + Lq * 17 + Lk)
     big = Lq * Lk >= 1 << 17 or feature == "everything"  # keep the interpreter's work small
@@ -95,8 +128,10 @@ def make_case(feature: str, D: int, Lq: int, Lk: int, dtype: torch.dtype,
     k = torch.randn(B, Hkv, Lk, D, generator=g)
     v = torch.randn(B, Hkv, Lk, Dv, generator=g)
     q, k, v = (t.to(dtype=dtype, device=device) for t in (q, k, v))
-    kw = {name: value.to(device) if isinstance(value, torch.Tensor) else value
-          for name, value in kw.items()}
+    kw = {
+        name: value.to(device) if isinstance(value, torch.Tensor) else value
+        for name, value in kw.items()
+    }
     return q, k, v, kw
 
 
@@ -163,9 +198,16 @@ def check_against_reference(backend, q, k, v, kw, grads=True, lse_grad=True):
         if lse_grad:
             grad_lse = (0.5 * torch.randn(B, Hq, Lq, generator=g)).to(q.device)
     got = run_attention(backend, q, k, v, kw, grad_out, grad_lse)
-    ref64 = run_attention("reference", q, k, v, kw,
-                          None if grad_out is None else grad_out.double(),
-                          None if grad_lse is None else grad_lse.double(), cast=torch.float64)
+    ref64 = run_attention(
+        "reference",
+        q,
+        k,
+        v,
+        kw,
+        None if grad_out is None else grad_out.double(),
+        None if grad_lse is None else grad_lse.double(),
+        cast=torch.float64,
+    )
     low = run_attention("reference", q, k, v, kw, grad_out, grad_lse)
     out, lse = got[0], got[1]
     assert out.dtype == q.dtype and out.shape == (B, Hq, Lq, Dv)
@@ -178,8 +220,11 @@ def check_against_reference(backend, q, k, v, kw, grads=True, lse_grad=True):
         ones = torch.ones(B, Hq, Lq, Dv, dtype=torch.float64, device=q.device)
         col_sums = run_attention("reference", q, k, v, kw, ones, cast=torch.float64)[4]
         dq_floor, dk_floor = cancellation_floors(q, k, v, kw, grad_out, col_sums)
-        for name, i, x, extra in (("dq", 2, q, dq_floor), ("dk", 3, k, dk_floor),
-                                  ("dv", 4, v, 0.0)):
+        for name, i, x, extra in (
+            ("dq", 2, q, dq_floor),
+            ("dk", 3, k, dk_floor),
+            ("dv", 4, v, 0.0),
+        ):
             assert got[i].shape == x.shape and got[i].dtype == x.dtype, name
             floor = float32_floor(ref64[i], x.dtype, extra)
             if floor is None:  # 16-bit: the rule's rounding floor plus the delta residue
@@ -190,6 +235,7 @@ def check_against_reference(backend, q, k, v, kw, grads=True, lse_grad=True):
 # ---------------------------------------------------------------------------------------------
 # Accuracy against the reference: a quick representative subset, and the full grid (slow)
 
+
 def _quick_cases():
     """Every feature in every dtype (45 cases), head dims and lengths spread over the issue's
     grid so that each appears about four times, plus a few hand-picked cases."""
@@ -197,8 +243,14 @@ def _quick_cases():
     for f, feature in enumerate(FEATURES):
         for t, dtype in enumerate(DTYPES):
             n = 3 * f + t
-            cases.append((feature, HEAD_DIMS[(5 * n) % len(HEAD_DIMS)],
-                          LENGTHS[(7 * n + f) % len(LENGTHS)], dtype))
+            cases.append(
+                (
+                    feature,
+                    HEAD_DIMS[(5 * n) % len(HEAD_DIMS)],
+                    LENGTHS[(7 * n + f) % len(LENGTHS)],
+                    dtype,
+                )
+            )
     cases += [
         ("causal", 64, (1023, 1024), torch.float16),
         ("causal_br", 80, (1024, 1023), torch.float32),
@@ -212,8 +264,11 @@ def _quick_cases():
 QUICK_CASES = _quick_cases()
 
 
-@pytest.mark.parametrize("feature,D,lengths,dtype", QUICK_CASES,
-                         ids=[f"{f}-D{d}-{lq}x{lk}-{_DT[t]}" for f, d, (lq, lk), t in QUICK_CASES])
+@pytest.mark.parametrize(
+    "feature,D,lengths,dtype",
+    QUICK_CASES,
+    ids=[f"{f}-D{d}-{lq}x{lk}-{_DT[t]}" for f, d, (lq, lk), t in QUICK_CASES],
+)
 def test_attention_matches_reference(backend, feature, D, lengths, dtype):
     device = attention_device(backend)
     q, k, v, kw = make_case(feature, D, *lengths, dtype, device)
@@ -264,18 +319,22 @@ def test_causal_worked_example(backend, dtype):
     q_i . k_j is the j-th score of row i; with v = identity the output rows are the
     probabilities."""
     device = attention_device(backend)
-    scores = torch.tensor([[0.7, 0.0, 0.0, 0.0],
-                           [0.1, 0.6, 0.0, 0.0],
-                           [0.1, 0.3, 0.6, 0.0],
-                           [0.1, 0.3, 0.3, 0.3]])
-    expected = torch.tensor([[1.0, 0.0, 0.0, 0.0],
-                             [0.3775, 0.6225, 0.0, 0.0],
-                             [0.2584, 0.3156, 0.4260, 0.0],
-                             [0.2144, 0.2619, 0.2619, 0.2619]])
+    scores = torch.tensor(
+        [[0.7, 0.0, 0.0, 0.0], [0.1, 0.6, 0.0, 0.0], [0.1, 0.3, 0.6, 0.0], [0.1, 0.3, 0.3, 0.3]]
+    )
+    expected = torch.tensor(
+        [
+            [1.0, 0.0, 0.0, 0.0],
+            [0.3775, 0.6225, 0.0, 0.0],
+            [0.2584, 0.3156, 0.4260, 0.0],
+            [0.2144, 0.2619, 0.2619, 0.2619],
+        ]
+    )
     q = scores.view(1, 1, 4, 4).to(dtype=dtype, device=device)
     eye = torch.eye(4).view(1, 1, 4, 4).to(dtype=dtype, device=device)
-    out, lse = fastattn.attention(q, eye, eye, causal=True, scale=1.0, return_lse=True,
-                                  backend=backend)
+    out, lse = fastattn.attention(
+        q, eye, eye, causal=True, scale=1.0, return_lse=True, backend=backend
+    )
     assert fastattn.last_backend("attention") == backend
     atol = 1e-4 if dtype == torch.float32 else 5e-3
     torch.testing.assert_close(out.float().cpu().view(4, 4), expected, atol=atol, rtol=0)
@@ -283,10 +342,10 @@ def test_causal_worked_example(backend, dtype):
     hidden = torch.ones(4, 4).triu(1).bool()
     rounded = q.float().cpu().view(4, 4).masked_fill(hidden, float("-inf"))
     exact = torch.softmax(rounded, -1).to(dtype).float()
-    torch.testing.assert_close(out.float().cpu().view(4, 4), exact,
-                               atol=1e-6 if dtype == torch.float32 else 4e-3, rtol=0)
-    torch.testing.assert_close(lse.cpu().view(4), torch.logsumexp(rounded, -1), atol=1e-6,
-                               rtol=0)
+    torch.testing.assert_close(
+        out.float().cpu().view(4, 4), exact, atol=1e-6 if dtype == torch.float32 else 4e-3, rtol=0
+    )
+    torch.testing.assert_close(lse.cpu().view(4), torch.logsumexp(rounded, -1), atol=1e-6, rtol=0)
 
 
 def test_fully_masked_rows(backend):
@@ -299,15 +358,20 @@ def test_fully_masked_rows(backend):
     k = torch.randn(B, H, Lk, D, generator=g).to(device)
     v = torch.randn(B, H, Lk, D, generator=g).to(device)
     mask = torch.rand(B, H, Lq, Lk, generator=g) > 0.2
-    mask[:, :, 3] = False          # row 3: every key masked
-    mask[0, 1, 40:60] = False      # a block of rows in one head
+    mask[:, :, 3] = False  # row 3: every key masked
+    mask[0, 1, 40:60] = False  # a block of rows in one head
     padding = torch.zeros(B, Lk, dtype=torch.bool)
-    padding[1] = True              # batch 1: every key is padding
+    padding[1] = True  # batch 1: every key is padding
     kw = dict(attn_mask=mask.to(device), key_padding_mask=padding.to(device))
     check_against_reference(backend, q, k, v, kw)
     # The same with a window that hides every key of the first rows (bottom-right, Lq > Lk).
-    check_against_reference(backend, q[..., :45, :], k[..., :30, :], v[..., :30, :],
-                            dict(causal="bottom_right", window=(5, 0)))
+    check_against_reference(
+        backend,
+        q[..., :45, :],
+        k[..., :30, :],
+        v[..., :30, :],
+        dict(causal="bottom_right", window=(5, 0)),
+    )
 
     empty = ~mask.any(-1) | padding.all(-1).view(B, 1, 1)
     grad_out = torch.randn(B, H, Lq, D, generator=g).to(device)
@@ -322,8 +386,9 @@ def test_fully_masked_rows(backend):
     assert torch.all(dk[1] == 0) and torch.all(dv[1] == 0), "padded keys get no gradient"
 
 
-@pytest.mark.parametrize("B,Lq,Lk", [(2, 5, 0), (2, 0, 7), (0, 3, 4)],
-                         ids=["no-keys", "no-queries", "no-batch"])
+@pytest.mark.parametrize(
+    "B,Lq,Lk", [(2, 5, 0), (2, 0, 7), (0, 3, 4)], ids=["no-keys", "no-queries", "no-batch"]
+)
 def test_empty_shapes(backend, B, Lq, Lk):
     """Zero keys: every row sees nothing (out 0, lse -inf); zero queries or batch: empty
     results; gradients have the inputs' shapes."""
@@ -359,8 +424,7 @@ def test_gqa_matches_repeated_heads(backend):
     torch.testing.assert_close(lse, lse_r, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(dq, dq_r, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(dk, dk_r.view(B, Hkv, group, Lk, D).sum(2), rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(dv, dv_r.view(B, Hkv, group, Lk, D + 8).sum(2), rtol=1e-4,
-                               atol=1e-5)
+    torch.testing.assert_close(dv, dv_r.view(B, Hkv, group, Lk, D + 8).sum(2), rtol=1e-4, atol=1e-5)
 
 
 def test_strided_inputs(backend):
@@ -381,8 +445,9 @@ def test_strided_inputs(backend):
     out = fastattn.attention(*leaves, backend=backend, **kw)
     if backend != "reference":  # the definition computes with matmuls; only kernels promise it
         assert out.transpose(1, 2).is_contiguous(), "out must follow q's (B, L, H, D) layout"
-    contiguous = run_attention(backend, q.contiguous(), k.contiguous(), v.contiguous(), kw,
-                               grad_out.contiguous())
+    contiguous = run_attention(
+        backend, q.contiguous(), k.contiguous(), v.contiguous(), kw, grad_out.contiguous()
+    )
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), strided, contiguous):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
     check_against_reference(backend, q, k, v, kw)
@@ -473,9 +538,14 @@ def test_merge_attention_of_key_chunks(backend, all_masked_chunk):
 
     outs, lses = [], []
     for lo, hi in bounds:
-        o, l = fastattn.attention(q, k[:, :, lo:hi], v[:, :, lo:hi],
-                                  key_padding_mask=padding[:, lo:hi].contiguous(),
-                                  return_lse=True, backend=backend)
+        o, l = fastattn.attention(
+            q,
+            k[:, :, lo:hi],
+            v[:, :, lo:hi],
+            key_padding_mask=padding[:, lo:hi].contiguous(),
+            return_lse=True,
+            backend=backend,
+        )
         assert fastattn.last_backend("attention") == backend
         outs.append(o)
         lses.append(l)
@@ -484,8 +554,9 @@ def test_merge_attention_of_key_chunks(backend, all_masked_chunk):
     out, lse = fastattn.merge_attention(outs, lses)
     merged = torch.autograd.grad((out, lse), (q, k, v), (grad_out, grad_lse))
 
-    full_out, full_lse = fastattn.attention(q, k, v, key_padding_mask=padding,
-                                            return_lse=True, backend=backend)
+    full_out, full_lse = fastattn.attention(
+        q, k, v, key_padding_mask=padding, return_lse=True, backend=backend
+    )
     full = torch.autograd.grad((full_out, full_lse), (q, k, v), (grad_out, grad_lse))
     torch.testing.assert_close(out, full_out, rtol=1e-5, atol=2e-6)
     torch.testing.assert_close(lse, full_lse, rtol=1e-5, atol=2e-6)
@@ -507,8 +578,7 @@ def _op_args(device, dtype=torch.float32, dropout=False):
     padding = (torch.rand(1, 33, generator=g) > 0.8).to(device)
     alibi = torch.rand(1, 2, generator=g).to(device)
     seed = torch.tensor([123, 4], dtype=torch.int64, device=device) if dropout else None
-    return [q, k, v, mask, padding, alibi, 0.2, 0.0, -(1 << 30), 14, 0.25 if dropout else 0.0,
-            seed]
+    return [q, k, v, mask, padding, alibi, 0.2, 0.0, -(1 << 30), 14, 0.25 if dropout else 0.0, seed]
 
 
 @pytest.mark.parametrize("dropout", [False, True], ids=["plain", "dropout"])
@@ -526,8 +596,10 @@ def test_opcheck_triton_backward():
     out, lse = torch.ops.fastattn.attention_forward_triton(*args)
     grad_out = torch.randn_like(out)
     grad_lse = torch.randn_like(lse)
-    torch.library.opcheck(torch.ops.fastattn.attention_backward_triton.default,
-                          [grad_out, grad_lse, *args[:3], out, lse, *args[3:], True])
+    torch.library.opcheck(
+        torch.ops.fastattn.attention_backward_triton.default,
+        [grad_out, grad_lse, *args[:3], out, lse, *args[3:], True],
+    )
 
 
 def test_compile_fullgraph(backend):
@@ -565,26 +637,29 @@ def _bad_inputs():
     return q, k, v
 
 
-@pytest.mark.parametrize("case,error,match", [
-    ("batch", ValueError, "same batch size"),
-    ("kv_heads", ValueError, "k and v must have the same number of heads"),
-    ("group", ValueError, r"q's heads \(4\) must be a multiple of k/v's heads \(3\)"),
-    ("head_dim", ValueError, "q and k must have the same head dim"),
-    ("head_dim_256", ValueError, r"head dim of q/k must be in \[1, 256\], got 320"),
-    ("v_head_dim_256", ValueError, r"head dim of v must be in \[1, 256\], got 300"),
-    ("mask_shape", ValueError, "attn_mask must broadcast to"),
-    ("mask_dtype", TypeError, "attn_mask must be bool .* got torch.int64"),
-    ("padding_shape", ValueError, r"key_padding_mask must be \(B, Lk\) = \(2, 10\)"),
-    ("padding_dtype", TypeError, "key_padding_mask must be bool"),
-    ("alibi_shape", ValueError, "alibi_slopes must be"),
-    ("int_q", TypeError, "q must be float32, float16, bfloat16 or float64"),
-    ("mixed_dtype", TypeError, "q, k and v must have the same dtype"),
-    ("device", ValueError, "k must be on the same device as q"),
-    ("window_len", ValueError, "window must be None or"),
-    ("window_neg", ValueError, "window must be None or"),
-    ("causal", ValueError, "causal must be False, True, 'top_left' or 'bottom_right'"),
-    ("dropout", ValueError, r"dropout_p must be a float in \[0, 1\), got 1.0"),
-])
+@pytest.mark.parametrize(
+    "case,error,match",
+    [
+        ("batch", ValueError, "same batch size"),
+        ("kv_heads", ValueError, "k and v must have the same number of heads"),
+        ("group", ValueError, r"q's heads \(4\) must be a multiple of k/v's heads \(3\)"),
+        ("head_dim", ValueError, "q and k must have the same head dim"),
+        ("head_dim_256", ValueError, r"head dim of q/k must be in \[1, 256\], got 320"),
+        ("v_head_dim_256", ValueError, r"head dim of v must be in \[1, 256\], got 300"),
+        ("mask_shape", ValueError, "attn_mask must broadcast to"),
+        ("mask_dtype", TypeError, "attn_mask must be bool .* got torch.int64"),
+        ("padding_shape", ValueError, r"key_padding_mask must be \(B, Lk\) = \(2, 10\)"),
+        ("padding_dtype", TypeError, "key_padding_mask must be bool"),
+        ("alibi_shape", ValueError, "alibi_slopes must be"),
+        ("int_q", TypeError, "q must be float32, float16, bfloat16 or float64"),
+        ("mixed_dtype", TypeError, "q, k and v must have the same dtype"),
+        ("device", ValueError, "k must be on the same device as q"),
+        ("window_len", ValueError, "window must be None or"),
+        ("window_neg", ValueError, "window must be None or"),
+        ("causal", ValueError, "causal must be False, True, 'top_left' or 'bottom_right'"),
+        ("dropout", ValueError, r"dropout_p must be a float in \[0, 1\), got 1.0"),
+    ],
+)
 def test_bad_inputs_name_the_argument(case, error, match):
     q, k, v = _bad_inputs()
     kw = {}
@@ -635,7 +710,7 @@ def test_any_strides_are_copied_not_refused(backend):
     device = backend_device(backend)
     g = torch.Generator().manual_seed(0)
     q = torch.randn(2, 4, 16, 8, generator=g).transpose(-1, -2).to(device)  # (2, 4, 8, 16)
-    k = torch.randn(2, 2, 9, 32, generator=g)[..., ::2].to(device)          # (2, 2, 9, 16)
+    k = torch.randn(2, 2, 9, 32, generator=g)[..., ::2].to(device)  # (2, 2, 9, 16)
     v = torch.randn(2, 2, 9, 12, generator=g).to(device)
     for t in (q, k, v):
         t.requires_grad_()
@@ -664,8 +739,10 @@ def largest_allocation(fn) -> int:
     """Bytes of the largest tensor allocation (torch's CPU allocator, as seen by the profiler's
     memory events) made while fn() runs, transient allocations inside kernels included."""
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True,
-                 record_shapes=True) as prof:
+
+    with profile(
+        activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True
+    ) as prof:
         fn()
     sizes = [e.nbytes() for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     assert sizes, "the profiler recorded no allocation: it cannot check anything"
@@ -680,6 +757,7 @@ def _forward_backward(backend, L, D=64):
         out = fastattn.attention(q, k, v, backend=backend)
         assert fastattn.last_backend("attention") == backend
         out.backward(torch.ones_like(out))
+
     return fn
 
 
@@ -704,24 +782,24 @@ def test_rows_hidden_by_a_float_mask_of_minus_inf_have_finite_gradients(backend)
     (the reference's logsumexp used to give dq = NaN there), equal across backends."""
     device = backend_device(backend)
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 2, 5, 8, generator=g).to(device).requires_grad_()
-               for _ in range(3))
+    q, k, v = (torch.randn(2, 2, 5, 8, generator=g).to(device).requires_grad_() for _ in range(3))
     mask = torch.zeros(2, 1, 5, 5)
     mask[:, :, 2] = float("-inf")
     mask[1, :, 4, 1:] = float("-inf")
     mask = mask.to(device)
     out, lse = fastattn.attention(q, k, v, attn_mask=mask, return_lse=True, backend=backend)
     assert torch.isneginf(lse[:, :, 2]).all() and (out[:, :, 2] == 0).all()
-    grads = torch.autograd.grad(out.square().sum() + lse.masked_fill(lse.isinf(), 0).sum(),
-                                (q, k, v))
+    grads = torch.autograd.grad(
+        out.square().sum() + lse.masked_fill(lse.isinf(), 0).sum(), (q, k, v)
+    )
     for grad in grads:
         assert torch.isfinite(grad).all()
     if backend != "reference":
-        want_out = fastattn.attention(q, k, v, attn_mask=mask, return_lse=True,
-                                      backend="reference")
-        want = torch.autograd.grad(want_out[0].square().sum()
-                                   + want_out[1].masked_fill(want_out[1].isinf(), 0).sum(),
-                                   (q, k, v))
+        want_out = fastattn.attention(q, k, v, attn_mask=mask, return_lse=True, backend="reference")
+        want = torch.autograd.grad(
+            want_out[0].square().sum() + want_out[1].masked_fill(want_out[1].isinf(), 0).sum(),
+            (q, k, v),
+        )
         for got, exp in zip(grads, want):
             torch.testing.assert_close(got, exp, atol=1e-5, rtol=1e-4)
 
@@ -749,8 +827,11 @@ def test_key_length_beyond_int32_is_refused(backend):
     attention_device(backend)
     q, k, v = _huge_key_inputs()
     start = time.monotonic()
-    with pytest.raises(ValueError, match=r"k's length \(Lk\) must be < 2\*\*30 = 1073741824.*"
-                                         r"got 2147483653"):
+    with pytest.raises(
+        ValueError,
+        match=r"k's length \(Lk\) must be < 2\*\*30 = 1073741824.*"
+        r"got 2147483653",
+    ):
         fastattn.attention(q, k, v, backend=backend)
     assert time.monotonic() - start < 5.0, "the refusal came after the kernel ran"
 
@@ -761,10 +842,14 @@ def test_native_op_refuses_key_length_beyond_int32():
     attention_device("cpu")
     q, k, v = _huge_key_inputs()
     start = time.monotonic()
-    with pytest.raises(RuntimeError, match=r"attention_forward: k's length \(Lk\) must be < "
-                                           r"2\^30 = 1073741824.*got 2147483653"):
-        torch.ops.fastattn.attention_forward(q, k, v, None, None, None, 1.0, 0.0, -2**30, 2**30,
-                                             0.0, None)
+    with pytest.raises(
+        RuntimeError,
+        match=r"attention_forward: k's length \(Lk\) must be < "
+        r"2\^30 = 1073741824.*got 2147483653",
+    ):
+        torch.ops.fastattn.attention_forward(
+            q, k, v, None, None, None, 1.0, 0.0, -(2**30), 2**30, 0.0, None
+        )
     assert time.monotonic() - start < 5.0, "the refusal came after the kernel ran"
 
 
@@ -775,14 +860,16 @@ def test_triton_op_refuses_query_length_beyond_int32():
     q = torch.randn(1, 1, 1, 8).expand(1, 1, 2**30, 8)
     k = v = torch.randn(1, 1, 4, 8)
     with pytest.raises(ValueError, match=r"q's length \(Lq\) must be < 2\*\*30"):
-        torch.ops.fastattn.attention_forward_triton(q, k, v, None, None, None, 1.0, 0.0,
-                                                    -2**30, 2**30, 0.0, None)
+        torch.ops.fastattn.attention_forward_triton(
+            q, k, v, None, None, None, 1.0, 0.0, -(2**30), 2**30, 0.0, None
+        )
 
 
 def test_sequence_length_limit_is_2_pow_30():
     """The limit is the band encoding's: 2**30 - 1 passes the check, 2**30 does not (not run:
     a kernel over 2**30 keys takes seconds)."""
     from fastattn.contracts.attention import MAX_SEQLEN, WINDOW_UNBOUNDED, check_seqlen
+
     assert MAX_SEQLEN == WINDOW_UNBOUNDED - 1 == 2**30 - 1
     check_seqlen("attention", "k's length (Lk)", 2**30 - 1)
     with pytest.raises(ValueError, match=r"attention: k's length \(Lk\) must be < 2\*\*30"):
@@ -800,6 +887,7 @@ def _triton_attention_module():
     pytest.importorskip("triton")
     import fastattn.triton as fa_triton
     import fastattn.triton.attention_tuning as tri
+
     return fa_triton, tri
 
 
@@ -821,8 +909,9 @@ def test_triton_pruning_fits_the_device_shared_memory(monkeypatch, device_kind):
                 assert kept, f"{kernel} {dtype} head {head}: no config left"
                 for c in kept:
                     m, n = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
-                    need = tri.tile_shared_bytes(kernel, m, n, c.num_stages, head, head,
-                                                 dtype.itemsize)
+                    need = tri.tile_shared_bytes(
+                        kernel, m, n, c.num_stages, head, head, dtype.itemsize
+                    )
                     assert need <= budget, f"{kernel} {dtype} head {head}: {c} needs {need} B"
 
 
@@ -853,7 +942,8 @@ def test_triton_shared_memory_comes_from_the_device(monkeypatch):
         assert fa_triton.device_shared_memory(torch.device("cuda", 1)) == 101377
         assert fa_triton.device_shared_memory(torch.device("cuda", 1)) == 101377
         assert fa_triton.tile_budget(torch.device("cuda", 0)) == (
-            101376 - fa_triton.SHARED_MEMORY_MARGIN)
+            101376 - fa_triton.SHARED_MEMORY_MARGIN
+        )
         assert calls == [1, 0]
     finally:
         fa_triton._shared_memory_of.cache_clear()

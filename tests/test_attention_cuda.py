@@ -11,21 +11,21 @@ Correct means FlashAttention's rule against the float64 reference (tests/toleran
 most 2x (outputs, lse) or 3x (gradients) the error of the reference run in the input's dtype,
 plus a rounding floor. Every test skips with a reason when the cuda backend cannot run.
 """
+
 from __future__ import annotations
 
 import math
 
 import pytest
 import torch
+from conftest import backend_device
+from tolerance import assert_fa_close, assert_grad_close, rounding_floor
 
 import fastattn
 from fastattn._backend import missing_kernel
 from fastattn.reference.random import dropout_keep_mask
-from tolerance import assert_fa_close, assert_grad_close, rounding_floor
 
-from conftest import backend_device
-
-F32_ULP = 2.0 ** -23
+F32_ULP = 2.0**-23
 UNBOUNDED = 1 << 30
 
 
@@ -74,8 +74,10 @@ def _cancellation_floors(q, k, v, grad_out, scale, dropout_p):
     vv = v.double().cpu().repeat_interleave(group, dim=1)
     dp = torch.matmul(grad_out.double().cpu(), vv.transpose(-1, -2))
     residue = 4 * F32_ULP * scale / (1 - dropout_p) * float(dp.abs().max())
-    return (residue * float(k.abs().max()),
-            residue * float(q.abs().max()) * math.sqrt(q.shape[2] * group))
+    return (
+        residue * float(k.abs().max()),
+        residue * float(q.abs().max()) * math.sqrt(q.shape[2] * group),
+    )
 
 
 def _run(backend, q, k, v, kw, grad_out=None, grad_lse=None, cast=None, seed=1234):
@@ -110,8 +112,14 @@ def check_cuda(q, k, v, kw, *, grads=True, lse_grad=True, seed=7):
             grad_lse = (0.5 * torch.randn(B, Hq, Lq, generator=g)).to(q.device)
     out, lse, gr = _run("cuda", q, k, v, kw, grad_out, grad_lse)
     o64, l64, g64 = _reference_on_same_seed(
-        q, k, v, kw, None if grad_out is None else grad_out.double(),
-        None if grad_lse is None else grad_lse.double(), torch.float64)
+        q,
+        k,
+        v,
+        kw,
+        None if grad_out is None else grad_out.double(),
+        None if grad_lse is None else grad_lse.double(),
+        torch.float64,
+    )
     olow, llow, glow = _reference_on_same_seed(q, k, v, kw, grad_out, grad_lse, q.dtype)
     assert out.shape == (B, Hq, Lq, Dv) and out.dtype == q.dtype
     assert lse.shape == (B, Hq, Lq)
@@ -125,14 +133,17 @@ def check_cuda(q, k, v, kw, *, grads=True, lse_grad=True, seed=7):
     def finite(t):
         return t.masked_fill(torch.isneginf(t), 0.0)
 
-    assert_fa_close("lse", finite(lse), finite(l64), finite(llow),
-                    floor=_floor(finite(l64), torch.float32))
+    assert_fa_close(
+        "lse", finite(lse), finite(l64), finite(llow), floor=_floor(finite(l64), torch.float32)
+    )
     if grads:
         scale = kw.get("scale") or 1.0 / math.sqrt(q.shape[3])
-        dq_floor, dk_floor = _cancellation_floors(q, k, v, grad_out, scale,
-                                                  kw.get("dropout_p", 0.0))
-        for name, got, r64, rlow, x, extra in zip(("dq", "dk", "dv"), gr, g64, glow, (q, k, v),
-                                                   (dq_floor, dk_floor, 0.0)):
+        dq_floor, dk_floor = _cancellation_floors(
+            q, k, v, grad_out, scale, kw.get("dropout_p", 0.0)
+        )
+        for name, got, r64, rlow, x, extra in zip(
+            ("dq", "dk", "dv"), gr, g64, glow, (q, k, v), (dq_floor, dk_floor, 0.0)
+        ):
             assert got.shape == x.shape and got.dtype == x.dtype, name
             assert not torch.isnan(got).any(), f"{name} has NaN"
             assert_grad_close(name, got, r64, rlow, floor=_floor(r64, got.dtype, extra))
@@ -146,9 +157,25 @@ _DT = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32", torch
 # Head-dim buckets and their edges (64 / 128 / 256 with zero-padded loads), D != Dv
 
 
-HEAD_DIM_CASES = [(1, 1), (8, 8), (16, 40), (59, 59), (63, 64), (64, 64), (65, 65), (96, 32),
-                  (111, 111), (127, 128), (128, 128), (129, 129), (40, 200), (192, 192),
-                  (255, 256), (256, 256), (256, 1)]
+HEAD_DIM_CASES = [
+    (1, 1),
+    (8, 8),
+    (16, 40),
+    (59, 59),
+    (63, 64),
+    (64, 64),
+    (65, 65),
+    (96, 32),
+    (111, 111),
+    (127, 128),
+    (128, 128),
+    (129, 129),
+    (40, 200),
+    (192, 192),
+    (255, 256),
+    (256, 256),
+    (256, 1),
+]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=[_DT[t] for t in DTYPES])
@@ -195,8 +222,22 @@ def _feature_kwargs(feature, g, B, Hq, Lq, Lk, dtype, device):
     return kw
 
 
-FEATURES = ["plain", "causal", "causal_br", "window", "bool_mask", "float_mask", "float32_mask",
-            "padding", "alibi", "alibi_heads", "softcap", "dropout", "scale", "everything"]
+FEATURES = [
+    "plain",
+    "causal",
+    "causal_br",
+    "window",
+    "bool_mask",
+    "float_mask",
+    "float32_mask",
+    "padding",
+    "alibi",
+    "alibi_heads",
+    "softcap",
+    "dropout",
+    "scale",
+    "everything",
+]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=[_DT[t] for t in DTYPES])
@@ -213,8 +254,10 @@ def test_features(cuda, feature, dtype, D):
     check_cuda(q, k, v, kw)
 
 
-@pytest.mark.parametrize("Lq,Lk", [(1, 1), (1, 128), (128, 1), (1023, 1025), (1025, 1023),
-                                   (64, 64), (65, 63), (2048, 37)])
+@pytest.mark.parametrize(
+    "Lq,Lk",
+    [(1, 1), (1, 128), (128, 1), (1023, 1025), (1025, 1023), (64, 64), (65, 63), (2048, 37)],
+)
 @pytest.mark.parametrize("causal", [False, True, "bottom_right"])
 def test_lengths(cuda, Lq, Lk, causal):
     g = _gen(Lq * 7 + Lk)
@@ -262,15 +305,19 @@ def test_expanded_grad_out_and_masks(cuda):
     slopes = (torch.rand(2, generator=g) * 0.3).to(cuda)
     w = torch.randn(64, generator=g).to(cuda)
     grads = {}
-    for name, backend, cast in (("cuda", "cuda", None), ("ref64", "reference", torch.float64),
-                                ("low", "reference", None)):
+    for name, backend, cast in (
+        ("cuda", "cuda", None),
+        ("ref64", "reference", torch.float64),
+        ("low", "reference", None),
+    ):
         leaves = [t.detach().to(cast or t.dtype).requires_grad_() for t in (q, k, v)]
         out = fastattn.attention(*leaves, attn_mask=mask, alibi_slopes=slopes, backend=backend)
         grad_out = w.to(out.dtype).expand(out.shape)
         assert grad_out.stride()[:3] == (0, 0, 0)
         grads[name] = torch.autograd.grad(out, leaves, grad_out)
-    for name, got, r64, rlow in zip(("dq", "dk", "dv"), grads["cuda"], grads["ref64"],
-                                    grads["low"]):
+    for name, got, r64, rlow in zip(
+        ("dq", "dk", "dv"), grads["cuda"], grads["ref64"], grads["low"]
+    ):
         assert_grad_close(name, got, r64, rlow)
 
 
@@ -278,7 +325,9 @@ def test_expanded_grad_out_and_masks(cuda):
 # Fully masked rows, lse
 
 
-@pytest.mark.parametrize("dtype", DTYPES + [torch.float64], ids=[_DT[t] for t in DTYPES + [torch.float64]])
+@pytest.mark.parametrize(
+    "dtype", DTYPES + [torch.float64], ids=[_DT[t] for t in DTYPES + [torch.float64]]
+)
 def test_fully_masked_rows(cuda, dtype):
     g = _gen(11)
     B, H, Lq, Lk = 2, 2, 70, 90
@@ -324,8 +373,9 @@ def test_dropout_mask_equals_cpu(cuda, dtype):
     seed = torch.tensor([987654321, 12345], dtype=torch.int64)
     args = (None, None, None, 0.25, 0.0, -UNBOUNDED, UNBOUNDED, p)
     out_cpu, lse_cpu = torch.ops.fastattn.attention_forward(q, k, v, *args, seed)
-    out_gpu, lse_gpu = torch.ops.fastattn.attention_forward(q.to(cuda), k.to(cuda), v.to(cuda),
-                                                            *args, seed.to(cuda))
+    out_gpu, lse_gpu = torch.ops.fastattn.attention_forward(
+        q.to(cuda), k.to(cuda), v.to(cuda), *args, seed.to(cuda)
+    )
     keep_gpu = (out_gpu != 0).cpu()
     assert torch.equal(keep_gpu, out_cpu != 0), "cuda and cpu drop different elements"
     assert torch.equal(keep_gpu, dropout_keep_mask(seed, (B, H, Lq, Lk), p))
@@ -351,15 +401,22 @@ def test_dropout_reproducible_under_manual_seed(cuda):
 SMEM_LIMITS = [101376, 166912]
 # bf16/f16 backward at buckets 128 and 256 (dQ single-buffered, dK/dV with 16-query steps),
 # the float32/float64 D-split backward, the float64 forward with 2 rows per warp.
-SMALL_TILE_CASES = [(torch.bfloat16, 128, 128), (torch.float16, 128, 100),
-                    (torch.bfloat16, 256, 256), (torch.float16, 256, 200),
-                    (torch.float32, 256, 256), (torch.float32, 190, 180),
-                    (torch.float64, 256, 256), (torch.float64, 100, 250)]
+SMALL_TILE_CASES = [
+    (torch.bfloat16, 128, 128),
+    (torch.float16, 128, 100),
+    (torch.bfloat16, 256, 256),
+    (torch.float16, 256, 200),
+    (torch.float32, 256, 256),
+    (torch.float32, 190, 180),
+    (torch.float64, 256, 256),
+    (torch.float64, 100, 250),
+]
 
 
 @pytest.mark.parametrize("limit", SMEM_LIMITS)
-@pytest.mark.parametrize("dtype,D,Dv", SMALL_TILE_CASES,
-                         ids=[f"{_DT[t]}-D{d}-Dv{e}" for t, d, e in SMALL_TILE_CASES])
+@pytest.mark.parametrize(
+    "dtype,D,Dv", SMALL_TILE_CASES, ids=[f"{_DT[t]}-D{d}-Dv{e}" for t, d, e in SMALL_TILE_CASES]
+)
 def test_small_shared_memory_variants(cuda, monkeypatch, limit, dtype, D, Dv):
     """Every case runs under the smaller limits, correct by the same rule; the smaller tiles sum
     in the same order as the large ones, so the results are also bitwise those of the uncapped
@@ -375,20 +432,23 @@ def test_small_shared_memory_variants(cuda, monkeypatch, limit, dtype, D, Dv):
     capped = _run("cuda", q, k, v, kw, grad_out, seed=3)
     monkeypatch.delenv("FASTATTN_CUDA_SMEM_LIMIT")
     full = _run("cuda", q, k, v, kw, grad_out, seed=3)
-    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), capped[:2] + tuple(capped[2]),
-                          full[:2] + tuple(full[2])):
+    for name, a, b in zip(
+        ("out", "lse", "dq", "dk", "dv"), capped[:2] + tuple(capped[2]), full[:2] + tuple(full[2])
+    ):
         assert torch.equal(a, b), f"{name}: the {limit}-byte variant differs from the full one"
 
 
-@pytest.mark.parametrize("dtype,D,Dv", [(torch.bfloat16, 256, 200), (torch.float64, 256, 240)],
-                         ids=["bf16-D256-Dv200", "f64-D256-Dv240"])
+@pytest.mark.parametrize(
+    "dtype,D,Dv",
+    [(torch.bfloat16, 256, 200), (torch.float64, 256, 240)],
+    ids=["bf16-D256-Dv200", "f64-D256-Dv240"],
+)
 def test_small_shared_memory_varlen_and_decode(cuda, monkeypatch, dtype, D, Dv):
     """varlen_attention and attention_with_kvcache share the launchers: 99 KB gives the results
     of the uncapped run, bitwise."""
     g = _gen(D + Dv)
     lens = [0, 5, 70, 33]
-    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32,
-                      device=cuda)
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=cuda)
     q = torch.randn(sum(lens), 4, D, generator=g).to(dtype).to(cuda).requires_grad_()
     k = torch.randn(sum(lens), 2, D, generator=g).to(dtype).to(cuda).requires_grad_()
     v = torch.randn(sum(lens), 2, Dv, generator=g).to(dtype).to(cuda).requires_grad_()
@@ -399,11 +459,13 @@ def test_small_shared_memory_varlen_and_decode(cuda, monkeypatch, dtype, D, Dv):
     seqlens = torch.tensor([0, 9, 90], dtype=torch.int32, device=cuda)
 
     def run():
-        out = fastattn.varlen_attention(q, k, v, cu, cu, max(lens), max(lens), causal=True,
-                                        backend="cuda")
+        out = fastattn.varlen_attention(
+            q, k, v, cu, cu, max(lens), max(lens), causal=True, backend="cuda"
+        )
         grads = torch.autograd.grad(out, (q, k, v), grad_out)
-        dec = fastattn.attention_with_kvcache(q_dec, k_cache, v_cache, cache_seqlens=seqlens,
-                                              backend="cuda")
+        dec = fastattn.attention_with_kvcache(
+            q_dec, k_cache, v_cache, cache_seqlens=seqlens, backend="cuda"
+        )
         return (out, *grads, dec)
 
     monkeypatch.setenv("FASTATTN_CUDA_SMEM_LIMIT", "101376")
@@ -443,8 +505,9 @@ def test_no_quadratic_memory(cuda):
     """Forward and backward at Lq = Lk = 8192 allocate nothing of size Lq * Lk."""
     L, H, D = 8192, 2, 64
     g = _gen(29)
-    q, k, v = (_randn(g, 1, H, L, D, dtype=torch.bfloat16, device=cuda).requires_grad_()
-               for _ in range(3))
+    q, k, v = (
+        _randn(g, 1, H, L, D, dtype=torch.bfloat16, device=cuda).requires_grad_() for _ in range(3)
+    )
     grad_out = torch.randn(1, H, L, D, generator=g).to(torch.bfloat16).to(cuda)
     torch.cuda.synchronize(cuda)
     torch.cuda.reset_peak_memory_stats(cuda)
@@ -454,7 +517,10 @@ def test_no_quadratic_memory(cuda):
     torch.cuda.synchronize(cuda)
     peak = torch.cuda.max_memory_allocated(cuda) - base
     one_score_matrix = L * L * 2  # a single bf16 (Lq, Lk) tensor of one head
-    print(f"peak extra memory {peak / 2**20:.1f} MiB; one score matrix {one_score_matrix / 2**20:.0f} MiB")
+    print(
+        f"peak extra memory {peak / 2**20:.1f} MiB; "
+        f"one score matrix {one_score_matrix / 2**20:.0f} MiB"
+    )
     assert peak < one_score_matrix // 4
 
 
@@ -496,9 +562,17 @@ def test_float64_gradcheck(cuda):
     slopes = torch.rand(2, generator=g).to(cuda)
 
     def f(q, k, v):
-        out, lse = fastattn.attention(q, k, v, causal="bottom_right", attn_mask=mask,
-                                      alibi_slopes=slopes, softcap=1.5, return_lse=True,
-                                      backend="cuda")
+        out, lse = fastattn.attention(
+            q,
+            k,
+            v,
+            causal="bottom_right",
+            attn_mask=mask,
+            alibi_slopes=slopes,
+            softcap=1.5,
+            return_lse=True,
+            backend="cuda",
+        )
         return out, lse
 
     assert torch.autograd.gradcheck(f, (q, k, v), eps=1e-6, atol=1e-6, rtol=1e-4)

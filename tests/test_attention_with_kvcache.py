@@ -21,6 +21,7 @@ float64 kernels (refusal checked in test_triton_request_raises_backend_error); i
 float16 and bfloat16 results meet the same rule (16-bit runs cover the cpu backend too).
 examples/decoding.py (run by tests/test_examples.py) checks whole-model decoding.
 """
+
 from __future__ import annotations
 
 import time
@@ -28,14 +29,19 @@ from dataclasses import dataclass, replace
 
 import pytest
 import torch
+from conftest import backend_device
+from host_reads import (
+    ValueReadError,
+    assert_no_host_reads,
+    device_checks,
+    fake_cuda,
+    force_device_checks,
+    run_failing_cuda_script,
+)
+from tolerance import F32_ULP, assert_fa_close, rounding_floor
 
 import fastattn
 from fastattn._backend import missing_kernel
-from host_reads import (ValueReadError, assert_no_host_reads, device_checks, fake_cuda,
-                        force_device_checks, run_failing_cuda_script)
-from tolerance import F32_ULP, assert_fa_close, rounding_floor
-
-from conftest import backend_device
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -52,27 +58,32 @@ def kvcache_device(backend: str) -> torch.device:
     """The device for `backend`'s tests; skips when it cannot run attention_with_kvcache."""
     device = backend_device(backend)
     if backend == "triton" and missing_kernel("attention_with_kvcache", "triton"):
-        pytest.skip("backend triton: attention_with_kvcache has no Triton implementation in "
-                    "this version (test_triton_request_raises_backend_error checks the error)")
+        pytest.skip(
+            "backend triton: attention_with_kvcache has no Triton implementation in "
+            "this version (test_triton_request_raises_backend_error checks the error)"
+        )
     if backend in ("cpu", "cuda") and missing_kernel("attention_decode", backend):
-        pytest.skip(f"backend {backend}: fastattn._C has no {backend.upper()} decoding kernel "
-                    "in this build")
+        pytest.skip(
+            f"backend {backend}: fastattn._C has no {backend.upper()} decoding kernel in this build"
+        )
     return device
 
 
 def skip_unsupported_dtype(backend: str, dtype: torch.dtype) -> None:
     if backend == "triton" and dtype == F64:
-        pytest.skip("backend triton: no float64 kernels (test_triton_request_raises_backend_"
-                    "error checks the refusal)")
+        pytest.skip(
+            "backend triton: no float64 kernels (test_triton_request_raises_backend_"
+            "error checks the refusal)"
+        )
 
 
 @dataclass
 class Decode:
-    q: torch.Tensor                  # (B, Hq, Lq, D)
-    k_cache: torch.Tensor            # (B, Hkv, Lmax, D)
-    v_cache: torch.Tensor            # (B, Hkv, Lmax, Dv)
-    cache_seqlens: torch.Tensor      # int32 (B,)
-    k_new: torch.Tensor | None       # (B, Hkv, Lnew, D)
+    q: torch.Tensor  # (B, Hq, Lq, D)
+    k_cache: torch.Tensor  # (B, Hkv, Lmax, D)
+    v_cache: torch.Tensor  # (B, Hkv, Lmax, Dv)
+    cache_seqlens: torch.Tensor  # int32 (B,)
+    k_new: torch.Tensor | None  # (B, Hkv, Lnew, D)
     v_new: torch.Tensor | None
     cos: torch.Tensor | None = None  # (rows, rotary_dim / 2)
     sin: torch.Tensor | None = None
@@ -86,12 +97,21 @@ class Decode:
     def call(self, backend=None, **kw):
         rotary = {}
         if self.cos is not None:
-            rotary = dict(rotary_cos=self.cos, rotary_sin=self.sin,
-                          rotary_interleaved=self.interleaved)
+            rotary = dict(
+                rotary_cos=self.cos, rotary_sin=self.sin, rotary_interleaved=self.interleaved
+            )
         return fastattn.attention_with_kvcache(
-            self.q, self.k_cache, self.v_cache, cache_seqlens=self.cache_seqlens,
-            k_new=self.k_new, v_new=self.v_new, backend=backend, **rotary,
-            **(self.kw or {}), **kw)
+            self.q,
+            self.k_cache,
+            self.v_cache,
+            cache_seqlens=self.cache_seqlens,
+            k_new=self.k_new,
+            v_new=self.v_new,
+            backend=backend,
+            **rotary,
+            **(self.kw or {}),
+            **kw,
+        )
 
 
 def rotary_tables(rows: int, rotary_dim: int, dtype, device, base: float = 10000.0):
@@ -101,8 +121,23 @@ def rotary_tables(rows: int, rotary_dim: int, dtype, device, base: float = 10000
     return angles.cos().to(dtype).to(device), angles.sin().to(dtype).to(device)
 
 
-def make_decode(*, B=3, Hq=6, Hkv=2, Lmax=67, D=40, Dv=24, Lq=1, Lnew=1, cache_lens=None,
-                rotary=None, dtype=F64, device="cpu", seed=0, kw=None) -> Decode:
+def make_decode(
+    *,
+    B=3,
+    Hq=6,
+    Hkv=2,
+    Lmax=67,
+    D=40,
+    Dv=24,
+    Lq=1,
+    Lnew=1,
+    cache_lens=None,
+    rotary=None,
+    dtype=F64,
+    device="cpu",
+    seed=0,
+    kw=None,
+) -> Decode:
     """Random inputs. cache_lens default: 0, mid and full-minus-new (one per sequence). The
     caches are random everywhere, so entries past a sequence's length that leaked into the
     result would show. rotary: None, "neox", "gptj" or "neox_partial" (rotary_dim about D / 2);
@@ -116,11 +151,18 @@ def make_decode(*, B=3, Hq=6, Hkv=2, Lmax=67, D=40, Dv=24, Lq=1, Lnew=1, cache_l
     v_cache = torch.randn(B, Hkv, Lmax, Dv, generator=g, dtype=F64)
     k_new = torch.randn(B, Hkv, Lnew, D, generator=g, dtype=F64)
     v_new = torch.randn(B, Hkv, Lnew, Dv, generator=g, dtype=F64)
-    q, k_cache, v_cache, k_new, v_new = (t.to(dtype=dtype, device=device)
-                                         for t in (q, k_cache, v_cache, k_new, v_new))
-    d = Decode(q, k_cache, v_cache,
-               torch.tensor(cache_lens, dtype=torch.int32, device=device), k_new, v_new,
-               kw=dict(kw or {}))
+    q, k_cache, v_cache, k_new, v_new = (
+        t.to(dtype=dtype, device=device) for t in (q, k_cache, v_cache, k_new, v_new)
+    )
+    d = Decode(
+        q,
+        k_cache,
+        v_cache,
+        torch.tensor(cache_lens, dtype=torch.int32, device=device),
+        k_new,
+        v_new,
+        kw=dict(kw or {}),
+    )
     if rotary is not None:
         rotary_dim = D // 2 if rotary == "neox_partial" else D
         rotary_dim -= rotary_dim % 2  # odd head dims: the last feature passes through
@@ -133,13 +175,13 @@ def rope(x: torch.Tensor, cos, sin, positions: torch.Tensor, interleaved: bool) 
     """Plain rotary of x (B, H, L, D) at positions (B, L), computed in x's dtype: GPT-NeoX
     halves (feature i pairs with i + r/2) or GPT-J pairs (2i, 2i + 1), r = 2 * cos.shape[1]."""
     r = 2 * cos.shape[1]
-    c = cos.to(x.dtype)[positions].unsqueeze(1)            # (B, 1, L, r/2)
+    c = cos.to(x.dtype)[positions].unsqueeze(1)  # (B, 1, L, r/2)
     s = sin.to(x.dtype)[positions].unsqueeze(1)
     rot, rest = x[..., :r], x[..., r:]
     if interleaved:
         x1, x2 = rot[..., 0::2], rot[..., 1::2]
     else:
-        x1, x2 = rot[..., :r // 2], rot[..., r // 2:]
+        x1, x2 = rot[..., : r // 2], rot[..., r // 2 :]
     o1, o2 = x1 * c - x2 * s, x2 * c + x1 * s
     out = torch.stack((o1, o2), dim=-1).flatten(-2) if interleaved else torch.cat((o1, o2), -1)
     return torch.cat((out, rest), dim=-1)
@@ -163,12 +205,13 @@ def dense_expected(d: Decode, k_cache: torch.Tensor, v_cache: torch.Tensor, dtyp
     start = d.cache_seqlens.to(torch.int64).view(B, 1)
     if d.cos is not None:
         q = rope(q, d.cos, d.sin, start + torch.arange(Lq, device=q.device), d.interleaved)
-        k_new = rope(k_new, d.cos, d.sin, start + torch.arange(Lnew, device=q.device),
-                     d.interleaved)
+        k_new = rope(
+            k_new, d.cos, d.sin, start + torch.arange(Lnew, device=q.device), d.interleaved
+        )
     outs = []
     for b, s in enumerate(lens):
-        K = torch.cat((k_cache[b:b + 1, :, :s], k_new[b:b + 1]), dim=2)
-        V = torch.cat((v_cache[b:b + 1, :, :s], v_new[b:b + 1]), dim=2)
+        K = torch.cat((k_cache[b : b + 1, :, :s], k_new[b : b + 1]), dim=2)
+        V = torch.cat((v_cache[b : b + 1, :, :s], v_new[b : b + 1]), dim=2)
         Lk = s + Lnew
         pos = s + torch.arange(Lq, device=q.device).view(Lq, 1)
         j = torch.arange(Lk, device=q.device).view(1, Lk)
@@ -184,8 +227,9 @@ def dense_expected(d: Decode, k_cache: torch.Tensor, v_cache: torch.Tensor, dtyp
             slopes = (alibi if alibi.dim() == 1 else alibi[b]).to(dtype).view(1, Hq, 1, 1)
             bias = -slopes * (pos - j).abs().to(dtype)
             mask = bias.masked_fill(~mask, float("-inf"))
-        outs.append(fastattn.attention(q[b:b + 1], K, V, attn_mask=mask, backend="reference",
-                                       **kw))
+        outs.append(
+            fastattn.attention(q[b : b + 1], K, V, attn_mask=mask, backend="reference", **kw)
+        )
     return torch.cat(outs)
 
 
@@ -202,25 +246,39 @@ def check_caches(d: Decode, k_before, v_before, backend):
     for b, s in enumerate(lens):
         for i in range(d.lnew):
             untouched[b, s + i] = False
-            k_i = d.k_new[b:b + 1, :, i:i + 1]
+            k_i = d.k_new[b : b + 1, :, i : i + 1]
             if d.cos is not None:
-                k_i = fastattn.apply_rotary(k_i, cos=d.cos, sin=d.sin, offset=s + i,
-                                            interleaved=d.interleaved, backend=rotary_backend)
-            assert torch.equal(d.k_cache[b, :, s + i], k_i[0, :, 0]), \
+                k_i = fastattn.apply_rotary(
+                    k_i,
+                    cos=d.cos,
+                    sin=d.sin,
+                    offset=s + i,
+                    interleaved=d.interleaved,
+                    backend=rotary_backend,
+                )
+            assert torch.equal(d.k_cache[b, :, s + i], k_i[0, :, 0]), (
                 f"k_cache[{b}, :, {s + i}] is not the (rotated) new key {i}"
-            assert torch.equal(d.v_cache[b, :, s + i], d.v_new[b, :, i]), \
+            )
+            assert torch.equal(d.v_cache[b, :, s + i], d.v_new[b, :, i]), (
                 f"v_cache[{b}, :, {s + i}] is not the new value {i}"
+            )
     untouched = untouched.to(d.k_cache.device)
     assert torch.equal(d.k_cache.transpose(1, 2)[untouched], k_before.transpose(1, 2)[untouched])
     assert torch.equal(d.v_cache.transpose(1, 2)[untouched], v_before.transpose(1, 2)[untouched])
     if d.cos is not None and d.lnew:
         start = d.cache_seqlens.to(torch.int64).view(B, 1)
-        rotated = rope(d.k_new.double(), d.cos.double(), d.sin.double(),
-                       start + torch.arange(d.lnew, device=start.device), d.interleaved)
+        rotated = rope(
+            d.k_new.double(),
+            d.cos.double(),
+            d.sin.double(),
+            start + torch.arange(d.lnew, device=start.device),
+            d.interleaved,
+        )
         tol = {F64: 1e-12, F32: 2e-6, F16: 2e-3, BF16: 1.6e-2}[d.q.dtype]
         for b, s in enumerate(lens):
-            torch.testing.assert_close(d.k_cache[b, :, s:s + d.lnew].double(), rotated[b],
-                                       rtol=tol, atol=tol)
+            torch.testing.assert_close(
+                d.k_cache[b, :, s : s + d.lnew].double(), rotated[b], rtol=tol, atol=tol
+            )
 
 
 def run_and_check(backend, d: Decode, **kw):
@@ -241,8 +299,11 @@ def run_and_check(backend, d: Decode, **kw):
         torch.testing.assert_close(out, ref64, rtol=1e-10, atol=1e-12)
     else:
         low = dense_expected(d, k_before, v_before, d.q.dtype)
-        floor = rounding_floor(ref64, out.dtype) + 16 * F32_ULP * float(ref64.abs().max()) \
-            if ref64.numel() else None
+        floor = (
+            rounding_floor(ref64, out.dtype) + 16 * F32_ULP * float(ref64.abs().max())
+            if ref64.numel()
+            else None
+        )
         assert_fa_close("out", out, ref64, low, floor=floor)
     return out
 
@@ -265,16 +326,23 @@ def test_kvcache_matches_dense(backend, lq, lnew, rotary, causal, dtype):
     nothing appended."""
     device = kvcache_device(backend)
     skip_unsupported_dtype(backend, dtype)
-    d = make_decode(Lq=lq, Lnew=lnew, rotary=rotary, dtype=dtype, device=device,
-                    kw=dict(causal=causal))
+    d = make_decode(
+        Lq=lq, Lnew=lnew, rotary=rotary, dtype=dtype, device=device, kw=dict(causal=causal)
+    )
     run_and_check(backend, d)
 
 
 def test_without_new_tokens(backend):
     """k_new = v_new = None appends nothing and equals passing empty (Lnew = 0) tensors."""
     device = kvcache_device(backend)
-    d = make_decode(Lq=3, Lnew=0, rotary="neox", dtype=F32 if backend == "triton" else F64,
-                    device=device, seed=5)
+    d = make_decode(
+        Lq=3,
+        Lnew=0,
+        rotary="neox",
+        dtype=F32 if backend == "triton" else F64,
+        device=device,
+        seed=5,
+    )
     with_empty = run_and_check(backend, d)
     without = run_and_check(backend, replace(d, k_new=None, v_new=None))
     assert torch.equal(with_empty, without)
@@ -302,8 +370,9 @@ def test_kvcache_features(backend, feature, lq, lnew, dtype):
     device = kvcache_device(backend)
     skip_unsupported_dtype(backend, dtype)
     spec = dict(KV_FEATURES[feature])
-    kw = {n: x.to(device) if isinstance(x, torch.Tensor) else x
-          for n, x in spec.pop("kw", {}).items()}
+    kw = {
+        n: x.to(device) if isinstance(x, torch.Tensor) else x for n, x in spec.pop("kw", {}).items()
+    }
     d = make_decode(Lq=lq, Lnew=lnew, dtype=dtype, device=device, seed=1, kw=kw, **spec)
     run_and_check(backend, d)
 
@@ -323,8 +392,18 @@ def test_num_splits(backend_name, num_splits, lq, window):
     if backend_name == "triton":
         dtypes = (F32, BF16) if num_splits == 7 else (F32,)
     for dtype in dtypes:
-        d = make_decode(B=3, Lmax=300, Lq=lq, Lnew=lq, cache_lens=[5, 150, 300 - lq],
-                        rotary="neox", dtype=dtype, device=device, seed=2, kw=kw)
+        d = make_decode(
+            B=3,
+            Lmax=300,
+            Lq=lq,
+            Lnew=lq,
+            cache_lens=[5, 150, 300 - lq],
+            rotary="neox",
+            dtype=dtype,
+            device=device,
+            seed=2,
+            kw=kw,
+        )
         run_and_check(backend_name, d, num_splits=num_splits)
 
 
@@ -334,8 +413,9 @@ def test_num_splits_agree(backend_name):
     device = kvcache_device(backend_name)
     results = []
     for num_splits in (1, 2, 7, 0):
-        d = make_decode(B=2, Lmax=300, Lq=1, Lnew=1, cache_lens=[299, 123], dtype=F32,
-                        device=device, seed=3)
+        d = make_decode(
+            B=2, Lmax=300, Lq=1, Lnew=1, cache_lens=[299, 123], dtype=F32, device=device, seed=3
+        )
         results.append(d.call(backend_name, num_splits=num_splits))
     for other in results[1:]:
         torch.testing.assert_close(other, results[0], rtol=2e-5, atol=2e-6)
@@ -365,8 +445,16 @@ def test_incremental_decoding_equals_causal_attention(backend_name):
     steps = [(0, 7)] + [(t, t + 1) for t in range(7, T)]
     for lo, hi in steps:
         out = fastattn.attention_with_kvcache(
-            q[:, :, lo:hi], k_cache, v_cache, cache_seqlens=seqlens, k_new=k[:, :, lo:hi],
-            v_new=v[:, :, lo:hi], rotary_cos=cos, rotary_sin=sin, backend=backend_name)
+            q[:, :, lo:hi],
+            k_cache,
+            v_cache,
+            cache_seqlens=seqlens,
+            k_new=k[:, :, lo:hi],
+            v_new=v[:, :, lo:hi],
+            rotary_cos=cos,
+            rotary_sin=sin,
+            backend=backend_name,
+        )
         assert fastattn.last_backend("attention_with_kvcache") == backend_name
         torch.testing.assert_close(out, full[:, :, lo:hi], **tol)
         seqlens += hi - lo
@@ -401,17 +489,28 @@ def test_compile_fullgraph():
     """attention_with_kvcache traces into one graph on cpu (its host-side length checks are
     skipped while compiling): the eager output and the same in-place appends."""
     device = kvcache_device("cpu")
-    eager = make_decode(Lq=2, Lnew=2, rotary="gptj", dtype=F32, device=device, seed=6,
-                        kw=dict(window=(9, 0)))
+    eager = make_decode(
+        Lq=2, Lnew=2, rotary="gptj", dtype=F32, device=device, seed=6, kw=dict(window=(9, 0))
+    )
     traced = replace(eager, k_cache=eager.k_cache.clone(), v_cache=eager.v_cache.clone())
 
     def fn(q, k_cache, v_cache, k_new, v_new):
         return fastattn.attention_with_kvcache(
-            q, k_cache, v_cache, cache_seqlens=eager.cache_seqlens, k_new=k_new, v_new=v_new,
-            rotary_cos=eager.cos, rotary_sin=eager.sin, rotary_interleaved=True, window=(9, 0))
+            q,
+            k_cache,
+            v_cache,
+            cache_seqlens=eager.cache_seqlens,
+            k_new=k_new,
+            v_new=v_new,
+            rotary_cos=eager.cos,
+            rotary_sin=eager.sin,
+            rotary_interleaved=True,
+            window=(9, 0),
+        )
 
-    out = torch.compile(fn, fullgraph=True)(traced.q, traced.k_cache, traced.v_cache,
-                                            traced.k_new, traced.v_new)
+    out = torch.compile(fn, fullgraph=True)(
+        traced.q, traced.k_cache, traced.v_cache, traced.k_new, traced.v_new
+    )
     assert fastattn.last_backend("attention_with_kvcache") == "cpu"
     expected = fn(eager.q, eager.k_cache, eager.v_cache, eager.k_new, eager.v_new)
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
@@ -425,8 +524,24 @@ def test_opcheck_triton():
     device = kvcache_device("triton")
     d = make_decode(Lq=2, Lnew=2, Lmax=20, rotary="gptj", dtype=F32, device=device, seed=7)
     alibi = torch.rand(3, 6).to(device)
-    args = [d.q, d.k_cache, d.v_cache, d.cache_seqlens, d.k_new, d.v_new, d.cos.float(),
-            d.sin.float(), True, alibi, 0.3, 2.0, 2, 5, -1, 2]
+    args = [
+        d.q,
+        d.k_cache,
+        d.v_cache,
+        d.cache_seqlens,
+        d.k_new,
+        d.v_new,
+        d.cos.float(),
+        d.sin.float(),
+        True,
+        alibi,
+        0.3,
+        2.0,
+        2,
+        5,
+        -1,
+        2,
+    ]
     torch.library.opcheck(torch.ops.fastattn.attention_with_kvcache_triton.default, args)
 
 
@@ -437,13 +552,30 @@ def test_opcheck_native_cpu():
         pytest.skip("fastattn._C has no CPU attention_with_kvcache kernel in this build")
     d = make_decode(Lq=2, Lnew=2, Lmax=20, rotary="gptj", dtype=F32, seed=7)
     alibi = torch.rand(3, 6)
-    args = [d.q, d.k_cache, d.v_cache, d.cache_seqlens, d.k_new, d.v_new, d.cos.float(),
-            d.sin.float(), True, alibi, 0.3, 2.0, 2, 5, -1, 2]
+    args = [
+        d.q,
+        d.k_cache,
+        d.v_cache,
+        d.cache_seqlens,
+        d.k_new,
+        d.v_new,
+        d.cos.float(),
+        d.sin.float(),
+        True,
+        alibi,
+        0.3,
+        2.0,
+        2,
+        5,
+        -1,
+        2,
+    ]
     torch.library.opcheck(torch.ops.fastattn.attention_with_kvcache.default, args)
     lengths = (d.cache_seqlens + 2).to(torch.int32)
-    torch.library.opcheck(torch.ops.fastattn.attention_decode.default,
-                          [d.q, d.k_cache, d.v_cache, lengths, d.cache_seqlens, alibi, 0.3, 2.0,
-                           2, 5, -1, 2])
+    torch.library.opcheck(
+        torch.ops.fastattn.attention_decode.default,
+        [d.q, d.k_cache, d.v_cache, lengths, d.cache_seqlens, alibi, 0.3, 2.0, 2, 5, -1, 2],
+    )
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -454,11 +586,29 @@ def test_opcheck_native_cuda():
         pytest.skip("fastattn._C has no CUDA attention_with_kvcache kernel in this build")
     d = make_decode(Lq=2, Lnew=2, Lmax=20, rotary="gptj", dtype=F32, seed=7)
     alibi = torch.rand(3, 6)
-    cpu_args = [d.q, d.k_cache.clone(), d.v_cache.clone(), d.cache_seqlens, d.k_new, d.v_new,
-                d.cos.float(), d.sin.float(), True, alibi, 0.3, 2.0, 2, 5, -1, 2]
+    cpu_args = [
+        d.q,
+        d.k_cache.clone(),
+        d.v_cache.clone(),
+        d.cache_seqlens,
+        d.k_new,
+        d.v_new,
+        d.cos.float(),
+        d.sin.float(),
+        True,
+        alibi,
+        0.3,
+        2.0,
+        2,
+        5,
+        -1,
+        2,
+    ]
     cuda_args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in cpu_args]
-    torch.library.opcheck(torch.ops.fastattn.attention_with_kvcache.default,
-                          [a.clone() if isinstance(a, torch.Tensor) else a for a in cuda_args])
+    torch.library.opcheck(
+        torch.ops.fastattn.attention_with_kvcache.default,
+        [a.clone() if isinstance(a, torch.Tensor) else a for a in cuda_args],
+    )
     out_cpu, _ = torch.ops.fastattn.attention_with_kvcache(*cpu_args)
     out_cuda, _ = torch.ops.fastattn.attention_with_kvcache(*cuda_args)
     torch.testing.assert_close(out_cuda.cpu(), out_cpu, rtol=1e-4, atol=1e-5)
@@ -475,13 +625,48 @@ def test_native_op_checks_before_appending():
     k_before, v_before = d.k_cache.clone(), d.v_cache.clone()
     full = torch.full_like(d.cache_seqlens, 18)
     op = torch.ops.fastattn.attention_with_kvcache
-    with pytest.raises(RuntimeError, match=r"the cache is too small: cache_seqlens\[0\] = 18 plus "
-                                           r"3 new tokens exceed Lmax = 20"):
-        op(d.q, d.k_cache, d.v_cache, full, d.k_new, d.v_new, None, None, False, None, 0.5, 0.0,
-           2, -1, -1, 0)
+    with pytest.raises(
+        RuntimeError,
+        match=r"the cache is too small: cache_seqlens\[0\] = 18 plus "
+        r"3 new tokens exceed Lmax = 20",
+    ):
+        op(
+            d.q,
+            d.k_cache,
+            d.v_cache,
+            full,
+            d.k_new,
+            d.v_new,
+            None,
+            None,
+            False,
+            None,
+            0.5,
+            0.0,
+            2,
+            -1,
+            -1,
+            0,
+        )
     with pytest.raises(RuntimeError, match="k_new must have q's dtype"):
-        op(d.q, d.k_cache, d.v_cache, d.cache_seqlens, d.k_new.double(), d.v_new, None, None,
-           False, None, 0.5, 0.0, 2, -1, -1, 0)
+        op(
+            d.q,
+            d.k_cache,
+            d.v_cache,
+            d.cache_seqlens,
+            d.k_new.double(),
+            d.v_new,
+            None,
+            None,
+            False,
+            None,
+            0.5,
+            0.0,
+            2,
+            -1,
+            -1,
+            0,
+        )
     assert torch.equal(d.k_cache, k_before) and torch.equal(d.v_cache, v_before)
 
 
@@ -493,16 +678,20 @@ def test_triton_request_raises_backend_error():
             pytest.skip(f"backend triton: {fastattn.available_backends()['triton']}")
         d = make_decode(dtype=F64)
         k_before = d.k_cache.clone()
-        with pytest.raises(fastattn.BackendError, match="attention_with_kvcache: backend "
-                           "'triton' cannot run this call: the triton backend does not take "
-                           "float64"):
+        with pytest.raises(
+            fastattn.BackendError,
+            match="attention_with_kvcache: backend "
+            "'triton' cannot run this call: the triton backend does not take "
+            "float64",
+        ):
             d.call("triton")
         assert torch.equal(d.k_cache, k_before)
         return
     d = make_decode(dtype=F32)
     k_before = d.k_cache.clone()
-    with pytest.raises(fastattn.BackendError,
-                       match="attention_with_kvcache: backend 'triton' does not implement"):
+    with pytest.raises(
+        fastattn.BackendError, match="attention_with_kvcache: backend 'triton' does not implement"
+    ):
         d.call("triton")
     with fastattn.use_backend("triton"), pytest.raises(fastattn.BackendError):
         d.call()
@@ -511,8 +700,9 @@ def test_triton_request_raises_backend_error():
 
 def test_cuda_request_for_cpu_tensors_raises():
     d = make_decode(dtype=F32)
-    with pytest.raises(fastattn.BackendError,
-                       match="attention_with_kvcache: backend 'cuda' cannot run this call"):
+    with pytest.raises(
+        fastattn.BackendError, match="attention_with_kvcache: backend 'cuda' cannot run this call"
+    ):
         d.call("cuda")
 
 
@@ -520,38 +710,60 @@ def test_cuda_request_for_cpu_tensors_raises():
 # Argument checks: clear errors, and nothing appended when a call is refused
 
 
-@pytest.mark.parametrize("case,error,match", [
-    ("too_small", ValueError, "the cache is too small: cache_seqlens up to 15 plus 2 new tokens "
-                              "exceed Lmax = 16"),
-    ("too_small_one_row", ValueError, "the cache is too small"),
-    ("negative", ValueError, "cache_seqlens must be >= 0, got -1"),
-    ("seqlens_int64", TypeError, r"cache_seqlens must be int32 \(B,\) = \(2,\), got torch.int64"),
-    ("seqlens_length", TypeError, r"cache_seqlens must be int32 \(B,\) = \(2,\), got "
-                                  r"torch.int32 \(3,\)"),
-    ("seqlens_2d", ValueError, "cache_seqlens must be 1-D"),
-    ("k_new_only", ValueError, "k_new and v_new must be given together"),
-    ("v_new_only", ValueError, "k_new and v_new must be given together"),
-    ("cos_only", ValueError, "rotary_cos and rotary_sin must be given together"),
-    ("sin_only", ValueError, "rotary_cos and rotary_sin must be given together"),
-    ("k_cache_batch", ValueError, r"k_cache must be \(B, Hkv, Lmax, D\) = \(2, Hkv, Lmax, 8\)"),
-    ("k_cache_head_dim", ValueError, r"k_cache must be \(B, Hkv, Lmax, D\)"),
-    ("v_cache_length", ValueError, r"v_cache \(B, Hkv, Lmax, Dv\), got \(2, 2, 16, 8\) and "
-                                   r"\(2, 2, 17, 8\)"),
-    ("k_new_heads", ValueError, r"k_new/v_new must be \(B, Hkv, Lnew, D/Dv\) = \(2, 2, Lnew"),
-    ("v_new_length", ValueError, r"k_new/v_new must be \(B, Hkv, Lnew, D/Dv\)"),
-    ("new_dtype", TypeError, "k_new and v_new must have q's dtype torch.float32, got "
-                             "torch.float32 and torch.float64"),
-    ("heads", ValueError, r"q's heads \(4\) must be a multiple of the caches' \(3\)"),
-    ("head_dim", ValueError, r"head dims must be in \[1, 256\], got 320 and 8"),
-    ("cache_dtype", TypeError, "q, k_cache and v_cache must have the same dtype"),
-    ("q_3d", ValueError, "q must be 4-D"),
-    ("int_cache", TypeError, "k_cache must be float32, float16, bfloat16 or float64"),
-    ("alibi_shape", ValueError, r"alibi_slopes must be \(Hq,\) or \(B, Hq\), got \(3,\)"),
-    ("rotary_rows", (ValueError, RuntimeError), "positions reach 16 but cos/sin has 16 rows"),
-    ("rotary_width", ValueError, r"rotary_dim must be even and in \[2, 8\]"),
-    ("causal", ValueError, "causal must be False, True, 'top_left' or 'bottom_right'"),
-    ("window", ValueError, "window must be None or"),
-])
+@pytest.mark.parametrize(
+    "case,error,match",
+    [
+        (
+            "too_small",
+            ValueError,
+            "the cache is too small: cache_seqlens up to 15 plus 2 new tokens exceed Lmax = 16",
+        ),
+        ("too_small_one_row", ValueError, "the cache is too small"),
+        ("negative", ValueError, "cache_seqlens must be >= 0, got -1"),
+        (
+            "seqlens_int64",
+            TypeError,
+            r"cache_seqlens must be int32 \(B,\) = \(2,\), got torch.int64",
+        ),
+        (
+            "seqlens_length",
+            TypeError,
+            r"cache_seqlens must be int32 \(B,\) = \(2,\), got "
+            r"torch.int32 \(3,\)",
+        ),
+        ("seqlens_2d", ValueError, "cache_seqlens must be 1-D"),
+        ("k_new_only", ValueError, "k_new and v_new must be given together"),
+        ("v_new_only", ValueError, "k_new and v_new must be given together"),
+        ("cos_only", ValueError, "rotary_cos and rotary_sin must be given together"),
+        ("sin_only", ValueError, "rotary_cos and rotary_sin must be given together"),
+        ("k_cache_batch", ValueError, r"k_cache must be \(B, Hkv, Lmax, D\) = \(2, Hkv, Lmax, 8\)"),
+        ("k_cache_head_dim", ValueError, r"k_cache must be \(B, Hkv, Lmax, D\)"),
+        (
+            "v_cache_length",
+            ValueError,
+            r"v_cache \(B, Hkv, Lmax, Dv\), got \(2, 2, 16, 8\) and "
+            r"\(2, 2, 17, 8\)",
+        ),
+        ("k_new_heads", ValueError, r"k_new/v_new must be \(B, Hkv, Lnew, D/Dv\) = \(2, 2, Lnew"),
+        ("v_new_length", ValueError, r"k_new/v_new must be \(B, Hkv, Lnew, D/Dv\)"),
+        (
+            "new_dtype",
+            TypeError,
+            "k_new and v_new must have q's dtype torch.float32, got "
+            "torch.float32 and torch.float64",
+        ),
+        ("heads", ValueError, r"q's heads \(4\) must be a multiple of the caches' \(3\)"),
+        ("head_dim", ValueError, r"head dims must be in \[1, 256\], got 320 and 8"),
+        ("cache_dtype", TypeError, "q, k_cache and v_cache must have the same dtype"),
+        ("q_3d", ValueError, "q must be 4-D"),
+        ("int_cache", TypeError, "k_cache must be float32, float16, bfloat16 or float64"),
+        ("alibi_shape", ValueError, r"alibi_slopes must be \(Hq,\) or \(B, Hq\), got \(3,\)"),
+        ("rotary_rows", (ValueError, RuntimeError), "positions reach 16 but cos/sin has 16 rows"),
+        ("rotary_width", ValueError, r"rotary_dim must be even and in \[2, 8\]"),
+        ("causal", ValueError, "causal must be False, True, 'top_left' or 'bottom_right'"),
+        ("window", ValueError, "window must be None or"),
+    ],
+)
 @pytest.mark.parametrize("backend_name", [None, "triton"], ids=["default", "triton"])
 def test_bad_inputs(backend_name, case, error, match):
     """The same errors on the default backend and on triton (which checks the rotary tables
@@ -625,10 +837,12 @@ def test_bad_inputs(backend_name, case, error, match):
     v_before = v_cache.clone()
     seqlens_before = seqlens.clone()
     with pytest.raises(error, match=match):
-        fastattn.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
-                                        backend=backend_name, **kw)
-    assert torch.equal(k_cache, k_before) and torch.equal(v_cache, v_before), \
+        fastattn.attention_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens=seqlens, backend=backend_name, **kw
+        )
+    assert torch.equal(k_cache, k_before) and torch.equal(v_cache, v_before), (
         "a refused call must not append anything"
+    )
     assert torch.equal(seqlens, seqlens_before)
 
 
@@ -663,11 +877,14 @@ def test_host_checks_switch_reads_cuda_values(monkeypatch):
 
 
 @pytest.mark.parametrize("backend_name", ["reference", "triton"])
-@pytest.mark.parametrize("case,match", [
-    ("too_small", r"cache_seqlens must be in \[0, Lmax - Lnew\] = \[0, 14\]"),
-    ("negative", r"cache_seqlens must be in \[0, Lmax - Lnew\]"),
-    ("rotary_rows", r"positions offset \+ offsets\[b\] \+ l \(l < 2\) must be in \[0, 12\)"),
-])
+@pytest.mark.parametrize(
+    "case,match",
+    [
+        ("too_small", r"cache_seqlens must be in \[0, Lmax - Lnew\] = \[0, 14\]"),
+        ("negative", r"cache_seqlens must be in \[0, Lmax - Lnew\]"),
+        ("rotary_rows", r"positions offset \+ offsets\[b\] \+ l \(l < 2\) must be in \[0, 12\)"),
+    ],
+)
 def test_device_checks_catch_bad_values(monkeypatch, backend_name, case, match):
     """The rules checked on the device for CUDA tensors, run on CPU tensors through the same
     code (torch._assert_async raises at once on the CPU), before anything is appended."""
@@ -702,8 +919,9 @@ def cuda_kvcache_device() -> torch.device:
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
-@pytest.mark.parametrize("D,Dv", [(64, 64), (128, 128), (256, 200), (40, 24)],
-                         ids=["d64", "d128", "d256", "d40-dv24"])
+@pytest.mark.parametrize(
+    "D,Dv", [(64, 64), (128, 128), (256, 200), (40, 24)], ids=["d64", "d128", "d256", "d40-dv24"]
+)
 @pytest.mark.parametrize("lq", [1, 5])
 @pytest.mark.parametrize("num_splits", [1, 3, 0])
 def test_cuda_16bit_decode(num_splits, lq, D, Dv, dtype):
@@ -712,8 +930,9 @@ def test_cuda_16bit_decode(num_splits, lq, D, Dv, dtype):
     device = cuda_kvcache_device()
     # No rotary: check_caches compares rotated 16-bit keys with a float64 rotation at float32
     # tolerances (the float32 tests above cover the rotary path on CUDA).
-    d = make_decode(B=3, Hq=8, Hkv=2, Lmax=300, D=D, Dv=Dv, Lq=lq, Lnew=lq, dtype=dtype,
-                    device=device, seed=5)
+    d = make_decode(
+        B=3, Hq=8, Hkv=2, Lmax=300, D=D, Dv=Dv, Lq=lq, Lnew=lq, dtype=dtype, device=device, seed=5
+    )
     run_and_check("cuda", d, num_splits=num_splits)
 
 
@@ -721,8 +940,9 @@ def test_cuda_16bit_decode(num_splits, lq, D, Dv, dtype):
 def test_cuda_16bit_features(feature):
     device = cuda_kvcache_device()
     spec = dict(KV_FEATURES[feature])
-    kw = {n: x.to(device) if isinstance(x, torch.Tensor) else x
-          for n, x in spec.pop("kw", {}).items()}
+    kw = {
+        n: x.to(device) if isinstance(x, torch.Tensor) else x for n, x in spec.pop("kw", {}).items()
+    }
     d = make_decode(Lq=3, Lnew=3, dtype=torch.bfloat16, device=device, seed=6, kw=kw, **spec)
     run_and_check("cuda", d, num_splits=2)
 
@@ -732,8 +952,9 @@ def test_cuda_num_splits_agree():
     device = cuda_kvcache_device()
     results = []
     for num_splits in (1, 2, 7, 0):
-        d = make_decode(B=2, Lmax=300, Lq=1, Lnew=1, cache_lens=[299, 123], dtype=F32,
-                        device=device, seed=3)
+        d = make_decode(
+            B=2, Lmax=300, Lq=1, Lnew=1, cache_lens=[299, 123], dtype=F32, device=device, seed=3
+        )
         results.append(d.call("cuda", num_splits=num_splits))
     for other in results[1:]:
         torch.testing.assert_close(other, results[0], rtol=2e-5, atol=2e-6)
@@ -775,9 +996,17 @@ def test_cuda_graph_decode_step(backend_name):
     ek_cache, ev_cache, elens = k0.clone(), v0.clone(), lens0.clone()
 
     def step(q, k_new, v_new, k_cache, v_cache, lens):
-        return fastattn.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens,
-                                               k_new=k_new, v_new=v_new, rotary_cos=cos,
-                                               rotary_sin=sin, backend=backend_name)
+        return fastattn.attention_with_kvcache(
+            q,
+            k_cache,
+            v_cache,
+            cache_seqlens=lens,
+            k_new=k_new,
+            v_new=v_new,
+            rotary_cos=cos,
+            rotary_sin=sin,
+            backend=backend_name,
+        )
 
     # Warm-up on a side stream (Triton compiles, allocator pools), as torch.cuda.graphs asks.
     side = torch.cuda.Stream()
@@ -832,6 +1061,7 @@ def test_cuda_bad_cache_seqlens_fail_on_the_device(backend_name):
 # ---------------------------------------------------------------------------------------------
 # Limits (issue 16, items 4 and 6)
 
+
 @pytest.mark.parametrize("backend_name", ["cpu", "triton"])
 def test_cache_longer_than_int32_indices_is_refused(backend_name):
     """A cache of 2**31 + 5 rows (a stride-0 expansion: no memory) is refused by the argument
@@ -844,8 +1074,9 @@ def test_cache_longer_than_int32_indices_is_refused(backend_name):
     seqlens = torch.tensor([7], dtype=torch.int32, device=device)
     start = time.monotonic()
     with pytest.raises((ValueError, RuntimeError), match=r"length.* must be < 2(\*\*|\^)30"):
-        fastattn.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
-                                        backend=backend_name)
+        fastattn.attention_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens=seqlens, backend=backend_name
+        )
     assert time.monotonic() - start < 5.0, "the refusal came after the kernel ran"
 
 
@@ -855,6 +1086,7 @@ def test_triton_decode_stages_follow_head_dim_and_shared_memory(monkeypatch):
     pytest.importorskip("triton")
     import fastattn.triton as fa_triton
     from fastattn.triton.attention_with_kvcache import _stages
+
     cpu = torch.device("cpu")  # planned for fastattn.triton.ASSUMED_SHARED_MEMORY
     monkeypatch.setattr(fa_triton, "ASSUMED_SHARED_MEMORY", 232448)  # H100
     assert _stages(16, 64, 128, 128, 2, cpu) == 3

@@ -5,6 +5,7 @@ Behaviour that is fixed at import time (FASTATTN_BACKEND, FASTATTN_CPU_ISA, TRIT
 is tested in subprocesses started with `sys.executable`, from the repository root so that they
 import this checkout of fastattn.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,11 +32,13 @@ def python_env(set_vars: dict[str, str] | None = None, unset=()) -> dict[str, st
     return env
 
 
-def run_python(code: str, *args: str, env: dict[str, str] | None = None,
-               module: str | None = None) -> subprocess.CompletedProcess:
+def run_python(
+    code: str, *args: str, env: dict[str, str] | None = None, module: str | None = None
+) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", module] if module else [sys.executable, "-c", code, *args]
-    return subprocess.run(cmd, cwd=REPO, env=env or python_env(), capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        cmd, cwd=REPO, env=env or python_env(), capture_output=True, text=True, timeout=600
+    )
 
 
 def _add(backend=None) -> torch.Tensor:
@@ -55,8 +58,7 @@ def test_available_backends_keys_and_values():
             assert value.startswith(("not available", "not built")), (name, value)
             assert len(value) > len("not available: "), (name, value)
     assert status["reference"] == "available"
-    assert status["cpu"] == ("available" if fastattn._native.C is not None
-                             else status["cpu"])
+    assert status["cpu"] == ("available" if fastattn._native.C is not None else status["cpu"])
     info = fastattn.build_info()
     cuda_ok = "error" not in info and info["cuda"] and torch.cuda.is_available()
     assert (status["cuda"] == "available") == bool(cuda_ok)
@@ -81,8 +83,7 @@ def test_build_info():
     assert torch.__version__.startswith(info["torch_version"]), (torch.__version__, info)
     if info["cuda"]:
         assert info["cuda_archs"] and info["cuda_version"]
-        assert all(part.replace(".", "").isdigit()
-                   for part in info["cuda_version"].split("."))
+        assert all(part.replace(".", "").isdigit() for part in info["cuda_version"].split("."))
     else:
         assert info["cuda_archs"] == "" and info["cuda_version"] is None
     assert fastattn.build_info() is not fastattn.build_info()  # a copy each call
@@ -222,8 +223,9 @@ def test_fastattn_backend_environment_variable():
     """FASTATTN_BACKEND=reference sets the default; use_backend and set_backend override it;
     set_backend(None) returns to it. Without TRITON_INTERPRET and a GPU the triton backend
     reports why it is unavailable and refuses CPU tensors."""
-    env = python_env({"FASTATTN_BACKEND": "reference", "CUDA_VISIBLE_DEVICES": ""},
-                     unset=("TRITON_INTERPRET",))
+    env = python_env(
+        {"FASTATTN_BACKEND": "reference", "CUDA_VISIBLE_DEVICES": ""}, unset=("TRITON_INTERPRET",)
+    )
     proc = run_python(_ENV_SCRIPT, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -329,12 +331,21 @@ def test_cpu_isa_copies_agree(tmp_path):
     float16/bfloat16, and the same dropout masks."""
     runs = {}
     for isa in ("default", "base", "avx2", "avx512"):
-        env = python_env({"FASTATTN_CPU_ISA": isa} if isa != "default" else {},
-                         unset=("FASTATTN_CPU_ISA",))
+        env = python_env(
+            {"FASTATTN_CPU_ISA": isa} if isa != "default" else {}, unset=("FASTATTN_CPU_ISA",)
+        )
         path = tmp_path / f"{isa}.pt"
-        runs[isa] = (path, subprocess.Popen(
-            [sys.executable, "-c", _ISA_SCRIPT, str(path)], cwd=REPO, env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        runs[isa] = (
+            path,
+            subprocess.Popen(
+                [sys.executable, "-c", _ISA_SCRIPT, str(path)],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            ),
+        )
     results = {}
     for isa, (path, proc) in runs.items():
         _, stderr = proc.communicate(timeout=600)
@@ -344,8 +355,9 @@ def test_cpu_isa_copies_agree(tmp_path):
     assert default["isa"] in ("base", "avx2", "avx512", "avx512bf16")
     assert results["base"]["isa"] == "base"
     assert results["avx2"]["isa"] == ("base" if default["isa"] == "base" else "avx2")
-    assert results["avx512"]["isa"] == ("avx512" if default["isa"].startswith("avx512")
-                                        else default["isa"])
+    assert results["avx512"]["isa"] == (
+        "avx512" if default["isa"].startswith("avx512") else default["isa"]
+    )
     keys = [k for k in default if k != "isa"]
     assert len(keys) > 40
     for isa in ("base", "avx2", "avx512"):
@@ -355,13 +367,18 @@ def test_cpu_isa_copies_agree(tmp_path):
             assert not torch.isnan(a).any(), (isa, key)
             if "dropout" in key:
                 assert torch.equal(a == 0, b == 0), (isa, key)
-            ulp = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}.get(a.dtype, 0.0)
+            ulp = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}.get(a.dtype, 0.0)
             if key.startswith("attention") and a.dtype == torch.bfloat16:
                 # avx512bf16 multiplies bfloat16 operands and rounds P and dS to bfloat16
                 # (as the GPU kernels do); the other copies multiply in float32.
-                ulp = 2.0 ** -4
-            torch.testing.assert_close(a.double(), b.double(), rtol=max(1e-6, ulp), atol=max(1e-6, ulp),
-                                       msg=lambda m, isa=isa, key=key: f"{isa} {key}: {m}")
+                ulp = 2.0**-4
+            torch.testing.assert_close(
+                a.double(),
+                b.double(),
+                rtol=max(1e-6, ulp),
+                atol=max(1e-6, ulp),
+                msg=lambda m, isa=isa, key=key: f"{isa} {key}: {m}",
+            )
 
 
 def test_automatic_order_on_cuda_follows_the_gpu_measurements():
@@ -369,6 +386,7 @@ def test_automatic_order_on_cuda_follows_the_gpu_measurements():
     the CUDA kernels on the first H100 run); the other ops keep the CUDA kernels first; CPU
     tensors always get cpu, then reference."""
     from fastattn import _backend
+
     assert _backend.automatic_order("attention", "cuda") == ("triton", "cuda", "reference")
     assert _backend.automatic_order("lstm", "cuda") == ("triton", "cuda", "reference")
     for op in ("lstm_cell", "varlen_attention", "attention_with_kvcache", "add_sinusoidal"):
@@ -406,8 +424,10 @@ def test_cpu_bf16_attention_amx_agrees_with_avx512bf16(tmp_path):
     turns that off. Both round the same operands to bfloat16 and accumulate in float32, so
     they differ only in summation order."""
     results = {}
-    for mode, env in (("default", python_env(unset=("FASTATTN_CPU_ISA",))),
-                      ("avx512bf16", python_env({"FASTATTN_CPU_ISA": "avx512bf16"}))):
+    for mode, env in (
+        ("default", python_env(unset=("FASTATTN_CPU_ISA",))),
+        ("avx512bf16", python_env({"FASTATTN_CPU_ISA": "avx512bf16"})),
+    ):
         path = tmp_path / f"{mode}.pt"
         proc = run_python(_AMX_SCRIPT, str(path), env=env)
         assert proc.returncode == 0, (mode, proc.stderr[-3000:])
@@ -420,5 +440,6 @@ def test_cpu_bf16_attention_amx_agrees_with_avx512bf16(tmp_path):
             continue
         b = results["avx512bf16"][key]
         assert not torch.isnan(a).any(), key
-        torch.testing.assert_close(a.double(), b.double(), rtol=2.0 ** -4, atol=2.0 ** -4,
-                                   msg=lambda m, key=key: f"{key}: {m}")
+        torch.testing.assert_close(
+            a.double(), b.double(), rtol=2.0**-4, atol=2.0**-4, msg=lambda m, key=key: f"{key}: {m}"
+        )

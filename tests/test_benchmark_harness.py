@@ -1,5 +1,6 @@
 """The benchmark harness (benchmarks/common.py) on toy providers: checks before timing, wrong
 and raising providers reported without hiding the others, interleaved rounds, speedups."""
+
 import sys
 import time
 from pathlib import Path
@@ -18,19 +19,27 @@ def _sleeper(seconds, calls, name, value):
         calls.append(name)
         time.sleep(seconds)
         return torch.tensor([value])
+
     return fn
 
 
 def test_run_case_checks_times_and_ranks():
     calls = []
     case = common.Case(
-        op="toy", name="n=1",
-        providers={"fast": _sleeper(0.002, calls, "fast", 1.0),
-                   "slow": _sleeper(0.008, calls, "slow", 1.0),
-                   "wrong": _sleeper(0.001, calls, "wrong", 2.0),
-                   "broken": lambda: (_ for _ in ()).throw(RuntimeError("no kernel\nmore"))},
-        reference="slow", baselines=("slow",), check=common.relative_error, flops=1e6,
-        judged=("fast", "wrong", "broken"))
+        op="toy",
+        name="n=1",
+        providers={
+            "fast": _sleeper(0.002, calls, "fast", 1.0),
+            "slow": _sleeper(0.008, calls, "slow", 1.0),
+            "wrong": _sleeper(0.001, calls, "wrong", 2.0),
+            "broken": lambda: (_ for _ in ()).throw(RuntimeError("no kernel\nmore")),
+        },
+        reference="slow",
+        baselines=("slow",),
+        check=common.relative_error,
+        flops=1e6,
+        judged=("fast", "wrong", "broken"),
+    )
     rows = {r["provider"]: r for r in common.run_case(case, CPU, min_time=0.05)}
     assert list(rows) == ["fast", "slow", "wrong", "broken"]  # the providers' order
     assert rows["wrong"]["status"].startswith("FAIL")
@@ -68,12 +77,18 @@ def test_measure_interleaved_rotates_and_drops_a_provider_that_raises():
 def test_a_baseline_over_the_tolerance_is_timed_with_a_note_not_failed():
     """The accuracy rule judges fastattn's providers; a PyTorch baseline's own error is shown."""
     case = common.Case(
-        op="toy", name="n=1",
-        providers={"fastattn:cpu": lambda: torch.tensor([1.0]),
-                   "reference": lambda: torch.tensor([1.0]),
-                   "eager": lambda: torch.tensor([1.5])},
-        reference="reference", baselines=("reference", "eager"), check=common.relative_error,
-        tolerance=1e-3)
+        op="toy",
+        name="n=1",
+        providers={
+            "fastattn:cpu": lambda: torch.tensor([1.0]),
+            "reference": lambda: torch.tensor([1.0]),
+            "eager": lambda: torch.tensor([1.5]),
+        },
+        reference="reference",
+        baselines=("reference", "eager"),
+        check=common.relative_error,
+        tolerance=1e-3,
+    )
     rows = {r["provider"]: r for r in common.run_case(case, CPU, min_time=0.0)}
     assert rows["eager"]["status"] == "ok" and "median_ms" in rows["eager"]
     assert rows["eager"]["note"].startswith("baseline, not judged: error 5.00e-01 > 1.0e-03")
@@ -88,11 +103,19 @@ def test_ground_truth_checks_follow_flashattentions_rule():
 
     def case(fast_outputs):
         return common.Case(
-            op="toy", name="n=1",
-            providers={"fastattn": lambda: fast_outputs,
-                       "torch": lambda: (torch.tensor([1.1]), torch.tensor([10.0]))},
-            reference="torch", baselines=("torch",), check=common.relative_error,
-            ground_truth=lambda: truth, factor=2.0, tolerance=1e-6)
+            op="toy",
+            name="n=1",
+            providers={
+                "fastattn": lambda: fast_outputs,
+                "torch": lambda: (torch.tensor([1.1]), torch.tensor([10.0])),
+            },
+            reference="torch",
+            baselines=("torch",),
+            check=common.relative_error,
+            ground_truth=lambda: truth,
+            factor=2.0,
+            tolerance=1e-6,
+        )
 
     within = (torch.tensor([1.15]), torch.tensor([10.0]))  # 0.15 <= 2 x 0.1
     rows = {r["provider"]: r for r in common.run_case(case(within), CPU, min_time=0.0)}
@@ -109,22 +132,35 @@ def test_ground_truth_checks_follow_flashattentions_rule():
 def test_csv_with_an_older_header_is_rewritten_with_the_current_columns(tmp_path):
     path = tmp_path / "cpu.csv"
     path.write_text("time,op,provider,status\n2026-01-01T00:00:00,toy,a,ok\n")
-    common.append_csv(path, [{"op": "toy", "provider": "b", "status": "ok", "note": "n"}],
-                      {"time": "2026-01-02T00:00:00"})
+    common.append_csv(
+        path,
+        [{"op": "toy", "provider": "b", "status": "ok", "note": "n"}],
+        {"time": "2026-01-02T00:00:00"},
+    )
     import csv
+
     rows = list(csv.DictReader(path.open()))
     assert list(rows[0]) == common.CSV_FIELDS
     assert [(r["time"][:10], r["provider"], r["note"]) for r in rows] == [
-        ("2026-01-01", "a", ""), ("2026-01-02", "b", "n")]
+        ("2026-01-01", "a", ""),
+        ("2026-01-02", "b", "n"),
+    ]
 
 
 def test_profiler_log_lines_are_dropped_and_other_stderr_output_kept(capfd):
     import os
+
     with common.without_profiler_logs():
-        os.write(2, b"USDT:2026-11-26 13:47:23 22126:22126 SyncActivityProfilerHandler.cpp:39]"
-                    b" profiler_start\n")
-        os.write(2, b"ERROR:2026-11-26 13:47:23 22126:22126 DeviceProperties.cpp:56] "
-                    b"gpuGetDeviceCount failed with code 35\n")
+        os.write(
+            2,
+            b"USDT:2026-11-26 13:47:23 22126:22126 SyncActivityProfilerHandler.cpp:39]"
+            b" profiler_start\n",
+        )
+        os.write(
+            2,
+            b"ERROR:2026-11-26 13:47:23 22126:22126 DeviceProperties.cpp:56] "
+            b"gpuGetDeviceCount failed with code 35\n",
+        )
         os.write(2, b"a warning of our own\n")
     assert capfd.readouterr().err == "a warning of our own\n"
 
@@ -136,6 +172,7 @@ def test_run_finds_the_checkout_and_prints_progress_summary_and_plots(tmp_path):
     whose paths it prints."""
     import os
     import subprocess
+
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     script = (
@@ -144,9 +181,16 @@ def test_run_finds_the_checkout_and_prints_progress_summary_and_plots(tmp_path):
         "sys.path[:] = [p for p in sys.path if p not in ('', '.')]\n"
         f"sys.argv = ['run.py', '--ops', 'decoding', '--device', 'cpu', '--min-time', '0.01',"
         f" '--csv', {str(tmp_path / 'cpu.csv')!r}]\n"
-        f"runpy.run_path({str(root / 'benchmarks' / 'run.py')!r}, run_name='__main__')\n")
-    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=600)
+        f"runpy.run_path({str(root / 'benchmarks' / 'run.py')!r}, run_name='__main__')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"fastattn from {root / 'fastattn'}" in out.stdout.splitlines()[0]
     assert "[op 1/1 decoding] case 1/" in out.stderr  # plain progress lines (no terminal)

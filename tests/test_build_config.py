@@ -1,5 +1,6 @@
 """The build's choices that users meet first: which CUDA toolkit setup.py compiles with
 (tools/cuda_toolkit.py) and how the environment report reads an arch list."""
+
 import importlib.util
 import os
 import stat
@@ -37,8 +38,9 @@ def _toolkit(root: Path, *, header=True, lib="lib64") -> Path:
 
 
 def _find(environ=None, nvcc=None, default_root="/nonexistent/cuda"):
-    return cuda_toolkit.find_cuda_home(environ or {}, which=lambda name: nvcc,
-                                       default_root=str(default_root))
+    return cuda_toolkit.find_cuda_home(
+        environ or {}, which=lambda name: nvcc, default_root=str(default_root)
+    )
 
 
 def test_cuda_home_from_the_environment_first(tmp_path):
@@ -65,8 +67,9 @@ def test_a_wrapper_nvcc_yields_the_toolkit_it_runs_not_its_folder(tmp_path):
     real = _toolkit(tmp_path / "cuda-13.0")
     # as /usr/local/bin/nvcc on the build machines: a script, so resolving links does not help,
     # and the parent of its folder (here tmp_path/usr_local) has no headers or libraries
-    wrapper = _executable(tmp_path / "usr_local" / "bin" / "nvcc",
-                          f'#!/bin/sh\nexec {real}/bin/nvcc "$@"\n')
+    wrapper = _executable(
+        tmp_path / "usr_local" / "bin" / "nvcc", f'#!/bin/sh\nexec {real}/bin/nvcc "$@"\n'
+    )
     assert _find(nvcc=str(wrapper)) == str(real)
 
 
@@ -91,31 +94,42 @@ def test_no_toolkit_at_all():
 
 def test_command_line_prints_the_root(tmp_path):
     root = _toolkit(tmp_path / "cuda")
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "cuda_toolkit.py")],
-                          env=dict(os.environ, CUDA_HOME=str(root)), capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "cuda_toolkit.py")],
+        env=dict(os.environ, CUDA_HOME=str(root)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == str(root), proc.stderr
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "cuda_toolkit.py")],
-                          env=dict(os.environ, CUDA_HOME=str(tmp_path / "missing")),
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "cuda_toolkit.py")],
+        env=dict(os.environ, CUDA_HOME=str(tmp_path / "missing")),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 1 and "CUDA_HOME=" in proc.stderr
 
 
-@pytest.mark.parametrize("archs, cc, expected", [
-    ("8.0;9.0+PTX", (8, 0), "native code for sm_80"),
-    ("8.0;9.0+PTX", (8, 6), "native code for sm_80"),   # same major: sm_80 code runs on 8.6
-    ("8.0;9.0+PTX", (8, 9), "native code for sm_80"),
-    ("8.0;9.0+PTX", (9, 0), "native code for sm_90"),
-    ("8.0;9.0+PTX", (10, 0), "compute_90 PTX"),         # Blackwell through the driver's JIT
-    ("8.0;9.0+PTX", (12, 0), "compute_90 PTX"),
-    ("8.0;9.0+PTX", (7, 5), "NOT COVERED"),
-    ("9.0", (8, 0), "NOT COVERED"),
-    ("9.0", (12, 0), "NOT COVERED"),                    # no PTX: newer majors cannot run sm_90
-    ("8.6", (8, 0), "NOT COVERED"),                     # sm_86 code needs minor >= 6
-    ("9.0a;12.0", (9, 0), "native code for sm_90"),
-    ("9.0a", (10, 0), "NOT COVERED"),
-    ("8.0 12.0", (12, 1), "native code for sm_120"),
-])
+@pytest.mark.parametrize(
+    "archs, cc, expected",
+    [
+        ("8.0;9.0+PTX", (8, 0), "native code for sm_80"),
+        ("8.0;9.0+PTX", (8, 6), "native code for sm_80"),  # same major: sm_80 code runs on 8.6
+        ("8.0;9.0+PTX", (8, 9), "native code for sm_80"),
+        ("8.0;9.0+PTX", (9, 0), "native code for sm_90"),
+        ("8.0;9.0+PTX", (10, 0), "compute_90 PTX"),  # Blackwell through the driver's JIT
+        ("8.0;9.0+PTX", (12, 0), "compute_90 PTX"),
+        ("8.0;9.0+PTX", (7, 5), "NOT COVERED"),
+        ("9.0", (8, 0), "NOT COVERED"),
+        ("9.0", (12, 0), "NOT COVERED"),  # no PTX: newer majors cannot run sm_90
+        ("8.6", (8, 0), "NOT COVERED"),  # sm_86 code needs minor >= 6
+        ("9.0a;12.0", (9, 0), "native code for sm_90"),
+        ("9.0a", (10, 0), "NOT COVERED"),
+        ("8.0 12.0", (12, 1), "native code for sm_120"),
+    ],
+)
 def test_arch_coverage(archs, cc, expected):
     assert expected in arch_coverage(archs, *cc)
 

@@ -4,6 +4,7 @@ product, multi-chunk and many-split plans, 1 and 132 emulated SMs) and the per-s
 against the float64 reference and against fastattn's CPU kernels. This is what stands between
 a change to those kernels and a GPU run; it builds the emulator (about a minute) and runs every
 case (about a minute)."""
+
 import os
 import subprocess
 import sys
@@ -17,8 +18,13 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.timeout(1500)
 def test_lstm_cuda_kernels_on_the_emulator():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "cuda_emu" / "run_lstm.py")],
-                          env=env, capture_output=True, text=True, timeout=1400)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "cuda_emu" / "run_lstm.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1400,
+    )
     report = proc.stdout + proc.stderr[-4000:]
     assert proc.returncode == 0, report
     assert "all emulated LSTM cases passed" in proc.stdout, report

@@ -2,6 +2,7 @@
 every test, ops fill the outputs they allocate with NaN before their kernels run, so an element
 a kernel forgets to write fails the comparison instead of passing with stale memory.
 """
+
 import torch
 
 from fastattn import _debug
@@ -16,5 +17,6 @@ def test_output_poisoning_is_active():
     assert _debug._poison
     with _debug.poison_outputs(True):
         assert torch.isnan(_debug.poison(torch.zeros(3))).all()
-        assert torch.equal(_debug.poison(torch.zeros(3, dtype=torch.long)),
-                           torch.zeros(3, dtype=torch.long))
+        assert torch.equal(
+            _debug.poison(torch.zeros(3, dtype=torch.long)), torch.zeros(3, dtype=torch.long)
+        )

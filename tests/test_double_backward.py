@@ -6,12 +6,13 @@ differentiate their reference composition instead (ops/_common.backward_through_
 Checked with gradgradcheck in float64 (cpu, reference) and against the reference in float32
 (triton, which takes no float64), at the op level (explicit dropout seeds) and through the
 drop-in modules against torch's own."""
+
 import pytest
 import torch
+from conftest import backend_device
 
 import fastattn
 import fastattn.reference.attention
-from conftest import backend_device
 
 F64 = torch.float64
 GG = dict(eps=1e-6, atol=1e-5, rtol=1e-4)
@@ -28,7 +29,7 @@ def _attention_args(device, dtype, variant):
     k = _rand(B, Hkv, Lk, D, dtype=dtype, device=device, seed=1)
     v = _rand(B, Hkv, Lk, Dv, dtype=dtype, device=device, seed=2)
     mask = padding = alibi = seed = None
-    scale, softcap, lo, hi, p = D ** -0.5, 0.0, -(1 << 30), 1 << 30, 0.0
+    scale, softcap, lo, hi, p = D**-0.5, 0.0, -(1 << 30), 1 << 30, 0.0
     if variant == "causal-softcap-alibi":
         hi, softcap = Lk - Lq, 2.0
         alibi = torch.rand(B, Hq, dtype=torch.float32).to(device)
@@ -42,17 +43,22 @@ def _attention_args(device, dtype, variant):
 
 
 def _attention_fn(backend, rest):
-    op = (torch.ops.fastattn.attention_forward_triton if backend == "triton"
-          else torch.ops.fastattn.attention_forward)
+    op = (
+        torch.ops.fastattn.attention_forward_triton
+        if backend == "triton"
+        else torch.ops.fastattn.attention_forward
+    )
     mask, padding, alibi, scale, softcap, lo, hi, p, seed = rest
 
     def fn(q, k, v):
         if backend == "reference":
             out, lse = fastattn.reference.attention.attention(
-                q, k, v, mask, padding, alibi, scale, softcap, lo, hi, p, seed)
+                q, k, v, mask, padding, alibi, scale, softcap, lo, hi, p, seed
+            )
         else:
             out, lse = op(q, k, v, mask, padding, alibi, scale, softcap, lo, hi, p, seed)
         return out, lse
+
     return fn
 
 
@@ -82,8 +88,12 @@ def test_attention_second_order_triton_matches_reference(variant):
     inputs, rest = _attention_args(device, torch.float32, variant)
     first, second = _second_order(_attention_fn("triton", rest), inputs)
     ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
-    rest64 = tuple(r.double() if isinstance(r, torch.Tensor) and r.is_floating_point()
-                   and r.dtype != torch.float32 else r for r in rest)
+    rest64 = tuple(
+        r.double()
+        if isinstance(r, torch.Tensor) and r.is_floating_point() and r.dtype != torch.float32
+        else r
+        for r in rest
+    )
     ref_first, ref_second = _second_order(_attention_fn("reference", rest64), ref_inputs)
     for got, want in zip(first + list(second), ref_first + list(ref_second)):
         torch.testing.assert_close(got.double(), want, atol=2e-4, rtol=2e-3)
@@ -108,8 +118,10 @@ def test_varlen_attention_gradgradcheck():
     v = _rand(7, 1, 3, seed=2)
 
     def fn(q, k, v):
-        return fastattn.varlen_attention(q, k, v, cu, cu, 4, 4, causal=True, return_lse=True,
-                                         backend="cpu")
+        return fastattn.varlen_attention(
+            q, k, v, cu, cu, 4, 4, causal=True, return_lse=True, backend="cpu"
+        )
+
     assert torch.autograd.gradgradcheck(fn, (q, k, v), **GG)
 
 
@@ -118,8 +130,10 @@ def test_additive_attention_gradgradcheck():
     w_query, w_keys, v = _rand(6, 4, seed=3), _rand(6, 4, seed=4), _rand(6, seed=5)
 
     def fn(query, keys, values, w_query, w_keys, v):
-        return fastattn.additive_attention(query, keys, values, w_query=w_query, w_keys=w_keys,
-                                           v=v, backend="cpu")
+        return fastattn.additive_attention(
+            query, keys, values, w_query=w_query, w_keys=w_keys, v=v, backend="cpu"
+        )
+
     assert torch.autograd.gradgradcheck(fn, (query, keys, values, w_query, w_keys, v), **GG)
 
 
@@ -131,7 +145,8 @@ def test_lstm_cell_gradgradcheck(backend, bias):
     args = [_rand(*s, device=device, scale=0.5, seed=i) for i, s in enumerate(shapes)]
     args += [] if bias else [None, None]
     assert torch.autograd.gradgradcheck(
-        lambda *a: fastattn.lstm_cell(*a, backend=backend), args, **GG)
+        lambda *a: fastattn.lstm_cell(*a, backend=backend), args, **GG
+    )
 
 
 @pytest.mark.parametrize("backend", ["cpu", "cuda"])
@@ -140,18 +155,23 @@ def test_lstm_layer_gradgradcheck(backend, variant):
     device = backend_device(backend)
     T, B, I, H = 4, 3, 3, 4
     D, P = (2, 2) if variant == "bidir-proj-lengths" else (1 if variant == "plain" else 2, H)
-    tensors = [_rand(T, B, I, device=device), _rand(D, B, P, device=device, seed=1),
-               _rand(D, B, H, device=device, seed=2),
-               _rand(D, 4 * H, I, device=device, scale=0.5, seed=3),
-               _rand(D, 4 * H, P, device=device, scale=0.5, seed=4),
-               _rand(D, 4 * H, device=device, seed=5), _rand(D, 4 * H, device=device, seed=6),
-               _rand(D, P, H, device=device, scale=0.5, seed=7) if P != H else None]
+    tensors = [
+        _rand(T, B, I, device=device),
+        _rand(D, B, P, device=device, seed=1),
+        _rand(D, B, H, device=device, seed=2),
+        _rand(D, 4 * H, I, device=device, scale=0.5, seed=3),
+        _rand(D, 4 * H, P, device=device, scale=0.5, seed=4),
+        _rand(D, 4 * H, device=device, seed=5),
+        _rand(D, 4 * H, device=device, seed=6),
+        _rand(D, P, H, device=device, scale=0.5, seed=7) if P != H else None,
+    ]
     lengths = torch.tensor([4, 2, 1]) if variant == "bidir-proj-lengths" else None
     p, seed = (0.3, torch.tensor([5, 6], device=device)) if variant == "dropout" else (0.0, None)
 
     def fn(*ts):
         out, h_n, c_n, _ = torch.ops.fastattn.lstm_layer(*ts, lengths, p, seed, True)
         return out, h_n, c_n
+
     assert torch.autograd.gradgradcheck(fn, tensors, **GG)
 
 
@@ -165,11 +185,12 @@ def test_embed_with_positions_gradgradcheck(backend, learned):
     def fn(weight, table):
         positions = table if learned else "sinusoidal"
         # (no padding_idx: its zero gradient row is by design not the derivative)
-        y = fastattn.embed_with_positions(tokens, weight, positions=positions, scale=1.5,
-                                          offset=2, backend=backend)
+        y = fastattn.embed_with_positions(
+            tokens, weight, positions=positions, scale=1.5, offset=2, backend=backend
+        )
         return y.sin()  # nonlinear, so the second derivative is not zero
-    assert torch.autograd.gradgradcheck(fn, (weight, table if learned else table.detach()),
-                                        **GG)
+
+    assert torch.autograd.gradgradcheck(fn, (weight, table if learned else table.detach()), **GG)
 
 
 @pytest.mark.parametrize("backend", ["cpu", "reference", "cuda"])
@@ -182,6 +203,7 @@ def test_apply_rotary_gradgradcheck(backend, tables):
 
     def fn(x):
         return fastattn.apply_rotary(x, cos=cos, sin=sin, offset=1, backend=backend).sin()
+
     assert torch.autograd.gradgradcheck(fn, (x,), **GG)
 
 
@@ -209,7 +231,7 @@ def test_multihead_attention_gradient_penalty_matches_torch():
     ours = fastattn.nn.MultiheadAttention(8, 2, batch_first=True, dtype=F64)
     ours.load_state_dict(theirs.state_dict())
     x = torch.randn(2, 5, 8, dtype=F64)
-    call = (lambda m, x: m(x, x, x, need_weights=False)[0])
+    call = lambda m, x: m(x, x, x, need_weights=False)[0]
     # torch's flash path has no double backward; its math path is the one to match
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
         want = _penalty_param_grads(theirs, x, call)
@@ -223,5 +245,5 @@ def test_lstm_module_gradient_penalty_matches_torch(bidirectional):
     ours = fastattn.nn.LSTM(3, 4, num_layers=2, bidirectional=bidirectional, dtype=F64)
     ours.load_state_dict(theirs.state_dict())
     x = torch.randn(5, 2, 3, dtype=F64)
-    call = (lambda m, x: m(x)[0])
+    call = lambda m, x: m(x)[0]
     _assert_same_grads(_penalty_param_grads(ours, x, call), _penalty_param_grads(theirs, x, call))

@@ -2,6 +2,7 @@
 batch sizes stay symbolic (one graph for every length, no recompilation), other head dims give
 correct results (the softmax scale 1/sqrt(D) is a float argument, which torch specializes),
 and forward and backward match eager."""
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -18,14 +19,20 @@ def _cu(n):
 
 
 def _kv_inputs(Lmax, D):
-    return (torch.randn(2, 4, 1, D), torch.zeros(2, 2, Lmax, D), torch.zeros(2, 2, Lmax, D),
-            torch.randn(2, 2, 1, D), torch.randn(2, 2, 1, D),
-            torch.tensor([3, Lmax - 2], dtype=torch.int32))
+    return (
+        torch.randn(2, 4, 1, D),
+        torch.zeros(2, 2, Lmax, D),
+        torch.zeros(2, 2, Lmax, D),
+        torch.randn(2, 2, 1, D),
+        torch.randn(2, 2, 1, D),
+        torch.tensor([3, Lmax - 2], dtype=torch.int32),
+    )
 
 
 def _kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens):
-    return fastattn.attention_with_kvcache(q, k_cache.clone(), v_cache.clone(), k_new=k_new,
-                                           v_new=v_new, cache_seqlens=cache_seqlens)
+    return fastattn.attention_with_kvcache(
+        q, k_cache.clone(), v_cache.clone(), k_new=k_new, v_new=v_new, cache_seqlens=cache_seqlens
+    )
 
 
 _lstm = fastattn.nn.LSTM(3, 4, num_layers=2, bidirectional=True)
@@ -35,36 +42,84 @@ _sin_pe = fastattn.nn.SinusoidalPositionalEncoding(16)
 # name: (function, make(length, other) -> inputs, lengths (other fixed), (length, other) with
 # another head dim or width, backward?)
 CASES = {
-    "attention": (lambda q, k, v: fastattn.attention(q, k, v, causal=True),
-                  lambda L, D: (_r(2, 4, L, D), _r(2, 2, L, D), _r(2, 2, L, D)), 16, (9, 32), True),
-    "attention-masks": (lambda q, k, v, m: fastattn.attention(q, k, v, key_padding_mask=m,
-                                                              window=(3, 0)),
-                        lambda L, D: (_r(2, 2, L, D), _r(2, 2, L + 1, D), _r(2, 2, L + 1, D),
-                                      torch.arange(L + 1).expand(2, L + 1) % 4 == 1),
-                        16, (9, 24), True),
-    "varlen_attention": (lambda q, k, v, cu: fastattn.varlen_attention(
-                             q, k, v, cu, cu, q.shape[0], q.shape[0], causal=True),
-                         lambda n, D: (_r(2 * n + 1, 2, D), _r(2 * n + 1, 2, D),
-                                       _r(2 * n + 1, 2, D), _cu(n)), 16, (6, 32), True),
-    "additive_attention": (lambda q, k, wq, wk, v: fastattn.additive_attention(
-                               q, k, w_query=wq, w_keys=wk, v=v),
-                           lambda L, D: (_r(2, L, D), _r(2, L + 2, D), _r(6, D), _r(6, D),
-                                         _r(6)), 8, (6, 12), True),
-    "lstm_cell": (lambda x, h, c, wi, wh: fastattn.lstm_cell(x, h, c, wi, wh),
-                  lambda B, H: (_r(B, 3), _r(B, H), _r(B, H), _r(4 * H, 3), _r(4 * H, H)), 4,
-                  (5, 6), True),
+    "attention": (
+        lambda q, k, v: fastattn.attention(q, k, v, causal=True),
+        lambda L, D: (_r(2, 4, L, D), _r(2, 2, L, D), _r(2, 2, L, D)),
+        16,
+        (9, 32),
+        True,
+    ),
+    "attention-masks": (
+        lambda q, k, v, m: fastattn.attention(q, k, v, key_padding_mask=m, window=(3, 0)),
+        lambda L, D: (
+            _r(2, 2, L, D),
+            _r(2, 2, L + 1, D),
+            _r(2, 2, L + 1, D),
+            torch.arange(L + 1).expand(2, L + 1) % 4 == 1,
+        ),
+        16,
+        (9, 24),
+        True,
+    ),
+    "varlen_attention": (
+        lambda q, k, v, cu: fastattn.varlen_attention(
+            q, k, v, cu, cu, q.shape[0], q.shape[0], causal=True
+        ),
+        lambda n, D: (_r(2 * n + 1, 2, D), _r(2 * n + 1, 2, D), _r(2 * n + 1, 2, D), _cu(n)),
+        16,
+        (6, 32),
+        True,
+    ),
+    "additive_attention": (
+        lambda q, k, wq, wk, v: fastattn.additive_attention(q, k, w_query=wq, w_keys=wk, v=v),
+        lambda L, D: (_r(2, L, D), _r(2, L + 2, D), _r(6, D), _r(6, D), _r(6)),
+        8,
+        (6, 12),
+        True,
+    ),
+    "lstm_cell": (
+        lambda x, h, c, wi, wh: fastattn.lstm_cell(x, h, c, wi, wh),
+        lambda B, H: (_r(B, 3), _r(B, H), _r(B, H), _r(4 * H, 3), _r(4 * H, H)),
+        4,
+        (5, 6),
+        True,
+    ),
     "nn.LSTM": (lambda x: _lstm(x)[0], lambda T, B: (_r(T, B, 3),), 2, (6, 3), True),
-    "nn.MultiheadAttention": (lambda x: _mha(x, x, x, need_weights=False)[0],
-                              lambda L, B: (_r(B, L, 8),), 2, (6, 3), True),
-    "add_sinusoidal": (lambda x: fastattn.add_sinusoidal(x, scale=2.0),
-                       lambda L, D: (_r(2, L, D),), 8, (6, 16), True),
-    "embed_with_positions": (lambda w, t: fastattn.embed_with_positions(t, w),
-                             lambda L, D: (_r(10, D), torch.arange(2 * L).view(2, L) % 10), 8,
-                             (6, 16), True),
-    "apply_rotary": (lambda x: fastattn.apply_rotary(x), lambda L, D: (_r(2, 2, L, D),), 8,
-                     (6, 16), True),
-    "nn.SinusoidalPositionalEncoding": (lambda x: _sin_pe(x), lambda L, B: (_r(B, L, 16),), 2,
-                                        (6, 3), True),
+    "nn.MultiheadAttention": (
+        lambda x: _mha(x, x, x, need_weights=False)[0],
+        lambda L, B: (_r(B, L, 8),),
+        2,
+        (6, 3),
+        True,
+    ),
+    "add_sinusoidal": (
+        lambda x: fastattn.add_sinusoidal(x, scale=2.0),
+        lambda L, D: (_r(2, L, D),),
+        8,
+        (6, 16),
+        True,
+    ),
+    "embed_with_positions": (
+        lambda w, t: fastattn.embed_with_positions(t, w),
+        lambda L, D: (_r(10, D), torch.arange(2 * L).view(2, L) % 10),
+        8,
+        (6, 16),
+        True,
+    ),
+    "apply_rotary": (
+        lambda x: fastattn.apply_rotary(x),
+        lambda L, D: (_r(2, 2, L, D),),
+        8,
+        (6, 16),
+        True,
+    ),
+    "nn.SinusoidalPositionalEncoding": (
+        lambda x: _sin_pe(x),
+        lambda L, B: (_r(B, L, 16),),
+        2,
+        (6, 3),
+        True,
+    ),
     "attention_with_kvcache": (_kvcache, _kv_inputs, 8, (24, 16), False),
 }
 

@@ -8,29 +8,39 @@ CI runs a fixed budget (FASTATTN_FUZZ_EXAMPLES, default 25 per test, derandomize
 reproducible); FASTATTN_FUZZ=long runs 1000 per test with a random seed. A failure prints the
 drawn arguments (hypothesis shrinks them): each becomes a regression test.
 """
+
 from __future__ import annotations
 
 import os
 
 import pytest
 import torch
+from conftest import backend_device
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import fastattn
-from conftest import backend_device
 from test_attention import check_against_reference
 
+import fastattn
+
 LONG = os.environ.get("FASTATTN_FUZZ") == "long"
-FUZZ = settings(max_examples=1000 if LONG else int(os.environ.get("FASTATTN_FUZZ_EXAMPLES", 25)),
-                deadline=None, derandomize=not LONG, print_blob=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=1000 if LONG else int(os.environ.get("FASTATTN_FUZZ_EXAMPLES", 25)),
+    deadline=None,
+    derandomize=not LONG,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 # triton runs bf16 arithmetic wrongly under the interpreter (TOOLCHAIN.md): only on a GPU.
-_DTYPES = {"cpu": (torch.float32, torch.float16, torch.bfloat16, torch.float64),
-           "triton": ((torch.float32, torch.float16, torch.bfloat16) if torch.cuda.is_available()
-                      else (torch.float32, torch.float16)),
-           "cuda": (torch.float32, torch.float16, torch.bfloat16, torch.float64)}
+_DTYPES = {
+    "cpu": (torch.float32, torch.float16, torch.bfloat16, torch.float64),
+    "triton": (
+        (torch.float32, torch.float16, torch.bfloat16)
+        if torch.cuda.is_available()
+        else (torch.float32, torch.float16)
+    ),
+    "cuda": (torch.float32, torch.float16, torch.bfloat16, torch.float64),
+}
 
 
 @st.composite
@@ -56,9 +66,21 @@ def attention_cases(draw, backend):
     mask_kind = draw(st.sampled_from([None, "bool", "float"]))
     if mask_kind is not None:
         # every shape that broadcasts to (B, Hq, Lq, Lk)
-        shape = draw(st.sampled_from([(Lk,), (Lq, Lk), (1, Lk), (Hq, Lq, Lk), (1, 1, Lq, Lk),
-                                      (B, 1, Lq, Lk), (B, Hq, Lq, Lk), (1, Hq, 1, Lk),
-                                      (B, 1, 1, Lk)]))
+        shape = draw(
+            st.sampled_from(
+                [
+                    (Lk,),
+                    (Lq, Lk),
+                    (1, Lk),
+                    (Hq, Lq, Lk),
+                    (1, 1, Lq, Lk),
+                    (B, 1, Lq, Lk),
+                    (B, Hq, Lq, Lk),
+                    (1, Hq, 1, Lk),
+                    (B, 1, 1, Lk),
+                ]
+            )
+        )
         if mask_kind == "bool":
             kw["attn_mask"] = torch.rand(shape, generator=g) > 0.25
         else:
@@ -69,8 +91,9 @@ def attention_cases(draw, backend):
     if draw(st.booleans()):
         kw["key_padding_mask"] = torch.rand(B, Lk, generator=g) > 0.7
     if draw(st.booleans()):
-        kw["alibi_slopes"] = torch.rand((Hq,) if draw(st.booleans()) else (B, Hq),
-                                        generator=g) * 0.5
+        kw["alibi_slopes"] = (
+            torch.rand((Hq,) if draw(st.booleans()) else (B, Hq), generator=g) * 0.5
+        )
     if draw(st.booleans()):
         kw["softcap"] = draw(st.sampled_from([1.0, 5.0, 30.0]))
     if draw(st.booleans()):
@@ -86,6 +109,7 @@ def attention_cases(draw, backend):
         elif layout == "strided":  # a last dimension with stride 2: copied by the op
             t = torch.stack([t, t], dim=-1)[..., 0]
         return t
+
     device = backend_device(backend)
     q, k, v = make(B, Hq, Lq, D), make(B, Hkv, Lk, D), make(B, Hkv, Lk, Dv)
     q, k, v = (t.to(dtype=dtype, device=device) for t in (q, k, v))
@@ -122,28 +146,48 @@ def lstm_cases(draw, backend):
     dropout = draw(st.sampled_from([0.0, 0.0, 0.3])) if layers > 1 else 0.0
     with_state = draw(st.booleans())
     seed = draw(st.integers(0, 2**16))
-    return dict(dtype=dtype, T=T, B=B, I=I, H=H, layers=layers, bidirectional=bidirectional,
-                proj=proj, bias=bias, batch_first=batch_first, lengths=lengths,
-                dropout=dropout, with_state=with_state, seed=seed)
+    return dict(
+        dtype=dtype,
+        T=T,
+        B=B,
+        I=I,
+        H=H,
+        layers=layers,
+        bidirectional=bidirectional,
+        proj=proj,
+        bias=bias,
+        batch_first=batch_first,
+        lengths=lengths,
+        dropout=dropout,
+        with_state=with_state,
+        seed=seed,
+    )
 
 
 def _run_lstm(backend, case, module, x, hx, cast=None):
     weights = [w.detach().to(cast or w.dtype).requires_grad_() for w in module._flat_weights]
     x = x.detach().to(cast or x.dtype).requires_grad_()
-    hx = None if hx is None else tuple(h.detach().to(cast or h.dtype).requires_grad_()
-                                       for h in hx)
+    hx = None if hx is None else tuple(h.detach().to(cast or h.dtype).requires_grad_() for h in hx)
     torch.manual_seed(case["seed"])
     out, (h_n, c_n) = fastattn.lstm(
-        x, hx, weights, num_layers=case["layers"], bidirectional=case["bidirectional"],
-        batch_first=case["batch_first"], dropout=case["dropout"], training=True,
-        proj_size=case["proj"], lengths=case["lengths"], backend=backend)
+        x,
+        hx,
+        weights,
+        num_layers=case["layers"],
+        bidirectional=case["bidirectional"],
+        batch_first=case["batch_first"],
+        dropout=case["dropout"],
+        training=True,
+        proj_size=case["proj"],
+        lengths=case["lengths"],
+        backend=backend,
+    )
     assert fastattn.last_backend("lstm") == backend
     g = torch.Generator().manual_seed(7)
     grads = [torch.randn(t.shape, generator=g).to(t) for t in (out, h_n, c_n)]
     leaves = [x, *weights] + ([] if hx is None else list(hx))
     d = torch.autograd.grad((out, h_n, c_n), leaves, grads, allow_unused=True)
-    return [out, h_n, c_n] + [torch.zeros_like(l) if gl is None else gl
-                              for l, gl in zip(leaves, d)]
+    return [out, h_n, c_n] + [torch.zeros_like(l) if gl is None else gl for l, gl in zip(leaves, d)]
 
 
 @pytest.mark.parametrize("backend", ["cpu", "triton", "cuda"])
@@ -155,18 +199,28 @@ def test_fuzz_lstm(backend):
     @given(case=lstm_cases(backend))
     def check(case):
         torch.manual_seed(case["seed"])
-        module = torch.nn.LSTM(case["I"], case["H"], num_layers=case["layers"],
-                               bias=case["bias"], bidirectional=case["bidirectional"],
-                               proj_size=case["proj"])
+        module = torch.nn.LSTM(
+            case["I"],
+            case["H"],
+            num_layers=case["layers"],
+            bias=case["bias"],
+            bidirectional=case["bidirectional"],
+            proj_size=case["proj"],
+        )
         module = module.to(device=device, dtype=case["dtype"])
         D, P = 1 + case["bidirectional"], case["proj"] or case["H"]
-        shape = (case["B"], case["T"], case["I"]) if case["batch_first"] else (
-            case["T"], case["B"], case["I"])
+        shape = (
+            (case["B"], case["T"], case["I"])
+            if case["batch_first"]
+            else (case["T"], case["B"], case["I"])
+        )
         x = torch.randn(shape).to(device=device, dtype=case["dtype"])
         hx = None
         if case["with_state"]:
-            hx = (torch.randn(case["layers"] * D, case["B"], P),
-                  torch.randn(case["layers"] * D, case["B"], case["H"]))
+            hx = (
+                torch.randn(case["layers"] * D, case["B"], P),
+                torch.randn(case["layers"] * D, case["B"], case["H"]),
+            )
             hx = tuple(h.to(device=device, dtype=case["dtype"]) for h in hx)
         got = _run_lstm(backend, case, module, x, hx)
         ref64 = _run_lstm("reference", case, module, x, hx, cast=torch.float64)
@@ -180,7 +234,8 @@ def test_fuzz_lstm(backend):
                 # reference in the same dtype, can be exact)
                 eps = torch.finfo(case["dtype"]).eps
                 floor = 64 * eps * (float(b.abs().max()) + 1.0) if b.numel() else 0.0
-            assert_fa_close(name, a, b, c, factor=2.0 if name in ("out", "h_n", "c_n") else 3.0,
-                            floor=floor)
+            assert_fa_close(
+                name, a, b, c, factor=2.0 if name in ("out", "h_n", "c_n") else 3.0, floor=floor
+            )
 
     check()

@@ -1,6 +1,7 @@
 """benchmarks/gpu_suite.sh, rehearsed without a GPU: a test stage cut off by its time share
 still reports every test that ended (passed and failed, by name), pytest's summary and its
 junit XML, so a slow first GPU run does not lose the names of its failing tests."""
+
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-FAKE_TESTS = '''
+FAKE_TESTS = """
 import time
 
 def test_cuda_passes():
@@ -22,7 +23,7 @@ def test_cuda_fails():
 
 def test_triton_hangs():
     time.sleep(600)
-'''
+"""
 
 
 @pytest.mark.timeout(240)
@@ -31,13 +32,24 @@ def test_cut_off_stage_keeps_test_names(tmp_path):
     tests.mkdir()
     (tests / "test_fake.py").write_text(FAKE_TESTS)
     out = tmp_path / "out"
-    env = dict(os.environ, PYTHON=sys.executable, GPU_SUITE_STAGES="tests",
-               GPU_SUITE_TESTS=str(tests), GPU_SUITE_WORKERS="2", GPU_SUITE_GRACE="20",
-               GPU_SUITE_TEST_TIMEOUT="300",  # the stage's cut-off, not pytest-timeout, ends it
-               # the test stage's share: 300 s less the 250 s kept for the bench
-               GPU_SUITE_SECONDS="300")
-    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_suite.sh"), str(out)],
-                          env=env, capture_output=True, text=True, timeout=200)
+    env = dict(
+        os.environ,
+        PYTHON=sys.executable,
+        GPU_SUITE_STAGES="tests",
+        GPU_SUITE_TESTS=str(tests),
+        GPU_SUITE_WORKERS="2",
+        GPU_SUITE_GRACE="20",
+        GPU_SUITE_TEST_TIMEOUT="300",  # the stage's cut-off, not pytest-timeout, ends it
+        # the test stage's share: 300 s less the 250 s kept for the bench
+        GPU_SUITE_SECONDS="300",
+    )
+    proc = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_suite.sh"), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     report = proc.stdout
     assert proc.returncode != 0, report
     assert "tests (GPU-specific): CUT OFF" in report, report

@@ -14,6 +14,7 @@ rnn-tanh and rnn-relu.
    backend refusals, state_dict both ways, swap/restore on a model with all seven recurrent
    module types.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,14 +23,13 @@ import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
+from conftest import backend_device
+from test_lstm import CONFIGS, REPO, close64, grads_of, slow
+from tolerance import assert_fa_close, assert_grad_close
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import fastattn
 from fastattn.ops import _recurrent
-from conftest import backend_device
-from test_lstm import CONFIGS, REPO, RUN_SLOW, close64, grads_of, slow
-from tolerance import assert_fa_close, assert_grad_close
 
 F64 = torch.float64
 KINDS = ("gru", "gru-textbook", "rnn-tanh", "rnn-relu")
@@ -42,8 +42,12 @@ def family(kind: str) -> str:
 
 def variant_kw(kind: str) -> dict:
     """The keyword that selects the cell variant of fastattn.gru / fastattn.rnn."""
-    return {"gru": dict(reset_after=True), "gru-textbook": dict(reset_after=False),
-            "rnn-tanh": dict(nonlinearity="tanh"), "rnn-relu": dict(nonlinearity="relu")}[kind]
+    return {
+        "gru": dict(reset_after=True),
+        "gru-textbook": dict(reset_after=False),
+        "rnn-tanh": dict(nonlinearity="tanh"),
+        "rnn-relu": dict(nonlinearity="relu"),
+    }[kind]
 
 
 def kind_device(backend: str, kind: str, dtype: torch.dtype = torch.float32) -> torch.device:
@@ -81,8 +85,8 @@ def _textbook_step(x, h, w_ih, w_hh, b_ih, b_hh):
     b = (b_ih + b_hh) if b_ih is not None else torch.zeros(3 * H, dtype=x.dtype)
     xh = torch.cat([x, h], dim=-1)
     r = torch.sigmoid(xh @ W[:H].T + b[:H])
-    z = torch.sigmoid(xh @ W[H:2 * H].T + b[H:2 * H])
-    n = torch.tanh(torch.cat([x, r * h], dim=-1) @ W[2 * H:].T + b[2 * H:])
+    z = torch.sigmoid(xh @ W[H : 2 * H].T + b[H : 2 * H])
+    n = torch.tanh(torch.cat([x, r * h], dim=-1) @ W[2 * H :].T + b[2 * H :])
     return (1 - z) * n + z * h
 
 
@@ -110,11 +114,13 @@ class TextbookGRU(torch.nn.Module):
             outs = []
             for d in range(D):
                 sfx = f"_l{layer}" + ("_reverse" if d else "")
-                w = [getattr(m, f"{n}{sfx}", None) for n in ("weight_ih", "weight_hh",
-                                                              "bias_ih", "bias_hh")]
+                w = [
+                    getattr(m, f"{n}{sfx}", None)
+                    for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+                ]
                 h = h0[layer * D + d]
                 seq = [None] * T
-                for t in (range(T) if d == 0 else range(T - 1, -1, -1)):
+                for t in range(T) if d == 0 else range(T - 1, -1, -1):
                     h = _textbook_step(x[t], h, *w)
                     seq[t] = h
                 outs.append(torch.stack(seq))
@@ -157,19 +163,28 @@ NO_PROJ = [c for c in CONFIGS if c.values[6] == 0]
 @pytest.mark.parametrize("T,B,I,H,layers,bidir,proj,batch_first,bias", NO_PROJ)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_matches_torch_float64(backend, kind, T, B, I, H, layers, bidir, proj, batch_first,
-                               bias):
+def test_matches_torch_float64(backend, kind, T, B, I, H, layers, bidir, proj, batch_first, bias):
     device = kind_device(backend, kind, F64)
-    theirs, ours = make_pair(kind, I, H, device=device, num_layers=layers, bidirectional=bidir,
-                             batch_first=batch_first, bias=bias)
+    theirs, ours = make_pair(
+        kind,
+        I,
+        H,
+        device=device,
+        num_layers=layers,
+        bidirectional=bidir,
+        batch_first=batch_first,
+        bias=bias,
+    )
     D = 2 if bidir else 1
     x = torch.randn((B, T, I) if batch_first else (T, B, I), dtype=F64, device=device)
     h0 = torch.randn(layers * D, B, H, dtype=F64, device=device)
     params = list(ours.parameters())
     ref = expected_module(kind, theirs, ours)
     ref_params = params if theirs is None else list(theirs.parameters())
-    results = [run_and_grad(m, [t.clone().requires_grad_() for t in (x, h0)], backend, ps)
-               for m, ps in ((ref, ref_params), (ours, params))]
+    results = [
+        run_and_grad(m, [t.clone().requires_grad_() for t in (x, h0)], backend, ps)
+        for m, ps in ((ref, ref_params), (ours, params))
+    ]
     assert fastattn.last_backend(family(kind)) == backend
     close64("output", results[1][0], results[0][0])
     close64("h_n", results[1][1], results[0][1])
@@ -183,8 +198,9 @@ def test_matches_torch_float64(backend, kind, T, B, I, H, layers, bidir, proj, b
 @pytest.mark.parametrize("batch_first", (False, True))
 def test_unbatched_and_default_hx(backend, kind, batch_first):
     device = kind_device(backend, kind, F64)
-    theirs, ours = make_pair(kind, 6, 5, device=device, num_layers=2, bidirectional=True,
-                             batch_first=batch_first)
+    theirs, ours = make_pair(
+        kind, 6, 5, device=device, num_layers=2, bidirectional=True, batch_first=batch_first
+    )
     ref = expected_module(kind, theirs, ours)
     x = torch.randn(7, 6, dtype=F64)
     h = torch.randn(4, 5, dtype=F64)
@@ -198,14 +214,18 @@ def test_unbatched_and_default_hx(backend, kind, batch_first):
 
 @pytest.mark.parametrize("kind", ("gru", "rnn-tanh", "rnn-relu"))
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("bidir,batch_first,layers", [
-    pytest.param(False, False, 1, id="plain"),
-    pytest.param(True, True, 2, id="bidir-batchfirst-2layer"),
-])
+@pytest.mark.parametrize(
+    "bidir,batch_first,layers",
+    [
+        pytest.param(False, False, 1, id="plain"),
+        pytest.param(True, True, 2, id="bidir-batchfirst-2layer"),
+    ],
+)
 def test_packed_sequence_matches_torch(backend, kind, bidir, batch_first, layers):
     device = kind_device(backend, kind, F64)
-    theirs, ours = make_pair(kind, 5, 8, device=device, num_layers=layers, bidirectional=bidir,
-                             batch_first=batch_first)
+    theirs, ours = make_pair(
+        kind, 5, 8, device=device, num_layers=layers, bidirectional=bidir, batch_first=batch_first
+    )
     D, B, T = 2 if bidir else 1, 6, 9
     lengths = torch.tensor([4, 9, 1, 9, 6, 2])
     x = torch.randn((B, T, 5) if batch_first else (T, B, 5), dtype=F64, device=device)
@@ -213,10 +233,12 @@ def test_packed_sequence_matches_torch(backend, kind, bidir, batch_first, layers
     results = []
     for module in (theirs, ours):
         leaves = [t.clone().requires_grad_() for t in (x, h0)]
-        packed = pack_padded_sequence(leaves[0], lengths, batch_first=batch_first,
-                                      enforce_sorted=False)
-        out, h_n, grads = run_and_grad(module, leaves, backend, list(module.parameters()),
-                                       call_args=(packed, leaves[1]))
+        packed = pack_padded_sequence(
+            leaves[0], lengths, batch_first=batch_first, enforce_sorted=False
+        )
+        out, h_n, grads = run_and_grad(
+            module, leaves, backend, list(module.parameters()), call_args=(packed, leaves[1])
+        )
         assert isinstance(out, torch.nn.utils.rnn.PackedSequence)
         results.append((out, h_n, grads))
     (o1, h1, g1), (o2, h2, g2) = results
@@ -249,16 +271,27 @@ def test_functional_lengths_match_reference(backend, kind):
     results = {}
     for be in (backend, "reference"):
         leaves = [t.clone().requires_grad_() for t in (x, h0)]
-        out, h_n = fn(leaves[0], leaves[1], weights, num_layers=2, bidirectional=True,
-                      lengths=lengths, backend=be, **variant_kw(kind))
+        out, h_n = fn(
+            leaves[0],
+            leaves[1],
+            weights,
+            num_layers=2,
+            bidirectional=True,
+            lengths=lengths,
+            backend=be,
+            **variant_kw(kind),
+        )
         assert fastattn.last_backend(family(kind)) == be
         w = random_weights(out, h_n)
-        results[be] = (out, h_n, grads_of((out * w[0]).sum() + (h_n * w[1]).sum(),
-                                          leaves + weights))
+        results[be] = (
+            out,
+            h_n,
+            grads_of((out * w[0]).sum() + (h_n * w[1]).sum(), leaves + weights),
+        )
     out = results[backend][0]
     for b in range(B):
         if lengths[b] < T:
-            assert out[int(lengths[b]):, b].abs().max() == 0
+            assert out[int(lengths[b]) :, b].abs().max() == 0
     close64("h_n of the zero-length row", results[backend][1][:, 2], h0[:, 2])
     close64("output", results[backend][0], results["reference"][0])
     close64("h_n", results[backend][1], results["reference"][1])
@@ -268,12 +301,15 @@ def test_functional_lengths_match_reference(backend, kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("B,I,H,bias,batched", [
-    pytest.param(1, 1, 1, True, True, id="B1-I1-H1"),
-    pytest.param(5, 300, 37, True, True, id="B5-I300-H37"),
-    pytest.param(33, 7, 37, False, True, id="B33-nobias"),
-    pytest.param(1, 9, 16, True, False, id="unbatched"),
-])
+@pytest.mark.parametrize(
+    "B,I,H,bias,batched",
+    [
+        pytest.param(1, 1, 1, True, True, id="B1-I1-H1"),
+        pytest.param(5, 300, 37, True, True, id="B5-I300-H37"),
+        pytest.param(33, 7, 37, False, True, id="B33-nobias"),
+        pytest.param(1, 9, 16, True, False, id="unbatched"),
+    ],
+)
 def test_cell_matches_torch(backend, kind, B, I, H, bias, batched):
     device = kind_device(backend, kind, F64)
     torch.manual_seed(0)
@@ -287,10 +323,11 @@ def test_cell_matches_torch(backend, kind, B, I, H, bias, batched):
     ours, theirs = ours.to(device=device, dtype=F64), theirs.to(device=device, dtype=F64)
     ours.load_state_dict(theirs.state_dict())
     if kind == "gru-textbook":
+
         def theirs(x, h=None):  # noqa: F811 - the textbook step on the same parameters
             h = torch.zeros(*x.shape[:-1], H, dtype=F64) if h is None else h
-            return _textbook_step(x, h, ours.weight_ih, ours.weight_hh, ours.bias_ih,
-                                  ours.bias_hh)
+            return _textbook_step(x, h, ours.weight_ih, ours.weight_hh, ours.bias_ih, ours.bias_hh)
+
     shape = (B,) if batched else ()
     x = torch.randn(*shape, I, dtype=F64, device=device)
     h = torch.randn(*shape, H, dtype=F64, device=device)
@@ -321,20 +358,28 @@ def _run_functional(kind, backend, dtype, inputs, params, *, lengths=None, **kw)
     out, h_n = fn(x, h0, weights, lengths=lengths, backend=backend, **variant_kw(kind), **kw)
     assert fastattn.last_backend(family(kind)) == backend
     g = torch.Generator().manual_seed(7)
-    loss = sum((t.double() * torch.randn(t.shape, generator=g, dtype=F64).to(t.device)).sum()
-               for t in (out, h_n))
+    loss = sum(
+        (t.double() * torch.randn(t.shape, generator=g, dtype=F64).to(t.device)).sum()
+        for t in (out, h_n)
+    )
     return (out.detach(), h_n.detach()), torch.autograd.grad(loss, leaves)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("backend", ("cpu", "cuda", "triton"))
-@pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16),
-                         ids=("fp32", "fp16", "bf16"))
-@pytest.mark.parametrize("case", [
-    pytest.param(dict(T=37, B=33, I=300, H=37), id="T37-B33-I300-H37"),
-    pytest.param(dict(T=20, B=9, I=16, H=64, num_layers=2, bidirectional=True, lengths=True),
-                 id="2layer-bidir-lengths"),
-])
+@pytest.mark.parametrize(
+    "dtype", (torch.float32, torch.float16, torch.bfloat16), ids=("fp32", "fp16", "bf16")
+)
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(dict(T=37, B=33, I=300, H=37), id="T37-B33-I300-H37"),
+        pytest.param(
+            dict(T=20, B=9, I=16, H=64, num_layers=2, bidirectional=True, lengths=True),
+            id="2layer-bidir-lengths",
+        ),
+    ],
+)
 def test_low_precision_fa_rule(backend, kind, dtype, case):
     device = kind_device(backend, kind, dtype)
     case = dict(case)
@@ -344,17 +389,19 @@ def test_low_precision_fa_rule(backend, kind, dtype, case):
     _, module = make_pair(kind, I, H, device=device, num_layers=layers, bidirectional=bidir)
     D = 2 if bidir else 1
     torch.manual_seed(1)
-    inputs = [torch.randn(T, B, I, dtype=F64).to(device),
-              torch.randn(layers * D, B, H, dtype=F64).to(device)]
+    inputs = [
+        torch.randn(T, B, I, dtype=F64).to(device),
+        torch.randn(layers * D, B, H, dtype=F64).to(device),
+    ]
     lengths = torch.randint(1, T + 1, (B,), device=device) if use_lengths else None
     kw = dict(case, num_layers=layers)
     inputs = [t.to(dtype).to(F64) for t in inputs]
     params = [t.detach().to(dtype).to(F64) for t in module._weights()]
     outs, grads = _run_functional(kind, backend, dtype, inputs, params, lengths=lengths, **kw)
-    outs64, grads64 = _run_functional(kind, "reference", F64, inputs, params, lengths=lengths,
-                                      **kw)
-    outs_lp, grads_lp = _run_functional(kind, "reference", dtype, inputs, params,
-                                        lengths=lengths, **kw)
+    outs64, grads64 = _run_functional(kind, "reference", F64, inputs, params, lengths=lengths, **kw)
+    outs_lp, grads_lp = _run_functional(
+        kind, "reference", dtype, inputs, params, lengths=lengths, **kw
+    )
     for name, a, b, c in zip(("output", "h_n"), outs, outs64, outs_lp):
         assert a.dtype == dtype
         assert_fa_close(f"{kind} [{backend}, {dtype}] {name}", a, b, c)
@@ -368,8 +415,9 @@ def test_low_precision_fa_rule(backend, kind, dtype, case):
 
 
 def _dropout_run(kind, backend, seed, *, training=True, p=0.4):
-    _, module = make_pair(kind, 6, 9, device="cpu", num_layers=3, bidirectional=True,
-                          dropout=p, seed=3)
+    _, module = make_pair(
+        kind, 6, 9, device="cpu", num_layers=3, bidirectional=True, dropout=p, seed=3
+    )
     module.train(training)
     x = torch.randn(8, 4, 6, dtype=F64, generator=torch.Generator().manual_seed(5))
     x.requires_grad_()
@@ -413,9 +461,15 @@ def _layer_args(kind, T=4, B=3, I=3, H=4, D=2, lengths=True, bias=True, grad=Tru
     def r(*shape, scale=1.0):
         return (torch.randn(*shape, generator=g, dtype=dtype) * scale).requires_grad_(grad)
 
-    return [r(T, B, I), r(D, B, H), r(D, G * H, I, scale=0.5), r(D, G * H, H, scale=0.5),
-            r(D, G * H) if bias else None, r(D, G * H) if bias else None,
-            torch.tensor([2, 4, 1][:B]) if lengths else None]
+    return [
+        r(T, B, I),
+        r(D, B, H),
+        r(D, G * H, I, scale=0.5),
+        r(D, G * H, H, scale=0.5),
+        r(D, G * H) if bias else None,
+        r(D, G * H) if bias else None,
+        torch.tensor([2, 4, 1][:B]) if lengths else None,
+    ]
 
 
 def _variant(kind):
@@ -458,8 +512,7 @@ def test_cell_gradcheck(backend, kind):
     shapes = [(3, 4), (3, 5), (G * 5, 4), (G * 5, 5), (G * 5,), (G * 5,)]
     args = [torch.randn(*s, generator=g, dtype=F64).to(device).requires_grad_() for s in shapes]
     fn = fastattn.gru_cell if family(kind) == "gru" else fastattn.rnn_cell
-    assert torch.autograd.gradcheck(
-        lambda *a: fn(*a, backend=backend, **variant_kw(kind)), args)
+    assert torch.autograd.gradcheck(lambda *a: fn(*a, backend=backend, **variant_kw(kind)), args)
 
 
 def _opcheck_cases(kind, device):
@@ -468,19 +521,36 @@ def _opcheck_cases(kind, device):
     cases = {
         "layer": (name, _layer_args(kind, lengths=False, D=1) + [0.0, None, v, True]),
         "layer-bidir-lengths": (name, _layer_args(kind) + [0.0, None, v, True]),
-        "layer-dropout-nobias": (name, _layer_args(kind, bias=False) + [
-            0.2, torch.tensor([1, 2]), v, True]),
+        "layer-dropout-nobias": (
+            name,
+            _layer_args(kind, bias=False) + [0.2, torch.tensor([1, 2]), v, True],
+        ),
         "layer-fp32": (name, _layer_args(kind, dtype=torch.float32) + [0.0, None, v, True]),
         "layer-inference": (name, _layer_args(kind, grad=False) + [0.0, None, v, False]),
     }
     args = _layer_args(kind, grad=False)
     _, _, ws = _layer_op(kind)(*args, 0.0, None, v, True)
     T, B, _ = args[0].shape
-    cases["layer_backward"] = (f"{name}_backward", [
-        torch.randn(T, B, 8, dtype=F64), torch.randn(2, B, 4, dtype=F64), *args[:4], args[6],
-        ws, 0.0, None, v, True, True, True])
-    return {k: (n, [a.to(device) if isinstance(a, torch.Tensor) else a for a in a_])
-            for k, (n, a_) in cases.items()}
+    cases["layer_backward"] = (
+        f"{name}_backward",
+        [
+            torch.randn(T, B, 8, dtype=F64),
+            torch.randn(2, B, 4, dtype=F64),
+            *args[:4],
+            args[6],
+            ws,
+            0.0,
+            None,
+            v,
+            True,
+            True,
+            True,
+        ],
+    )
+    return {
+        k: (n, [a.to(device) if isinstance(a, torch.Tensor) else a for a in a_])
+        for k, (n, a_) in cases.items()
+    }
 
 
 @pytest.mark.parametrize("case", list(_opcheck_cases("gru", "cpu")))
@@ -504,8 +574,15 @@ class _Encoder(torch.nn.Module):
 
     def forward(self, tokens, lengths):
         h, _ = self.gru(self.embed(tokens))
-        y, _ = fastattn.gru(self.embed(tokens), None, self.gru._weights(), num_layers=2,
-                            bidirectional=True, batch_first=True, lengths=lengths)
+        y, _ = fastattn.gru(
+            self.embed(tokens),
+            None,
+            self.gru._weights(),
+            num_layers=2,
+            bidirectional=True,
+            batch_first=True,
+            lengths=lengths,
+        )
         r, _ = self.rnn(h + y)
         return self.head(self.rnn_cell(self.gru_cell(r[:, -1])))
 
@@ -523,8 +600,10 @@ def test_compile_fullgraph():
     eager = model(tokens, lengths)
     torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
     params = list(model.parameters())
-    for g, e in zip(torch.autograd.grad(out.square().sum(), params),
-                    torch.autograd.grad(eager.square().sum(), params)):
+    for g, e in zip(
+        torch.autograd.grad(out.square().sum(), params),
+        torch.autograd.grad(eager.square().sum(), params),
+    ):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
 
 
@@ -562,9 +641,21 @@ def _same_error(call_ours, call_theirs):
 
 
 @pytest.mark.parametrize("kind", ("gru", "rnn-tanh"))
-@pytest.mark.parametrize("case", ["input_size", "h0_shape", "hx_dims", "dtype", "input_dims",
-                                  "unsorted_enforce_sorted", "proj_size", "bad_dropout",
-                                  "hidden_device", "nonlinearity"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "input_size",
+        "h0_shape",
+        "hx_dims",
+        "dtype",
+        "input_dims",
+        "unsorted_enforce_sorted",
+        "proj_size",
+        "bad_dropout",
+        "hidden_device",
+        "nonlinearity",
+    ],
+)
 def test_module_errors_match_torch(kind, case):
     theirs, ours = make_pair(kind, 5, 4, device="cpu", dtype=torch.float32, num_layers=2)
     cls_t, cls_o = type(theirs), type(ours)
@@ -583,8 +674,10 @@ def test_module_errors_match_torch(kind, case):
     elif case == "input_dims":
         _same_error(lambda: ours(torch.randn(5)), lambda: theirs(torch.randn(5)))
     elif case == "unsorted_enforce_sorted":
-        _same_error(lambda: ours(pack_padded_sequence(x, torch.tensor([3, 6, 2]))),
-                    lambda: theirs(pack_padded_sequence(x, torch.tensor([3, 6, 2]))))
+        _same_error(
+            lambda: ours(pack_padded_sequence(x, torch.tensor([3, 6, 2]))),
+            lambda: theirs(pack_padded_sequence(x, torch.tensor([3, 6, 2]))),
+        )
     elif case == "proj_size":
         _same_error(lambda: cls_o(5, 4, proj_size=2), lambda: cls_t(5, 4, proj_size=2))
     elif case == "bad_dropout":
@@ -593,8 +686,10 @@ def test_module_errors_match_torch(kind, case):
         hm = torch.zeros(2, 3, 4, device="meta")
         _same_error(lambda: ours(x, hm), lambda: theirs(x, hm))
     elif case == "nonlinearity":
-        _same_error(lambda: fastattn.nn.RNN(5, 4, nonlinearity="gelu"),
-                    lambda: torch.nn.RNN(5, 4, nonlinearity="gelu"))
+        _same_error(
+            lambda: fastattn.nn.RNN(5, 4, nonlinearity="gelu"),
+            lambda: torch.nn.RNN(5, 4, nonlinearity="gelu"),
+        )
 
 
 @pytest.mark.parametrize("cls", ("GRUCell", "RNNCell"))
@@ -640,8 +735,9 @@ def test_functional_errors():
     with pytest.raises(ValueError, match="nonlinearity must be 'tanh' or 'relu'"):
         fastattn.rnn(x, None, list(rnn_m._flat_weights), num_layers=1, nonlinearity="gelu")
     with pytest.raises(ValueError, match="nonlinearity must be 'tanh' or 'relu'"):
-        fastattn.rnn_cell(x[0], None, rnn_m.weight_ih_l0, rnn_m.weight_hh_l0,
-                          nonlinearity="sigmoid")
+        fastattn.rnn_cell(
+            x[0], None, rnn_m.weight_ih_l0, rnn_m.weight_hh_l0, nonlinearity="sigmoid"
+        )
     with pytest.raises(ValueError, match="w_ih must have shape"):
         fastattn.gru_cell(torch.randn(2, 5), None, gru_m.weight_ih_l0, gru_m.weight_hh_l0)
     with pytest.raises(ValueError, match="hidden0 has inconsistent hidden_size"):
@@ -652,13 +748,33 @@ def test_functional_errors():
         fastattn.gru(x.double(), None, w, num_layers=2)
     # the native ops' own checks (direct calls)
     with pytest.raises(RuntimeError, match="rnn_layer: nonlinearity must be 'tanh' or 'relu'"):
-        torch.ops.fastattn.rnn_layer(x, torch.zeros(1, 2, 4), rnn_m.weight_ih_l0[None],
-                                     rnn_m.weight_hh_l0[None], None, None, None, 0.0, None,
-                                     "gelu", False)
+        torch.ops.fastattn.rnn_layer(
+            x,
+            torch.zeros(1, 2, 4),
+            rnn_m.weight_ih_l0[None],
+            rnn_m.weight_hh_l0[None],
+            None,
+            None,
+            None,
+            0.0,
+            None,
+            "gelu",
+            False,
+        )
     with pytest.raises(RuntimeError, match="gru_layer: w_ih must have shape"):
-        torch.ops.fastattn.gru_layer(x, torch.zeros(1, 2, 4), torch.randn(1, 12, 5),
-                                     gru_m.weight_hh_l0[None], None, None, None, 0.0, None,
-                                     True, False)
+        torch.ops.fastattn.gru_layer(
+            x,
+            torch.zeros(1, 2, 4),
+            torch.randn(1, 12, 5),
+            gru_m.weight_hh_l0[None],
+            None,
+            None,
+            None,
+            0.0,
+            None,
+            True,
+            False,
+        )
 
 
 @pytest.mark.parametrize("kind", ("gru", "rnn-relu"))
@@ -713,15 +829,21 @@ def test_swap_and_restore_all_recurrent_modules():
     params = [id(p) for p in model.parameters()]
     fastattn.swap_modules(model)
     kinds = {name: cls for name, _, cls in fastattn.swap_summary(model)}
-    assert kinds == {"lstm": "LSTM", "gru": "GRU", "rnn": "RNN", "lstm_cell": "LSTMCell",
-                     "gru_cell": "GRUCell", "rnn_cell": "RNNCell", "attn": "MultiheadAttention"}
+    assert kinds == {
+        "lstm": "LSTM",
+        "gru": "GRU",
+        "rnn": "RNN",
+        "lstm_cell": "LSTMCell",
+        "gru_cell": "GRUCell",
+        "rnn_cell": "RNNCell",
+        "attn": "MultiheadAttention",
+    }
     assert list(model.state_dict()) == keys and [id(p) for p in model.parameters()] == params
     out = model(x)
     for op in ("gru", "rnn", "gru_cell", "rnn_cell"):
         assert fastattn.last_backend(op) == "cpu", op
     close64("swapped output", out, expected)
-    for a, b in zip(torch.autograd.grad(out.square().sum(), list(model.parameters())),
-                    g_expected):
+    for a, b in zip(torch.autograd.grad(out.square().sum(), list(model.parameters())), g_expected):
         close64("swapped grad", a, b)
     fastattn.restore_modules(model)
     assert type(model.gru) is torch.nn.GRU and type(model.rnn_cell) is torch.nn.RNNCell
@@ -760,11 +882,18 @@ def test_other_isa_copies_match():
         " [x] + list(m.parameters())))\n"
         "    err = max([err] + [float((a - b).abs().max()) for a, b in zip(*res)])\n"
         "print(fastattn.build_info()['cpu_isa'], err)\n"
-        "sys.exit(0 if err < 1e-5 else 1)\n")
+        "sys.exit(0 if err < 1e-5 else 1)\n"
+    )
     for isa in ("avx2", "base"):
         env = dict(os.environ, FASTATTN_CPU_ISA=isa)
-        proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -781,15 +910,18 @@ def test_other_isa_copies_match():
 @pytest.mark.parametrize("_slow", [pytest.param(None, marks=slow)])
 def test_grid_against_torch_float64(backend, kind, bidir, batch_first, I, H, B, T, _slow):
     device = kind_device(backend, kind, F64)
-    theirs, ours = make_pair(kind, I, H, device=device, num_layers=2, bidirectional=bidir,
-                             batch_first=batch_first)
+    theirs, ours = make_pair(
+        kind, I, H, device=device, num_layers=2, bidirectional=bidir, batch_first=batch_first
+    )
     ref = expected_module(kind, theirs, ours)
     ref_params = list(ours.parameters()) if theirs is None else list(theirs.parameters())
     D = 2 if bidir else 1
     x = torch.randn((B, T, I) if batch_first else (T, B, I), dtype=F64, device=device)
     h0 = torch.randn(2 * D, B, H, dtype=F64, device=device)
-    results = [run_and_grad(m, [t.clone().requires_grad_() for t in (x, h0)], backend, ps)
-               for m, ps in ((ref, ref_params), (ours, list(ours.parameters())))]
+    results = [
+        run_and_grad(m, [t.clone().requires_grad_() for t in (x, h0)], backend, ps)
+        for m, ps in ((ref, ref_params), (ours, list(ours.parameters())))
+    ]
     close64("output", results[1][0], results[0][0])
     close64("h_n", results[1][1], results[0][1])
     for i, (a, b) in enumerate(zip(results[1][2], results[0][2])):

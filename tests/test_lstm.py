@@ -11,12 +11,14 @@
 4. gradcheck, torch.library.opcheck, torch.compile(fullgraph=True), last_backend, errors
    (torch's own messages), state_dict both ways, a small swapped-model training run.
 5. Section 9, the CUDA backend's own concerns (GPU only): the recurrent path query,
-   persistent vs per-step paths, the CUDA ops against the CPU ops in float64 (dropout mask, lengths), lstm_cell's
+   persistent vs per-step paths, the CUDA ops against the CPU ops in float64 (dropout mask,
+   lengths), lstm_cell's
    fused and GEMM paths, streams and devices.
 The cuda tests skip without a GPU; the triton backend refuses float64, so its float64 tests
 skip and section 8 runs its kernels on small cases (the CPU interpreter is slow). The large
 grid is marked slow (FASTATTN_SLOW=1 runs it).
 """
+
 from __future__ import annotations
 
 import os
@@ -26,23 +28,27 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import backend_device
+from host_reads import (
+    assert_no_device_sync,
+    assert_no_host_reads,
+    device_checks,
+    fake_cuda,
+    force_device_checks,
+)
+from tolerance import assert_fa_close, assert_grad_close, rounding_floor
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import fastattn
 from fastattn import _backend
 from fastattn.ops.lstm import unsupported_backends
-from conftest import backend_device
-from host_reads import (assert_no_device_sync, assert_no_host_reads, device_checks, fake_cuda,
-                        force_device_checks)
-from tolerance import assert_fa_close, assert_grad_close, rounding_floor
 
 REPO = Path(__file__).resolve().parents[1]
 F64 = torch.float64
 # The slow grids only on request: on a GPU machine the lent time is too short for them (the
 # first H100 run spent its whole test budget on the attention grid at ~23 s per test).
 RUN_SLOW = os.environ.get("FASTATTN_SLOW", "") not in ("", "0")
-slow = [pytest.mark.slow, pytest.mark.skipif(not RUN_SLOW, reason="slow grid: set "
-                                             "FASTATTN_SLOW=1")]
+slow = [pytest.mark.slow, pytest.mark.skipif(not RUN_SLOW, reason="slow grid: set FASTATTN_SLOW=1")]
 
 
 def lstm_device(backend: str, dtype: torch.dtype = torch.float32) -> torch.device:
@@ -100,11 +106,18 @@ CONFIGS = [
 
 @pytest.mark.parametrize("T,B,I,H,layers,bidir,proj,batch_first,bias", CONFIGS)
 @pytest.mark.parametrize("backend", ("cpu", "cuda", "triton", "reference"))
-def test_lstm_matches_torch_float64(backend, T, B, I, H, layers, bidir, proj, batch_first,
-                                    bias):
+def test_lstm_matches_torch_float64(backend, T, B, I, H, layers, bidir, proj, batch_first, bias):
     device = lstm_device(backend, F64)
-    theirs, ours = make_pair(I, H, device=device, num_layers=layers, bidirectional=bidir,
-                             proj_size=proj, batch_first=batch_first, bias=bias)
+    theirs, ours = make_pair(
+        I,
+        H,
+        device=device,
+        num_layers=layers,
+        bidirectional=bidir,
+        proj_size=proj,
+        batch_first=batch_first,
+        bias=bias,
+    )
     D, P = 2 if bidir else 1, proj or H
     x = torch.randn((B, T, I) if batch_first else (T, B, I), dtype=F64, device=device)
     h0 = torch.randn(layers * D, B, P, dtype=F64, device=device)
@@ -131,8 +144,9 @@ def test_lstm_matches_torch_float64(backend, T, B, I, H, layers, bidir, proj, ba
 @pytest.mark.parametrize("batch_first", (False, True))
 def test_lstm_unbatched_and_default_hx(backend, batch_first):
     device = lstm_device(backend, F64)
-    theirs, ours = make_pair(6, 5, device=device, num_layers=2, bidirectional=True,
-                             batch_first=batch_first)
+    theirs, ours = make_pair(
+        6, 5, device=device, num_layers=2, bidirectional=True, batch_first=batch_first
+    )
     x = torch.randn(7, 6, dtype=F64)
     h = (torch.randn(4, 5, dtype=F64), torch.randn(4, 5, dtype=F64))
     with fastattn.use_backend(backend):
@@ -144,17 +158,27 @@ def test_lstm_unbatched_and_default_hx(backend, batch_first):
 
 
 @pytest.mark.parametrize("backend", ("cpu", "cuda", "triton", "reference"))
-@pytest.mark.parametrize("bidir,proj,batch_first,layers", [
-    pytest.param(False, 0, False, 1, id="plain"),
-    pytest.param(True, 0, True, 2, id="bidir-batchfirst-2layer"),
-    pytest.param(True, 3, True, 2, id="bidir-proj-batchfirst-2layer"),
-])
+@pytest.mark.parametrize(
+    "bidir,proj,batch_first,layers",
+    [
+        pytest.param(False, 0, False, 1, id="plain"),
+        pytest.param(True, 0, True, 2, id="bidir-batchfirst-2layer"),
+        pytest.param(True, 3, True, 2, id="bidir-proj-batchfirst-2layer"),
+    ],
+)
 def test_packed_sequence_matches_torch(backend, bidir, proj, batch_first, layers):
     """PackedSequence in and out (enforce_sorted=False: sorted/unsorted indices as torch),
     initial states given, every gradient."""
     device = lstm_device(backend, F64)
-    theirs, ours = make_pair(5, 8, device=device, num_layers=layers, bidirectional=bidir,
-                             proj_size=proj, batch_first=batch_first)
+    theirs, ours = make_pair(
+        5,
+        8,
+        device=device,
+        num_layers=layers,
+        bidirectional=bidir,
+        proj_size=proj,
+        batch_first=batch_first,
+    )
     D, P, B, T = 2 if bidir else 1, proj or 8, 6, 9
     lengths = torch.tensor([4, 9, 1, 9, 6, 2])
     x = torch.randn((B, T, 5) if batch_first else (T, B, 5), dtype=F64, device=device)
@@ -163,8 +187,9 @@ def test_packed_sequence_matches_torch(backend, bidir, proj, batch_first, layers
     results = []
     for module in (theirs, ours):
         leaves = [t.clone().requires_grad_() for t in (x, h0, c0)]
-        packed = pack_padded_sequence(leaves[0], lengths, batch_first=batch_first,
-                                      enforce_sorted=False)
+        packed = pack_padded_sequence(
+            leaves[0], lengths, batch_first=batch_first, enforce_sorted=False
+        )
         with fastattn.use_backend(backend):
             out, (h_n, c_n) = module(packed, (leaves[1], leaves[2]))
         assert isinstance(out, torch.nn.utils.rnn.PackedSequence)
@@ -178,8 +203,9 @@ def test_packed_sequence_matches_torch(backend, bidir, proj, batch_first, layers
     close64("packed output", o2.data, o1.data)
     close64("h_n", h2, h1)
     close64("c_n", c2, c1)
-    for (name, _), a, b in zip([("input", 0), ("h0", 0), ("c0", 0)] +
-                               list(ours.named_parameters()), g2, g1):
+    for (name, _), a, b in zip(
+        [("input", 0), ("h0", 0), ("c0", 0)] + list(ours.named_parameters()), g2, g1
+    ):
         close64(f"grad {name}", a, b)
     # The padded view as torch returns it.
     pad1, len1 = pad_packed_sequence(o1, batch_first=batch_first)
@@ -198,21 +224,30 @@ def test_functional_lengths_match_reference(backend):
     T, B = 11, 5
     lengths = torch.tensor([3, 11, 0, 7, 11], device=device)
     x = torch.randn(T, B, 4, dtype=F64, device=device)
-    hx = (torch.randn(4, B, 5, dtype=F64, device=device),
-          torch.randn(4, B, 7, dtype=F64, device=device))
+    hx = (
+        torch.randn(4, B, 5, dtype=F64, device=device),
+        torch.randn(4, B, 7, dtype=F64, device=device),
+    )
     weights = ours._weights()
     results = {}
     for be in (backend, "reference"):
         leaves = [t.clone().requires_grad_() for t in (x, *hx)]
-        out, (h_n, c_n) = fastattn.lstm(leaves[0], (leaves[1], leaves[2]), weights,
-                                        num_layers=2, bidirectional=True, proj_size=5,
-                                        lengths=lengths, backend=be)
+        out, (h_n, c_n) = fastattn.lstm(
+            leaves[0],
+            (leaves[1], leaves[2]),
+            weights,
+            num_layers=2,
+            bidirectional=True,
+            proj_size=5,
+            lengths=lengths,
+            backend=be,
+        )
         assert fastattn.last_backend("lstm") == be
         w = random_like_outputs(out, h_n, c_n)
         results[be] = (out, h_n, c_n, grads_of(loss_of(out, h_n, c_n, w), leaves + weights))
     out = results[backend][0]
     for b in range(B):
-        assert out[int(lengths[b]):, b].abs().max() == 0 if lengths[b] < T else True
+        assert out[int(lengths[b]) :, b].abs().max() == 0 if lengths[b] < T else True
     close64("h_n of the zero-length row", results[backend][1][:, 2], hx[0][:, 2])
     for name, a, b in zip(("output", "h_n", "c_n"), results[backend][:3], results["reference"][:3]):
         close64(name, a, b)
@@ -221,12 +256,15 @@ def test_functional_lengths_match_reference(backend):
 
 
 @pytest.mark.parametrize("backend", ("cpu", "cuda", "triton", "reference"))
-@pytest.mark.parametrize("B,I,H,bias,batched", [
-    pytest.param(1, 1, 1, True, True, id="B1-I1-H1"),
-    pytest.param(5, 300, 37, True, True, id="B5-I300-H37"),
-    pytest.param(33, 7, 37, False, True, id="B33-nobias"),
-    pytest.param(1, 9, 16, True, False, id="unbatched"),
-])
+@pytest.mark.parametrize(
+    "B,I,H,bias,batched",
+    [
+        pytest.param(1, 1, 1, True, True, id="B1-I1-H1"),
+        pytest.param(5, 300, 37, True, True, id="B5-I300-H37"),
+        pytest.param(33, 7, 37, False, True, id="B33-nobias"),
+        pytest.param(1, 9, 16, True, False, id="unbatched"),
+    ],
+)
 def test_lstm_cell_matches_torch(backend, B, I, H, bias, batched):
     device = lstm_device(backend, F64)
     torch.manual_seed(0)
@@ -268,36 +306,59 @@ def _run_functional(backend, dtype, inputs, params, *, lengths=None, **kw):
     out, (h_n, c_n) = fastattn.lstm(x, (h0, c0), weights, lengths=lengths, backend=backend, **kw)
     assert fastattn.last_backend("lstm") == backend
     g = torch.Generator().manual_seed(7)
-    loss = sum((t.double() * torch.randn(t.shape, generator=g, dtype=F64).to(t.device)).sum()
-               for t in (out, h_n, c_n))
+    loss = sum(
+        (t.double() * torch.randn(t.shape, generator=g, dtype=F64).to(t.device)).sum()
+        for t in (out, h_n, c_n)
+    )
     return (out.detach(), h_n.detach(), c_n.detach()), torch.autograd.grad(loss, leaves)
 
 
 @pytest.mark.parametrize("backend", ("cpu", "cuda", "triton"))
-@pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16),
-                         ids=("fp32", "fp16", "bf16"))
-@pytest.mark.parametrize("case", [
-    pytest.param(dict(T=37, B=33, I=300, H=37), id="T37-B33-I300-H37"),
-    pytest.param(dict(T=20, B=9, I=16, H=64, num_layers=2, bidirectional=True, proj_size=24,
-                      lengths=True), id="2layer-bidir-proj-lengths"),
-])
+@pytest.mark.parametrize(
+    "dtype", (torch.float32, torch.float16, torch.bfloat16), ids=("fp32", "fp16", "bf16")
+)
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(dict(T=37, B=33, I=300, H=37), id="T37-B33-I300-H37"),
+        pytest.param(
+            dict(
+                T=20, B=9, I=16, H=64, num_layers=2, bidirectional=True, proj_size=24, lengths=True
+            ),
+            id="2layer-bidir-proj-lengths",
+        ),
+    ],
+)
 def test_low_precision_fa_rule(backend, dtype, case):
     device = lstm_device(backend, dtype)
-    if backend == "triton" and device.type == "cpu" and not RUN_SLOW and (
-            dtype != torch.float32 or case.get("num_layers", 1) > 1):
-        pytest.skip("the interpreter runs only the one-layer large case, in float32 (the rest: "
-                    "test_triton_small_fa_rule; all of them with FASTATTN_SLOW=1)")
+    if (
+        backend == "triton"
+        and device.type == "cpu"
+        and not RUN_SLOW
+        and (dtype != torch.float32 or case.get("num_layers", 1) > 1)
+    ):
+        pytest.skip(
+            "the interpreter runs only the one-layer large case, in float32 (the rest: "
+            "test_triton_small_fa_rule; all of them with FASTATTN_SLOW=1)"
+        )
     case = dict(case)
     T, B, I, H = (case.pop(k) for k in ("T", "B", "I", "H"))
     use_lengths = case.pop("lengths", False)
-    layers, bidir, proj = case.get("num_layers", 1), case.get("bidirectional", False), \
-        case.get("proj_size", 0)
-    _, module = make_pair(I, H, device=device, num_layers=layers, bidirectional=bidir,
-                          proj_size=proj)
+    layers, bidir, proj = (
+        case.get("num_layers", 1),
+        case.get("bidirectional", False),
+        case.get("proj_size", 0),
+    )
+    _, module = make_pair(
+        I, H, device=device, num_layers=layers, bidirectional=bidir, proj_size=proj
+    )
     D, P = 2 if bidir else 1, proj or H
     torch.manual_seed(1)
-    inputs = (torch.randn(T, B, I, dtype=F64), torch.randn(layers * D, B, P, dtype=F64),
-              torch.randn(layers * D, B, H, dtype=F64))
+    inputs = (
+        torch.randn(T, B, I, dtype=F64),
+        torch.randn(layers * D, B, P, dtype=F64),
+        torch.randn(layers * D, B, H, dtype=F64),
+    )
     inputs = [t.to(device) for t in inputs]
     lengths = torch.randint(1, T + 1, (B,), device=device) if use_lengths else None
     kw = dict(case, num_layers=layers)
@@ -323,25 +384,43 @@ def test_lstm_cell_low_precision_fa_rule(backend, dtype, B):
     device = lstm_device(backend, dtype)
     torch.manual_seed(2)
     I, H = 300, 37
-    tensors = [torch.randn(B, I), torch.randn(B, H), torch.randn(B, H),
-               torch.randn(4 * H, I) * 0.1, torch.randn(4 * H, H) * 0.2, torch.randn(4 * H),
-               torch.randn(4 * H)]
+    tensors = [
+        torch.randn(B, I),
+        torch.randn(B, H),
+        torch.randn(B, H),
+        torch.randn(4 * H, I) * 0.1,
+        torch.randn(4 * H, H) * 0.2,
+        torch.randn(4 * H),
+        torch.randn(4 * H),
+    ]
     tensors = [t.to(dtype).to(device=device, dtype=F64) for t in tensors]
     runs = {}
-    for label, be, dt in (("out", backend, dtype), ("ref64", "reference", F64),
-                          ("ref_lowp", "reference", dtype)):
+    for label, be, dt in (
+        ("out", backend, dtype),
+        ("ref64", "reference", F64),
+        ("ref_lowp", "reference", dtype),
+    ):
         leaves = [t.to(dt).requires_grad_() for t in tensors]
         hy, cy = fastattn.lstm_cell(*leaves, backend=be)
         assert fastattn.last_backend("lstm_cell") == be
-        loss = (hy.double() * torch.cos(torch.arange(hy.numel(), dtype=F64)).view_as(hy)).sum() \
-            + (cy.double() * 0.5).sum()
+        loss = (hy.double() * torch.cos(torch.arange(hy.numel(), dtype=F64)).view_as(hy)).sum() + (
+            cy.double() * 0.5
+        ).sum()
         runs[label] = ((hy.detach(), cy.detach()), torch.autograd.grad(loss, leaves))
     for i, name in enumerate(("hy", "cy")):
-        assert_fa_close(f"lstm_cell [{backend}] {name}", runs["out"][0][i], runs["ref64"][0][i],
-                        runs["ref_lowp"][0][i])
+        assert_fa_close(
+            f"lstm_cell [{backend}] {name}",
+            runs["out"][0][i],
+            runs["ref64"][0][i],
+            runs["ref_lowp"][0][i],
+        )
     for i, name in enumerate(("input", "hx", "cx", "w_ih", "w_hh", "b_ih", "b_hh")):
-        assert_grad_close(f"lstm_cell [{backend}] grad {name}", runs["out"][1][i],
-                          runs["ref64"][1][i], runs["ref_lowp"][1][i])
+        assert_grad_close(
+            f"lstm_cell [{backend}] grad {name}",
+            runs["out"][1][i],
+            runs["ref64"][1][i],
+            runs["ref_lowp"][1][i],
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,8 +428,9 @@ def test_lstm_cell_low_precision_fa_rule(backend, dtype, B):
 
 
 def _dropout_run(backend, seed, *, training=True, p=0.4, dtype=F64):
-    _, module = make_pair(6, 9, device="cpu", dtype=dtype, num_layers=3, bidirectional=True,
-                          dropout=p, seed=3)
+    _, module = make_pair(
+        6, 9, device="cpu", dtype=dtype, num_layers=3, bidirectional=True, dropout=p, seed=3
+    )
     module.train(training)
     x = torch.randn(8, 4, 6, dtype=dtype, generator=torch.Generator().manual_seed(5))
     x.requires_grad_()
@@ -387,9 +467,17 @@ def test_dropout_rate_and_scale():
     input gradient is exactly the mask times 1/(1-p) times the undropped gradient."""
     torch.manual_seed(0)
     T, B, I, H = 30, 16, 64, 8
-    args = [torch.randn(T, B, I, dtype=F64, requires_grad=True), torch.zeros(1, B, H, dtype=F64),
-            torch.zeros(1, B, H, dtype=F64), torch.randn(1, 4 * H, I, dtype=F64),
-            torch.randn(1, 4 * H, H, dtype=F64), None, None, None, None]
+    args = [
+        torch.randn(T, B, I, dtype=F64, requires_grad=True),
+        torch.zeros(1, B, H, dtype=F64),
+        torch.zeros(1, B, H, dtype=F64),
+        torch.randn(1, 4 * H, I, dtype=F64),
+        torch.randn(1, 4 * H, H, dtype=F64),
+        None,
+        None,
+        None,
+        None,
+    ]
     seed = torch.tensor([1234, 99])
     out, *_ = torch.ops.fastattn.lstm_layer(*args, 0.25, seed, True)
     (g_drop,) = torch.autograd.grad(out.sum(), args[0])
@@ -415,10 +503,17 @@ def _layer_args(T=4, B=3, I=3, H=4, D=2, P=3, lengths=True, bias=True, grad=True
     def r(*shape, scale=1.0):
         return (torch.randn(*shape, generator=g, dtype=dtype) * scale).requires_grad_(grad)
 
-    return [r(T, B, I), r(D, B, P), r(D, B, H), r(D, 4 * H, I, scale=0.5),
-            r(D, 4 * H, P, scale=0.5), r(D, 4 * H) if bias else None,
-            r(D, 4 * H) if bias else None, r(D, P, H, scale=0.5) if P != H else None,
-            torch.tensor([2, 4, 1][:B]) if lengths else None]
+    return [
+        r(T, B, I),
+        r(D, B, P),
+        r(D, B, H),
+        r(D, 4 * H, I, scale=0.5),
+        r(D, 4 * H, P, scale=0.5),
+        r(D, 4 * H) if bias else None,
+        r(D, 4 * H) if bias else None,
+        r(D, P, H, scale=0.5) if P != H else None,
+        torch.tensor([2, 4, 1][:B]) if lengths else None,
+    ]
 
 
 @pytest.mark.parametrize("backend", ("cpu", "cuda"))
@@ -460,34 +555,70 @@ def _opcheck_cases(device):
     cases = {
         "layer": ("lstm_layer", _layer_args(lengths=False, D=1, P=4) + [0.0, None, True]),
         "layer-bidir-proj-lengths": ("lstm_layer", _layer_args() + [0.0, None, True]),
-        "layer-dropout-nobias": ("lstm_layer", _layer_args(bias=False) + [
-            0.2, torch.tensor([1, 2]), True]),
+        "layer-dropout-nobias": (
+            "lstm_layer",
+            _layer_args(bias=False) + [0.2, torch.tensor([1, 2]), True],
+        ),
         "layer-fp32": ("lstm_layer", _layer_args(dtype=torch.float32) + [0.0, None, True]),
         "layer-inference": ("lstm_layer", _layer_args(grad=False) + [0.0, None, False]),
-        "cell": ("lstm_cell", [torch.randn(3, 4, requires_grad=True),
-                               torch.randn(3, 5, requires_grad=True),
-                               torch.randn(3, 5, requires_grad=True),
-                               torch.randn(20, 4, requires_grad=True),
-                               torch.randn(20, 5, requires_grad=True),
-                               torch.randn(20, requires_grad=True),
-                               torch.randn(20, requires_grad=True)]),
-        "cell-large-batch": ("lstm_cell", [torch.randn(20, 4), torch.randn(20, 5),
-                                           torch.randn(20, 5), torch.randn(20, 4),
-                                           torch.randn(20, 5), None, None]),
+        "cell": (
+            "lstm_cell",
+            [
+                torch.randn(3, 4, requires_grad=True),
+                torch.randn(3, 5, requires_grad=True),
+                torch.randn(3, 5, requires_grad=True),
+                torch.randn(20, 4, requires_grad=True),
+                torch.randn(20, 5, requires_grad=True),
+                torch.randn(20, requires_grad=True),
+                torch.randn(20, requires_grad=True),
+            ],
+        ),
+        "cell-large-batch": (
+            "lstm_cell",
+            [
+                torch.randn(20, 4),
+                torch.randn(20, 5),
+                torch.randn(20, 5),
+                torch.randn(20, 4),
+                torch.randn(20, 5),
+                None,
+                None,
+            ],
+        ),
     }
     args = _layer_args(grad=False)
     _, _, _, ws = torch.ops.fastattn.lstm_layer(*args, 0.0, None, True)
     T, B, _ = args[0].shape
-    cases["layer_backward"] = ("lstm_layer_backward", [
-        torch.randn(T, B, 6, dtype=F64), None, torch.randn(2, B, 4, dtype=F64), *args[:5],
-        args[7], args[8], ws, 0.0, None, True, True, True])
-    cell = [torch.randn(3, 4), torch.randn(3, 5), torch.randn(3, 5), torch.randn(20, 4),
-            torch.randn(20, 5)]
+    cases["layer_backward"] = (
+        "lstm_layer_backward",
+        [
+            torch.randn(T, B, 6, dtype=F64),
+            None,
+            torch.randn(2, B, 4, dtype=F64),
+            *args[:5],
+            args[7],
+            args[8],
+            ws,
+            0.0,
+            None,
+            True,
+            True,
+            True,
+        ],
+    )
+    cell = [
+        torch.randn(3, 4),
+        torch.randn(3, 5),
+        torch.randn(3, 5),
+        torch.randn(20, 4),
+        torch.randn(20, 5),
+    ]
     _, _, cws = torch.ops.fastattn.lstm_cell(*cell, None, None)
-    cases["cell_backward"] = ("lstm_cell_backward", [torch.randn(3, 5), None, *cell, cws,
-                                                     False])
-    return {k: (name, [a.to(device) if isinstance(a, torch.Tensor) else a for a in args])
-            for k, (name, args) in cases.items()}
+    cases["cell_backward"] = ("lstm_cell_backward", [torch.randn(3, 5), None, *cell, cws, False])
+    return {
+        k: (name, [a.to(device) if isinstance(a, torch.Tensor) else a for a in args])
+        for k, (name, args) in cases.items()
+    }
 
 
 @pytest.mark.parametrize("case", list(_opcheck_cases("cpu")))
@@ -505,16 +636,24 @@ class _Tagger(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.embed = torch.nn.Embedding(30, 12)
-        self.lstm = fastattn.nn.LSTM(12, 16, num_layers=2, bidirectional=True, proj_size=8,
-                                     batch_first=True)
+        self.lstm = fastattn.nn.LSTM(
+            12, 16, num_layers=2, bidirectional=True, proj_size=8, batch_first=True
+        )
         self.cell = fastattn.nn.LSTMCell(16, 10)
         self.head = torch.nn.Linear(16 + 10, 5)
 
     def forward(self, tokens, lengths):
         h, _ = self.lstm(self.embed(tokens))
-        y, _ = fastattn.lstm(self.embed(tokens), None, self.lstm._weights(), num_layers=2,
-                             bidirectional=True, batch_first=True, proj_size=8,
-                             lengths=lengths)
+        y, _ = fastattn.lstm(
+            self.embed(tokens),
+            None,
+            self.lstm._weights(),
+            num_layers=2,
+            bidirectional=True,
+            batch_first=True,
+            proj_size=8,
+            lengths=lengths,
+        )
         hc, _ = self.cell(y[:, -1])
         return self.head(torch.cat([h[:, 0], hc], -1))
 
@@ -568,8 +707,13 @@ def test_default_backend_and_explicit_refusals():
     module = fastattn.nn.LSTM(3, 4)
     module(x)
     assert fastattn.last_backend("lstm") == "cpu"
-    fastattn.lstm_cell(torch.randn(2, 3), torch.randn(2, 4), torch.randn(2, 4),
-                       module.weight_ih_l0, module.weight_hh_l0)
+    fastattn.lstm_cell(
+        torch.randn(2, 3),
+        torch.randn(2, 4),
+        torch.randn(2, 4),
+        module.weight_ih_l0,
+        module.weight_hh_l0,
+    )
     assert fastattn.last_backend("lstm_cell") == "cpu"
     with fastattn.use_backend("reference"):
         module(x)
@@ -578,8 +722,11 @@ def test_default_backend_and_explicit_refusals():
     # without a GPU here
     for backend in ("cuda", "triton"):
         reason = unsupported_backends().get(backend)
-        if (backend == "triton" and reason is None
-                and _backend._can_run_device("triton", x.device) is None):
+        if (
+            backend == "triton"
+            and reason is None
+            and _backend._can_run_device("triton", x.device) is None
+        ):
             # CPU tensors under the interpreter: an explicit request runs the Triton kernels
             # (the automatic choice above stayed cpu); float64 is refused.
             with fastattn.use_backend(backend):
@@ -604,9 +751,22 @@ def _same_error(call_ours, call_theirs):
     assert str(ours.value) == str(theirs.value)
 
 
-@pytest.mark.parametrize("case", ["input_size", "h0_shape", "c0_shape", "hx_dims", "dtype",
-                                  "input_dims", "unsorted_enforce_sorted", "proj_too_big",
-                                  "bad_dropout", "input_device", "hidden_device"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "input_size",
+        "h0_shape",
+        "c0_shape",
+        "hx_dims",
+        "dtype",
+        "input_dims",
+        "unsorted_enforce_sorted",
+        "proj_too_big",
+        "bad_dropout",
+        "input_device",
+        "hidden_device",
+    ],
+)
 def test_module_errors_match_torch(case):
     theirs, ours = make_pair(5, 4, device="cpu", dtype=torch.float32, num_layers=2)
     x = torch.randn(6, 3, 5)
@@ -628,14 +788,18 @@ def test_module_errors_match_torch(case):
     elif case == "input_dims":
         _same_error(lambda: ours(torch.randn(5)), lambda: theirs(torch.randn(5)))
     elif case == "unsorted_enforce_sorted":
-        _same_error(lambda: ours(pack_padded_sequence(x, torch.tensor([3, 6, 2]))),
-                    lambda: theirs(pack_padded_sequence(x, torch.tensor([3, 6, 2]))))
+        _same_error(
+            lambda: ours(pack_padded_sequence(x, torch.tensor([3, 6, 2]))),
+            lambda: theirs(pack_padded_sequence(x, torch.tensor([3, 6, 2]))),
+        )
     elif case == "proj_too_big":
-        _same_error(lambda: fastattn.nn.LSTM(5, 4, proj_size=4),
-                    lambda: torch.nn.LSTM(5, 4, proj_size=4))
+        _same_error(
+            lambda: fastattn.nn.LSTM(5, 4, proj_size=4), lambda: torch.nn.LSTM(5, 4, proj_size=4)
+        )
     elif case == "bad_dropout":
-        _same_error(lambda: fastattn.nn.LSTM(5, 4, dropout=1.5),
-                    lambda: torch.nn.LSTM(5, 4, dropout=1.5))
+        _same_error(
+            lambda: fastattn.nn.LSTM(5, 4, dropout=1.5), lambda: torch.nn.LSTM(5, 4, dropout=1.5)
+        )
     elif case == "input_device":  # "meta" stands in for a second device without a GPU
         xm = x.to("meta")
         _same_error(lambda: ours(xm), lambda: theirs(xm))
@@ -666,8 +830,9 @@ def test_functional_errors():
         fastattn.lstm(x.long(), None, w, num_layers=1)
     with pytest.raises(ValueError, match="expected 2 or 4 weight tensors"):
         fastattn.lstm(x, None, w[:3], num_layers=1)
-    with pytest.raises(ValueError, match="input.size\\(-1\\) must be equal to input_size. "
-                                         "Expected 3, got 7"):
+    with pytest.raises(
+        ValueError, match="input.size\\(-1\\) must be equal to input_size. Expected 3, got 7"
+    ):
         fastattn.lstm(torch.randn(5, 2, 7), None, w, num_layers=1)
     with pytest.raises(ValueError, match="Expected hidden\\[0\\] size \\(1, 2, 4\\), got"):
         fastattn.lstm(x, (torch.zeros(1, 3, 4), torch.zeros(1, 2, 4)), w, num_layers=1)
@@ -685,13 +850,35 @@ def test_functional_errors():
         fastattn.lstm_cell(torch.randn(2, 3), torch.randn(2, 5), torch.randn(2, 4), w[0], w[1])
     # The native op's own checks (direct calls)
     with pytest.raises(RuntimeError, match="lstm_layer: lengths must be in \\[0, T\\]"):
-        torch.ops.fastattn.lstm_layer(x, torch.zeros(1, 2, 4), torch.zeros(1, 2, 4),
-                                      w[0][None], w[1][None], None, None, None,
-                                      torch.tensor([9, 1]), 0.0, None, False)
+        torch.ops.fastattn.lstm_layer(
+            x,
+            torch.zeros(1, 2, 4),
+            torch.zeros(1, 2, 4),
+            w[0][None],
+            w[1][None],
+            None,
+            None,
+            None,
+            torch.tensor([9, 1]),
+            0.0,
+            None,
+            False,
+        )
     with pytest.raises(RuntimeError, match="lstm_layer: w_ih must have shape"):
-        torch.ops.fastattn.lstm_layer(x, torch.zeros(1, 2, 4), torch.zeros(1, 2, 4),
-                                      w[0][None, :, :2], w[1][None], None, None, None, None,
-                                      0.0, None, False)
+        torch.ops.fastattn.lstm_layer(
+            x,
+            torch.zeros(1, 2, 4),
+            torch.zeros(1, 2, 4),
+            w[0][None, :, :2],
+            w[1][None],
+            None,
+            None,
+            None,
+            None,
+            0.0,
+            None,
+            False,
+        )
 
 
 @pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
@@ -705,13 +892,23 @@ def test_no_host_reads_for_cuda_tensors(backend_name):
         weights = []
         for layer in range(2):
             for _ in range(2):  # directions
-                weights += [torch.randn(16, 3 if layer == 0 else 8, device="cuda"),
-                            torch.randn(16, 4, device="cuda"), torch.randn(16, device="cuda"),
-                            torch.randn(16, device="cuda")]
+                weights += [
+                    torch.randn(16, 3 if layer == 0 else 8, device="cuda"),
+                    torch.randn(16, 4, device="cuda"),
+                    torch.randn(16, device="cuda"),
+                    torch.randn(16, device="cuda"),
+                ]
         x = torch.randn(5, 2, 3, device="cuda")
         lengths = torch.tensor([5, 2], device="cuda")
-        out, (h_n, c_n) = fastattn.lstm(x, None, weights, num_layers=2, bidirectional=True,
-                                        lengths=lengths, backend=backend_name)
+        out, (h_n, c_n) = fastattn.lstm(
+            x,
+            None,
+            weights,
+            num_layers=2,
+            bidirectional=True,
+            lengths=lengths,
+            backend=backend_name,
+        )
         assert out.shape == (5, 2, 8) and h_n.shape == c_n.shape == (4, 2, 4)
         assert fastattn.last_backend("lstm") == backend_name
         cell = fastattn.nn.LSTMCell(3, 4, device="cuda")
@@ -734,8 +931,15 @@ def test_cuda_no_synchronisation(backend_name):
     weights = list(lstm._flat_weights)
 
     def run():
-        out, (h_n, c_n) = fastattn.lstm(x, None, weights, num_layers=2, bidirectional=True,
-                                        lengths=lengths, backend=backend_name)
+        out, (h_n, c_n) = fastattn.lstm(
+            x,
+            None,
+            weights,
+            num_layers=2,
+            bidirectional=True,
+            lengths=lengths,
+            backend=backend_name,
+        )
         torch.autograd.grad(out.sum() + h_n.sum() + c_n.sum(), [x] + weights)
 
     assert_no_device_sync(run)
@@ -749,8 +953,7 @@ def test_device_checks_catch_bad_lengths(monkeypatch):
     x = torch.randn(5, 2, 3)
     for bad in ([6, 1], [-1, 2]):
         with pytest.raises(RuntimeError, match=r"lstm: lengths must be in \[0, T\] = \[0, 5\]"):
-            fastattn.lstm(x, None, w, num_layers=1, lengths=torch.tensor(bad),
-                          backend="reference")
+            fastattn.lstm(x, None, w, num_layers=1, lengths=torch.tensor(bad), backend="reference")
     fastattn.lstm(x, None, w, num_layers=1, lengths=torch.tensor([5, 0]), backend="reference")
 
 
@@ -831,13 +1034,21 @@ def test_other_isa_copies_match():
         "    o2, (h2, c2) = fastattn.lstm(x, None, m._weights(), num_layers=2,"
         " bidirectional=True, proj_size=4, lengths=L)\n"
         "g2 = torch.autograd.grad(o2.sum() + c2.sum(), [x] + list(m.parameters()))\n"
-        "err = max([float((a - b).abs().max()) for a, b in zip((o, h, c) + g, (o2, h2, c2) + g2)])\n"
+        "pairs = zip((o, h, c) + g, (o2, h2, c2) + g2)\n"
+        "err = max([float((a - b).abs().max()) for a, b in pairs])\n"
         "print(fastattn.build_info()['cpu_isa'], err)\n"
-        "sys.exit(0 if err < 1e-5 else 1)\n")
+        "sys.exit(0 if err < 1e-5 else 1)\n"
+    )
     for isa in ("avx2", "base"):
         env = dict(os.environ, FASTATTN_CPU_ISA=isa)
-        proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -848,30 +1059,51 @@ def test_other_isa_copies_match():
 @pytest.mark.parametrize("T", (1, 2, 37, 100))
 @pytest.mark.parametrize("B", (1, 33))
 @pytest.mark.parametrize("I,H", [(1, 1), (300, 37), (16, 64)])
-@pytest.mark.parametrize("bidir,proj,batch_first,packed", [
-    (False, 0, False, False), (True, 0, True, False), (True, 5, True, True),
-    (False, 7, False, True)])
+@pytest.mark.parametrize(
+    "bidir,proj,batch_first,packed",
+    [
+        (False, 0, False, False),
+        (True, 0, True, False),
+        (True, 5, True, True),
+        (False, 7, False, True),
+    ],
+)
 @pytest.mark.parametrize("backend", ("cpu", "cuda", "triton"))
 @pytest.mark.parametrize("_slow", [pytest.param(None, marks=slow)])
-def test_grid_against_torch_float64(backend, bidir, proj, batch_first, packed, I, H, B, T,
-                                    _slow):
+def test_grid_against_torch_float64(backend, bidir, proj, batch_first, packed, I, H, B, T, _slow):
     if proj >= H:
         pytest.skip("proj_size must be < hidden_size")
     device = lstm_device(backend, F64)
-    theirs, ours = make_pair(I, H, device=device, num_layers=2, bidirectional=bidir,
-                             proj_size=proj, batch_first=batch_first)
+    theirs, ours = make_pair(
+        I,
+        H,
+        device=device,
+        num_layers=2,
+        bidirectional=bidir,
+        proj_size=proj,
+        batch_first=batch_first,
+    )
     x = torch.randn((B, T, I) if batch_first else (T, B, I), dtype=F64, device=device)
     lengths = torch.randint(1, T + 1, (B,)) if packed else None
     results = []
     for module in (theirs, ours):
         xl = x.clone().requires_grad_()
-        inp = pack_padded_sequence(xl, lengths, batch_first=batch_first,
-                                   enforce_sorted=False) if packed else xl
+        inp = (
+            pack_padded_sequence(xl, lengths, batch_first=batch_first, enforce_sorted=False)
+            if packed
+            else xl
+        )
         with fastattn.use_backend(backend):
             out, (h_n, c_n) = module(inp)
         w = random_like_outputs(out, h_n, c_n)
-        results.append(((out.data if packed else out), h_n, c_n,
-                        grads_of(loss_of(out, h_n, c_n, w), [xl] + list(module.parameters()))))
+        results.append(
+            (
+                (out.data if packed else out),
+                h_n,
+                c_n,
+                grads_of(loss_of(out, h_n, c_n, w), [xl] + list(module.parameters())),
+            )
+        )
     for i, (a, b) in enumerate(zip(results[1][:3], results[0][:3])):
         close64(f"output {i}", a, b, rtol=1e-8, atol=1e-9)
     for i, (a, b) in enumerate(zip(results[1][3], results[0][3])):
@@ -902,13 +1134,16 @@ def _tiny_floor(ref64: torch.Tensor, dtype: torch.dtype) -> float:
 
 def _triton_fa_rule(dtype, T, B, I, H, layers, bidir, proj, lengths, batch_first):
     device = lstm_device("triton", dtype)
-    _, module = make_pair(I, H, device=device, num_layers=layers, bidirectional=bidir,
-                          proj_size=proj)
+    _, module = make_pair(
+        I, H, device=device, num_layers=layers, bidirectional=bidir, proj_size=proj
+    )
     D, P = 2 if bidir else 1, proj or H
     g = torch.Generator().manual_seed(T * 100 + B * 10 + H)
     shape = (B, T, I) if batch_first else (T, B, I)
-    inputs = [torch.randn(*s, generator=g, dtype=F64).to(dtype).to(device=device, dtype=F64)
-              for s in (shape, (layers * D, B, P), (layers * D, B, H))]
+    inputs = [
+        torch.randn(*s, generator=g, dtype=F64).to(dtype).to(device=device, dtype=F64)
+        for s in (shape, (layers * D, B, P), (layers * D, B, H))
+    ]
     params = [t.detach().to(dtype).to(F64) for t in module._weights()]
     lengths = torch.tensor(lengths, device=device) if lengths is not None else None
     kw = dict(num_layers=layers, bidirectional=bidir, proj_size=proj, batch_first=batch_first)
@@ -920,8 +1155,9 @@ def _triton_fa_rule(dtype, T, B, I, H, layers, bidir, proj, lengths, batch_first
         assert_fa_close(f"lstm [triton, {dtype}] {name}", a, b, c, floor=_tiny_floor(b, dtype))
     names = ["input", "h0", "c0"] + [f"weights[{i}]" for i in range(len(params))]
     for name, a, b, c in zip(names, grads, grads64, grads_lp):
-        assert_grad_close(f"lstm [triton, {dtype}] grad {name}", a, b, c,
-                          floor=_tiny_floor(b, dtype))
+        assert_grad_close(
+            f"lstm [triton, {dtype}] grad {name}", a, b, c, floor=_tiny_floor(b, dtype)
+        )
     if lengths is not None:
         out = outs[0] if not batch_first else outs[0].transpose(0, 1)
         for row, n in enumerate(lengths.tolist()):
@@ -929,8 +1165,9 @@ def _triton_fa_rule(dtype, T, B, I, H, layers, bidir, proj, lengths, batch_first
                 assert out[n:, row].abs().max() == 0, f"row {row}: output past its end"
 
 
-@pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16),
-                         ids=("fp32", "fp16", "bf16"))
+@pytest.mark.parametrize(
+    "dtype", (torch.float32, torch.float16, torch.bfloat16), ids=("fp32", "fp16", "bf16")
+)
 @pytest.mark.parametrize("T,B,I,H,layers,bidir,proj,lengths,batch_first", TRITON_CASES)
 def test_triton_small_fa_rule(dtype, T, B, I, H, layers, bidir, proj, lengths, batch_first):
     """fastattn.lstm on the triton backend (the kernels ran: last_backend) against the float64
@@ -943,11 +1180,21 @@ def test_triton_several_tiles(monkeypatch):
     """Tiles of 16 under the interpreter: several tiles along the batch, hidden, projected and
     reduction dimensions (B = 33, H = 37, P = 20, 4H = 148), lengths, both directions."""
     from fastattn.triton import lstm as triton_lstm
+
     lstm_device("triton")
     monkeypatch.setattr(triton_lstm, "INTERPRETER_MAX_BLOCK", 16)
-    _triton_fa_rule(torch.float32, 3, 33, 5, 37, 1, True, 20,
-                    [int(v) for v in torch.randint(0, 4, (33,), generator=torch.Generator()
-                                                   .manual_seed(0))], False)
+    _triton_fa_rule(
+        torch.float32,
+        3,
+        33,
+        5,
+        37,
+        1,
+        True,
+        20,
+        [int(v) for v in torch.randint(0, 4, (33,), generator=torch.Generator().manual_seed(0))],
+        False,
+    )
 
 
 def test_triton_dropout_mask_matches_cpu():
@@ -957,17 +1204,24 @@ def test_triton_dropout_mask_matches_cpu():
     lstm_device("cpu")
     g = torch.Generator().manual_seed(3)
     T, B, I, H, D, P = 5, 3, 5, 7, 2, 4
-    args = [torch.randn(T, B, I, generator=g), torch.randn(D, B, P, generator=g),
-            torch.randn(D, B, H, generator=g), torch.randn(D, 4 * H, I, generator=g) * 0.5,
-            torch.randn(D, 4 * H, P, generator=g) * 0.5, torch.randn(D, 4 * H, generator=g),
-            torch.randn(D, 4 * H, generator=g), torch.randn(D, P, H, generator=g) * 0.5,
-            torch.tensor([5, 2, 4])]
+    args = [
+        torch.randn(T, B, I, generator=g),
+        torch.randn(D, B, P, generator=g),
+        torch.randn(D, B, H, generator=g),
+        torch.randn(D, 4 * H, I, generator=g) * 0.5,
+        torch.randn(D, 4 * H, P, generator=g) * 0.5,
+        torch.randn(D, 4 * H, generator=g),
+        torch.randn(D, 4 * H, generator=g),
+        torch.randn(D, P, H, generator=g) * 0.5,
+        torch.tensor([5, 2, 4]),
+    ]
     seed, p = torch.tensor([1234, 7]), 0.4
     results = {}
     for suffix, dev in (("_triton", device), ("", torch.device("cpu"))):
         leaves = [a.to(dev).requires_grad_(a.is_floating_point()) for a in args]
         out, h_n, c_n, _ = getattr(torch.ops.fastattn, "lstm_layer" + suffix)(
-            *leaves, p, seed.to(dev), True)
+            *leaves, p, seed.to(dev), True
+        )
         w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(dev)
         grads = torch.autograd.grad((out * w).sum() + c_n.sum(), leaves[:8])
         results[suffix] = tuple(t.cpu() for t in (out, h_n, c_n) + grads)
@@ -986,8 +1240,9 @@ def test_triton_dropout_between_layers_matches_cpu():
     runs = {}
     for backend in ("triton", "cpu"):
         device = lstm_device(backend)
-        _, module = make_pair(4, 5, device=device, dtype=torch.float32, num_layers=2,
-                              dropout=0.5, seed=2)
+        _, module = make_pair(
+            4, 5, device=device, dtype=torch.float32, num_layers=2, dropout=0.5, seed=2
+        )
         module.train()
         x = torch.randn(4, 2, 4, generator=torch.Generator().manual_seed(4)).to(device)
         x.requires_grad_()
@@ -995,27 +1250,39 @@ def test_triton_dropout_between_layers_matches_cpu():
         with fastattn.use_backend(backend):
             out, (h_n, c_n) = module(x)
         assert fastattn.last_backend("lstm") == backend
-        runs[backend] = tuple(t.cpu() for t in (out, h_n) + torch.autograd.grad(
-            out.sum() + c_n.sum(), [x] + list(module.parameters())))
+        runs[backend] = tuple(
+            t.cpu()
+            for t in (out, h_n)
+            + torch.autograd.grad(out.sum() + c_n.sum(), [x] + list(module.parameters()))
+        )
     for i, (a, b) in enumerate(zip(runs["triton"], runs["cpu"])):
         torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-6, msg=lambda m: f"{i}: {m}")
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float16), ids=("fp32", "fp16"))
-@pytest.mark.parametrize("bias,batched", [(True, True), (False, True), (True, False)],
-                         ids=("bias", "nobias", "unbatched"))
+@pytest.mark.parametrize(
+    "bias,batched",
+    [(True, True), (False, True), (True, False)],
+    ids=("bias", "nobias", "unbatched"),
+)
 def test_triton_cell_small(dtype, bias, batched):
     """fastattn.lstm_cell on triton (B = 3, I = 5, H = 7) under FlashAttention's rule."""
     device = lstm_device("triton", dtype)
     g = torch.Generator().manual_seed(9)
     lead = (3,) if batched else ()
-    shapes = [lead + (5,), lead + (7,), lead + (7,), (28, 5), (28, 7)] + \
-        ([(28,), (28,)] if bias else [])
-    tensors = [torch.randn(*s, generator=g, dtype=F64).to(dtype).to(device=device, dtype=F64)
-               for s in shapes]
+    shapes = [lead + (5,), lead + (7,), lead + (7,), (28, 5), (28, 7)] + (
+        [(28,), (28,)] if bias else []
+    )
+    tensors = [
+        torch.randn(*s, generator=g, dtype=F64).to(dtype).to(device=device, dtype=F64)
+        for s in shapes
+    ]
     runs = {}
-    for label, be, dt in (("out", "triton", dtype), ("ref64", "reference", F64),
-                          ("ref_lowp", "reference", dtype)):
+    for label, be, dt in (
+        ("out", "triton", dtype),
+        ("ref64", "reference", F64),
+        ("ref_lowp", "reference", dtype),
+    ):
         leaves = [t.to(dt).requires_grad_() for t in tensors]
         hy, cy = fastattn.lstm_cell(*leaves, *([] if bias else [None, None]), backend=be)
         assert fastattn.last_backend("lstm_cell") == be
@@ -1023,50 +1290,95 @@ def test_triton_cell_small(dtype, bias, batched):
         loss = (hy.double() * wave).sum() + (cy.double() * 0.5).sum()
         runs[label] = ((hy.detach(), cy.detach()), torch.autograd.grad(loss, leaves))
     for i, name in enumerate(("hy", "cy")):
-        assert_fa_close(f"lstm_cell [triton] {name}", runs["out"][0][i], runs["ref64"][0][i],
-                        runs["ref_lowp"][0][i])
+        assert_fa_close(
+            f"lstm_cell [triton] {name}",
+            runs["out"][0][i],
+            runs["ref64"][0][i],
+            runs["ref_lowp"][0][i],
+        )
     for i in range(len(tensors)):
-        assert_grad_close(f"lstm_cell [triton] grad {i}", runs["out"][1][i], runs["ref64"][1][i],
-                          runs["ref_lowp"][1][i])
+        assert_grad_close(
+            f"lstm_cell [triton] grad {i}",
+            runs["out"][1][i],
+            runs["ref64"][1][i],
+            runs["ref_lowp"][1][i],
+        )
 
 
 def _triton_opcheck_cases(device):
     f32 = torch.float32
     cases = {
         "layer-bidir-proj-lengths": ("lstm_layer", _layer_args(dtype=f32) + [0.0, None, True]),
-        "layer-dropout-nobias": ("lstm_layer", _layer_args(bias=False, dtype=f32) + [
-            0.2, torch.tensor([1, 2]), True]),
-        "layer-inference-bf16": ("lstm_layer", [a.detach().to(torch.bfloat16)
-                                                if a is not None and a.is_floating_point()
-                                                else a for a in _layer_args(grad=False)] +
-                                 [0.0, None, False]),
-        "cell": ("lstm_cell", [torch.randn(3, 4, requires_grad=True),
-                               torch.randn(3, 5, requires_grad=True),
-                               torch.randn(3, 5, requires_grad=True),
-                               torch.randn(20, 4, requires_grad=True),
-                               torch.randn(20, 5, requires_grad=True),
-                               torch.randn(20, requires_grad=True),
-                               torch.randn(20, requires_grad=True)]),
+        "layer-dropout-nobias": (
+            "lstm_layer",
+            _layer_args(bias=False, dtype=f32) + [0.2, torch.tensor([1, 2]), True],
+        ),
+        "layer-inference-bf16": (
+            "lstm_layer",
+            [
+                a.detach().to(torch.bfloat16) if a is not None and a.is_floating_point() else a
+                for a in _layer_args(grad=False)
+            ]
+            + [0.0, None, False],
+        ),
+        "cell": (
+            "lstm_cell",
+            [
+                torch.randn(3, 4, requires_grad=True),
+                torch.randn(3, 5, requires_grad=True),
+                torch.randn(3, 5, requires_grad=True),
+                torch.randn(20, 4, requires_grad=True),
+                torch.randn(20, 5, requires_grad=True),
+                torch.randn(20, requires_grad=True),
+                torch.randn(20, requires_grad=True),
+            ],
+        ),
     }
-    cases = {k: (name, [a.to(device) if isinstance(a, torch.Tensor) else a for a in args])
-             for k, (name, args) in cases.items()}
+    cases = {
+        k: (name, [a.to(device) if isinstance(a, torch.Tensor) else a for a in args])
+        for k, (name, args) in cases.items()
+    }
     # The backward ops take the workspace that the forward ops saved on this device.
     args = [a.to(device) if a is not None else None for a in _layer_args(grad=False, dtype=f32)]
     _, _, _, ws = torch.ops.fastattn.lstm_layer_triton(*args, 0.0, None, True)
     T, B, _ = args[0].shape
-    cases["layer_backward"] = ("lstm_layer_backward", [
-        torch.randn(T, B, 6, device=device), None, torch.randn(2, B, 4, device=device),
-        *args[:5], args[7], args[8], ws, 0.0, None, True, True, True])
+    cases["layer_backward"] = (
+        "lstm_layer_backward",
+        [
+            torch.randn(T, B, 6, device=device),
+            None,
+            torch.randn(2, B, 4, device=device),
+            *args[:5],
+            args[7],
+            args[8],
+            ws,
+            0.0,
+            None,
+            True,
+            True,
+            True,
+        ],
+    )
     cell = [torch.randn(*s, device=device) for s in ((3, 4), (3, 5), (3, 5), (20, 4), (20, 5))]
     _, _, cws = torch.ops.fastattn.lstm_cell_triton(*cell, None, None)
-    cases["cell_backward"] = ("lstm_cell_backward", [torch.randn(3, 5, device=device), None,
-                                                     *cell, cws, False])
+    cases["cell_backward"] = (
+        "lstm_cell_backward",
+        [torch.randn(3, 5, device=device), None, *cell, cws, False],
+    )
     return cases
 
 
-@pytest.mark.parametrize("case", ["layer-bidir-proj-lengths", "layer-dropout-nobias",
-                                  "layer-inference-bf16", "cell", "layer_backward",
-                                  "cell_backward"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "layer-bidir-proj-lengths",
+        "layer-dropout-nobias",
+        "layer-inference-bf16",
+        "cell",
+        "layer_backward",
+        "cell_backward",
+    ],
+)
 def test_triton_opcheck(case):
     device = lstm_device("triton")
     name, args = _triton_opcheck_cases(device)[case]
@@ -1086,24 +1398,67 @@ def test_triton_limits_and_errors(monkeypatch):
         with fastattn.use_backend("triton"):
             module(torch.randn(5, 2, 3, dtype=F64, device=device))
     ops = torch.ops.fastattn
-    x, h, c = (torch.randn(5, 2, 3, device=device), torch.zeros(1, 2, 4, device=device),
-               torch.zeros(1, 2, 4, device=device))
+    x, h, c = (
+        torch.randn(5, 2, 3, device=device),
+        torch.zeros(1, 2, 4, device=device),
+        torch.zeros(1, 2, 4, device=device),
+    )
     w_ih, w_hh = torch.randn(1, 16, 3, device=device), torch.randn(1, 16, 4, device=device)
     with pytest.raises(TypeError, match="triton backend takes float32, float16 or bfloat16"):
-        ops.lstm_layer_triton(x.double(), h.double(), c.double(), w_ih.double(), w_hh.double(),
-                              None, None, None, None, 0.0, None, False)
+        ops.lstm_layer_triton(
+            x.double(),
+            h.double(),
+            c.double(),
+            w_ih.double(),
+            w_hh.double(),
+            None,
+            None,
+            None,
+            None,
+            0.0,
+            None,
+            False,
+        )
     with pytest.raises(ValueError, match="lengths must be in \\[0, T\\] = \\[0, 5\\]"):
-        ops.lstm_layer_triton(x, h, c, w_ih, w_hh, None, None, None,
-                              torch.tensor([6, 1], device=device), 0.0, None, False)
+        ops.lstm_layer_triton(
+            x,
+            h,
+            c,
+            w_ih,
+            w_hh,
+            None,
+            None,
+            None,
+            torch.tensor([6, 1], device=device),
+            0.0,
+            None,
+            False,
+        )
     with pytest.raises(ValueError, match="w_ih must have shape"):
-        ops.lstm_layer_triton(x, h, c, w_ih[:, :, :2], w_hh, None, None, None, None, 0.0, None,
-                              False)
+        ops.lstm_layer_triton(
+            x, h, c, w_ih[:, :, :2], w_hh, None, None, None, None, 0.0, None, False
+        )
     with pytest.raises(ValueError, match="dropout_p > 0 needs seed"):
         ops.lstm_layer_triton(x, h, c, w_ih, w_hh, None, None, None, None, 0.5, None, False)
     with pytest.raises(ValueError, match="workspace must be the contiguous float32"):
-        ops.lstm_layer_backward_triton(torch.randn(5, 2, 4, device=device), None, None, x, h, c,
-                                       w_ih, w_hh, None, None, torch.zeros(0, device=device),
-                                       0.0, None, False, True, True)
+        ops.lstm_layer_backward_triton(
+            torch.randn(5, 2, 4, device=device),
+            None,
+            None,
+            x,
+            h,
+            c,
+            w_ih,
+            w_hh,
+            None,
+            None,
+            torch.zeros(0, device=device),
+            0.0,
+            None,
+            False,
+            True,
+            True,
+        )
 
 
 @pytest.mark.parametrize("T,B", [(0, 3), (4, 0)])
@@ -1113,15 +1468,23 @@ def test_triton_empty_sizes(T, B):
     lstm_device("cpu")
     g = torch.Generator().manual_seed(0)
     D, I, H, P = 2, 3, 5, 2
-    args = [torch.randn(T, B, I, generator=g), torch.randn(D, B, P, generator=g),
-            torch.randn(D, B, H, generator=g), torch.randn(D, 4 * H, I, generator=g),
-            torch.randn(D, 4 * H, P, generator=g), torch.randn(D, 4 * H, generator=g),
-            torch.randn(D, 4 * H, generator=g), torch.randn(D, P, H, generator=g), None]
+    args = [
+        torch.randn(T, B, I, generator=g),
+        torch.randn(D, B, P, generator=g),
+        torch.randn(D, B, H, generator=g),
+        torch.randn(D, 4 * H, I, generator=g),
+        torch.randn(D, 4 * H, P, generator=g),
+        torch.randn(D, 4 * H, generator=g),
+        torch.randn(D, 4 * H, generator=g),
+        torch.randn(D, P, H, generator=g),
+        None,
+    ]
     results = {}
     for suffix, dev in (("_triton", device), ("", torch.device("cpu"))):
         leaves = [a.to(dev).requires_grad_() if a is not None else None for a in args]
-        out, h_n, c_n, _ = getattr(torch.ops.fastattn, "lstm_layer" + suffix)(*leaves, 0.0, None,
-                                                                              True)
+        out, h_n, c_n, _ = getattr(torch.ops.fastattn, "lstm_layer" + suffix)(
+            *leaves, 0.0, None, True
+        )
         grads = torch.autograd.grad(out.sum() + h_n.sum() + c_n.sum(), leaves[:8])
         results[suffix] = tuple(t.cpu() for t in (out, h_n, c_n) + grads)
     for a, b in zip(results["_triton"], results[""]):
@@ -1141,11 +1504,27 @@ def test_triton_compile_fullgraph(_slow):
     weights = module._weights()
 
     def f(x, lengths):
-        y, (h, c) = fastattn.lstm(x, None, weights, num_layers=2, bidirectional=True,
-                                  proj_size=3, lengths=lengths, backend="triton")
+        y, (h, c) = fastattn.lstm(
+            x,
+            None,
+            weights,
+            num_layers=2,
+            bidirectional=True,
+            proj_size=3,
+            lengths=lengths,
+            backend="triton",
+        )
         state = torch.zeros(2, 5, device=device)
-        hy, _ = fastattn.lstm_cell(y[-1], state, state, cell.weight_ih, cell.weight_hh,
-                                   cell.bias_ih, cell.bias_hh, backend="triton")
+        hy, _ = fastattn.lstm_cell(
+            y[-1],
+            state,
+            state,
+            cell.weight_ih,
+            cell.weight_hh,
+            cell.bias_ih,
+            cell.bias_hh,
+            backend="triton",
+        )
         return (y * y).sum() + h.sum() + c.sum() + hy.sum()
 
     x = torch.randn(5, 2, 4, device=device, requires_grad=True)
@@ -1167,8 +1546,14 @@ def test_triton_kernels_compile_for_sm90(_slow):
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in [env.get("PYTHONPATH")] if p])
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "triton_lstm_aot.py")], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "triton_lstm_aot.py")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 
 
@@ -1176,6 +1561,7 @@ def test_triton_kernels_compile_for_sm90(_slow):
 # 9. CUDA backend specifics (skip without a GPU): recurrent path choice (a documented query,
 #    fastattn.ops.lstm.cuda_recurrent_path), persistent vs per-step agreement, the dropout mask
 #    bit-identical to the CPU kernels, lstm_cell's fused and GEMM paths, streams.
+
 
 def _cuda_or_skip(dtype=F64):
     if not torch.cuda.is_available():
@@ -1190,8 +1576,16 @@ def _cuda_layer_args(T, B, I, H, D, *, proj=0, lengths=None, dtype=F64, device="
     def r(*s):
         return (torch.randn(*s, generator=g, dtype=F64) * 0.5).to(device=device, dtype=dtype)
 
-    args = [r(T, B, I), r(D, B, P), r(D, B, H), r(D, 4 * H, I), r(D, 4 * H, P), r(D, 4 * H),
-            r(D, 4 * H), r(D, P, H) if proj else None]
+    args = [
+        r(T, B, I),
+        r(D, B, P),
+        r(D, B, H),
+        r(D, 4 * H, I),
+        r(D, 4 * H, P),
+        r(D, 4 * H),
+        r(D, 4 * H),
+        r(D, P, H) if proj else None,
+    ]
     lens = None if lengths is None else torch.tensor(lengths, dtype=torch.int64, device=device)
     return args, lens
 
@@ -1201,22 +1595,27 @@ def _layer_fwd_bwd(args, lens, p=0.0, seed=None):
     out, h_n, c_n, ws = torch.ops.fastattn.lstm_layer(*args, lens, p, seed, True)
     g = torch.Generator().manual_seed(7)
     gouts = [torch.randn(t.shape, generator=g, dtype=F64).to(t) for t in (out, h_n, c_n)]
-    grads = torch.ops.fastattn.lstm_layer_backward(*gouts, *args[:5], args[7], lens, ws, p, seed,
-                                                   True, True, True)
+    grads = torch.ops.fastattn.lstm_layer_backward(
+        *gouts, *args[:5], args[7], lens, ws, p, seed, True, True, True
+    )
     return [out, h_n, c_n], list(grads)
 
 
-@pytest.mark.parametrize("T,B,H,D,proj,expected", [
-    (5, 4, 32, 1, 0, "persistent"),
-    (5, 64, 512, 2, 0, "persistent"),   # U = 4: 256 blocks, 3 per SM co-resident
-    (5, 33, 37, 2, 0, "persistent"),
-    (5, 64, 2048, 1, 0, "per_step"),    # the W_hh slice no longer fits shared memory
-    (5, 4096, 64, 1, 0, "per_step"),    # B * 4U > 4096 even for U = 1
-    (5, 8, 64, 2, 16, "per_step"),      # projection: per step
-])
+@pytest.mark.parametrize(
+    "T,B,H,D,proj,expected",
+    [
+        (5, 4, 32, 1, 0, "persistent"),
+        (5, 64, 512, 2, 0, "persistent"),  # U = 4: 256 blocks, 3 per SM co-resident
+        (5, 33, 37, 2, 0, "persistent"),
+        (5, 64, 2048, 1, 0, "per_step"),  # the W_hh slice no longer fits shared memory
+        (5, 4096, 64, 1, 0, "per_step"),  # B * 4U > 4096 even for U = 1
+        (5, 8, 64, 2, 16, "per_step"),  # projection: per step
+    ],
+)
 def test_cuda_recurrent_path_query(T, B, H, D, proj, expected, monkeypatch):
     _cuda_or_skip()
     from fastattn.ops.lstm import cuda_recurrent_path
+
     x = torch.empty(T, B, 8, device="cuda")
     w_hh = torch.empty(D, 4 * H, proj or H, device="cuda")
     w_hr = torch.empty(D, proj, H, device="cuda") if proj else None
@@ -1231,18 +1630,22 @@ def test_cuda_recurrent_path_query(T, B, H, D, proj, expected, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", (F64, torch.float32, torch.bfloat16), ids=("f64", "f32", "bf16"))
-@pytest.mark.parametrize("D,lengths,p", [
-    (1, None, 0.0),
-    (2, None, 0.0),
-    (2, [9, 0, 4, 1, 9], 0.0),
-    (2, [3, 9, 9, 7, 2], 0.3),
-])
+@pytest.mark.parametrize(
+    "D,lengths,p",
+    [
+        (1, None, 0.0),
+        (2, None, 0.0),
+        (2, [9, 0, 4, 1, 9], 0.0),
+        (2, [3, 9, 9, 7, 2], 0.3),
+    ],
+)
 def test_cuda_persistent_matches_per_step(dtype, D, lengths, p, monkeypatch):
     """Both recurrent paths (forward and backward) of the same call agree (float64: to
     rounding; lower precision: to a few units of the storage precision, as the summation orders
     differ)."""
     _cuda_or_skip(dtype)
     from fastattn.ops.lstm import cuda_recurrent_path
+
     args, lens = _cuda_layer_args(9, 5, 6, 40, D, lengths=lengths, dtype=dtype)
     seed = torch.tensor([5, 6], dtype=torch.int64, device="cuda") if p else None
     assert cuda_recurrent_path(args[0], args[4]) == "persistent"
@@ -1253,8 +1656,11 @@ def test_cuda_persistent_matches_per_step(dtype, D, lengths, p, monkeypatch):
     assert cuda_recurrent_path(args[0], args[4], backward=True) == "per_step"
     outs_s, grads_s = _layer_fwd_bwd(args, lens, p, seed)
     tol = {F64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 3e-2}[dtype]
-    for name, a, b in zip(["output", "h_n", "c_n"] + [f"grad{i}" for i in range(7)],
-                          outs_p + grads_p, outs_s + grads_s):
+    for name, a, b in zip(
+        ["output", "h_n", "c_n"] + [f"grad{i}" for i in range(7)],
+        outs_p + grads_p,
+        outs_s + grads_s,
+    ):
         torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=lambda m: f"{name}: {m}")
 
 
@@ -1273,8 +1679,11 @@ def test_cuda_layer_matches_cpu_kernels_float64(path, proj, monkeypatch):
     outs_g, grads_g = _layer_fwd_bwd(args, lens, 0.4, seed.cuda())
     cpu_args = [t.cpu() if t is not None else None for t in args]
     outs_c, grads_c = _layer_fwd_bwd(cpu_args, lens.cpu(), 0.4, seed)
-    for name, a, b in zip(["output", "h_n", "c_n"] + [f"grad{i}" for i in range(7)],
-                          outs_g + grads_g, outs_c + grads_c):
+    for name, a, b in zip(
+        ["output", "h_n", "c_n"] + [f"grad{i}" for i in range(7)],
+        outs_g + grads_g,
+        outs_c + grads_c,
+    ):
         close64(name, a.cpu(), b)
 
 
@@ -1283,17 +1692,22 @@ def test_cuda_large_hidden_per_step_matches_cpu():
     does not fit shared memory), so the fallback runs, says so, and matches the CPU kernels."""
     _cuda_or_skip(torch.float32)
     from fastattn.ops.lstm import cuda_recurrent_path
+
     args, lens = _cuda_layer_args(3, 64, 16, 1100, 1, dtype=torch.float32)
     assert cuda_recurrent_path(args[0], args[4]) == "per_step"
     assert cuda_recurrent_path(args[0], args[4], backward=True) == "per_step"
     outs_g, grads_g = _layer_fwd_bwd(args, lens)
     cpu_args = [t.cpu() if t is not None else None for t in args]
     outs_c, grads_c = _layer_fwd_bwd(cpu_args, None)
-    for name, a, b in zip(["output", "h_n", "c_n"] + [f"grad{i}" for i in range(7)],
-                          outs_g + grads_g, outs_c + grads_c):
+    for name, a, b in zip(
+        ["output", "h_n", "c_n"] + [f"grad{i}" for i in range(7)],
+        outs_g + grads_g,
+        outs_c + grads_c,
+    ):
         scale = float(b.abs().max()) if b.numel() else 1.0
-        torch.testing.assert_close(a.cpu(), b, rtol=1e-3, atol=1e-3 * max(scale, 1.0),
-                                   msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(
+            a.cpu(), b, rtol=1e-3, atol=1e-3 * max(scale, 1.0), msg=lambda m: f"{name}: {m}"
+        )
 
 
 @pytest.mark.parametrize("B", (1, 8, 9, 64))  # <= 8: one fused kernel; above: GEMM + cell
@@ -1302,15 +1716,19 @@ def test_cuda_cell_paths_match_cpu(B, bias):
     _cuda_or_skip()
     g = torch.Generator().manual_seed(B)
     I, H = 19, 33
-    args = [torch.randn(*s, generator=g, dtype=F64) for s in
-            ((B, I), (B, H), (B, H), (4 * H, I), (4 * H, H))]
+    args = [
+        torch.randn(*s, generator=g, dtype=F64)
+        for s in ((B, I), (B, H), (B, H), (4 * H, I), (4 * H, H))
+    ]
     args += [torch.randn(4 * H, generator=g, dtype=F64) for _ in range(2)] if bias else [None] * 2
     results = []
     for device in ("cuda", "cpu"):
         a = [t.to(device) if t is not None else None for t in args]
         hy, cy, ws = torch.ops.fastattn.lstm_cell(*a)
-        ghy, gcy = torch.ones_like(hy) * 0.3, torch.linspace(-1, 1, B * H, dtype=F64,
-                                                             device=device).view(B, H)
+        ghy, gcy = (
+            torch.ones_like(hy) * 0.3,
+            torch.linspace(-1, 1, B * H, dtype=F64, device=device).view(B, H),
+        )
         grads = torch.ops.fastattn.lstm_cell_backward(ghy, gcy, *a[:5], ws, bias)
         results.append([hy, cy, ws] + list(grads))
     for i, (a, b) in enumerate(zip(*results)):
@@ -1340,6 +1758,7 @@ def test_cuda_side_stream_and_second_device():
 def test_cuda_recurrent_path_without_cuda_kernel():
     """The query refuses (instead of guessing) when the build has no CUDA LSTM kernel."""
     from fastattn.ops.lstm import cuda_recurrent_path
+
     if "cuda" not in unsupported_backends(torch.float32):
         pytest.skip("this build has the CUDA LSTM kernels")
     with pytest.raises(RuntimeError, match="cuda_recurrent_path"):
@@ -1365,9 +1784,11 @@ def test_zero_length_sequence_like_torch(batch_first, shape):
 
 def _autocast_dtypes(module, device, packed):
     from torch.nn.utils.rnn import pack_padded_sequence
+
     x = torch.randn(5, 2, 8, device=device)
-    with torch.autocast(device.type, dtype=torch.bfloat16 if device.type == "cpu"
-                        else torch.float16):
+    with torch.autocast(
+        device.type, dtype=torch.bfloat16 if device.type == "cpu" else torch.float16
+    ):
         if packed:
             out, (h, c) = module(pack_padded_sequence(x, torch.tensor([5, 3])))
             out = out.data
@@ -1376,8 +1797,9 @@ def _autocast_dtypes(module, device, packed):
             h, c = module(x[0])
         else:
             out, (h, c) = module(x)
-    return [t.dtype for t in (out, h, c) if t is not None], [t.float() for t in (out, h, c)
-                                                             if t is not None]
+    return [t.dtype for t in (out, h, c) if t is not None], [
+        t.float() for t in (out, h, c) if t is not None
+    ]
 
 
 @pytest.mark.parametrize("device_type", ["cpu", "cuda"])
@@ -1419,7 +1841,6 @@ def test_triton_layer_backward_without_bias_or_projection():
     ref_w = [w.detach().requires_grad_() for w in module._flat_weights]
     ref_x = x.detach().requires_grad_()
     ref = fastattn.lstm(ref_x, None, ref_w, num_layers=1, backend="reference")
-    want = torch.autograd.grad(ref[0].sum() + ref[1][0].sum() + ref[1][1].sum(),
-                               [ref_x, *ref_w])
+    want = torch.autograd.grad(ref[0].sum() + ref[1][0].sum() + ref[1][1].sum(), [ref_x, *ref_w])
     for g, w in zip(grads, want):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)

@@ -1,5 +1,6 @@
 """fastattn.nn.LuongAttention against a plain float64 formula of Luong et al. 2015's scores
 (dot, general, concat): context, weights, masks, one decoder step, gradients, bad input."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,11 +17,16 @@ def expected(module, query, keys, values, mask):
     if module.score == "dot":
         scores = q @ keys.transpose(1, 2)
     elif module.score == "general":
-        scores = q @ module.linear.weight @ keys.transpose(1, 2)       # q^T W k
+        scores = q @ module.linear.weight @ keys.transpose(1, 2)  # q^T W k
     else:
         W = torch.cat([module.query_proj.weight, module.key_proj.weight], dim=1)  # W_a
-        pairs = torch.cat([q[:, :, None].expand(-1, -1, keys.shape[1], -1),
-                           keys[:, None].expand(-1, q.shape[1], -1, -1)], dim=-1)
+        pairs = torch.cat(
+            [
+                q[:, :, None].expand(-1, -1, keys.shape[1], -1),
+                keys[:, None].expand(-1, q.shape[1], -1, -1),
+            ],
+            dim=-1,
+        )
         scores = torch.tanh(pairs @ W.T) @ module.v
     if mask is not None:
         scores = scores.masked_fill(mask[:, None], float("-inf"))

@@ -18,6 +18,7 @@ Float64 results must agree to ~1e-10; float32 under FlashAttention's rule (tests
 with the torch model in float32 as the baseline; 50 Adam steps from the same seed give loss
 curves that agree (Liger-Kernel's convergence test), dropout off.
 """
+
 from __future__ import annotations
 
 import copy
@@ -28,7 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from tolerance import assert_fa_close, float32_floor, rounding_floor
+from tolerance import assert_fa_close, float32_floor
 
 import fastattn
 import fastattn.nn as fnn
@@ -36,9 +37,11 @@ import fastattn.nn as fnn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import model_definitions as models  # noqa: E402  (benchmarks/model_definitions.py)
 
-pytestmark = [pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors"),
-              pytest.mark.filterwarnings("ignore:enable_nested_tensor is True"),
-              pytest.mark.usefixtures("one_thread")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors"),
+    pytest.mark.filterwarnings("ignore:enable_nested_tensor is True"),
+    pytest.mark.usefixtures("one_thread"),
+]
 
 F64 = torch.float64
 VOCAB, TAGS, PAD = 41, 7, models.PAD
@@ -51,8 +54,9 @@ HAS_LSTM_CELL = hasattr(fnn, "LSTMCell")
 
 
 MODELS = {
-    "transformer": lambda: models.TransformerSeq2Seq(VOCAB, d=32, heads=4, layers=2, ff=48,
-                                                     max_len=64),
+    "transformer": lambda: models.TransformerSeq2Seq(
+        VOCAB, d=32, heads=4, layers=2, ff=48, max_len=64
+    ),
     "gpt": lambda: models.GPTDecoder(VOCAB, d=32, heads=4, layers=2, ff=64, max_len=32),
     "tagger": lambda: models.LSTMTagger(VOCAB, d=16, hidden=20, tags=TAGS),
     "seq2seq": lambda: models.LSTMSeq2Seq(VOCAB, d=16, hidden=24, attn=20),
@@ -104,8 +108,9 @@ def make_batch(name: str, seed: int = 0, B: int = 4):
 
 def loss_fn(name, logits, target):
     ignore = -100 if name == "tagger" else PAD
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
-                           ignore_index=ignore)
+    return F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=ignore
+    )
 
 
 def valid_positions(name, inputs):
@@ -155,8 +160,13 @@ def test_same_outputs_and_gradients_float64(name):
     for key in grads_o:
         assert (grads_o[key] is None) == (grads_f[key] is None), key
         if grads_o[key] is not None:
-            torch.testing.assert_close(grads_f[key], grads_o[key], rtol=1e-10, atol=1e-11,
-                                       msg=lambda m, key=key: f"{key}: {m}")
+            torch.testing.assert_close(
+                grads_f[key],
+                grads_o[key],
+                rtol=1e-10,
+                atol=1e-11,
+                msg=lambda m, key=key: f"{key}: {m}",
+            )
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -188,12 +198,23 @@ def test_float32_flashattention_rule(name):
     logits64, _, grads64 = forward_backward(name, original64, inputs, target)
     logits32, _, grads32 = forward_backward(name, original32, inputs, target)
     valid = valid_positions(name, inputs)
-    assert_fa_close(f"{name} logits", logits[valid], logits64[valid], logits32[valid],
-                    floor=float32_floor(logits64[valid]))
+    assert_fa_close(
+        f"{name} logits",
+        logits[valid],
+        logits64[valid],
+        logits32[valid],
+        floor=float32_floor(logits64[valid]),
+    )
     for key in grads64:
         if grads64[key] is not None:
-            assert_fa_close(f"{name} grad {key}", grads[key], grads64[key], grads32[key],
-                            factor=3.0, floor=float32_floor(grads64[key]))
+            assert_fa_close(
+                f"{name} grad {key}",
+                grads[key],
+                grads64[key],
+                grads32[key],
+                factor=3.0,
+                floor=float32_floor(grads64[key]),
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,9 +239,9 @@ def train_curve(name, model, steps=50, lr=3e-3):
 # differences grow by orders of magnitude over 50 Adam steps (float64: 1e-16 -> ~4e-13;
 # float32: ~1e-7 -> ~5e-3 for the Transformer with one thread). The early bound is the sharp
 # one: a wrong gradient shows within the first steps at 1e-3 or more.
-@pytest.mark.parametrize("dtype,early_tol,rel_tol", [(F64, 1e-11, 1e-5),
-                                                     (torch.float32, 1e-5, 1e-2)],
-                         ids=("f64", "f32"))
+@pytest.mark.parametrize(
+    "dtype,early_tol,rel_tol", [(F64, 1e-11, 1e-5), (torch.float32, 1e-5, 1e-2)], ids=("f64", "f32")
+)
 @pytest.mark.parametrize("name", ALL)
 def test_training_curves_agree(name, dtype, early_tol, rel_tol):
     require(name)
@@ -229,12 +250,14 @@ def test_training_curves_agree(name, dtype, early_tol, rel_tol):
     curve_f = train_curve(name, fast)
     rels = (curve_f - curve_o).abs() / curve_o.abs()
     early, rel = rels[:10].max().item(), rels.max().item()
-    print(f"{name} {dtype}: loss {curve_o[0]:.4f} -> {curve_o[-1]:.4f}, largest relative "
-          f"difference {early:.2e} in the first 10 steps, {rel:.2e} in all")
+    print(
+        f"{name} {dtype}: loss {curve_o[0]:.4f} -> {curve_o[-1]:.4f}, largest relative "
+        f"difference {early:.2e} in the first 10 steps, {rel:.2e} in all"
+    )
     assert curve_o[-1] < 0.8 * curve_o[0]  # it learns (the comparison means something)
     assert early < early_tol
     assert rel < rel_tol
-    for (n, p), (_, q) in zip(original.named_parameters(), fast.named_parameters()):
+    for (n, _), (_, q) in zip(original.named_parameters(), fast.named_parameters()):
         assert torch.isfinite(q).all(), n
 
 

@@ -14,6 +14,7 @@ Dropout cannot equal torch's (fastattn draws its own Philox stream), so it is ch
 a reference built from the returned dropped-out weights. The biases torch initialises to zero
 are redrawn at random so that they are tested too.
 """
+
 from __future__ import annotations
 
 import copy
@@ -23,13 +24,13 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from tolerance import assert_fa_close, assert_grad_close, float32_floor
 from torch import nn
 
 import fastattn
+import fastattn.nn.attention as fa_mha
 from fastattn import _backend
 from fastattn.nn import MultiheadAttention
-import fastattn.nn.attention as fa_mha
-from tolerance import assert_fa_close, assert_grad_close, float32_floor
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask"),  # torch's
@@ -39,8 +40,8 @@ pytestmark = [
 ]
 
 F64 = torch.float64
-E, H, KDIM, VDIM = 15, 3, 7, 11     # head_dim 5; key/value feature sizes differ from E
-N, L, S = 2, 5, 7                   # batch, query length, key length (L != S)
+E, H, KDIM, VDIM = 15, 3, 7, 11  # head_dim 5; key/value feature sizes differ from E
+N, L, S = 2, 5, 7  # batch, query length, key length (L != S)
 TOL = dict(rtol=1e-12, atol=1e-12)
 
 CONFIGS = {
@@ -52,8 +53,18 @@ CONFIGS = {
     "everything": dict(kdim=KDIM, vdim=VDIM, add_bias_kv=True, add_zero_attn=True, bias=False),
 }
 LAYOUTS = ("seq-first", "batch-first", "unbatched")
-MASKS = ("none", "attn2d-bool", "attn2d-float", "attn3d-bool", "attn3d-float", "kpm-bool",
-         "kpm-float", "attn2d-bool+kpm-bool", "attn3d-float+kpm-float", "attn2d-float+kpm-bool")
+MASKS = (
+    "none",
+    "attn2d-bool",
+    "attn2d-float",
+    "attn3d-bool",
+    "attn3d-float",
+    "kpm-bool",
+    "kpm-float",
+    "attn2d-bool+kpm-bool",
+    "attn3d-float+kpm-float",
+    "attn2d-float+kpm-bool",
+)
 KINDS = ("self", "cross", "kv-shared")  # q is k is v / three tensors / k is v, q different
 
 
@@ -70,12 +81,14 @@ def randomize_(module: nn.Module, seed: int = 0) -> nn.Module:
     return module
 
 
-def make_pair(config: dict, *, batch_first: bool = False, dtype=F64, dropout: float = 0.0,
-              seed: int = 0):
+def make_pair(
+    config: dict, *, batch_first: bool = False, dtype=F64, dropout: float = 0.0, seed: int = 0
+):
     """(torch module, fastattn module with identical parameters)."""
     torch.manual_seed(seed)
-    ref = nn.MultiheadAttention(E, H, dropout=dropout, batch_first=batch_first, dtype=dtype,
-                                **config)
+    ref = nn.MultiheadAttention(
+        E, H, dropout=dropout, batch_first=batch_first, dtype=dtype, **config
+    )
     randomize_(ref, seed)
     fast = MultiheadAttention.from_torch(copy.deepcopy(ref))
     return ref, fast
@@ -191,6 +204,7 @@ class AttentionSpy:
         def spy(*args, **kwargs):
             self.calls.append(kwargs)
             return original(*args, **kwargs)
+
         return spy
 
 
@@ -211,8 +225,9 @@ def _grid():
                 if kind == "kv-shared" and ("kdim" in config):
                     continue
                 for masks in MASKS:
-                    yield pytest.param(cname, layout, kind, masks,
-                                       id=f"{cname}-{layout}-{kind}-{masks}")
+                    yield pytest.param(
+                        cname, layout, kind, masks, id=f"{cname}-{layout}-{kind}-{masks}"
+                    )
 
 
 @pytest.mark.parametrize("cname,layout,kind,masks", list(_grid()))
@@ -227,8 +242,10 @@ def test_matches_torch_float64(cname, layout, kind, masks):
     # Weights per head and averaged, with gradients through them; then the weights-free path
     # (what nn.Transformer layers use), whose backward is the fused kernel's alone.
     for need_weights, average in ((True, False), (True, True), (False, True)):
-        compare_runs(run(ref, q, k, v, need_weights=need_weights, average=average, **kw),
-                     run(fast, q2, k2, v2, need_weights=need_weights, average=average, **kw))
+        compare_runs(
+            run(ref, q, k, v, need_weights=need_weights, average=average, **kw),
+            run(fast, q2, k2, v2, need_weights=need_weights, average=average, **kw),
+        )
     assert fastattn.last_backend("attention") == "cpu"
 
 
@@ -258,8 +275,10 @@ def test_float_masks_receive_gradients():
     results = []
     for module in (ref, fast):
         qc, kc, vc = clone_inputs(q, k, v)
-        kw = {name: m.requires_grad_() for name, m in
-              make_masks("attn3d-float+kpm-float", "batch-first", L).items()}
+        kw = {
+            name: m.requires_grad_()
+            for name, m in make_masks("attn3d-float+kpm-float", "batch-first", L).items()
+        }
         out, _ = module(qc, kc, vc, need_weights=False, **kw)
         g = torch.randn(out.shape, generator=torch.Generator().manual_seed(5), dtype=F64)
         (out * g).sum().backward()
@@ -305,9 +324,11 @@ def test_float32_flashattention_rule(cname, kind, layout, masks):
     kw64 = make_masks(masks, layout, S if kind == "self" else L)
     kw32 = {n: (m.float() if m.dtype == F64 else m) for n, m in kw64.items()}
     runs = {}
-    for label, module, kw, dtype in (("fast", fast32, kw32, torch.float32),
-                                     ("ref64", ref64, kw64, F64),
-                                     ("ref32", ref32, kw32, torch.float32)):
+    for label, module, kw, dtype in (
+        ("fast", fast32, kw32, torch.float32),
+        ("ref64", ref64, kw64, F64),
+        ("ref32", ref32, kw32, torch.float32),
+    ):
         qc, kc, vc = clone_inputs(q, k, v)
         qc, kc, vc = (t.detach().to(dtype).requires_grad_() for t in (qc, kc, vc))
         if kind == "self":
@@ -318,8 +339,13 @@ def test_float32_flashattention_rule(cname, kind, layout, masks):
     assert_fa_close(f"{cname} output", out, o64, o32, floor=float32_floor(o64))
     assert_fa_close(f"{cname} weights", w, w64, w32, floor=float32_floor(w64))
     for name in g64:
-        assert_grad_close(f"{cname} grad {name}", grads[name], g64[name], g32[name],
-                          floor=float32_floor(g64[name]))
+        assert_grad_close(
+            f"{cname} grad {name}",
+            grads[name],
+            g64[name],
+            g32[name],
+            floor=float32_floor(g64[name]),
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -351,8 +377,11 @@ def _heads_reference(module, q, kv, kpm, keep, p):
     def heads(x):
         return x.view(x.shape[0], x.shape[1], H, Dh).transpose(1, 2)
 
-    qh, kh, vh = heads(F.linear(q, w_q, b_q)), heads(F.linear(kv, w_k, b_k)), \
-        heads(F.linear(kv, w_v, b_v))
+    qh, kh, vh = (
+        heads(F.linear(q, w_q, b_q)),
+        heads(F.linear(kv, w_k, b_k)),
+        heads(F.linear(kv, w_v, b_v)),
+    )
     s = (qh @ kh.transpose(-1, -2)) / math.sqrt(Dh)
     s = s.masked_fill(kpm[:, None, None, :], float("-inf"))
     probs = torch.softmax(s, dim=-1) * keep / (1.0 - p)
@@ -402,8 +431,7 @@ def test_dropout_output_is_weights_times_values():
     module = _dropout_module(p)
     q, kv, kpm = _dropout_inputs()
     torch.manual_seed(5)
-    out, w = module(q, kv, kv, key_padding_mask=kpm, need_weights=True,
-                    average_attn_weights=False)
+    out, w = module(q, kv, kv, key_padding_mask=kpm, need_weights=True, average_attn_weights=False)
     module.eval()
     _, w_eval = module(q, kv, kv, key_padding_mask=kpm, average_attn_weights=False)
     module.train()
@@ -431,8 +459,9 @@ def test_dropout_off_in_eval_matches_torch():
     ref, fast = make_pair({}, batch_first=True, dropout=0.4)
     ref.eval(), fast.eval()
     q, k, v = make_inputs("cross", "batch-first", {})
-    compare_runs(run(ref, q, k, v, need_weights=True), run(fast, *clone_inputs(q, k, v),
-                                                           need_weights=True))
+    compare_runs(
+        run(ref, q, k, v, need_weights=True), run(fast, *clone_inputs(q, k, v), need_weights=True)
+    )
 
 
 def test_dropout_gradient_flows_in_training_every_seed_differs():
@@ -453,8 +482,10 @@ def test_dropout_gradient_flows_in_training_every_seed_differs():
 
 
 def _causal_masks(length):
-    return {"float": nn.Transformer.generate_square_subsequent_mask(length, dtype=F64),
-            "bool": torch.triu(torch.ones(length, length, dtype=torch.bool), diagonal=1)}
+    return {
+        "float": nn.Transformer.generate_square_subsequent_mask(length, dtype=F64),
+        "bool": torch.triu(torch.ones(length, length, dtype=torch.bool), diagonal=1),
+    }
 
 
 @pytest.mark.parametrize("mask_kind", ("float", "bool"))
@@ -468,8 +499,10 @@ def test_is_causal_hint_matches_torch(monkeypatch, layout, padding, need_weights
     if padding:
         kw.update(make_masks("kpm-bool", layout, S))
     spy = AttentionSpy(monkeypatch)
-    compare_runs(run(ref, q, k, v, need_weights=need_weights, **kw),
-                 run(fast, *clone_inputs(q, k, v), need_weights=need_weights, **kw))
+    compare_runs(
+        run(ref, q, k, v, need_weights=need_weights, **kw),
+        run(fast, *clone_inputs(q, k, v), need_weights=need_weights, **kw),
+    )
     hint_used = not padding and not need_weights  # torch's rule for when the hint replaces the mask
     assert len(spy.calls) == 1
     assert spy.calls[0]["causal"] is hint_used
@@ -573,21 +606,34 @@ def test_backend_argument(monkeypatch):
 
 D_MODEL, NHEAD, D_FF = 16, 2, 24  # even head count: torch's encoder fast path applies
 SRC, TGT, BATCH = 7, 6, 3
-LAYER_KINDS = {"encoder-layer": 1, "decoder-layer": 2, "encoder": 2, "decoder": 4,
-               "transformer": 6}  # -> attention modules called per forward
+LAYER_KINDS = {
+    "encoder-layer": 1,
+    "decoder-layer": 2,
+    "encoder": 2,
+    "decoder": 4,
+    "transformer": 6,
+}  # -> attention modules called per forward
 
 
 def build_layer_model(kind: str, norm_first: bool, batch_first: bool, dropout: float):
     torch.manual_seed(0)
-    kw = dict(d_model=D_MODEL, nhead=NHEAD, dim_feedforward=D_FF, dropout=dropout,
-              batch_first=batch_first, norm_first=norm_first, dtype=F64)
+    kw = dict(
+        d_model=D_MODEL,
+        nhead=NHEAD,
+        dim_feedforward=D_FF,
+        dropout=dropout,
+        batch_first=batch_first,
+        norm_first=norm_first,
+        dtype=F64,
+    )
     if kind == "encoder-layer":
         model = nn.TransformerEncoderLayer(**kw)
     elif kind == "decoder-layer":
         model = nn.TransformerDecoderLayer(**kw)
     elif kind == "encoder":
-        model = nn.TransformerEncoder(nn.TransformerEncoderLayer(**kw), 2,
-                                      enable_nested_tensor=True)
+        model = nn.TransformerEncoder(
+            nn.TransformerEncoderLayer(**kw), 2, enable_nested_tensor=True
+        )
     elif kind == "decoder":
         model = nn.TransformerDecoder(nn.TransformerDecoderLayer(**kw), 2)
     else:
@@ -616,8 +662,12 @@ def layer_inputs(kind: str, batch_first: bool):
         return (seq(SRC),), {"src_key_padding_mask": src_pad}, ~src_pad
     memory = seq(SRC)
     tgt = seq(TGT)
-    kw = dict(tgt_mask=causal, tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=src_pad,
-              tgt_is_causal=True)
+    kw = dict(
+        tgt_mask=causal,
+        tgt_key_padding_mask=tgt_pad,
+        memory_key_padding_mask=src_pad,
+        tgt_is_causal=True,
+    )
     if kind == "transformer":
         kw["src_key_padding_mask"] = src_pad
         return (memory, tgt), kw, ~tgt_pad
@@ -627,15 +677,19 @@ def layer_inputs(kind: str, batch_first: bool):
 @pytest.mark.parametrize("mode", ("train", "eval"))
 @pytest.mark.parametrize("batch_first", (True, False), ids=("batch-first", "seq-first"))
 @pytest.mark.parametrize("norm_first", (False, True), ids=("post-norm", "pre-norm"))
-@pytest.mark.parametrize("how,kind", [("swap_modules", kind) for kind in LAYER_KINDS]
-                         + [("from_torch", "encoder"), ("from_torch", "transformer")])
+@pytest.mark.parametrize(
+    "how,kind",
+    [("swap_modules", kind) for kind in LAYER_KINDS]
+    + [("from_torch", "encoder"), ("from_torch", "transformer")],
+)
 def test_inside_transformer_modules(monkeypatch, how, kind, norm_first, batch_first, mode):
     """Swapped (swap_modules, or each attention turned with from_torch, as a user building a
     model with fastattn's class would have it) vs the torch model, float64. In eval mode under
     no_grad torch takes its fused encoder path (and packs padded batches into NestedTensors);
     the spy proves every attention call still ran fastattn."""
-    original = build_layer_model(kind, norm_first, batch_first, dropout=0.0 if mode == "train"
-                                 else 0.2)
+    original = build_layer_model(
+        kind, norm_first, batch_first, dropout=0.0 if mode == "train" else 0.2
+    )
     fast = copy.deepcopy(original)
     if how == "swap_modules":
         fastattn.swap_modules(fast)
@@ -722,8 +776,9 @@ def test_encoder_built_with_fastattn_attention_takes_packed_batches(monkeypatch)
     assert_same("valid positions", out_f[valid], out_r[valid], rtol=1e-10, atol=1e-10)
     with pytest.raises(AssertionError, match="NestedTensor"):  # other nested uses: clear error
         nested = torch.nested.nested_tensor([x[0, :3].detach(), x[1, :5].detach()])
-        fast.layers[0].self_attn(nested, nested, nested, key_padding_mask=kw[
-            "src_key_padding_mask"][:2, :5])
+        fast.layers[0].self_attn(
+            nested, nested, nested, key_padding_mask=kw["src_key_padding_mask"][:2, :5]
+        )
 
 
 def test_compile_fullgraph_swapped_encoder_layer():
@@ -733,15 +788,18 @@ def test_compile_fullgraph_swapped_encoder_layer():
     # Inductor's caches key on the traced graph, not on the custom ops' fake kernels: an entry
     # compiled before a fake changed would be reused, so this test compiles afresh.
     caches = dict(fx_graph_cache=False, autotune_local_cache=False)
-    with torch._inductor.config.patch(caches), \
-            torch._functorch.config.patch(enable_autograd_cache=False):
+    with (
+        torch._inductor.config.patch(caches),
+        torch._functorch.config.patch(enable_autograd_cache=False),
+    ):
         _compile_encoder_layer()
 
 
 def _compile_encoder_layer():
     torch.manual_seed(0)
-    layer = fastattn.swap_modules(nn.TransformerEncoderLayer(16, 2, 24, dropout=0.0,
-                                                              batch_first=True))
+    layer = fastattn.swap_modules(
+        nn.TransformerEncoderLayer(16, 2, 24, dropout=0.0, batch_first=True)
+    )
     x = torch.randn(3, 6, 16)
     pad = torch.zeros(3, 6, dtype=torch.bool)
     pad[1, 4:] = True
@@ -768,8 +826,9 @@ def _bad_calls():
         "attn_mask-int": lambda m: m(q, k, k, attn_mask=torch.zeros(L, S, dtype=torch.long)),
         "kpm-int": lambda m: m(q, k, k, key_padding_mask=torch.zeros(N, S, dtype=torch.long)),
         "kpm-shape": lambda m: m(q, k, k, key_padding_mask=torch.zeros(N, S + 1).bool()),
-        "unbatched-kpm-2d": lambda m: m(q[:, 0], k[:, 0], k[:, 0],
-                                        key_padding_mask=torch.zeros(1, S).bool()),
+        "unbatched-kpm-2d": lambda m: m(
+            q[:, 0], k[:, 0], k[:, 0], key_padding_mask=torch.zeros(1, S).bool()
+        ),
         "embed-dim": lambda m: m(q[..., :-1], k, k),
         "query-4d": lambda m: m(q[None], k[None], k[None]),
         "key-2d": lambda m: m(q, k[:, 0], k),
@@ -811,36 +870,52 @@ def _mha_error_cases():
 
             def sh(L, N, F, bf=bf):
                 return (N, L, F) if bf else (L, N, F)
-            good = (lambda sh=sh, kd=kd, vd=vd: (r(*sh(5, 2, E)), r(*sh(4, 2, kd)),
-                                                 r(*sh(4, 2, vd))))
-            bool_mask = (lambda *s: torch.zeros(*s, dtype=torch.bool))
+
+            good = lambda sh=sh, kd=kd, vd=vd: (r(*sh(5, 2, E)), r(*sh(4, 2, kd)), r(*sh(4, 2, vd)))
+            bool_mask = lambda *s: torch.zeros(*s, dtype=torch.bool)
             calls = {
                 "key 2-D": lambda sh=sh, kd=kd, vd=vd: ((r(*sh(5, 2, E)), r(5, kd), r(5, vd)), {}),
                 "key/value lengths": lambda sh=sh, kd=kd, vd=vd: (
-                    (r(*sh(5, 2, E)), r(*sh(4, 2, kd)), r(*sh(3, 2, vd))), {}),
+                    (r(*sh(5, 2, E)), r(*sh(4, 2, kd)), r(*sh(3, 2, vd))),
+                    {},
+                ),
                 "2-D mask": lambda good=good: (good(), {"attn_mask": torch.zeros(5, 3)}),
                 "3-D mask": lambda good=good: (good(), {"attn_mask": torch.zeros(3, 5, 4)}),
                 "1-D mask": lambda good=good: (good(), {"attn_mask": torch.zeros(4)}),
                 "int mask": lambda good=good: (
-                    good(), {"attn_mask": torch.zeros(5, 4, dtype=torch.int64)}),
-                "padding length": lambda good=good: (
-                    good(), {"key_padding_mask": bool_mask(2, 3)}),
-                "padding batch": lambda good=good: (
-                    good(), {"key_padding_mask": bool_mask(3, 4)}),
+                    good(),
+                    {"attn_mask": torch.zeros(5, 4, dtype=torch.int64)},
+                ),
+                "padding length": lambda good=good: (good(), {"key_padding_mask": bool_mask(2, 3)}),
+                "padding batch": lambda good=good: (good(), {"key_padding_mask": bool_mask(3, 4)}),
                 "int padding": lambda good=good: (
-                    good(), {"key_padding_mask": torch.zeros(2, 4, dtype=torch.int32)}),
+                    good(),
+                    {"key_padding_mask": torch.zeros(2, 4, dtype=torch.int32)},
+                ),
                 "unbatched 2-D padding": lambda kd=kd, vd=vd: (
-                    (r(5, E), r(4, kd), r(4, vd)), {"key_padding_mask": bool_mask(2, 4)}),
+                    (r(5, E), r(4, kd), r(4, vd)),
+                    {"key_padding_mask": bool_mask(2, 4)},
+                ),
                 "unbatched 3-D mask": lambda kd=kd, vd=vd: (
-                    (r(5, E), r(4, kd), r(4, vd)), {"attn_mask": torch.zeros(3, 5, 4)}),
+                    (r(5, E), r(4, kd), r(4, vd)),
+                    {"attn_mask": torch.zeros(3, 5, 4)},
+                ),
                 "batch": lambda sh=sh, kd=kd, vd=vd: (
-                    (r(*sh(5, 2, E)), r(*sh(4, 3, kd)), r(*sh(4, 3, vd))), {}),
+                    (r(*sh(5, 2, E)), r(*sh(4, 3, kd)), r(*sh(4, 3, vd))),
+                    {},
+                ),
                 "embed dim": lambda sh=sh, kd=kd, vd=vd: (
-                    (r(*sh(5, 2, 6)), r(*sh(4, 2, kd)), r(*sh(4, 2, vd))), {}),
+                    (r(*sh(5, 2, 6)), r(*sh(4, 2, kd)), r(*sh(4, 2, vd))),
+                    {},
+                ),
                 "key features": lambda sh=sh, kd=kd, vd=vd: (
-                    (r(*sh(5, 2, E)), r(*sh(4, 2, kd + 1)), r(*sh(4, 2, vd))), {}),
+                    (r(*sh(5, 2, E)), r(*sh(4, 2, kd + 1)), r(*sh(4, 2, vd))),
+                    {},
+                ),
                 "4-D query": lambda sh=sh, kd=kd, vd=vd: (
-                    (r(5, 2, 3, E), r(*sh(4, 2, kd)), r(*sh(4, 2, vd))), {}),
+                    (r(5, 2, 3, E), r(*sh(4, 2, kd)), r(*sh(4, 2, vd))),
+                    {},
+                ),
                 "is_causal without mask": lambda good=good: (good(), {"is_causal": True}),
             }
             for name, call in calls.items():

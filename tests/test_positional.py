@@ -10,6 +10,7 @@ CUDA cases skip per test when no GPU is present; the triton backend runs CPU ten
 Triton's interpreter (slow, so its shapes are small and float64, which it refuses, is
 skipped).
 """
+
 from __future__ import annotations
 
 import math
@@ -17,17 +18,28 @@ import os
 
 import pytest
 import torch
+from conftest import backend_device
+from host_reads import (
+    ValueReadError,
+    assert_no_device_sync,
+    assert_no_host_reads,
+    device_checks,
+    fake_cuda,
+    force_device_checks,
+    run_failing_cuda_script,
+)
+from tolerance import assert_fa_close, assert_grad_close
 
 import fastattn
 from fastattn import _backend
-from fastattn.nn import (LearnedPositionalEmbedding, PositionalEmbedding, RotaryEmbedding,
-                         SinusoidalPositionalEncoding)
+from fastattn.nn import (
+    LearnedPositionalEmbedding,
+    PositionalEmbedding,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+)
 from fastattn.reference import positional as positional_ref
 from fastattn.reference import random as philox_ref
-from conftest import backend_device
-from host_reads import (ValueReadError, assert_no_device_sync, assert_no_host_reads,
-                        device_checks, fake_cuda, force_device_checks, run_failing_cuda_script)
-from tolerance import assert_fa_close, assert_grad_close
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 DTYPE_IDS = ("fp32", "fp16", "bf16", "fp64")
@@ -56,8 +68,9 @@ def float64_floor(ref64: torch.Tensor, max_position: int = 0, factor: float = 16
     return factor * torch.finfo(torch.float64).eps * scale * (1.0 + max_position)
 
 
-def compare_with_reference(name: str, fn, backend: str, inputs: dict, grads=(), *,
-                           max_position: int = 0, **fixed):
+def compare_with_reference(
+    name: str, fn, backend: str, inputs: dict, grads=(), *, max_position: int = 0, **fixed
+):
     """Run fn(backend=..., **inputs, **fixed) on `backend`, and on the reference backend with
     the same inputs in float64 (ref64) and in their own precision (ref_lowp); compare the
     output and the gradients of the inputs named in `grads` under FlashAttention's rule.
@@ -67,8 +80,11 @@ def compare_with_reference(name: str, fn, backend: str, inputs: dict, grads=(), 
     Returns the backend's output.
     """
     runs = {}
-    for label, be, wide in (("out", backend, False), ("ref64", "reference", True),
-                            ("ref_lowp", "reference", False)):
+    for label, be, wide in (
+        ("out", backend, False),
+        ("ref64", "reference", True),
+        ("ref_lowp", "reference", False),
+    ):
         args = {}
         for key, value in inputs.items():
             if value is not None:
@@ -83,7 +99,7 @@ def compare_with_reference(name: str, fn, backend: str, inputs: dict, grads=(), 
     assert_fa_close(f"{name} [{backend}] output", out, ref64, ref_lowp, floor=floor)
     if grads:
         grad_out = randn(*out.shape, dtype=out.dtype, device=out.device)
-        for label, (y, _) in runs.items():
+        for y, _ in runs.values():
             y.backward(grad_out.to(y.dtype))
         for key in grads:
             g, g64, g_lowp = (runs[k][1][key].grad for k in ("out", "ref64", "ref_lowp"))
@@ -98,21 +114,25 @@ def compare_with_reference(name: str, fn, backend: str, inputs: dict, grads=(), 
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("num_positions,dim,offset", [
-    pytest.param(1, 1, 0, id="P1-D1"),
-    pytest.param(5, 1, 3, id="D1-offset3"),
-    pytest.param(17, 7, 0, id="oddD7"),
-    pytest.param(64, 33, 5, id="D33-offset5"),
-    pytest.param(1023, 8, 0, id="P1023"),
-    pytest.param(50, 64, 4000, id="large-positions"),
-])
+@pytest.mark.parametrize(
+    "num_positions,dim,offset",
+    [
+        pytest.param(1, 1, 0, id="P1-D1"),
+        pytest.param(5, 1, 3, id="D1-offset3"),
+        pytest.param(17, 7, 0, id="oddD7"),
+        pytest.param(64, 33, 5, id="D33-offset5"),
+        pytest.param(1023, 8, 0, id="P1023"),
+        pytest.param(50, 64, 4000, id="large-positions"),
+    ],
+)
 def test_sinusoidal_table_matches_reference(backend, device, dtype, num_positions, dim, offset):
     skip_triton_float64(backend, dtype)
     kw = dict(offset=offset, device=device)
     out = fastattn.sinusoidal_table(num_positions, dim, dtype=dtype, backend=backend, **kw)
     assert fastattn.last_backend("sinusoidal_table") == backend
-    ref64 = fastattn.sinusoidal_table(num_positions, dim, dtype=torch.float64,
-                                      backend="reference", **kw)
+    ref64 = fastattn.sinusoidal_table(
+        num_positions, dim, dtype=torch.float64, backend="reference", **kw
+    )
     ref_lowp = fastattn.sinusoidal_table(num_positions, dim, dtype=dtype, backend="reference", **kw)
     assert out.shape == (num_positions, dim) and out.dtype == dtype
     floor = float64_floor(ref64, offset + num_positions) if dtype == torch.float64 else None
@@ -136,14 +156,17 @@ def _offset_arg(kind, batch: int, device, high: int = 100):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("shape,offset,scale,base", [
-    pytest.param((2, 1, 8), 0, 1.0, 10000.0, id="L1"),
-    pytest.param((3, 17, 7), 5, 2.0, 10000.0, id="oddD7-int-offset"),
-    pytest.param((2, 64, 33), "tensor", math.sqrt(33), 10000.0, id="D33-tensor-offset"),
-    pytest.param((1, 1023, 6), 0, 1.0, 10000.0, id="L1023"),
-    pytest.param((2, 40, 64), "tensor-large", 1.0, 500.0, id="large-offsets-base500"),
-    pytest.param((17, 16), 3, 0.5, 10000.0, id="unbatched-2d-seq_dim0"),
-])
+@pytest.mark.parametrize(
+    "shape,offset,scale,base",
+    [
+        pytest.param((2, 1, 8), 0, 1.0, 10000.0, id="L1"),
+        pytest.param((3, 17, 7), 5, 2.0, 10000.0, id="oddD7-int-offset"),
+        pytest.param((2, 64, 33), "tensor", math.sqrt(33), 10000.0, id="D33-tensor-offset"),
+        pytest.param((1, 1023, 6), 0, 1.0, 10000.0, id="L1023"),
+        pytest.param((2, 40, 64), "tensor-large", 1.0, 500.0, id="large-offsets-base500"),
+        pytest.param((17, 16), 3, 0.5, 10000.0, id="unbatched-2d-seq_dim0"),
+    ],
+)
 def test_add_sinusoidal_matches_reference(backend, device, dtype, shape, offset, scale, base):
     skip_triton_float64(backend, dtype)
     torch.manual_seed(0)
@@ -152,34 +175,41 @@ def test_add_sinusoidal_matches_reference(backend, device, dtype, shape, offset,
     seq_dim = 0 if len(shape) == 2 else 1  # an unbatched (L, D) x names its sequence dim
 
     def fn(x, backend):
-        return fastattn.add_sinusoidal(x, offset=off, scale=scale, base=base, seq_dim=seq_dim,
-                                       backend=backend)
+        return fastattn.add_sinusoidal(
+            x, offset=off, scale=scale, base=base, seq_dim=seq_dim, backend=backend
+        )
 
     max_position = int(off.max()) if isinstance(off, torch.Tensor) else off
-    out = compare_with_reference("add_sinusoidal", fn, backend, {"x": x}, grads=("x",),
-                                 max_position=max_position + shape[-2])
+    out = compare_with_reference(
+        "add_sinusoidal", fn, backend, {"x": x}, grads=("x",), max_position=max_position + shape[-2]
+    )
     assert out.shape == x.shape
 
 
 def _tokens(shape, num_embeddings, device, padding_idx=None):
     tokens = torch.randint(0, num_embeddings, shape, device=device)
     if padding_idx is not None:  # make sure the padding id occurs
-        tokens.view(-1)[:: 3] = padding_idx
+        tokens.view(-1)[::3] = padding_idx
     return tokens
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("tok_shape,num_embeddings,dim,max_len,offset,padding_idx,scale", [
-    pytest.param((2, 1), 10, 8, None, 0, None, 1.0, id="L1-sinusoidal"),
-    pytest.param((3, 17), 50, 7, 40, 3, 0, 2.0, id="oddD7-learned-pad0"),
-    pytest.param((2, 33), 20, 33, None, "tensor", 5, math.sqrt(33), id="D33-sin-tensor-off-pad"),
-    pytest.param((2, 16), 30, 16, 64, "tensor", None, 1.0, id="learned-tensor-offset"),
-    pytest.param((19,), 12, 9, None, 2, None, 1.0, id="unbatched"),
-    pytest.param((1, 1023), 64, 4, 1100, 5, None, 1.0, id="L1023-learned"),
-])
-def test_embed_with_positions_matches_reference(backend, device, dtype, tok_shape,
-                                                num_embeddings, dim, max_len, offset,
-                                                padding_idx, scale):
+@pytest.mark.parametrize(
+    "tok_shape,num_embeddings,dim,max_len,offset,padding_idx,scale",
+    [
+        pytest.param((2, 1), 10, 8, None, 0, None, 1.0, id="L1-sinusoidal"),
+        pytest.param((3, 17), 50, 7, 40, 3, 0, 2.0, id="oddD7-learned-pad0"),
+        pytest.param(
+            (2, 33), 20, 33, None, "tensor", 5, math.sqrt(33), id="D33-sin-tensor-off-pad"
+        ),
+        pytest.param((2, 16), 30, 16, 64, "tensor", None, 1.0, id="learned-tensor-offset"),
+        pytest.param((19,), 12, 9, None, 2, None, 1.0, id="unbatched"),
+        pytest.param((1, 1023), 64, 4, 1100, 5, None, 1.0, id="L1023-learned"),
+    ],
+)
+def test_embed_with_positions_matches_reference(
+    backend, device, dtype, tok_shape, num_embeddings, dim, max_len, offset, padding_idx, scale
+):
     skip_triton_float64(backend, dtype)
     torch.manual_seed(0)
     tokens = _tokens(tok_shape, num_embeddings, device, padding_idx)
@@ -192,13 +222,20 @@ def test_embed_with_positions_matches_reference(backend, device, dtype, tok_shap
     off = _offset_arg(offset, batch, device, high=(max_len or 200) - length + 1)
 
     def fn(weight, backend, positions="sinusoidal"):
-        return fastattn.embed_with_positions(tokens, weight, positions=positions, scale=scale,
-                                             offset=off, padding_idx=padding_idx,
-                                             backend=backend)
+        return fastattn.embed_with_positions(
+            tokens,
+            weight,
+            positions=positions,
+            scale=scale,
+            offset=off,
+            padding_idx=padding_idx,
+            backend=backend,
+        )
 
     max_position = (int(off.max()) if isinstance(off, torch.Tensor) else off) + length
-    out = compare_with_reference("embed_with_positions", fn, backend, inputs,
-                                 grads=tuple(inputs), max_position=max_position)
+    out = compare_with_reference(
+        "embed_with_positions", fn, backend, inputs, grads=tuple(inputs), max_position=max_position
+    )
     assert out.shape == (*tok_shape, dim)
 
 
@@ -223,8 +260,9 @@ ROTARY_CASES = [
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("shape,rotary_dim,interleaved,positions,tables", ROTARY_CASES)
-def test_apply_rotary_matches_reference(backend, device, dtype, shape, rotary_dim, interleaved,
-                                        positions, tables):
+def test_apply_rotary_matches_reference(
+    backend, device, dtype, shape, rotary_dim, interleaved, positions, tables
+):
     skip_triton_float64(backend, dtype)
     if backend == "triton" and shape[2] > 64:
         pytest.skip("one interpreted Triton program per (b, l): L=1023 is too slow on CPU")
@@ -247,8 +285,9 @@ def test_apply_rotary_matches_reference(backend, device, dtype, shape, rotary_di
     def fn(x, backend, cos=None, sin=None, **kw):
         return fastattn.apply_rotary(x, cos=cos, sin=sin, backend=backend, **kw)
 
-    out = compare_with_reference("apply_rotary", fn, backend, inputs, grads=("x",),
-                                 max_position=rows + L, **fixed)
+    out = compare_with_reference(
+        "apply_rotary", fn, backend, inputs, grads=("x",), max_position=rows + L, **fixed
+    )
     assert out.shape == x.shape
     if rd < D:  # the features past rotary_dim pass through bit for bit
         assert torch.equal(out[..., rd:], x[..., rd:])
@@ -259,11 +298,13 @@ def test_triton_refuses_float64(op):
     device = backend_device("triton")  # skips when triton is unavailable
     x = randn(1, 2, 3, 4, dtype=torch.float64, device=device)
     calls = {
-        "sinusoidal_table": lambda: fastattn.sinusoidal_table(3, 4, dtype=torch.float64,
-                                                              device=device, backend="triton"),
+        "sinusoidal_table": lambda: fastattn.sinusoidal_table(
+            3, 4, dtype=torch.float64, device=device, backend="triton"
+        ),
         "add_sinusoidal": lambda: fastattn.add_sinusoidal(x[0], backend="triton"),
         "embed_with_positions": lambda: fastattn.embed_with_positions(
-            torch.tensor([[0, 1]], device=device), x[0, 0], backend="triton"),
+            torch.tensor([[0, 1]], device=device), x[0, 0], backend="triton"
+        ),
         "apply_rotary": lambda: fastattn.apply_rotary(x, backend="triton"),
     }
     with pytest.raises(fastattn.BackendError, match="float64"):
@@ -284,11 +325,14 @@ def test_float64_automatic_choice_on_cpu_is_cpu():
 
 
 @pytest.mark.parametrize("backend", NATIVE_GRAD_BACKENDS)
-@pytest.mark.parametrize("offset,scale,dropout_p", [
-    pytest.param(0, 1.0, 0.0, id="plain"),
-    pytest.param("tensor", 1.5, 0.0, id="tensor-offset-scale"),
-    pytest.param(3, 2.0, 0.4, id="dropout"),
-])
+@pytest.mark.parametrize(
+    "offset,scale,dropout_p",
+    [
+        pytest.param(0, 1.0, 0.0, id="plain"),
+        pytest.param("tensor", 1.5, 0.0, id="tensor-offset-scale"),
+        pytest.param(3, 2.0, 0.4, id="dropout"),
+    ],
+)
 def test_add_sinusoidal_gradcheck(backend, device, offset, scale, dropout_p):
     torch.manual_seed(0)
     x = randn(2, 5, 7, dtype=torch.float64, device=device).requires_grad_()
@@ -296,8 +340,9 @@ def test_add_sinusoidal_gradcheck(backend, device, offset, scale, dropout_p):
 
     def fn(x):
         torch.manual_seed(1234)  # the same dropout mask in every evaluation
-        return fastattn.add_sinusoidal(x, offset=off, scale=scale, dropout_p=dropout_p,
-                                       backend=backend)
+        return fastattn.add_sinusoidal(
+            x, offset=off, scale=scale, dropout_p=dropout_p, backend=backend
+        )
 
     assert torch.autograd.gradcheck(fn, (x,))
     assert torch.autograd.gradgradcheck(fn, (x,))
@@ -316,17 +361,23 @@ def test_embed_with_positions_gradcheck(backend, device, learned, offset):
     off = _offset_arg(offset, 2, device, high=8)
 
     def fn(weight, table):
-        return fastattn.embed_with_positions(tokens, weight, positions=table if learned else
-                                             "sinusoidal", scale=1.7, offset=off,
-                                             backend=backend)
+        return fastattn.embed_with_positions(
+            tokens,
+            weight,
+            positions=table if learned else "sinusoidal",
+            scale=1.7,
+            offset=off,
+            backend=backend,
+        )
 
     assert torch.autograd.gradcheck(fn, (weight, table if learned else table.detach()))
 
 
 @pytest.mark.parametrize("backend", NATIVE_GRAD_BACKENDS)
 @pytest.mark.parametrize("interleaved", (False, True), ids=("neox", "gptj"))
-@pytest.mark.parametrize("variant", ("plain", "rotary_dim", "tables", "position_ids",
-                                     "tensor-offset", "inplace"))
+@pytest.mark.parametrize(
+    "variant", ("plain", "rotary_dim", "tables", "position_ids", "tensor-offset", "inplace")
+)
 def test_apply_rotary_gradcheck(backend, device, interleaved, variant):
     torch.manual_seed(0)
     B, H, L, D = 2, 2, 5, 8
@@ -365,8 +416,9 @@ def test_add_sinusoidal_seq_first(backend, device):
     table = fastattn.sinusoidal_table(L, D, offset=2, dtype=torch.float64)
     expected = x.detach().double().cpu() * 1.5 + table[:, None, :]
     torch.testing.assert_close(out.detach().double().cpu(), expected, rtol=0, atol=1e-5)
-    batch_first = fastattn.add_sinusoidal(x.detach().transpose(0, 1), scale=1.5, offset=2,
-                                          backend=backend)
+    batch_first = fastattn.add_sinusoidal(
+        x.detach().transpose(0, 1), scale=1.5, offset=2, backend=backend
+    )
     torch.testing.assert_close(out.detach(), batch_first.transpose(0, 1), rtol=0, atol=0)
     g = randn(L, B, D, device=device)
     out.backward(g)
@@ -376,8 +428,9 @@ def test_add_sinusoidal_seq_first(backend, device):
     out = fastattn.add_sinusoidal(x.detach(), seq_dim=0, offset=offs, backend=backend)
     for b in range(B):
         pe = fastattn.sinusoidal_table(L, D, offset=int(offs[b]), dtype=torch.float64)
-        torch.testing.assert_close(out[:, b].double().cpu(), x[:, b].detach().double().cpu() + pe,
-                                   rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            out[:, b].double().cpu(), x[:, b].detach().double().cpu() + pe, rtol=0, atol=1e-5
+        )
 
 
 @pytest.mark.parametrize("seq_dim", (2, -2))
@@ -395,16 +448,18 @@ def test_add_sinusoidal_4d_seq_dim(backend, device, seq_dim):
     # seq_dim=1 of the same tensor: PE indexed by h instead
     out1 = fastattn.add_sinusoidal(x.detach(), seq_dim=1, backend=backend)
     pe_h = fastattn.sinusoidal_table(H, D, dtype=torch.float64)[None, :, None, :]
-    torch.testing.assert_close(out1.double().cpu(), x.detach().double().cpu() + pe_h, rtol=0,
-                               atol=2e-6)
+    torch.testing.assert_close(
+        out1.double().cpu(), x.detach().double().cpu() + pe_h, rtol=0, atol=2e-6
+    )
     # a tensor offset has one entry per (b, h) sequence
     offs = torch.arange(B * H, device=device) * 10
     out2 = fastattn.add_sinusoidal(x.detach(), seq_dim=seq_dim, offset=offs, backend=backend)
     for i in range(B * H):
         b, h = divmod(i, H)
         pe = fastattn.sinusoidal_table(L, D, offset=10 * i, dtype=torch.float64)
-        torch.testing.assert_close(out2[b, h].double().cpu(), x[b, h].detach().double().cpu() + pe,
-                                   rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            out2[b, h].double().cpu(), x[b, h].detach().double().cpu() + pe, rtol=0, atol=1e-5
+        )
 
 
 def test_add_sinusoidal_strided_rows(backend, device):
@@ -463,8 +518,7 @@ def test_apply_rotary_inplace_with_grad(backend, device, interleaved):
     """inplace=True on a non-leaf that needs gradients: the gradient of the leaf equals the
     out-of-place gradient (the backward rotates the incoming gradient back)."""
     torch.manual_seed(0)
-    kw = dict(interleaved=interleaved, offset=torch.tensor([1, 9], device=device),
-              backend=backend)
+    kw = dict(interleaved=interleaved, offset=torch.tensor([1, 9], device=device), backend=backend)
     leaf = randn(2, 2, 6, 8, device=device).requires_grad_()
     ref_leaf = leaf.detach().clone().requires_grad_()
     x = leaf * 2.0
@@ -492,13 +546,22 @@ def test_add_sinusoidal_inplace_matches_out_of_place(backend, device, layout, dr
     x and returns x, for every layout: a (B, L, D) tensor, a sequence-first (L, B, D) one (a
     transposed view), a 4-D x whose sequence dim moves to a view, and a 4-D x whose (N, L, D)
     form is a copy (the result is copied back)."""
-    shapes = {"batch_first": ((3, 7, 10), 1), "seq_first": ((7, 3, 10), 0),
-              "4d_view": ((2, 3, 7, 10), 2), "4d_copy": ((2, 7, 3, 10), 1)}
+    shapes = {
+        "batch_first": ((3, 7, 10), 1),
+        "seq_first": ((7, 3, 10), 0),
+        "4d_view": ((2, 3, 7, 10), 2),
+        "4d_copy": ((2, 7, 3, 10), 1),
+    }
     shape, seq_dim = shapes[layout]
     x = randn(*shape, device=device)
     batch = 3 if layout in ("batch_first", "seq_first") else 6
-    kw = dict(scale=1.5, seq_dim=seq_dim, dropout_p=dropout_p, backend=backend,
-              offset=torch.arange(batch, device=device) * 5)
+    kw = dict(
+        scale=1.5,
+        seq_dim=seq_dim,
+        dropout_p=dropout_p,
+        backend=backend,
+        offset=torch.arange(batch, device=device) * 5,
+    )
     torch.manual_seed(7)
     expected = fastattn.add_sinusoidal(x, **kw)
     y = x.clone()
@@ -561,9 +624,10 @@ def test_sinusoid_long_positions(backend, device, offset):
     print(f"max error against sin/cos of the float32 angle: {err:.3e}")
     # The CPU kernel rounds a float64 evaluation once (at most an ulp, 2^-24 below 1); float32
     # sin/cos implementations (torch's, libdevice's) are within two.
-    assert err <= (2 ** -24 if backend == "cpu" else 2 ** -23)
-    ref64 = fastattn.sinusoidal_table(rows, dim, offset=offset, dtype=torch.float64,
-                                      backend="reference")
+    assert err <= (2**-24 if backend == "cpu" else 2**-23)
+    ref64 = fastattn.sinusoidal_table(
+        rows, dim, offset=offset, dtype=torch.float64, backend="reference"
+    )
     ref32 = fastattn.sinusoidal_table(rows, dim, offset=offset, backend="reference")
     assert_fa_close("sinusoidal_table", t.cpu(), ref64, ref32)
 
@@ -576,15 +640,15 @@ def test_add_sinusoidal_shared_rows_equal_rows_computed_per_sequence():
     for offset in (5, torch.tensor([0, 3, 3, 8]), torch.tensor([0, 40_000, 80_000, 120_000])):
         together = fastattn.add_sinusoidal(x, offset=offset, scale=1.3, backend="cpu")
         for n in range(4):
-            off = offset if isinstance(offset, int) else offset[n:n + 1]
-            alone = fastattn.add_sinusoidal(x[n:n + 1], offset=off, scale=1.3, backend="cpu")
-            torch.testing.assert_close(together[n:n + 1], alone, rtol=0, atol=0)
+            off = offset if isinstance(offset, int) else offset[n : n + 1]
+            alone = fastattn.add_sinusoidal(x[n : n + 1], offset=off, scale=1.3, backend="cpu")
+            torch.testing.assert_close(together[n : n + 1], alone, rtol=0, atol=0)
     tokens = torch.randint(0, 20, (4, 37))
     weight = randn(20, 30)
     together = fastattn.embed_with_positions(tokens, weight, offset=9, backend="cpu")
     for n in range(4):
-        alone = fastattn.embed_with_positions(tokens[n:n + 1], weight, offset=9, backend="cpu")
-        torch.testing.assert_close(together[n:n + 1], alone, rtol=0, atol=0)
+        alone = fastattn.embed_with_positions(tokens[n : n + 1], weight, offset=9, backend="cpu")
+        torch.testing.assert_close(together[n : n + 1], alone, rtol=0, atol=0)
 
 
 def test_apply_rotary_tables_match_computed(backend, device):
@@ -601,8 +665,9 @@ def test_apply_rotary_tables_match_computed(backend, device):
     # rotary_dim defaults to 2 * cos.shape[1]
     cos, sin = _rotary_tables(64, 4, torch.float32, device)
     out = fastattn.apply_rotary(x, cos=cos, sin=sin, backend=backend)
-    torch.testing.assert_close(out, fastattn.apply_rotary(x, rotary_dim=4, backend=backend),
-                               rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(
+        out, fastattn.apply_rotary(x, rotary_dim=4, backend=backend), rtol=2e-5, atol=2e-5
+    )
     assert torch.equal(out[..., 4:], x[..., 4:])
 
 
@@ -617,12 +682,19 @@ def test_apply_rotary_position_ids_forms(backend, device):
     by_offs = fastattn.apply_rotary(x, offset=offs, backend=backend)
     torch.testing.assert_close(by_ids, by_offs, rtol=0, atol=0)
     shared = torch.arange(L, device=device) + 4
-    torch.testing.assert_close(fastattn.apply_rotary(x, position_ids=shared, backend=backend),
-                               fastattn.apply_rotary(x, offset=4, backend=backend), rtol=0, atol=0)
+    torch.testing.assert_close(
+        fastattn.apply_rotary(x, position_ids=shared, backend=backend),
+        fastattn.apply_rotary(x, offset=4, backend=backend),
+        rtol=0,
+        atol=0,
+    )
     # position_ids override offset; int32 ids work
     torch.testing.assert_close(
         fastattn.apply_rotary(x, position_ids=ids.to(torch.int32), offset=99, backend=backend),
-        by_ids, rtol=0, atol=0)
+        by_ids,
+        rtol=0,
+        atol=0,
+    )
 
 
 def test_embed_unbatched_tokens(backend, device):
@@ -631,11 +703,13 @@ def test_embed_unbatched_tokens(backend, device):
     weight = randn(12, 6, device=device).requires_grad_()
     out = fastattn.embed_with_positions(tokens, weight, offset=3, scale=2.0, backend=backend)
     assert out.shape == (9, 6)
-    batched = fastattn.embed_with_positions(tokens[None], weight, offset=3, scale=2.0,
-                                            backend=backend)
+    batched = fastattn.embed_with_positions(
+        tokens[None], weight, offset=3, scale=2.0, backend=backend
+    )
     torch.testing.assert_close(out, batched[0], rtol=0, atol=0)
-    expected = weight.detach().double().cpu()[tokens.cpu()] * 2.0 + \
-        fastattn.sinusoidal_table(9, 6, offset=3, dtype=torch.float64)
+    expected = weight.detach().double().cpu()[tokens.cpu()] * 2.0 + fastattn.sinusoidal_table(
+        9, 6, offset=3, dtype=torch.float64
+    )
     torch.testing.assert_close(out.detach().double().cpu(), expected, rtol=0, atol=1e-5)
     out.sum().backward()
     counts = torch.bincount(tokens.cpu(), minlength=12).to(torch.float32)
@@ -652,10 +726,20 @@ def test_embed_padding_idx(backend, device, learned, padding_idx):
     tokens = torch.tensor([[pad, 1, pad, 3], [4, pad, pad, 1]], device=device)
     weight = randn(V, D, device=device).requires_grad_()  # the padding row is not zero here
     table = randn(10, D, device=device).requires_grad_() if learned else "sinusoidal"
-    out = fastattn.embed_with_positions(tokens, weight, positions=table, offset=1, scale=1.5,
-                                        padding_idx=padding_idx, backend=backend)
-    pe = table.detach()[1:5].double().cpu() if learned else \
-        fastattn.sinusoidal_table(4, D, offset=1, dtype=torch.float64)
+    out = fastattn.embed_with_positions(
+        tokens,
+        weight,
+        positions=table,
+        offset=1,
+        scale=1.5,
+        padding_idx=padding_idx,
+        backend=backend,
+    )
+    pe = (
+        table.detach()[1:5].double().cpu()
+        if learned
+        else fastattn.sinusoidal_table(4, D, offset=1, dtype=torch.float64)
+    )
     expected = weight.detach().double().cpu()[tokens.cpu()] * 1.5 + pe
     torch.testing.assert_close(out.detach().double().cpu(), expected, rtol=0, atol=1e-5)
     g = randn(2, 4, D, device=device)
@@ -678,13 +762,24 @@ def test_embed_duplicate_tokens_gradient_sums(backend, device, deterministic):
     weight = randn(V, D, device=device).requires_grad_()
     table = randn(20, D, device=device).requires_grad_()
     offs = torch.tensor([2, 2], device=device)  # both sequences hit the same positions
-    out = fastattn.embed_with_positions(tokens, weight, positions=table, offset=offs, scale=0.5,
-                                        deterministic=deterministic, backend=backend)
+    out = fastattn.embed_with_positions(
+        tokens,
+        weight,
+        positions=table,
+        offset=offs,
+        scale=0.5,
+        deterministic=deterministic,
+        backend=backend,
+    )
     g = randn(2, 5, D, device=device)
     out.backward(g)
     g64 = g.double().cpu()
-    expected_w = torch.zeros(V, D, dtype=torch.float64).index_add_(
-        0, tokens.cpu().reshape(-1), g64.reshape(-1, D)) * 0.5
+    expected_w = (
+        torch.zeros(V, D, dtype=torch.float64).index_add_(
+            0, tokens.cpu().reshape(-1), g64.reshape(-1, D)
+        )
+        * 0.5
+    )
     torch.testing.assert_close(weight.grad.double().cpu(), expected_w, rtol=1e-6, atol=1e-6)
     expected_t = torch.zeros(20, D, dtype=torch.float64)
     expected_t[2:7] = g64.sum(0)
@@ -696,10 +791,16 @@ def _embed_grads(backend, device, deterministic, dtype=torch.float32):
     tokens = torch.randint(0, 7, (4, 48), device=device)  # many duplicates
     weight = randn(7, 24, dtype=dtype, device=device).requires_grad_()
     table = randn(64, 24, dtype=dtype, device=device).requires_grad_()
-    out = fastattn.embed_with_positions(tokens, weight, positions=table, scale=3.0,
-                                        offset=torch.tensor([0, 5, 9, 16], device=device),
-                                        padding_idx=2, deterministic=deterministic,
-                                        backend=backend)
+    out = fastattn.embed_with_positions(
+        tokens,
+        weight,
+        positions=table,
+        scale=3.0,
+        offset=torch.tensor([0, 5, 9, 16], device=device),
+        padding_idx=2,
+        deterministic=deterministic,
+        backend=backend,
+    )
     out.backward(randn(*out.shape, dtype=dtype, device=device))
     return weight.grad, table.grad
 
@@ -742,21 +843,26 @@ def test_sinusoidal_table_textbook_values(backend, device):
     assert abs(float(pe[2, 1]) - math.cos(2.0)) < tol
     assert torch.equal(pe[0], torch.tensor([0.0, 1.0, 0.0, 1.0], dtype=dtype))
     # odd dim: the last column is a sine; base changes the frequencies
-    pe = fastattn.sinusoidal_table(3, 5, base=16.0, dtype=dtype, device=device,
-                                   backend=backend).cpu()
+    pe = fastattn.sinusoidal_table(
+        3, 5, base=16.0, dtype=dtype, device=device, backend=backend
+    ).cpu()
     assert abs(float(pe[2, 4]) - math.sin(2 / 16 ** (4 / 5))) < tol
     assert abs(float(pe[2, 3]) - math.cos(2 / 16 ** (2 / 5))) < tol
 
 
-@pytest.mark.parametrize("dim,base,offset", [(10, 10000.0, 0), (33, 10000.0, 7),
-                                             (16, 500.0, 100)])
+@pytest.mark.parametrize("dim,base,offset", [(10, 10000.0, 0), (33, 10000.0, 7), (16, 500.0, 100)])
 def test_sinusoidal_table_formula(backend, device, dim, base, offset):
     """PE[p, 2i] = sin(p / base^(2i/d)), PE[p, 2i+1] = cos(p / base^(2i/d)), computed with math
     in Python (float64). float32 tables are within the rounding of the float32 angle."""
     P = 60
     dtype = _textbook_dtype(backend)
-    pe = fastattn.sinusoidal_table(P, dim, base=base, offset=offset, dtype=dtype, device=device,
-                                   backend=backend).double().cpu()
+    pe = (
+        fastattn.sinusoidal_table(
+            P, dim, base=base, offset=offset, dtype=dtype, device=device, backend=backend
+        )
+        .double()
+        .cpu()
+    )
     expected = torch.empty(P, dim, dtype=torch.float64)
     for r in range(P):
         p = offset + r
@@ -767,14 +873,14 @@ def test_sinusoidal_table_formula(backend, device, dim, base, offset):
         torch.testing.assert_close(pe, expected, rtol=0, atol=1e-12)
     else:  # the float32 angle p * inv_freq carries a relative error of about 2 ulps
         p = torch.arange(offset, offset + P, dtype=torch.float64)[:, None]
-        bound = 3 * 2.0 ** -24 * (p + 1) + 2e-7
+        bound = 3 * 2.0**-24 * (p + 1) + 2e-7
         assert ((pe - expected).abs() <= bound).all()
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     """Hugging Face's (GPT-NeoX / Llama) rotate_half."""
     x1 = x[..., : x.shape[-1] // 2]
-    x2 = x[..., x.shape[-1] // 2:]
+    x2 = x[..., x.shape[-1] // 2 :]
     return torch.cat((-x2, x1), dim=-1)
 
 
@@ -782,8 +888,9 @@ def hf_apply_rotary(x, position_ids, rotary_dim, base):
     """transformers' Llama rotary in float64: emb = cat(freqs, freqs),
     x * cos + rotate_half(x) * sin on the first rotary_dim features (partial rotary as in
     GPT-NeoX)."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).double()
-                               / rotary_dim))
+    inv_freq = 1.0 / (
+        base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).double() / rotary_dim)
+    )
     freqs = position_ids.double()[..., None] * inv_freq  # (B, L, rotary_dim/2)
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos()[:, None], emb.sin()[:, None]
@@ -807,8 +914,10 @@ def gptj_apply_rotary(x, position_ids, rotary_dim, base):
 
 
 @pytest.mark.parametrize("interleaved", (False, True), ids=("neox-rotate_half", "gptj-pairs"))
-@pytest.mark.parametrize("rotary_dim,base,positions", [
-    (None, 10000.0, "offset"), (8, 10000.0, "position_ids"), (12, 1000.0, "tensor-offset")])
+@pytest.mark.parametrize(
+    "rotary_dim,base,positions",
+    [(None, 10000.0, "offset"), (8, 10000.0, "position_ids"), (12, 1000.0, "tensor-offset")],
+)
 def test_apply_rotary_textbook(backend, device, interleaved, rotary_dim, base, positions):
     torch.manual_seed(0)
     B, H, L, D = 2, 3, 9, 16
@@ -829,12 +938,14 @@ def test_apply_rotary_textbook(backend, device, interleaved, rotary_dim, base, p
     textbook = gptj_apply_rotary if interleaved else hf_apply_rotary
     expected = textbook(x.double().cpu(), ids, rd, base)
     # float32: the angle p * inv_freq is rounded twice (relative error <= 2^-23)
-    tol = 1e-12 if dtype == torch.float64 else \
-        4 * 2.0 ** -24 * (int(ids.max()) + 1) * float(x.abs().max()) + 1e-6
+    tol = (
+        1e-12
+        if dtype == torch.float64
+        else 4 * 2.0**-24 * (int(ids.max()) + 1) * float(x.abs().max()) + 1e-6
+    )
     torch.testing.assert_close(out.double().cpu(), expected, rtol=0, atol=tol)
     # and the layouts really differ (the test could tell them apart)
-    other = (hf_apply_rotary if interleaved else gptj_apply_rotary)(x.double().cpu(), ids, rd,
-                                                                     base)
+    other = (hf_apply_rotary if interleaved else gptj_apply_rotary)(x.double().cpu(), ids, rd, base)
     assert (other - expected).abs().max() > 1e-2
 
 
@@ -848,11 +959,15 @@ def test_rope_relative_position_property(backend, device, interleaved):
     k = randn(1, 1, 1, D, dtype=dtype, device=device)
     qk = float((q.abs() * k.abs()).sum())
     # float32: each angle carries a relative error of about 2^-23 (positions reach 1050)
-    tol = 1e-10 if dtype == torch.float64 else 4 * 2.0 ** -24 * 1051 * qk + 1e-5
+    tol = 1e-10 if dtype == torch.float64 else 4 * 2.0**-24 * 1051 * qk + 1e-5
 
     def rot(v, pos):
-        return fastattn.apply_rotary(v, offset=pos, interleaved=interleaved,
-                                     backend=backend).double().cpu().reshape(-1)
+        return (
+            fastattn.apply_rotary(v, offset=pos, interleaved=interleaved, backend=backend)
+            .double()
+            .cpu()
+            .reshape(-1)
+        )
 
     def score(m, n):
         return float(rot(q, m) @ rot(k, n))
@@ -872,16 +987,20 @@ def test_sinusoid_shift_is_linear(backend, device, delta):
     D, P = 16, 64
     dtype = _textbook_dtype(backend)
     tol = 1e-12 if dtype == torch.float64 else 3e-5
-    pe = fastattn.sinusoidal_table(P + delta, D, dtype=dtype, device=device,
-                                   backend=backend).double().cpu()
+    pe = (
+        fastattn.sinusoidal_table(P + delta, D, dtype=dtype, device=device, backend=backend)
+        .double()
+        .cpu()
+    )
     w = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
     M = torch.zeros(D, D, dtype=torch.float64)
     for i, wi in enumerate(w.tolist()):
         c, s = math.cos(delta * wi), math.sin(delta * wi)
-        M[2 * i: 2 * i + 2, 2 * i: 2 * i + 2] = torch.tensor([[c, s], [-s, c]],
-                                                            dtype=torch.float64)
+        M[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = torch.tensor(
+            [[c, s], [-s, c]], dtype=torch.float64
+        )
     shifted = pe[:P] @ M.T  # row p: M_delta PE[p], the same M for every p
-    torch.testing.assert_close(shifted, pe[delta:delta + P], rtol=0, atol=tol)
+    torch.testing.assert_close(shifted, pe[delta : delta + P], rtol=0, atol=tol)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -894,12 +1013,14 @@ def _dropout_call(op: str, backend: str, device, dtype=torch.float32, shape=(2, 
     N, L, D = shape
     if op == "add_sinusoidal":
         x = randn(N, L, D, dtype=dtype, device=device)
-        return lambda p: fastattn.add_sinusoidal(x, dropout_p=p, scale=1.7, offset=3,
-                                                 backend=backend)
+        return lambda p: fastattn.add_sinusoidal(
+            x, dropout_p=p, scale=1.7, offset=3, backend=backend
+        )
     tokens = torch.randint(0, 500, (N, L), device=device)
     weight = randn(500, D, dtype=dtype, device=device)
-    return lambda p: fastattn.embed_with_positions(tokens, weight, dropout_p=p, scale=1.7,
-                                                   offset=3, backend=backend)
+    return lambda p: fastattn.embed_with_positions(
+        tokens, weight, dropout_p=p, scale=1.7, offset=3, backend=backend
+    )
 
 
 @pytest.mark.parametrize("op", ("add_sinusoidal", "embed_with_positions"))
@@ -934,24 +1055,27 @@ def test_dropout_backward_uses_forward_mask(backend, device, op):
         kept = out.detach() != 0
         assert 0.6 < kept.double().mean().item() < 0.8
         assert torch.equal(x.grad[~kept], torch.zeros_like(x.grad[~kept]))
-        torch.testing.assert_close(x.grad[kept], ((g * scale) * keep_scale)[kept], rtol=1e-6,
-                                   atol=0)
+        torch.testing.assert_close(
+            x.grad[kept], ((g * scale) * keep_scale)[kept], rtol=1e-6, atol=0
+        )
     else:  # one sequence of distinct tokens: each weight row and table row gets one row of g
         L, D = 60, 40
         tokens = torch.randperm(100, device=device)[:L][None]
         weight = randn(100, D, device=device).requires_grad_()
         table = randn(L + 5, D, device=device).requires_grad_()
         torch.manual_seed(11)
-        out = fastattn.embed_with_positions(tokens, weight, positions=table, offset=2,
-                                            dropout_p=p, scale=scale, backend=backend)
+        out = fastattn.embed_with_positions(
+            tokens, weight, positions=table, offset=2, dropout_p=p, scale=scale, backend=backend
+        )
         g = randn(*out.shape, device=device)
         out.backward(g)
         kept = (out.detach() != 0)[0]
         assert 0.6 < kept.double().mean().item() < 0.8
         expected_rows = torch.where(kept, g[0] * keep_scale, torch.zeros_like(g[0]))
-        torch.testing.assert_close(table.grad[2:2 + L], expected_rows, rtol=1e-6, atol=0)
-        torch.testing.assert_close(weight.grad[tokens[0]], expected_rows * scale, rtol=1e-6,
-                                   atol=1e-7)
+        torch.testing.assert_close(table.grad[2 : 2 + L], expected_rows, rtol=1e-6, atol=0)
+        torch.testing.assert_close(
+            weight.grad[tokens[0]], expected_rows * scale, rtol=1e-6, atol=1e-7
+        )
         assert torch.equal(weight.grad[tokens[0]][~kept], torch.zeros_like(g[0][~kept]))
 
 
@@ -1004,14 +1128,16 @@ def test_dropout_mask_is_the_philox_stream(backend, device):
     weight = randn(50, D, device=device)
     if backend == "reference":
         from fastattn.reference import positional as ref
+
         out = ref.add_sinusoidal(x, 0, None, 1.0, 10000.0, p, seed)
         emb = ref.embed_with_positions(tokens, weight, None, 0, None, 1.0, 10000.0, p, seed)
     else:
         suffix = "_triton" if backend == "triton" else ""
         ops = torch.ops.fastattn
         out = getattr(ops, "add_sinusoidal" + suffix)(x, 0, None, 1.0, 10000.0, p, seed)
-        emb = getattr(ops, "embed_with_positions" + suffix)(tokens, weight, None, 0, None, 1.0,
-                                                             10000.0, p, seed, -1, False)
+        emb = getattr(ops, "embed_with_positions" + suffix)(
+            tokens, weight, None, 0, None, 1.0, 10000.0, p, seed, -1, False
+        )
     keep = philox_ref.dropout_keep_mask(seed.cpu(), (N, L, D), p)
     assert 0.55 < keep.double().mean().item() < 0.75
     assert torch.equal((out != 0).cpu(), keep)
@@ -1036,31 +1162,48 @@ def _opcheck_cases(device):
     ids = torch.randint(0, 16, (2, 5), device=device)
     seed = torch.tensor([123, 456], device=device)
     return {
-        "sinusoidal_table": ("sinusoidal_table",
-                             (torch.arange(3, 9, device=device), 7, 10000.0, torch.float32)),
+        "sinusoidal_table": (
+            "sinusoidal_table",
+            (torch.arange(3, 9, device=device), 7, 10000.0, torch.float32),
+        ),
         "add_sinusoidal": ("add_sinusoidal", (x, 2, offsets, 1.5, 10000.0, 0.0, None)),
         "add_sinusoidal-seed": ("add_sinusoidal", (x, 0, None, 1.0, 10000.0, 0.25, seed)),
-        "add_sinusoidal_": ("add_sinusoidal_", (x.detach().clone(), 1, offsets, 1.5, 10000.0,
-                                                0.0, None)),
-        "add_sinusoidal_-seed": ("add_sinusoidal_", (x.detach().clone(), 0, None, 1.0, 10000.0,
-                                                     0.25, seed)),
-        "add_sinusoidal_backward": ("add_sinusoidal_backward",
-                                    (x.detach().requires_grad_(), 2.0, 0.0, None)),
-        "embed_with_positions": ("embed_with_positions",
-                                 (tokens, w, table, 1, offsets, 2.0, 10000.0, 0.0, None, 3,
-                                  False)),
-        "embed_with_positions-sinusoidal": ("embed_with_positions",
-                                            (tokens, w, None, 0, None, 1.0, 10000.0, 0.0, None,
-                                             -1, True)),
-        "embed_with_positions_backward": ("embed_with_positions_backward",
-                                          (randn(2, 5, 8, device=device), tokens, 11, 3, 9, 1,
-                                           offsets, 2.0, 0.0, None, False)),
-        "apply_rotary": ("apply_rotary", (xr, None, None, 2, offsets, None, 8, 10000.0, False,
-                                          False)),
-        "apply_rotary-tables": ("apply_rotary", (xr, cos, sin, 0, None, ids, 6, 10000.0, True,
-                                                 True)),
-        "apply_rotary_": ("apply_rotary_", (xr.detach().clone(), None, None, 1, None, None, 4,
-                                            10000.0, True, False)),
+        "add_sinusoidal_": (
+            "add_sinusoidal_",
+            (x.detach().clone(), 1, offsets, 1.5, 10000.0, 0.0, None),
+        ),
+        "add_sinusoidal_-seed": (
+            "add_sinusoidal_",
+            (x.detach().clone(), 0, None, 1.0, 10000.0, 0.25, seed),
+        ),
+        "add_sinusoidal_backward": (
+            "add_sinusoidal_backward",
+            (x.detach().requires_grad_(), 2.0, 0.0, None),
+        ),
+        "embed_with_positions": (
+            "embed_with_positions",
+            (tokens, w, table, 1, offsets, 2.0, 10000.0, 0.0, None, 3, False),
+        ),
+        "embed_with_positions-sinusoidal": (
+            "embed_with_positions",
+            (tokens, w, None, 0, None, 1.0, 10000.0, 0.0, None, -1, True),
+        ),
+        "embed_with_positions_backward": (
+            "embed_with_positions_backward",
+            (randn(2, 5, 8, device=device), tokens, 11, 3, 9, 1, offsets, 2.0, 0.0, None, False),
+        ),
+        "apply_rotary": (
+            "apply_rotary",
+            (xr, None, None, 2, offsets, None, 8, 10000.0, False, False),
+        ),
+        "apply_rotary-tables": (
+            "apply_rotary",
+            (xr, cos, sin, 0, None, ids, 6, 10000.0, True, True),
+        ),
+        "apply_rotary_": (
+            "apply_rotary_",
+            (xr.detach().clone(), None, None, 1, None, None, 4, 10000.0, True, False),
+        ),
     }
 
 
@@ -1086,8 +1229,11 @@ def test_opcheck_triton(case):
         # ("Attempted to set the storage of a tensor on device meta to a storage on ...
         # cpu"): test_faketensor and test_aot_dispatch_* cannot run under the interpreter.
         # The schema and the autograd registration are still checked; on a GPU all run.
-        torch.library.opcheck(getattr(torch.ops.fastattn, name), args,
-                              test_utils=("test_schema", "test_autograd_registration"))
+        torch.library.opcheck(
+            getattr(torch.ops.fastattn, name),
+            args,
+            test_utils=("test_schema", "test_autograd_registration"),
+        )
     else:
         torch.library.opcheck(getattr(torch.ops.fastattn, name), args)
 
@@ -1099,8 +1245,9 @@ def test_opcheck_triton(case):
 class _PositionalModel(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.embed = PositionalEmbedding(50, 16, positions="learned", max_len=32, padding_idx=0,
-                                         scale=4.0)
+        self.embed = PositionalEmbedding(
+            50, 16, positions="learned", max_len=32, padding_idx=0, scale=4.0
+        )
         self.sinusoid = SinusoidalPositionalEncoding(16, scale=0.5)
         self.rotary = RotaryEmbedding(6, interleaved=True)
 
@@ -1167,8 +1314,9 @@ def _run_op(op: str, device, backend=None):
     if op == "add_sinusoidal":
         return fastattn.add_sinusoidal(x[0], backend=backend)
     if op == "embed_with_positions":
-        return fastattn.embed_with_positions(torch.tensor([[0, 1]], device=device), x[0, 0],
-                                             backend=backend)
+        return fastattn.embed_with_positions(
+            torch.tensor([[0, 1]], device=device), x[0, 0], backend=backend
+        )
     return fastattn.apply_rotary(x, backend=backend)
 
 
@@ -1202,8 +1350,10 @@ def test_modules_report_the_op_they_call():
     calls = [
         ("add_sinusoidal", lambda: SinusoidalPositionalEncoding(8)(x)),
         ("embed_with_positions", lambda: PositionalEmbedding(10, 8)(tokens)),
-        ("embed_with_positions",
-         lambda: PositionalEmbedding(10, 8, positions="learned", max_len=8)(tokens)),
+        (
+            "embed_with_positions",
+            lambda: PositionalEmbedding(10, 8, positions="learned", max_len=8)(tokens),
+        ),
         ("apply_rotary", lambda: RotaryEmbedding(8)(q, q)),
     ]
     for op, call in calls:
@@ -1232,170 +1382,442 @@ _W = torch.randn(5, 4)
 
 ERROR_CASES = [
     # add_sinusoidal
-    ("x-int", lambda: fastattn.add_sinusoidal(torch.ones(2, 3, 4, dtype=torch.int64)),
-     TypeError, "x must be float32, float16, bfloat16 or float64"),
+    (
+        "x-int",
+        lambda: fastattn.add_sinusoidal(torch.ones(2, 3, 4, dtype=torch.int64)),
+        TypeError,
+        "x must be float32, float16, bfloat16 or float64",
+    ),
     ("x-not-tensor", lambda: fastattn.add_sinusoidal([[1.0]]), TypeError, "x must be a torch"),
     ("x-1d", lambda: fastattn.add_sinusoidal(randn(5)), ValueError, "x must have at least 2"),
-    ("offset-shape", lambda: fastattn.add_sinusoidal(_x3(), offset=torch.tensor([1, 2, 3])),
-     ValueError, r"offset must have shape \(2,\)"),
-    ("offset-2d", lambda: fastattn.add_sinusoidal(_x3(), offset=torch.zeros(2, 1,
-                                                                            dtype=torch.long)),
-     ValueError, "offset must be 0-D or 1-D"),
-    ("offset-float-tensor", lambda: fastattn.add_sinusoidal(_x3(), offset=torch.tensor([1., 2.])),
-     TypeError, "offset must be an integer tensor"),
-    ("offset-float", lambda: fastattn.add_sinusoidal(_x3(), offset=1.5), TypeError,
-     "offset must be an int"),
-    ("offset-bool", lambda: fastattn.add_sinusoidal(_x3(), offset=True), TypeError,
-     "offset must be an int"),
-    ("offset-negative", lambda: fastattn.add_sinusoidal(_x3(), offset=-1), ValueError,
-     "offset must be >= 0"),
-    ("dropout-negative", lambda: fastattn.add_sinusoidal(_x3(), dropout_p=-0.1), ValueError,
-     r"dropout_p must be a float in \[0, 1\)"),
-    ("dropout-one", lambda: fastattn.add_sinusoidal(_x3(), dropout_p=1.0), ValueError,
-     "dropout_p"),
-    ("dropout-big", lambda: fastattn.add_sinusoidal(_x3(), dropout_p=1.5), ValueError,
-     "dropout_p"),
-    ("dropout-str", lambda: fastattn.add_sinusoidal(_x3(), dropout_p="0.1"), ValueError,
-     "dropout_p"),
+    (
+        "offset-shape",
+        lambda: fastattn.add_sinusoidal(_x3(), offset=torch.tensor([1, 2, 3])),
+        ValueError,
+        r"offset must have shape \(2,\)",
+    ),
+    (
+        "offset-2d",
+        lambda: fastattn.add_sinusoidal(_x3(), offset=torch.zeros(2, 1, dtype=torch.long)),
+        ValueError,
+        "offset must be 0-D or 1-D",
+    ),
+    (
+        "offset-float-tensor",
+        lambda: fastattn.add_sinusoidal(_x3(), offset=torch.tensor([1.0, 2.0])),
+        TypeError,
+        "offset must be an integer tensor",
+    ),
+    (
+        "offset-float",
+        lambda: fastattn.add_sinusoidal(_x3(), offset=1.5),
+        TypeError,
+        "offset must be an int",
+    ),
+    (
+        "offset-bool",
+        lambda: fastattn.add_sinusoidal(_x3(), offset=True),
+        TypeError,
+        "offset must be an int",
+    ),
+    (
+        "offset-negative",
+        lambda: fastattn.add_sinusoidal(_x3(), offset=-1),
+        ValueError,
+        "offset must be >= 0",
+    ),
+    (
+        "dropout-negative",
+        lambda: fastattn.add_sinusoidal(_x3(), dropout_p=-0.1),
+        ValueError,
+        r"dropout_p must be a float in \[0, 1\)",
+    ),
+    ("dropout-one", lambda: fastattn.add_sinusoidal(_x3(), dropout_p=1.0), ValueError, "dropout_p"),
+    ("dropout-big", lambda: fastattn.add_sinusoidal(_x3(), dropout_p=1.5), ValueError, "dropout_p"),
+    (
+        "dropout-str",
+        lambda: fastattn.add_sinusoidal(_x3(), dropout_p="0.1"),
+        ValueError,
+        "dropout_p",
+    ),
     ("seq_dim-last", lambda: fastattn.add_sinusoidal(_x3(), seq_dim=2), ValueError, "seq_dim"),
-    ("seq_dim-minus-1", lambda: fastattn.add_sinusoidal(_x3(), seq_dim=-1), ValueError,
-     "seq_dim"),
-    ("seq_dim-4d-last", lambda: fastattn.add_sinusoidal(randn(2, 3, 4, 5), seq_dim=3),
-     ValueError, "seq_dim"),
-    ("seq_dim-out-of-range", lambda: fastattn.add_sinusoidal(_x3(), seq_dim=3), ValueError,
-     "seq_dim"),
-    ("base-zero", lambda: fastattn.add_sinusoidal(_x3(), base=0.0), ValueError,
-     "base must be > 0"),
-    ("x-stride", lambda: fastattn.add_sinusoidal(randn(2, 4, 3).transpose(1, 2)), ValueError,
-     "x must have a unit stride in its last dimension"),
-    ("offset-meta", lambda: fastattn.add_sinusoidal(_x3(), offset=torch.zeros(
-        2, dtype=torch.long, device="meta")), ValueError, "offset must be on the input's device"),
-    ("backend-name", lambda: fastattn.add_sinusoidal(_x3(), backend="tpu"), ValueError,
-     "backend must be one of"),
+    ("seq_dim-minus-1", lambda: fastattn.add_sinusoidal(_x3(), seq_dim=-1), ValueError, "seq_dim"),
+    (
+        "seq_dim-4d-last",
+        lambda: fastattn.add_sinusoidal(randn(2, 3, 4, 5), seq_dim=3),
+        ValueError,
+        "seq_dim",
+    ),
+    (
+        "seq_dim-out-of-range",
+        lambda: fastattn.add_sinusoidal(_x3(), seq_dim=3),
+        ValueError,
+        "seq_dim",
+    ),
+    ("base-zero", lambda: fastattn.add_sinusoidal(_x3(), base=0.0), ValueError, "base must be > 0"),
+    (
+        "x-stride",
+        lambda: fastattn.add_sinusoidal(randn(2, 4, 3).transpose(1, 2)),
+        ValueError,
+        "x must have a unit stride in its last dimension",
+    ),
+    (
+        "offset-meta",
+        lambda: fastattn.add_sinusoidal(
+            _x3(), offset=torch.zeros(2, dtype=torch.long, device="meta")
+        ),
+        ValueError,
+        "offset must be on the input's device",
+    ),
+    (
+        "backend-name",
+        lambda: fastattn.add_sinusoidal(_x3(), backend="tpu"),
+        ValueError,
+        "backend must be one of",
+    ),
     # sinusoidal_table
     ("table-dim-0", lambda: fastattn.sinusoidal_table(4, 0), ValueError, "dim >= 1"),
-    ("table-negative-positions", lambda: fastattn.sinusoidal_table(-1, 4), ValueError,
-     "num_positions must be >= 0"),
-    ("table-offset", lambda: fastattn.sinusoidal_table(4, 4, offset=-2), ValueError,
-     "offset must be >= 0"),
-    ("table-dtype", lambda: fastattn.sinusoidal_table(4, 4, dtype=torch.int32), TypeError,
-     "dtype must be a floating dtype"),
-    ("table-base", lambda: fastattn.sinusoidal_table(4, 4, base=-1.0), ValueError,
-     "base must be > 0"),
+    (
+        "table-negative-positions",
+        lambda: fastattn.sinusoidal_table(-1, 4),
+        ValueError,
+        "num_positions must be >= 0",
+    ),
+    (
+        "table-offset",
+        lambda: fastattn.sinusoidal_table(4, 4, offset=-2),
+        ValueError,
+        "offset must be >= 0",
+    ),
+    (
+        "table-dtype",
+        lambda: fastattn.sinusoidal_table(4, 4, dtype=torch.int32),
+        TypeError,
+        "dtype must be a floating dtype",
+    ),
+    (
+        "table-base",
+        lambda: fastattn.sinusoidal_table(4, 4, base=-1.0),
+        ValueError,
+        "base must be > 0",
+    ),
     # embed_with_positions
-    ("tokens-float", lambda: fastattn.embed_with_positions(torch.rand(1, 3), _W), TypeError,
-     "tokens must be an integer tensor"),
-    ("tokens-bool", lambda: fastattn.embed_with_positions(torch.ones(1, 3, dtype=torch.bool), _W),
-     TypeError, "tokens must be an integer tensor"),
-    ("tokens-3d", lambda: fastattn.embed_with_positions(_TOK[None], _W), ValueError,
-     "tokens must be 1-D or 2-D"),
-    ("weight-int", lambda: fastattn.embed_with_positions(_TOK, torch.ones(5, 4,
-                                                                          dtype=torch.long)),
-     TypeError, "weight must be float32"),
-    ("weight-1d", lambda: fastattn.embed_with_positions(_TOK, torch.randn(5)), ValueError,
-     "weight must be 2-D"),
-    ("weight-stride", lambda: fastattn.embed_with_positions(_TOK, torch.randn(4, 5).t()),
-     ValueError, "weight must have a unit stride"),
-    ("table-width", lambda: fastattn.embed_with_positions(_TOK, _W, positions=torch.randn(8, 5)),
-     ValueError, r"positions table must be \(max_len, 4\)"),
-    ("table-dtype", lambda: fastattn.embed_with_positions(
-        _TOK, _W, positions=torch.randn(8, 4, dtype=torch.float64)), ValueError,
-     "positions table must be .* with weight's dtype"),
-    ("table-1d", lambda: fastattn.embed_with_positions(_TOK, _W, positions=torch.randn(8)),
-     ValueError, "positions must be 2-D"),
-    ("table-int", lambda: fastattn.embed_with_positions(_TOK, _W, positions=torch.ones(
-        8, 4, dtype=torch.long)), TypeError, "positions must be float32"),
-    ("table-stride", lambda: fastattn.embed_with_positions(_TOK, _W, positions=torch.randn(
-        4, 8).t()), ValueError, "positions must have a unit stride"),
-    ("positions-string", lambda: fastattn.embed_with_positions(_TOK, _W, positions="rotary"),
-     ValueError, "positions must be 'sinusoidal' or a"),
-    ("padding_idx-range", lambda: fastattn.embed_with_positions(_TOK, _W, padding_idx=5),
-     ValueError, r"padding_idx must be in \[-5, 5\)"),
-    ("embed-dropout", lambda: fastattn.embed_with_positions(_TOK, _W, dropout_p=1.0),
-     ValueError, "dropout_p"),
-    ("embed-offset-shape", lambda: fastattn.embed_with_positions(_TOK, _W, offset=torch.tensor(
-        [1, 2])), ValueError, r"offset must have shape \(1,\)"),
-    ("embed-offset-float", lambda: fastattn.embed_with_positions(_TOK, _W, offset=torch.tensor(
-        [1.0])), TypeError, "offset must be an integer tensor"),
-    ("embed-base", lambda: fastattn.embed_with_positions(_TOK, _W, base=0.0), ValueError,
-     "base must be > 0"),
-    ("weight-meta", lambda: fastattn.embed_with_positions(_TOK, torch.empty(5, 4, device="meta")),
-     ValueError, "tokens must be on the same device as weight"),
-    ("table-meta", lambda: fastattn.embed_with_positions(_TOK, _W, positions=torch.empty(
-        8, 4, device="meta")), ValueError, "positions must be on the same device as weight"),
-    ("embed-offset-meta", lambda: fastattn.embed_with_positions(_TOK, _W, offset=torch.zeros(
-        1, dtype=torch.long, device="meta")), ValueError, "offset must be on the input's device"),
+    (
+        "tokens-float",
+        lambda: fastattn.embed_with_positions(torch.rand(1, 3), _W),
+        TypeError,
+        "tokens must be an integer tensor",
+    ),
+    (
+        "tokens-bool",
+        lambda: fastattn.embed_with_positions(torch.ones(1, 3, dtype=torch.bool), _W),
+        TypeError,
+        "tokens must be an integer tensor",
+    ),
+    (
+        "tokens-3d",
+        lambda: fastattn.embed_with_positions(_TOK[None], _W),
+        ValueError,
+        "tokens must be 1-D or 2-D",
+    ),
+    (
+        "weight-int",
+        lambda: fastattn.embed_with_positions(_TOK, torch.ones(5, 4, dtype=torch.long)),
+        TypeError,
+        "weight must be float32",
+    ),
+    (
+        "weight-1d",
+        lambda: fastattn.embed_with_positions(_TOK, torch.randn(5)),
+        ValueError,
+        "weight must be 2-D",
+    ),
+    (
+        "weight-stride",
+        lambda: fastattn.embed_with_positions(_TOK, torch.randn(4, 5).t()),
+        ValueError,
+        "weight must have a unit stride",
+    ),
+    (
+        "table-width",
+        lambda: fastattn.embed_with_positions(_TOK, _W, positions=torch.randn(8, 5)),
+        ValueError,
+        r"positions table must be \(max_len, 4\)",
+    ),
+    (
+        "table-dtype",
+        lambda: fastattn.embed_with_positions(
+            _TOK, _W, positions=torch.randn(8, 4, dtype=torch.float64)
+        ),
+        ValueError,
+        "positions table must be .* with weight's dtype",
+    ),
+    (
+        "table-1d",
+        lambda: fastattn.embed_with_positions(_TOK, _W, positions=torch.randn(8)),
+        ValueError,
+        "positions must be 2-D",
+    ),
+    (
+        "table-int",
+        lambda: fastattn.embed_with_positions(
+            _TOK, _W, positions=torch.ones(8, 4, dtype=torch.long)
+        ),
+        TypeError,
+        "positions must be float32",
+    ),
+    (
+        "table-stride",
+        lambda: fastattn.embed_with_positions(_TOK, _W, positions=torch.randn(4, 8).t()),
+        ValueError,
+        "positions must have a unit stride",
+    ),
+    (
+        "positions-string",
+        lambda: fastattn.embed_with_positions(_TOK, _W, positions="rotary"),
+        ValueError,
+        "positions must be 'sinusoidal' or a",
+    ),
+    (
+        "padding_idx-range",
+        lambda: fastattn.embed_with_positions(_TOK, _W, padding_idx=5),
+        ValueError,
+        r"padding_idx must be in \[-5, 5\)",
+    ),
+    (
+        "embed-dropout",
+        lambda: fastattn.embed_with_positions(_TOK, _W, dropout_p=1.0),
+        ValueError,
+        "dropout_p",
+    ),
+    (
+        "embed-offset-shape",
+        lambda: fastattn.embed_with_positions(_TOK, _W, offset=torch.tensor([1, 2])),
+        ValueError,
+        r"offset must have shape \(1,\)",
+    ),
+    (
+        "embed-offset-float",
+        lambda: fastattn.embed_with_positions(_TOK, _W, offset=torch.tensor([1.0])),
+        TypeError,
+        "offset must be an integer tensor",
+    ),
+    (
+        "embed-base",
+        lambda: fastattn.embed_with_positions(_TOK, _W, base=0.0),
+        ValueError,
+        "base must be > 0",
+    ),
+    (
+        "weight-meta",
+        lambda: fastattn.embed_with_positions(_TOK, torch.empty(5, 4, device="meta")),
+        ValueError,
+        "tokens must be on the same device as weight",
+    ),
+    (
+        "table-meta",
+        lambda: fastattn.embed_with_positions(_TOK, _W, positions=torch.empty(8, 4, device="meta")),
+        ValueError,
+        "positions must be on the same device as weight",
+    ),
+    (
+        "embed-offset-meta",
+        lambda: fastattn.embed_with_positions(
+            _TOK, _W, offset=torch.zeros(1, dtype=torch.long, device="meta")
+        ),
+        ValueError,
+        "offset must be on the input's device",
+    ),
     # apply_rotary
-    ("rotary-x-int", lambda: fastattn.apply_rotary(torch.ones(1, 1, 2, 4, dtype=torch.int32)),
-     TypeError, "x must be float32"),
+    (
+        "rotary-x-int",
+        lambda: fastattn.apply_rotary(torch.ones(1, 1, 2, 4, dtype=torch.int32)),
+        TypeError,
+        "x must be float32",
+    ),
     ("rotary-x-3d", lambda: fastattn.apply_rotary(randn(2, 3, 4)), ValueError, "x must be 4-D"),
-    ("rotary-x-stride", lambda: fastattn.apply_rotary(randn(1, 1, 8, 3).transpose(2, 3)),
-     ValueError, "x must have a unit stride"),
-    ("rotary_dim-odd", lambda: fastattn.apply_rotary(_xr(), rotary_dim=5), ValueError,
-     r"rotary_dim must be even and in \[2, 8\]"),
-    ("rotary_dim-too-big", lambda: fastattn.apply_rotary(_xr(), rotary_dim=10), ValueError,
-     r"rotary_dim must be even and in \[2, 8\] \(head dim\), got 10"),
-    ("rotary_dim-zero", lambda: fastattn.apply_rotary(_xr(), rotary_dim=0), ValueError,
-     "rotary_dim"),
-    ("rotary-odd-D", lambda: fastattn.apply_rotary(randn(1, 1, 3, 7)), ValueError,
-     "rotary_dim must be even"),
-    ("cos-without-sin", lambda: fastattn.apply_rotary(_xr(), cos=torch.randn(8, 4)), ValueError,
-     "cos and sin must be given together"),
-    ("sin-without-cos", lambda: fastattn.apply_rotary(_xr(), sin=torch.randn(8, 4)), ValueError,
-     "cos and sin must be given together"),
-    ("cos-width", lambda: fastattn.apply_rotary(_xr(), cos=torch.randn(8, 3), sin=torch.randn(
-        8, 3), rotary_dim=8), ValueError, r"cos must be \(max_position, rotary_dim / 2 = 4\)"),
-    ("cos-1d", lambda: fastattn.apply_rotary(_xr(), cos=torch.randn(8), sin=torch.randn(8)),
-     ValueError, "cos must be 2-D"),
-    ("sin-width", lambda: fastattn.apply_rotary(_xr(), cos=torch.randn(8, 4), sin=torch.randn(
-        8, 3)), ValueError, r"sin must be \(max_position, rotary_dim / 2 = 4\)"),
-    ("cos-sin-rows", lambda: fastattn.apply_rotary(_xr(), cos=torch.randn(8, 4),
-                                                   sin=torch.randn(9, 4)),
-     ValueError, "cos and sin must have the same shape"),
-    ("cos-int", lambda: fastattn.apply_rotary(_xr(), cos=torch.ones(8, 4, dtype=torch.long),
-                                              sin=torch.ones(8, 4, dtype=torch.long)),
-     TypeError, "cos must be float32"),
-    ("cos-requires-grad", lambda: fastattn.apply_rotary(_xr(), cos=torch.randn(
-        8, 4, requires_grad=True), sin=torch.randn(8, 4)), ValueError,
-     "no gradient flows to cos"),
-    ("cos-meta", lambda: fastattn.apply_rotary(_xr(), cos=torch.empty(8, 4, device="meta"),
-                                               sin=torch.empty(8, 4, device="meta")),
-     ValueError, "cos must be on the same device as x"),
-    ("position_ids-shape", lambda: fastattn.apply_rotary(_xr(), position_ids=torch.zeros(
-        2, 5, dtype=torch.long)), ValueError, r"position_ids must be \(B, L\) = \(2, 3\)"),
-    ("position_ids-batch", lambda: fastattn.apply_rotary(_xr(), position_ids=torch.zeros(
-        3, 3, dtype=torch.long)), ValueError, "position_ids must be"),
-    ("position_ids-3d", lambda: fastattn.apply_rotary(_xr(), position_ids=torch.zeros(
-        2, 3, 1, dtype=torch.long)), ValueError, "position_ids must be 1-D or 2-D"),
-    ("position_ids-float", lambda: fastattn.apply_rotary(_xr(), position_ids=torch.zeros(2, 3)),
-     TypeError, "position_ids must be an integer tensor"),
-    ("position_ids-meta", lambda: fastattn.apply_rotary(_xr(), position_ids=torch.zeros(
-        2, 3, dtype=torch.long, device="meta")), ValueError,
-     "position_ids must be on the same device as x"),
-    ("rotary-offset-shape", lambda: fastattn.apply_rotary(_xr(), offset=torch.tensor([1, 2, 3])),
-     ValueError, r"offset must have shape \(2,\)"),
-    ("rotary-offset-float", lambda: fastattn.apply_rotary(_xr(), offset=torch.tensor([1., 2.])),
-     TypeError, "offset must be an integer tensor"),
-    ("rotary-offset-meta", lambda: fastattn.apply_rotary(_xr(), offset=torch.zeros(
-        2, dtype=torch.long, device="meta")), ValueError, "offset must be on the input's device"),
-    ("rotary-offset-negative", lambda: fastattn.apply_rotary(_xr(), offset=-3), ValueError,
-     "offset must be >= 0"),
-    ("rotary-base", lambda: fastattn.apply_rotary(_xr(), base=0.0), ValueError,
-     "base must be > 0"),
+    (
+        "rotary-x-stride",
+        lambda: fastattn.apply_rotary(randn(1, 1, 8, 3).transpose(2, 3)),
+        ValueError,
+        "x must have a unit stride",
+    ),
+    (
+        "rotary_dim-odd",
+        lambda: fastattn.apply_rotary(_xr(), rotary_dim=5),
+        ValueError,
+        r"rotary_dim must be even and in \[2, 8\]",
+    ),
+    (
+        "rotary_dim-too-big",
+        lambda: fastattn.apply_rotary(_xr(), rotary_dim=10),
+        ValueError,
+        r"rotary_dim must be even and in \[2, 8\] \(head dim\), got 10",
+    ),
+    (
+        "rotary_dim-zero",
+        lambda: fastattn.apply_rotary(_xr(), rotary_dim=0),
+        ValueError,
+        "rotary_dim",
+    ),
+    (
+        "rotary-odd-D",
+        lambda: fastattn.apply_rotary(randn(1, 1, 3, 7)),
+        ValueError,
+        "rotary_dim must be even",
+    ),
+    (
+        "cos-without-sin",
+        lambda: fastattn.apply_rotary(_xr(), cos=torch.randn(8, 4)),
+        ValueError,
+        "cos and sin must be given together",
+    ),
+    (
+        "sin-without-cos",
+        lambda: fastattn.apply_rotary(_xr(), sin=torch.randn(8, 4)),
+        ValueError,
+        "cos and sin must be given together",
+    ),
+    (
+        "cos-width",
+        lambda: fastattn.apply_rotary(
+            _xr(), cos=torch.randn(8, 3), sin=torch.randn(8, 3), rotary_dim=8
+        ),
+        ValueError,
+        r"cos must be \(max_position, rotary_dim / 2 = 4\)",
+    ),
+    (
+        "cos-1d",
+        lambda: fastattn.apply_rotary(_xr(), cos=torch.randn(8), sin=torch.randn(8)),
+        ValueError,
+        "cos must be 2-D",
+    ),
+    (
+        "sin-width",
+        lambda: fastattn.apply_rotary(_xr(), cos=torch.randn(8, 4), sin=torch.randn(8, 3)),
+        ValueError,
+        r"sin must be \(max_position, rotary_dim / 2 = 4\)",
+    ),
+    (
+        "cos-sin-rows",
+        lambda: fastattn.apply_rotary(_xr(), cos=torch.randn(8, 4), sin=torch.randn(9, 4)),
+        ValueError,
+        "cos and sin must have the same shape",
+    ),
+    (
+        "cos-int",
+        lambda: fastattn.apply_rotary(
+            _xr(), cos=torch.ones(8, 4, dtype=torch.long), sin=torch.ones(8, 4, dtype=torch.long)
+        ),
+        TypeError,
+        "cos must be float32",
+    ),
+    (
+        "cos-requires-grad",
+        lambda: fastattn.apply_rotary(
+            _xr(), cos=torch.randn(8, 4, requires_grad=True), sin=torch.randn(8, 4)
+        ),
+        ValueError,
+        "no gradient flows to cos",
+    ),
+    (
+        "cos-meta",
+        lambda: fastattn.apply_rotary(
+            _xr(), cos=torch.empty(8, 4, device="meta"), sin=torch.empty(8, 4, device="meta")
+        ),
+        ValueError,
+        "cos must be on the same device as x",
+    ),
+    (
+        "position_ids-shape",
+        lambda: fastattn.apply_rotary(_xr(), position_ids=torch.zeros(2, 5, dtype=torch.long)),
+        ValueError,
+        r"position_ids must be \(B, L\) = \(2, 3\)",
+    ),
+    (
+        "position_ids-batch",
+        lambda: fastattn.apply_rotary(_xr(), position_ids=torch.zeros(3, 3, dtype=torch.long)),
+        ValueError,
+        "position_ids must be",
+    ),
+    (
+        "position_ids-3d",
+        lambda: fastattn.apply_rotary(_xr(), position_ids=torch.zeros(2, 3, 1, dtype=torch.long)),
+        ValueError,
+        "position_ids must be 1-D or 2-D",
+    ),
+    (
+        "position_ids-float",
+        lambda: fastattn.apply_rotary(_xr(), position_ids=torch.zeros(2, 3)),
+        TypeError,
+        "position_ids must be an integer tensor",
+    ),
+    (
+        "position_ids-meta",
+        lambda: fastattn.apply_rotary(
+            _xr(), position_ids=torch.zeros(2, 3, dtype=torch.long, device="meta")
+        ),
+        ValueError,
+        "position_ids must be on the same device as x",
+    ),
+    (
+        "rotary-offset-shape",
+        lambda: fastattn.apply_rotary(_xr(), offset=torch.tensor([1, 2, 3])),
+        ValueError,
+        r"offset must have shape \(2,\)",
+    ),
+    (
+        "rotary-offset-float",
+        lambda: fastattn.apply_rotary(_xr(), offset=torch.tensor([1.0, 2.0])),
+        TypeError,
+        "offset must be an integer tensor",
+    ),
+    (
+        "rotary-offset-meta",
+        lambda: fastattn.apply_rotary(
+            _xr(), offset=torch.zeros(2, dtype=torch.long, device="meta")
+        ),
+        ValueError,
+        "offset must be on the input's device",
+    ),
+    (
+        "rotary-offset-negative",
+        lambda: fastattn.apply_rotary(_xr(), offset=-3),
+        ValueError,
+        "offset must be >= 0",
+    ),
+    ("rotary-base", lambda: fastattn.apply_rotary(_xr(), base=0.0), ValueError, "base must be > 0"),
     # explicitly requested backends that cannot run the call
-    ("cuda-on-cpu-tensors", lambda: fastattn.add_sinusoidal(_x3(), backend="cuda"),
-     fastattn.BackendError, "backend 'cuda' cannot run this call"),
-    ("cuda-on-cpu-rotary", lambda: fastattn.apply_rotary(_xr(), backend="cuda"),
-     fastattn.BackendError, "cuda"),
-    ("cuda-on-cpu-embed", lambda: fastattn.embed_with_positions(_TOK, _W, backend="cuda"),
-     fastattn.BackendError, "cuda"),
-    ("cuda-on-cpu-table", lambda: fastattn.sinusoidal_table(3, 4, backend="cuda"),
-     fastattn.BackendError, "cuda"),
+    (
+        "cuda-on-cpu-tensors",
+        lambda: fastattn.add_sinusoidal(_x3(), backend="cuda"),
+        fastattn.BackendError,
+        "backend 'cuda' cannot run this call",
+    ),
+    (
+        "cuda-on-cpu-rotary",
+        lambda: fastattn.apply_rotary(_xr(), backend="cuda"),
+        fastattn.BackendError,
+        "cuda",
+    ),
+    (
+        "cuda-on-cpu-embed",
+        lambda: fastattn.embed_with_positions(_TOK, _W, backend="cuda"),
+        fastattn.BackendError,
+        "cuda",
+    ),
+    (
+        "cuda-on-cpu-table",
+        lambda: fastattn.sinusoidal_table(3, 4, backend="cuda"),
+        fastattn.BackendError,
+        "cuda",
+    ),
 ]
 
 
-@pytest.mark.parametrize("call,exc,match", [pytest.param(c, e, m, id=i)
-                                            for i, c, e, m in ERROR_CASES])
+@pytest.mark.parametrize(
+    "call,exc,match", [pytest.param(c, e, m, id=i) for i, c, e, m in ERROR_CASES]
+)
 def test_bad_input_raises_clear_error(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
@@ -1431,8 +1853,9 @@ def test_token_out_of_range_every_backend(backend, device, bad, monkeypatch):
     with pytest.raises(_RANGE_ERRORS, match=r"token ids must be in \[0, 5\)"):
         fastattn.embed_with_positions(tokens, weight, backend=backend)
     with pytest.raises(_RANGE_ERRORS, match=r"token ids must be in \[0, 5\)"):
-        fastattn.embed_with_positions(tokens[1], weight, positions=randn(8, 4, device=device),
-                                      backend=backend)
+        fastattn.embed_with_positions(
+            tokens[1], weight, positions=randn(8, 4, device=device), backend=backend
+        )
 
 
 def test_positions_table_too_short_every_backend(backend, device, monkeypatch):
@@ -1444,11 +1867,21 @@ def test_positions_table_too_short_every_backend(backend, device, monkeypatch):
     with pytest.raises(_RANGE_ERRORS, match="positions reach 6 but the positions table has 6"):
         fastattn.embed_with_positions(tokens, weight, positions=table, offset=4, backend=backend)
     with pytest.raises(_RANGE_ERRORS, match="positions table has 6 rows"):
-        fastattn.embed_with_positions(tokens, weight, positions=table, backend=backend,
-                                      offset=torch.tensor([0, 5], device=device))
+        fastattn.embed_with_positions(
+            tokens,
+            weight,
+            positions=table,
+            backend=backend,
+            offset=torch.tensor([0, 5], device=device),
+        )
     with pytest.raises(_RANGE_ERRORS, match="positions must be >= 0"):
-        fastattn.embed_with_positions(tokens, weight, positions=table, backend=backend,
-                                      offset=torch.tensor([0, -1], device=device))
+        fastattn.embed_with_positions(
+            tokens,
+            weight,
+            positions=table,
+            backend=backend,
+            offset=torch.tensor([0, -1], device=device),
+        )
 
 
 def test_negative_tensor_offset_every_backend(backend, device, monkeypatch):
@@ -1458,8 +1891,12 @@ def test_negative_tensor_offset_every_backend(backend, device, monkeypatch):
     with pytest.raises(_RANGE_ERRORS, match="positions must be >= 0"):
         fastattn.add_sinusoidal(randn(2, 3, 4, device=device), offset=offs, backend=backend)
     with pytest.raises(_RANGE_ERRORS, match="positions must be >= 0"):
-        fastattn.embed_with_positions(torch.zeros(2, 3, dtype=torch.long, device=device),
-                                      randn(5, 4, device=device), offset=offs, backend=backend)
+        fastattn.embed_with_positions(
+            torch.zeros(2, 3, dtype=torch.long, device=device),
+            randn(5, 4, device=device),
+            offset=offs,
+            backend=backend,
+        )
     with pytest.raises(_RANGE_ERRORS, match="positions must be >= 0"):
         fastattn.apply_rotary(randn(2, 1, 3, 4, device=device), offset=offs, backend=backend)
 
@@ -1484,13 +1921,17 @@ def _positional_inputs(device) -> dict:
     learned = LearnedPositionalEmbedding(16, 8)
     learned.weight = torch.nn.Parameter(randn(16, 8, device=device))  # (.to() fails on fakes)
     return dict(
-        x=randn(2, 5, 8, device=device), offs=torch.tensor([0, 7], device=device),
+        x=randn(2, 5, 8, device=device),
+        offs=torch.tensor([0, 7], device=device),
         tokens=torch.tensor([[1, 2, 3, 4, 0], [4, 3, 2, 1, 0]], device=device),
-        weight=randn(5, 8, device=device), table=randn(16, 8, device=device),
+        weight=randn(5, 8, device=device),
+        table=randn(16, 8, device=device),
         q=randn(2, 3, 5, 8, device=device),
         tables=_rotary_tables(16, 8, torch.float32, device),
         ids=torch.tensor([[0, 1, 2, 3, 4], [9, 10, 11, 12, 13]], device=device),
-        learned=learned, rotary=RotaryEmbedding(8).to(device))
+        learned=learned,
+        rotary=RotaryEmbedding(8).to(device),
+    )
 
 
 def _positional_calls(backend: str, t: dict) -> None:
@@ -1500,13 +1941,15 @@ def _positional_calls(backend: str, t: dict) -> None:
     cos, sin = t["tables"]
     fastattn.add_sinusoidal(x, offset=offs, backend=backend)
     fastattn.embed_with_positions(t["tokens"], t["weight"], offset=offs, backend=backend)
-    fastattn.embed_with_positions(t["tokens"], t["weight"], positions=t["table"], offset=offs,
-                                  backend=backend)
+    fastattn.embed_with_positions(
+        t["tokens"], t["weight"], positions=t["table"], offset=offs, backend=backend
+    )
     fastattn.apply_rotary(q, cos=cos, sin=sin, offset=offs, backend=backend)
     fastattn.apply_rotary(q, offset=offs, backend=backend)
     fastattn.apply_rotary(q, cos=cos, sin=sin, position_ids=ids, backend=backend)
-    fastattn.apply_rotary(q.clone(), cos=cos, sin=sin, position_ids=ids, inplace=True,
-                          backend=backend)
+    fastattn.apply_rotary(
+        q.clone(), cos=cos, sin=sin, position_ids=ids, inplace=True, backend=backend
+    )
     with fastattn.use_backend(backend):
         t["learned"](x, offset=offs)
         t["rotary"](q, q, offset=offs)
@@ -1519,13 +1962,16 @@ def test_no_host_reads_for_cuda_tensors(backend, monkeypatch):
     The values are still checked, asynchronously on the device: by torch._assert_async here,
     by the native ops' check kernels for the cuda backend (csrc/common/device_checks.h)."""
     from fastattn.ops import positional as positional_ops
+
     # The Triton launchers enter the tensor's CUDA device even for fake tensors (no driver
     # here): the native ops' fake implementations (same schemas) stand in for the kernels,
     # after the Python layer made the triton backend's checks.
-    monkeypatch.setattr(positional_ops, "_native_op",
-                        lambda name, chosen: getattr(torch.ops.fastattn, name))
-    monkeypatch.setattr(positional_ops, "_inplace_rotary_op",
-                        lambda chosen: torch.ops.fastattn.apply_rotary_)
+    monkeypatch.setattr(
+        positional_ops, "_native_op", lambda name, chosen: getattr(torch.ops.fastattn, name)
+    )
+    monkeypatch.setattr(
+        positional_ops, "_inplace_rotary_op", lambda chosen: torch.ops.fastattn.apply_rotary_
+    )
     with fake_cuda() as recorder:
         _positional_calls(backend, _positional_inputs("cuda"))
     assert_no_host_reads(recorder)
@@ -1538,6 +1984,7 @@ def test_host_checks_switch(monkeypatch):
     """FASTATTN_HOST_CHECKS=1 restores the eager host checks (clear Python errors) for CUDA
     tensors: a fake tensor has no value to read, so the read raises here."""
     from fastattn.ops._common import device_checks_enabled, host_checks_enabled
+
     with fake_cuda():
         t = torch.zeros(3, dtype=torch.long, device="cuda")
         assert not host_checks_enabled(t) and device_checks_enabled(t)
@@ -1545,8 +1992,11 @@ def test_host_checks_switch(monkeypatch):
         assert host_checks_enabled(t) and not device_checks_enabled(t)
     assert host_checks_enabled(torch.zeros(3)) and not device_checks_enabled(torch.zeros(3))
     with pytest.raises(ValueReadError), fake_cuda() as rec:
-        fastattn.apply_rotary(randn(2, 1, 3, 4, device="cuda"), backend="triton",
-                              offset=torch.tensor([0, 1], device="cuda"))
+        fastattn.apply_rotary(
+            randn(2, 1, 3, 4, device="cuda"),
+            backend="triton",
+            offset=torch.tensor([0, 1], device="cuda"),
+        )
     assert any("_local_scalar_dense" in r for r in rec.reads)
 
 
@@ -1562,32 +2012,63 @@ def test_device_checks_catch_bad_values(monkeypatch, backend):
     cos, sin = _rotary_tables(6, 4, torch.float32, "cpu")
     q = randn(2, 1, 3, 4)
     cases = [
-        (r"offsets\[b\] \+ l \(l < 3\) must be >= 0", lambda: fastattn.add_sinusoidal(
-            x, offset=torch.tensor([2, -3]), backend=backend)),
-        (r"token ids must be in \[0, 5\)", lambda: fastattn.embed_with_positions(
-            torch.tensor([[0, 5, 1]]), weight, backend=backend)),
-        (r"token ids must be in \[0, 5\)", lambda: fastattn.embed_with_positions(
-            torch.tensor([[0, -1, 1]]), weight, backend=backend)),
-        (r"must be in \[0, 6\) \(the positions table rows\)",
-         lambda: fastattn.embed_with_positions(tokens, weight, positions=table, backend=backend,
-                                               offset=torch.tensor([0, 4]))),
-        (r"must be in \[0, 6\) \(cos/sin rows\)", lambda: fastattn.apply_rotary(
-            q, cos=cos, sin=sin, offset=torch.tensor([3, 4]), backend=backend)),
-        (r"position_ids must be in \[0, 6\)", lambda: fastattn.apply_rotary(
-            q, cos=cos, sin=sin, position_ids=torch.tensor([[0, 6, 1], [0, 1, 2]]),
-            backend=backend)),
-        (r"position_ids must be >= 0", lambda: fastattn.apply_rotary(
-            q, position_ids=torch.tensor([[0, -1, 1], [0, 1, 2]]), backend=backend)),
-        (r"positions offset \+ l must be in \[0, 16\)",
-         lambda: LearnedPositionalEmbedding(16, 4)(x, offset=torch.tensor([0, 14]))),
+        (
+            r"offsets\[b\] \+ l \(l < 3\) must be >= 0",
+            lambda: fastattn.add_sinusoidal(x, offset=torch.tensor([2, -3]), backend=backend),
+        ),
+        (
+            r"token ids must be in \[0, 5\)",
+            lambda: fastattn.embed_with_positions(
+                torch.tensor([[0, 5, 1]]), weight, backend=backend
+            ),
+        ),
+        (
+            r"token ids must be in \[0, 5\)",
+            lambda: fastattn.embed_with_positions(
+                torch.tensor([[0, -1, 1]]), weight, backend=backend
+            ),
+        ),
+        (
+            r"must be in \[0, 6\) \(the positions table rows\)",
+            lambda: fastattn.embed_with_positions(
+                tokens, weight, positions=table, backend=backend, offset=torch.tensor([0, 4])
+            ),
+        ),
+        (
+            r"must be in \[0, 6\) \(cos/sin rows\)",
+            lambda: fastattn.apply_rotary(
+                q, cos=cos, sin=sin, offset=torch.tensor([3, 4]), backend=backend
+            ),
+        ),
+        (
+            r"position_ids must be in \[0, 6\)",
+            lambda: fastattn.apply_rotary(
+                q,
+                cos=cos,
+                sin=sin,
+                position_ids=torch.tensor([[0, 6, 1], [0, 1, 2]]),
+                backend=backend,
+            ),
+        ),
+        (
+            r"position_ids must be >= 0",
+            lambda: fastattn.apply_rotary(
+                q, position_ids=torch.tensor([[0, -1, 1], [0, 1, 2]]), backend=backend
+            ),
+        ),
+        (
+            r"positions offset \+ l must be in \[0, 16\)",
+            lambda: LearnedPositionalEmbedding(16, 4)(x, offset=torch.tensor([0, 14])),
+        ),
     ]
     for match, call in cases:
         with pytest.raises(RuntimeError, match=match):
             call()
     # Valid values pass the same checks.
     fastattn.apply_rotary(q, cos=cos, sin=sin, offset=torch.tensor([3, 0]), backend=backend)
-    fastattn.embed_with_positions(tokens, weight, positions=table, backend=backend,
-                                  offset=torch.tensor([0, 3]))
+    fastattn.embed_with_positions(
+        tokens, weight, positions=table, backend=backend, offset=torch.tensor([0, 3])
+    )
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -1622,21 +2103,32 @@ def test_native_ops_check_their_arguments():
     ops = torch.ops.fastattn
     w = randn(5, 4)
     with pytest.raises(RuntimeError, match="token ids must be in"):
-        ops.embed_with_positions(torch.tensor([[7]]), w, None, 0, None, 1.0, 1e4, 0.0, None, -1,
-                                 False)
+        ops.embed_with_positions(
+            torch.tensor([[7]]), w, None, 0, None, 1.0, 1e4, 0.0, None, -1, False
+        )
     with pytest.raises(RuntimeError, match="a seed tensor is required"):
         ops.add_sinusoidal(randn(1, 2, 4), 0, None, 1.0, 1e4, 0.5, None)
     with pytest.raises(RuntimeError, match="seed must be a contiguous int64 tensor"):
         ops.add_sinusoidal(randn(1, 2, 4), 0, None, 1.0, 1e4, 0.5, torch.tensor([1, 2, 3]))
     with pytest.raises(RuntimeError, match="offsets must be int64"):
-        ops.add_sinusoidal(randn(2, 2, 4), 0, torch.tensor([1, 2], dtype=torch.int32), 1.0, 1e4,
-                           0.0, None)
+        ops.add_sinusoidal(
+            randn(2, 2, 4), 0, torch.tensor([1, 2], dtype=torch.int32), 1.0, 1e4, 0.0, None
+        )
     with pytest.raises(RuntimeError, match="rotary_dim must be even"):
         ops.apply_rotary(randn(1, 1, 2, 4), None, None, 0, None, None, 3, 1e4, False, False)
     with pytest.raises(RuntimeError, match="cos/sin must be"):
-        ops.apply_rotary(randn(1, 1, 2, 4), torch.randn(4, 2, dtype=torch.float64),
-                         torch.randn(4, 2, dtype=torch.float64), 0, None, None, 4, 1e4, False,
-                         False)
+        ops.apply_rotary(
+            randn(1, 1, 2, 4),
+            torch.randn(4, 2, dtype=torch.float64),
+            torch.randn(4, 2, dtype=torch.float64),
+            0,
+            None,
+            None,
+            4,
+            1e4,
+            False,
+            False,
+        )
     with pytest.raises(RuntimeError, match="x must be 3-D"):
         ops.add_sinusoidal(randn(2, 4), 0, None, 1.0, 1e4, 0.0, None)
 
@@ -1717,8 +2209,9 @@ def test_learned_positional_embedding_module():
 def test_positional_embedding_module(positions):
     torch.manual_seed(0)
     kw = dict(max_len=20) if positions == "learned" else {}
-    module = PositionalEmbedding(30, 8, positions=positions, scale=math.sqrt(8), padding_idx=4,
-                                 **kw)
+    module = PositionalEmbedding(
+        30, 8, positions=positions, scale=math.sqrt(8), padding_idx=4, **kw
+    )
     expected_keys = {"weight"} | ({"position_weight"} if positions == "learned" else set())
     assert set(module.state_dict()) == expected_keys
     assert torch.equal(module.weight[4], torch.zeros(8))
@@ -1726,9 +2219,15 @@ def test_positional_embedding_module(positions):
     tokens = torch.tensor([[4, 1, 7, 4], [2, 2, 29, 0]])
     out = module(tokens, offset=2)
     table = module.position_weight if positions == "learned" else "sinusoidal"
-    expected = fastattn.embed_with_positions(tokens, module.weight, positions=table,
-                                             scale=math.sqrt(8), offset=2, padding_idx=4,
-                                             backend="reference")
+    expected = fastattn.embed_with_positions(
+        tokens,
+        module.weight,
+        positions=table,
+        scale=math.sqrt(8),
+        offset=2,
+        padding_idx=4,
+        backend="reference",
+    )
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
     assert out.shape == (2, 4, 8)
     assert module(tokens[0]).shape == (4, 8)
@@ -1739,8 +2238,7 @@ def test_positional_embedding_module(positions):
         with pytest.raises(_RANGE_ERRORS, match="positions table"):
             module(tokens, offset=17)
     # state_dict moves both ways
-    clone = PositionalEmbedding(30, 8, positions=positions, scale=math.sqrt(8), padding_idx=4,
-                                **kw)
+    clone = PositionalEmbedding(30, 8, positions=positions, scale=math.sqrt(8), padding_idx=4, **kw)
     clone.load_state_dict(module.state_dict())
     torch.testing.assert_close(clone(tokens, offset=2), out.detach(), rtol=0, atol=0)
     # dropout in training mode only
@@ -1775,7 +2273,8 @@ def test_rotary_embedding_module(interleaved):
     torch.testing.assert_close(k_rot, fastattn.apply_rotary(k, **kw), rtol=0, atol=0)
     assert torch.equal(q_rot[..., 8:], q[..., 8:])
     expected = (gptj_apply_rotary if interleaved else hf_apply_rotary)(
-        q.detach().double(), offs[:, None] + torch.arange(6), 8, 500.0)
+        q.detach().double(), offs[:, None] + torch.arange(6), 8, 500.0
+    )
     torch.testing.assert_close(q_rot.detach().double(), expected, rtol=0, atol=5e-6)
     q_rot.sum().backward()
     assert q.grad is not None and q.grad.shape == q.shape

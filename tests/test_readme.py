@@ -5,6 +5,7 @@ Every ```python block of README.md is executed. Blocks may use names defined by 
 describes, which PRELUDE supplies: q, k, v, x, x_lbd, tokens, emb_weight, learned_table, cos,
 sin, pos, pad, out1/lse1, out2/lse2. A block's traceback points at its README line numbers.
 """
+
 from __future__ import annotations
 
 import re
@@ -17,7 +18,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-PRELUDE = '''
+PRELUDE = """
 import torch
 import fastattn
 
@@ -35,7 +36,7 @@ pad = torch.rand(B, L) > 0.7                           # (B, Lk) True = padding
 pad[:, 0] = False
 out1, lse1 = fastattn.attention(q, k[:, :, :8], v[:, :, :8], return_lse=True)
 out2, lse2 = fastattn.attention(q, k[:, :, 8:], v[:, :, 8:], return_lse=True)
-'''
+"""
 
 
 def python_blocks() -> list[tuple[int, str, str]]:
@@ -71,8 +72,9 @@ def test_readme_has_python_examples():
     assert BLOCKS, "README.md has no ```python block"
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)),
-                         ids=[f"line{s}-{_slug(sec)}" for s, sec, _ in BLOCKS])
+@pytest.mark.parametrize(
+    "index", range(len(BLOCKS)), ids=[f"line{s}-{_slug(sec)}" for s, sec, _ in BLOCKS]
+)
 def test_readme_block_runs(index):
     namespace: dict = {"__name__": "readme"}
     exec(PRELUDE, namespace)
@@ -85,8 +87,11 @@ def test_readme_block_runs(index):
     try:
         run_block(namespace, start, code)
     except Exception as exc:
-        lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__)
-                 if f.filename == str(README)]
+        lines = [
+            f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(README)
+        ]
         where = f"README.md line {lines[-1]}" if lines else f"the block at line {start}"
-        pytest.fail(f"README.md block at line {start} ({section}) does not run: {where}: "
-                    f"{type(exc).__name__}: {exc}")
+        pytest.fail(
+            f"README.md block at line {start} ({section}) does not run: {where}: "
+            f"{type(exc).__name__}: {exc}"
+        )

@@ -6,6 +6,7 @@ state_dict keys stay the same, so an optimiser built before the swap keeps train
 model and checkpoints move both ways. The LSTM tests run once fastattn.nn.LSTM / LSTMCell exist
 (fastattn.nn.LSTM derives from torch.nn.RNNBase, not from torch.nn.LSTM) and skip until then.
 """
+
 from __future__ import annotations
 
 import copy
@@ -20,18 +21,23 @@ import fastattn
 import fastattn.nn as fnn
 from fastattn import restore_modules, swap_modules, swap_summary
 
-pytestmark = [pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors"),
-              pytest.mark.filterwarnings("ignore:enable_nested_tensor is True"),
-              pytest.mark.usefixtures("one_thread")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors"),
+    pytest.mark.filterwarnings("ignore:enable_nested_tensor is True"),
+    pytest.mark.usefixtures("one_thread"),
+]
 
 F64 = torch.float64
 TOL = dict(rtol=1e-12, atol=1e-12)
 HAS_LSTM = hasattr(fnn, "LSTM")
 HAS_LSTM_CELL = hasattr(fnn, "LSTMCell")
-needs_lstm = pytest.mark.skipif(not HAS_LSTM, reason="fastattn.nn.LSTM does not exist yet "
-                                "(being added in the LSTM issue)")
-needs_lstm_cell = pytest.mark.skipif(not HAS_LSTM_CELL, reason="fastattn.nn.LSTMCell does not "
-                                     "exist yet (being added in the LSTM issue)")
+needs_lstm = pytest.mark.skipif(
+    not HAS_LSTM, reason="fastattn.nn.LSTM does not exist yet (being added in the LSTM issue)"
+)
+needs_lstm_cell = pytest.mark.skipif(
+    not HAS_LSTM_CELL,
+    reason="fastattn.nn.LSTMCell does not exist yet (being added in the LSTM issue)",
+)
 
 
 def randomize_(module: nn.Module, seed: int = 0) -> nn.Module:
@@ -51,10 +57,12 @@ class Block(nn.Module):
 
     def __init__(self, d=12, heads=3):
         super().__init__()
-        self.attns = nn.ModuleList([nn.MultiheadAttention(d, heads, batch_first=True,
-                                                          dtype=F64) for _ in range(2)])
-        self.cross = nn.ModuleDict({"mem": nn.MultiheadAttention(d, heads, kdim=5, vdim=7,
-                                                                 batch_first=True, dtype=F64)})
+        self.attns = nn.ModuleList(
+            [nn.MultiheadAttention(d, heads, batch_first=True, dtype=F64) for _ in range(2)]
+        )
+        self.cross = nn.ModuleDict(
+            {"mem": nn.MultiheadAttention(d, heads, kdim=5, vdim=7, batch_first=True, dtype=F64)}
+        )
         self.custom = Block.Custom(d, heads, batch_first=True, dtype=F64)
         self.proj = nn.Linear(d, d, dtype=F64)
 
@@ -72,7 +80,9 @@ class Nested(nn.Module):
         self.blocks = nn.Sequential(Block(), Block())
         self.encoder = nn.TransformerEncoder(
             nn.TransformerEncoderLayer(12, 2, 20, dropout=0.0, batch_first=True, dtype=F64),
-            num_layers=2, enable_nested_tensor=True)
+            num_layers=2,
+            enable_nested_tensor=True,
+        )
 
     def forward(self, x, memory, mem_v, pad):
         h = x
@@ -81,9 +91,16 @@ class Nested(nn.Module):
         return self.encoder(h, src_key_padding_mask=pad)
 
 
-SWAPPED_NAMES = ["blocks.0.attns.0", "blocks.0.attns.1", "blocks.0.cross.mem",
-                 "blocks.1.attns.0", "blocks.1.attns.1", "blocks.1.cross.mem",
-                 "encoder.layers.0.self_attn", "encoder.layers.1.self_attn"]
+SWAPPED_NAMES = [
+    "blocks.0.attns.0",
+    "blocks.0.attns.1",
+    "blocks.0.cross.mem",
+    "blocks.1.attns.0",
+    "blocks.1.attns.1",
+    "blocks.1.cross.mem",
+    "encoder.layers.0.self_attn",
+    "encoder.layers.1.self_attn",
+]
 
 
 def nested_model():
@@ -154,8 +171,7 @@ def test_swap_summary_contents_and_log(caplog):
     with caplog.at_level(logging.INFO, logger="fastattn"):
         swap_modules(model)
     summary = swap_summary(model)
-    assert summary == [(name, "MultiheadAttention", "MultiheadAttention")
-                       for name in SWAPPED_NAMES]
+    assert summary == [(name, "MultiheadAttention", "MultiheadAttention") for name in SWAPPED_NAMES]
     logged = "\n".join(r.getMessage() for r in caplog.records)
     for name in SWAPPED_NAMES:
         assert name in logged
@@ -261,8 +277,10 @@ def test_restore_brings_back_torch_classes():
     assert sum(type(m) is nn.MultiheadAttention for m in model.modules()) == len(SWAPPED_NAMES)
     assert all(a is b for a, b in zip(model.parameters(), params))
     assert [len(m._forward_pre_hooks) for m in model.modules()] == hooks  # hooks removed
-    assert not any(hasattr(m, "fastattn_backend") or hasattr(m, "_fastattn_original_class")
-                   for m in model.modules())
+    assert not any(
+        hasattr(m, "fastattn_backend") or hasattr(m, "_fastattn_original_class")
+        for m in model.modules()
+    )
     assert model.encoder.use_nested_tensor  # torch's setting is back
     assert_same_run(forward_backward(model, inputs), expected)
     restore_modules(model)  # restoring an unswapped model is a no-op
@@ -272,8 +290,9 @@ def test_restore_brings_back_torch_classes():
 def test_restored_encoder_uses_torch_fast_path_again(monkeypatch):
     calls = []
     real = torch._transformer_encoder_layer_fwd
-    monkeypatch.setattr(torch, "_transformer_encoder_layer_fwd",
-                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(
+        torch, "_transformer_encoder_layer_fwd", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
     model = nested_model().encoder.eval()
     x = torch.randn(2, 6, 12, dtype=F64)
     with torch.no_grad():
@@ -290,8 +309,11 @@ def test_backend_argument(backend):
     model = nested_model()
     reference = copy.deepcopy(model)
     swap_modules(model, backend=backend)
-    assert all(m.fastattn_backend == backend for m in model.modules()
-               if isinstance(m, fnn.MultiheadAttention))
+    assert all(
+        m.fastattn_backend == backend
+        for m in model.modules()
+        if isinstance(m, fnn.MultiheadAttention)
+    )
     inputs = nested_inputs()
     fastattn._backend._record("attention", "none")
     got = forward_backward(model, inputs)
@@ -331,8 +353,7 @@ def test_swapped_eval_matches_torch_fast_path():
 class Recurrent(nn.Module):
     def __init__(self):
         super().__init__()
-        self.lstm = nn.LSTM(6, 8, num_layers=2, bidirectional=True, batch_first=True,
-                            dtype=F64)
+        self.lstm = nn.LSTM(6, 8, num_layers=2, bidirectional=True, batch_first=True, dtype=F64)
         self.cell = nn.LSTMCell(16, 8, dtype=F64)
         self.attn = nn.MultiheadAttention(8, 2, batch_first=True, dtype=F64)
 

@@ -14,6 +14,7 @@ position of that sequence in the next layer, while fastattn gives zeros. Float64
 therefore use padding that leaves every query a key (right padding for causal models); left
 padding is compared in float32, where eager stays finite.
 """
+
 from __future__ import annotations
 
 import copy
@@ -44,18 +45,37 @@ def _setup(one_thread):
 def config_for(name: str):
     common = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if name == "bert":
-        return transformers.BertConfig(hidden_size=32, num_hidden_layers=2,
-                                       num_attention_heads=4, intermediate_size=37,
-                                       max_position_embeddings=64, hidden_dropout_prob=0.0,
-                                       attention_probs_dropout_prob=0.0, **common)
+        return transformers.BertConfig(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=37,
+            max_position_embeddings=64,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+            **common,
+        )
     if name == "gpt2":
-        return transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64,
-                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                       **common)
-    return transformers.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                    num_key_value_heads=2, intermediate_size=37,
-                                    max_position_embeddings=64, attention_dropout=0.0,
-                                    **common)
+        return transformers.GPT2Config(
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            n_positions=64,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **common,
+        )
+    return transformers.LlamaConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=37,
+        max_position_embeddings=64,
+        attention_dropout=0.0,
+        **common,
+    )
 
 
 BASE = {"bert": "BertModel", "gpt2": "GPT2Model", "llama": "LlamaModel"}
@@ -107,8 +127,9 @@ class Spy:
         real = fa_hf.attention
 
         def spy(q, k, v, **kw):
-            self.calls.append((tuple(q.shape), tuple(k.shape), kw.get("causal"),
-                               kw.get("attn_mask") is not None))
+            self.calls.append(
+                (tuple(q.shape), tuple(k.shape), kw.get("causal"), kw.get("attn_mask") is not None)
+            )
             return real(q, k, v, **kw)
 
         monkeypatch.setattr(fa_hf, "attention", spy)
@@ -118,8 +139,9 @@ def hidden_and_grads(model, ids, mask, seed=3):
     model.zero_grad(set_to_none=True)
     hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
     valid = mask.bool()[..., None]
-    g = torch.randn(hidden.shape, generator=torch.Generator().manual_seed(seed),
-                    dtype=F64).to(hidden.dtype)
+    g = torch.randn(hidden.shape, generator=torch.Generator().manual_seed(seed), dtype=F64).to(
+        hidden.dtype
+    )
     (torch.where(valid, hidden, 0) * g).sum().backward()
     grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
     return hidden.detach(), grads
@@ -132,6 +154,7 @@ def hidden_and_grads(model, ids, mask, seed=3):
 def test_register_is_idempotent_and_registers_both_interfaces():
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
+
     fa_hf.register()
     fa_hf.register()
     assert AttentionInterface()["fastattn"] is fa_hf.fastattn_attention_forward
@@ -145,25 +168,32 @@ def test_register_is_idempotent_and_registers_both_interfaces():
 # Llama's eager attention takes its softmax in float32 (softmax(..., dtype=torch.float32)) even
 # for float64 models, so it agrees with float64 only to float32 rounding; Llama is therefore
 # also compared with "sdpa", float64 throughout, at the float64 tolerance.
-TOLERANCES = {"float64": dict(rtol=1e-9, atol=1e-10),
-              "float32-softmax": dict(rtol=1e-5, atol=1e-5)}
+TOLERANCES = {"float64": dict(rtol=1e-9, atol=1e-10), "float32-softmax": dict(rtol=1e-5, atol=1e-5)}
 
 
 def _float64_cases():
     for name in BASE:
         paddings = ("none", "mixed", "left") if name == "bert" else ("none", "right")
-        references = (("eager", "float32-softmax"), ("sdpa", "float64")) if name == "llama" \
+        references = (
+            (("eager", "float32-softmax"), ("sdpa", "float64"))
+            if name == "llama"
             else (("eager", "float64"),)
+        )
         for reference, tol in references:
             for padding in paddings:
                 for mode in ("train", "eval"):
-                    yield pytest.param(name, reference, tol, padding, mode,
-                                       id=f"{name}-vs-{reference}-{padding}-{mode}")
+                    yield pytest.param(
+                        name,
+                        reference,
+                        tol,
+                        padding,
+                        mode,
+                        id=f"{name}-vs-{reference}-{padding}-{mode}",
+                    )
 
 
 @pytest.mark.parametrize("name,reference,tol,padding,mode", list(_float64_cases()))
-def test_hidden_states_and_gradients_match_eager(monkeypatch, name, reference, tol, padding,
-                                                 mode):
+def test_hidden_states_and_gradients_match_eager(monkeypatch, name, reference, tol, padding, mode):
     eager, fast = build_pair(name, reference=reference)
     for model in (eager, fast):
         model.train(mode == "train")
@@ -187,8 +217,9 @@ def test_hidden_states_and_gradients_match_eager(monkeypatch, name, reference, t
     for key in g_e:
         if g_e[key] is not None:
             assert g_f[key] is not None, key
-            torch.testing.assert_close(g_f[key], g_e[key], **TOLERANCES[tol],
-                                       msg=lambda m, key=key: f"{key}: {m}")
+            torch.testing.assert_close(
+                g_f[key], g_e[key], **TOLERANCES[tol], msg=lambda m, key=key: f"{key}: {m}"
+            )
 
 
 @pytest.mark.parametrize("name", ("gpt2", "llama"))
@@ -202,8 +233,9 @@ def test_causal_without_mask_uses_the_causal_flag(monkeypatch, name):
     with torch.no_grad():
         h_f = fast(input_ids=ids).last_hidden_state
         h_e = eager(input_ids=ids).last_hidden_state
-    assert spy.calls and all(causal is True and not has_mask
-                             for _, _, causal, has_mask in spy.calls)
+    assert spy.calls and all(
+        causal is True and not has_mask for _, _, causal, has_mask in spy.calls
+    )
     torch.testing.assert_close(h_f, h_e, rtol=1e-10, atol=1e-10)
 
 
@@ -231,6 +263,7 @@ def test_bert_float32_flashattention_scale():
     """float32 BERT with padding: fastattn's error against eager float64 is of the order of
     eager float32's own error (within 2x plus 16 float32 ulps, FlashAttention's rule)."""
     from tolerance import assert_fa_close, rounding_floor
+
     eager64, fast64 = build_pair("bert")
     eager32 = copy.deepcopy(eager64).float().eval()
     fast32 = copy.deepcopy(fast64).float().eval()
@@ -241,8 +274,9 @@ def test_bert_float32_flashattention_scale():
         ref32 = eager32(input_ids=ids, attention_mask=mask).last_hidden_state
         out = fast32(input_ids=ids, attention_mask=mask).last_hidden_state
     valid = mask.bool()
-    floor = rounding_floor(ref64[valid], torch.float32) \
-        + 16 * torch.finfo(torch.float32).eps * float(ref64[valid].abs().max())
+    floor = rounding_floor(ref64[valid], torch.float32) + 16 * torch.finfo(
+        torch.float32
+    ).eps * float(ref64[valid].abs().max())
     assert_fa_close("bert float32", out[valid], ref64[valid], ref32[valid], floor=floor)
 
 
@@ -259,15 +293,22 @@ def test_greedy_generation_same_tokens(monkeypatch, name, padding):
     eager.eval(), fast.eval()
     ids, mask = batch(padding)
     new = 6
-    kw = dict(attention_mask=mask, max_new_tokens=new, do_sample=False, use_cache=True,
-              pad_token_id=0, eos_token_id=None)
+    kw = dict(
+        attention_mask=mask,
+        max_new_tokens=new,
+        do_sample=False,
+        use_cache=True,
+        pad_token_id=0,
+        eos_token_id=None,
+    )
     with torch.no_grad():
         out_e = eager.generate(input_ids=ids, **kw)
         spy = Spy(monkeypatch)
         out_f = fast.generate(input_ids=ids, **kw)
     assert out_f.shape == (3, 11 + new)
-    assert torch.equal(out_f, out_e), f"eager {out_e[:, 11:].tolist()} fastattn " \
-                                      f"{out_f[:, 11:].tolist()}"
+    assert torch.equal(out_f, out_e), (
+        f"eager {out_e[:, 11:].tolist()} fastattn {out_f[:, 11:].tolist()}"
+    )
     layers = fast.config.num_hidden_layers
     assert len(spy.calls) == layers * new
     decode = [c for c in spy.calls if c[0][2] == 1]
@@ -279,8 +320,7 @@ def test_generation_float64_no_padding_same_tokens():
     eager, fast = build_pair("llama", classes=LM)
     eager.eval(), fast.eval()
     ids, _ = batch("none")
-    kw = dict(max_new_tokens=4, do_sample=False, use_cache=True, pad_token_id=0,
-              eos_token_id=None)
+    kw = dict(max_new_tokens=4, do_sample=False, use_cache=True, pad_token_id=0, eos_token_id=None)
     with torch.no_grad():
         assert torch.equal(fast.generate(input_ids=ids, **kw), eager.generate(input_ids=ids, **kw))
 

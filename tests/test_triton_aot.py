@@ -6,6 +6,7 @@ card).
 
 Slow (about five minutes on two idle cores): runs with FASTATTN_SLOW=1. CI runs the same script
 with the GPU machine's triton 3.6 (.ci/gpu_machine_check.sh)."""
+
 import os
 import subprocess
 import sys
@@ -23,11 +24,18 @@ def test_every_triton_kernel_variant_compiles_for_sm90():
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in [env.get("PYTHONPATH")] if p])
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "triton_aot.py"),
-                           "--jobs", str(os.cpu_count() or 1)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "triton_aot.py"), "--jobs", str(os.cpu_count() or 1)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     failures = [line for line in proc.stdout.splitlines() if "FAILED" in line]
-    assert proc.returncode == 0, "\n".join(failures[:20]) + proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, (
+        "\n".join(failures[:20]) + proc.stdout[-3000:] + proc.stderr[-3000:]
+    )
     assert ": 0 failures," in proc.stdout.splitlines()[-1]
 
 
@@ -38,12 +46,29 @@ def test_recorder_sees_every_op_without_compiling():
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in [env.get("PYTHONPATH")] if p])
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "triton_aot.py"), "--list"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "triton_aot.py"), "--list"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     kernels = {line.split()[0] for line in proc.stdout.splitlines() if line.startswith("  _")}
-    for name in ("_fwd_kernel", "_bwd_dq_kernel", "_bwd_dkdv_kernel", "_decode_kernel",
-                 "_merge_kernel", "_append_kernel", "_rotary_kernel", "_add_sinusoidal_kernel",
-                 "_embed_kernel", "_scores_kernel", "_fwd_step_kernel", "_bwd_gates_kernel",
-                 "_cell_fwd_kernel"):
+    for name in (
+        "_fwd_kernel",
+        "_bwd_dq_kernel",
+        "_bwd_dkdv_kernel",
+        "_decode_kernel",
+        "_merge_kernel",
+        "_append_kernel",
+        "_rotary_kernel",
+        "_add_sinusoidal_kernel",
+        "_embed_kernel",
+        "_scores_kernel",
+        "_fwd_step_kernel",
+        "_bwd_gates_kernel",
+        "_cell_fwd_kernel",
+    ):
         assert name in kernels, f"{name} was never launched by the recorded calls"

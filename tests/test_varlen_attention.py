@@ -28,6 +28,7 @@ at the end add the tensor-core head-dim buckets in float16/bfloat16, the dropout
 the CPU kernel's, bitwise-reproducible 16-bit gradients and device errors (they skip without a
 GPU).
 """
+
 from __future__ import annotations
 
 import copy
@@ -35,6 +36,15 @@ from dataclasses import dataclass, replace
 
 import pytest
 import torch
+from conftest import backend_device
+from host_reads import (
+    assert_no_device_sync,
+    assert_no_host_reads,
+    device_checks,
+    fake_cuda,
+    force_device_checks,
+)
+from tolerance import assert_fa_close, assert_grad_close, assert_lse_close, float32_floor
 from torch import nn
 
 import fastattn
@@ -44,11 +54,6 @@ from fastattn.nn import MultiheadAttention
 from fastattn.ops import varlen_attention as varlen_ops
 from fastattn.ops._common import dropout_seed
 from fastattn.reference.random import dropout_uniform
-from tolerance import assert_fa_close, assert_grad_close, assert_lse_close, float32_floor
-
-from conftest import backend_device
-from host_reads import (assert_no_device_sync, assert_no_host_reads, device_checks, fake_cuda,
-                        force_device_checks)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -62,9 +67,24 @@ LENGTHS = ((37, 53), (0, 11), (1, 1), (19, 0), (64, 45), (0, 0), (5, 70), (1, 23
 # The same kinds of sequences, small enough for Triton's interpreter.
 TRITON_LENGTHS = ((5, 17), (0, 4), (1, 1), (4, 0), (17, 5), (0, 0))
 
-FEATURES = ("plain", "causal", "causal_top_left", "causal_bottom_right", "window",
-            "window_causal", "window_right", "gqa", "mqa", "dv", "alibi_heads",
-            "alibi_batch_heads", "softcap", "scale", "dropout", "everything")
+FEATURES = (
+    "plain",
+    "causal",
+    "causal_top_left",
+    "causal_bottom_right",
+    "window",
+    "window_causal",
+    "window_right",
+    "gqa",
+    "mqa",
+    "dv",
+    "alibi_heads",
+    "alibi_batch_heads",
+    "softcap",
+    "scale",
+    "dropout",
+    "everything",
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -80,8 +100,10 @@ def varlen_device(backend: str) -> torch.device:
     if backend == "cuda" and missing_kernel("varlen_attention_forward", "cuda"):
         pytest.skip("backend cuda: fastattn._C has no CUDA varlen attention kernel in this build")
     if backend == "triton" and missing_kernel("varlen_attention_forward", "triton"):
-        pytest.skip("backend triton: no Triton varlen attention kernel in this version "
-                    "(test_triton_request_raises_backend_error checks the error)")
+        pytest.skip(
+            "backend triton: no Triton varlen attention kernel in this version "
+            "(test_triton_request_raises_backend_error checks the error)"
+        )
     return device
 
 
@@ -92,8 +114,10 @@ def pack_lengths(backend: str, lengths=LENGTHS):
 
 def skip_float64_on_triton(backend: str, dtype: torch.dtype) -> None:
     if backend == "triton" and dtype == F64:
-        pytest.skip("backend triton: no float64 kernels (test_triton_request_raises_backend_"
-                    "error checks the refusal)")
+        pytest.skip(
+            "backend triton: no float64 kernels (test_triton_request_raises_backend_"
+            "error checks the refusal)"
+        )
 
 
 def cu_seqlens(lengths, device) -> torch.Tensor:
@@ -105,9 +129,9 @@ def cu_seqlens(lengths, device) -> torch.Tensor:
 
 @dataclass
 class Packed:
-    q: torch.Tensor            # (total_q, Hq, D)
-    k: torch.Tensor            # (total_k, Hkv, D)
-    v: torch.Tensor            # (total_k, Hkv, Dv)
+    q: torch.Tensor  # (total_q, Hq, D)
+    k: torch.Tensor  # (total_k, Hkv, D)
+    v: torch.Tensor  # (total_k, Hkv, Dv)
     cu_q: torch.Tensor
     cu_k: torch.Tensor
     max_q: int
@@ -115,8 +139,9 @@ class Packed:
     kw: dict
 
 
-def make_case(feature: str, dtype: torch.dtype, device: torch.device, lengths=LENGTHS,
-              seed: int = 0) -> Packed:
+def make_case(
+    feature: str, dtype: torch.dtype, device: torch.device, lengths=LENGTHS, seed: int = 0
+) -> Packed:
     """Random packed q, k, v in `dtype` on `device` and varlen keywords for `feature`."""
     g = torch.Generator().manual_seed(seed * 7919 + sum(map(ord, feature)))
     B = len(lengths)
@@ -158,9 +183,16 @@ def make_case(feature: str, dtype: torch.dtype, device: torch.device, lengths=LE
     v = torch.randn(total_k, Hkv, Dv, generator=g)
     q, k, v = (t.to(dtype=dtype, device=device) for t in (q, k, v))
     kw = {n: x.to(device) if isinstance(x, torch.Tensor) else x for n, x in kw.items()}
-    return Packed(q, k, v, cu_seqlens([lq for lq, _ in lengths], device),
-                  cu_seqlens([lk for _, lk in lengths], device),
-                  max(lq for lq, _ in lengths), max(lk for _, lk in lengths), kw)
+    return Packed(
+        q,
+        k,
+        v,
+        cu_seqlens([lq for lq, _ in lengths], device),
+        cu_seqlens([lk for _, lk in lengths], device),
+        max(lq for lq, _ in lengths),
+        max(lk for _, lk in lengths),
+        kw,
+    )
 
 
 def leaves_of(c: Packed, cast):
@@ -178,8 +210,9 @@ def run_varlen(backend, c: Packed, grad_out=None, grad_lse=None, seed=1234, cast
     """
     leaves = leaves_of(c, cast)
     torch.manual_seed(seed)
-    out, lse = fastattn.varlen_attention(*leaves, c.cu_q, c.cu_k, c.max_q, c.max_k,
-                                         return_lse=True, backend=backend, **c.kw)
+    out, lse = fastattn.varlen_attention(
+        *leaves, c.cu_q, c.cu_k, c.max_q, c.max_k, return_lse=True, backend=backend, **c.kw
+    )
     assert fastattn.last_backend("varlen_attention") == backend
     if grad_out is None:
         return out.detach(), lse.detach(), None, None, None
@@ -190,8 +223,9 @@ def run_varlen(backend, c: Packed, grad_out=None, grad_lse=None, seed=1234, cast
     return (out.detach(), lse.detach(), *grads_of(outputs, grads, leaves))
 
 
-def packed_keep(seed: torch.Tensor, start: int, Lq: int, Lk: int, Hq: int, max_k: int,
-                p: float) -> torch.Tensor:
+def packed_keep(
+    seed: torch.Tensor, start: int, Lq: int, Lk: int, Hq: int, max_k: int, p: float
+) -> torch.Tensor:
     """(Hq, Lq, Lk) keep-mask of one sequence whose queries start at packed row `start`."""
     device = seed.device
     rows = (start + torch.arange(Lq, device=device)).view(1, Lq, 1)
@@ -215,11 +249,11 @@ def dense_per_sequence(c: Packed, grad_out=None, grad_lse=None, seed=1234, cast=
     cq, ck = c.cu_q.tolist(), c.cu_k.tolist()
     outs, lses = [], []
     for b in range(len(cq) - 1):
-        qb = q[cq[b]:cq[b + 1]].transpose(0, 1).unsqueeze(0)
-        kb = k[ck[b]:ck[b + 1]].transpose(0, 1).unsqueeze(0)
-        vb = v[ck[b]:ck[b + 1]].transpose(0, 1).unsqueeze(0)
+        qb = q[cq[b] : cq[b + 1]].transpose(0, 1).unsqueeze(0)
+        kb = k[ck[b] : ck[b + 1]].transpose(0, 1).unsqueeze(0)
+        vb = v[ck[b] : ck[b + 1]].transpose(0, 1).unsqueeze(0)
         Lq, Lk = qb.shape[2], kb.shape[2]
-        slopes = None if alibi is None else (alibi if alibi.dim() == 1 else alibi[b:b + 1])
+        slopes = None if alibi is None else (alibi if alibi.dim() == 1 else alibi[b : b + 1])
         dense = dict(kw, alibi_slopes=slopes, return_lse=True, backend="reference")
         if p == 0.0 or Lq == 0 or Lk == 0:
             ob, lb = fastattn.attention(qb, kb, vb, **dense)
@@ -255,19 +289,28 @@ def check_against_dense(backend, c: Packed, grads=True, lse_grad=True):
         if lse_grad:
             grad_lse = (0.5 * torch.randn(Hq, total_q, generator=g)).to(c.q.device)
     got = run_varlen(backend, c, grad_out, grad_lse)
-    ref64 = dense_per_sequence(c, None if grad_out is None else grad_out.double(),
-                               None if grad_lse is None else grad_lse.double(), cast=F64)
+    ref64 = dense_per_sequence(
+        c,
+        None if grad_out is None else grad_out.double(),
+        None if grad_lse is None else grad_lse.double(),
+        cast=F64,
+    )
     out, lse = got[0], got[1]
     lse_dtype = F64 if c.q.dtype == F64 else torch.float32
     assert out.dtype == c.q.dtype and out.shape == (total_q, Hq, Dv)
     assert lse.dtype == lse_dtype and lse.shape == (Hq, total_q)
-    empty = torch.isneginf(ref64[1])                          # (Hq, total_q)
+    empty = torch.isneginf(ref64[1])  # (Hq, total_q)
     assert torch.all(out.transpose(0, 1)[empty] == 0), "rows without a visible key must be 0"
     if c.q.dtype == F64:  # the same math in the same precision: agreement to rounding
         assert torch.equal(torch.isneginf(lse), empty)
         torch.testing.assert_close(out, ref64[0], rtol=1e-10, atol=1e-12, msg="out")
-        torch.testing.assert_close(lse.masked_fill(empty, 0), ref64[1].masked_fill(empty, 0),
-                                   rtol=1e-10, atol=1e-12, msg="lse")
+        torch.testing.assert_close(
+            lse.masked_fill(empty, 0),
+            ref64[1].masked_fill(empty, 0),
+            rtol=1e-10,
+            atol=1e-12,
+            msg="lse",
+        )
         if grads:
             for name, a, b in zip(("dq", "dk", "dv"), got[2:], ref64[2:]):
                 torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=name)
@@ -278,8 +321,9 @@ def check_against_dense(backend, c: Packed, grads=True, lse_grad=True):
     if grads:
         for name, i, x in (("dq", 2, c.q), ("dk", 3, c.k), ("dv", 4, c.v)):
             assert got[i].shape == x.shape and got[i].dtype == x.dtype, name
-            assert_grad_close(name, got[i], ref64[i], low[i],
-                              floor=float32_floor(ref64[i], x.dtype))
+            assert_grad_close(
+                name, got[i], ref64[i], low[i], floor=float32_floor(ref64[i], x.dtype)
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,8 +375,9 @@ def test_rows_without_keys(backend):
     for lq, lk in lengths:
         seen = torch.zeros(lk, dtype=torch.bool)
         for i in range(lq):
-            visible = [j for j in range(lk)
-                       if i + lk - lq - window[0] <= j <= i + lk - lq]  # causal bound wins
+            visible = [
+                j for j in range(lk) if i + lk - lq - window[0] <= j <= i + lk - lq
+            ]  # causal bound wins
             empty_rows.append(not visible)
             seen[visible] = True
         unseen_keys.append(~seen)
@@ -359,8 +404,12 @@ def test_empty_packs(backend, case):
     """B = 0 (cu_seqlens = [0]), sequences that are all empty, no keys at all (out 0, lse
     -inf), no queries at all: results and gradients of the right shapes."""
     device = varlen_device(backend)
-    lengths = {"no-batch": (), "all-empty": ((0, 0), (0, 0)), "no-keys": ((3, 0), (2, 0)),
-               "no-queries": ((0, 4), (0, 1))}[case]
+    lengths = {
+        "no-batch": (),
+        "all-empty": ((0, 0), (0, 0)),
+        "no-keys": ((3, 0), (2, 0)),
+        "no-queries": ((0, 4), (0, 1)),
+    }[case]
     Hq, Hkv, D, Dv = 4, 2, 8, 6
     total_q = sum(lq for lq, _ in lengths)
     total_k = sum(lk for _, lk in lengths)
@@ -371,13 +420,15 @@ def test_empty_packs(backend, case):
     cu_k = cu_seqlens([lk for _, lk in lengths], device)
     max_q = max((lq for lq, _ in lengths), default=0)
     max_k = max((lk for _, lk in lengths), default=0)
-    out, lse = fastattn.varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, causal=True,
-                                         return_lse=True, backend=backend)
+    out, lse = fastattn.varlen_attention(
+        q, k, v, cu_q, cu_k, max_q, max_k, causal=True, return_lse=True, backend=backend
+    )
     assert fastattn.last_backend("varlen_attention") == backend
     assert out.shape == (total_q, Hq, Dv) and lse.shape == (Hq, total_q)
     assert torch.all(out == 0) and torch.all(torch.isneginf(lse))
-    dq, dk, dv = torch.autograd.grad(out.sum() + lse.masked_fill(lse.isneginf(), 0).sum(),
-                                     (q, k, v))
+    dq, dk, dv = torch.autograd.grad(
+        out.sum() + lse.masked_fill(lse.isneginf(), 0).sum(), (q, k, v)
+    )
     for grad, x in ((dq, q), (dk, k), (dv, v)):
         assert grad.shape == x.shape and torch.all(grad == 0)
 
@@ -412,20 +463,35 @@ def test_alibi_slopes_gradient_runs_on_the_reference():
     c.kw["causal"] = "bottom_right"
     slopes = c.kw.pop("alibi_slopes").requires_grad_()
     with pytest.raises(fastattn.BackendError, match="alibi_slopes need the reference backend"):
-        fastattn.varlen_attention(c.q, c.k, c.v, c.cu_q, c.cu_k, c.max_q, c.max_k,
-                                  alibi_slopes=slopes, backend="cpu", **c.kw)
-    out = fastattn.varlen_attention(c.q, c.k, c.v, c.cu_q, c.cu_k, c.max_q, c.max_k,
-                                    alibi_slopes=slopes, **c.kw)
+        fastattn.varlen_attention(
+            c.q,
+            c.k,
+            c.v,
+            c.cu_q,
+            c.cu_k,
+            c.max_q,
+            c.max_k,
+            alibi_slopes=slopes,
+            backend="cpu",
+            **c.kw,
+        )
+    out = fastattn.varlen_attention(
+        c.q, c.k, c.v, c.cu_q, c.cu_k, c.max_q, c.max_k, alibi_slopes=slopes, **c.kw
+    )
     assert fastattn.last_backend("varlen_attention") == "reference"
     (grad,) = torch.autograd.grad(out.sum(), slopes)
     cq, ck = c.cu_q.tolist(), c.cu_k.tolist()
     expected = torch.zeros_like(slopes)
     for b in range(len(cq) - 1):
-        s = slopes.detach()[b:b + 1].clone().requires_grad_()
-        ob = fastattn.attention(c.q[cq[b]:cq[b + 1]].transpose(0, 1)[None],
-                                c.k[ck[b]:ck[b + 1]].transpose(0, 1)[None],
-                                c.v[ck[b]:ck[b + 1]].transpose(0, 1)[None], alibi_slopes=s,
-                                backend="reference", **c.kw)
+        s = slopes.detach()[b : b + 1].clone().requires_grad_()
+        ob = fastattn.attention(
+            c.q[cq[b] : cq[b + 1]].transpose(0, 1)[None],
+            c.k[ck[b] : ck[b + 1]].transpose(0, 1)[None],
+            c.v[ck[b] : ck[b + 1]].transpose(0, 1)[None],
+            alibi_slopes=s,
+            backend="reference",
+            **c.kw,
+        )
         if ob.numel():
             expected[b] = torch.autograd.grad(ob.sum(), s)[0][0]
     assert grad.abs().max() > 0
@@ -444,7 +510,7 @@ def identity_values(c: Packed) -> Packed:
     v = torch.zeros(c.k.shape[0], Hkv, c.max_k, dtype=c.q.dtype, device=c.q.device)
     for b in range(len(ck) - 1):
         n = ck[b + 1] - ck[b]
-        v[ck[b]:ck[b + 1]] = torch.eye(n, c.max_k, dtype=c.q.dtype).view(n, 1, c.max_k)
+        v[ck[b] : ck[b + 1]] = torch.eye(n, c.max_k, dtype=c.q.dtype).view(n, 1, c.max_k)
     return replace(c, v=v)
 
 
@@ -471,13 +537,14 @@ def test_dropout_mask_is_the_packed_numbering(backend, extra_max_k):
     kept = total = 0
     for b in range(len(cq) - 1):
         Lq, Lk = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
-        keep = packed_keep(drop_seed, cq[b], Lq, Lk, Hq, c.max_k, p)      # (Hq, Lq, Lk)
-        ob = out[cq[b]:cq[b + 1]].transpose(0, 1)                          # (Hq, Lq, Dv)
-        pb = plain[cq[b]:cq[b + 1]].transpose(0, 1)
+        keep = packed_keep(drop_seed, cq[b], Lq, Lk, Hq, c.max_k, p)  # (Hq, Lq, Lk)
+        ob = out[cq[b] : cq[b + 1]].transpose(0, 1)  # (Hq, Lq, Dv)
+        pb = plain[cq[b] : cq[b + 1]].transpose(0, 1)
         assert torch.all(ob[..., Lk:] == 0)
         assert torch.equal(ob[..., :Lk] != 0, keep), f"sequence {b}: wrong elements dropped"
-        torch.testing.assert_close(ob[..., :Lk], pb[..., :Lk] * keep / (1 - p), rtol=1e-5,
-                                   atol=1e-6)
+        torch.testing.assert_close(
+            ob[..., :Lk], pb[..., :Lk] * keep / (1 - p), rtol=1e-5, atol=1e-6
+        )
         kept += int(keep.sum())
         total += keep.numel()
     assert abs(kept / total - (1 - p)) < 0.05
@@ -509,7 +576,7 @@ def test_dropout_backward_uses_the_forward_mask(backend):
     Hq = c.q.shape[1]
     for b in range(len(cq) - 1):
         Lq, Lk = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
-        dvb = dv[ck[b]:ck[b + 1]].transpose(0, 1)                          # (Hkv, Lk, Dv)
+        dvb = dv[ck[b] : ck[b + 1]].transpose(0, 1)  # (Hkv, Lk, Dv)
         if Lq == 0:
             assert torch.all(dvb == 0)
             continue
@@ -552,8 +619,9 @@ def test_gradcheck_float64(feature):
 
     def fn(q, k, v):
         torch.manual_seed(0)
-        return fastattn.varlen_attention(q, k, v, c.cu_q, c.cu_k, c.max_q, c.max_k,
-                                         return_lse=True, backend="cpu", **c.kw)
+        return fastattn.varlen_attention(
+            q, k, v, c.cu_q, c.cu_k, c.max_q, c.max_k, return_lse=True, backend="cpu", **c.kw
+        )
 
     leaves = leaves_of(c, None)
     out, lse = fn(*leaves)
@@ -565,11 +633,18 @@ def test_gradcheck_float64(feature):
 def test_backward_is_bitwise_reproducible(backend, deterministic):
     device = varlen_device(backend)
     if backend == "triton" and not deterministic:
-        pytest.skip("backend triton: its kernels never use atomics and ignore the flag, so the "
-                    "deterministic case covers both (the interpreter is slow)")
+        pytest.skip(
+            "backend triton: its kernels never use atomics and ignore the flag, so the "
+            "deterministic case covers both (the interpreter is slow)"
+        )
     torch.set_num_threads(2)  # the fixture restores it
-    c = make_case("everything", torch.float32, device, seed=11,
-                  lengths=pack_lengths(backend, LENGTHS)[:2] if backend == "triton" else LENGTHS)
+    c = make_case(
+        "everything",
+        torch.float32,
+        device,
+        seed=11,
+        lengths=pack_lengths(backend, LENGTHS)[:2] if backend == "triton" else LENGTHS,
+    )
     c.kw["deterministic"] = deterministic
     g = torch.Generator().manual_seed(1)
     grad_out = torch.randn(c.q.shape[0], c.q.shape[1], c.v.shape[2], generator=g).to(device)
@@ -591,8 +666,7 @@ def _op_args(dropout: bool):
     v = torch.randn(13, 2, 12, generator=g)
     alibi = torch.rand(4, 4, generator=g)
     seed = torch.tensor([123, 4], dtype=torch.int64) if dropout else None
-    return [q, k, v, cu_q, cu_k, 7, 7, alibi, 0.3, 2.0, 2, 4, -1, 0.2 if dropout else 0.0,
-            seed]
+    return [q, k, v, cu_q, cu_k, 7, 7, alibi, 0.3, 2.0, 2, 4, -1, 0.2 if dropout else 0.0, seed]
 
 
 @pytest.mark.parametrize("dropout", [False, True], ids=["plain", "dropout"])
@@ -610,8 +684,10 @@ def test_opcheck_backward():
     out, lse = torch.ops.fastattn.varlen_attention_forward(*args)
     grad_out = torch.randn_like(out)
     grad_lse = torch.randn_like(lse)
-    torch.library.opcheck(torch.ops.fastattn.varlen_attention_backward.default,
-                          [grad_out, grad_lse, *args[:3], out, lse, *args[3:], True])
+    torch.library.opcheck(
+        torch.ops.fastattn.varlen_attention_backward.default,
+        [grad_out, grad_lse, *args[:3], out, lse, *args[3:], True],
+    )
 
 
 def test_opcheck_triton_forward():
@@ -630,8 +706,10 @@ def test_opcheck_triton_backward():
     out, lse = torch.ops.fastattn.varlen_attention_forward_triton(*args)
     grad_out = torch.randn_like(out)
     grad_lse = torch.randn_like(lse)
-    torch.library.opcheck(torch.ops.fastattn.varlen_attention_backward_triton.default,
-                          [grad_out, grad_lse, *args[:3], out, lse, *args[3:], True])
+    torch.library.opcheck(
+        torch.ops.fastattn.varlen_attention_backward_triton.default,
+        [grad_out, grad_lse, *args[:3], out, lse, *args[3:], True],
+    )
 
 
 @pytest.mark.parametrize("backend_name", ["cpu", "triton"])
@@ -640,14 +718,16 @@ def test_compile_fullgraph(backend_name):
     checks are skipped while compiling; the kernels check them), with the eager results
     forward and backward."""
     device = varlen_device(backend_name)
-    c = make_case("everything", torch.float32, device,
-                  lengths=((7, 9), (0, 4), (5, 3), (1, 1)), seed=13)
+    c = make_case(
+        "everything", torch.float32, device, lengths=((7, 9), (0, 4), (5, 3), (1, 1)), seed=13
+    )
     del c.kw["dropout_p"]  # compiled code draws its seeds from another generator
     grad_out = torch.randn(c.q.shape[0], c.q.shape[1], c.v.shape[2]).to(device)
 
     def fn(q, k, v):
-        return fastattn.varlen_attention(q, k, v, c.cu_q, c.cu_k, c.max_q, c.max_k,
-                                         return_lse=True, backend=backend_name, **c.kw)
+        return fastattn.varlen_attention(
+            q, k, v, c.cu_q, c.cu_k, c.max_q, c.max_k, return_lse=True, backend=backend_name, **c.kw
+        )
 
     compiled = torch.compile(fn, fullgraph=True)
     results = []
@@ -682,18 +762,22 @@ def test_triton_request_raises_backend_error():
     q, k, v, cu_q, cu_k = _small()
     if not missing_kernel("varlen_attention_forward", "triton"):
         with pytest.raises(fastattn.BackendError, match="does not take float64"):
-            fastattn.varlen_attention(q.double(), k.double(), v.double(), cu_q, cu_k, 7, 7,
-                                      backend="triton")
+            fastattn.varlen_attention(
+                q.double(), k.double(), v.double(), cu_q, cu_k, 7, 7, backend="triton"
+            )
         return
-    message = ("varlen_attention: backend 'triton' cannot run this call: no Triton varlen "
-               "kernel in this version")
+    message = (
+        "varlen_attention: backend 'triton' cannot run this call: no Triton varlen "
+        "kernel in this version"
+    )
     with pytest.raises(fastattn.BackendError, match=message):
         fastattn.varlen_attention(q, k, v, cu_q, cu_k, 7, 7, backend="triton")
     with fastattn.use_backend("triton"), pytest.raises(fastattn.BackendError, match=message):
         fastattn.varlen_attention(q, k, v, cu_q, cu_k, 7, 7)
     with pytest.raises(fastattn.BackendError, match="does not take float64"):
-        fastattn.varlen_attention(q.double(), k.double(), v.double(), cu_q, cu_k, 7, 7,
-                                  backend="triton")
+        fastattn.varlen_attention(
+            q.double(), k.double(), v.double(), cu_q, cu_k, 7, 7, backend="triton"
+        )
 
 
 def test_cuda_request_for_cpu_tensors_raises():
@@ -705,36 +789,61 @@ def test_cuda_request_for_cpu_tensors_raises():
 I32 = torch.int32
 
 
-@pytest.mark.parametrize("case,error,match", [
-    ("cu_q_decreasing", ValueError, r"cu_seqlens_q must be non-decreasing, got \[0, 6, 3, 10\]"),
-    ("cu_k_decreasing", ValueError, r"cu_seqlens_k must be non-decreasing, got \[0, 13, 12\]"),
-    ("cu_q_start", ValueError, "cu_seqlens_q must start at 0 and end at the packed length 10, "
-                               "got 1 and 10"),
-    ("cu_k_end", ValueError, "cu_seqlens_k must start at 0 and end at the packed length 12, "
-                             "got 0 and 11"),
-    ("cu_q_int64", TypeError, "cu_seqlens_q must be int32, got torch.int64"),
-    ("cu_k_int64", TypeError, "cu_seqlens_k must be int32, got torch.int64"),
-    ("cu_2d", ValueError, "cu_seqlens_q must be 1-D"),
-    ("cu_lengths", ValueError, "cu_seqlens_q and cu_seqlens_k must have the same length B"),
-    ("max_seqlen_q", ValueError, r"a sequence of length 7 exceeds max_seqlen 6 \(cu_seqlens_q\)"),
-    ("max_seqlen_k", ValueError, r"a sequence of length 7 exceeds max_seqlen 5 \(cu_seqlens_k\)"),
-    ("attn_mask", ValueError, "attn_mask and key_padding_mask do not apply to packed"),
-    ("key_padding_mask", ValueError, "attn_mask and key_padding_mask do not apply to packed"),
-    ("heads", ValueError, r"q's heads \(4\) must be a multiple of k/v's heads \(3\)"),
-    ("head_dim_256", ValueError, r"head dim of q/k must be in \[1, 256\], got 320"),
-    ("v_head_dim_256", ValueError, r"head dim of v must be in \[1, 256\], got 300"),
-    ("head_dim_mismatch", ValueError, "q and k must have the same head dim, got 16 and 15"),
-    ("kv_length", ValueError, "k and v must have the same packed length and heads"),
-    ("q_4d", ValueError, "q must be 3-D"),
-    ("mixed_dtype", TypeError, "q, k and v must have the same dtype"),
-    ("int_q", TypeError, "q must be float32, float16, bfloat16 or float64"),
-    ("alibi_shape", ValueError, r"alibi_slopes must be \(Hq,\) or \(B, Hq\), got \(3,\)"),
-    ("alibi_device", ValueError, r"alibi_slopes must be on the same device as q \(cpu\), got meta"),
-    ("causal", ValueError, "causal must be False, True, 'top_left' or 'bottom_right'"),
-    ("window", ValueError, "window must be None or"),
-    ("dropout", ValueError, r"dropout_p must be a float in \[0, 1\), got 1.0"),
-    ("softcap", ValueError, "softcap must be >= 0, got -1.0"),
-])
+@pytest.mark.parametrize(
+    "case,error,match",
+    [
+        (
+            "cu_q_decreasing",
+            ValueError,
+            r"cu_seqlens_q must be non-decreasing, got \[0, 6, 3, 10\]",
+        ),
+        ("cu_k_decreasing", ValueError, r"cu_seqlens_k must be non-decreasing, got \[0, 13, 12\]"),
+        (
+            "cu_q_start",
+            ValueError,
+            "cu_seqlens_q must start at 0 and end at the packed length 10, got 1 and 10",
+        ),
+        (
+            "cu_k_end",
+            ValueError,
+            "cu_seqlens_k must start at 0 and end at the packed length 12, got 0 and 11",
+        ),
+        ("cu_q_int64", TypeError, "cu_seqlens_q must be int32, got torch.int64"),
+        ("cu_k_int64", TypeError, "cu_seqlens_k must be int32, got torch.int64"),
+        ("cu_2d", ValueError, "cu_seqlens_q must be 1-D"),
+        ("cu_lengths", ValueError, "cu_seqlens_q and cu_seqlens_k must have the same length B"),
+        (
+            "max_seqlen_q",
+            ValueError,
+            r"a sequence of length 7 exceeds max_seqlen 6 \(cu_seqlens_q\)",
+        ),
+        (
+            "max_seqlen_k",
+            ValueError,
+            r"a sequence of length 7 exceeds max_seqlen 5 \(cu_seqlens_k\)",
+        ),
+        ("attn_mask", ValueError, "attn_mask and key_padding_mask do not apply to packed"),
+        ("key_padding_mask", ValueError, "attn_mask and key_padding_mask do not apply to packed"),
+        ("heads", ValueError, r"q's heads \(4\) must be a multiple of k/v's heads \(3\)"),
+        ("head_dim_256", ValueError, r"head dim of q/k must be in \[1, 256\], got 320"),
+        ("v_head_dim_256", ValueError, r"head dim of v must be in \[1, 256\], got 300"),
+        ("head_dim_mismatch", ValueError, "q and k must have the same head dim, got 16 and 15"),
+        ("kv_length", ValueError, "k and v must have the same packed length and heads"),
+        ("q_4d", ValueError, "q must be 3-D"),
+        ("mixed_dtype", TypeError, "q, k and v must have the same dtype"),
+        ("int_q", TypeError, "q must be float32, float16, bfloat16 or float64"),
+        ("alibi_shape", ValueError, r"alibi_slopes must be \(Hq,\) or \(B, Hq\), got \(3,\)"),
+        (
+            "alibi_device",
+            ValueError,
+            r"alibi_slopes must be on the same device as q \(cpu\), got meta",
+        ),
+        ("causal", ValueError, "causal must be False, True, 'top_left' or 'bottom_right'"),
+        ("window", ValueError, "window must be None or"),
+        ("dropout", ValueError, r"dropout_p must be a float in \[0, 1\), got 1.0"),
+        ("softcap", ValueError, "softcap must be >= 0, got -1.0"),
+    ],
+)
 def test_bad_inputs_name_the_argument(case, error, match):
     q, k, v, cu_q, cu_k = _small()
     max_q = max_k = 7
@@ -808,11 +917,14 @@ def test_any_strides_are_copied_not_refused():
     torch.testing.assert_close(grad, want_grad)
 
 
-@pytest.mark.parametrize("case,match", [
-    ("not-ending", "cu_seqlens must end at the packed lengths"),
-    ("decreasing", "cu_seqlens must be non-decreasing"),
-    ("max_seqlen", "a sequence is longer than max_seqlen_q/max_seqlen_k"),
-])
+@pytest.mark.parametrize(
+    "case,match",
+    [
+        ("not-ending", "cu_seqlens must end at the packed lengths"),
+        ("decreasing", "cu_seqlens must be non-decreasing"),
+        ("max_seqlen", "a sequence is longer than max_seqlen_q/max_seqlen_k"),
+    ],
+)
 def test_kernel_checks_cu_seqlens_without_host_checks(monkeypatch, case, match):
     """Under torch.compile the Python wrapper skips its host-side cu_seqlens checks; the CPU
     kernel must still refuse bad ones rather than read out of bounds."""
@@ -839,8 +951,9 @@ def test_no_host_reads_for_cuda_tensors(backend_name):
     metadata. Forward only: autograd's engine needs a CUDA device even for fake tensors."""
     with fake_cuda(backend_name) as recorder:
         q, k, v, cu_q, cu_k = (t.to("cuda") for t in _small())
-        out = fastattn.varlen_attention(q, k, v, cu_q, cu_k, 7, 7, causal=True,
-                                        backend=backend_name)
+        out = fastattn.varlen_attention(
+            q, k, v, cu_q, cu_k, 7, 7, causal=True, backend=backend_name
+        )
         assert out.shape == (10, 4, 12)
     assert fastattn.last_backend("varlen_attention") == backend_name
     assert_no_host_reads(recorder)
@@ -858,19 +971,23 @@ def test_cuda_no_synchronisation(backend_name):
     grad = torch.randn(10, 4, 12, device=device, dtype=torch.float16)
 
     def run():
-        out = fastattn.varlen_attention(q, k, v, cu_q, cu_k, 7, 7, causal=True,
-                                        backend=backend_name)
+        out = fastattn.varlen_attention(
+            q, k, v, cu_q, cu_k, 7, 7, causal=True, backend=backend_name
+        )
         torch.autograd.grad(out, (q, k, v), grad)
 
     assert_no_device_sync(run)
 
 
-@pytest.mark.parametrize("case,match", [
-    ("not-ending", r"cu_seqlens_k must start at 0, end at the packed length 12"),
-    ("not-starting", r"cu_seqlens_q must start at 0"),
-    ("decreasing", r"cu_seqlens_q must .* be non-decreasing"),
-    ("max_seqlen", r"cu_seqlens_q .* with steps <= max_seqlen 3"),
-])
+@pytest.mark.parametrize(
+    "case,match",
+    [
+        ("not-ending", r"cu_seqlens_k must start at 0, end at the packed length 12"),
+        ("not-starting", r"cu_seqlens_q must start at 0"),
+        ("decreasing", r"cu_seqlens_q must .* be non-decreasing"),
+        ("max_seqlen", r"cu_seqlens_q .* with steps <= max_seqlen 3"),
+    ],
+)
 def test_device_checks_catch_bad_cu_seqlens(monkeypatch, case, match):
     """The cu_seqlens rules checked on the device for CUDA tensors, run on CPU tensors through
     the same code (torch._assert_async raises at once on the CPU)."""
@@ -910,12 +1027,12 @@ def test_multihead_attention_cuda_padding_reads_nothing_on_the_host():
 
 
 def padding_mask(kind: str, B: int, L: int, g) -> torch.Tensor:
-    if kind == "anywhere":      # padding at random places; row 1 all padding, row 2 none
+    if kind == "anywhere":  # padding at random places; row 1 all padding, row 2 none
         mask = torch.rand(B, L, generator=g) > 0.5
         mask[1] = True
         mask[2] = False
         return mask
-    if kind == "trailing":      # the usual right-padded batch
+    if kind == "trailing":  # the usual right-padded batch
         lengths = torch.tensor([L, 3, 0, 7][:B])
         return torch.arange(L).view(1, L) >= lengths.view(B, 1)
     if kind == "all":
@@ -940,7 +1057,7 @@ def test_pack_unpack_round_trip(kind, B):
     assert cu.dtype == torch.int32 and cu.tolist() == cu_seqlens(counts, "cpu").tolist()
     assert max_seqlen == max(counts, default=0)
     assert packed.shape == (int(keep.sum()), H, D)
-    assert torch.equal(packed, x[keep])            # row-major order: sequence by sequence
+    assert torch.equal(packed, x[keep])  # row-major order: sequence by sequence
     assert torch.equal(indices, keep.reshape(-1).nonzero().squeeze(1))
     back = fastattn.unpack_padded(packed, indices, B, L)
     assert back.shape == x.shape
@@ -970,11 +1087,17 @@ def test_pack_unpack_gradients():
 
 def test_pack_padded_bad_mask():
     x = torch.randn(2, 5, 3)
-    with pytest.raises(ValueError, match=r"key_padding_mask must be bool \(2, 5\), got "
-                                         r"torch.int64"):
+    with pytest.raises(
+        ValueError,
+        match=r"key_padding_mask must be bool \(2, 5\), got "
+        r"torch.int64",
+    ):
         fastattn.pack_padded(x, torch.zeros(2, 5, dtype=torch.int64))
-    with pytest.raises(ValueError, match=r"key_padding_mask must be bool \(2, 5\), got "
-                                         r"torch.bool \(2, 4\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"key_padding_mask must be bool \(2, 5\), got "
+        r"torch.bool \(2, 4\)",
+    ):
         fastattn.pack_padded(x, torch.zeros(2, 4, dtype=torch.bool))
 
 
@@ -989,16 +1112,23 @@ def test_pack_then_varlen_equals_padded_attention(backend):
     mask = padding_mask("anywhere", B, L, g)
     mask[1, :3] = False  # at least one key per row: an all-padding row is a 0-length sequence
     mask = mask.to(device)
-    q, k, v = (torch.randn(B, L, H, D, generator=g, dtype=F64).to(device, dtype).requires_grad_()
-               for _ in range(3))
+    q, k, v = (
+        torch.randn(B, L, H, D, generator=g, dtype=F64).to(device, dtype).requires_grad_()
+        for _ in range(3)
+    )
     grad_out = torch.randn(B, L, H, D, generator=g, dtype=F64).to(device, dtype)
     qp, cu, max_len, idx = fastattn.pack_padded(q, mask)
     kp, vp = fastattn.pack_padded(k, mask)[0], fastattn.pack_padded(v, mask)[0]
     out = fastattn.varlen_attention(qp, kp, vp, cu, cu, max_len, max_len, backend=backend)
     assert fastattn.last_backend("varlen_attention") == backend
     out = fastattn.unpack_padded(out, idx, B, L)
-    dense = fastattn.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                               key_padding_mask=mask, backend="reference").transpose(1, 2)
+    dense = fastattn.attention(
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        key_padding_mask=mask,
+        backend="reference",
+    ).transpose(1, 2)
     dense = dense.masked_fill(mask.view(B, L, 1, 1), 0.0)  # padded query rows are dropped
     torch.testing.assert_close(out, dense, **tol)
     got = torch.autograd.grad(out, (q, k, v), grad_out)
@@ -1035,15 +1165,19 @@ def run_mha(module, query, key, value, padding, grad_out, need_weights=False):
     return out, weights, grads
 
 
-MHA_CONFIGS = {"plain": {}, "bias-kv+zero-attn": dict(add_bias_kv=True, add_zero_attn=True),
-               "kdim-vdim": dict(kdim=7, vdim=11)}
+MHA_CONFIGS = {
+    "plain": {},
+    "bias-kv+zero-attn": dict(add_bias_kv=True, add_zero_attn=True),
+    "kdim-vdim": dict(kdim=7, vdim=11),
+}
 
 
 @pytest.mark.parametrize("config", list(MHA_CONFIGS))
 @pytest.mark.parametrize("batch_first", [False, True], ids=["seq-first", "batch-first"])
 @pytest.mark.parametrize("kind", ["self", "cross"])
-@pytest.mark.parametrize("padding_fraction,varlen", [(0.7, True), (0.2, False)],
-                         ids=["heavy-padding", "light-padding"])
+@pytest.mark.parametrize(
+    "padding_fraction,varlen", [(0.7, True), (0.2, False)], ids=["heavy-padding", "light-padding"]
+)
 def test_multihead_attention_varlen_path(kind, batch_first, config, padding_fraction, varlen):
     """With at least half of the keys padding (the appended bias_k / zero-attention keys
     counting as real keys) and need_weights=False, fastattn's MultiheadAttention runs
@@ -1060,7 +1194,7 @@ def test_multihead_attention_varlen_path(kind, batch_first, config, padding_frac
     ref, fast = make_mha_pair(E, H, batch_first, **config)
     g = torch.Generator().manual_seed(17)
     padding = torch.rand(N, S, generator=g) < padding_fraction
-    padding[torch.arange(N), torch.arange(N)] = False   # every row keeps a key (torch: NaN)
+    padding[torch.arange(N), torch.arange(N)] = False  # every row keeps a key (torch: NaN)
     padding[0, -1] = True
     extra = int(config.get("add_bias_kv", False)) + int(config.get("add_zero_attn", False))
     assert (int(padding.sum()) / (N * (S + extra)) >= 0.5) == varlen
@@ -1089,8 +1223,9 @@ def test_multihead_attention_varlen_path(kind, batch_first, config, padding_frac
         assert fastattn.last_backend("attention") == "cpu"
     out_ref, _, grads_ref = run_mha(ref, query, key, value, padding, grad_out)
     torch.testing.assert_close(out, out_ref, rtol=1e-10, atol=1e-12)
-    names = ["input"] * (len(grads) - len(list(fast.parameters()))) + \
-        [n for n, _ in fast.named_parameters()]
+    names = ["input"] * (len(grads) - len(list(fast.parameters()))) + [
+        n for n, _ in fast.named_parameters()
+    ]
     for name, a, b in zip(names, grads, grads_ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
 
@@ -1137,10 +1272,12 @@ def with_head_dims(c: Packed, D: int, Dv: int, seed: int) -> Packed:
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
-@pytest.mark.parametrize("dims", [(64, 64), (128, 96), (256, 256), (33, 150)],
-                         ids=["d64", "d128", "d256", "d33-dv150"])
-@pytest.mark.parametrize("feature", ["causal_top_left", "causal_bottom_right", "gqa",
-                                     "window", "everything"])
+@pytest.mark.parametrize(
+    "dims", [(64, 64), (128, 96), (256, 256), (33, 150)], ids=["d64", "d128", "d256", "d33-dv150"]
+)
+@pytest.mark.parametrize(
+    "feature", ["causal_top_left", "causal_bottom_right", "gqa", "window", "everything"]
+)
 def test_cuda_16bit_head_dim_buckets(feature, dims, dtype):
     """The tensor-core kernels (head-dim buckets 64/128/256, padded dims) on packs with
     lengths 0, 1, 5, 17, 64, 70 against the per-sequence float64 definition."""
@@ -1169,16 +1306,23 @@ def test_cuda_dropout_mask_equals_cpu_kernel(dtype):
         for j in range(int(ck[b + 1] - ck[b])):
             v[int(ck[b]) + j, :, j] = 1
     seed = torch.tensor([987654321, 3], dtype=torch.int64)
-    args = (max_q, max_k, None, D ** -0.5, 0.0, 2, -1, -1, 0.3)
+    args = (max_q, max_k, None, D**-0.5, 0.0, 2, -1, -1, 0.3)
     out_cpu, lse_cpu = torch.ops.fastattn.varlen_attention_forward(q, k, v, cq, ck, *args, seed)
     out_gpu, lse_gpu = torch.ops.fastattn.varlen_attention_forward(
-        q.to(device), k.to(device), v.to(device), cq.to(device), ck.to(device), *args,
-        seed.to(device))
+        q.to(device),
+        k.to(device),
+        v.to(device),
+        cq.to(device),
+        ck.to(device),
+        *args,
+        seed.to(device),
+    )
     out_gpu = out_gpu.cpu()
     assert torch.equal(out_gpu == 0, out_cpu == 0), "dropout masks differ"
     assert torch.equal(torch.isneginf(lse_gpu.cpu()), torch.isneginf(lse_cpu))
-    torch.testing.assert_close(out_gpu.float(), out_cpu.float(),
-                               rtol=2e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        out_gpu.float(), out_cpu.float(), rtol=2e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
@@ -1207,8 +1351,14 @@ def test_cuda_runs_on_the_current_stream_and_device():
     torch.cuda.current_stream().wait_stream(side)
     assert torch.equal(got, expected)
     if torch.cuda.device_count() > 1:
-        c1 = replace(c, q=c.q.to("cuda:1"), k=c.k.to("cuda:1"), v=c.v.to("cuda:1"),
-                     cu_q=c.cu_q.to("cuda:1"), cu_k=c.cu_k.to("cuda:1"))
+        c1 = replace(
+            c,
+            q=c.q.to("cuda:1"),
+            k=c.k.to("cuda:1"),
+            v=c.v.to("cuda:1"),
+            cu_q=c.cu_q.to("cuda:1"),
+            cu_k=c.cu_k.to("cuda:1"),
+        )
         assert torch.equal(run_varlen("cuda", c1)[0].to(device), expected)
 
 
@@ -1227,6 +1377,7 @@ def test_cuda_op_errors_name_the_argument():
 
 # ---------------------------------------------------------------------------------------------
 # Limits (issue 16, item 6)
+
 
 @pytest.mark.parametrize("backend", ["cpu", "triton", "reference"])
 def test_max_seqlen_of_2_pow_30_is_refused(backend):

@@ -6,6 +6,7 @@ the error of the same reference run in the input's precision, plus a rounding fl
 with factor 2 for outputs and 3 for gradients. Both errors are printed before asserting, so a
 failure (and a pass) shows the margin.
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,8 +28,15 @@ def max_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(diff.max())
 
 
-def assert_fa_close(name: str, out: torch.Tensor, ref64: torch.Tensor, ref_lowp: torch.Tensor,
-                    *, factor: float = 2.0, floor: float | None = None) -> None:
+def assert_fa_close(
+    name: str,
+    out: torch.Tensor,
+    ref64: torch.Tensor,
+    ref_lowp: torch.Tensor,
+    *,
+    factor: float = 2.0,
+    floor: float | None = None,
+) -> None:
     """Assert out is within FlashAttention's rule of ref64, using ref_lowp as the baseline."""
     assert out.shape == ref64.shape, f"{name}: shape {tuple(out.shape)} != {tuple(ref64.shape)}"
     err = max_error(out, ref64)
@@ -36,22 +44,25 @@ def assert_fa_close(name: str, out: torch.Tensor, ref64: torch.Tensor, ref_lowp:
     if floor is None:
         floor = rounding_floor(ref64, out.dtype)
     bound = factor * base + floor
-    print(f"{name}: max error {err:.3e}, reference-in-{out.dtype} error {base:.3e}, "
-          f"bound {bound:.3e}")
+    print(
+        f"{name}: max error {err:.3e}, reference-in-{out.dtype} error {base:.3e}, bound {bound:.3e}"
+    )
     assert err == err, f"{name}: NaN in the output (an element was not written?)"
     assert err <= bound, f"{name}: max error {err:.3e} > bound {bound:.3e} (baseline {base:.3e})"
 
 
-def assert_grad_close(name: str, out: torch.Tensor, ref64: torch.Tensor,
-                      ref_lowp: torch.Tensor, **kwargs) -> None:
+def assert_grad_close(
+    name: str, out: torch.Tensor, ref64: torch.Tensor, ref_lowp: torch.Tensor, **kwargs
+) -> None:
     assert_fa_close(name, out, ref64, ref_lowp, factor=kwargs.pop("factor", 3.0), **kwargs)
 
 
 F32_ULP = 2.0**-23
 
 
-def float32_floor(ref64: torch.Tensor, dtype: torch.dtype = torch.float32,
-                  extra: float = 0.0) -> float | None:
+def float32_floor(
+    ref64: torch.Tensor, dtype: torch.dtype = torch.float32, extra: float = 0.0
+) -> float | None:
     """The rule's rounding floor plus 16 float32 ulps of the largest reference magnitude (and
     `extra`) for float32 results; None (assert_fa_close's own floor) for other dtypes.
 
@@ -71,11 +82,17 @@ def assert_lse_close(lse: torch.Tensor, lse64: torch.Tensor, lse_lowp: torch.Ten
     exactly -inf on both sides (and only those)."""
     empty = torch.isneginf(lse64)
     assert not torch.isnan(lse).any(), "lse has NaN"
-    assert torch.equal(torch.isneginf(lse).cpu(), empty.cpu()), \
+    assert torch.equal(torch.isneginf(lse).cpu(), empty.cpu()), (
         "rows without a visible key must have lse -inf (and only those)"
+    )
 
     def finite(t):
         return t.masked_fill(torch.isneginf(t), 0.0)
 
-    assert_fa_close("lse", finite(lse), finite(lse64), finite(lse_lowp),
-                    floor=float32_floor(finite(lse64), torch.float32))
+    assert_fa_close(
+        "lse",
+        finite(lse),
+        finite(lse64),
+        finite(lse_lowp),
+        floor=float32_floor(finite(lse64), torch.float32),
+    )

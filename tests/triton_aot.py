@@ -28,6 +28,7 @@ and lose its tuning run), or a small local array such as the one libdevice's sin
 their huge-argument reduction (32 B). Run by tests/test_triton_aot.py (slow) and by the
 GPU-machine check of CI (.ci/gpu_machine_check.sh, with the GPU machine's torch and triton).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,12 +59,12 @@ TARGET = GPUTarget("cuda", 90, 32)
 # (name, shared memory a block may opt in to): cudaDevAttrMaxSharedMemoryPerBlockOptin of an
 # H100 (sm_90), an A100 (sm_80) and an sm_86/89/120 card.
 DEVICES = {"h100": ("H100", 232448), "a100": ("A100", 166912), "sm86": ("sm_86/89/120", 101376)}
-CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                         "cuobjdump")
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
 
 # ---------------------------------------------------------------------------------------------
 # Recording
+
 
 class _RecordingDriver:
     """What JITFunction.run asks of triton's driver before it compiles, answered for an sm_90
@@ -101,11 +102,14 @@ class Variant:
 
     def describe(self) -> str:
         names = self.fn.arg_names
-        flags = {(names[k[0]] if isinstance(k, tuple) and len(k) == 1 else k): v
-                 for k, v in self.constants.items()}
+        flags = {
+            (names[k[0]] if isinstance(k, tuple) and len(k) == 1 else k): v
+            for k, v in self.constants.items()
+        }
         ptrs = sorted({v for v in self.signature.values() if str(v).startswith("*")})
-        return (f"{self.name} warps={self.num_warps} stages={self.num_stages} "
-                f"{','.join(ptrs)} {flags}")
+        return (
+            f"{self.name} warps={self.num_warps} stages={self.num_stages} {','.join(ptrs)} {flags}"
+        )
 
 
 VARIANTS: dict[tuple, Variant] = {}
@@ -121,9 +125,15 @@ def _cache_hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
     jit = fn.jit_function
     ident = (jit.fn.__module__, jit.fn.__qualname__, str(key))
     if ident not in VARIANTS:
-        VARIANTS[ident] = Variant(jit, compile["signature"], compile["constants"],
-                                  compile["configs"][0], compile["num_warps"],
-                                  compile["num_stages"], CURRENT_LABEL[0])
+        VARIANTS[ident] = Variant(
+            jit,
+            compile["signature"],
+            compile["constants"],
+            compile["configs"][0],
+            compile["num_warps"],
+            compile["num_stages"],
+            CURRENT_LABEL[0],
+        )
     elif CURRENT_DEVICE[1] < VARIANTS[ident].limit:
         VARIANTS[ident].device, VARIANTS[ident].limit = CURRENT_DEVICE
     return True  # handled: skip the compile (and the launch)
@@ -162,16 +172,30 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 def _grad_all(out, inputs):
     outs = out if isinstance(out, (tuple, list)) else (out,)
     outs = [o for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
-    torch.autograd.grad(outs, [i for i in inputs if i.requires_grad],
-                        [torch.ones_like(o) for o in outs], allow_unused=True)
+    torch.autograd.grad(
+        outs,
+        [i for i in inputs if i.requires_grad],
+        [torch.ones_like(o) for o in outs],
+        allow_unused=True,
+    )
 
 
 def attention_calls():
     g = torch.Generator().manual_seed(0)
     for dtype in DTYPES:
         for D, Dv in ((64, 64), (128, 128), (256, 256), (40, 40), (96, 64)):
-            for feature in ("plain", "causal", "mask", "padding", "alibi", "window", "softcap",
-                            "dropout", "gqa", "lse"):
+            for feature in (
+                "plain",
+                "causal",
+                "mask",
+                "padding",
+                "alibi",
+                "window",
+                "softcap",
+                "dropout",
+                "gqa",
+                "lse",
+            ):
                 if dtype == torch.float32 and feature not in ("plain", "causal", "dropout"):
                     continue
                 if (D, Dv) in ((40, 40), (96, 64)) and feature not in ("plain", "causal"):
@@ -199,13 +223,17 @@ def attention_calls():
                     kw["dropout_p"] = 0.1
                 elif feature == "lse":
                     kw["return_lse"] = True
-                for deterministic in ((False, True) if feature == "plain" else (False,)):
+                for deterministic in (False, True) if feature == "plain" else (False,):
                     label = f"attention {dtype} D={D}/{Dv} {feature} det={deterministic}"
                     if feature == "plain" and not deterministic and D == Dv and D % 64 == 0:
                         label += " " + ALL_CONFIGS
-                    yield label, lambda q=q, k=k, v=v, kw=kw, det=deterministic: _grad_all(
-                        fastattn.attention(q, k, v, deterministic=det, backend="triton", **kw),
-                        (q, k, v))
+                    yield (
+                        label,
+                        lambda q=q, k=k, v=v, kw=kw, det=deterministic: _grad_all(
+                            fastattn.attention(q, k, v, deterministic=det, backend="triton", **kw),
+                            (q, k, v),
+                        ),
+                    )
 
 
 def varlen_calls():
@@ -219,10 +247,15 @@ def varlen_calls():
                 q = torch.randn(total, 4, D, dtype=dtype, generator=g).requires_grad_()
                 k = torch.randn(total, 2, D, dtype=dtype, generator=g).requires_grad_()
                 v = torch.randn(total, 2, D, dtype=dtype, generator=g).requires_grad_()
-                yield (f"varlen {dtype} D={D} causal={causal}",
-                       lambda q=q, k=k, v=v, c=causal: _grad_all(fastattn.varlen_attention(
-                           q, k, v, cu, cu, max(lengths), max(lengths), causal=c,
-                           backend="triton"), (q, k, v)))
+                yield (
+                    f"varlen {dtype} D={D} causal={causal}",
+                    lambda q=q, k=k, v=v, c=causal: _grad_all(
+                        fastattn.varlen_attention(
+                            q, k, v, cu, cu, max(lengths), max(lengths), causal=c, backend="triton"
+                        ),
+                        (q, k, v),
+                    ),
+                )
 
 
 def kvcache_calls():
@@ -243,34 +276,54 @@ def kvcache_calls():
                     kw.update(rotary_cos=ang.cos().to(dtype), rotary_sin=ang.sin().to(dtype))
                 if alibi:
                     kw["alibi_slopes"] = torch.rand(Hq, generator=g)
-                yield (f"kvcache {dtype} D={D} Lq={Lq} rotary={rotary} alibi={alibi}",
-                       lambda q=q, kc=kc, vc=vc, s=seqlens, kn=kn, vn=vn, kw=kw:
-                       fastattn.attention_with_kvcache(q, kc, vc, cache_seqlens=s, k_new=kn,
-                                                       v_new=vn, backend="triton", **kw))
+                yield (
+                    f"kvcache {dtype} D={D} Lq={Lq} rotary={rotary} alibi={alibi}",
+                    lambda q=q, kc=kc, vc=vc, s=seqlens, kn=kn, vn=vn, kw=kw: (
+                        fastattn.attention_with_kvcache(
+                            q, kc, vc, cache_seqlens=s, k_new=kn, v_new=vn, backend="triton", **kw
+                        )
+                    ),
+                )
 
 
 def positional_calls():
     g = torch.Generator().manual_seed(3)
     for dtype in DTYPES:
         x = torch.randn(4, 100, 512, dtype=dtype, generator=g).requires_grad_()
-        yield (f"add_sinusoidal {dtype}",
-               lambda x=x: _grad_all(fastattn.add_sinusoidal(x, backend="triton"), (x,)))
-        yield (f"add_sinusoidal dropout {dtype}",
-               lambda x=x: _grad_all(fastattn.add_sinusoidal(x, dropout_p=0.1,
-                                                             backend="triton"), (x,)))
-        yield (f"sinusoidal_table {dtype}",
-               lambda d=dtype: fastattn.sinusoidal_table(100, 512, dtype=d, backend="triton"))
+        yield (
+            f"add_sinusoidal {dtype}",
+            lambda x=x: _grad_all(fastattn.add_sinusoidal(x, backend="triton"), (x,)),
+        )
+        yield (
+            f"add_sinusoidal dropout {dtype}",
+            lambda x=x: _grad_all(
+                fastattn.add_sinusoidal(x, dropout_p=0.1, backend="triton"), (x,)
+            ),
+        )
+        yield (
+            f"sinusoidal_table {dtype}",
+            lambda d=dtype: fastattn.sinusoidal_table(100, 512, dtype=d, backend="triton"),
+        )
         w = torch.randn(1000, 512, dtype=dtype, generator=g).requires_grad_()
         tokens = torch.randint(0, 1000, (4, 100), generator=g)
         for det in (False, True):
-            yield (f"embed_with_positions {dtype} deterministic={det}",
-                   lambda w=w, det=det: _grad_all(fastattn.embed_with_positions(
-                       tokens, w, dropout_p=0.1, deterministic=det, backend="triton"), (w,)))
+            yield (
+                f"embed_with_positions {dtype} deterministic={det}",
+                lambda w=w, det=det: _grad_all(
+                    fastattn.embed_with_positions(
+                        tokens, w, dropout_p=0.1, deterministic=det, backend="triton"
+                    ),
+                    (w,),
+                ),
+            )
         xr = torch.randn(2, 8, 100, 128, dtype=dtype, generator=g).requires_grad_()
         for interleaved in (False, True):
-            yield (f"apply_rotary {dtype} interleaved={interleaved}",
-                   lambda xr=xr, i=interleaved: _grad_all(fastattn.apply_rotary(
-                       xr, interleaved=i, backend="triton"), (xr,)))
+            yield (
+                f"apply_rotary {dtype} interleaved={interleaved}",
+                lambda xr=xr, i=interleaved: _grad_all(
+                    fastattn.apply_rotary(xr, interleaved=i, backend="triton"), (xr,)
+                ),
+            )
 
 
 def additive_calls():
@@ -282,19 +335,26 @@ def additive_calls():
         wq = torch.randn(A, Dq, dtype=dtype, generator=g).requires_grad_()
         wk = torch.randn(A, Dk, dtype=dtype, generator=g).requires_grad_()
         va = torch.randn(A, dtype=dtype, generator=g).requires_grad_()
-        yield (f"additive_attention {dtype}",
-               lambda q=query, k=keys, wq=wq, wk=wk, va=va: _grad_all(
-                   fastattn.additive_attention(q, k, w_query=wq, w_keys=wk, v=va,
-                                               backend="triton"), (q, k, wq, wk, va)))
+        yield (
+            f"additive_attention {dtype}",
+            lambda q=query, k=keys, wq=wq, wk=wk, va=va: _grad_all(
+                fastattn.additive_attention(q, k, w_query=wq, w_keys=wk, v=va, backend="triton"),
+                (q, k, wq, wk, va),
+            ),
+        )
 
 
 def lstm_calls():
     g = torch.Generator().manual_seed(5)
     for dtype in DTYPES:
-        for B, H, proj, bidir, lengths in ((64, 512, 0, False, False), (4, 256, 0, True, True),
-                                           (33, 128, 64, True, False)):
-            module = fastattn.nn.LSTM(96, H, num_layers=2, bidirectional=bidir, proj_size=proj,
-                                      dropout=0.2).to(dtype)
+        for B, H, proj, bidir, lengths in (
+            (64, 512, 0, False, False),
+            (4, 256, 0, True, True),
+            (33, 128, 64, True, False),
+        ):
+            module = fastattn.nn.LSTM(
+                96, H, num_layers=2, bidirectional=bidir, proj_size=proj, dropout=0.2
+            ).to(dtype)
             x = torch.randn(20, B, 96, dtype=dtype, generator=g).requires_grad_()
             if lengths:
                 lens = torch.randint(1, 21, (B,), generator=g)
@@ -308,6 +368,7 @@ def lstm_calls():
                     out, (h, c) = module(inp)
                 out = out.data if lengths else out
                 _grad_all((out, h, c), [x, *module.parameters()])
+
             yield f"lstm {dtype} B={B} H={H} proj={proj} bidir={bidir} lengths={lengths}", call
         cell_x = torch.randn(5, 96, dtype=dtype, generator=g).requires_grad_()
         cell = fastattn.nn.LSTMCell(96, 200).to(dtype)
@@ -316,15 +377,23 @@ def lstm_calls():
             with fastattn.use_backend("triton"):
                 h, c = cell(cell_x)
             _grad_all((h, c), [cell_x, *cell.parameters()])
+
         yield f"lstm_cell {dtype}", cell_call
 
 
-ALL_CALLS = (attention_calls, varlen_calls, kvcache_calls, positional_calls, additive_calls,
-             lstm_calls)
+ALL_CALLS = (
+    attention_calls,
+    varlen_calls,
+    kvcache_calls,
+    positional_calls,
+    additive_calls,
+    lstm_calls,
+)
 
 
 # ---------------------------------------------------------------------------------------------
 # Compiling
+
 
 def _resource_usage(cubin: bytes) -> dict:
     if not os.path.exists(CUOBJDUMP):
@@ -332,20 +401,31 @@ def _resource_usage(cubin: bytes) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        out = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True,
-                             check=True).stdout
+        out = subprocess.run(
+            [CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True, check=True
+        ).stdout
     line = next((ln for ln in out.splitlines() if "REG:" in ln), "")
-    return {k: int(v) for k, v in (item.split(":")[:2] for item in line.split()
-                                   if ":" in item and item.split(":")[1].isdigit())}
+    return {
+        k: int(v)
+        for k, v in (
+            item.split(":")[:2]
+            for item in line.split()
+            if ":" in item and item.split(":")[1].isdigit()
+        )
+    }
 
 
 def _compile(index: int) -> tuple[int, str | None, dict]:
     variant = list(VARIANTS.values())[index]
     try:
-        src = ASTSource(variant.fn, variant.signature, constexprs=variant.constants,
-                        attrs=variant.attrs)
-        kernel = triton.compile(src, target=TARGET, options={"num_warps": variant.num_warps,
-                                                             "num_stages": variant.num_stages})
+        src = ASTSource(
+            variant.fn, variant.signature, constexprs=variant.constants, attrs=variant.attrs
+        )
+        kernel = triton.compile(
+            src,
+            target=TARGET,
+            options={"num_warps": variant.num_warps, "num_stages": variant.num_stages},
+        )
         usage = _resource_usage(kernel.asm["cubin"])
         usage["SHARED"] = kernel.metadata.shared
         return index, None, usage
@@ -357,9 +437,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--filter", default="", help="only calls whose label contains this")
-    parser.add_argument("--devices", default=",".join(DEVICES),
-                        help="comma-separated devices whose shared memory the launchers plan "
-                        f"for, of {', '.join(DEVICES)}")
+    parser.add_argument(
+        "--devices",
+        default=",".join(DEVICES),
+        help="comma-separated devices whose shared memory the launchers plan "
+        f"for, of {', '.join(DEVICES)}",
+    )
     parser.add_argument("--list", action="store_true", help="record and list, compile nothing")
     args = parser.parse_args()
     devices = [d for d in args.devices.split(",") if d]
@@ -383,10 +466,15 @@ def main() -> int:
                     call()
                 except Exception:
                     failures += 1
-                    print(f"LAUNCHER FAILED: {CURRENT_LABEL[0]}\n"
-                          f"{traceback.format_exc(limit=8)}", flush=True)
-    print(f"recorded {len(VARIANTS)} kernel variants for {', '.join(devices)} in "
-          f"{time.time() - start:.1f} s", flush=True)
+                    print(
+                        f"LAUNCHER FAILED: {CURRENT_LABEL[0]}\n{traceback.format_exc(limit=8)}",
+                        flush=True,
+                    )
+    print(
+        f"recorded {len(VARIANTS)} kernel variants for {', '.join(devices)} in "
+        f"{time.time() - start:.1f} s",
+        flush=True,
+    )
     if args.list:
         for v in VARIANTS.values():
             print(f"  {v.describe()}   [{v.label}] must fit {v.device}")
@@ -395,29 +483,41 @@ def main() -> int:
     start = time.time()
     spills = 0
     ctx = multiprocessing.get_context("fork")  # the workers inherit the recorded variants
-    with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, args.jobs),
-                                                mp_context=ctx) as pool:
+    with concurrent.futures.ProcessPoolExecutor(
+        max_workers=max(1, args.jobs), mp_context=ctx
+    ) as pool:
         for index, error, usage in pool.map(_compile, range(len(VARIANTS))):
             variant = list(VARIANTS.values())[index]
             if error is not None:
                 failures += 1
-                print(f"COMPILE FAILED: {variant.describe()}\n  first call: {variant.label}\n"
-                      f"{error}", flush=True)
+                print(
+                    f"COMPILE FAILED: {variant.describe()}\n  first call: {variant.label}\n{error}",
+                    flush=True,
+                )
                 continue
             stack = usage.get("STACK", 0)
             spills += stack > 0
             if usage["SHARED"] > variant.limit:
                 failures += 1
-                print(f"SHARED MEMORY FAILED: {variant.describe()} needs {usage['SHARED']} B "
-                      f"of shared memory, the {variant.device} has {variant.limit} B\n"
-                      f"  first call: {variant.label}", flush=True)
+                print(
+                    f"SHARED MEMORY FAILED: {variant.describe()} needs {usage['SHARED']} B "
+                    f"of shared memory, the {variant.device} has {variant.limit} B\n"
+                    f"  first call: {variant.label}",
+                    flush=True,
+                )
                 continue
-            print(f"ok {variant.name} warps={variant.num_warps} stages={variant.num_stages}: "
-                  f"registers {usage.get('REG', '?')}, stack {stack} B, shared "
-                  f"{usage.get('SHARED', '?')} B{'  (STACK)' if stack else ''}   "
-                  f"[{variant.label}]", flush=True)
-    print(f"compiled {len(VARIANTS)} variants in {time.time() - start:.1f} s: "
-          f"{failures} failures, {spills} with a stack (spills or local arrays)", flush=True)
+            print(
+                f"ok {variant.name} warps={variant.num_warps} stages={variant.num_stages}: "
+                f"registers {usage.get('REG', '?')}, stack {stack} B, shared "
+                f"{usage.get('SHARED', '?')} B{'  (STACK)' if stack else ''}   "
+                f"[{variant.label}]",
+                flush=True,
+            )
+    print(
+        f"compiled {len(VARIANTS)} variants in {time.time() - start:.1f} s: "
+        f"{failures} failures, {spills} with a stack (spills or local arrays)",
+        flush=True,
+    )
     return 1 if failures else 0
 
 

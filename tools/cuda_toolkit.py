@@ -13,6 +13,7 @@ The order, first acceptable wins:
 A candidate is accepted only if it has bin/nvcc, include/cuda_runtime.h and the runtime
 library (lib64/, lib/ or targets/*/lib/libcudart.so).
 """
+
 from __future__ import annotations
 
 import os
@@ -44,21 +45,27 @@ def _root_reported_by(nvcc: str, run: Callable[..., subprocess.CompletedProcess]
     """The toolkit root that `nvcc --dryrun` reports (its `TOP=` line), or None."""
     try:
         # --dryrun prints the steps (TOP= first) without running them.
-        result = run([nvcc, "--dryrun", "-x", "cu", "-E", os.devnull], capture_output=True,
-                     text=True, timeout=60)
+        result = run(
+            [nvcc, "--dryrun", "-x", "cu", "-E", os.devnull],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     for line in (result.stdout or "").splitlines() + (result.stderr or "").splitlines():
         line = line.strip().removeprefix("#$").strip()
         if line.startswith("TOP="):
-            return os.path.normpath(line[len("TOP="):].strip().strip('"'))
+            return os.path.normpath(line[len("TOP=") :].strip().strip('"'))
     return None
 
 
-def find_cuda_home(environ: Mapping[str, str] | None = None,
-                   which: Callable[[str], str | None] = shutil.which,
-                   run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
-                   default_root: str = "/usr/local/cuda") -> str | None:
+def find_cuda_home(
+    environ: Mapping[str, str] | None = None,
+    which: Callable[[str], str | None] = shutil.which,
+    run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
+    default_root: str = "/usr/local/cuda",
+) -> str | None:
     """The CUDA toolkit root to build with, or None when there is none (see the module doc).
 
     Raises ToolkitError when CUDA_HOME or CUDA_PATH is set to something that is not a toolkit.

@@ -20,16 +20,15 @@ Tensor additive_scores_cpu(const Tensor& qp_in, const Tensor& kp_in, const Tenso
   constexpr const char* op = "additive_scores";
   check_scores_args(qp_in, kp_in, v_in, op);
   Tensor qp = qp_in.contiguous(), kp = kp_in.contiguous(), v = v_in.contiguous();
-  Tensor scores = at::empty({qp.size(0), qp.size(1), kp.size(1)},
-                            qp.options().dtype(compute_dtype(qp)));
+  Tensor scores =
+      at::empty({qp.size(0), qp.size(1), kp.size(1)}, qp.options().dtype(compute_dtype(qp)));
   poison(scores);
   if (scores.numel() == 0) return scores;
   cpu::AdditiveScoresParams p{qp.data_ptr(), kp.data_ptr(), v.data_ptr(), qp.size(0),
-                              qp.size(1), kp.size(1), qp.size(2), scores.data_ptr(),
-                              nullptr, nullptr, nullptr, nullptr};
-  FASTATTN_DISPATCH_ADDITIVE(qp.scalar_type(), [&] {
-    FASTATTN_CPU_ISA_CALL(additive_scores<scalar_t>, p);
-  });
+                              qp.size(1),    kp.size(1),    qp.size(2),   scores.data_ptr(),
+                              nullptr,       nullptr,       nullptr,      nullptr};
+  FASTATTN_DISPATCH_ADDITIVE(qp.scalar_type(),
+                             [&] { FASTATTN_CPU_ISA_CALL(additive_scores<scalar_t>, p); });
   return scores;
 }
 
@@ -50,12 +49,11 @@ std::tuple<Tensor, Tensor, Tensor> additive_scores_backward_cpu(const Tensor& gr
   poison(dqp);
   poison(dkp);
   poison(dv);
-  cpu::AdditiveScoresParams p{qp.data_ptr(), kp.data_ptr(), v.data_ptr(), qp.size(0),
-                              qp.size(1), kp.size(1), qp.size(2), nullptr, grad.data_ptr(),
-                              dqp.data_ptr(), dkp.data_ptr(), dv.data_ptr()};
-  FASTATTN_DISPATCH_ADDITIVE(qp.scalar_type(), [&] {
-    FASTATTN_CPU_ISA_CALL(additive_scores_backward<scalar_t>, p);
-  });
+  cpu::AdditiveScoresParams p{qp.data_ptr(),   kp.data_ptr(),  v.data_ptr(),   qp.size(0),
+                              qp.size(1),      kp.size(1),     qp.size(2),     nullptr,
+                              grad.data_ptr(), dqp.data_ptr(), dkp.data_ptr(), dv.data_ptr()};
+  FASTATTN_DISPATCH_ADDITIVE(qp.scalar_type(),
+                             [&] { FASTATTN_CPU_ISA_CALL(additive_scores_backward<scalar_t>, p); });
   return {dqp, dkp, dv};
 }
 

@@ -47,8 +47,8 @@ inline float score(const float* q, const float* k, const float* v, int64_t A) {
   }
   if (a < A) {
     const __mmask16 m = static_cast<__mmask16>((1u << (A - a)) - 1u);
-    const __m512 t = tanh_approx(_mm512_add_ps(_mm512_maskz_loadu_ps(m, q + a),
-                                               _mm512_maskz_loadu_ps(m, k + a)));
+    const __m512 t = tanh_approx(
+        _mm512_add_ps(_mm512_maskz_loadu_ps(m, q + a), _mm512_maskz_loadu_ps(m, k + a)));
     sum = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, v + a), t, sum);
   }
   return _mm512_reduce_add_ps(sum);
@@ -97,7 +97,8 @@ void accumulate_row<float>(const float* x, const float* rows_y, int64_t n, const
     for (int64_t j = 0; j < n; ++j) {
       const float gj = g[j * g_stride];
       if (gj == 0.0f) continue;
-      const __m512 t = tanh_approx(_mm512_add_ps(xa, _mm512_maskz_loadu_ps(m, rows_y + j * A + a0)));
+      const __m512 t =
+          tanh_approx(_mm512_add_ps(xa, _mm512_maskz_loadu_ps(m, rows_y + j * A + a0)));
       const __m512 gv = _mm512_set1_ps(gj);
       dxa = _mm512_fmadd_ps(gv, _mm512_fnmadd_ps(t, t, one), dxa);
       dva = _mm512_fmadd_ps(gv, t, dva);
@@ -147,8 +148,8 @@ void additive_scores_backward(const AdditiveScoresParams& p) {
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / p.Lq;
       std::fill(dx.begin(), dx.end(), acc(0));
-      accumulate_row<acc>(qp + row * A, kp + b * p.Lk * A, p.Lk, G + row * p.Lk, 1, A,
-                          dx.data(), dv_rows.data() + row * A);
+      accumulate_row<acc>(qp + row * A, kp + b * p.Lk * A, p.Lk, G + row * p.Lk, 1, A, dx.data(),
+                          dv_rows.data() + row * A);
       for (int64_t a = 0; a < A; ++a) dx[a] *= v[a];
       store_row<T>(dx.data(), static_cast<T*>(p.dqp) + row * A, A);
     }
@@ -159,8 +160,8 @@ void additive_scores_backward(const AdditiveScoresParams& p) {
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / p.Lk, j = row % p.Lk;
       std::fill(dx.begin(), dx.end(), acc(0));
-      accumulate_row<acc>(kp + row * A, qp + b * p.Lq * A, p.Lq, G + b * p.Lq * p.Lk + j,
-                          p.Lk, A, dx.data(), nullptr);
+      accumulate_row<acc>(kp + row * A, qp + b * p.Lq * A, p.Lq, G + b * p.Lq * p.Lk + j, p.Lk, A,
+                          dx.data(), nullptr);
       for (int64_t a = 0; a < A; ++a) dx[a] *= v[a];
       store_row<T>(dx.data(), static_cast<T*>(p.dkp) + row * A, A);
     }

@@ -14,15 +14,17 @@ struct AdditiveScoresParams {
   const void* kp;  // (B, Lk, A) contiguous
   const void* v;   // (A,)
   int64_t B, Lq, Lk, A;
-  void* scores;     // (B, Lq, Lk) contiguous, compute type (float, double for double)
-  const void* grad;  // backward: dL/dS, (B, Lq, Lk) contiguous, compute type
+  void* scores;          // (B, Lq, Lk) contiguous, compute type (float, double for double)
+  const void* grad;      // backward: dL/dS, (B, Lq, Lk) contiguous, compute type
   void *dqp, *dkp, *dv;  // backward outputs, input dtype, contiguous
 };
 
-#define FASTATTN_DECLARE_ADDITIVE_KERNELS(ISA)                                            \
-  namespace ISA {                                                                         \
-  template <typename T> void additive_scores(const AdditiveScoresParams&);               \
-  template <typename T> void additive_scores_backward(const AdditiveScoresParams&);      \
+#define FASTATTN_DECLARE_ADDITIVE_KERNELS(ISA)                \
+  namespace ISA {                                             \
+  template <typename T>                                       \
+  void additive_scores(const AdditiveScoresParams&);          \
+  template <typename T>                                       \
+  void additive_scores_backward(const AdditiveScoresParams&); \
   }
 
 FASTATTN_DECLARE_ADDITIVE_KERNELS(avx512bf16)

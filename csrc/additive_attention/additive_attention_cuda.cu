@@ -30,9 +30,8 @@ constexpr int kChunk = 64;
 
 template <typename T>
 __global__ void scores_kernel(const T* __restrict__ qp, const T* __restrict__ kp,
-                              const T* __restrict__ v, acc_t<T>* __restrict__ scores,
-                              int64_t Lq, int64_t Lk, int64_t A, int64_t lq_tiles,
-                              int64_t lk_tiles) {
+                              const T* __restrict__ v, acc_t<T>* __restrict__ scores, int64_t Lq,
+                              int64_t Lk, int64_t A, int64_t lq_tiles, int64_t lk_tiles) {
   using acc = acc_t<T>;
   __shared__ acc q_s[kTile][kChunk + 1], k_s[kTile][kChunk + 1], v_s[kChunk];
   // blockIdx.x = (b * lq_tiles + query tile) * lk_tiles + key tile
@@ -67,9 +66,9 @@ __global__ void scores_kernel(const T* __restrict__ qp, const T* __restrict__ kp
 template <typename T>
 __global__ void row_grad_kernel(const T* __restrict__ X, const T* __restrict__ Y,
                                 const T* __restrict__ v, const acc_t<T>* __restrict__ G,
-                                int64_t rows_per_batch, int64_t n, int64_t A,
-                                int64_t g_row_stride, int64_t g_col_stride, int64_t g_batch_stride,
-                                T* __restrict__ dx, acc_t<T>* __restrict__ dv_part) {
+                                int64_t rows_per_batch, int64_t n, int64_t A, int64_t g_row_stride,
+                                int64_t g_col_stride, int64_t g_batch_stride, T* __restrict__ dx,
+                                acc_t<T>* __restrict__ dv_part) {
   using acc = acc_t<T>;
   const int64_t row = blockIdx.x;  // b * rows_per_batch + r
   const int64_t b = row / rows_per_batch, r = row % rows_per_batch;
@@ -113,8 +112,8 @@ Tensor additive_scores_cuda(const Tensor& qp_in, const Tensor& kp_in, const Tens
   auto stream = c10::cuda::getCurrentCUDAStream();
   const int64_t lq_tiles = ceil_div(Lq, kTile), lk_tiles = ceil_div(Lk, kTile);
   // (no int64 overflow: the product is at most scores.numel())
-  const unsigned blocks = grid_x(B * lq_tiles * lk_tiles, "additive_scores",
-                                 "B * ceil(Lq / 16) * ceil(Lk / 16)");
+  const unsigned blocks =
+      grid_x(B * lq_tiles * lk_tiles, "additive_scores", "B * ceil(Lq / 16) * ceil(Lk / 16)");
   FASTATTN_DISPATCH_ADDITIVE(qp.scalar_type(), [&] {
     scores_kernel<scalar_t><<<blocks, dim3(kTile, kTile), 0, stream>>>(
         qp.data_ptr<scalar_t>(), kp.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
@@ -145,7 +144,8 @@ std::tuple<Tensor, Tensor, Tensor> additive_scores_backward_cuda(const Tensor& g
   poison(dkp);
   poison(dv);
   auto stream = c10::cuda::getCurrentCUDAStream();
-  const int threads = static_cast<int>(std::min<int64_t>(256, ceil_div(std::max<int64_t>(A, 1), 32) * 32));
+  const int threads =
+      static_cast<int>(std::min<int64_t>(256, ceil_div(std::max<int64_t>(A, 1), 32) * 32));
   FASTATTN_DISPATCH_ADDITIVE(qp.scalar_type(), [&] {
     using acc = acc_t<scalar_t>;
     if (B * Lq > 0) {

@@ -1,6 +1,7 @@
 // Argument checks and output allocation of the attention ops, shared by the CPU and CUDA op
-// bodies (and the CUDA emulator): one check per rule, whatever the device. fastattn/ops/attention.py checks the same rules first with friendlier messages and
-// builds the canonical arguments; these guard direct calls of torch.ops.fastattn.*.
+// bodies (and the CUDA emulator): one check per rule, whatever the device.
+// fastattn/ops/attention.py checks the same rules first with friendlier messages and builds the
+// canonical arguments; these guard direct calls of torch.ops.fastattn.*.
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -19,8 +20,7 @@ constexpr int64_t kMaxSeqLen = (int64_t{1} << 30) - 1;
 
 inline void check_seqlen(int64_t length, const char* op, const char* name) {
   FASTATTN_CHECK(length <= kMaxSeqLen, op, name, " must be < 2^30 = ", kMaxSeqLen + 1,
-                 " (the band's unbounded bound and the GPU kernels' int32 indices), got ",
-                 length);
+                 " (the band's unbounded bound and the GPU kernels' int32 indices), got ", length);
 }
 
 inline at::ScalarType lse_dtype(const at::Tensor& q) {
@@ -62,10 +62,10 @@ inline void check_problem(const at::Tensor& q, const at::Tensor& k, const at::Te
     FASTATTN_CHECK(m.scalar_type() == at::kBool || m.scalar_type() == at::kFloat ||
                        m.scalar_type() == q.scalar_type(),
                    op, "attn_mask must be bool, float32 or q's dtype, got ", m.scalar_type());
-    FASTATTN_CHECK(m.dim() == 4 && m.size(0) == B && m.size(1) == Hq && m.size(2) == Lq &&
-                       m.size(3) == Lk,
-                   op, "attn_mask must be viewed as (B, Hq, Lq, Lk) = (", B, ", ", Hq, ", ", Lq,
-                   ", ", Lk, "), got ", m.sizes());
+    FASTATTN_CHECK(
+        m.dim() == 4 && m.size(0) == B && m.size(1) == Hq && m.size(2) == Lq && m.size(3) == Lk, op,
+        "attn_mask must be viewed as (B, Hq, Lq, Lk) = (", B, ", ", Hq, ", ", Lq, ", ", Lk,
+        "), got ", m.sizes());
     check_same_device(m, q, op, "attn_mask", "q");
   }
   if (key_padding_mask.has_value() && key_padding_mask->defined()) {
@@ -78,10 +78,10 @@ inline void check_problem(const at::Tensor& q, const at::Tensor& k, const at::Te
   }
   if (alibi_slopes.has_value() && alibi_slopes->defined()) {
     const auto& a = *alibi_slopes;
-    FASTATTN_CHECK(a.scalar_type() == at::kFloat && a.dim() == 2 && a.size(0) == B &&
-                       a.size(1) == Hq,
-                   op, "alibi_slopes must be float32 viewed as (B, Hq) = (", B, ", ", Hq,
-                   "), got ", a.scalar_type(), " ", a.sizes());
+    FASTATTN_CHECK(
+        a.scalar_type() == at::kFloat && a.dim() == 2 && a.size(0) == B && a.size(1) == Hq, op,
+        "alibi_slopes must be float32 viewed as (B, Hq) = (", B, ", ", Hq, "), got ",
+        a.scalar_type(), " ", a.sizes());
     check_same_device(a, q, op, "alibi_slopes", "q");
   }
   check_seed(seed, dropout_p, q, op);
@@ -98,11 +98,10 @@ inline void check_backward(const at::Tensor& grad_out, const c10::optional<at::T
                            const c10::optional<at::Tensor>& alibi_slopes, double dropout_p,
                            const c10::optional<at::Tensor>& seed, const char* op) {
   check_problem(q, k, v, attn_mask, key_padding_mask, alibi_slopes, dropout_p, seed, op);
-  FASTATTN_CHECK(grad_out.sizes() == out.sizes() && out.dim() == 4 && out.size(0) == q.size(0) &&
-                     out.size(1) == q.size(1) && out.size(2) == q.size(2) &&
-                     out.size(3) == v.size(3),
-                 op, "grad_out and out must be (B, Hq, Lq, Dv), got ", grad_out.sizes(), " and ",
-                 out.sizes());
+  FASTATTN_CHECK(
+      grad_out.sizes() == out.sizes() && out.dim() == 4 && out.size(0) == q.size(0) &&
+          out.size(1) == q.size(1) && out.size(2) == q.size(2) && out.size(3) == v.size(3),
+      op, "grad_out and out must be (B, Hq, Lq, Dv), got ", grad_out.sizes(), " and ", out.sizes());
   FASTATTN_CHECK(grad_out.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
                  op, "grad_out and out must have q's dtype");
   check_same_device(grad_out, q, op, "grad_out", "q");

@@ -20,11 +20,13 @@ using c10::optional;
 #define FASTATTN_DISPATCH_ATTENTION(TYPE, ...) \
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, TYPE, "attention_cpu", __VA_ARGS__)
 
-std::tuple<Tensor, Tensor> attention_forward_cpu(
-    const Tensor& q, const Tensor& k, const Tensor& v, const optional<Tensor>& attn_mask,
-    const optional<Tensor>& key_padding_mask, const optional<Tensor>& alibi_slopes,
-    double scale, double softcap, int64_t window_lo, int64_t window_hi, double dropout_p,
-    const optional<Tensor>& seed) {
+std::tuple<Tensor, Tensor> attention_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                 const optional<Tensor>& attn_mask,
+                                                 const optional<Tensor>& key_padding_mask,
+                                                 const optional<Tensor>& alibi_slopes, double scale,
+                                                 double softcap, int64_t window_lo,
+                                                 int64_t window_hi, double dropout_p,
+                                                 const optional<Tensor>& seed) {
   constexpr const char* op = "attention_forward";
   check_problem(q, k, v, attn_mask, key_padding_mask, alibi_slopes, dropout_p, seed, op);
   Tensor out = output_like(q, v.size(3));
@@ -32,21 +34,20 @@ std::tuple<Tensor, Tensor> attention_forward_cpu(
   poison(out);
   poison(lse);
   if (out.numel() == 0) return {out, lse};
-  cpu::AttentionForwardParams fp{make_problem(q, k, v, attn_mask, key_padding_mask,
-                                              alibi_slopes, scale, softcap, window_lo,
-                                              window_hi, dropout_p, seed),
-                                 out.data_ptr(), strides_of(out), lse.data_ptr()};
-  FASTATTN_DISPATCH_ATTENTION(q.scalar_type(), [&] {
-    FASTATTN_CPU_ISA_CALL(attention_forward<scalar_t>, fp);
-  });
+  cpu::AttentionForwardParams fp{
+      make_problem(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap, window_lo,
+                   window_hi, dropout_p, seed),
+      out.data_ptr(), strides_of(out), lse.data_ptr()};
+  FASTATTN_DISPATCH_ATTENTION(q.scalar_type(),
+                              [&] { FASTATTN_CPU_ISA_CALL(attention_forward<scalar_t>, fp); });
   return {out, lse};
 }
 
 std::tuple<Tensor, Tensor, Tensor> attention_backward_cpu(
     const Tensor& grad_out, const optional<Tensor>& grad_lse, const Tensor& q, const Tensor& k,
     const Tensor& v, const Tensor& out, const Tensor& lse, const optional<Tensor>& attn_mask,
-    const optional<Tensor>& key_padding_mask, const optional<Tensor>& alibi_slopes,
-    double scale, double softcap, int64_t window_lo, int64_t window_hi, double dropout_p,
+    const optional<Tensor>& key_padding_mask, const optional<Tensor>& alibi_slopes, double scale,
+    double softcap, int64_t window_lo, int64_t window_hi, double dropout_p,
     const optional<Tensor>& seed, bool deterministic) {
   // The CPU backward is always deterministic (fixed summation order, no atomics).
   (void)deterministic;
@@ -68,17 +69,23 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_cpu(
     dv.zero_();
     return {dq, dk, dv};
   }
-  cpu::AttentionBackwardParams bp{make_problem(q, k, v, attn_mask, key_padding_mask,
-                                               alibi_slopes, scale, softcap, window_lo,
-                                               window_hi, dropout_p, seed),
-                                  out.data_ptr(), strides_of(out), grad_out.data_ptr(),
-                                  strides_of(grad_out), lse.data_ptr(),
-                                  dlse.defined() ? dlse.data_ptr() : nullptr,
-                                  dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), strides_of(dq),
-                                  strides_of(dk), strides_of(dv)};
-  FASTATTN_DISPATCH_ATTENTION(q.scalar_type(), [&] {
-    FASTATTN_CPU_ISA_CALL(attention_backward<scalar_t>, bp);
-  });
+  cpu::AttentionBackwardParams bp{
+      make_problem(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap, window_lo,
+                   window_hi, dropout_p, seed),
+      out.data_ptr(),
+      strides_of(out),
+      grad_out.data_ptr(),
+      strides_of(grad_out),
+      lse.data_ptr(),
+      dlse.defined() ? dlse.data_ptr() : nullptr,
+      dq.data_ptr(),
+      dk.data_ptr(),
+      dv.data_ptr(),
+      strides_of(dq),
+      strides_of(dk),
+      strides_of(dv)};
+  FASTATTN_DISPATCH_ATTENTION(q.scalar_type(),
+                              [&] { FASTATTN_CPU_ISA_CALL(attention_backward<scalar_t>, bp); });
   return {dq, dk, dv};
 }
 

@@ -17,21 +17,27 @@ inline cpu::Strides4 strides_of(const Tensor& t) { return {t.stride(0), t.stride
 inline cpu::MaskKind mask_kind(const optional<Tensor>& mask) {
   if (!defined(mask)) return cpu::MaskKind::none;
   switch (mask->scalar_type()) {
-    case at::kBool: return cpu::MaskKind::boolean;
-    case at::kFloat: return cpu::MaskKind::float32;
-    case at::kDouble: return cpu::MaskKind::float64;
-    case at::kHalf: return cpu::MaskKind::float16;
-    case at::kBFloat16: return cpu::MaskKind::bfloat16;
-    default: TORCH_CHECK(false, "attention: unsupported attn_mask dtype ", mask->scalar_type());
+    case at::kBool:
+      return cpu::MaskKind::boolean;
+    case at::kFloat:
+      return cpu::MaskKind::float32;
+    case at::kDouble:
+      return cpu::MaskKind::float64;
+    case at::kHalf:
+      return cpu::MaskKind::float16;
+    case at::kBFloat16:
+      return cpu::MaskKind::bfloat16;
+    default:
+      TORCH_CHECK(false, "attention: unsupported attn_mask dtype ", mask->scalar_type());
   }
 }
 
 inline cpu::AttentionProblem make_problem(const Tensor& q, const Tensor& k, const Tensor& v,
-                                   const optional<Tensor>& attn_mask,
-                                   const optional<Tensor>& key_padding_mask,
-                                   const optional<Tensor>& alibi_slopes, double scale,
-                                   double softcap, int64_t window_lo, int64_t window_hi,
-                                   double dropout_p, const optional<Tensor>& seed) {
+                                          const optional<Tensor>& attn_mask,
+                                          const optional<Tensor>& key_padding_mask,
+                                          const optional<Tensor>& alibi_slopes, double scale,
+                                          double softcap, int64_t window_lo, int64_t window_hi,
+                                          double dropout_p, const optional<Tensor>& seed) {
   cpu::AttentionProblem p{};
   p.q = q.data_ptr();
   p.k = k.data_ptr();
@@ -72,6 +78,5 @@ inline cpu::AttentionProblem make_problem(const Tensor& q, const Tensor& k, cons
   }
   return p;
 }
-
 
 }  // namespace fastattn::attention

@@ -138,20 +138,25 @@ struct ScoreContext {
 
   static int64_t mask_element_size(MaskKind kind) {
     switch (kind) {
-      case MaskKind::boolean: return 1;
+      case MaskKind::boolean:
+        return 1;
       case MaskKind::float16:
-      case MaskKind::bfloat16: return 2;
-      case MaskKind::float32: return 4;
-      case MaskKind::float64: return 8;
-      default: return 0;
+      case MaskKind::bfloat16:
+        return 2;
+      case MaskKind::float32:
+        return 4;
+      case MaskKind::float64:
+        return 8;
+      default:
+        return 0;
     }
   }
 
   // Turns raw products s = scale * q.k of rows [i0, i0+M) x keys [j0, j0+N) (row stride ld)
   // into masked scores. tanh_out (optional, same layout) receives tanh(s/softcap) for the
   // softcap backward.
-  void apply(acc* s, int64_t ld, int64_t i0, int64_t M, int64_t j0, int64_t N,
-             acc* tanh_out, acc* row_tmp) const {
+  void apply(acc* s, int64_t ld, int64_t i0, int64_t M, int64_t j0, int64_t N, acc* tanh_out,
+             acc* row_tmp) const {
     const acc cap = static_cast<acc>(p.softcap);
     const int64_t shift = g.shift;
     for (int64_t r = 0; r < M; ++r) {
@@ -228,8 +233,7 @@ void dropout_tile(const AttentionProblem& p, const Geometry& g, int64_t b, int64
 }
 
 // The key blocks [first, last) that queries [i0, i0 + M) can see.
-inline std::pair<int64_t, int64_t> visible_key_blocks(const Geometry& g, int64_t i0,
-                                                      int64_t M) {
+inline std::pair<int64_t, int64_t> visible_key_blocks(const Geometry& g, int64_t i0, int64_t M) {
   const int64_t j_lo = std::max<int64_t>(0, i0 + g.lo);
   const int64_t j_hi = std::min<int64_t>(g.Lk - 1, i0 + M - 1 + g.hi);
   if (M <= 0 || j_lo > j_hi) return {0, 0};
@@ -237,8 +241,7 @@ inline std::pair<int64_t, int64_t> visible_key_blocks(const Geometry& g, int64_t
 }
 
 // The query blocks [first, last) that see some key of [j0, j0 + N).
-inline std::pair<int64_t, int64_t> visible_query_blocks(const Geometry& g, int64_t j0,
-                                                        int64_t N) {
+inline std::pair<int64_t, int64_t> visible_query_blocks(const Geometry& g, int64_t j0, int64_t N) {
   const int64_t i_lo = std::max<int64_t>(0, j0 - g.hi);
   const int64_t i_hi = std::min<int64_t>(g.Lq - 1, j0 + N - 1 - g.lo);
   if (N <= 0 || i_lo > i_hi) return {0, 0};
@@ -261,8 +264,15 @@ struct FloatTiles {
   int64_t ldq = 0, ldk = 0, ldv = 0, lddo = 0;
 
   FloatTiles(int64_t D_, int64_t Dv_)
-      : D(D_), Dv(Dv_), q_buf(kBlockQ * D_), qT(D_ * kBlockQ), k_buf(kBlockK * D_),
-        kt(D_ * kBlockK), v_buf(kBlockK * Dv_), vt(Dv_ * kBlockK), do_buf(kBlockQ * Dv_) {}
+      : D(D_),
+        Dv(Dv_),
+        q_buf(kBlockQ * D_),
+        qT(D_ * kBlockQ),
+        k_buf(kBlockK * D_),
+        kt(D_ * kBlockK),
+        v_buf(kBlockK * Dv_),
+        vt(Dv_ * kBlockK),
+        do_buf(kBlockQ * Dv_) {}
 
   // The forward loads Q once per task and transposes it to the k-major layout the
   // micro-kernel broadcasts from; the backward uses Q rows in place.
@@ -319,13 +329,21 @@ struct Bf16Tiles {
   std::vector<uint16_t> rounded;  // P or dS rounded to bfloat16, (kBlockQ x kBlockK)
 
   Bf16Tiles(int64_t D_, int64_t Dv_)
-      : D(D_), Dv(Dv_), D2((D_ + 1) / 2), Dv2((Dv_ + 1) / 2),
+      : D(D_),
+        Dv(Dv_),
+        D2((D_ + 1) / 2),
+        Dv2((Dv_ + 1) / 2),
         // pair scratch: rows x (cols / 2) for Q, K, V, dO tiles and for P and dS tiles
         pairs(std::max(kBlockQ, kBlockK) *
               std::max({(D_ + 1) / 2, (Dv_ + 1) / 2, kBlockQ / 2 + 1, kBlockK / 2 + 1})),
-        qA(D2 * kBlockQ), qB((kBlockQ / 2 + 1) * D_), kA((kBlockK / 2 + 1) * D_),
-        kB(D2 * kBlockK), vA((kBlockK / 2 + 1) * Dv_), vB(Dv2 * kBlockK),
-        doA(Dv2 * kBlockQ), doB((kBlockQ / 2 + 1) * Dv_),
+        qA(D2 * kBlockQ),
+        qB((kBlockQ / 2 + 1) * D_),
+        kA((kBlockK / 2 + 1) * D_),
+        kB(D2 * kBlockK),
+        vA((kBlockK / 2 + 1) * Dv_),
+        vB(Dv2 * kBlockK),
+        doA(Dv2 * kBlockQ),
+        doB((kBlockQ / 2 + 1) * Dv_),
         pA((std::max(kBlockQ, kBlockK) / 2 + 1) * std::max(kBlockQ, kBlockK)),
         rounded(kBlockQ * kBlockK) {}
 
@@ -333,8 +351,8 @@ struct Bf16Tiles {
     return reinterpret_cast<const uint16_t*>(p);
   }
   // rows x cols bfloat16 rows -> k-major pairs along cols: out[kk * ld_out + r].
-  void pairs_transposed(const uint16_t* x, int64_t ld, int64_t rows, int64_t cols,
-                        uint32_t* out, int64_t ld_out) {
+  void pairs_transposed(const uint16_t* x, int64_t ld, int64_t rows, int64_t cols, uint32_t* out,
+                        int64_t ld_out) {
     const int64_t cols2 = (cols + 1) / 2;
     pair_columns(x, ld, rows, cols, pairs.data(), cols2);
     transpose_words(pairs.data(), cols2, out, ld_out, rows, cols2);
@@ -342,26 +360,26 @@ struct Bf16Tiles {
 
   void load_q(const c10::BFloat16* base, int64_t stride, int64_t i0, int64_t M, bool backward) {
     const uint16_t* x = bits(base + i0 * stride);
-    pairs_transposed(x, stride, M, D, qA.data(), kBlockQ);          // A of Q K^T
-    if (backward) pair_rows(x, stride, M, D, qB.data(), D);          // B of dS^T Q
+    pairs_transposed(x, stride, M, D, qA.data(), kBlockQ);   // A of Q K^T
+    if (backward) pair_rows(x, stride, M, D, qB.data(), D);  // B of dS^T Q
   }
   void load_k(const c10::BFloat16* base, int64_t stride, int64_t j0, int64_t N, bool backward) {
     const uint16_t* x = bits(base + j0 * stride);
-    pairs_transposed(x, stride, N, D, kB.data(), kBlockK);          // B of Q K^T
-    if (backward) pair_rows(x, stride, N, D, kA.data(), D);          // B of dS K
+    pairs_transposed(x, stride, N, D, kB.data(), kBlockK);   // B of Q K^T
+    if (backward) pair_rows(x, stride, N, D, kA.data(), D);  // B of dS K
   }
   void load_v(const c10::BFloat16* base, int64_t stride, int64_t j0, int64_t N, bool backward) {
     const uint16_t* x = bits(base + j0 * stride);
     if (backward) {
-      pairs_transposed(x, stride, N, Dv, vB.data(), kBlockK);       // B of dO V^T
+      pairs_transposed(x, stride, N, Dv, vB.data(), kBlockK);  // B of dO V^T
     } else {
-      pair_rows(x, stride, N, Dv, vA.data(), Dv);                    // B of P V
+      pair_rows(x, stride, N, Dv, vA.data(), Dv);  // B of P V
     }
   }
   void load_do(const c10::BFloat16* base, int64_t stride, int64_t i0, int64_t M) {
     const uint16_t* x = bits(base + i0 * stride);
-    pairs_transposed(x, stride, M, Dv, doA.data(), kBlockQ);        // A of dO V^T
-    pair_rows(x, stride, M, Dv, doB.data(), Dv);                     // B of P^T dO
+    pairs_transposed(x, stride, M, Dv, doA.data(), kBlockQ);  // A of dO V^T
+    pair_rows(x, stride, M, Dv, doB.data(), Dv);              // B of P^T dO
   }
   void scores(int64_t M, int64_t N, float scale, bool /*backward*/, float* s) {
     gemm_bf16(M, N, D2, scale, qA.data(), kBlockQ, kB.data(), kBlockK, s, kBlockK, false);
@@ -404,9 +422,8 @@ inline int64_t round_up32(int64_t x) { return (x + 31) & ~int64_t(31); }
 
 // x (M x N float, row stride ldx) rounded to bfloat16 rows out (row stride ld_out), padded with
 // zeros to rows_out x cols_out (multiples of 16) so that tile products may read whole blocks.
-inline void round_rows_padded(const float* x, int64_t ldx, int64_t M, int64_t N,
-                              int64_t rows_out, int64_t cols_out, uint16_t* out,
-                              int64_t ld_out) {
+inline void round_rows_padded(const float* x, int64_t ldx, int64_t M, int64_t N, int64_t rows_out,
+                              int64_t cols_out, uint16_t* out, int64_t ld_out) {
   for (int64_t r = 0; r < rows_out; ++r) {
     uint16_t* o = out + r * ld_out;
     for (int64_t c = 0; c < cols_out; c += 16) {
@@ -424,7 +441,7 @@ inline void round_pair_rows_padded(const float* x, int64_t ldx, int64_t M, int64
                                    int64_t ld_out) {
   // cvtne2ps puts row 2kk in the low 16 bfloat16 and row 2kk+1 in the high 16: interleave.
   alignas(64) static constexpr uint16_t kInterleave[32] = {
-      0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+      0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
       8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
   const __m512i interleave = _mm512_load_si512(kInterleave);
   for (int64_t kk = 0; kk < rows_out / 2; ++kk) {
@@ -453,9 +470,9 @@ struct AmxTiles {
   static constexpr bool kProbabilitiesInBf16 = true;
   int64_t D, Dv;
   AmxTileScope tile_scope;
-  std::vector<uint32_t> pairs, kA, kB, vA, vB, b_pairs;   // VNNI pair layouts (B operands)
-  std::vector<uint16_t> q_pad, do_pad, a_rows;              // bfloat16 rows (A operands)
-  std::vector<uint32_t> qT, doT;                            // Q^T, dO^T rows as words
+  std::vector<uint32_t> pairs, kA, kB, vA, vB, b_pairs;  // VNNI pair layouts (B operands)
+  std::vector<uint16_t> q_pad, do_pad, a_rows;           // bfloat16 rows (A operands)
+  std::vector<uint32_t> qT, doT;                         // Q^T, dO^T rows as words
   std::vector<float> dq_tile, dkT, dvT;
   const uint16_t *q_rows = nullptr, *do_rows = nullptr;
   int64_t ldq = 0, lddo = 0;
@@ -486,12 +503,22 @@ struct AmxTiles {
   const uint32_t *kB_cur = nullptr, *vA_cur = nullptr, *qT_cur = nullptr, *doT_cur = nullptr;
 
   AmxTiles(int64_t D_, int64_t Dv_)
-      : D(D_), Dv(Dv_),
+      : D(D_),
+        Dv(Dv_),
         pairs(std::max(kBlockQ, kBlockK) * std::max(D_, Dv_) / 2),
-        kA(kBlockK / 2 * D_), kB(D_ / 2 * kBlockK), vA(kBlockK / 2 * Dv_),
-        vB(Dv_ / 2 * kBlockK), b_pairs(kBlockQ / 2 * kBlockK), q_pad(kBlockQ * D_),
-        do_pad(kBlockQ * Dv_), a_rows(kBlockQ * kBlockK), qT(D_ * kBlockQ / 2),
-        doT(Dv_ * kBlockQ / 2), dq_tile(kBlockQ * D_), dkT(D_ * kBlockK), dvT(Dv_ * kBlockK) {
+        kA(kBlockK / 2 * D_),
+        kB(D_ / 2 * kBlockK),
+        vA(kBlockK / 2 * Dv_),
+        vB(Dv_ / 2 * kBlockK),
+        b_pairs(kBlockQ / 2 * kBlockK),
+        q_pad(kBlockQ * D_),
+        do_pad(kBlockQ * Dv_),
+        a_rows(kBlockQ * kBlockK),
+        qT(D_ * kBlockQ / 2),
+        doT(Dv_ * kBlockQ / 2),
+        dq_tile(kBlockQ * D_),
+        dkT(D_ * kBlockK),
+        dvT(Dv_ * kBlockK) {
     k_blocks.block_words = D_ / 2 * kBlockK;
     v_blocks.block_words = kBlockK / 2 * Dv_;
     qT_blocks.block_words = D_ * kBlockQ / 2;
@@ -506,13 +533,14 @@ struct AmxTiles {
   }
   // rows x cols bfloat16 rows -> VNNI pairs of the transpose, out[kk * ld_out + r], with
   // columns r in [rows, ld_out) zero.
-  void pairs_transposed(const uint16_t* x, int64_t ld, int64_t rows, int64_t cols,
-                        uint32_t* out, int64_t ld_out) {
+  void pairs_transposed(const uint16_t* x, int64_t ld, int64_t rows, int64_t cols, uint32_t* out,
+                        int64_t ld_out) {
     const int64_t cols2 = cols / 2;
     pair_columns(x, ld, rows, cols, pairs.data(), cols2);
     transpose_words(pairs.data(), cols2, out, ld_out, rows, cols2);
     if (rows < ld_out) {
-      for (int64_t kk = 0; kk < cols2; ++kk) std::fill(out + kk * ld_out + rows, out + (kk + 1) * ld_out, 0u);
+      for (int64_t kk = 0; kk < cols2; ++kk)
+        std::fill(out + kk * ld_out + rows, out + (kk + 1) * ld_out, 0u);
     }
   }
   // VNNI pairs of consecutive rows, zero pair rows up to block_rows / 2.
@@ -524,9 +552,8 @@ struct AmxTiles {
   }
   // Rows of a (rows x cols) bfloat16 block as the A operand: the tensor itself when the block
   // is full, else a zero-padded copy.
-  static const uint16_t* a_operand(const uint16_t* x, int64_t stride, int64_t rows,
-                                   int64_t cols, int64_t block_rows, uint16_t* pad,
-                                   int64_t& ld) {
+  static const uint16_t* a_operand(const uint16_t* x, int64_t stride, int64_t rows, int64_t cols,
+                                   int64_t block_rows, uint16_t* pad, int64_t& ld) {
     if (rows == block_rows) {
       ld = stride;
       return x;
@@ -545,9 +572,8 @@ struct AmxTiles {
     transpose_words(pairs.data(), cols, out, kBlockQ / 2, kBlockQ / 2, cols);
   }
   // The A operand Q^T (or dO^T) of query block i0 / kBlockQ of this head, packed on first use.
-  const uint32_t* transposed_block(PackedBlocks& cache, const c10::BFloat16* base,
-                                   int64_t stride, int64_t i0, int64_t M, int64_t cols,
-                                   uint32_t* scratch) {
+  const uint32_t* transposed_block(PackedBlocks& cache, const c10::BFloat16* base, int64_t stride,
+                                   int64_t i0, int64_t M, int64_t cols, uint32_t* scratch) {
     bool fresh = true;
     uint32_t* slot = cache.slot(base, i0 / kBlockQ, fresh);
     uint32_t* dst = slot != nullptr ? slot : scratch;
@@ -565,7 +591,7 @@ struct AmxTiles {
     bool fresh = true;
     uint32_t* slot = backward ? nullptr : k_blocks.slot(base, j0 / kBlockK, fresh);
     uint32_t* dst = slot != nullptr ? slot : kB.data();
-    if (fresh) pairs_transposed(x, stride, N, D, dst, kBlockK);          // B of Q K^T
+    if (fresh) pairs_transposed(x, stride, N, D, dst, kBlockK);  // B of Q K^T
     kB_cur = dst;
     if (backward) {
       pair_rows_padded(x, stride, N, D, kBlockK, kA.data());  // B of dS K
@@ -576,13 +602,13 @@ struct AmxTiles {
   void load_v(const c10::BFloat16* base, int64_t stride, int64_t j0, int64_t N, bool backward) {
     const uint16_t* x = bits(base + j0 * stride);
     if (backward) {
-      pairs_transposed(x, stride, N, Dv, vB.data(), kBlockK);        // B of dO V^T
+      pairs_transposed(x, stride, N, Dv, vB.data(), kBlockK);  // B of dO V^T
       return;
     }
     bool fresh = true;
     uint32_t* slot = v_blocks.slot(base, j0 / kBlockK, fresh);
     uint32_t* dst = slot != nullptr ? slot : vA.data();
-    if (fresh) pair_rows_padded(x, stride, N, Dv, kBlockK, dst);     // B of P V
+    if (fresh) pair_rows_padded(x, stride, N, Dv, kBlockK, dst);  // B of P V
     vA_cur = dst;
   }
   void load_do(const c10::BFloat16* base, int64_t stride, int64_t i0, int64_t M) {
@@ -591,8 +617,7 @@ struct AmxTiles {
     doT_cur = transposed_block(doT_blocks, base, stride, i0, M, Dv, doT.data());
   }
   void scores(int64_t M, int64_t N, float scale, bool /*backward*/, float* s) {
-    amx_gemm_bf16(round_up32(M), round_up32(N), D, q_rows, ldq, kB_cur, kBlockK, s, kBlockK,
-                  false);
+    amx_gemm_bf16(round_up32(M), round_up32(N), D, q_rows, ldq, kB_cur, kBlockK, s, kBlockK, false);
     const __m512 vs = _mm512_set1_ps(scale);
     for (int64_t r = 0; r < M; ++r) {
       float* row = s + r * kBlockK;
@@ -608,13 +633,12 @@ struct AmxTiles {
     return a_rows.data();
   }
   const uint32_t* pairs_of(int64_t M, int64_t N, const float* x) {
-    round_pair_rows_padded(x, kBlockK, M, N, round_up32(M), round_up32(N), b_pairs.data(),
-                           kBlockK);
+    round_pair_rows_padded(x, kBlockK, M, N, round_up32(M), round_up32(N), b_pairs.data(), kBlockK);
     return b_pairs.data();
   }
   void pv(int64_t M, int64_t N, const float* p, float* o) {
-    amx_gemm_bf16(round_up32(M), Dv, round_up32(N), rows_of(M, N, p), kBlockK, vA_cur, Dv, o,
-                  Dv, true);
+    amx_gemm_bf16(round_up32(M), Dv, round_up32(N), rows_of(M, N, p), kBlockK, vA_cur, Dv, o, Dv,
+                  true);
   }
   // dV^T (Dv x N) += dO^T P; dv_acc receives it in finish_key_block.
   void dv(int64_t M, int64_t N, const float* p, float* /*dv_acc*/) {
@@ -622,8 +646,8 @@ struct AmxTiles {
                   kBlockQ, pairs_of(M, N, p), kBlockK, dvT.data(), kBlockK, true);
   }
   void dp(int64_t M, int64_t N, float* out) {
-    amx_gemm_bf16(round_up32(M), round_up32(N), Dv, do_rows, lddo, vB.data(), kBlockK, out,
-                  kBlockK, false);
+    amx_gemm_bf16(round_up32(M), round_up32(N), Dv, do_rows, lddo, vB.data(), kBlockK, out, kBlockK,
+                  false);
   }
   // dK^T (D x N) += Q^T dS (dk_acc receives it in finish_key_block); dQ += dS K.
   void dk_dq(int64_t M, int64_t N, const float* ds, float* /*dk_acc*/, float* dq) {
@@ -696,7 +720,6 @@ void online_softmax(acc* s, int64_t M, int64_t N, acc* m, acc* l, acc* o_acc, in
   }
 }
 
-
 template <typename T, typename Tiles>
 void forward_impl(const AttentionForwardParams& fp) {
   using acc = typename Tiles::acc;
@@ -715,7 +738,8 @@ void forward_impl(const AttentionForwardParams& fp) {
   // With splits, every (split, row) writes its normalised partial output and lse here; a final
   // pass merges them (merge_attention's formula). Rows are (b, h, i) of the dense layout.
   const int64_t rows = p.B * p.Hq * p.Lq;
-  std::vector<acc> part_o(splits > 1 ? splits * rows * Dv : 0), part_lse(splits > 1 ? splits * rows : 0);
+  std::vector<acc> part_o(splits > 1 ? splits * rows * Dv : 0),
+      part_lse(splits > 1 ? splits * rows : 0);
   const int64_t tasks = p.B * p.Hq * q_blocks * splits;
 
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
@@ -750,7 +774,7 @@ void forward_impl(const AttentionForwardParams& fp) {
           dropout_tile<acc>(p, g, b, h, i0, M, j0, N, mult.data(), kBlockK, scratch.data());
         }
         online_softmax<Tiles, acc>(s.data(), M, N, m.data(), l.data(), o_acc.data(), Dv,
-                            dropout ? mult.data() : nullptr);
+                                   dropout ? mult.data() : nullptr);
         tiles.load_v(v_base, p.v_s.l, j0, N, false);
         tiles.pv(M, N, s.data(), o_acc.data());
       }
@@ -891,8 +915,7 @@ void backward_impl(const AttentionBackwardParams& bp) {
             tiles.load_q(q_base, p.q_s.l, i0, M, true);
             tiles.load_do(do_base, bp.grad_out_s.l, i0, M);
             tiles.scores(M, N, static_cast<acc>(p.scale), true, s.data());
-            ctx.apply(s.data(), kBlockK, i0, M, j0, N, softcap ? th.data() : nullptr,
-                      tmp.data());
+            ctx.apply(s.data(), kBlockK, i0, M, j0, N, softcap ? th.data() : nullptr, tmp.data());
             if (dropout) {
               dropout_tile<acc>(p, g, b, h, i0, M, j0, N, mult.data(), kBlockK, scratch.data());
             }

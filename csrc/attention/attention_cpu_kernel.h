@@ -7,7 +7,14 @@
 
 namespace fastattn::cpu {
 
-enum class MaskKind : int { none = 0, boolean = 1, float32 = 2, float64 = 3, float16 = 4, bfloat16 = 5 };
+enum class MaskKind : int {
+  none = 0,
+  boolean = 1,
+  float32 = 2,
+  float64 = 3,
+  float16 = 4,
+  bfloat16 = 5
+};
 
 // Strides of a (B, H, L, D) tensor (elements); the last stride is 1.
 struct Strides4 {
@@ -67,10 +74,12 @@ struct AttentionBackwardParams {
   Strides4 dq_s, dk_s, dv_s;
 };
 
-#define FASTATTN_DECLARE_ATTENTION_KERNELS(ISA)                               \
-  namespace ISA {                                                             \
-  template <typename T> void attention_forward(const AttentionForwardParams&);   \
-  template <typename T> void attention_backward(const AttentionBackwardParams&); \
+#define FASTATTN_DECLARE_ATTENTION_KERNELS(ISA)            \
+  namespace ISA {                                          \
+  template <typename T>                                    \
+  void attention_forward(const AttentionForwardParams&);   \
+  template <typename T>                                    \
+  void attention_backward(const AttentionBackwardParams&); \
   }
 
 FASTATTN_DECLARE_ATTENTION_KERNELS(avx512bf16)

@@ -58,7 +58,8 @@ __global__ void __launch_bounds__(256) attention_bwd_delta_kernel(const BwdParam
   for (int m = 16; m >= 1; m >>= 1) sum += prim::shfl_xor(sum, m);
   if (lane == 0) {
     const acc* dlse = static_cast<const acc*>(params.dlse);
-    prim::stg(static_cast<acc*>(params.delta) + row, sum - (dlse != nullptr ? prim::ldg(dlse + row) : acc(0)));
+    prim::stg(static_cast<acc*>(params.delta) + row,
+              sum - (dlse != nullptr ? prim::ldg(dlse + row) : acc(0)));
   }
 }
 
@@ -102,15 +103,14 @@ __device__ __forceinline__ KVStep kv_step(int it, int hk, int group, int q_first
 // the lse/Delta of its rows (plain shared stores; lse -inf, the rows without a visible key,
 // and rows past Lq become +inf so that exp(s - lse) = 0 there).
 template <typename Elem, typename Cfg>
-__device__ __forceinline__ void kv_issue(const BwdParams& params, int b, KVStep step,
-                                         uint16_t* sQ, uint16_t* sdO, float* s_lse,
-                                         float* s_delta, int tid) {
+__device__ __forceinline__ void kv_issue(const BwdParams& params, int b, KVStep step, uint16_t* sQ,
+                                         uint16_t* sdO, float* s_lse, float* s_delta, int tid) {
   const Problem& p = params.p;
   const uint16_t* Qg = static_cast<const uint16_t*>(p.q) + b * p.q_sb + step.h * p.q_sh;
   const uint16_t* dOg =
       static_cast<const uint16_t*>(params.dout) + b * params.do_sb + step.h * params.do_sh;
-  load_tile<Cfg::kBlockM, Cfg::kHD, Cfg::kThreads>(sQ, Qg, p.q_sl, step.i0, p.Lq, p.D,
-                                                   p.q_aligned, tid);
+  load_tile<Cfg::kBlockM, Cfg::kHD, Cfg::kThreads>(sQ, Qg, p.q_sl, step.i0, p.Lq, p.D, p.q_aligned,
+                                                   tid);
   load_tile<Cfg::kBlockM, Cfg::kHD, Cfg::kThreads>(sdO, dOg, params.do_sl, step.i0, p.Lq, p.Dv,
                                                    params.do_aligned, tid);
   const int64_t row0 = lse_index(p, b, step.h, 0);
@@ -205,9 +205,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       if (it + 1 < steps) {
         const int nst = (it + 1) & 1;
         uint16_t* nQ = sQ0 + nst * 2 * Cfg::kTileElems;
-        kv_issue<Elem, Cfg>(params, b, kv_step(it + 1, hk, p.group, qt.first, q_count, kBlockM),
-                            nQ, nQ + Cfg::kTileElems, s_lse0 + nst * kBlockM,
-                            s_delta0 + nst * kBlockM, tid);
+        kv_issue<Elem, Cfg>(params, b, kv_step(it + 1, hk, p.group, qt.first, q_count, kBlockM), nQ,
+                            nQ + Cfg::kTileElems, s_lse0 + nst * kBlockM, s_delta0 + nst * kBlockM,
+                            tid);
       }
       prim::cp_async_commit();
     }
@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
         const int ic = nt * 8 + 2 * t + (e & 1);          // query column in the step
         const int i = step.i0 + ic;
         float th = 0.0f;
-        const float s = full          ? sst[0][nt][e] * scale
+        const float s = full           ? sst[0][nt][e] * scale
                         : !elementwise ? band_score(p, scale, sst[0][nt][e], i, j)
                                        : sc(sst[0][nt][e], i, j, th);
         const float pval = prim::fast_exp2((s - prim::lds(s_lse + ic)) * kLog2e);
@@ -301,8 +301,7 @@ struct BwdQConfig {
 };
 
 template <typename Elem, typename Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads)
-    attention_bwd_dq_mma_kernel(const BwdParams args) {
+__global__ void __launch_bounds__(Cfg::kThreads) attention_bwd_dq_mma_kernel(const BwdParams args) {
   constexpr int kHD = Cfg::kHD, kNT = Cfg::kNT, kNTO = Cfg::kNTO;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
   constexpr float kLog2e = 1.4426950408889634f;
@@ -390,10 +389,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     if (kStages == 2) {
       if (it + 1 < steps) {
         uint16_t* nK = sK0 + ((it + 1) & 1) * 2 * Cfg::kKVElems;
-        load_tile<kBlockN, kHD, Cfg::kThreads>(nK, Kg, p.k_sl, j0 + kBlockN, p.Lk, p.D,
-                                               p.k_aligned, tid);
-        load_tile<kBlockN, kHD, Cfg::kThreads>(nK + Cfg::kKVElems, Vg, p.v_sl, j0 + kBlockN,
-                                               p.Lk, p.Dv, p.v_aligned, tid);
+        load_tile<kBlockN, kHD, Cfg::kThreads>(nK, Kg, p.k_sl, j0 + kBlockN, p.Lk, p.D, p.k_aligned,
+                                               tid);
+        load_tile<kBlockN, kHD, Cfg::kThreads>(nK + Cfg::kKVElems, Vg, p.v_sl, j0 + kBlockN, p.Lk,
+                                               p.Dv, p.v_aligned, tid);
       }
       prim::cp_async_commit();
     }
@@ -418,7 +417,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
         for (int c = 0; c < 2; ++c) {
           const int e = 2 * r + c;
           float th = 0.0f;
-          const float sv = full          ? s[0][nt][e] * scale
+          const float sv = full           ? s[0][nt][e] * scale
                            : !elementwise ? band_score(p, scale, s[0][nt][e], i, j + c)
                                           : sc(s[0][nt][e], i, j + c, th);
           const float pval = prim::fast_exp2((sv - lse_r[r]) * kLog2e);
@@ -435,9 +434,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   }
   prim::cp_async_wait<0>();
 
-  store_rows<Elem, 1, kNTO>(
-      dq_acc, static_cast<uint16_t*>(params.dq) + b * params.dq_sb + h * params.dq_sh,
-      params.dq_sl, i0 + warp_row0, p.Lq, p.D, p.D % 2 == 0, lane);
+  store_rows<Elem, 1, kNTO>(dq_acc,
+                            static_cast<uint16_t*>(params.dq) + b * params.dq_sb + h * params.dq_sh,
+                            params.dq_sl, i0 + warp_row0, p.Lq, p.D, p.D % 2 == 0, lane);
 }
 
 }  // namespace fastattn::cuda::attn

@@ -86,8 +86,8 @@ struct Scores {
     cap = static_cast<acc>(p.softcap);
     has_cap = p.softcap > 0.0;
     has_alibi = p.alibi != nullptr;
-    slope = has_alibi ? static_cast<acc>(prim::ldg(p.alibi + b * p.alibi_sb + h * p.alibi_sh))
-                      : acc(0);
+    slope =
+        has_alibi ? static_cast<acc>(prim::ldg(p.alibi + b * p.alibi_sb + h * p.alibi_sh)) : acc(0);
     lo = p.window_lo;
     hi = p.window_hi;
     shift = p.shift;
@@ -227,8 +227,7 @@ __device__ __forceinline__ T* advance(T* ptr, int64_t elems, int bytes) {
 // Turns a kernel's copy of the problem into the dense problem of sequence b (no-op for dense
 // problems): its lengths, band and ALiBi shift, and q/k/v moved to its first packed rows
 // (varlen). Returns the packed row offsets through q_row/k_row (0 when not varlen).
-__device__ __forceinline__ void select_sequence(Problem& p, int b, int64_t& q_row,
-                                                int64_t& k_row) {
+__device__ __forceinline__ void select_sequence(Problem& p, int b, int64_t& q_row, int64_t& k_row) {
   q_row = 0;
   k_row = 0;
   if (p.cu_q == nullptr && p.k_lengths == nullptr) return;

@@ -27,11 +27,12 @@ inline Launch launch_for(const at::Tensor& q, const char* op) {
   int device = 0, major = 0, smem = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  C10_CUDA_CHECK(
-      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   if (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) {
-    FASTATTN_CHECK(major >= 8, op, "float16/bfloat16 attention on CUDA needs compute capability "
-                   "8.0 or newer (tensor-core mma and cp.async), got ", major, ".x");
+    FASTATTN_CHECK(major >= 8, op,
+                   "float16/bfloat16 attention on CUDA needs compute capability "
+                   "8.0 or newer (tensor-core mma and cp.async), got ",
+                   major, ".x");
   }
   return {static_cast<void*>(c10::cuda::getCurrentCUDAStream().stream()), smem_limit(smem)};
 }

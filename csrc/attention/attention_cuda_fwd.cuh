@@ -16,8 +16,8 @@ namespace fastattn::cuda::attn {
 
 template <int kHD_, int kMT_, int kWarps_, int kBlockN_>
 struct FwdConfig {
-  static constexpr int kHD = kHD_;          // head-dim bucket (>= max(D, Dv))
-  static constexpr int kMT = kMT_;          // m16 tiles per warp
+  static constexpr int kHD = kHD_;  // head-dim bucket (>= max(D, Dv))
+  static constexpr int kMT = kMT_;  // m16 tiles per warp
   static constexpr int kWarps = kWarps_;
   static constexpr int kBlockN = kBlockN_;  // keys per tile
   static constexpr int kThreads = 32 * kWarps;
@@ -29,8 +29,7 @@ struct FwdConfig {
 };
 
 template <typename Elem, typename Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads)
-    attention_fwd_mma_kernel(const FwdParams args) {
+__global__ void __launch_bounds__(Cfg::kThreads) attention_fwd_mma_kernel(const FwdParams args) {
   constexpr int kMT = Cfg::kMT, kNT = Cfg::kNT, kNTO = Cfg::kNTO, kHD = Cfg::kHD;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStride = Cfg::kStride;
   constexpr float kLog2e = 1.4426950408889634f;
@@ -84,8 +83,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       l_run[mt][r] = 0.0f;
     }
 
-  const TileRange kt = split_range(visible_key_tiles(p, i0, kBlockM, kBlockN), split,
-                                   params.num_splits);
+  const TileRange kt =
+      split_range(visible_key_tiles(p, i0, kBlockM, kBlockN), split, params.num_splits);
   FASTATTN_DEVICE_CHECK(kt.first >= 0 && (kt.first == kt.last || (kt.last - 1) * kBlockN < p.Lk));
   if (kt.first < kt.last) {
     load_tile<kBlockM, kHD, Cfg::kThreads>(sQ, Qg, p.q_sl, i0, p.Lq, p.D, p.q_aligned, tid);
@@ -134,7 +133,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       for (int r = 0; r < 2; ++r) {
         float mx = -prim::inf_of<float>();
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+        for (int nt = 0; nt < kNT; ++nt)
+          mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
         mx = fmaxf(mx, prim::shfl_xor(mx, 1));
         mx = fmaxf(mx, prim::shfl_xor(mx, 2));
         const float m_new = fmaxf(m_run[mt][r], mx);
@@ -186,8 +186,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     prim::cp_async_wait<0>();
     prim::block_sync();
     if (n_tile + 1 < kt.last) {
-      load_tile<kBlockN, kHD, Cfg::kThreads>(sK, Kg, p.k_sl, j0 + kBlockN, p.Lk, p.D,
-                                             p.k_aligned, tid);
+      load_tile<kBlockN, kHD, Cfg::kThreads>(sK, Kg, p.k_sl, j0 + kBlockN, p.Lk, p.D, p.k_aligned,
+                                             tid);
     }
     prim::cp_async_commit();
     mma_rs_nn<Elem, kMT, kNT / 2, kNTO, kHD>(o, pa, sV, 0, npairs_pv, lane);
@@ -218,8 +218,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       }
     }
   if (partial) {
-    float* Pg = params.part_out +
-                ((static_cast<int64_t>(split) * p.B * p.Hq + bh) * p.Lq) * p.Dv;
+    float* Pg = params.part_out + ((static_cast<int64_t>(split) * p.B * p.Hq + bh) * p.Lq) * p.Dv;
     store_rows_f32<kMT, kNTO>(o, Pg, p.Dv, i0 + warp_row0, p.Lq, p.Dv, lane);
     return;
   }

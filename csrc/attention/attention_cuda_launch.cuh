@@ -13,12 +13,12 @@
 
 #if !defined(FASTATTN_CUDA_EMULATION)
 // Raises the block's dynamic shared-memory limit when it needs more than the default 48 KB.
-#define FASTATTN_SET_KERNEL_SMEM(kernel, bytes)                                            \
-  do {                                                                                      \
-    if ((bytes) > 48 * 1024) {                                                              \
-      C10_CUDA_CHECK(cudaFuncSetAttribute((kernel), cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                          (bytes)));                                        \
-    }                                                                                       \
+#define FASTATTN_SET_KERNEL_SMEM(kernel, bytes)                                                  \
+  do {                                                                                           \
+    if ((bytes) > 48 * 1024) {                                                                   \
+      C10_CUDA_CHECK(                                                                            \
+          cudaFuncSetAttribute((kernel), cudaFuncAttributeMaxDynamicSharedMemorySize, (bytes))); \
+    }                                                                                            \
   } while (0)
 #endif
 
@@ -227,8 +227,8 @@ void run_bwd_dkdv_simt(const BwdParams& bp, const Launch& launch) {
   const int64_t blocks = static_cast<int64_t>((p.Lk + Cfg::kRows - 1) / Cfg::kRows) * p.B * p.Hkv;
   check_smem(smem, launch, "attention_bwd_dkdv_simt");
   FASTATTN_SET_KERNEL_SMEM(kernel, smem);
-  FASTATTN_LAUNCH_KERNEL(kernel, grid_size(blocks, "attention_bwd_dkdv_simt"), Cfg::kThreads,
-                         smem, launch.stream, bp);
+  FASTATTN_LAUNCH_KERNEL(kernel, grid_size(blocks, "attention_bwd_dkdv_simt"), Cfg::kThreads, smem,
+                         launch.stream, bp);
   FASTATTN_CUDA_LAUNCH_CHECK();
 }
 

@@ -26,8 +26,8 @@ struct SmemTile {
 // past L (src_bytes < 16); the caller commits and waits. Otherwise scalar loads and a 16-byte
 // shared store. Padding columns [kHD, kHD + 8) are never written (and never read).
 template <int kRows, int kHD, int kThreads>
-__device__ __forceinline__ void load_tile(uint16_t* s, const uint16_t* g, int64_t ld, int r0,
-                                          int L, int D, bool aligned, int tid) {
+__device__ __forceinline__ void load_tile(uint16_t* s, const uint16_t* g, int64_t ld, int r0, int L,
+                                          int D, bool aligned, int tid) {
   constexpr int kStride = SmemTile<kHD>::kStride;
   constexpr int kChunksPerRow = kHD / 8;
   constexpr int kChunks = kRows * kChunksPerRow;
@@ -63,9 +63,8 @@ __device__ __forceinline__ void load_tile(uint16_t* s, const uint16_t* g, int64_
 // The warp owns rows a_row0 .. a_row0 + 16 kMT - 1; B rows b_row0 .. b_row0 + 8 kNT - 1.
 // ksteps (run time, <= kHD / 16) skips the zero columns past the real head dim.
 template <typename Elem, int kMT, int kNT, int kHD>
-__device__ __forceinline__ void mma_ss_nt(float (&acc)[kMT][kNT][4], const uint16_t* sA,
-                                          int a_row0, const uint16_t* sB, int b_row0, int ksteps,
-                                          int lane) {
+__device__ __forceinline__ void mma_ss_nt(float (&acc)[kMT][kNT][4], const uint16_t* sA, int a_row0,
+                                          const uint16_t* sB, int b_row0, int ksteps, int lane) {
   constexpr int kStride = SmemTile<kHD>::kStride;
   static_assert(kNT % 2 == 0, "B is loaded two n8 tiles at a time");
   // ldmatrix.x4 row addresses. A: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7),
@@ -117,8 +116,8 @@ __device__ __forceinline__ void to_a_frags(const float (&c)[kMT][kNT][4],
 // (run time, <= kNT / 2) skips the output columns past the real head dim (16 at a time).
 template <typename Elem, int kMT, int kKSteps, int kNT, int kHD>
 __device__ __forceinline__ void mma_rs_nn(float (&acc)[kMT][kNT][4],
-                                          const uint32_t (&a)[kMT][kKSteps][4],
-                                          const uint16_t* sB, int b_row0, int npairs, int lane) {
+                                          const uint32_t (&a)[kMT][kKSteps][4], const uint16_t* sB,
+                                          int b_row0, int npairs, int lane) {
   constexpr int kStride = SmemTile<kHD>::kStride;
   static_assert(kNT % 2 == 0, "B is loaded two n8 tiles at a time");
   // ldmatrix.x4.trans matrices: (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15),
@@ -155,9 +154,8 @@ __device__ __forceinline__ void zero(float (&acc)[kMT][kNT][4]) {
 // row-major (ld) 16-bit matrix, keeping rows < L and cols < D; `pair_aligned` (base and ld
 // even) allows one 32-bit store for two columns.
 template <typename Elem, int kMT, int kNT>
-__device__ __forceinline__ void store_rows(const float (&acc)[kMT][kNT][4], uint16_t* g,
-                                           int64_t ld, int row0, int L, int D, bool pair_aligned,
-                                           int lane) {
+__device__ __forceinline__ void store_rows(const float (&acc)[kMT][kNT][4], uint16_t* g, int64_t ld,
+                                           int row0, int L, int D, bool pair_aligned, int lane) {
   const int gr = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {

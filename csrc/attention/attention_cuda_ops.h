@@ -55,11 +55,16 @@ inline bool rows_aligned16(const Tensor& t) {
 
 inline Dtype dtype_of(const Tensor& t) {
   switch (t.scalar_type()) {
-    case at::kHalf: return Dtype::f16;
-    case at::kBFloat16: return Dtype::bf16;
-    case at::kFloat: return Dtype::f32;
-    case at::kDouble: return Dtype::f64;
-    default: TORCH_CHECK(false, "attention (cuda): unsupported dtype ", t.scalar_type());
+    case at::kHalf:
+      return Dtype::f16;
+    case at::kBFloat16:
+      return Dtype::bf16;
+    case at::kFloat:
+      return Dtype::f32;
+    case at::kDouble:
+      return Dtype::f64;
+    default:
+      TORCH_CHECK(false, "attention (cuda): unsupported dtype ", t.scalar_type());
   }
 }
 
@@ -67,12 +72,18 @@ inline int mask_kind_of(const optional<Tensor>& mask) {
   using namespace fastattn::cuda::attn;
   if (!defined(mask)) return kMaskNone;
   switch (mask->scalar_type()) {
-    case at::kBool: return kMaskBool;
-    case at::kFloat: return kMaskF32;
-    case at::kDouble: return kMaskF64;
-    case at::kHalf: return kMaskF16;
-    case at::kBFloat16: return kMaskBF16;
-    default: TORCH_CHECK(false, "attention (cuda): unsupported attn_mask dtype ", mask->scalar_type());
+    case at::kBool:
+      return kMaskBool;
+    case at::kFloat:
+      return kMaskF32;
+    case at::kDouble:
+      return kMaskF64;
+    case at::kHalf:
+      return kMaskF16;
+    case at::kBFloat16:
+      return kMaskBF16;
+    default:
+      TORCH_CHECK(false, "attention (cuda): unsupported attn_mask dtype ", mask->scalar_type());
   }
 }
 
@@ -92,9 +103,15 @@ inline Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v,
   p.q = q.data_ptr();
   p.k = k.data_ptr();
   p.v = v.data_ptr();
-  p.q_sb = q.stride(0); p.q_sh = q.stride(1); p.q_sl = q.stride(2);
-  p.k_sb = k.stride(0); p.k_sh = k.stride(1); p.k_sl = k.stride(2);
-  p.v_sb = v.stride(0); p.v_sh = v.stride(1); p.v_sl = v.stride(2);
+  p.q_sb = q.stride(0);
+  p.q_sh = q.stride(1);
+  p.q_sl = q.stride(2);
+  p.k_sb = k.stride(0);
+  p.k_sh = k.stride(1);
+  p.k_sl = k.stride(2);
+  p.v_sb = v.stride(0);
+  p.v_sh = v.stride(1);
+  p.v_sl = v.stride(2);
   p.B = static_cast<int>(q.size(0));
   p.Hq = static_cast<int>(q.size(1));
   p.Hkv = static_cast<int>(k.size(1));
@@ -144,13 +161,25 @@ inline void set_grad_outputs(BwdParams& bp, const Tensor& dq, const Tensor& dk, 
   bp.dk = dk.data_ptr();
   bp.dv = dv.data_ptr();
   if (dq.dim() == 3) {
-    bp.dq_sb = 0; bp.dq_sh = dq.stride(1); bp.dq_sl = dq.stride(0);
-    bp.dk_sb = 0; bp.dk_sh = dk.stride(1); bp.dk_sl = dk.stride(0);
-    bp.dv_sb = 0; bp.dv_sh = dv.stride(1); bp.dv_sl = dv.stride(0);
+    bp.dq_sb = 0;
+    bp.dq_sh = dq.stride(1);
+    bp.dq_sl = dq.stride(0);
+    bp.dk_sb = 0;
+    bp.dk_sh = dk.stride(1);
+    bp.dk_sl = dk.stride(0);
+    bp.dv_sb = 0;
+    bp.dv_sh = dv.stride(1);
+    bp.dv_sl = dv.stride(0);
   } else {
-    bp.dq_sb = dq.stride(0); bp.dq_sh = dq.stride(1); bp.dq_sl = dq.stride(2);
-    bp.dk_sb = dk.stride(0); bp.dk_sh = dk.stride(1); bp.dk_sl = dk.stride(2);
-    bp.dv_sb = dv.stride(0); bp.dv_sh = dv.stride(1); bp.dv_sl = dv.stride(2);
+    bp.dq_sb = dq.stride(0);
+    bp.dq_sh = dq.stride(1);
+    bp.dq_sl = dq.stride(2);
+    bp.dk_sb = dk.stride(0);
+    bp.dk_sh = dk.stride(1);
+    bp.dk_sl = dk.stride(2);
+    bp.dv_sb = dv.stride(0);
+    bp.dv_sh = dv.stride(1);
+    bp.dv_sl = dv.stride(2);
   }
 }
 
@@ -163,9 +192,15 @@ inline void launch_forward(const FwdParams& fp, Dtype dt, const Launch& launch) 
   const int bucket = mma_head_dim_bucket(std::max(fp.p.D, fp.p.Dv));
   const bool half = dt == Dtype::f16;
   switch (bucket) {
-    case 64: half ? attention_fwd_mma_f16_hd64(fp, launch) : attention_fwd_mma_bf16_hd64(fp, launch); break;
-    case 128: half ? attention_fwd_mma_f16_hd128(fp, launch) : attention_fwd_mma_bf16_hd128(fp, launch); break;
-    default: half ? attention_fwd_mma_f16_hd256(fp, launch) : attention_fwd_mma_bf16_hd256(fp, launch); break;
+    case 64:
+      half ? attention_fwd_mma_f16_hd64(fp, launch) : attention_fwd_mma_bf16_hd64(fp, launch);
+      break;
+    case 128:
+      half ? attention_fwd_mma_f16_hd128(fp, launch) : attention_fwd_mma_bf16_hd128(fp, launch);
+      break;
+    default:
+      half ? attention_fwd_mma_f16_hd256(fp, launch) : attention_fwd_mma_bf16_hd256(fp, launch);
+      break;
   }
 }
 
@@ -178,18 +213,26 @@ inline void launch_backward(const BwdParams& bp, Dtype dt, const Launch& launch)
   const int bucket = mma_head_dim_bucket(std::max(bp.p.D, bp.p.Dv));
   const bool half = dt == Dtype::f16;
   switch (bucket) {
-    case 64: half ? attention_bwd_mma_f16_hd64(bp, launch) : attention_bwd_mma_bf16_hd64(bp, launch); break;
-    case 128: half ? attention_bwd_mma_f16_hd128(bp, launch) : attention_bwd_mma_bf16_hd128(bp, launch); break;
-    default: half ? attention_bwd_mma_f16_hd256(bp, launch) : attention_bwd_mma_bf16_hd256(bp, launch); break;
+    case 64:
+      half ? attention_bwd_mma_f16_hd64(bp, launch) : attention_bwd_mma_bf16_hd64(bp, launch);
+      break;
+    case 128:
+      half ? attention_bwd_mma_f16_hd128(bp, launch) : attention_bwd_mma_bf16_hd128(bp, launch);
+      break;
+    default:
+      half ? attention_bwd_mma_f16_hd256(bp, launch) : attention_bwd_mma_bf16_hd256(bp, launch);
+      break;
   }
 }
 
 // `launch` is filled by the caller (stream and shared-memory limit of q's device).
-inline std::tuple<Tensor, Tensor> forward(
-    const Tensor& q, const Tensor& k, const Tensor& v, const optional<Tensor>& attn_mask,
-    const optional<Tensor>& key_padding_mask, const optional<Tensor>& alibi_slopes,
-    double scale, double softcap, int64_t window_lo, int64_t window_hi, double dropout_p,
-    const optional<Tensor>& seed, const Launch& launch) {
+inline std::tuple<Tensor, Tensor> forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const optional<Tensor>& attn_mask,
+                                          const optional<Tensor>& key_padding_mask,
+                                          const optional<Tensor>& alibi_slopes, double scale,
+                                          double softcap, int64_t window_lo, int64_t window_hi,
+                                          double dropout_p, const optional<Tensor>& seed,
+                                          const Launch& launch) {
   constexpr const char* op = "attention_forward";
   check_problem(q, k, v, attn_mask, key_padding_mask, alibi_slopes, dropout_p, seed, op);
   Tensor out = output_like(q, v.size(3));
@@ -198,8 +241,8 @@ inline std::tuple<Tensor, Tensor> forward(
   poison(lse);
   if (out.numel() == 0) return {out, lse};
   FwdParams fp{};
-  fp.p = make_problem(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
-                      window_lo, window_hi, dropout_p, seed, op);
+  fp.p = make_problem(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap, window_lo,
+                      window_hi, dropout_p, seed, op);
   fp.out = out.data_ptr();
   fp.o_sb = out.stride(0);
   fp.o_sh = out.stride(1);
@@ -212,8 +255,8 @@ inline std::tuple<Tensor, Tensor> forward(
 inline std::tuple<Tensor, Tensor, Tensor> backward(
     const Tensor& grad_out, const optional<Tensor>& grad_lse, const Tensor& q, const Tensor& k,
     const Tensor& v, const Tensor& out, const Tensor& lse, const optional<Tensor>& attn_mask,
-    const optional<Tensor>& key_padding_mask, const optional<Tensor>& alibi_slopes,
-    double scale, double softcap, int64_t window_lo, int64_t window_hi, double dropout_p,
+    const optional<Tensor>& key_padding_mask, const optional<Tensor>& alibi_slopes, double scale,
+    double softcap, int64_t window_lo, int64_t window_hi, double dropout_p,
     const optional<Tensor>& seed, const Launch& launch) {
   constexpr const char* op = "attention_backward";
   check_backward(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask, alibi_slopes,
@@ -235,8 +278,8 @@ inline std::tuple<Tensor, Tensor, Tensor> backward(
   }
   Tensor delta = at::empty(lse.sizes(), lse.options());
   BwdParams bp{};
-  bp.p = make_problem(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
-                      window_lo, window_hi, dropout_p, seed, op);
+  bp.p = make_problem(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap, window_lo,
+                      window_hi, dropout_p, seed, op);
   bp.out = out.data_ptr();
   bp.o_sb = out.stride(0);
   bp.o_sh = out.stride(1);

@@ -12,8 +12,14 @@ namespace fastattn::cuda::attn {
 enum class Dtype : int { f16 = 0, bf16 = 1, f32 = 2, f64 = 3 };
 
 // attn_mask element type (cpu::MaskKind's numbering).
-enum MaskKind : int { kMaskNone = 0, kMaskBool = 1, kMaskF32 = 2, kMaskF64 = 3, kMaskF16 = 4,
-                      kMaskBF16 = 5 };
+enum MaskKind : int {
+  kMaskNone = 0,
+  kMaskBool = 1,
+  kMaskF32 = 2,
+  kMaskF64 = 3,
+  kMaskF16 = 4,
+  kMaskBF16 = 5
+};
 
 // What every kernel reads: the problem as the canonical arguments describe it
 // (fastattn/reference/attention.py). Strides are in elements; every last stride is 1.
@@ -125,8 +131,8 @@ struct Launch {
 
 // Entry points, one per translation unit. Each launches its kernels on launch.stream and checks
 // every launch; a problem that does not fit the device raises a c10::Error.
-#define FASTATTN_ATTN_ENTRY(DT, HD)                                              \
-  void attention_fwd_mma_##DT##_hd##HD(const FwdParams&, const Launch&);         \
+#define FASTATTN_ATTN_ENTRY(DT, HD)                                      \
+  void attention_fwd_mma_##DT##_hd##HD(const FwdParams&, const Launch&); \
   void attention_bwd_mma_##DT##_hd##HD(const BwdParams&, const Launch&);
 FASTATTN_ATTN_ENTRY(f16, 64)
 FASTATTN_ATTN_ENTRY(f16, 128)

@@ -54,13 +54,21 @@ __device__ __forceinline__ char* shared_base() {
 }
 
 template <typename T>
-__device__ __forceinline__ T ldg(const T* p) { return *p; }
+__device__ __forceinline__ T ldg(const T* p) {
+  return *p;
+}
 template <typename T>
-__device__ __forceinline__ void stg(T* p, T v) { *p = v; }
+__device__ __forceinline__ void stg(T* p, T v) {
+  *p = v;
+}
 template <typename T>
-__device__ __forceinline__ T lds(const T* p) { return *p; }
+__device__ __forceinline__ T lds(const T* p) {
+  return *p;
+}
 template <typename T>
-__device__ __forceinline__ void sts(T* p, T v) { *p = v; }
+__device__ __forceinline__ void sts(T* p, T v) {
+  *p = v;
+}
 
 __device__ __forceinline__ void block_sync() { __syncthreads(); }
 __device__ __forceinline__ void warp_sync() { __syncwarp(); }
@@ -73,13 +81,12 @@ __device__ __forceinline__ T shfl_xor(T v, int lane_mask) {
 // 16-byte asynchronous copy global -> shared; bytes [src_bytes, 16) of dst are zero-filled
 // (src_bytes = 0 writes 16 zero bytes and reads nothing). dst and src are 16-byte aligned.
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
-  FASTATTN_SM80_OR_TRAP(asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                                         smem_addr(dst)),
-                                     "l"(src), "r"(src_bytes)
-                                     : "memory"));
+  FASTATTN_SM80_OR_TRAP(
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
+                   "l"(src), "r"(src_bytes) : "memory"));
 }
 __device__ __forceinline__ void cp_async_commit() {
-  FASTATTN_SM80_OR_TRAP(asm volatile("cp.async.commit_group;\n" ::: "memory"));
+  FASTATTN_SM80_OR_TRAP(asm volatile("cp.async.commit_group;\n" :: : "memory"));
 }
 // Waits until at most N of this thread's committed groups are still in flight.
 template <int N>
@@ -105,22 +112,22 @@ template <typename Elem>
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                           uint32_t b1);
 template <>
-__device__ __forceinline__ void mma_16816<F16>(float (&d)[4], const uint32_t (&a)[4],
-                                               uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma_16816<F16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
   FASTATTN_SM80_OR_TRAP(asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1)));
+      "{%8, %9}, {%0, %1, %2, %3};\n" : "+f"(d[0]),
+      "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
+      "r"(b1)));
 }
 template <>
-__device__ __forceinline__ void mma_16816<BF16>(float (&d)[4], const uint32_t (&a)[4],
-                                                uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma_16816<BF16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                uint32_t b1) {
   FASTATTN_SM80_OR_TRAP(asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1)));
+      "{%8, %9}, {%0, %1, %2, %3};\n" : "+f"(d[0]),
+      "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
+      "r"(b1)));
 }
 
 // Two floats rounded (to nearest even) into one register, lo in the low half.

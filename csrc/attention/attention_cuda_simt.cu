@@ -20,10 +20,17 @@ void attention_bwd_simt(Dtype dtype, const BwdParams& params, const Launch& laun
 
 void attention_combine(Dtype dtype, const FwdParams& params, const Launch& launch) {
   switch (dtype) {
-    case Dtype::f16: run_combine<prim::F16, uint16_t>(params, launch); break;
-    case Dtype::bf16: run_combine<prim::BF16, uint16_t>(params, launch); break;
-    case Dtype::f32: run_combine<prim::F16, float>(params, launch); break;  // F16 unused
-    default: TORCH_CHECK(false, "attention (cuda): split-K partials are not used for float64");
+    case Dtype::f16:
+      run_combine<prim::F16, uint16_t>(params, launch);
+      break;
+    case Dtype::bf16:
+      run_combine<prim::BF16, uint16_t>(params, launch);
+      break;
+    case Dtype::f32:
+      run_combine<prim::F16, float>(params, launch);
+      break;  // F16 unused
+    default:
+      TORCH_CHECK(false, "attention (cuda): split-K partials are not used for float64");
   }
 }
 }  // namespace fastattn::cuda::attn

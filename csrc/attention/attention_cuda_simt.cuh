@@ -94,8 +94,7 @@ __device__ __forceinline__ void simt_accumulate(T (&acc)[kR][kCols], const T* co
 // while the caller's chunk loop stays rolled (one copy of its loads: fewer live registers).
 template <typename T, int kR, int kCols>
 __device__ __forceinline__ void simt_accumulate_col(T (&acc)[kR][kCols], int c, const T* coef,
-                                                    const T* B, int ldb, bool valid,
-                                                    int lane) {
+                                                    const T* B, int ldb, bool valid, int lane) {
 #pragma unroll
   for (int cc = 0; cc < kCols; ++cc) {
     if (cc == c) {
@@ -126,15 +125,14 @@ struct SimtSmem {
     return chunked ? 2 * 32 * (Cfg::kChunk + 1) : 32 * (D + 1) + 32 * (Dv + 1);
   }
   static constexpr int dkdv(int D, int Dv, bool chunked) {
-    return static_cast<int>(sizeof(T)) * (Cfg::kRows * (D + 1) + Cfg::kRows * (Dv + 1) +
-                                          step_tiles(D, Dv, chunked) +
-                                          2 * Cfg::kWarps * Cfg::kR * 32 + 2 * 32);
+    return static_cast<int>(sizeof(T)) *
+           (Cfg::kRows * (D + 1) + Cfg::kRows * (Dv + 1) + step_tiles(D, Dv, chunked) +
+            2 * Cfg::kWarps * Cfg::kR * 32 + 2 * 32);
   }
   static constexpr int dq(int D, int Dv, bool chunked) {
-    return static_cast<int>(sizeof(T)) * (Cfg::kRows * (D + 1) + Cfg::kRows * (Dv + 1) +
-                                          step_tiles(D, Dv, chunked) +
-                                          (chunked ? 2 : 1) * Cfg::kWarps * Cfg::kR * 32 +
-                                          2 * Cfg::kRows);
+    return static_cast<int>(sizeof(T)) *
+           (Cfg::kRows * (D + 1) + Cfg::kRows * (Dv + 1) + step_tiles(D, Dv, chunked) +
+            (chunked ? 2 : 1) * Cfg::kWarps * Cfg::kR * 32 + 2 * Cfg::kRows);
   }
 };
 
@@ -202,7 +200,8 @@ __global__ void __launch_bounds__(SimtConfig<T, kR_>::kThreads)
     for (int r = 0; r < kR; ++r) {
       T th = 0;
       const T dot = simt_dot(sQ + (row0 + r) * ldq, sKV + lane * ldkv, D);
-      prim::sts(myP + r * 32 + lane, simt_score(p, sc, elementwise, scale, dot, i0 + row0 + r, j, th));
+      prim::sts(myP + r * 32 + lane,
+                simt_score(p, sc, elementwise, scale, dot, i0 + row0 + r, j, th));
     }
     // Online softmax; the probabilities (times dropout) replace the scores.
 #pragma unroll
@@ -332,8 +331,7 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
     auto load_chunk = [&](int c) {
       const int c0 = c * kChunk;
       simt_load_tile(sQ, ldq, Qg + c0, p.q_sl, i0, 32, p.Lq, D - c0, tid, Cfg::kThreads);
-      simt_load_tile(sdO, lddo, dOg + c0, params.do_sl, i0, 32, p.Lq, Dv - c0, tid,
-                     Cfg::kThreads);
+      simt_load_tile(sdO, lddo, dOg + c0, params.do_sl, i0, 32, p.Lq, Dv - c0, tid, Cfg::kThreads);
     };
     prim::block_sync();  // the previous step's tiles are no longer read
     if constexpr (!kChunked) {
@@ -363,11 +361,9 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
           const T s0 = c == 0 ? T(0) : prim::lds(myP + r * 32 + lane);
           const T dp0 = c == 0 ? T(0) : prim::lds(mydS + r * 32 + lane);
           prim::sts(myP + r * 32 + lane,
-                    simt_dot(sK + (row0 + r) * ldd + c0, sQ + lane * ldq, min(kChunk, D - c0),
-                             s0));
-          prim::sts(mydS + r * 32 + lane,
-                    simt_dot(sV + (row0 + r) * lddv + c0, sdO + lane * lddo,
-                             min(kChunk, Dv - c0), dp0));
+                    simt_dot(sK + (row0 + r) * ldd + c0, sQ + lane * ldq, min(kChunk, D - c0), s0));
+          prim::sts(mydS + r * 32 + lane, simt_dot(sV + (row0 + r) * lddv + c0, sdO + lane * lddo,
+                                                   min(kChunk, Dv - c0), dp0));
         }
       }
     } else {
@@ -449,7 +445,7 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
   T* sdO = sQ + kRows * ldd;
   T* sK = sdO + kRows * lddv;  // 32 key rows
   T* sV = sK + 32 * ldk;
-  T* sdS = sV + 32 * ldv;  // [warp][kR][32] (chunked: first the partial dP)
+  T* sdS = sV + 32 * ldv;               // [warp][kR][32] (chunked: first the partial dP)
   T* sS = sdS + Cfg::kWarps * kR * 32;  // chunked only: the partial S
   T* s_lse = sS + (kChunked ? Cfg::kWarps * kR * 32 : 0);
   T* s_delta = s_lse + kRows;
@@ -519,11 +515,9 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
           const T s0 = c == 0 ? T(0) : prim::lds(myS + r * 32 + lane);
           const T dp0 = c == 0 ? T(0) : prim::lds(mydS + r * 32 + lane);
           prim::sts(myS + r * 32 + lane,
-                    simt_dot(sQ + (row0 + r) * ldd + c0, sK + lane * ldk, min(kChunk, D - c0),
-                             s0));
-          prim::sts(mydS + r * 32 + lane,
-                    simt_dot(sdO + (row0 + r) * lddv + c0, sV + lane * ldv,
-                             min(kChunk, Dv - c0), dp0));
+                    simt_dot(sQ + (row0 + r) * ldd + c0, sK + lane * ldk, min(kChunk, D - c0), s0));
+          prim::sts(mydS + r * 32 + lane, simt_dot(sdO + (row0 + r) * lddv + c0, sV + lane * ldv,
+                                                   min(kChunk, Dv - c0), dp0));
         }
       }
     } else {
@@ -602,7 +596,8 @@ __global__ void __launch_bounds__(256) attention_combine_kernel(const FwdParams 
   const bool empty = mx == -prim::inf_of<float>();
   float sum = 0.0f;
   if (!empty) {
-    for (int s = 0; s < splits; ++s) sum += prim::acc_exp(prim::ldg(params.part_lse + s * rows + row) - mx);
+    for (int s = 0; s < splits; ++s)
+      sum += prim::acc_exp(prim::ldg(params.part_lse + s * rows + row) - mx);
   }
   const float lse = empty ? -prim::inf_of<float>() : mx + prim::acc_log(sum);
   Storage* O = static_cast<Storage*>(params.out) + b * params.o_sb + h * params.o_sh +

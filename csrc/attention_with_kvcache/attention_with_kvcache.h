@@ -56,13 +56,13 @@ inline int64_t check_new_tokens(const at::Tensor& q, const at::Tensor& k_cache,
 inline at::Tensor rotate_at_positions(const at::Tensor& x, const at::Tensor& cos,
                                       const at::Tensor& sin, const at::Tensor& positions,
                                       bool interleaved) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fastattn::apply_rotary", "")
-                       .typed<at::Tensor(const at::Tensor&, const c10::optional<at::Tensor>&,
-                                         const c10::optional<at::Tensor>&, int64_t,
-                                         const c10::optional<at::Tensor>&,
-                                         const c10::optional<at::Tensor>&, int64_t, double,
-                                         bool, bool)>();
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("fastattn::apply_rotary", "")
+          .typed<at::Tensor(const at::Tensor&, const c10::optional<at::Tensor>&,
+                            const c10::optional<at::Tensor>&, int64_t,
+                            const c10::optional<at::Tensor>&, const c10::optional<at::Tensor>&,
+                            int64_t, double, bool, bool)>();
   // Below autograd: the op's autograd kernel is Python's (registered by fastattn), and
   // decoding is inference.
   at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -72,16 +72,17 @@ inline at::Tensor rotate_at_positions(const at::Tensor& x, const at::Tensor& cos
 
 // (q, k_new) rotated at positions seqlens[b] + i when the tables are given, else as given
 // (k_new undefined without new tokens). seqlens: contiguous int32 (B,).
-inline std::pair<at::Tensor, at::Tensor> rotated_new_tokens(
-    const at::Tensor& q, const c10::optional<at::Tensor>& k_new,
-    const c10::optional<at::Tensor>& cos, const c10::optional<at::Tensor>& sin,
-    const at::Tensor& seqlens, bool interleaved) {
+inline std::pair<at::Tensor, at::Tensor> rotated_new_tokens(const at::Tensor& q,
+                                                            const c10::optional<at::Tensor>& k_new,
+                                                            const c10::optional<at::Tensor>& cos,
+                                                            const c10::optional<at::Tensor>& sin,
+                                                            const at::Tensor& seqlens,
+                                                            bool interleaved) {
   const bool append = k_new.has_value() && k_new->defined();
   if (!cos.has_value() || !cos->defined()) return {q, append ? *k_new : at::Tensor()};
   const at::Tensor positions = seqlens.to(at::kLong);
   return {rotate_at_positions(q, *cos, *sin, positions, interleaved),
-          append ? rotate_at_positions(*k_new, *cos, *sin, positions, interleaved)
-                 : at::Tensor()};
+          append ? rotate_at_positions(*k_new, *cos, *sin, positions, interleaved) : at::Tensor()};
 }
 
 }  // namespace fastattn::attention_with_kvcache

@@ -39,8 +39,8 @@ std::tuple<Tensor, Tensor> attention_decode_cpu(const Tensor& q, const Tensor& k
   }
   const int32_t* lens = k_lengths.data_ptr<int32_t>();
   for (int64_t b = 0; b < B; ++b) {
-    FASTATTN_CHECK(lens[b] >= 0 && lens[b] <= k_cache.size(2), op, "k_lengths[", b, "] = ",
-                   lens[b], " is outside [0, ", k_cache.size(2), "]");
+    FASTATTN_CHECK(lens[b] >= 0 && lens[b] <= k_cache.size(2), op, "k_lengths[", b, "] = ", lens[b],
+                   " is outside [0, ", k_cache.size(2), "]");
   }
   Tensor out = output_like(q, v_cache.size(3));
   Tensor lse = at::empty({B, q.size(1), q.size(2)}, q.options().dtype(lse_dtype(q)));
@@ -58,14 +58,15 @@ std::tuple<Tensor, Tensor> attention_decode_cpu(const Tensor& q, const Tensor& k
   for (int64_t b = 0; pack_group && causal_mode != 0 && b < B; ++b) {
     pack_group = lens[b] <= int64_t(positions[b]) + 1;
   }
-  const Tensor q_rows = pack_group
-      ? q.as_strided({B, Hkv, group, q.size(3)}, {q.stride(0), group * q.stride(1), q.stride(1),
-                                                  q.stride(3)})
-      : q;
-  const Tensor out_rows = pack_group
-      ? out.as_strided({B, Hkv, group, out.size(3)},
-                       {out.stride(0), group * out.stride(1), out.stride(1), out.stride(3)})
-      : out;
+  const Tensor q_rows =
+      pack_group ? q.as_strided({B, Hkv, group, q.size(3)},
+                                {q.stride(0), group * q.stride(1), q.stride(1), q.stride(3)})
+                 : q;
+  const Tensor out_rows =
+      pack_group
+          ? out.as_strided({B, Hkv, group, out.size(3)},
+                           {out.stride(0), group * out.stride(1), out.stride(1), out.stride(3)})
+          : out;
   cpu::AttentionProblem p = make_problem(q_rows, k_cache, v_cache, c10::nullopt, c10::nullopt,
                                          alibi, scale, softcap, 0, 0, 0.0, c10::nullopt);
   p.k_lengths = lens;
@@ -84,9 +85,8 @@ std::tuple<Tensor, Tensor> attention_decode_cpu(const Tensor& q, const Tensor& k
   p.kv_splits = num_splits;
   // lse (B, Hq, 1) is contiguous: the same memory as (B, Hkv, group).
   cpu::AttentionForwardParams fp{p, out.data_ptr(), strides_of(out_rows), lse.data_ptr()};
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "decode_cpu", [&] {
-    FASTATTN_CPU_ISA_CALL(attention_forward<scalar_t>, fp);
-  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "decode_cpu",
+                                  [&] { FASTATTN_CPU_ISA_CALL(attention_forward<scalar_t>, fp); });
   return {out, lse};
 }
 
@@ -102,10 +102,11 @@ void append_rows(const Tensor& src, const Tensor& cache, const int32_t* position
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       for (int64_t l = 0; l < L; ++l) {
-        std::memcpy(to + (b * cache.stride(0) + h * cache.stride(1) +
-                          (positions[b] + l) * cache.stride(2)) * item,
-                    from + (b * src.stride(0) + h * src.stride(1) + l * src.stride(2)) * item,
-                    W * item);
+        std::memcpy(
+            to +
+                (b * cache.stride(0) + h * cache.stride(1) + (positions[b] + l) * cache.stride(2)) *
+                    item,
+            from + (b * src.stride(0) + h * src.stride(1) + l * src.stride(2)) * item, W * item);
       }
     }
   });
@@ -114,9 +115,9 @@ void append_rows(const Tensor& src, const Tensor& cache, const int32_t* position
 std::tuple<Tensor, Tensor> attention_with_kvcache_cpu(
     const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& cache_seqlens,
     const optional<Tensor>& k_new, const optional<Tensor>& v_new,
-    const optional<Tensor>& rotary_cos, const optional<Tensor>& rotary_sin,
-    bool rotary_interleaved, const optional<Tensor>& alibi, double scale, double softcap,
-    int64_t causal_mode, int64_t wl, int64_t wr, int64_t num_splits) {
+    const optional<Tensor>& rotary_cos, const optional<Tensor>& rotary_sin, bool rotary_interleaved,
+    const optional<Tensor>& alibi, double scale, double softcap, int64_t causal_mode, int64_t wl,
+    int64_t wr, int64_t num_splits) {
   constexpr const char* op = "attention_with_kvcache";
   // Every check before the caches are written.
   check_problem(q, k_cache, v_cache, c10::nullopt, c10::nullopt, alibi, 0.0, c10::nullopt, op);

@@ -34,8 +34,7 @@ using c10::optional;
 std::tuple<Tensor, Tensor> decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                   const Tensor& k_lengths, const Tensor& q_positions,
                                   const optional<Tensor>& alibi, double scale, double softcap,
-                                  int64_t causal_mode, int64_t wl, int64_t wr,
-                                  int64_t num_splits) {
+                                  int64_t causal_mode, int64_t wl, int64_t wr, int64_t num_splits) {
   constexpr const char* op = "attention_decode";
   FASTATTN_CHECK(q.is_cuda(), op, "q must be a CUDA tensor, got ", q.device());
   c10::cuda::CUDAGuard guard(q.device());
@@ -67,8 +66,8 @@ std::tuple<Tensor, Tensor> attention_decode_cuda(const Tensor& q, const Tensor& 
     device_checks::require_in_range(q_positions, 0, std::numeric_limits<int32_t>::max(),
                                     std::string(op) + ": q_positions must be >= 0; q_positions");
   }
-  return decode(q, k_cache, v_cache, k_lengths, q_positions, alibi, scale, softcap, causal_mode,
-                wl, wr, num_splits);
+  return decode(q, k_cache, v_cache, k_lengths, q_positions, alibi, scale, softcap, causal_mode, wl,
+                wr, num_splits);
 }
 
 // Row (b, h, l) of src (B, H, L, W) -> row positions[b] + l of cache (B, H, Lmax, W); one block
@@ -99,15 +98,22 @@ void append_rows(const Tensor& src, const Tensor& cache, const Tensor& positions
   auto launch = [&](auto word_tag) {
     using word = decltype(word_tag);
     append_rows_kernel<word><<<blocks, threads, 0, stream>>>(
-        static_cast<const word*>(src.data_ptr()), static_cast<word*>(cache.data_ptr()), pos, H,
-        L, W, cache.size(2), src.stride(0), src.stride(1), src.stride(2), cache.stride(0),
+        static_cast<const word*>(src.data_ptr()), static_cast<word*>(cache.data_ptr()), pos, H, L,
+        W, cache.size(2), src.stride(0), src.stride(1), src.stride(2), cache.stride(0),
         cache.stride(1), cache.stride(2));
   };
   switch (src.element_size()) {
-    case 2: launch(uint16_t{}); break;
-    case 4: launch(uint32_t{}); break;
-    case 8: launch(uint64_t{}); break;
-    default: TORCH_CHECK(false, "attention_with_kvcache: unsupported element size");
+    case 2:
+      launch(uint16_t{});
+      break;
+    case 4:
+      launch(uint32_t{});
+      break;
+    case 8:
+      launch(uint64_t{});
+      break;
+    default:
+      TORCH_CHECK(false, "attention_with_kvcache: unsupported element size");
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -115,9 +121,9 @@ void append_rows(const Tensor& src, const Tensor& cache, const Tensor& positions
 std::tuple<Tensor, Tensor> attention_with_kvcache_cuda(
     const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& cache_seqlens,
     const optional<Tensor>& k_new, const optional<Tensor>& v_new,
-    const optional<Tensor>& rotary_cos, const optional<Tensor>& rotary_sin,
-    bool rotary_interleaved, const optional<Tensor>& alibi, double scale, double softcap,
-    int64_t causal_mode, int64_t wl, int64_t wr, int64_t num_splits) {
+    const optional<Tensor>& rotary_cos, const optional<Tensor>& rotary_sin, bool rotary_interleaved,
+    const optional<Tensor>& alibi, double scale, double softcap, int64_t causal_mode, int64_t wl,
+    int64_t wr, int64_t num_splits) {
   constexpr const char* op = "attention_with_kvcache";
   FASTATTN_CHECK(q.is_cuda(), op, "q must be a CUDA tensor, got ", q.device());
   c10::cuda::CUDAGuard guard(q.device());
@@ -149,8 +155,8 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_cuda(
   }
   const Tensor k_lengths = Lnew > 0 ? seqlens.add(Lnew).to(at::kInt) : seqlens;
   // k_lengths = cache_seqlens + Lnew <= Lmax and q_positions = cache_seqlens >= 0: checked above.
-  return decode(q_rot, k_cache, v_cache, k_lengths, seqlens, alibi, scale, softcap, causal_mode,
-                wl, wr, num_splits);
+  return decode(q_rot, k_cache, v_cache, k_lengths, seqlens, alibi, scale, softcap, causal_mode, wl,
+                wr, num_splits);
 }
 
 }  // namespace

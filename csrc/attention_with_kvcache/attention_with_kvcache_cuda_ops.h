@@ -45,10 +45,9 @@ inline int64_t choose_splits(int64_t num_splits, int64_t blocks_per_split, int64
 // sm_count: the device's multiprocessors (the automatic split count).
 inline std::tuple<Tensor, Tensor> decode(const Tensor& q, const Tensor& k_cache,
                                          const Tensor& v_cache, const Tensor& k_lengths,
-                                         const Tensor& q_positions,
-                                         const optional<Tensor>& alibi, double scale,
-                                         double softcap, int64_t causal_mode, int64_t wl,
-                                         int64_t wr, int64_t num_splits, int sm_count,
+                                         const Tensor& q_positions, const optional<Tensor>& alibi,
+                                         double scale, double softcap, int64_t causal_mode,
+                                         int64_t wl, int64_t wr, int64_t num_splits, int sm_count,
                                          const Launch& launch) {
   constexpr const char* op = "attention_decode";
   attention::check_problem(q, k_cache, v_cache, c10::nullopt, c10::nullopt, alibi, 0.0,
@@ -57,10 +56,10 @@ inline std::tuple<Tensor, Tensor> decode(const Tensor& q, const Tensor& k_cache,
   for (const auto& [t, name] :
        {std::pair<const Tensor*, const char*>{&k_lengths, "k_lengths"},
         std::pair<const Tensor*, const char*>{&q_positions, "q_positions"}}) {
-    FASTATTN_CHECK(t->scalar_type() == at::kInt && t->dim() == 1 && t->numel() == B &&
-                       t->is_contiguous(),
-                   op, name, " must be a contiguous int32 (B,) = (", B, ",) tensor, got ",
-                   t->scalar_type(), " ", t->sizes());
+    FASTATTN_CHECK(
+        t->scalar_type() == at::kInt && t->dim() == 1 && t->numel() == B && t->is_contiguous(), op,
+        name, " must be a contiguous int32 (B,) = (", B, ",) tensor, got ", t->scalar_type(), " ",
+        t->sizes());
     check_same_device(*t, q, op, name, "q");
   }
   FASTATTN_CHECK(causal_mode >= 0 && causal_mode <= 2, op,

@@ -81,8 +81,7 @@ class AmxTileScope {
 // words). rows, cols and K must be multiples of 32; C rows are read (accumulate) and written
 // in whole 32 x 32 blocks.
 inline void amx_gemm_bf16(int64_t rows, int64_t cols, int64_t K, const uint16_t* A, int64_t lda,
-                          const uint32_t* B2, int64_t ldb, float* C, int64_t ldc,
-                          bool accumulate) {
+                          const uint32_t* B2, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   const int64_t a_stride = lda * 2, b_stride = ldb * 4, c_stride = ldc * 4;
   for (int64_t m0 = 0; m0 < rows; m0 += 32) {
     for (int64_t n0 = 0; n0 < cols; n0 += 32) {

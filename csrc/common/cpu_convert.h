@@ -12,9 +12,16 @@
 namespace fastattn::cpu {
 
 // Compute type: double for double storage, float otherwise.
-template <typename T> struct Acc { using type = float; };
-template <> struct Acc<double> { using type = double; };
-template <typename T> using acc_t = typename Acc<T>::type;
+template <typename T>
+struct Acc {
+  using type = float;
+};
+template <>
+struct Acc<double> {
+  using type = double;
+};
+template <typename T>
+using acc_t = typename Acc<T>::type;
 
 template <typename T>
 inline void load_row(const T* src, acc_t<T>* dst, int64_t n) {

@@ -55,7 +55,8 @@ inline void dropout_multipliers(uint64_t seed, uint64_t stream, uint64_t e0, int
   philox_uniforms(seed, stream, e0, n, scratch);
   const float threshold = static_cast<float>(p);
   const acc keep_scale = static_cast<acc>(1.0 / (1.0 - p));
-  for (int64_t i = 0; i < n; ++i) mult[i] = scratch[i] >= threshold ? keep_scale : static_cast<acc>(0);
+  for (int64_t i = 0; i < n; ++i)
+    mult[i] = scratch[i] >= threshold ? keep_scale : static_cast<acc>(0);
 }
 
 }  // namespace fastattn::cpu

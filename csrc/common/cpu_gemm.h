@@ -41,9 +41,12 @@ inline void transpose16x16(const float* src, int64_t lds, float* dst, int64_t ld
   }
   for (int i = 0; i < 16; i += 4) {
     r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
-    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
-    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
-    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    r[i + 1] =
+        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    r[i + 2] = _mm512_castpd_ps(
+        _mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    r[i + 3] = _mm512_castpd_ps(
+        _mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
   }
   // r[4g + j] holds, in 128-bit lane L, column 4L + j of rows 4g..4g+3. Output row
   // c = 4L + j needs lane g = lane L of r[4g + j]: a 4 x 4 transpose of 128-bit lanes.
@@ -68,8 +71,10 @@ inline void transpose(const float* src, int64_t lds, float* dst, int64_t ldd, in
       detail::transpose16x16(src + r * lds + c, lds, dst + c * ldd + r, ldd);
     }
   }
-  if (cols16 < cols) transpose_generic<float>(src + cols16, lds, dst + cols16 * ldd, ldd, rows16, cols - cols16);
-  if (rows16 < rows) transpose_generic<float>(src + rows16 * lds, lds, dst + rows16, ldd, rows - rows16, cols);
+  if (cols16 < cols)
+    transpose_generic<float>(src + cols16, lds, dst + cols16 * ldd, ldd, rows16, cols - cols16);
+  if (rows16 < rows)
+    transpose_generic<float>(src + rows16 * lds, lds, dst + rows16, ldd, rows - rows16, cols);
 }
 #else
 inline void transpose(const float* src, int64_t lds, float* dst, int64_t ldd, int64_t rows,
@@ -105,9 +110,11 @@ namespace detail {
 // A(m, k) = A[m + k * a_k]. Every loop over MR is unrolled so the accumulators stay in
 // registers.
 template <int MR>
-__attribute__((always_inline)) inline void gemm_block_avx512(
-    int64_t K, float alpha, const float* A, int64_t a_k, const float* B, int64_t ldb, float* C,
-    int64_t ldc, bool accumulate, __mmask16 mask0, __mmask16 mask1) {
+__attribute__((always_inline)) inline void gemm_block_avx512(int64_t K, float alpha, const float* A,
+                                                             int64_t a_k, const float* B,
+                                                             int64_t ldb, float* C, int64_t ldc,
+                                                             bool accumulate, __mmask16 mask0,
+                                                             __mmask16 mask1) {
   __m512 c0[MR], c1[MR];
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {
@@ -149,16 +156,15 @@ template <int MR>
 inline void gemm_rows_avx512(int64_t N, int64_t K, float alpha, const float* A, int64_t a_k,
                              const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   for (int64_t n0 = 0; n0 < N; n0 += 32) {
-    gemm_block_avx512<MR>(K, alpha, A, a_k, B + n0, ldb, C + n0, ldc, accumulate,
-                          tail_mask(N - n0), tail_mask(N - n0 - 16));
+    gemm_block_avx512<MR>(K, alpha, A, a_k, B + n0, ldb, C + n0, ldc, accumulate, tail_mask(N - n0),
+                          tail_mask(N - n0 - 16));
   }
 }
 
 }  // namespace detail
 
 inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t a_m,
-                 int64_t a_k, const float* B, int64_t ldb, float* C, int64_t ldc,
-                 bool accumulate) {
+                 int64_t a_k, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   // The micro-kernel broadcasts A(m, k) for MR consecutive m: it runs at the FMA rate when A
   // is k-major (a_m == 1). Otherwise A is transposed once into a k-major buffer (16 x 16
   // register transposes) and reused for every column block.
@@ -183,20 +189,34 @@ inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, i
   const float* Ar = A + m0;
   float* Cr = C + m0 * ldc;
   switch (M - m0) {  // remaining rows
-    case 7: detail::gemm_rows_avx512<7>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate); break;
-    case 6: detail::gemm_rows_avx512<6>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate); break;
-    case 5: detail::gemm_rows_avx512<5>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate); break;
-    case 4: detail::gemm_rows_avx512<4>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate); break;
-    case 3: detail::gemm_rows_avx512<3>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate); break;
-    case 2: detail::gemm_rows_avx512<2>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate); break;
-    case 1: detail::gemm_rows_avx512<1>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate); break;
-    default: break;
+    case 7:
+      detail::gemm_rows_avx512<7>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate);
+      break;
+    case 6:
+      detail::gemm_rows_avx512<6>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate);
+      break;
+    case 5:
+      detail::gemm_rows_avx512<5>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate);
+      break;
+    case 4:
+      detail::gemm_rows_avx512<4>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate);
+      break;
+    case 3:
+      detail::gemm_rows_avx512<3>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate);
+      break;
+    case 2:
+      detail::gemm_rows_avx512<2>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate);
+      break;
+    case 1:
+      detail::gemm_rows_avx512<1>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate);
+      break;
+    default:
+      break;
   }
 }
 #else
 inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t a_m,
-                 int64_t a_k, const float* B, int64_t ldb, float* C, int64_t ldc,
-                 bool accumulate) {
+                 int64_t a_k, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   gemm_generic<float>(M, N, K, alpha, A, a_m, a_k, B, ldb, C, ldc, accumulate);
 }
 #endif

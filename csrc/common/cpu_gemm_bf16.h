@@ -24,9 +24,11 @@ namespace fastattn::cpu {
 namespace detail {
 
 template <int MR>
-__attribute__((always_inline)) inline void gemm_bf16_block(
-    int64_t K2, float alpha, const uint32_t* A2, int64_t a_k, const uint32_t* B2, int64_t ldb,
-    float* C, int64_t ldc, bool accumulate, __mmask16 mask0, __mmask16 mask1) {
+__attribute__((always_inline)) inline void gemm_bf16_block(int64_t K2, float alpha,
+                                                           const uint32_t* A2, int64_t a_k,
+                                                           const uint32_t* B2, int64_t ldb,
+                                                           float* C, int64_t ldc, bool accumulate,
+                                                           __mmask16 mask0, __mmask16 mask1) {
   __m512 c0[MR], c1[MR];
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {
@@ -77,27 +79,41 @@ inline void gemm_bf16(int64_t M, int64_t N, int64_t K2, float alpha, const uint3
   constexpr int MR = 8;
   int64_t m0 = 0;
   for (; m0 + MR <= M; m0 += MR) {
-    detail::gemm_bf16_rows<MR>(N, K2, alpha, A2 + m0, a_k, B2, ldb, C + m0 * ldc, ldc,
-                               accumulate);
+    detail::gemm_bf16_rows<MR>(N, K2, alpha, A2 + m0, a_k, B2, ldb, C + m0 * ldc, ldc, accumulate);
   }
   const uint32_t* Ar = A2 + m0;
   float* Cr = C + m0 * ldc;
   switch (M - m0) {
-    case 7: detail::gemm_bf16_rows<7>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate); break;
-    case 6: detail::gemm_bf16_rows<6>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate); break;
-    case 5: detail::gemm_bf16_rows<5>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate); break;
-    case 4: detail::gemm_bf16_rows<4>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate); break;
-    case 3: detail::gemm_bf16_rows<3>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate); break;
-    case 2: detail::gemm_bf16_rows<2>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate); break;
-    case 1: detail::gemm_bf16_rows<1>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate); break;
-    default: break;
+    case 7:
+      detail::gemm_bf16_rows<7>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate);
+      break;
+    case 6:
+      detail::gemm_bf16_rows<6>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate);
+      break;
+    case 5:
+      detail::gemm_bf16_rows<5>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate);
+      break;
+    case 4:
+      detail::gemm_bf16_rows<4>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate);
+      break;
+    case 3:
+      detail::gemm_bf16_rows<3>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate);
+      break;
+    case 2:
+      detail::gemm_bf16_rows<2>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate);
+      break;
+    case 1:
+      detail::gemm_bf16_rows<1>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate);
+      break;
+    default:
+      break;
   }
 }
 
 // Row-major bfloat16 rows (rows x cols, row stride ld in elements) as pair words along the
 // columns: out[r * ld_out + kk] = (X[r][2kk], X[r][2kk+1]), odd cols padded with 0.
-inline void pair_columns(const uint16_t* X, int64_t ld, int64_t rows, int64_t cols,
-                         uint32_t* out, int64_t ld_out) {
+inline void pair_columns(const uint16_t* X, int64_t ld, int64_t rows, int64_t cols, uint32_t* out,
+                         int64_t ld_out) {
   const int64_t cols2 = (cols + 1) / 2;
   for (int64_t r = 0; r < rows; ++r) {
     const uint16_t* x = X + r * ld;
@@ -126,12 +142,15 @@ inline void pair_rows(const uint16_t* X, int64_t ld, int64_t rows, int64_t cols,
     uint32_t* o = out + kk * ld_out;
     int64_t c = 0;
     for (; c + 16 <= cols; c += 16) {
-      const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0 + c)));
-      const __m512i hi = has1 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x1 + c)))
-                              : _mm512_setzero_si512();
+      const __m512i lo =
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0 + c)));
+      const __m512i hi =
+          has1 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x1 + c)))
+               : _mm512_setzero_si512();
       _mm512_storeu_si512(o + c, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
     }
-    for (; c < cols; ++c) o[c] = static_cast<uint32_t>(x0[c]) | (has1 ? static_cast<uint32_t>(x1[c]) << 16 : 0u);
+    for (; c < cols; ++c)
+      o[c] = static_cast<uint32_t>(x0[c]) | (has1 ? static_cast<uint32_t>(x1[c]) << 16 : 0u);
   }
 }
 

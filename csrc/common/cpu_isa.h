@@ -20,7 +20,8 @@ inline Isa detect_isa() {
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                     __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
   const bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16");
-  Isa best = avx512 && avx2 ? (bf16 ? Isa::avx512bf16 : Isa::avx512) : (avx2 ? Isa::avx2 : Isa::base);
+  Isa best =
+      avx512 && avx2 ? (bf16 ? Isa::avx512bf16 : Isa::avx512) : (avx2 ? Isa::avx2 : Isa::base);
 #else
   Isa best = Isa::base;
 #endif
@@ -39,22 +40,34 @@ inline Isa cpu_isa() {
 
 inline const char* isa_name(Isa isa) {
   switch (isa) {
-    case Isa::avx512bf16: return "avx512bf16";
-    case Isa::avx512: return "avx512";
-    case Isa::avx2: return "avx2";
-    default: return "base";
+    case Isa::avx512bf16:
+      return "avx512bf16";
+    case Isa::avx512:
+      return "avx512";
+    case Isa::avx2:
+      return "avx2";
+    default:
+      return "base";
   }
 }
 
 }  // namespace fastattn::cpu
 
 // Calls fastattn::cpu::<isa>::FN<TEMPLATE_ARGS>(ARGS...) for the ISA chosen at run time.
-#define FASTATTN_CPU_ISA_CALL(FN, ...)                                    \
-  do {                                                                    \
-    switch (::fastattn::cpu::cpu_isa()) {                                 \
-      case ::fastattn::cpu::Isa::avx512bf16: ::fastattn::cpu::avx512bf16::FN(__VA_ARGS__); break; \
-      case ::fastattn::cpu::Isa::avx512: ::fastattn::cpu::avx512::FN(__VA_ARGS__); break; \
-      case ::fastattn::cpu::Isa::avx2: ::fastattn::cpu::avx2::FN(__VA_ARGS__); break;     \
-      default: ::fastattn::cpu::base::FN(__VA_ARGS__); break;            \
-    }                                                                     \
+#define FASTATTN_CPU_ISA_CALL(FN, ...)                \
+  do {                                                \
+    switch (::fastattn::cpu::cpu_isa()) {             \
+      case ::fastattn::cpu::Isa::avx512bf16:          \
+        ::fastattn::cpu::avx512bf16::FN(__VA_ARGS__); \
+        break;                                        \
+      case ::fastattn::cpu::Isa::avx512:              \
+        ::fastattn::cpu::avx512::FN(__VA_ARGS__);     \
+        break;                                        \
+      case ::fastattn::cpu::Isa::avx2:                \
+        ::fastattn::cpu::avx2::FN(__VA_ARGS__);       \
+        break;                                        \
+      default:                                        \
+        ::fastattn::cpu::base::FN(__VA_ARGS__);       \
+        break;                                        \
+    }                                                 \
   } while (0)

@@ -13,10 +13,10 @@ namespace fastattn::cpu {
 
 // exp(x) with about 2 ulp of relative error for x in [-87, 88]; 0 below -87.3 and for -inf.
 inline float exp_approx(float x) {
-  const float t = x * 1.44269504088896341f;          // x / ln 2
+  const float t = x * 1.44269504088896341f;  // x / ln 2
   const float clamped = t < -126.0f ? -126.0f : (t > 127.0f ? 127.0f : t);
   const float n = std::nearbyint(clamped);
-  const float f = clamped - n;                        // in [-0.5, 0.5]
+  const float f = clamped - n;  // in [-0.5, 0.5]
   // 2^f, Taylor series to f^7 (relative error < 2e-8 on [-0.5, 0.5])
   float p = 1.525273380405984e-05f;
   p = p * f + 1.5403530393381606e-04f;
@@ -68,8 +68,8 @@ inline __m512 exp_approx(__m512 x) {
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-01f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-01f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  const __m512i bits = _mm512_slli_epi32(
-      _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  const __m512i bits =
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   const __m512 result = _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
   const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
   return _mm512_mask_mov_ps(result, underflow, _mm512_setzero_ps());
@@ -129,9 +129,9 @@ inline double row_max(const double* x, int64_t n) {
 // computed under a mask: an underflowing vscalefps takes a microcode assist of ~100 cycles,
 // which made the diagonal tiles of causal attention as slow as the whole softmax.
 inline __m512 exp_shifted_for_bf16(__m512 x, __m512 shift) {
-  const __m512 t = _mm512_max_ps(
-      _mm512_mul_ps(_mm512_sub_ps(x, shift), _mm512_set1_ps(1.44269504088896341f)),
-      _mm512_set1_ps(-200.0f));  // no inf - inf below
+  const __m512 t =
+      _mm512_max_ps(_mm512_mul_ps(_mm512_sub_ps(x, shift), _mm512_set1_ps(1.44269504088896341f)),
+                    _mm512_set1_ps(-200.0f));  // no inf - inf below
   const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(t, n);

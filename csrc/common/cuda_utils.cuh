@@ -18,12 +18,21 @@
 
 namespace fastattn::cuda {
 
-template <typename T> struct AccType { using type = float; };
-template <> struct AccType<double> { using type = double; };
-template <typename T> using acc_t = typename AccType<T>::type;
+template <typename T>
+struct AccType {
+  using type = float;
+};
+template <>
+struct AccType<double> {
+  using type = double;
+};
+template <typename T>
+using acc_t = typename AccType<T>::type;
 
 template <typename T>
-__device__ __forceinline__ acc_t<T> to_acc(T v) { return static_cast<acc_t<T>>(v); }
+__device__ __forceinline__ acc_t<T> to_acc(T v) {
+  return static_cast<acc_t<T>>(v);
+}
 template <>
 __device__ __forceinline__ float to_acc<c10::Half>(c10::Half v) {
   return __half2float(*reinterpret_cast<const __half*>(&v));
@@ -34,7 +43,9 @@ __device__ __forceinline__ float to_acc<c10::BFloat16>(c10::BFloat16 v) {
 }
 
 template <typename T>
-__device__ __forceinline__ T from_acc(acc_t<T> v) { return static_cast<T>(v); }
+__device__ __forceinline__ T from_acc(acc_t<T> v) {
+  return static_cast<T>(v);
+}
 template <>
 __device__ __forceinline__ c10::Half from_acc<c10::Half>(float v) {
   const __half h = __float2half_rn(v);

@@ -36,8 +36,7 @@ template <typename T>
 __global__ void in_range_kernel(const T* __restrict__ values, int64_t n, int64_t lo, int64_t hi,
                                 Message msg) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += step) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     const int64_t v = static_cast<int64_t>(values[i]);
     if (v < lo || v > hi) {
       printf("fastattn: %s; got %lld at index %lld\n", msg.text, static_cast<long long>(v),
@@ -50,12 +49,11 @@ __global__ void in_range_kernel(const T* __restrict__ values, int64_t n, int64_t
 __global__ void prefix_sums_kernel(const int32_t* __restrict__ cu, int64_t B, int64_t total,
                                    int64_t max_len, Message msg) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i <= B;
-       i += step) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i <= B; i += step) {
     const int64_t here = cu[i];
     const int64_t next = i < B ? static_cast<int64_t>(cu[i + 1]) : here;
-    const bool ok = (i > 0 || here == 0) && (i < B || here == total) && next >= here &&
-                    next - here <= max_len;
+    const bool ok =
+        (i > 0 || here == 0) && (i < B || here == total) && next >= here && next - here <= max_len;
     if (!ok) {
       printf("fastattn: %s; got cu[%lld] = %lld, cu[%lld] = %lld (B = %lld)\n", msg.text,
              static_cast<long long>(i), static_cast<long long>(here),
@@ -69,8 +67,7 @@ __global__ void prefix_sums_kernel(const int32_t* __restrict__ cu, int64_t B, in
 }  // namespace
 
 void require_in_range(const at::Tensor& t, int64_t lo, int64_t hi, const std::string& message) {
-  TORCH_CHECK(t.is_cuda(), "device_checks::require_in_range takes CUDA tensors, got ",
-              t.device());
+  TORCH_CHECK(t.is_cuda(), "device_checks::require_in_range takes CUDA tensors, got ", t.device());
   const auto dtype = t.scalar_type();
   TORCH_CHECK(dtype == at::kInt || dtype == at::kLong,
               "device_checks::require_in_range takes int32/int64 tensors, got ", dtype);
@@ -81,11 +78,11 @@ void require_in_range(const at::Tensor& t, int64_t lo, int64_t hi, const std::st
   const auto stream = c10::cuda::getCurrentCUDAStream().stream();
   const Message msg = make_message(message);
   if (dtype == at::kInt) {
-    in_range_kernel<int32_t><<<blocks_for(n), kThreads, 0, stream>>>(
-        values.data_ptr<int32_t>(), n, lo, hi, msg);
+    in_range_kernel<int32_t>
+        <<<blocks_for(n), kThreads, 0, stream>>>(values.data_ptr<int32_t>(), n, lo, hi, msg);
   } else {
-    in_range_kernel<int64_t><<<blocks_for(n), kThreads, 0, stream>>>(
-        values.data_ptr<int64_t>(), n, lo, hi, msg);
+    in_range_kernel<int64_t>
+        <<<blocks_for(n), kThreads, 0, stream>>>(values.data_ptr<int64_t>(), n, lo, hi, msg);
   }
   FASTATTN_CUDA_LAUNCH_CHECK();
 }

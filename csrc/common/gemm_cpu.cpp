@@ -13,15 +13,25 @@ namespace fastattn::cpu {
 
 using at::Tensor;
 
-void matmul_into(Tensor out, const Tensor& a, const Tensor& b, const Tensor& bias,
-                 bool accumulate, const Tensor& b_cols, int64_t k_block) {
+void matmul_into(Tensor out, const Tensor& a, const Tensor& b, const Tensor& bias, bool accumulate,
+                 const Tensor& b_cols, int64_t k_block) {
   if (out.scalar_type() == at::kFloat && cpu_isa() >= Isa::avx512 && out.stride(1) == 1) {
     const int64_t N = out.size(1);
-    GemmParams p{a.size(0), N, a.size(1), a.data_ptr<float>(), a.stride(0), a.stride(1),
-                 b.data_ptr<float>(), b.stride(0), b.stride(1),
+    GemmParams p{a.size(0),
+                 N,
+                 a.size(1),
+                 a.data_ptr<float>(),
+                 a.stride(0),
+                 a.stride(1),
+                 b.data_ptr<float>(),
+                 b.stride(0),
+                 b.stride(1),
                  b_cols.defined() ? b_cols.data_ptr<int64_t>() : nullptr,
-                 out.data_ptr<float>(), out.stride(0),
-                 bias.defined() ? bias.data_ptr<float>() : nullptr, accumulate, k_block};
+                 out.data_ptr<float>(),
+                 out.stride(0),
+                 bias.defined() ? bias.data_ptr<float>() : nullptr,
+                 accumulate,
+                 k_block};
     avx512::gemm_large(p);
     return;
   }

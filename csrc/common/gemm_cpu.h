@@ -12,9 +12,8 @@ namespace fastattn::cpu {
 // k_block > 0 (float driver only): the products are summed in blocks of k_block terms, then
 // the blocks (for long reductions such as weight gradients over all time steps: the rounding
 // error grows with k_block + K / k_block instead of K).
-void matmul_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b,
-                 const at::Tensor& bias, bool accumulate, const at::Tensor& b_cols = at::Tensor(),
-                 int64_t k_block = 0);
+void matmul_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
+                 bool accumulate, const at::Tensor& b_cols = at::Tensor(), int64_t k_block = 0);
 
 // out = a @ b for an output in the storage type (converted when that is not a's type); a
 // reduction over rows (weight gradients), summed in blocks of kReductionBlock.

@@ -137,7 +137,8 @@ void gemm_large(const GemmParams& p) {
     m1 = std::min(p.M, (mb + 1) * total_strips / m_blocks * kStrip);
   };
   int64_t n_parts = 1;
-  if (m_blocks < 4 * threads) n_parts = std::min(panels(p.N), (4 * threads + m_blocks - 1) / m_blocks);
+  if (m_blocks < 4 * threads)
+    n_parts = std::min(panels(p.N), (4 * threads + m_blocks - 1) / m_blocks);
   const int64_t part_panels = (panels(p.N) + n_parts - 1) / n_parts;
   if (p.K <= 0) {  // C = bias (or 0), or C += bias
     at::parallel_for(0, p.M, 64, [&](int64_t begin, int64_t end) {
@@ -185,9 +186,8 @@ void gemm_large(const GemmParams& p) {
             const int64_t kb = p.k_block > 0 ? p.k_block : Kc;
             const float* b = Bp + (n / kPanel) * Kc * kPanel;
             for (int64_t k1 = 0; k1 < Kc; k1 += kb) {
-              gemm(M, N, std::min(kb, Kc - k1), 1.0f, a + k1 * kStrip, 1, kStrip,
-                   b + k1 * kPanel, kPanel, c, p.ldc,
-                   k1 > 0 || !first || p.accumulate || p.bias != nullptr);
+              gemm(M, N, std::min(kb, Kc - k1), 1.0f, a + k1 * kStrip, 1, kStrip, b + k1 * kPanel,
+                   kPanel, c, p.ldc, k1 > 0 || !first || p.accumulate || p.bias != nullptr);
             }
           }
         }

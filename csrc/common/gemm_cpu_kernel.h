@@ -24,8 +24,8 @@ struct GemmParams {
 };
 
 #define FASTATTN_DECLARE_GEMM_KERNELS(ISA) \
-  namespace ISA {                           \
-  void gemm_large(const GemmParams&);       \
+  namespace ISA {                          \
+  void gemm_large(const GemmParams&);      \
   }
 
 FASTATTN_DECLARE_GEMM_KERNELS(avx512bf16)

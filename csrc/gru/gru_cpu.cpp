@@ -25,9 +25,9 @@ std::tuple<Tensor, Tensor, Tensor> gru_layer_cpu(
   constexpr const char* op = "gru_layer";
   const LayerDims d = check_gated_layer(input, h0, w_ih, w_hh, b_ih, b_hh, lengths, 3, 1, op);
   check_seed(seed, dropout_p, input, op);
-  LayerOutputs out = layer_forward_cpu(gru_cell_kind(reset_after), d, input, h0, Tensor(), w_ih,
-                                       w_hh, b_ih, b_hh, c10::nullopt, lengths, dropout_p, seed,
-                                       save_workspace, op);
+  LayerOutputs out =
+      layer_forward_cpu(gru_cell_kind(reset_after), d, input, h0, Tensor(), w_ih, w_hh, b_ih, b_hh,
+                        c10::nullopt, lengths, dropout_p, seed, save_workspace, op);
   return {out.output, out.h_n, out.workspace};
 }
 
@@ -37,13 +37,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> gru_layer_backward_cp
     const Tensor& workspace, double dropout_p, const optional<Tensor>& seed, bool reset_after,
     bool has_bias, bool input_grad, bool weight_grad) {
   constexpr const char* op = "gru_layer_backward";
-  const LayerDims d = check_gated_layer(input, h0, w_ih, w_hh, c10::nullopt, c10::nullopt,
-                                        lengths, 3, 1, op);
+  const LayerDims d =
+      check_gated_layer(input, h0, w_ih, w_hh, c10::nullopt, c10::nullopt, lengths, 3, 1, op);
   check_seed(seed, dropout_p, input, op);
   const auto [gout, ghn, gcn] =
       check_layer_backward(grad_output, grad_h_n, c10::nullopt, input, workspace, d, op);
-  LayerGrads g = layer_backward_cpu(gru_cell_kind(reset_after), d, gout, ghn, Tensor(), input,
-                                    h0, Tensor(), w_ih, w_hh, c10::nullopt, lengths, workspace,
+  LayerGrads g = layer_backward_cpu(gru_cell_kind(reset_after), d, gout, ghn, Tensor(), input, h0,
+                                    Tensor(), w_ih, w_hh, c10::nullopt, lengths, workspace,
                                     dropout_p, seed, has_bias, input_grad, weight_grad, op);
   return {g.input, g.h0, g.w_ih, g.w_hh, g.b_ih, g.b_hh};
 }

@@ -33,8 +33,8 @@ inline int64_t workspace_per_direction(const LayerDims& d) {
 
 inline void check_same(const at::Tensor& t, const at::Tensor& input, const char* op,
                        const char* name) {
-  FASTATTN_CHECK(t.scalar_type() == input.scalar_type(), op, name,
-                 " must have the input's dtype ", input.scalar_type(), ", got ", t.scalar_type());
+  FASTATTN_CHECK(t.scalar_type() == input.scalar_type(), op, name, " must have the input's dtype ",
+                 input.scalar_type(), ", got ", t.scalar_type());
   check_same_device(t, input, op, name, "input");
 }
 
@@ -56,8 +56,8 @@ inline LayerDims check_layer(const at::Tensor& input, const at::Tensor& h0, cons
   FASTATTN_CHECK(w_ih.dim() == 3 && (w_ih.size(0) == 1 || w_ih.size(0) == 2), op,
                  "w_ih must be (D, 4H, I) with D = 1 or 2 directions, got ", w_ih.sizes());
   FASTATTN_CHECK(w_hh.dim() == 3, op, "w_hh must be (D, 4H, P), got ", w_hh.sizes());
-  LayerDims d{input.size(0), input.size(1), input.size(2), w_ih.size(0), w_hh.size(1) / 4,
-              w_hh.size(2)};
+  LayerDims d{input.size(0), input.size(1),    input.size(2),
+              w_ih.size(0),  w_hh.size(1) / 4, w_hh.size(2)};
   FASTATTN_CHECK(d.H >= 1 && w_hh.size(1) == 4 * d.H && w_hh.size(0) == d.D, op,
                  "w_hh must be (D, 4H, P) with H >= 1, got ", w_hh.sizes());
   check_shape(w_ih, {d.D, 4 * d.H, d.I}, op, "w_ih");
@@ -71,8 +71,8 @@ inline LayerDims check_layer(const at::Tensor& input, const at::Tensor& h0, cons
     check_same(*b_hh, input, op, "b_hh");
   }
   if (defined(w_hr)) {
-    FASTATTN_CHECK(d.P >= 1 && d.P < d.H, op, "the projection size must be in [1, H) = [1, ",
-                   d.H, "), got ", d.P);
+    FASTATTN_CHECK(d.P >= 1 && d.P < d.H, op, "the projection size must be in [1, H) = [1, ", d.H,
+                   "), got ", d.P);
     check_shape(*w_hr, {d.D, d.P, d.H}, op, "w_hr");
     check_same(*w_hr, input, op, "w_hr");
   } else {
@@ -83,10 +83,10 @@ inline LayerDims check_layer(const at::Tensor& input, const at::Tensor& h0, cons
   check_same(h0, input, op, "h0");
   check_same(c0, input, op, "c0");
   if (defined(lengths)) {
-    FASTATTN_CHECK(lengths->scalar_type() == at::kLong && lengths->dim() == 1 &&
-                       lengths->size(0) == d.B,
-                   op, "lengths must be an int64 (B,) = (", d.B, ",) tensor, got ",
-                   lengths->scalar_type(), " ", lengths->sizes());
+    FASTATTN_CHECK(
+        lengths->scalar_type() == at::kLong && lengths->dim() == 1 && lengths->size(0) == d.B, op,
+        "lengths must be an int64 (B,) = (", d.B, ",) tensor, got ", lengths->scalar_type(), " ",
+        lengths->sizes());
     check_same_device(*lengths, input, op, "lengths", "input");
   }
   return d;
@@ -98,15 +98,15 @@ inline LayerDims check_gated_layer(const at::Tensor& input, const at::Tensor& h0
                                    const at::Tensor& w_ih, const at::Tensor& w_hh,
                                    const c10::optional<at::Tensor>& b_ih,
                                    const c10::optional<at::Tensor>& b_hh,
-                                   const c10::optional<at::Tensor>& lengths, int64_t G,
-                                   int64_t E, const char* op) {
+                                   const c10::optional<at::Tensor>& lengths, int64_t G, int64_t E,
+                                   const char* op) {
   check_float_dtype(input, op, "input");
   FASTATTN_CHECK(input.dim() == 3, op, "input must be 3-D (T, B, I), got ", input.sizes());
   FASTATTN_CHECK(w_ih.dim() == 3 && (w_ih.size(0) == 1 || w_ih.size(0) == 2), op,
                  "w_ih must be (D, ", G, "H, I) with D = 1 or 2 directions, got ", w_ih.sizes());
   FASTATTN_CHECK(w_hh.dim() == 3, op, "w_hh must be (D, ", G, "H, H), got ", w_hh.sizes());
-  LayerDims d{input.size(0), input.size(1), input.size(2), w_ih.size(0), w_hh.size(2),
-              w_hh.size(2), G, E};
+  LayerDims d{
+      input.size(0), input.size(1), input.size(2), w_ih.size(0), w_hh.size(2), w_hh.size(2), G, E};
   FASTATTN_CHECK(d.H >= 1 && w_hh.size(1) == G * d.H && w_hh.size(0) == d.D, op,
                  "w_hh must be (D, ", G, "H, H) with H >= 1, got ", w_hh.sizes());
   check_shape(w_ih, {d.D, G * d.H, d.I}, op, "w_ih");
@@ -122,10 +122,10 @@ inline LayerDims check_gated_layer(const at::Tensor& input, const at::Tensor& h0
   check_shape(h0, {d.D, d.B, d.H}, op, "h0");
   check_same(h0, input, op, "h0");
   if (defined(lengths)) {
-    FASTATTN_CHECK(lengths->scalar_type() == at::kLong && lengths->dim() == 1 &&
-                       lengths->size(0) == d.B,
-                   op, "lengths must be an int64 (B,) = (", d.B, ",) tensor, got ",
-                   lengths->scalar_type(), " ", lengths->sizes());
+    FASTATTN_CHECK(
+        lengths->scalar_type() == at::kLong && lengths->dim() == 1 && lengths->size(0) == d.B, op,
+        "lengths must be an int64 (B,) = (", d.B, ",) tensor, got ", lengths->scalar_type(), " ",
+        lengths->sizes());
     check_same_device(*lengths, input, op, "lengths", "input");
   }
   return d;
@@ -134,8 +134,8 @@ inline LayerDims check_gated_layer(const at::Tensor& input, const at::Tensor& h0
 // input (B, I); hx, cx (B, H); w_ih (4H, I); w_hh (4H, H); b_ih/b_hh (4H,) (both or none).
 inline void check_cell(const at::Tensor& input, const at::Tensor& hx, const at::Tensor& cx,
                        const at::Tensor& w_ih, const at::Tensor& w_hh,
-                       const c10::optional<at::Tensor>& b_ih,
-                       const c10::optional<at::Tensor>& b_hh, const char* op) {
+                       const c10::optional<at::Tensor>& b_ih, const c10::optional<at::Tensor>& b_hh,
+                       const char* op) {
   check_float_dtype(input, op, "input");
   FASTATTN_CHECK(input.dim() == 2, op, "input must be 2-D (B, I), got ", input.sizes());
   FASTATTN_CHECK(w_ih.dim() == 2 && w_ih.size(0) % 4 == 0 && w_ih.size(0) >= 4 &&
@@ -172,8 +172,7 @@ inline at::Tensor checked_grad(const c10::optional<at::Tensor>& g, at::IntArrayR
 // Returns (grad_hy, grad_cy) contiguous, undefined where not given.
 inline std::pair<at::Tensor, at::Tensor> check_cell_backward(
     const c10::optional<at::Tensor>& grad_hy, const c10::optional<at::Tensor>& grad_cy,
-    const at::Tensor& input, const at::Tensor& workspace, int64_t B, int64_t H,
-    const char* op) {
+    const at::Tensor& input, const at::Tensor& workspace, int64_t B, int64_t H, const char* op) {
   const auto acc = compute_dtype(input.scalar_type());
   FASTATTN_CHECK(workspace.scalar_type() == acc && workspace.is_contiguous() &&
                      workspace.sizes() == at::IntArrayRef({B, 5 * H}),
@@ -191,15 +190,14 @@ inline std::pair<at::Tensor, at::Tensor> check_cell_backward(
 // undefined where not given.
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor> check_layer_backward(
     const c10::optional<at::Tensor>& grad_output, const c10::optional<at::Tensor>& grad_h_n,
-    const c10::optional<at::Tensor>& grad_c_n, const at::Tensor& input,
-    const at::Tensor& workspace, const LayerDims& d, const char* op) {
+    const c10::optional<at::Tensor>& grad_c_n, const at::Tensor& input, const at::Tensor& workspace,
+    const LayerDims& d, const char* op) {
   const auto acc = compute_dtype(input.scalar_type());
-  FASTATTN_CHECK(workspace.scalar_type() == acc && workspace.is_contiguous() &&
-                     workspace.dim() == 2 && workspace.size(0) == d.D &&
-                     workspace.size(1) == workspace_per_direction(d),
-                 op, "workspace must be the contiguous ", acc, " (", d.D, ", ",
-                 workspace_per_direction(d), ") tensor lstm_layer returned, got ",
-                 workspace.scalar_type(), " ", workspace.sizes());
+  FASTATTN_CHECK(
+      workspace.scalar_type() == acc && workspace.is_contiguous() && workspace.dim() == 2 &&
+          workspace.size(0) == d.D && workspace.size(1) == workspace_per_direction(d),
+      op, "workspace must be the contiguous ", acc, " (", d.D, ", ", workspace_per_direction(d),
+      ") tensor lstm_layer returned, got ", workspace.scalar_type(), " ", workspace.sizes());
   check_same_device(workspace, input, op, "workspace", "input");
   return {checked_grad(grad_output, {d.T, d.B, d.D * d.P}, input, op, "grad_output"),
           checked_grad(grad_h_n, {d.D, d.B, d.P}, input, op, "grad_h_n"),

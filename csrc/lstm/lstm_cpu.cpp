@@ -37,16 +37,15 @@ using c10::optional;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, TYPE, "lstm_cpu", __VA_ARGS__)
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_cpu(
-    const Tensor& input, const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
-    const Tensor& w_hh, const optional<Tensor>& b_ih, const optional<Tensor>& b_hh,
-    const optional<Tensor>& w_hr, const optional<Tensor>& lengths, double dropout_p,
-    const optional<Tensor>& seed, bool save_workspace) {
+    const Tensor& input, const Tensor& h0, const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
+    const optional<Tensor>& b_ih, const optional<Tensor>& b_hh, const optional<Tensor>& w_hr,
+    const optional<Tensor>& lengths, double dropout_p, const optional<Tensor>& seed,
+    bool save_workspace) {
   constexpr const char* op = "lstm_layer";
   const LayerDims d = check_layer(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, op);
   check_seed(seed, dropout_p, input, op);
-  LayerOutputs out = layer_forward_cpu(cpu::RecurrentCell::lstm, d, input, h0, c0, w_ih, w_hh,
-                                       b_ih, b_hh, w_hr, lengths, dropout_p, seed,
-                                       save_workspace, op);
+  LayerOutputs out = layer_forward_cpu(cpu::RecurrentCell::lstm, d, input, h0, c0, w_ih, w_hh, b_ih,
+                                       b_hh, w_hr, lengths, dropout_p, seed, save_workspace, op);
   return {out.output, out.h_n, out.c_n, out.workspace};
 }
 
@@ -57,14 +56,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
     const optional<Tensor>& lengths, const Tensor& workspace, double dropout_p,
     const optional<Tensor>& seed, bool has_bias, bool input_grad, bool weight_grad) {
   constexpr const char* op = "lstm_layer_backward";
-  const LayerDims d = check_layer(input, h0, c0, w_ih, w_hh, c10::nullopt, c10::nullopt, w_hr,
-                                  lengths, op);
+  const LayerDims d =
+      check_layer(input, h0, c0, w_ih, w_hh, c10::nullopt, c10::nullopt, w_hr, lengths, op);
   check_seed(seed, dropout_p, input, op);
   const auto [gout, ghn, gcn] =
       check_layer_backward(grad_output, grad_h_n, grad_c_n, input, workspace, d, op);
   LayerGrads g = layer_backward_cpu(cpu::RecurrentCell::lstm, d, gout, ghn, gcn, input, h0, c0,
-                                    w_ih, w_hh, w_hr, lengths, workspace, dropout_p, seed,
-                                    has_bias, input_grad, weight_grad, op);
+                                    w_ih, w_hh, w_hr, lengths, workspace, dropout_p, seed, has_bias,
+                                    input_grad, weight_grad, op);
   return {g.input, g.h0, g.c0, g.w_ih, g.w_hh, g.b_ih, g.w_hr};
 }
 
@@ -115,9 +114,8 @@ std::tuple<Tensor, Tensor, Tensor> lstm_cell_cpu(const Tensor& input, const Tens
                         workspace.data_ptr(),
                         hy.data_ptr(),
                         cy.data_ptr()};
-  FASTATTN_DISPATCH_LSTM(input.scalar_type(), [&] {
-    FASTATTN_CPU_ISA_CALL(lstm_cell_forward<scalar_t>, p);
-  });
+  FASTATTN_DISPATCH_LSTM(input.scalar_type(),
+                         [&] { FASTATTN_CPU_ISA_CALL(lstm_cell_forward<scalar_t>, p); });
   return {hy, cy, workspace};
 }
 
@@ -143,9 +141,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_cell_backward_cp
                                 dgates.data_ptr(),
                                 grad_cx.data_ptr()};
   if (B > 0) {
-    FASTATTN_DISPATCH_LSTM(input.scalar_type(), [&] {
-      FASTATTN_CPU_ISA_CALL(lstm_cell_backward<scalar_t>, p);
-    });
+    FASTATTN_DISPATCH_LSTM(input.scalar_type(),
+                           [&] { FASTATTN_CPU_ISA_CALL(lstm_cell_backward<scalar_t>, p); });
   }
   const auto dtype = input.scalar_type();
   const Tensor wi = w_ih.to(acc), wh = w_hh.to(acc);

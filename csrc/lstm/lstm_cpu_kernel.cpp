@@ -169,8 +169,7 @@ inline int64_t strips(int64_t m) { return (m + kStrip - 1) / kStrip; }
 // Panels of B(k, n) = src[map(k) * ld + n] for k < K, n < N (a row-major matrix whose rows are
 // read through map), zero-padded columns: contiguous 32-column copies.
 template <typename acc, typename Map>
-void pack_panels_rows(const acc* src, int64_t K, int64_t N, int64_t ld, const Map& map,
-                      acc* dst) {
+void pack_panels_rows(const acc* src, int64_t K, int64_t N, int64_t ld, const Map& map, acc* dst) {
   at::parallel_for(0, panels(N), 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const int64_t n0 = p * kPanel, w = std::min(kPanel, N - n0);
@@ -233,8 +232,8 @@ void gemm_packed(int64_t r0, int64_t r1, int64_t c0, int64_t N, int64_t K, const
       const int64_t Kc = std::min(kKc, K - k0);
       for (int64_t n = 0; n < N; n += kPanel) {
         gemm(M, std::min(kPanel, N - n), Kc, acc(1), a + k0 * kStrip, 1, kStrip,
-             B + ((c0 + n) / kPanel) * K * kPanel + k0 * kPanel, kPanel,
-             C + (m - r0) * ldc + n, ldc, accumulate || k0 > 0);
+             B + ((c0 + n) / kPanel) * K * kPanel + k0 * kPanel, kPanel, C + (m - r0) * ldc + n,
+             ldc, accumulate || k0 > 0);
       }
     }
   }
@@ -247,8 +246,7 @@ void cell_forward(acc* __restrict__ gi, acc* __restrict__ gf, acc* __restrict__ 
                   acc* __restrict__ go, const acc* __restrict__ cp, acc* __restrict__ c,
                   acc* __restrict__ h, int64_t n) {
   for (int64_t u = 0; u < n; ++u) {
-    const acc i = sigmoid(gi[u]), f = sigmoid(gf[u]), g = tanh_approx(gg[u]),
-              o = sigmoid(go[u]);
+    const acc i = sigmoid(gi[u]), f = sigmoid(gf[u]), g = tanh_approx(gg[u]), o = sigmoid(go[u]);
     gi[u] = i;
     gf[u] = f;
     gg[u] = g;
@@ -293,9 +291,9 @@ template <typename acc>
 void cell_op_backward(const acc* __restrict__ gi, const acc* __restrict__ gf,
                       const acc* __restrict__ gg, const acc* __restrict__ go,
                       const acc* __restrict__ tc, const acc* __restrict__ c,
-                      const acc* __restrict__ dh, const acc* __restrict__ dc,
-                      acc* __restrict__ d_i, acc* __restrict__ d_f, acc* __restrict__ d_g,
-                      acc* __restrict__ d_o, acc* __restrict__ dcx, int64_t n) {
+                      const acc* __restrict__ dh, const acc* __restrict__ dc, acc* __restrict__ d_i,
+                      acc* __restrict__ d_f, acc* __restrict__ d_g, acc* __restrict__ d_o,
+                      acc* __restrict__ dcx, int64_t n) {
   for (int64_t u = 0; u < n; ++u) {
     const acc i = gi[u], f = gf[u], g = gg[u], o = go[u], t = tc[u];
     const acc dct = dc[u] + dh[u] * o * (acc(1) - t * t);
@@ -344,8 +342,8 @@ void recurrent_gather_input(const RecurrentGatherParams& p) {
         uniform.resize(p.I);
         mult.resize(p.I);
       }
-      dropout_multipliers<acc>(p.seed, p.stream, static_cast<uint64_t>((t * pk.B + b) * p.I),
-                               p.I, p.dropout_p, uniform.data(), mult.data());
+      dropout_multipliers<acc>(p.seed, p.stream, static_cast<uint64_t>((t * pk.B + b) * p.I), p.I,
+                               p.dropout_p, uniform.data(), mult.data());
       for (int64_t i = 0; i < p.I; ++i) dst[i] *= mult[i];
     }
   });
@@ -548,8 +546,8 @@ void layer_forward(const RecurrentForwardParams& p) {
                              n_pk + d * n_size);
     }
     if (proj) {
-      pack_panels_transposed(static_cast<const acc*>(p.w.w_hr) + d * P * H, H, P, H,
-                             identity_index, hr_pk + d * hr_size);
+      pack_panels_transposed(static_cast<const acc*>(p.w.w_hr) + d * P * H, H, P, H, identity_index,
+                             hr_pk + d * hr_size);
     }
   }
   const std::vector<acc> h0s = sorted_state<T, acc>(p.h0, pk, D, P);
@@ -600,8 +598,8 @@ void layer_forward(const RecurrentForwardParams& p) {
       thread_local std::vector<acc> hp;
       if constexpr (Cell::kGru) {
         hp.resize((r1 - r0) * G * kUB);
-        gemm_packed(r0, r1, G * u0, G * hb, P, h_strips(d, s & 1), w_pk + d * w_size,
-                    hp.data(), G * hb, /*accumulate=*/false);
+        gemm_packed(r0, r1, G * u0, G * hb, P, h_strips(d, s & 1), w_pk + d * w_size, hp.data(),
+                    G * hb, /*accumulate=*/false);
       } else {
         gemm_packed(r0, r1, G1 * u0, G1 * hb, P, h_strips(d, s & 1), w_pk + d * w_size,
                     Gt + r0 * GH + G * u0, GH, /*accumulate=*/true);
@@ -614,8 +612,7 @@ void layer_forward(const RecurrentForwardParams& p) {
         if constexpr (Cell::kLstm) {
           const int64_t prev = previous_row(pk, d, t, j);
           const acc* cp = (prev >= 0 ? extra(d) + prev * H : c0s.data() + (d * B + j) * H) + u0;
-          cell_forward(g, g + hb, g + 2 * hb, g + 3 * hb, cp, extra(d) + row * H + u0, hrow,
-                       hb);
+          cell_forward(g, g + hb, g + 2 * hb, g + 3 * hb, cp, extra(d) + row * H + u0, hrow, hb);
           if (proj) {
             acc* r = rS + d * SB * H;
             for (int64_t u = 0; u < hb; ++u) r[strip_index(j, u0 + u, H)] = hrow[u];
@@ -663,8 +660,8 @@ void layer_forward(const RecurrentForwardParams& p) {
       const int64_t c0 = k * kPanel, pc = std::min(kPanel, P - c0);
       acc* h_next = h_strips(d, (s & 1) ^ 1);
       acc* Hd = hidden(d) + pk.offsets[t] * P;
-      gemm_packed(r0, r1, c0, pc, H, rS + d * SB * H, hr_pk + d * hr_size,
-                  Hd + r0 * P + c0, P, /*accumulate=*/false);
+      gemm_packed(r0, r1, c0, pc, H, rS + d * SB * H, hr_pk + d * hr_size, Hd + r0 * P + c0, P,
+                  /*accumulate=*/false);
       for (int64_t j = r0; j < r1; ++j) {
         const acc* row = Hd + j * P + c0;
         for (int64_t u = 0; u < pc; ++u) h_next[strip_index(j, c0 + u, P)] = row[u];
@@ -727,8 +724,7 @@ void layer_backward(const RecurrentBackwardParams& p) {
   for (int64_t d = 0; d < D; ++d) {
     pack_panels_rows(w_hh + d * GH * P, G1 * H, P, P, gate_row, w_pk + d * w_size);
     if (Cell::kGruBefore) {
-      pack_panels_rows(w_hh + d * GH * H + 2 * H * H, H, H, H, identity_index,
-                       n_pk + d * n_size);
+      pack_panels_rows(w_hh + d * GH * H + 2 * H * H, H, H, H, identity_index, n_pk + d * n_size);
     }
     if (proj) {
       pack_panels_rows(static_cast<const acc*>(p.w.w_hr) + d * P * H, P, H, H, identity_index,
@@ -765,8 +761,8 @@ void layer_backward(const RecurrentBackwardParams& p) {
 
   // The cell's derivative for rows [r0, r1) active at step s of direction d, units of block
   // k; dh holds dL/dh (dL/dr with a projection) for those rows, row stride ld_dh.
-  auto backward_rows = [&](int64_t d, int64_t s, int64_t k, int64_t r0, int64_t r1,
-                           const acc* dh, int64_t ld_dh) {
+  auto backward_rows = [&](int64_t d, int64_t s, int64_t k, int64_t r0, int64_t r1, const acc* dh,
+                           int64_t ld_dh) {
     const int64_t t = time_of(pk, d, s);
     const int64_t u0 = k * kUB, hb = std::min(kUB, H - u0);
     acc* dg_cur = dg_strips(d, s & 1);
@@ -936,15 +932,23 @@ void layer_backward(const RecurrentBackwardParams& p) {
 
 }  // namespace
 
-#define FASTATTN_RECURRENT_CELL_SWITCH(CELL, FN, ...)                                      \
-  switch (CELL) {                                                                          \
-    case RecurrentCell::lstm: FN<T, RecurrentCell::lstm>(__VA_ARGS__); break;              \
-    case RecurrentCell::gru: FN<T, RecurrentCell::gru>(__VA_ARGS__); break;                \
-    case RecurrentCell::gru_reset_before:                                                  \
-      FN<T, RecurrentCell::gru_reset_before>(__VA_ARGS__);                                 \
-      break;                                                                               \
-    case RecurrentCell::rnn_tanh: FN<T, RecurrentCell::rnn_tanh>(__VA_ARGS__); break;      \
-    case RecurrentCell::rnn_relu: FN<T, RecurrentCell::rnn_relu>(__VA_ARGS__); break;      \
+#define FASTATTN_RECURRENT_CELL_SWITCH(CELL, FN, ...)      \
+  switch (CELL) {                                          \
+    case RecurrentCell::lstm:                              \
+      FN<T, RecurrentCell::lstm>(__VA_ARGS__);             \
+      break;                                               \
+    case RecurrentCell::gru:                               \
+      FN<T, RecurrentCell::gru>(__VA_ARGS__);              \
+      break;                                               \
+    case RecurrentCell::gru_reset_before:                  \
+      FN<T, RecurrentCell::gru_reset_before>(__VA_ARGS__); \
+      break;                                               \
+    case RecurrentCell::rnn_tanh:                          \
+      FN<T, RecurrentCell::rnn_tanh>(__VA_ARGS__);         \
+      break;                                               \
+    case RecurrentCell::rnn_relu:                          \
+      FN<T, RecurrentCell::rnn_relu>(__VA_ARGS__);         \
+      break;                                               \
   }
 
 template <typename T>
@@ -956,7 +960,6 @@ template <typename T>
 void recurrent_layer_backward(const RecurrentBackwardParams& p) {
   FASTATTN_RECURRENT_CELL_SWITCH(p.w.cell, layer_backward, p)
 }
-
 
 // ---------------------------------------------------------------------------------------------
 // Cell
@@ -1027,28 +1030,34 @@ void lstm_cell_backward(const LstmCellBackwardParams& p) {
   const acc* ws = static_cast<const acc*>(p.workspace);
   acc* dg = static_cast<acc*>(p.dgates);
   T* gcx = static_cast<T*>(p.grad_cx);
-  at::parallel_for(0, B, std::max<int64_t>(1, 4096 / std::max<int64_t>(H, 1)),
-                   [&](int64_t begin, int64_t end) {
-    std::vector<acc> dh(H), dc(H), c(H), out(H);
-    for (int64_t m = begin; m < end; ++m) {
-      if (ghy) load_row<T>(ghy + m * H, dh.data(), H); else std::fill(dh.begin(), dh.end(), acc(0));
-      if (gcy) load_row<T>(gcy + m * H, dc.data(), H); else std::fill(dc.begin(), dc.end(), acc(0));
-      load_row<T>(cx + m * H, c.data(), H);
-      const acc* w = ws + m * 5 * H;
-      acc* d = dg + m * 4 * H;
-      cell_op_backward(w, w + H, w + 2 * H, w + 3 * H, w + 4 * H, c.data(), dh.data(), dc.data(),
-                       d, d + H, d + 2 * H, d + 3 * H, out.data(), H);
-      store_row<T>(out.data(), gcx + m * H, H);
-    }
-  });
+  at::parallel_for(
+      0, B, std::max<int64_t>(1, 4096 / std::max<int64_t>(H, 1)), [&](int64_t begin, int64_t end) {
+        std::vector<acc> dh(H), dc(H), c(H), out(H);
+        for (int64_t m = begin; m < end; ++m) {
+          if (ghy)
+            load_row<T>(ghy + m * H, dh.data(), H);
+          else
+            std::fill(dh.begin(), dh.end(), acc(0));
+          if (gcy)
+            load_row<T>(gcy + m * H, dc.data(), H);
+          else
+            std::fill(dc.begin(), dc.end(), acc(0));
+          load_row<T>(cx + m * H, c.data(), H);
+          const acc* w = ws + m * 5 * H;
+          acc* d = dg + m * 4 * H;
+          cell_op_backward(w, w + H, w + 2 * H, w + 3 * H, w + 4 * H, c.data(), dh.data(),
+                           dc.data(), d, d + H, d + 2 * H, d + 3 * H, out.data(), H);
+          store_row<T>(out.data(), gcx + m * H, H);
+        }
+      });
 }
 
-#define FASTATTN_INSTANTIATE_LSTM(T)                                           \
-  template void recurrent_gather_input<T>(const RecurrentGatherParams&);                 \
-  template void recurrent_scatter_grad_input<T>(const RecurrentScatterParams&);          \
-  template void recurrent_layer_forward<T>(const RecurrentForwardParams&);               \
-  template void recurrent_layer_backward<T>(const RecurrentBackwardParams&);             \
-  template void lstm_cell_forward<T>(const LstmCellParams&);                   \
+#define FASTATTN_INSTANTIATE_LSTM(T)                                            \
+  template void recurrent_gather_input<T>(const RecurrentGatherParams&);        \
+  template void recurrent_scatter_grad_input<T>(const RecurrentScatterParams&); \
+  template void recurrent_layer_forward<T>(const RecurrentForwardParams&);      \
+  template void recurrent_layer_backward<T>(const RecurrentBackwardParams&);    \
+  template void lstm_cell_forward<T>(const LstmCellParams&);                    \
   template void lstm_cell_backward<T>(const LstmCellBackwardParams&);
 
 FASTATTN_INSTANTIATE_LSTM(float)

@@ -34,15 +34,23 @@ constexpr int64_t kRecurrentUnitBlock = 32;  // hidden units per gate block (G x
 
 // The cell a layer runs. Per cell: G gate blocks, E extra state columns per unit saved in the
 // workspace (LSTM: c_t; GRU reset-after: W_hn h + b_hn; GRU reset-before: r * h_{t-1}).
-enum class RecurrentCell : int { lstm = 0, gru = 1, gru_reset_before = 2, rnn_tanh = 3,
-                                 rnn_relu = 4 };
+enum class RecurrentCell : int {
+  lstm = 0,
+  gru = 1,
+  gru_reset_before = 2,
+  rnn_tanh = 3,
+  rnn_relu = 4
+};
 
 inline int64_t cell_gates(RecurrentCell c) {
   switch (c) {
-    case RecurrentCell::lstm: return 4;
+    case RecurrentCell::lstm:
+      return 4;
     case RecurrentCell::gru:
-    case RecurrentCell::gru_reset_before: return 3;
-    default: return 1;
+    case RecurrentCell::gru_reset_before:
+      return 3;
+    default:
+      return 1;
   }
 }
 inline int64_t cell_extra(RecurrentCell c) {
@@ -64,7 +72,7 @@ struct RecurrentGatherParams {
   RecurrentPacking pk;
   const void* input;  // (T, B, I) storage type, strides below, unit last stride
   int64_t I, stride_t, stride_b;
-  void* xp;           // (total, I) acc, contiguous
+  void* xp;  // (total, I) acc, contiguous
   double dropout_p;
   uint64_t seed, stream;
 };
@@ -72,8 +80,8 @@ struct RecurrentGatherParams {
 // grad_input[t, b, :] = dropout_mask * dX[packed row of (t, b)], 0 where t >= len_b.
 struct RecurrentScatterParams {
   RecurrentPacking pk;
-  const void* dx;     // (total, I) acc
-  void* grad_input;   // (T, B, I) storage type, contiguous
+  const void* dx;    // (total, I) acc
+  void* grad_input;  // (T, B, I) storage type, contiguous
   int64_t I;
   double dropout_p;
   uint64_t seed, stream;
@@ -83,10 +91,10 @@ struct RecurrentScatterParams {
 // pack them into the panels their GEMMs stream (one pass each, once per call).
 struct RecurrentWeights {
   RecurrentCell cell;
-  int64_t D, H, P;        // P = projection size (H without projection; LSTM only)
-  const void* w_hh;       // (D, G H, P) contiguous
-  const void* w_hr;       // (D, P, H) contiguous, or nullptr without projection
-  const void* b_hn;       // (D, H) contiguous: the GRU's reset-after b_hn, or nullptr (zero)
+  int64_t D, H, P;   // P = projection size (H without projection; LSTM only)
+  const void* w_hh;  // (D, G H, P) contiguous
+  const void* w_hr;  // (D, P, H) contiguous, or nullptr without projection
+  const void* b_hn;  // (D, H) contiguous: the GRU's reset-after b_hn, or nullptr (zero)
 };
 
 // Natural gate row (G blocks of H) of column n of the blocked order of G gates.
@@ -111,12 +119,12 @@ inline int64_t recurrent_workspace_per_row(RecurrentCell c, int64_t H, int64_t P
 struct RecurrentForwardParams {
   RecurrentPacking pk;
   RecurrentWeights w;
-  const void* h0;      // (D, B, P) storage type, contiguous
-  const void* c0;      // (D, B, H) storage type, contiguous (LSTM only, else nullptr)
-  void* workspace;     // acc, see above
-  void* output;        // (T, B, D * P) storage type, contiguous; inactive rows left untouched
-  void* h_n;           // (D, B, P) storage type
-  void* c_n;           // (D, B, H) storage type (LSTM only)
+  const void* h0;   // (D, B, P) storage type, contiguous
+  const void* c0;   // (D, B, H) storage type, contiguous (LSTM only, else nullptr)
+  void* workspace;  // acc, see above
+  void* output;     // (T, B, D * P) storage type, contiguous; inactive rows left untouched
+  void* h_n;        // (D, B, P) storage type
+  void* c_n;        // (D, B, H) storage type (LSTM only)
 };
 
 // Backward through time. Reads the forward workspace; writes, per direction d:
@@ -136,9 +144,9 @@ struct RecurrentBackwardParams {
   const void* grad_h_n;     // (D, B, P) storage type or nullptr
   const void* grad_c_n;     // (D, B, H) storage type or nullptr (LSTM only)
   void* dgates;
-  void* aux;                // nullptr unless GRU reset-after
-  void* dh;                 // nullptr without projection
-  void* r;                  // nullptr without projection
+  void* aux;  // nullptr unless GRU reset-after
+  void* dh;   // nullptr without projection
+  void* r;    // nullptr without projection
   void* hprev;
   void* grad_h0;
   void* grad_c0;
@@ -151,37 +159,43 @@ struct RecurrentBackwardParams {
 // the cell to them. Otherwise pre holds the pre-activations (lstm_cpu.cpp ran a GEMM).
 struct LstmCellParams {
   int64_t B, I, H;
-  const void* pre;       // (B, 4H) acc, or nullptr (fused)
-  const void* x;         // (B, I) acc (converted by the caller), contiguous (fused only)
-  const void* h;         // (B, H) acc (fused only)
-  const void* c;         // (B, H) storage type, contiguous
-  const void* w_ih;      // (4H, I) acc, contiguous (fused only)
-  const void* w_hh;      // (4H, H) acc (fused only)
-  const void* bias;      // (4H,) acc = b_ih + b_hh, or nullptr (fused only)
-  void* workspace;       // (B, 5H) acc: activated i, f, g, o and tanh(c')
-  void* hy;              // (B, H) storage type
-  void* cy;              // (B, H) storage type
+  const void* pre;   // (B, 4H) acc, or nullptr (fused)
+  const void* x;     // (B, I) acc (converted by the caller), contiguous (fused only)
+  const void* h;     // (B, H) acc (fused only)
+  const void* c;     // (B, H) storage type, contiguous
+  const void* w_ih;  // (4H, I) acc, contiguous (fused only)
+  const void* w_hh;  // (4H, H) acc (fused only)
+  const void* bias;  // (4H,) acc = b_ih + b_hh, or nullptr (fused only)
+  void* workspace;   // (B, 5H) acc: activated i, f, g, o and tanh(c')
+  void* hy;          // (B, H) storage type
+  void* cy;          // (B, H) storage type
 };
 
 // dgates (B, 4H) acc (torch order) and grad_cx (B, H) from the cell's workspace.
 struct LstmCellBackwardParams {
   int64_t B, H;
-  const void* grad_hy;   // (B, H) storage, or nullptr
-  const void* grad_cy;   // (B, H) storage, or nullptr
-  const void* cx;        // (B, H) storage
-  const void* workspace; // (B, 5H) acc
-  void* dgates;          // (B, 4H) acc
-  void* grad_cx;         // (B, H) storage
+  const void* grad_hy;    // (B, H) storage, or nullptr
+  const void* grad_cy;    // (B, H) storage, or nullptr
+  const void* cx;         // (B, H) storage
+  const void* workspace;  // (B, 5H) acc
+  void* dgates;           // (B, 4H) acc
+  void* grad_cx;          // (B, H) storage
 };
 
-#define FASTATTN_DECLARE_LSTM_KERNELS(ISA)                                      \
-  namespace ISA {                                                               \
-  template <typename T> void recurrent_gather_input(const RecurrentGatherParams&);        \
-  template <typename T> void recurrent_scatter_grad_input(const RecurrentScatterParams&); \
-  template <typename T> void recurrent_layer_forward(const RecurrentForwardParams&);   \
-  template <typename T> void recurrent_layer_backward(const RecurrentBackwardParams&); \
-  template <typename T> void lstm_cell_forward(const LstmCellParams&);          \
-  template <typename T> void lstm_cell_backward(const LstmCellBackwardParams&); \
+#define FASTATTN_DECLARE_LSTM_KERNELS(ISA)                          \
+  namespace ISA {                                                   \
+  template <typename T>                                             \
+  void recurrent_gather_input(const RecurrentGatherParams&);        \
+  template <typename T>                                             \
+  void recurrent_scatter_grad_input(const RecurrentScatterParams&); \
+  template <typename T>                                             \
+  void recurrent_layer_forward(const RecurrentForwardParams&);      \
+  template <typename T>                                             \
+  void recurrent_layer_backward(const RecurrentBackwardParams&);    \
+  template <typename T>                                             \
+  void lstm_cell_forward(const LstmCellParams&);                    \
+  template <typename T>                                             \
+  void lstm_cell_backward(const LstmCellBackwardParams&);           \
   }
 
 FASTATTN_DECLARE_LSTM_KERNELS(avx512bf16)

@@ -54,16 +54,18 @@
 #define FASTATTN_LSTM_LAUNCH_WARPSYNC FASTATTN_LSTM_LAUNCH
 // Cooperative launch (grid.sync() inside): every block co-resident or the launch fails; the
 // status goes to `err` (see cooperative_launched).
-#define FASTATTN_LSTM_LAUNCH_COOPERATIVE(err, kernel, grid, block, smem, stream, ...)       \
-  do {                                                                                     \
-    auto fastattn_args = std::make_tuple(__VA_ARGS__);                                     \
-    void* fastattn_ptrs[std::tuple_size_v<decltype(fastattn_args)>];                       \
-    std::apply([&](auto&... a) {                                                           \
-      int i = 0;                                                                           \
-      ((fastattn_ptrs[i++] = static_cast<void*>(&a)), ...);                                \
-    }, fastattn_args);                                                                     \
-    err = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), grid, block,  \
-                                      fastattn_ptrs, smem, stream);                        \
+#define FASTATTN_LSTM_LAUNCH_COOPERATIVE(err, kernel, grid, block, smem, stream, ...)     \
+  do {                                                                                    \
+    auto fastattn_args = std::make_tuple(__VA_ARGS__);                                    \
+    void* fastattn_ptrs[std::tuple_size_v<decltype(fastattn_args)>];                      \
+    std::apply(                                                                           \
+        [&](auto&... a) {                                                                 \
+          int i = 0;                                                                      \
+          ((fastattn_ptrs[i++] = static_cast<void*>(&a)), ...);                           \
+        },                                                                                \
+        fastattn_args);                                                                   \
+    err = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), grid, block, \
+                                      fastattn_ptrs, smem, stream);                       \
   } while (0)
 #endif
 
@@ -87,8 +89,8 @@ dim3 grid_for(int64_t n) {
 
 // Grid-stride kernels: enough blocks to fill the GPU, no more.
 dim3 grid_stride_for(int64_t n) {
-  return dim3(static_cast<unsigned>(
-      std::min<int64_t>(std::max<int64_t>(ceil_div(n, kThreads), 1), 65535)));
+  return dim3(
+      static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(ceil_div(n, kThreads), 1), 65535)));
 }
 
 const int64_t* lengths_ptr(const optional<Tensor>& lengths) {
@@ -120,8 +122,8 @@ DeviceInfo device_info(int device) {
   DeviceInfo& info = cache[device];
   if (info.sms == 0) {
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, device));
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.smem_optin,
-                                          cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    C10_CUDA_CHECK(
+        cudaDeviceGetAttribute(&info.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.cooperative, cudaDevAttrCooperativeLaunch, device));
   }
   return info;
@@ -195,7 +197,8 @@ PersistentPlan persistent_backward_plan(const LayerDims& d, int device) {
 bool cooperative_launched(cudaError_t err, const char* op) {
   if (err == cudaErrorCooperativeLaunchTooLarge) {
     (void)cudaGetLastError();  // clear the (non-sticky) launch error
-    TORCH_WARN_ONCE(op, ": the persistent recurrent kernel's grid did not fit the device at "
+    TORCH_WARN_ONCE(op,
+                    ": the persistent recurrent kernel's grid did not fit the device at "
                     "launch (cudaErrorCooperativeLaunchTooLarge; MPS or another context?), so "
                     "the per-step path ran; fastattn.ops.lstm.cuda_recurrent_path reports the "
                     "occupancy query's prediction, which assumes the whole GPU");
@@ -243,20 +246,19 @@ Tensor gathered_input(const Tensor& input, const Dropout& dr, cudaStream_t strea
   if (xp.numel() == 0) return xp;
   FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
     using a = acc_t<scalar_t>;
-    FASTATTN_LSTM_LAUNCH(k::gather_input_kernel<scalar_t>,
-                         grid_stride_for(T * B * I), kThreads, 0, stream,
-        x.data_ptr<scalar_t>(), T, B, I, x.stride(0), x.stride(1), xp.data_ptr<a>(), dr.seed,
-        dr.threshold, static_cast<a>(dr.scale));
+    FASTATTN_LSTM_LAUNCH(k::gather_input_kernel<scalar_t>, grid_stride_for(T * B * I), kThreads, 0,
+                         stream, x.data_ptr<scalar_t>(), T, B, I, x.stride(0), x.stride(1),
+                         xp.data_ptr<a>(), dr.seed, dr.threshold, static_cast<a>(dr.scale));
     FASTATTN_CUDA_LAUNCH_CHECK();
   });
   return xp;
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_cuda(
-    const Tensor& input, const Tensor& h0, const Tensor& c0, const Tensor& w_ih,
-    const Tensor& w_hh, const optional<Tensor>& b_ih, const optional<Tensor>& b_hh,
-    const optional<Tensor>& w_hr, const optional<Tensor>& lengths, double dropout_p,
-    const optional<Tensor>& seed, bool save_workspace) {
+    const Tensor& input, const Tensor& h0, const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
+    const optional<Tensor>& b_ih, const optional<Tensor>& b_hh, const optional<Tensor>& w_hr,
+    const optional<Tensor>& lengths, double dropout_p, const optional<Tensor>& seed,
+    bool save_workspace) {
   constexpr const char* op = "lstm_layer";
   const LayerDims d = check_layer(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, op);
   check_seed(seed, dropout_p, input, op);
@@ -297,8 +299,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_cuda(
   }
 
   const Tensor w_hh_acc = w_hh.to(acc).contiguous();
-  const k::ForwardStep fp{d.T, d.B, d.H, d.P, d.D, workspace_per_direction(d), len,
-                          defined(w_hr)};
+  const k::ForwardStep fp{d.T, d.B, d.H, d.P, d.D, workspace_per_direction(d), len, defined(w_hr)};
   bool persistent =
       choose_path(input.scalar_type(), d, input.get_device()) == RecurrentPath::kPersistent;
   if (persistent) {
@@ -323,8 +324,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_cuda(
       cudaError_t err = cudaSuccess;
       FASTATTN_LSTM_LAUNCH_COOPERATIVE(err, k::forward_persistent_kernel<scalar_t>,
                                        dim3(static_cast<unsigned>(d.D * pp.blocks_per_dir)),
-                                       dim3(k::kPersistThreads), smem, stream, pp, ws, whh, hs,
-                                       cs, out);
+                                       dim3(k::kPersistThreads), smem, stream, pp, ws, whh, hs, cs,
+                                       out);
       persistent = cooperative_launched(err, op);
     });
     if (persistent) {
@@ -347,18 +348,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_cuda(
       using a = acc_t<scalar_t>;
       for (int64_t s = 0; s < d.T; ++s) {
         at::bmm_out(hw, h_state, w_hh_t);
-        FASTATTN_LSTM_LAUNCH(k::forward_step_cell_kernel<scalar_t>,
-                             grid_for(d.D * d.B * d.H), kThreads, 0, stream,
-            fp, s, workspace.data_ptr<a>(), hw.data_ptr<a>(), c_state.data_ptr<a>(),
-            h_state.data_ptr<a>(), fp.proj ? r_buf.data_ptr<a>() : nullptr,
-            output.data_ptr<scalar_t>());
+        FASTATTN_LSTM_LAUNCH(k::forward_step_cell_kernel<scalar_t>, grid_for(d.D * d.B * d.H),
+                             kThreads, 0, stream, fp, s, workspace.data_ptr<a>(), hw.data_ptr<a>(),
+                             c_state.data_ptr<a>(), h_state.data_ptr<a>(),
+                             fp.proj ? r_buf.data_ptr<a>() : nullptr, output.data_ptr<scalar_t>());
         FASTATTN_CUDA_LAUNCH_CHECK();
         if (fp.proj) {
           at::bmm_out(hp, r_buf, w_hr_t);
-          FASTATTN_LSTM_LAUNCH(k::forward_step_proj_kernel<scalar_t>,
-                               grid_for(d.D * d.B * d.P), kThreads, 0, stream,
-              fp, s, workspace.data_ptr<a>(), hp.data_ptr<a>(), h_state.data_ptr<a>(),
-              output.data_ptr<scalar_t>());
+          FASTATTN_LSTM_LAUNCH(k::forward_step_proj_kernel<scalar_t>, grid_for(d.D * d.B * d.P),
+                               kThreads, 0, stream, fp, s, workspace.data_ptr<a>(),
+                               hp.data_ptr<a>(), h_state.data_ptr<a>(),
+                               output.data_ptr<scalar_t>());
           FASTATTN_CUDA_LAUNCH_CHECK();
         }
       }
@@ -376,8 +376,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
     const optional<Tensor>& lengths, const Tensor& workspace, double dropout_p,
     const optional<Tensor>& seed, bool has_bias, bool input_grad, bool weight_grad) {
   constexpr const char* op = "lstm_layer_backward";
-  const LayerDims d = check_layer(input, h0, c0, w_ih, w_hh, c10::nullopt, c10::nullopt, w_hr,
-                                  lengths, op);
+  const LayerDims d =
+      check_layer(input, h0, c0, w_ih, w_hh, c10::nullopt, c10::nullopt, w_hr, lengths, op);
   check_seed(seed, dropout_p, input, op);
   c10::cuda::CUDAGuard guard(input.device());
   const auto acc = compute_dtype(input.scalar_type());
@@ -402,10 +402,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
   auto stream = c10::cuda::getCurrentCUDAStream();
   const int64_t Bt = d.T * d.B;
   // dL/dh and dL/dc carried backwards through time (missing incoming grads are zeros)
-  Tensor dh_state = ghn.defined() ? ghn.to(acc).contiguous().clone()
-                                  : at::zeros({d.D, d.B, d.P}, acc_opts);
-  Tensor dc_state = gcn.defined() ? gcn.to(acc).contiguous().clone()
-                                  : at::zeros({d.D, d.B, d.H}, acc_opts);
+  Tensor dh_state =
+      ghn.defined() ? ghn.to(acc).contiguous().clone() : at::zeros({d.D, d.B, d.P}, acc_opts);
+  Tensor dc_state =
+      gcn.defined() ? gcn.to(acc).contiguous().clone() : at::zeros({d.D, d.B, d.H}, acc_opts);
   Tensor dgates = at::empty({d.D, Bt, 4 * d.H}, acc_opts);
   Tensor hprev = at::empty({d.D, Bt, d.P}, acc_opts);
   Tensor dh_all, r_all;
@@ -413,14 +413,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
     dh_all = at::empty({d.D, Bt, d.P}, acc_opts);
     r_all = at::empty({d.D, Bt, d.H}, acc_opts);
   }
-  bool persistent =
-      Bt > 0 && choose_path(input.scalar_type(), d, input.get_device(), true) ==
-                    RecurrentPath::kPersistent;
+  bool persistent = Bt > 0 && choose_path(input.scalar_type(), d, input.get_device(), true) ==
+                                  RecurrentPath::kPersistent;
   if (persistent) {
     const Tensor h0a = h0.to(acc).contiguous(), c0a = c0.to(acc).contiguous();
     const Tensor w_hh_acc = w_hh.to(acc).contiguous();  // (D, 4H, H)
-    const k::BackwardStep bp{d.T, d.B, d.H, d.P, d.D, workspace_per_direction(d),
-                             lengths_ptr(lengths), false};
+    const k::BackwardStep bp{
+        d.T, d.B, d.H, d.P, d.D, workspace_per_direction(d), lengths_ptr(lengths), false};
     FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
       using a = acc_t<scalar_t>;
       const PersistentPlan plan = persistent_backward_plan<scalar_t>(d, input.get_device());
@@ -459,30 +458,29 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
     }
     Tensor dg_step = at::empty({d.D, d.B, 4 * d.H}, acc_opts);
     Tensor dhp = at::empty({d.D, d.B, d.P}, acc_opts);
-    const k::BackwardStep bp{d.T, d.B, d.H, d.P, d.D, workspace_per_direction(d),
-                             lengths_ptr(lengths), proj};
+    const k::BackwardStep bp{
+        d.T, d.B, d.H, d.P, d.D, workspace_per_direction(d), lengths_ptr(lengths), proj};
     FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
       using a = acc_t<scalar_t>;
       const scalar_t* go = gout.defined() ? gout.data_ptr<scalar_t>() : nullptr;
       for (int64_t s = d.T - 1; s >= 0; --s) {
         if (proj) {
-          FASTATTN_LSTM_LAUNCH(k::backward_step_dh_kernel<scalar_t>,
-                               grid_for(d.D * d.B * d.P), kThreads, 0, stream,
-              bp, s, dh_state.data_ptr<a>(), go, dh_all.data_ptr<a>(), dh_step.data_ptr<a>());
+          FASTATTN_LSTM_LAUNCH(k::backward_step_dh_kernel<scalar_t>, grid_for(d.D * d.B * d.P),
+                               kThreads, 0, stream, bp, s, dh_state.data_ptr<a>(), go,
+                               dh_all.data_ptr<a>(), dh_step.data_ptr<a>());
           FASTATTN_CUDA_LAUNCH_CHECK();
           at::bmm_out(dr, dh_step, w_hr_acc);  // (D, B, P) x (D, P, H)
         }
-        FASTATTN_LSTM_LAUNCH(k::backward_step_cell_kernel<scalar_t>,
-                             grid_for(d.D * d.B * d.H), kThreads, 0, stream,
-            bp, s, workspace.data_ptr<a>(), h0a.data_ptr<a>(), c0a.data_ptr<a>(),
-            proj ? dr.data_ptr<a>() : nullptr, dh_state.data_ptr<a>(), go,
-            dc_state.data_ptr<a>(), dgates.data_ptr<a>(), dg_step.data_ptr<a>(),
-            hprev.data_ptr<a>(), proj ? r_all.data_ptr<a>() : nullptr);
+        FASTATTN_LSTM_LAUNCH(k::backward_step_cell_kernel<scalar_t>, grid_for(d.D * d.B * d.H),
+                             kThreads, 0, stream, bp, s, workspace.data_ptr<a>(), h0a.data_ptr<a>(),
+                             c0a.data_ptr<a>(), proj ? dr.data_ptr<a>() : nullptr,
+                             dh_state.data_ptr<a>(), go, dc_state.data_ptr<a>(),
+                             dgates.data_ptr<a>(), dg_step.data_ptr<a>(), hprev.data_ptr<a>(),
+                             proj ? r_all.data_ptr<a>() : nullptr);
         FASTATTN_CUDA_LAUNCH_CHECK();
         at::bmm_out(dhp, dg_step, w_hh_acc);  // (D, B, 4H) x (D, 4H, P)
-        FASTATTN_LSTM_LAUNCH(k::backward_step_update_kernel<a>,
-                             grid_for(d.D * d.B * d.P), kThreads, 0, stream,
-            bp, s, dhp.data_ptr<a>(), dh_state.data_ptr<a>());
+        FASTATTN_LSTM_LAUNCH(k::backward_step_update_kernel<a>, grid_for(d.D * d.B * d.P), kThreads,
+                             0, stream, bp, s, dhp.data_ptr<a>(), dh_state.data_ptr<a>());
         FASTATTN_CUDA_LAUNCH_CHECK();
       }
     });
@@ -516,10 +514,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
     const Dropout dr = make_dropout(dropout_p, seed);
     FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
       using a = acc_t<scalar_t>;
-      FASTATTN_LSTM_LAUNCH(k::scatter_grad_input_kernel<scalar_t>,
-                           grid_stride_for(Bt * d.I), kThreads, 0, stream,
-          dx.data_ptr<a>(), d.T, d.B, d.I, lengths_ptr(lengths), grad_input.data_ptr<scalar_t>(),
-          dr.seed, dr.threshold, static_cast<a>(dr.scale));
+      FASTATTN_LSTM_LAUNCH(k::scatter_grad_input_kernel<scalar_t>, grid_stride_for(Bt * d.I),
+                           kThreads, 0, stream, dx.data_ptr<a>(), d.T, d.B, d.I,
+                           lengths_ptr(lengths), grad_input.data_ptr<scalar_t>(), dr.seed,
+                           dr.threshold, static_cast<a>(dr.scale));
       FASTATTN_CUDA_LAUNCH_CHECK();
     });
   }
@@ -554,22 +552,19 @@ std::tuple<Tensor, Tensor, Tensor> lstm_cell_cuda(const Tensor& input, const Ten
   FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
     using a = acc_t<scalar_t>;
     if (B <= k::kCellFusedMaxBatch) {
-      FASTATTN_LSTM_LAUNCH_WARPSYNC(k::cell_fused_kernel<scalar_t>,
-                                    static_cast<unsigned>(ceil_div(H, k::kCellWarps)),
-                                    k::kCellWarps * 32, 0, stream, B, I, H, x.data_ptr<a>(),
-                                    h.data_ptr<a>(), c.data_ptr<scalar_t>(), wi.data_ptr<a>(),
-                                    wh.data_ptr<a>(),
-                                    bias.defined() ? bias.data_ptr<a>() : nullptr,
-                                    workspace.data_ptr<a>(), hy.data_ptr<scalar_t>(),
-                                    cy.data_ptr<scalar_t>());
+      FASTATTN_LSTM_LAUNCH_WARPSYNC(
+          k::cell_fused_kernel<scalar_t>, static_cast<unsigned>(ceil_div(H, k::kCellWarps)),
+          k::kCellWarps * 32, 0, stream, B, I, H, x.data_ptr<a>(), h.data_ptr<a>(),
+          c.data_ptr<scalar_t>(), wi.data_ptr<a>(), wh.data_ptr<a>(),
+          bias.defined() ? bias.data_ptr<a>() : nullptr, workspace.data_ptr<a>(),
+          hy.data_ptr<scalar_t>(), cy.data_ptr<scalar_t>());
       FASTATTN_CUDA_LAUNCH_CHECK();
     } else {
       Tensor pre = bias.defined() ? at::addmm(bias, x, wi.t()) : at::mm(x, wi.t());
       pre.addmm_(h, wh.t());
-      FASTATTN_LSTM_LAUNCH(k::cell_pointwise_kernel<scalar_t>,
-                           grid_for(B * H), kThreads, 0, stream,
-          B, H, pre.data_ptr<a>(), c.data_ptr<scalar_t>(), workspace.data_ptr<a>(),
-          hy.data_ptr<scalar_t>(), cy.data_ptr<scalar_t>());
+      FASTATTN_LSTM_LAUNCH(k::cell_pointwise_kernel<scalar_t>, grid_for(B * H), kThreads, 0, stream,
+                           B, H, pre.data_ptr<a>(), c.data_ptr<scalar_t>(), workspace.data_ptr<a>(),
+                           hy.data_ptr<scalar_t>(), cy.data_ptr<scalar_t>());
       FASTATTN_CUDA_LAUNCH_CHECK();
     }
   });
@@ -594,11 +589,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_cell_backward_cu
     auto stream = c10::cuda::getCurrentCUDAStream();
     FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
       using a = acc_t<scalar_t>;
-      FASTATTN_LSTM_LAUNCH(k::cell_backward_kernel<scalar_t>,
-                           grid_for(B * H), kThreads, 0, stream,
-          B, H, ghy.defined() ? ghy.data_ptr<scalar_t>() : nullptr,
-          gcy.defined() ? gcy.data_ptr<scalar_t>() : nullptr, c.data_ptr<scalar_t>(),
-          workspace.data_ptr<a>(), dgates.data_ptr<a>(), grad_cx.data_ptr<scalar_t>());
+      FASTATTN_LSTM_LAUNCH(k::cell_backward_kernel<scalar_t>, grid_for(B * H), kThreads, 0, stream,
+                           B, H, ghy.defined() ? ghy.data_ptr<scalar_t>() : nullptr,
+                           gcy.defined() ? gcy.data_ptr<scalar_t>() : nullptr,
+                           c.data_ptr<scalar_t>(), workspace.data_ptr<a>(), dgates.data_ptr<a>(),
+                           grad_cx.data_ptr<scalar_t>());
       FASTATTN_CUDA_LAUNCH_CHECK();
     });
   }
@@ -624,7 +619,11 @@ int64_t lstm_cuda_path(const Tensor& input, const Tensor& w_hh, const optional<T
                  w_hh.sizes());
   c10::cuda::CUDAGuard guard(input.device());
   const int64_t H = w_hh.size(1) / 4;
-  const LayerDims d{input.size(0), input.size(1), input.size(2), w_hh.size(0), H,
+  const LayerDims d{input.size(0),
+                    input.size(1),
+                    input.size(2),
+                    w_hh.size(0),
+                    H,
                     defined(w_hr) ? w_hh.size(2) : H};
   return static_cast<int64_t>(choose_path(input.scalar_type(), d, input.get_device(), backward));
 }

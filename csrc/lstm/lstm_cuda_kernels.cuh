@@ -90,8 +90,7 @@ template <typename acc>
 __device__ __forceinline__ acc dropout_mult(const int64_t* seed, float threshold, acc scale,
                                             uint64_t e) {
   if (seed == nullptr) return acc(1);
-  return dropout_keep(static_cast<uint64_t>(seed[0]), static_cast<uint64_t>(seed[1]), e,
-                      threshold)
+  return dropout_keep(static_cast<uint64_t>(seed[0]), static_cast<uint64_t>(seed[1]), e, threshold)
              ? scale
              : acc(0);
 }
@@ -136,8 +135,8 @@ __global__ void scatter_grad_input_kernel(const acc_t<scalar_t>* __restrict__ dx
 
 struct ForwardStep {
   int64_t T, B, H, P, D;
-  int64_t ws_dir;           // elements per direction of the workspace
-  const int64_t* lengths;   // (B,) or nullptr
+  int64_t ws_dir;          // elements per direction of the workspace
+  const int64_t* lengths;  // (B,) or nullptr
   bool proj;
 };
 
@@ -257,8 +256,8 @@ inline bool choose_persistent_split(int64_t K, int64_t B, int N, size_t smem_lim
   }
   if (splits == 0) return false;
   while (splits > 1 && splits > K) splits /= 2;
-  const size_t fixed = (static_cast<size_t>(K) * N + static_cast<size_t>(splits) * B * N) *
-                       sizeof(acc);
+  const size_t fixed =
+      (static_cast<size_t>(K) * N + static_cast<size_t>(splits) * B * N) * sizeof(acc);
   if (fixed >= smem_limit) return false;
   const int64_t widest = static_cast<int64_t>((smem_limit - fixed) / (B * sizeof(acc))) - 1;
   int64_t chunk = (K + splits - 1) / splits * splits;
@@ -295,8 +294,8 @@ __device__ __forceinline__ void persistent_block_product(const acc* in, int64_t 
     for (int64_t e = tid; e < B * chunk; e += kPersistThreads) {
       const int64_t b = e / chunk;
       const int kk = static_cast<int>(e % chunk);
-      in_s[b * (chunk + 1) + kk] = kk < kc ? FASTATTN_LSTM_LDCG(in + b * in_stride + k0 + kk)
-                                           : acc(0);
+      in_s[b * (chunk + 1) + kk] =
+          kk < kc ? FASTATTN_LSTM_LDCG(in + b * in_stride + k0 + kk) : acc(0);
     }
     __syncthreads();
     const int kb = ks * slice;
@@ -327,7 +326,7 @@ __device__ __forceinline__ void persistent_block_product(const acc* in, int64_t 
 
 struct PersistentParams {
   ForwardStep p;
-  int U;             // units per block (a power of two, 4U <= 256)
+  int U;  // units per block (a power of two, 4U <= 256)
   int blocks_per_dir;
   PersistentSplit split;
 };
@@ -348,8 +347,8 @@ __global__ void __launch_bounds__(kPersistThreads)
   const int ub = static_cast<int>(H - u0 < U ? H - u0 : U);
   FASTATTN_LSTM_DYNAMIC_SMEM(smem_raw);
   acc* w_s = reinterpret_cast<acc*>(smem_raw);  // (H, 4U): w_s[k * R + g * U + uu]
-  acc* h_s = w_s + H * R;                        // (B, chunk + 1): a chunk of h_{t-1}
-  acc* g_s = h_s + B * (pp.split.chunk + 1);     // (splits, B, 4U); (B, 4U) = h W_hh^T after
+  acc* h_s = w_s + H * R;                       // (B, chunk + 1): a chunk of h_{t-1}
+  acc* g_s = h_s + B * (pp.split.chunk + 1);    // (splits, B, 4U); (B, 4U) = h W_hh^T after
   const int tid = threadIdx.x;
 
   for (int64_t e = tid; e < H * R; e += kPersistThreads) {
@@ -401,7 +400,8 @@ __global__ void __launch_bounds__(kPersistThreads)
         cells[u] = acc(0);
         hidden[u] = acc(0);
         out[u] = from_acc<scalar_t>(acc(0));
-        h_out[b * H + u] = FASTATTN_LSTM_LDCG(h_in + b * H + u);  // the state passes through unchanged
+        h_out[b * H + u] =
+            FASTATTN_LSTM_LDCG(h_in + b * H + u);  // the state passes through unchanged
       }
     }
     grid.sync();  // h_t of every block is visible before anyone reads it
@@ -446,16 +446,12 @@ __global__ void backward_step_dh_kernel(BackwardStep p, int64_t s,
 // dg_step (D, B, 4H) (input of dh_{t-1} = dgates W_hh), hprev (D, T*B, P), r_all (D, T*B, H)
 // (projection), and updates dc_state for the active rows.
 template <typename scalar_t>
-__global__ void backward_step_cell_kernel(BackwardStep p, int64_t s,
-                                          const acc_t<scalar_t>* __restrict__ ws,
-                                          const acc_t<scalar_t>* __restrict__ h0,
-                                          const acc_t<scalar_t>* __restrict__ c0,
-                                          const acc_t<scalar_t>* __restrict__ dr,
-                                          const acc_t<scalar_t>* __restrict__ dh_state,
-                                          const scalar_t* __restrict__ grad_output,
-                                          acc_t<scalar_t>* dc_state, acc_t<scalar_t>* dgates,
-                                          acc_t<scalar_t>* dg_step, acc_t<scalar_t>* hprev,
-                                          acc_t<scalar_t>* r_all) {
+__global__ void backward_step_cell_kernel(
+    BackwardStep p, int64_t s, const acc_t<scalar_t>* __restrict__ ws,
+    const acc_t<scalar_t>* __restrict__ h0, const acc_t<scalar_t>* __restrict__ c0,
+    const acc_t<scalar_t>* __restrict__ dr, const acc_t<scalar_t>* __restrict__ dh_state,
+    const scalar_t* __restrict__ grad_output, acc_t<scalar_t>* dc_state, acc_t<scalar_t>* dgates,
+    acc_t<scalar_t>* dg_step, acc_t<scalar_t>* hprev, acc_t<scalar_t>* r_all) {
   using acc = acc_t<scalar_t>;
   const int64_t n = p.D * p.B * p.H;
   const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -502,8 +498,8 @@ __global__ void backward_step_cell_kernel(BackwardStep p, int64_t s,
 
 // dh_state (D, B, P) = dhp (= dgates W_hh of the step) for the rows active at step s.
 template <typename acc>
-__global__ void backward_step_update_kernel(BackwardStep p, int64_t s,
-                                            const acc* __restrict__ dhp, acc* dh_state) {
+__global__ void backward_step_update_kernel(BackwardStep p, int64_t s, const acc* __restrict__ dhp,
+                                            acc* dh_state) {
   const int64_t n = p.D * p.B * p.P;
   const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (idx >= n) return;
@@ -537,9 +533,9 @@ __global__ void __launch_bounds__(kPersistThreads)
                                const acc_t<scalar_t>* __restrict__ w_hh,
                                const acc_t<scalar_t>* __restrict__ h0,
                                const acc_t<scalar_t>* __restrict__ c0,
-                               const scalar_t* __restrict__ grad_output,
-                               acc_t<scalar_t>* dh_state, acc_t<scalar_t>* dc_state,
-                               acc_t<scalar_t>* dgates, acc_t<scalar_t>* hprev) {
+                               const scalar_t* __restrict__ grad_output, acc_t<scalar_t>* dh_state,
+                               acc_t<scalar_t>* dc_state, acc_t<scalar_t>* dgates,
+                               acc_t<scalar_t>* hprev) {
   using acc = acc_t<scalar_t>;
   namespace cg = cooperative_groups;
   cg::grid_group grid = cg::this_grid();
@@ -551,8 +547,8 @@ __global__ void __launch_bounds__(kPersistThreads)
   const int ub = static_cast<int>(H - u0 < U ? H - u0 : U);
   FASTATTN_LSTM_DYNAMIC_SMEM(smem_raw);
   acc* w_s = reinterpret_cast<acc*>(smem_raw);  // (4H, U): w_s[j * U + uu] = W[j, u0+uu]
-  acc* g_s = w_s + G * U;                        // (B, chunk + 1): a chunk of the dgates
-  acc* red_s = g_s + B * (pp.split.chunk + 1);   // (splits, B, U); (B, U) = dh after
+  acc* g_s = w_s + G * U;                       // (B, chunk + 1): a chunk of the dgates
+  acc* red_s = g_s + B * (pp.split.chunk + 1);  // (splits, B, U); (B, U) = dh after
   const int tid = threadIdx.x;
   FASTATTN_DEVICE_CHECK(pp.split.splits >= 1 && kPersistThreads % pp.split.splits == 0 &&
                         (kPersistThreads / pp.split.splits) % U == 0 &&
@@ -637,8 +633,8 @@ constexpr int kCellWarps = 4;
 template <typename scalar_t>
 __global__ void __launch_bounds__(kCellWarps * 32)
     cell_fused_kernel(int64_t B, int64_t I, int64_t H, const acc_t<scalar_t>* __restrict__ x,
-                      const acc_t<scalar_t>* __restrict__ h,
-                      const scalar_t* __restrict__ c, const acc_t<scalar_t>* __restrict__ w_ih,
+                      const acc_t<scalar_t>* __restrict__ h, const scalar_t* __restrict__ c,
+                      const acc_t<scalar_t>* __restrict__ w_ih,
                       const acc_t<scalar_t>* __restrict__ w_hh,
                       const acc_t<scalar_t>* __restrict__ bias, acc_t<scalar_t>* workspace,
                       scalar_t* hy, scalar_t* cy) {
@@ -674,7 +670,8 @@ __global__ void __launch_bounds__(kCellWarps * 32)
 #pragma unroll
     for (int b = 0; b < kCellFusedMaxBatch; ++b)
 #pragma unroll
-      for (int off = 16; off > 0; off >>= 1) sum[g][b] += __shfl_xor_sync(0xffffffffu, sum[g][b], off);
+      for (int off = 16; off > 0; off >>= 1)
+        sum[g][b] += __shfl_xor_sync(0xffffffffu, sum[g][b], off);
   if (lane != 0) return;
 #pragma unroll
   for (int b = 0; b < kCellFusedMaxBatch; ++b) {

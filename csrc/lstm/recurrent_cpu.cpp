@@ -53,8 +53,8 @@ Packing make_packing(const optional<Tensor>& lengths, int64_t T, int64_t B, cons
     const Tensor len = lengths->contiguous();
     const int64_t* l = len.data_ptr<int64_t>();
     for (int64_t b = 0; b < B; ++b) {
-      FASTATTN_CHECK(l[b] >= 0 && l[b] <= T, op, "lengths must be in [0, T] = [0, ", T,
-                     "], got ", l[b], " for batch entry ", b);
+      FASTATTN_CHECK(l[b] >= 0 && l[b] <= T, op, "lengths must be in [0, T] = [0, ", T, "], got ",
+                     l[b], " for batch entry ", b);
     }
     std::stable_sort(pk.perm.begin(), pk.perm.end(),
                      [&](int64_t a, int64_t b) { return l[a] > l[b]; });
@@ -104,7 +104,8 @@ class BlockCache {
       size_t best = blocks_.size();
       for (size_t i = 0; i < blocks_.size(); ++i) {  // smallest block that fits, within 2x
         const size_t cap = blocks_[i].second;
-        if (cap >= bytes && cap <= 2 * bytes && (best == blocks_.size() || cap < blocks_[best].second)) {
+        if (cap >= bytes && cap <= 2 * bytes &&
+            (best == blocks_.size() || cap < blocks_[best].second)) {
           best = i;
         }
       }
@@ -146,7 +147,15 @@ class BlockCache {
 // workspace of the fastrnns case). At most kScratchBytes are kept per thread; larger requests
 // are plain allocations.
 enum Scratch : int {
-  kPackedInput, kWorkspace, kGrads, kAux, kHprev, kProjGrads, kProjInputs, kInputGrad, kSlots
+  kPackedInput,
+  kWorkspace,
+  kGrads,
+  kAux,
+  kHprev,
+  kProjGrads,
+  kProjInputs,
+  kInputGrad,
+  kSlots
 };
 constexpr int64_t kScratchBytes = int64_t(1) << 29;
 
@@ -154,7 +163,8 @@ Tensor scratch(Scratch slot, at::IntArrayRef sizes, const at::TensorOptions& opt
   thread_local Tensor cache[kSlots];
   int64_t numel = 1;
   for (int64_t s : sizes) numel *= s;
-  const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(options.dtype().toScalarType()));
+  const int64_t bytes =
+      numel * static_cast<int64_t>(c10::elementSize(options.dtype().toScalarType()));
   int64_t held = 0;
   for (const Tensor& t : cache) held += t.defined() && &t != &cache[slot] ? t.nbytes() : 0;
   if (held + bytes > kScratchBytes) return at::empty(sizes, options);
@@ -185,10 +195,9 @@ Tensor packed_input(const Tensor& input, const Packing& pk, double dropout_p,
   Tensor xp = scratch(kPackedInput, {pk.total(), I}, input.options().dtype(acc));
   auto [s, stream] = read_seed(seed, dropout_p);
   cpu::RecurrentGatherParams p{pk.view(T, B), x.data_ptr(), I, x.stride(0), x.stride(1),
-                          xp.data_ptr(), dropout_p, s, stream};
-  FASTATTN_DISPATCH_RECURRENT(input.scalar_type(), [&] {
-    FASTATTN_CPU_ISA_CALL(recurrent_gather_input<scalar_t>, p);
-  });
+                               xp.data_ptr(), dropout_p,    s, stream};
+  FASTATTN_DISPATCH_RECURRENT(input.scalar_type(),
+                              [&] { FASTATTN_CPU_ISA_CALL(recurrent_gather_input<scalar_t>, p); });
   return xp;
 }
 
@@ -216,7 +225,12 @@ struct LayerWeights {
     if (defined(hr)) w_hr = hr->to(acc).contiguous();
   }
   cpu::RecurrentWeights view(RecurrentCell cell, const LayerDims& d) const {
-    return {cell, d.D, d.H, d.P, w_hh.data_ptr(), w_hr.defined() ? w_hr.data_ptr() : nullptr,
+    return {cell,
+            d.D,
+            d.H,
+            d.P,
+            w_hh.data_ptr(),
+            w_hr.defined() ? w_hr.data_ptr() : nullptr,
             b_hn.defined() ? b_hn.data_ptr() : nullptr};
   }
 };
@@ -228,8 +242,7 @@ LayerOutputs layer_forward_cpu(RecurrentCell cell, const LayerDims& d, const Ten
                                const Tensor& w_hh, const optional<Tensor>& b_ih,
                                const optional<Tensor>& b_hh, const optional<Tensor>& w_hr,
                                const optional<Tensor>& lengths, double dropout_p,
-                               const optional<Tensor>& seed, bool save_workspace,
-                               const char* op) {
+                               const optional<Tensor>& seed, bool save_workspace, const char* op) {
   const bool lstm = cell == RecurrentCell::lstm;
   const int64_t GH = d.G * d.H;
   const auto acc = compute_dtype(input.scalar_type());
@@ -240,11 +253,11 @@ LayerOutputs layer_forward_cpu(RecurrentCell cell, const LayerDims& d, const Ten
   // Without save_workspace (inference) the kernel's states live in a reused scratch buffer and
   // an empty workspace is returned.
   Tensor saved = save_workspace
-      ? BlockCache::get().empty({d.D, workspace_per_direction(d)}, opts.dtype(acc))
-      : at::empty({0}, opts.dtype(acc));
+                     ? BlockCache::get().empty({d.D, workspace_per_direction(d)}, opts.dtype(acc))
+                     : at::empty({0}, opts.dtype(acc));
   Tensor workspace = save_workspace
-      ? saved
-      : scratch(kWorkspace, {d.D, workspace_per_direction(d)}, opts.dtype(acc));
+                         ? saved
+                         : scratch(kWorkspace, {d.D, workspace_per_direction(d)}, opts.dtype(acc));
   poison(output);
   poison(h_n);
   poison(c_n);
@@ -258,7 +271,7 @@ LayerOutputs layer_forward_cpu(RecurrentCell cell, const LayerDims& d, const Ten
   const Packing pk = make_packing(lengths, d.T, d.B, op);
   const int64_t total = pk.total();
   if (!pk.identity) {
-    output.zero_();                  // positions past a sequence's end
+    output.zero_();                                          // positions past a sequence's end
     if (total < d.T * d.B && save_workspace) saved.zero_();  // rows no step writes
   }
 
@@ -280,20 +293,18 @@ LayerOutputs layer_forward_cpu(RecurrentCell cell, const LayerDims& d, const Ten
   }
   for (int64_t dir = 0; dir < d.D; ++dir) {
     Tensor gates = workspace[dir].narrow(0, 0, total * GH).view({total, GH});
-    cpu::matmul_into(gates, xp, w_ih_acc[dir].t(),
-                     bias_blk.defined() ? bias_blk[dir] : Tensor(), false, order);
+    cpu::matmul_into(gates, xp, w_ih_acc[dir].t(), bias_blk.defined() ? bias_blk[dir] : Tensor(),
+                     false, order);
   }
 
   // The kernel packs W_hh^T (blocked gate columns) into the panels its per-step GEMM streams.
   const Tensor h0c = h0.contiguous();
   const Tensor c0c = lstm ? c0.contiguous() : Tensor();
-  cpu::RecurrentForwardParams p{pk.view(d.T, d.B), pw.view(cell, d), h0c.data_ptr(),
-                                lstm ? c0c.data_ptr() : nullptr, workspace.data_ptr(),
-                                output.data_ptr(), h_n.data_ptr(),
-                                lstm ? c_n.data_ptr() : nullptr};
-  FASTATTN_DISPATCH_RECURRENT(input.scalar_type(), [&] {
-    FASTATTN_CPU_ISA_CALL(recurrent_layer_forward<scalar_t>, p);
-  });
+  cpu::RecurrentForwardParams p{
+      pk.view(d.T, d.B),    pw.view(cell, d),  h0c.data_ptr(), lstm ? c0c.data_ptr() : nullptr,
+      workspace.data_ptr(), output.data_ptr(), h_n.data_ptr(), lstm ? c_n.data_ptr() : nullptr};
+  FASTATTN_DISPATCH_RECURRENT(input.scalar_type(),
+                              [&] { FASTATTN_CPU_ISA_CALL(recurrent_layer_forward<scalar_t>, p); });
   return {output, h_n, c_n, saved};
 }
 
@@ -352,9 +363,8 @@ LayerGrads layer_backward_cpu(RecurrentCell cell, const LayerDims& d, const Tens
                                    hprev.data_ptr(),
                                    g.h0.data_ptr(),
                                    lstm ? g.c0.data_ptr() : nullptr};
-    FASTATTN_DISPATCH_RECURRENT(input.scalar_type(), [&] {
-      FASTATTN_CPU_ISA_CALL(recurrent_layer_backward<scalar_t>, p);
-    });
+    FASTATTN_DISPATCH_RECURRENT(
+        input.scalar_type(), [&] { FASTATTN_CPU_ISA_CALL(recurrent_layer_backward<scalar_t>, p); });
   } else {
     g.h0.copy_(ghn.defined() ? ghn : at::zeros_like(h0));
     if (lstm) g.c0.copy_(gcn.defined() ? gcn : at::zeros_like(c0));
@@ -400,8 +410,8 @@ LayerGrads layer_backward_cpu(RecurrentCell cell, const LayerDims& d, const Tens
       cpu::matmul_into(dx, dgates[dir], w[dir], Tensor(), dir > 0);
     }
     auto [s, stream] = read_seed(seed, dropout_p);
-    cpu::RecurrentScatterParams sp{pk.view(d.T, d.B), dx.data_ptr(), g.input.data_ptr(), d.I,
-                                   dropout_p, s, stream};
+    cpu::RecurrentScatterParams sp{
+        pk.view(d.T, d.B), dx.data_ptr(), g.input.data_ptr(), d.I, dropout_p, s, stream};
     FASTATTN_DISPATCH_RECURRENT(input.scalar_type(), [&] {
       FASTATTN_CPU_ISA_CALL(recurrent_scatter_grad_input<scalar_t>, sp);
     });

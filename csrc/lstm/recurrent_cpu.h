@@ -17,9 +17,8 @@ struct LayerOutputs {
 
 // One layer's forward (the checks are the caller's: d from check_layer / check_gated_layer).
 // c0 and w_hr only for the LSTM (undefined / nullopt otherwise).
-LayerOutputs layer_forward_cpu(cpu::RecurrentCell cell, const LayerDims& d,
-                               const at::Tensor& input, const at::Tensor& h0,
-                               const at::Tensor& c0, const at::Tensor& w_ih,
+LayerOutputs layer_forward_cpu(cpu::RecurrentCell cell, const LayerDims& d, const at::Tensor& input,
+                               const at::Tensor& h0, const at::Tensor& c0, const at::Tensor& w_ih,
                                const at::Tensor& w_hh, const c10::optional<at::Tensor>& b_ih,
                                const c10::optional<at::Tensor>& b_hh,
                                const c10::optional<at::Tensor>& w_hr,
@@ -35,12 +34,10 @@ struct LayerGrads {
 LayerGrads layer_backward_cpu(cpu::RecurrentCell cell, const LayerDims& d,
                               const at::Tensor& grad_output, const at::Tensor& grad_h_n,
                               const at::Tensor& grad_c_n, const at::Tensor& input,
-                              const at::Tensor& h0, const at::Tensor& c0,
-                              const at::Tensor& w_ih, const at::Tensor& w_hh,
-                              const c10::optional<at::Tensor>& w_hr,
-                              const c10::optional<at::Tensor>& lengths,
-                              const at::Tensor& workspace, double dropout_p,
-                              const c10::optional<at::Tensor>& seed, bool has_bias,
-                              bool input_grad, bool weight_grad, const char* op);
+                              const at::Tensor& h0, const at::Tensor& c0, const at::Tensor& w_ih,
+                              const at::Tensor& w_hh, const c10::optional<at::Tensor>& w_hr,
+                              const c10::optional<at::Tensor>& lengths, const at::Tensor& workspace,
+                              double dropout_p, const c10::optional<at::Tensor>& seed,
+                              bool has_bias, bool input_grad, bool weight_grad, const char* op);
 
 }  // namespace fastattn::lstm

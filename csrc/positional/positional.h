@@ -73,8 +73,8 @@ inline void check_position_range(int64_t offset, const c10::optional<at::Tensor>
   }
   FASTATTN_CHECK(lo >= 0, op, "positions must be >= 0, got a smallest position of ", lo);
   if (rows >= 0) {
-    FASTATTN_CHECK(hi + L <= rows, op, "positions reach ", hi + L - 1, " but ", what, " has ",
-                   rows, " rows");
+    FASTATTN_CHECK(hi + L <= rows, op, "positions reach ", hi + L - 1, " but ", what, " has ", rows,
+                   " rows");
   }
 }
 
@@ -103,8 +103,8 @@ inline void check_embed(const at::Tensor& tokens, const at::Tensor& weight,
   check_same_device(tokens, weight, op, "tokens", "weight");
   if (table.has_value() && table->defined()) {
     FASTATTN_CHECK(table->scalar_type() == weight.scalar_type(), op,
-                   "the positions table must have weight's dtype ", weight.scalar_type(),
-                   ", got ", table->scalar_type());
+                   "the positions table must have weight's dtype ", weight.scalar_type(), ", got ",
+                   table->scalar_type());
     FASTATTN_CHECK(table->dim() == 2 && table->size(1) == weight.size(1), op,
                    "the positions table must be (max_len, ", weight.size(1), "), got ",
                    table->sizes());
@@ -119,9 +119,9 @@ inline void check_embed(const at::Tensor& tokens, const at::Tensor& weight,
       FASTATTN_CHECK(lo >= 0 && hi < weight.size(0), op, "token ids must be in [0, ",
                      weight.size(0), "), got ids from ", lo, " to ", hi);
     } else {
-      require_in_range_on_device(tokens, 0, weight.size(0) - 1, op,
-                                 "token ids must be in [0, " + std::to_string(weight.size(0)) +
-                                     "); tokens");
+      require_in_range_on_device(
+          tokens, 0, weight.size(0) - 1, op,
+          "token ids must be in [0, " + std::to_string(weight.size(0)) + "); tokens");
     }
     check_position_range(offset, offsets, tokens.size(1),
                          table.has_value() && table->defined() ? table->size(0) : -1, op,
@@ -151,8 +151,8 @@ inline void check_rotary(const at::Tensor& x, const c10::optional<at::Tensor>& c
       FASTATTN_CHECK(t->scalar_type() == compute, op, "cos/sin must be ", compute,
                      " here (the op converts them), got ", t->scalar_type());
       FASTATTN_CHECK(t->dim() == 2 && t->size(1) == rotary_dim / 2 && t->is_contiguous(), op,
-                     "cos/sin must be contiguous (max_position, rotary_dim / 2 = ",
-                     rotary_dim / 2, "), got ", t->sizes());
+                     "cos/sin must be contiguous (max_position, rotary_dim / 2 = ", rotary_dim / 2,
+                     "), got ", t->sizes());
       check_same_device(*t, x, op, "cos/sin", "x");
     }
     FASTATTN_CHECK(cos->sizes() == sin->sizes(), op, "cos and sin must have the same shape, got ",
@@ -173,8 +173,8 @@ inline void check_rotary(const at::Tensor& x, const c10::optional<at::Tensor>& c
     if (ids.numel() > 0 && ids.is_cpu()) {
       auto [lo, hi] = host_value_range(ids);
       FASTATTN_CHECK(lo >= 0, op, "position_ids must be >= 0, got ", lo);
-      FASTATTN_CHECK(rows < 0 || hi < rows, op, "position_ids reach ", hi,
-                     " but cos/sin have ", rows, " rows");
+      FASTATTN_CHECK(rows < 0 || hi < rows, op, "position_ids reach ", hi, " but cos/sin have ",
+                     rows, " rows");
     } else if (ids.numel() > 0) {
       require_in_range_on_device(
           ids, 0, rows >= 0 ? rows - 1 : std::numeric_limits<int64_t>::max(), op,

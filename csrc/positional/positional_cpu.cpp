@@ -44,7 +44,8 @@ Tensor sinusoidal_table_cpu(const Tensor& positions, int64_t dim, double base,
   poison(out);
   Tensor flat = positions.contiguous();
   cpu::SinusoidTableParams p{flat.data_ptr<int64_t>(), out.data_ptr(), flat.numel(), dim, base};
-  FASTATTN_DISPATCH_FLOATS(dtype, "positional", [&] { FASTATTN_CPU_ISA_CALL(sinusoidal_table<scalar_t>, p); });
+  FASTATTN_DISPATCH_FLOATS(dtype, "positional",
+                           [&] { FASTATTN_CPU_ISA_CALL(sinusoidal_table<scalar_t>, p); });
   return out;
 }
 
@@ -56,13 +57,25 @@ void add_sinusoidal_into(const Tensor& x, const Tensor& out, int64_t offset,
   check_add_sinusoidal(x, offsets, base, dropout_p, seed, op);
   if (x.numel() == 0) return;
   auto [s, stream] = read_seed(seed, dropout_p);
-  cpu::AddSinusoidalParams p{x.data_ptr(), out.data_ptr(), x.size(0), x.size(1), x.size(2),
-                             x.stride(0), x.stride(1), out.stride(0), out.stride(1),
-                             offset, optional_ptr(offsets), scale, base, dropout_p, s, stream,
+  cpu::AddSinusoidalParams p{x.data_ptr(),
+                             out.data_ptr(),
+                             x.size(0),
+                             x.size(1),
+                             x.size(2),
+                             x.stride(0),
+                             x.stride(1),
+                             out.stride(0),
+                             out.stride(1),
+                             offset,
+                             optional_ptr(offsets),
+                             scale,
+                             base,
+                             dropout_p,
+                             s,
+                             stream,
                              add_pe};
-  FASTATTN_DISPATCH_FLOATS(x.scalar_type(), "positional", [&] {
-    FASTATTN_CPU_ISA_CALL(add_sinusoidal<scalar_t>, p);
-  });
+  FASTATTN_DISPATCH_FLOATS(x.scalar_type(), "positional",
+                           [&] { FASTATTN_CPU_ISA_CALL(add_sinusoidal<scalar_t>, p); });
 }
 
 Tensor add_sinusoidal_cpu(const Tensor& x, int64_t offset, const optional<Tensor>& offsets,
@@ -80,8 +93,7 @@ Tensor add_sinusoidal_cpu(const Tensor& x, int64_t offset, const optional<Tensor
 void add_sinusoidal_inplace_cpu(const Tensor& x, int64_t offset, const optional<Tensor>& offsets,
                                 double scale, double base, double dropout_p,
                                 const optional<Tensor>& seed) {
-  add_sinusoidal_into(x, x, offset, offsets, scale, base, dropout_p, seed, true,
-                      "add_sinusoidal_");
+  add_sinusoidal_into(x, x, offset, offsets, scale, base, dropout_p, seed, true, "add_sinusoidal_");
 }
 
 Tensor add_sinusoidal_backward_cpu(const Tensor& grad, double scale, double dropout_p,
@@ -97,8 +109,8 @@ Tensor add_sinusoidal_backward_cpu(const Tensor& grad, double scale, double drop
 Tensor embed_with_positions_cpu(const Tensor& tokens, const Tensor& weight,
                                 const optional<Tensor>& table, int64_t offset,
                                 const optional<Tensor>& offsets, double scale, double base,
-                                double dropout_p, const optional<Tensor>& seed,
-                                int64_t padding_idx, bool deterministic) {
+                                double dropout_p, const optional<Tensor>& seed, int64_t padding_idx,
+                                bool deterministic) {
   // padding_idx and deterministic only matter to the backward (they are saved for it).
   (void)padding_idx;
   (void)deterministic;
@@ -112,13 +124,24 @@ Tensor embed_with_positions_cpu(const Tensor& tokens, const Tensor& weight,
   Tensor tok = tokens.contiguous();
   const bool has_table = table.has_value() && table->defined();
   auto [s, stream] = read_seed(seed, dropout_p);
-  cpu::EmbedParams p{tok.data_ptr<int64_t>(), weight.data_ptr(),
-                     has_table ? table->data_ptr() : nullptr, out.data_ptr(), N, L, D,
-                     weight.stride(0), has_table ? table->stride(0) : 0, offset,
-                     optional_ptr(offsets), scale, base, dropout_p, s, stream};
-  FASTATTN_DISPATCH_FLOATS(weight.scalar_type(), "positional", [&] {
-    FASTATTN_CPU_ISA_CALL(embed_with_positions<scalar_t>, p);
-  });
+  cpu::EmbedParams p{tok.data_ptr<int64_t>(),
+                     weight.data_ptr(),
+                     has_table ? table->data_ptr() : nullptr,
+                     out.data_ptr(),
+                     N,
+                     L,
+                     D,
+                     weight.stride(0),
+                     has_table ? table->stride(0) : 0,
+                     offset,
+                     optional_ptr(offsets),
+                     scale,
+                     base,
+                     dropout_p,
+                     s,
+                     stream};
+  FASTATTN_DISPATCH_FLOATS(weight.scalar_type(), "positional",
+                           [&] { FASTATTN_CPU_ISA_CALL(embed_with_positions<scalar_t>, p); });
   return out;
 }
 
@@ -145,10 +168,22 @@ std::tuple<Tensor, Tensor> embed_with_positions_backward_cpu(
   Tensor g = grad.contiguous();
   Tensor tok = tokens.contiguous();
   auto [s, stream] = read_seed(seed, dropout_p);
-  cpu::EmbedBackwardParams p{g.data_ptr(), tok.data_ptr<int64_t>(), grad_weight.data_ptr(),
-                             table_rows >= 0 ? grad_table.data_ptr() : nullptr, N, L, D,
-                             num_weights, table_rows, padding_idx, offset, optional_ptr(offsets),
-                             scale, dropout_p, s, stream};
+  cpu::EmbedBackwardParams p{g.data_ptr(),
+                             tok.data_ptr<int64_t>(),
+                             grad_weight.data_ptr(),
+                             table_rows >= 0 ? grad_table.data_ptr() : nullptr,
+                             N,
+                             L,
+                             D,
+                             num_weights,
+                             table_rows,
+                             padding_idx,
+                             offset,
+                             optional_ptr(offsets),
+                             scale,
+                             dropout_p,
+                             s,
+                             stream};
   FASTATTN_DISPATCH_FLOATS(grad.scalar_type(), "positional", [&] {
     FASTATTN_CPU_ISA_CALL(embed_with_positions_backward<scalar_t>, p);
   });
@@ -156,22 +191,37 @@ std::tuple<Tensor, Tensor> embed_with_positions_backward_cpu(
 }
 
 void apply_rotary_into(const Tensor& x, const Tensor& out, const optional<Tensor>& cos,
-                       const optional<Tensor>& sin, int64_t offset,
-                       const optional<Tensor>& offsets, const optional<Tensor>& position_ids,
-                       int64_t rotary_dim, double base, bool interleaved, bool conjugate,
-                       const char* op) {
+                       const optional<Tensor>& sin, int64_t offset, const optional<Tensor>& offsets,
+                       const optional<Tensor>& position_ids, int64_t rotary_dim, double base,
+                       bool interleaved, bool conjugate, const char* op) {
   check_rotary(x, cos, sin, offset, offsets, position_ids, rotary_dim, base, op);
   if (x.numel() == 0) return;
   const bool has_table = cos.has_value() && cos->defined();
-  cpu::RotaryParams p{x.data_ptr(), out.data_ptr(), x.size(0), x.size(1), x.size(2), x.size(3),
-                      rotary_dim, x.stride(0), x.stride(1), x.stride(2), out.stride(0),
-                      out.stride(1), out.stride(2), has_table ? cos->data_ptr() : nullptr,
-                      has_table ? sin->data_ptr() : nullptr, has_table ? cos->stride(0) : 0,
-                      base, offset, optional_ptr(offsets), optional_ptr(position_ids),
-                      interleaved, conjugate, !out.is_same(x)};
-  FASTATTN_DISPATCH_FLOATS(x.scalar_type(), "positional", [&] {
-    FASTATTN_CPU_ISA_CALL(apply_rotary<scalar_t>, p);
-  });
+  cpu::RotaryParams p{x.data_ptr(),
+                      out.data_ptr(),
+                      x.size(0),
+                      x.size(1),
+                      x.size(2),
+                      x.size(3),
+                      rotary_dim,
+                      x.stride(0),
+                      x.stride(1),
+                      x.stride(2),
+                      out.stride(0),
+                      out.stride(1),
+                      out.stride(2),
+                      has_table ? cos->data_ptr() : nullptr,
+                      has_table ? sin->data_ptr() : nullptr,
+                      has_table ? cos->stride(0) : 0,
+                      base,
+                      offset,
+                      optional_ptr(offsets),
+                      optional_ptr(position_ids),
+                      interleaved,
+                      conjugate,
+                      !out.is_same(x)};
+  FASTATTN_DISPATCH_FLOATS(x.scalar_type(), "positional",
+                           [&] { FASTATTN_CPU_ISA_CALL(apply_rotary<scalar_t>, p); });
 }
 
 Tensor apply_rotary_cpu(const Tensor& x, const optional<Tensor>& cos, const optional<Tensor>& sin,
@@ -181,16 +231,15 @@ Tensor apply_rotary_cpu(const Tensor& x, const optional<Tensor>& cos, const opti
   Tensor out = at::empty_like(x);
   cpu::advise_huge_pages(out);
   poison(out);
-  apply_rotary_into(x, out, cos, sin, offset, offsets, position_ids, rotary_dim, base,
-                    interleaved, conjugate, "apply_rotary");
+  apply_rotary_into(x, out, cos, sin, offset, offsets, position_ids, rotary_dim, base, interleaved,
+                    conjugate, "apply_rotary");
   return out;
 }
 
 void apply_rotary_inplace_cpu(const Tensor& x, const optional<Tensor>& cos,
                               const optional<Tensor>& sin, int64_t offset,
-                              const optional<Tensor>& offsets,
-                              const optional<Tensor>& position_ids, int64_t rotary_dim,
-                              double base, bool interleaved, bool conjugate) {
+                              const optional<Tensor>& offsets, const optional<Tensor>& position_ids,
+                              int64_t rotary_dim, double base, bool interleaved, bool conjugate) {
   apply_rotary_into(x, x, cos, sin, offset, offsets, position_ids, rotary_dim, base, interleaved,
                     conjugate, "apply_rotary_");
 }

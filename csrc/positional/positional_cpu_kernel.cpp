@@ -54,8 +54,7 @@ constexpr uint64_t kReduceLimitBits = 0x41286a0000000000;  // the bits of 8.0e5
 // s[i] = sin(a[i]), c[i] = cos(a[i]) with a[i] = p * inv[i] rounded to float, i < n.
 inline void sincos_angles(float p, const float* inv, int64_t n, float* s, float* c) {
   constexpr double S1 = -1.0 / 6, S2 = 1.0 / 120, S3 = -1.0 / 5040, S4 = 1.0 / 362880,
-                   S5 = -1.0 / 39916800, S6 = 1.0 / 6227020800.0,
-                   S7 = -1.0 / 1307674368000.0;
+                   S5 = -1.0 / 39916800, S6 = 1.0 / 6227020800.0, S7 = -1.0 / 1307674368000.0;
   constexpr double C1 = -1.0 / 2, C2 = 1.0 / 24, C3 = -1.0 / 720, C4 = 1.0 / 40320,
                    C5 = -1.0 / 3628800, C6 = 1.0 / 479001600.0, C7 = -1.0 / 87178291200.0,
                    C8 = 1.0 / 20922789888000.0;
@@ -129,8 +128,7 @@ template <typename acc>
 struct RowBuffers {
   std::vector<acc> value, pe, mult, trig;
   std::vector<float> uniform;
-  explicit RowBuffers(int64_t d)
-      : value(d), pe(d), mult(d), trig(2 * ((d + 1) / 2)), uniform(d) {}
+  explicit RowBuffers(int64_t d) : value(d), pe(d), mult(d), trig(2 * ((d + 1) / 2)), uniform(d) {}
 };
 
 // Sinusoid rows PE[0 : rows) of one (dim, base), computed once and kept for later calls (a
@@ -164,11 +162,11 @@ std::shared_ptr<const std::vector<acc>> cached_sinusoid_rows(int64_t rows_needed
   auto table = std::make_shared<std::vector<acc>>(static_cast<size_t>(rows * D));
   at::parallel_for(0, rows, std::max<int64_t>(1, 2048 / std::max<int64_t>(D, 1)),
                    [&](int64_t begin, int64_t end) {
-    std::vector<acc> trig(2 * ((D + 1) / 2));
-    for (int64_t r = begin; r < end; ++r) {
-      sinusoid_row<acc>(r, inv, D, table->data() + r * D, trig.data());
-    }
-  });
+                     std::vector<acc> trig(2 * ((D + 1) / 2));
+                     for (int64_t r = begin; r < end; ++r) {
+                       sinusoid_row<acc>(r, inv, D, table->data() + r * D, trig.data());
+                     }
+                   });
   entries.erase(std::remove_if(entries.begin(), entries.end(),
                                [&](const Entry& e) { return e.dim == D && e.base == base; }),
                 entries.end());
@@ -189,8 +187,8 @@ struct SharedSinusoid {
 };
 
 template <typename acc>
-SharedSinusoid<acc> shared_sinusoid(int64_t lo, int64_t hi, int64_t uses, const acc* inv,
-                                    int64_t D, double base) {
+SharedSinusoid<acc> shared_sinusoid(int64_t lo, int64_t hi, int64_t uses, const acc* inv, int64_t D,
+                                    double base) {
   constexpr int64_t kMaxTableBytes = int64_t(64) << 20;
   SharedSinusoid<acc> out;
   const int64_t rows = hi - lo + 1;
@@ -201,19 +199,19 @@ SharedSinusoid<acc> shared_sinusoid(int64_t lo, int64_t hi, int64_t uses, const 
   auto table = std::make_shared<std::vector<acc>>(static_cast<size_t>(rows * D));
   at::parallel_for(0, rows, std::max<int64_t>(1, 2048 / std::max<int64_t>(D, 1)),
                    [&](int64_t begin, int64_t end) {
-    std::vector<acc> trig(2 * ((D + 1) / 2));
-    for (int64_t r = begin; r < end; ++r) {
-      sinusoid_row<acc>(lo + r, inv, D, table->data() + r * D, trig.data());
-    }
-  });
+                     std::vector<acc> trig(2 * ((D + 1) / 2));
+                     for (int64_t r = begin; r < end; ++r) {
+                       sinusoid_row<acc>(lo + r, inv, D, table->data() + r * D, trig.data());
+                     }
+                   });
   out.rows = table;
   out.first = lo;
   return out;
 }
 
 // Smallest and largest position offset + offsets[n] + l over n < N, l < L.
-inline std::pair<int64_t, int64_t> position_span(int64_t offset, const int64_t* offsets,
-                                                 int64_t N, int64_t L) {
+inline std::pair<int64_t, int64_t> position_span(int64_t offset, const int64_t* offsets, int64_t N,
+                                                 int64_t L) {
   int64_t lo = 0, hi = 0;
   if (offsets != nullptr && N > 0) {
     lo = hi = offsets[0];
@@ -229,8 +227,8 @@ inline std::pair<int64_t, int64_t> position_span(int64_t offset, const int64_t* 
 // that are the compute type are read and written directly (the memory-bound case); others go
 // through the value buffer v.
 template <typename T, typename acc>
-inline void combine_row(const T* src, T* dst, int64_t D, acc scale, const acc* pe,
-                        const acc* mult, acc* v) {
+inline void combine_row(const T* src, T* dst, int64_t D, acc scale, const acc* pe, const acc* mult,
+                        acc* v) {
   if constexpr (std::is_same_v<T, acc>) {
     if (pe != nullptr && mult != nullptr) {
       for (int64_t d = 0; d < D; ++d) dst[d] = (src[d] * scale + pe[d]) * mult[d];
@@ -285,36 +283,37 @@ void add_sinusoidal(const AddSinusoidalParams& p) {
       p.add_pe ? shared_sinusoid<acc>(lo, hi, p.N * p.L, inv.data(), p.D, p.base)
                : SharedSinusoid<acc>();
   const acc* table = shared.rows != nullptr ? shared.row(lo, p.D) : nullptr;  // PE[lo]
-  at::parallel_for(0, p.N * p.L, std::max<int64_t>(1, 4096 / std::max<int64_t>(p.D, 1)),
-                   [&](int64_t begin, int64_t end) {
-    RowBuffers<acc> buf(p.D);
-    int64_t pe_position = -1;
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t n = r / p.L, l = r % p.L;
-      const acc* pe = nullptr;
-      if (p.add_pe) {
-        const int64_t pos = p.offset + (p.offsets ? p.offsets[n] : 0) + l;
-        if (table != nullptr) {
-          pe = table + (pos - lo) * p.D;
-        } else {
-          if (pos != pe_position) {
-            sinusoid_row<acc>(pos, inv.data(), p.D, buf.pe.data(), buf.trig.data());
-            pe_position = pos;
+  at::parallel_for(
+      0, p.N * p.L, std::max<int64_t>(1, 4096 / std::max<int64_t>(p.D, 1)),
+      [&](int64_t begin, int64_t end) {
+        RowBuffers<acc> buf(p.D);
+        int64_t pe_position = -1;
+        for (int64_t r = begin; r < end; ++r) {
+          const int64_t n = r / p.L, l = r % p.L;
+          const acc* pe = nullptr;
+          if (p.add_pe) {
+            const int64_t pos = p.offset + (p.offsets ? p.offsets[n] : 0) + l;
+            if (table != nullptr) {
+              pe = table + (pos - lo) * p.D;
+            } else {
+              if (pos != pe_position) {
+                sinusoid_row<acc>(pos, inv.data(), p.D, buf.pe.data(), buf.trig.data());
+                pe_position = pos;
+              }
+              pe = buf.pe.data();
+            }
           }
-          pe = buf.pe.data();
+          const acc* mult = nullptr;
+          if (p.dropout_p > 0.0) {
+            dropout_multipliers<acc>(p.seed, p.stream, static_cast<uint64_t>(r * p.D), p.D,
+                                     p.dropout_p, buf.uniform.data(), buf.mult.data());
+            mult = buf.mult.data();
+          }
+          combine_row<T, acc>(x + n * p.x_stride_n + l * p.x_stride_l,
+                              out + n * p.out_stride_n + l * p.out_stride_l, p.D, scale, pe, mult,
+                              buf.value.data());
         }
-      }
-      const acc* mult = nullptr;
-      if (p.dropout_p > 0.0) {
-        dropout_multipliers<acc>(p.seed, p.stream, static_cast<uint64_t>(r * p.D), p.D,
-                                 p.dropout_p, buf.uniform.data(), buf.mult.data());
-        mult = buf.mult.data();
-      }
-      combine_row<T, acc>(x + n * p.x_stride_n + l * p.x_stride_l,
-                          out + n * p.out_stride_n + l * p.out_stride_l, p.D, scale, pe, mult,
-                          buf.value.data());
-    }
-  });
+      });
 }
 
 template <typename T>
@@ -335,38 +334,39 @@ void embed_with_positions(const EmbedParams& p) {
   constexpr bool kDirectTable = std::is_same_v<T, acc>;
   at::parallel_for(0, p.N * p.L, std::max<int64_t>(1, 4096 / std::max<int64_t>(p.D, 1)),
                    [&](int64_t begin, int64_t end) {
-    RowBuffers<acc> buf(p.D);
-    int64_t pe_position = -1;
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t n = r / p.L, l = r % p.L;
-      const int64_t pos = p.offset + (p.offsets ? p.offsets[n] : 0) + l;
-      const acc* pe;
-      if (table != nullptr) {
-        if constexpr (kDirectTable) {
-          pe = reinterpret_cast<const acc*>(table + pos * p.table_stride);
-        } else {
-          load_row<T>(table + pos * p.table_stride, buf.pe.data(), p.D);
-          pe = buf.pe.data();
-        }
-      } else if (sinusoid != nullptr) {
-        pe = sinusoid + (pos - lo) * p.D;
-      } else {
-        if (pos != pe_position) {
-          sinusoid_row<acc>(pos, inv.data(), p.D, buf.pe.data(), buf.trig.data());
-          pe_position = pos;
-        }
-        pe = buf.pe.data();
-      }
-      const acc* mult = nullptr;
-      if (p.dropout_p > 0.0) {
-        dropout_multipliers<acc>(p.seed, p.stream, static_cast<uint64_t>(r * p.D), p.D,
-                                 p.dropout_p, buf.uniform.data(), buf.mult.data());
-        mult = buf.mult.data();
-      }
-      combine_row<T, acc>(weight + p.tokens[r] * p.weight_stride, out + r * p.D, p.D, scale, pe,
-                          mult, buf.value.data());
-    }
-  });
+                     RowBuffers<acc> buf(p.D);
+                     int64_t pe_position = -1;
+                     for (int64_t r = begin; r < end; ++r) {
+                       const int64_t n = r / p.L, l = r % p.L;
+                       const int64_t pos = p.offset + (p.offsets ? p.offsets[n] : 0) + l;
+                       const acc* pe;
+                       if (table != nullptr) {
+                         if constexpr (kDirectTable) {
+                           pe = reinterpret_cast<const acc*>(table + pos * p.table_stride);
+                         } else {
+                           load_row<T>(table + pos * p.table_stride, buf.pe.data(), p.D);
+                           pe = buf.pe.data();
+                         }
+                       } else if (sinusoid != nullptr) {
+                         pe = sinusoid + (pos - lo) * p.D;
+                       } else {
+                         if (pos != pe_position) {
+                           sinusoid_row<acc>(pos, inv.data(), p.D, buf.pe.data(), buf.trig.data());
+                           pe_position = pos;
+                         }
+                         pe = buf.pe.data();
+                       }
+                       const acc* mult = nullptr;
+                       if (p.dropout_p > 0.0) {
+                         dropout_multipliers<acc>(p.seed, p.stream, static_cast<uint64_t>(r * p.D),
+                                                  p.D, p.dropout_p, buf.uniform.data(),
+                                                  buf.mult.data());
+                         mult = buf.mult.data();
+                       }
+                       combine_row<T, acc>(weight + p.tokens[r] * p.weight_stride, out + r * p.D,
+                                           p.D, scale, pe, mult, buf.value.data());
+                     }
+                   });
 }
 
 namespace {
@@ -423,17 +423,18 @@ void embed_with_positions_backward(const EmbedBackwardParams& p) {
   std::vector<acc> dropped(static_cast<size_t>(rows * p.D));
   at::parallel_for(0, rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(p.D, 1)),
                    [&](int64_t begin, int64_t end) {
-    RowBuffers<acc> buf(p.D);
-    for (int64_t r = begin; r < end; ++r) {
-      acc* g = dropped.data() + r * p.D;
-      load_row<T>(grad + r * p.D, g, p.D);
-      if (p.dropout_p > 0.0) {
-        dropout_multipliers<acc>(p.seed, p.stream, static_cast<uint64_t>(r * p.D), p.D,
-                                 p.dropout_p, buf.uniform.data(), buf.mult.data());
-        for (int64_t d = 0; d < p.D; ++d) g[d] *= buf.mult[d];
-      }
-    }
-  });
+                     RowBuffers<acc> buf(p.D);
+                     for (int64_t r = begin; r < end; ++r) {
+                       acc* g = dropped.data() + r * p.D;
+                       load_row<T>(grad + r * p.D, g, p.D);
+                       if (p.dropout_p > 0.0) {
+                         dropout_multipliers<acc>(p.seed, p.stream, static_cast<uint64_t>(r * p.D),
+                                                  p.D, p.dropout_p, buf.uniform.data(),
+                                                  buf.mult.data());
+                         for (int64_t d = 0; d < p.D; ++d) g[d] *= buf.mult[d];
+                       }
+                     }
+                   });
   std::vector<int64_t> keys(rows);
   for (int64_t r = 0; r < rows; ++r) {
     keys[r] = p.tokens[r] == p.padding_idx ? -1 : p.tokens[r];
@@ -461,55 +462,56 @@ void apply_rotary(const RotaryParams& p) {
   const acc* sin_table = static_cast<const acc*>(p.sin);
   const acc sign = p.conjugate ? acc(-1) : acc(1);
   // One (b, l) pair per task: its cos/sin row is computed once and used for all H heads.
-  at::parallel_for(0, p.B * p.L, std::max<int64_t>(1, 2048 / std::max<int64_t>(p.H * p.D, 1)),
-                   [&](int64_t begin, int64_t end) {
-    std::vector<acc> c(half), s(half), v(p.rotary_dim), r(p.rotary_dim);
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / p.L, l = task % p.L;
-      const int64_t pos = p.position_ids ? p.position_ids[b * p.L + l]
-                                         : p.offset + (p.offsets ? p.offsets[b] : 0) + l;
-      if (cos_table != nullptr) {
-        for (int64_t i = 0; i < half; ++i) {
-          c[i] = cos_table[pos * p.table_stride + i];
-          s[i] = sign * sin_table[pos * p.table_stride + i];
-        }
-      } else {
-        const acc fp = static_cast<acc>(pos);
-        for (int64_t i = 0; i < half; ++i) {
-          const double angle = static_cast<double>(fp * inv[i]);
-          c[i] = static_cast<acc>(std::cos(angle));
-          s[i] = sign * static_cast<acc>(std::sin(angle));
-        }
-      }
-      for (int64_t h = 0; h < p.H; ++h) {
-        const T* src = x + b * p.x_stride_b + h * p.x_stride_h + l * p.x_stride_l;
-        T* dst = out + b * p.out_stride_b + h * p.out_stride_h + l * p.out_stride_l;
-        load_row<T>(src, v.data(), p.rotary_dim);
-        if (p.interleaved) {  // GPT-J: pairs (2i, 2i+1)
-          for (int64_t i = 0; i < half; ++i) {
-            const acc x1 = v[2 * i], x2 = v[2 * i + 1];
-            r[2 * i] = x1 * c[i] - x2 * s[i];
-            r[2 * i + 1] = x2 * c[i] + x1 * s[i];
+  at::parallel_for(
+      0, p.B * p.L, std::max<int64_t>(1, 2048 / std::max<int64_t>(p.H * p.D, 1)),
+      [&](int64_t begin, int64_t end) {
+        std::vector<acc> c(half), s(half), v(p.rotary_dim), r(p.rotary_dim);
+        for (int64_t task = begin; task < end; ++task) {
+          const int64_t b = task / p.L, l = task % p.L;
+          const int64_t pos = p.position_ids ? p.position_ids[b * p.L + l]
+                                             : p.offset + (p.offsets ? p.offsets[b] : 0) + l;
+          if (cos_table != nullptr) {
+            for (int64_t i = 0; i < half; ++i) {
+              c[i] = cos_table[pos * p.table_stride + i];
+              s[i] = sign * sin_table[pos * p.table_stride + i];
+            }
+          } else {
+            const acc fp = static_cast<acc>(pos);
+            for (int64_t i = 0; i < half; ++i) {
+              const double angle = static_cast<double>(fp * inv[i]);
+              c[i] = static_cast<acc>(std::cos(angle));
+              s[i] = sign * static_cast<acc>(std::sin(angle));
+            }
           }
-        } else {  // GPT-NeoX: halves (i, i + rotary_dim/2)
-          for (int64_t i = 0; i < half; ++i) {
-            const acc x1 = v[i], x2 = v[i + half];
-            r[i] = x1 * c[i] - x2 * s[i];
-            r[i + half] = x2 * c[i] + x1 * s[i];
+          for (int64_t h = 0; h < p.H; ++h) {
+            const T* src = x + b * p.x_stride_b + h * p.x_stride_h + l * p.x_stride_l;
+            T* dst = out + b * p.out_stride_b + h * p.out_stride_h + l * p.out_stride_l;
+            load_row<T>(src, v.data(), p.rotary_dim);
+            if (p.interleaved) {  // GPT-J: pairs (2i, 2i+1)
+              for (int64_t i = 0; i < half; ++i) {
+                const acc x1 = v[2 * i], x2 = v[2 * i + 1];
+                r[2 * i] = x1 * c[i] - x2 * s[i];
+                r[2 * i + 1] = x2 * c[i] + x1 * s[i];
+              }
+            } else {  // GPT-NeoX: halves (i, i + rotary_dim/2)
+              for (int64_t i = 0; i < half; ++i) {
+                const acc x1 = v[i], x2 = v[i + half];
+                r[i] = x1 * c[i] - x2 * s[i];
+                r[i + half] = x2 * c[i] + x1 * s[i];
+              }
+            }
+            store_row<T>(r.data(), dst, p.rotary_dim);
+            if (p.copy_tail) std::copy(src + p.rotary_dim, src + p.D, dst + p.rotary_dim);
           }
         }
-        store_row<T>(r.data(), dst, p.rotary_dim);
-        if (p.copy_tail) std::copy(src + p.rotary_dim, src + p.D, dst + p.rotary_dim);
-      }
-    }
-  });
+      });
 }
 
-#define FASTATTN_INSTANTIATE_POSITIONAL(T)                                          \
-  template void sinusoidal_table<T>(const SinusoidTableParams&);                   \
-  template void add_sinusoidal<T>(const AddSinusoidalParams&);                     \
-  template void embed_with_positions<T>(const EmbedParams&);                       \
-  template void embed_with_positions_backward<T>(const EmbedBackwardParams&);      \
+#define FASTATTN_INSTANTIATE_POSITIONAL(T)                                    \
+  template void sinusoidal_table<T>(const SinusoidTableParams&);              \
+  template void add_sinusoidal<T>(const AddSinusoidalParams&);                \
+  template void embed_with_positions<T>(const EmbedParams&);                  \
+  template void embed_with_positions_backward<T>(const EmbedBackwardParams&); \
   template void apply_rotary<T>(const RotaryParams&);
 
 FASTATTN_INSTANTIATE_POSITIONAL(float)

@@ -51,7 +51,7 @@ struct EmbedBackwardParams {
   void* grad_weight;      // (V, D) contiguous, written entirely
   void* grad_table;       // (P, D) contiguous or nullptr, written entirely
   int64_t N, L, D, V, P;
-  int64_t padding_idx;    // -1: none
+  int64_t padding_idx;  // -1: none
   int64_t offset;
   const int64_t* offsets;
   double scale, dropout_p;
@@ -75,13 +75,18 @@ struct RotaryParams {
   bool interleaved, conjugate, copy_tail;
 };
 
-#define FASTATTN_DECLARE_POSITIONAL_KERNELS(ISA)                          \
-  namespace ISA {                                                         \
-  template <typename T> void sinusoidal_table(const SinusoidTableParams&); \
-  template <typename T> void add_sinusoidal(const AddSinusoidalParams&);  \
-  template <typename T> void embed_with_positions(const EmbedParams&);    \
-  template <typename T> void embed_with_positions_backward(const EmbedBackwardParams&); \
-  template <typename T> void apply_rotary(const RotaryParams&);           \
+#define FASTATTN_DECLARE_POSITIONAL_KERNELS(ISA)                  \
+  namespace ISA {                                                 \
+  template <typename T>                                           \
+  void sinusoidal_table(const SinusoidTableParams&);              \
+  template <typename T>                                           \
+  void add_sinusoidal(const AddSinusoidalParams&);                \
+  template <typename T>                                           \
+  void embed_with_positions(const EmbedParams&);                  \
+  template <typename T>                                           \
+  void embed_with_positions_backward(const EmbedBackwardParams&); \
+  template <typename T>                                           \
+  void apply_rotary(const RotaryParams&);                         \
   }
 
 FASTATTN_DECLARE_POSITIONAL_KERNELS(avx512bf16)

@@ -36,8 +36,8 @@ const int64_t* optional_ptr(const optional<Tensor>& t) {
 
 template <typename acc>
 __device__ __forceinline__ acc inv_frequency(int64_t i, int64_t dim, double log2_base) {
-  return static_cast<acc>(exp2(-((2.0 * static_cast<double>(i)) / static_cast<double>(dim)) *
-                               log2_base));
+  return static_cast<acc>(
+      exp2(-((2.0 * static_cast<double>(i)) / static_cast<double>(dim)) * log2_base));
 }
 
 // PE[pos, d]: sin for even d, cos for odd d, of pos * inv_frequency(d / 2).
@@ -49,8 +49,7 @@ __device__ __forceinline__ acc sinusoid_value(int64_t pos, int64_t d, int64_t di
 }
 
 // Dropout uniforms of logical elements e0 .. e0+3 (one or two Philox blocks).
-__device__ __forceinline__ void uniforms4(uint64_t seed, uint64_t stream, uint64_t e0,
-                                          float u[4]) {
+__device__ __forceinline__ void uniforms4(uint64_t seed, uint64_t stream, uint64_t e0, float u[4]) {
   const Philox4 first = philox_block(seed, stream, e0 >> 2);
   const int skip = static_cast<int>(e0 & 3);
   if (skip == 0) {
@@ -114,8 +113,7 @@ __device__ __forceinline__ void store4(T* dst, int64_t d0, int64_t D, const acc_
 }
 
 template <typename acc>
-__device__ __forceinline__ void apply_dropout4(const Dropout<acc>& drop, uint64_t e0,
-                                               acc v[4]) {
+__device__ __forceinline__ void apply_dropout4(const Dropout<acc>& drop, uint64_t e0, acc v[4]) {
   if (drop.seed == nullptr) return;
   float u[4];
   uniforms4(static_cast<uint64_t>(drop.seed[0]), static_cast<uint64_t>(drop.seed[1]), e0, u);
@@ -157,7 +155,8 @@ __global__ void sinusoidal_table_kernel(const int64_t* __restrict__ positions, T
   const int64_t pos = positions[row];
   acc v[4];
 #pragma unroll
-  for (int k = 0; k < 4; ++k) v[k] = d0 + k < D ? sinusoid_value<acc>(pos, d0 + k, D, log2_base) : acc(0);
+  for (int k = 0; k < 4; ++k)
+    v[k] = d0 + k < D ? sinusoid_value<acc>(pos, d0 + k, D, log2_base) : acc(0);
   store4<T, false>(out + row * D, d0, D, v);
 }
 
@@ -188,8 +187,8 @@ template <typename T, bool kAligned>
 __global__ void embed_kernel(const int64_t* __restrict__ tokens, const T* __restrict__ weight,
                              int64_t w_s0, const T* __restrict__ table, int64_t t_s0,
                              T* __restrict__ out, int64_t V, int64_t L, int64_t D, int64_t offset,
-                             const int64_t* __restrict__ offsets, acc_t<T> scale,
-                             double log2_base, Dropout<acc_t<T>> drop) {
+                             const int64_t* __restrict__ offsets, acc_t<T> scale, double log2_base,
+                             Dropout<acc_t<T>> drop) {
   using acc = acc_t<T>;
   const int64_t row = blockIdx.x;
   const int64_t n = row / L, l = row % L;
@@ -204,7 +203,8 @@ __global__ void embed_kernel(const int64_t* __restrict__ tokens, const T* __rest
     load4<T, kAligned>(table + pos * t_s0, d0, D, pe);
   } else {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) pe[k] = d0 + k < D ? sinusoid_value<acc>(pos, d0 + k, D, log2_base) : acc(0);
+    for (int k = 0; k < 4; ++k)
+      pe[k] = d0 + k < D ? sinusoid_value<acc>(pos, d0 + k, D, log2_base) : acc(0);
   }
 #pragma unroll
   for (int k = 0; k < 4; ++k) v[k] = v[k] * scale + pe[k];
@@ -246,8 +246,7 @@ template <typename T>
 __global__ void embed_backward_sorted_kernel(const T* __restrict__ grad,
                                              const int64_t* __restrict__ sorted_keys,
                                              const int64_t* __restrict__ order, int64_t rows,
-                                             int64_t D, acc_t<T> factor,
-                                             Dropout<acc_t<T>> drop,
+                                             int64_t D, acc_t<T> factor, Dropout<acc_t<T>> drop,
                                              acc_t<T>* __restrict__ out) {
   using acc = acc_t<T>;
   const int64_t i = blockIdx.x;
@@ -282,16 +281,14 @@ __global__ void rotary_kernel(const T* x, T* out, int64_t H, int64_t L, int64_t 
                               int64_t o_sb, int64_t o_sh, int64_t o_sl,
                               const acc_t<T>* __restrict__ cos_table,
                               const acc_t<T>* __restrict__ sin_table, int64_t table_stride,
-                              double log2_base, int64_t offset,
-                              const int64_t* __restrict__ offsets,
+                              double log2_base, int64_t offset, const int64_t* __restrict__ offsets,
                               const int64_t* __restrict__ position_ids, bool interleaved,
                               bool conjugate, bool copy_tail) {
   // x and out may alias (in place): each thread reads and writes only its own pair.
   using acc = acc_t<T>;
   const int64_t b = blockIdx.x / L, l = blockIdx.x % L;
-  const int64_t pos = position_ids != nullptr
-                          ? position_ids[blockIdx.x]
-                          : offset + (offsets != nullptr ? offsets[b] : 0) + l;
+  const int64_t pos = position_ids != nullptr ? position_ids[blockIdx.x]
+                                              : offset + (offsets != nullptr ? offsets[b] : 0) + l;
   const int64_t half = rotary_dim / 2;
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
     acc c, s;
@@ -370,8 +367,8 @@ void add_sinusoidal_into(const Tensor& x, const Tensor& out, int64_t offset,
     const bool aligned =
         aligned4(x.data_ptr(), sizeof(scalar_t), {x.stride(0), x.stride(1)}, D) &&
         aligned4(out.data_ptr(), sizeof(scalar_t), {out.stride(0), out.stride(1)}, D);
-    auto kernel = aligned ? add_sinusoidal_kernel<scalar_t, true>
-                          : add_sinusoidal_kernel<scalar_t, false>;
+    auto kernel =
+        aligned ? add_sinusoidal_kernel<scalar_t, true> : add_sinusoidal_kernel<scalar_t, false>;
     kernel<<<launch.grid, launch.block, 0, stream>>>(
         x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), L, D, x.stride(0), x.stride(1),
         out.stride(0), out.stride(1), offset, optional_ptr(offsets), static_cast<acc>(scale),
@@ -390,11 +387,10 @@ Tensor add_sinusoidal_cuda(const Tensor& x, int64_t offset, const optional<Tenso
   return out;
 }
 
-void add_sinusoidal_inplace_cuda(const Tensor& x, int64_t offset,
-                                 const optional<Tensor>& offsets, double scale, double base,
-                                 double dropout_p, const optional<Tensor>& seed) {
-  add_sinusoidal_into(x, x, offset, offsets, scale, base, dropout_p, seed, true,
-                      "add_sinusoidal_");
+void add_sinusoidal_inplace_cuda(const Tensor& x, int64_t offset, const optional<Tensor>& offsets,
+                                 double scale, double base, double dropout_p,
+                                 const optional<Tensor>& seed) {
+  add_sinusoidal_into(x, x, offset, offsets, scale, base, dropout_p, seed, true, "add_sinusoidal_");
 }
 
 Tensor add_sinusoidal_backward_cuda(const Tensor& grad, double scale, double dropout_p,
@@ -410,7 +406,7 @@ Tensor embed_with_positions_cuda(const Tensor& tokens, const Tensor& weight,
                                  const optional<Tensor>& table, int64_t offset,
                                  const optional<Tensor>& offsets, double scale, double base,
                                  double dropout_p, const optional<Tensor>& seed,
-                                int64_t padding_idx, bool deterministic) {
+                                 int64_t padding_idx, bool deterministic) {
   // padding_idx and deterministic only matter to the backward (they are saved for it).
   (void)padding_idx;
   (void)deterministic;
@@ -498,8 +494,8 @@ std::tuple<Tensor, Tensor> embed_with_positions_backward_cuda(
         Tensor keys = padding_idx >= 0 ? tok.masked_fill(tok.eq(padding_idx), -1) : tok;
         auto [sorted, order] = at::sort(keys.reshape({rows}), /*stable=*/true, 0, false);
         embed_backward_sorted_kernel<scalar_t><<<launch.grid, launch.block, 0, stream>>>(
-            g.data_ptr<scalar_t>(), sorted.data_ptr<int64_t>(), order.data_ptr<int64_t>(), rows,
-            D, static_cast<acc>(scale), drop, weight_acc.data_ptr<acc>());
+            g.data_ptr<scalar_t>(), sorted.data_ptr<int64_t>(), order.data_ptr<int64_t>(), rows, D,
+            static_cast<acc>(scale), drop, weight_acc.data_ptr<acc>());
         FASTATTN_CUDA_LAUNCH_CHECK();
         if (has_table) {
           // Position of row (n, l) is offset + offsets[n] + l.
@@ -508,8 +504,8 @@ std::tuple<Tensor, Tensor> embed_with_positions_backward_cuda(
           if (offsets.has_value() && offsets->defined()) pos.add_(offsets->unsqueeze(1));
           auto [psorted, porder] = at::sort(pos.reshape({rows}), /*stable=*/true, 0, false);
           embed_backward_sorted_kernel<scalar_t><<<launch.grid, launch.block, 0, stream>>>(
-              g.data_ptr<scalar_t>(), psorted.data_ptr<int64_t>(), porder.data_ptr<int64_t>(),
-              rows, D, acc(1), drop, table_acc.data_ptr<acc>());
+              g.data_ptr<scalar_t>(), psorted.data_ptr<int64_t>(), porder.data_ptr<int64_t>(), rows,
+              D, acc(1), drop, table_acc.data_ptr<acc>());
           FASTATTN_CUDA_LAUNCH_CHECK();
         }
       }
@@ -521,10 +517,9 @@ std::tuple<Tensor, Tensor> embed_with_positions_backward_cuda(
 }
 
 void apply_rotary_into(const Tensor& x, const Tensor& out, const optional<Tensor>& cos,
-                       const optional<Tensor>& sin, int64_t offset,
-                       const optional<Tensor>& offsets, const optional<Tensor>& position_ids,
-                       int64_t rotary_dim, double base, bool interleaved, bool conjugate,
-                       const char* op) {
+                       const optional<Tensor>& sin, int64_t offset, const optional<Tensor>& offsets,
+                       const optional<Tensor>& position_ids, int64_t rotary_dim, double base,
+                       bool interleaved, bool conjugate, const char* op) {
   check_rotary(x, cos, sin, offset, offsets, position_ids, rotary_dim, base, op);
   if (x.numel() == 0) return;
   c10::cuda::CUDAGuard guard(x.device());
@@ -532,16 +527,18 @@ void apply_rotary_into(const Tensor& x, const Tensor& out, const optional<Tensor
   const bool has_table = cos.has_value() && cos->defined();
   const int64_t half = rotary_dim / 2;
   const int threads_x = static_cast<int>(std::min<int64_t>(128, ceil_div(half, 32) * 32));
-  const int threads_y = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(H, 256 / threads_x)));
+  const int threads_y =
+      static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(H, 256 / threads_x)));
   auto stream = c10::cuda::getCurrentCUDAStream();
   FASTATTN_DISPATCH_FLOATS(x.scalar_type(), [&] {
     using acc = acc_t<scalar_t>;
-    rotary_kernel<scalar_t><<<static_cast<unsigned>(B * L), dim3(threads_x, threads_y), 0, stream>>>(
-        x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), H, L, D, rotary_dim, x.stride(0),
-        x.stride(1), x.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        has_table ? cos->data_ptr<acc>() : nullptr, has_table ? sin->data_ptr<acc>() : nullptr,
-        has_table ? cos->stride(0) : 0, std::log2(base), offset, optional_ptr(offsets),
-        optional_ptr(position_ids), interleaved, conjugate, !out.is_same(x));
+    rotary_kernel<scalar_t>
+        <<<static_cast<unsigned>(B * L), dim3(threads_x, threads_y), 0, stream>>>(
+            x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), H, L, D, rotary_dim, x.stride(0),
+            x.stride(1), x.stride(2), out.stride(0), out.stride(1), out.stride(2),
+            has_table ? cos->data_ptr<acc>() : nullptr, has_table ? sin->data_ptr<acc>() : nullptr,
+            has_table ? cos->stride(0) : 0, std::log2(base), offset, optional_ptr(offsets),
+            optional_ptr(position_ids), interleaved, conjugate, !out.is_same(x));
     FASTATTN_CUDA_LAUNCH_CHECK();
   });
 }
@@ -552,8 +549,8 @@ Tensor apply_rotary_cuda(const Tensor& x, const optional<Tensor>& cos, const opt
                          bool interleaved, bool conjugate) {
   Tensor out = at::empty_like(x);
   poison(out);
-  apply_rotary_into(x, out, cos, sin, offset, offsets, position_ids, rotary_dim, base,
-                    interleaved, conjugate, "apply_rotary");
+  apply_rotary_into(x, out, cos, sin, offset, offsets, position_ids, rotary_dim, base, interleaved,
+                    conjugate, "apply_rotary");
   return out;
 }
 

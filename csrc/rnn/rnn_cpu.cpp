@@ -32,8 +32,7 @@ std::tuple<Tensor, Tensor, Tensor> rnn_layer_cpu(
   const LayerDims d = check_gated_layer(input, h0, w_ih, w_hh, b_ih, b_hh, lengths, 1, 0, op);
   check_seed(seed, dropout_p, input, op);
   LayerOutputs out = layer_forward_cpu(cell, d, input, h0, Tensor(), w_ih, w_hh, b_ih, b_hh,
-                                       c10::nullopt, lengths, dropout_p, seed, save_workspace,
-                                       op);
+                                       c10::nullopt, lengths, dropout_p, seed, save_workspace, op);
   return {out.output, out.h_n, out.workspace};
 }
 
@@ -44,14 +43,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> rnn_layer_backward_cp
     c10::string_view nonlinearity, bool has_bias, bool input_grad, bool weight_grad) {
   constexpr const char* op = "rnn_layer_backward";
   const auto cell = rnn_cell_kind(nonlinearity, op);
-  const LayerDims d = check_gated_layer(input, h0, w_ih, w_hh, c10::nullopt, c10::nullopt,
-                                        lengths, 1, 0, op);
+  const LayerDims d =
+      check_gated_layer(input, h0, w_ih, w_hh, c10::nullopt, c10::nullopt, lengths, 1, 0, op);
   check_seed(seed, dropout_p, input, op);
   const auto [gout, ghn, gcn] =
       check_layer_backward(grad_output, grad_h_n, c10::nullopt, input, workspace, d, op);
-  LayerGrads g = layer_backward_cpu(cell, d, gout, ghn, Tensor(), input, h0, Tensor(), w_ih,
-                                    w_hh, c10::nullopt, lengths, workspace, dropout_p, seed,
-                                    has_bias, input_grad, weight_grad, op);
+  LayerGrads g = layer_backward_cpu(cell, d, gout, ghn, Tensor(), input, h0, Tensor(), w_ih, w_hh,
+                                    c10::nullopt, lengths, workspace, dropout_p, seed, has_bias,
+                                    input_grad, weight_grad, op);
   return {g.input, g.h0, g.w_ih, g.w_hh, g.b_ih, g.b_hh};
 }
 

@@ -24,8 +24,8 @@ inline void check_varlen(const Tensor& q, const Tensor& k, const Tensor& v, cons
                          const optional<Tensor>& seed, const char* op) {
   check_float_dtype(q, op, "q");
   FASTATTN_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, op,
-                 "q, k and v must be packed (total, H, D), got ", q.sizes(), ", ", k.sizes(),
-                 ", ", v.sizes());
+                 "q, k and v must be packed (total, H, D), got ", q.sizes(), ", ", k.sizes(), ", ",
+                 v.sizes());
   FASTATTN_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), op,
                  "q, k and v must have the same dtype, got ", q.scalar_type(), ", ",
                  k.scalar_type(), ", ", v.scalar_type());
@@ -34,8 +34,8 @@ inline void check_varlen(const Tensor& q, const Tensor& k, const Tensor& v, cons
   FASTATTN_CHECK(k.size(1) == v.size(1) && k.size(1) > 0 && q.size(1) % k.size(1) == 0, op,
                  "q's heads must be a multiple of k/v's heads, got ", q.size(1), " and ",
                  k.size(1));
-  FASTATTN_CHECK(k.size(2) == q.size(2), op, "q and k must have the same head dim, got ",
-                 q.size(2), " and ", k.size(2));
+  FASTATTN_CHECK(k.size(2) == q.size(2), op, "q and k must have the same head dim, got ", q.size(2),
+                 " and ", k.size(2));
   FASTATTN_CHECK(k.size(0) == v.size(0), op, "k and v must have the same total length, got ",
                  k.size(0), " and ", v.size(0));
   FASTATTN_CHECK(q.size(2) >= 1 && q.size(2) <= attention::kMaxHeadDim && v.size(2) >= 1 &&
@@ -47,24 +47,23 @@ inline void check_varlen(const Tensor& q, const Tensor& k, const Tensor& v, cons
   check_unit_last_stride(v, op, "v");
   for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&cu_q, "cu_seqlens_q"},
                                 std::pair<const Tensor*, const char*>{&cu_k, "cu_seqlens_k"}}) {
-    FASTATTN_CHECK(t->scalar_type() == at::kInt && t->dim() == 1 && t->numel() >= 1 &&
-                       t->is_contiguous(),
-                   op, name, " must be a contiguous int32 (B+1,) tensor, got ", t->scalar_type(),
-                   " ", t->sizes());
+    FASTATTN_CHECK(
+        t->scalar_type() == at::kInt && t->dim() == 1 && t->numel() >= 1 && t->is_contiguous(), op,
+        name, " must be a contiguous int32 (B+1,) tensor, got ", t->scalar_type(), " ", t->sizes());
     check_same_device(*t, q, op, name, "q");
   }
   FASTATTN_CHECK(cu_q.numel() == cu_k.numel(), op,
-                 "cu_seqlens_q and cu_seqlens_k must have the same length B+1, got ",
-                 cu_q.numel(), " and ", cu_k.numel());
-  FASTATTN_CHECK(max_q >= 0 && max_k >= 0, op,
-                 "max_seqlen_q and max_seqlen_k must be >= 0, got ", max_q, " and ", max_k);
+                 "cu_seqlens_q and cu_seqlens_k must have the same length B+1, got ", cu_q.numel(),
+                 " and ", cu_k.numel());
+  FASTATTN_CHECK(max_q >= 0 && max_k >= 0, op, "max_seqlen_q and max_seqlen_k must be >= 0, got ",
+                 max_q, " and ", max_k);
   attention::check_seqlen(max_q, op, "max_seqlen_q");
   attention::check_seqlen(max_k, op, "max_seqlen_k");
   // A non-empty packed tensor has a sequence of length >= 1 (the kernels' grids cover
   // max_seqlen tiles).
   FASTATTN_CHECK((q.size(0) == 0 || max_q >= 1) && (k.size(0) == 0 || max_k >= 1), op,
-                 "max_seqlen_q/max_seqlen_k must be >= 1 when q/k have rows, got ", max_q,
-                 " and ", max_k);
+                 "max_seqlen_q/max_seqlen_k must be >= 1 when q/k have rows, got ", max_q, " and ",
+                 max_k);
   if (alibi.has_value() && alibi->defined()) {
     FASTATTN_CHECK(alibi->scalar_type() == at::kFloat && alibi->dim() == 2 &&
                        alibi->size(0) == cu_q.numel() - 1 && alibi->size(1) == q.size(1),
@@ -87,8 +86,8 @@ inline void check_varlen_backward(const Tensor& grad_out, const optional<Tensor>
   check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, alibi, dropout_p, seed, op);
   FASTATTN_CHECK(out.dim() == 3 && out.size(0) == q.size(0) && out.size(1) == q.size(1) &&
                      out.size(2) == v.size(2) && grad_out.sizes() == out.sizes(),
-                 op, "grad_out and out must be (total_q, Hq, Dv) = (", q.size(0), ", ",
-                 q.size(1), ", ", v.size(2), "), got ", grad_out.sizes(), " and ", out.sizes());
+                 op, "grad_out and out must be (total_q, Hq, Dv) = (", q.size(0), ", ", q.size(1),
+                 ", ", v.size(2), "), got ", grad_out.sizes(), " and ", out.sizes());
   FASTATTN_CHECK(grad_out.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
                  op, "grad_out and out must have q's dtype ", q.scalar_type(), ", got ",
                  grad_out.scalar_type(), " and ", out.scalar_type());

@@ -77,9 +77,8 @@ std::tuple<Tensor, Tensor> varlen_attention_forward_cpu(
   cpu::AttentionForwardParams fp{varlen_problem(q, k, v, cu_q, cu_k, max_q, max_k, alibi, scale,
                                                 softcap, causal_mode, wl, wr, dropout_p, seed),
                                  out.data_ptr(), packed_strides(out), lse.data_ptr()};
-  FASTATTN_DISPATCH_VARLEN(q.scalar_type(), [&] {
-    FASTATTN_CPU_ISA_CALL(attention_forward<scalar_t>, fp);
-  });
+  FASTATTN_DISPATCH_VARLEN(q.scalar_type(),
+                           [&] { FASTATTN_CPU_ISA_CALL(attention_forward<scalar_t>, fp); });
   return {out, lse};
 }
 
@@ -91,8 +90,8 @@ std::tuple<Tensor, Tensor, Tensor> varlen_attention_backward_cpu(
     bool deterministic) {
   (void)deterministic;  // always deterministic (fixed summation order, no atomics)
   constexpr const char* op = "varlen_attention_backward";
-  varlen_attention::check_varlen_backward(grad_out, grad_lse, q, k, v, out, lse, cu_q, cu_k,
-                                          max_q, max_k, alibi, dropout_p, seed, op);
+  varlen_attention::check_varlen_backward(grad_out, grad_lse, q, k, v, out, lse, cu_q, cu_k, max_q,
+                                          max_k, alibi, dropout_p, seed, op);
   varlen_attention::check_cu_seqlens_on_host(q, k, cu_q, cu_k, max_q, max_k, op);
   Tensor dlse;
   if (defined(grad_lse)) dlse = grad_lse->to(lse_dtype(q)).contiguous();
@@ -108,15 +107,22 @@ std::tuple<Tensor, Tensor, Tensor> varlen_attention_backward_cpu(
     dv.zero_();
     return {dq, dk, dv};
   }
-  cpu::AttentionBackwardParams bp{
-      varlen_problem(q, k, v, cu_q, cu_k, max_q, max_k, alibi, scale, softcap, causal_mode, wl,
-                     wr, dropout_p, seed),
-      out.data_ptr(), packed_strides(out), grad_out.data_ptr(), packed_strides(grad_out),
-      lse.data_ptr(), dlse.defined() ? dlse.data_ptr() : nullptr, dq.data_ptr(), dk.data_ptr(),
-      dv.data_ptr(), packed_strides(dq), packed_strides(dk), packed_strides(dv)};
-  FASTATTN_DISPATCH_VARLEN(q.scalar_type(), [&] {
-    FASTATTN_CPU_ISA_CALL(attention_backward<scalar_t>, bp);
-  });
+  cpu::AttentionBackwardParams bp{varlen_problem(q, k, v, cu_q, cu_k, max_q, max_k, alibi, scale,
+                                                 softcap, causal_mode, wl, wr, dropout_p, seed),
+                                  out.data_ptr(),
+                                  packed_strides(out),
+                                  grad_out.data_ptr(),
+                                  packed_strides(grad_out),
+                                  lse.data_ptr(),
+                                  dlse.defined() ? dlse.data_ptr() : nullptr,
+                                  dq.data_ptr(),
+                                  dk.data_ptr(),
+                                  dv.data_ptr(),
+                                  packed_strides(dq),
+                                  packed_strides(dk),
+                                  packed_strides(dv)};
+  FASTATTN_DISPATCH_VARLEN(q.scalar_type(),
+                           [&] { FASTATTN_CPU_ISA_CALL(attention_backward<scalar_t>, bp); });
   return {dq, dk, dv};
 }
 

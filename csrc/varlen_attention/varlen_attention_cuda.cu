@@ -24,10 +24,10 @@ using fastattn::attention::cuda_impl::launch_for;
 // The values of cu_seqlens, checked on the device (no host read): the kernels read rows
 // [cu[b], cu[b+1]) of the packed tensors and size their grids by max_seqlen.
 void check_cu_seqlens_on_device(const Tensor& q, const Tensor& k, const Tensor& cu_q,
-                                const Tensor& cu_k, int64_t max_q, int64_t max_k,
-                                const char* op) {
-  const std::string rule = " must start at 0, end at the packed length and be non-decreasing "
-                           "with steps <= max_seqlen";
+                                const Tensor& cu_k, int64_t max_q, int64_t max_k, const char* op) {
+  const std::string rule =
+      " must start at 0, end at the packed length and be non-decreasing "
+      "with steps <= max_seqlen";
   device_checks::require_prefix_sums(cu_q, q.size(0), max_q,
                                      std::string(op) + ": cu_seqlens_q" + rule + "_q");
   device_checks::require_prefix_sums(cu_k, k.size(0), max_k,
@@ -44,9 +44,8 @@ std::tuple<Tensor, Tensor> varlen_attention_forward_cuda(
   check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, alibi, dropout_p, seed,
                "varlen_attention_forward");
   check_cu_seqlens_on_device(q, k, cu_q, cu_k, max_q, max_k, "varlen_attention_forward");
-  return cuda_impl::forward(q, k, v, cu_q, cu_k, max_q, max_k, alibi, scale, softcap,
-                            causal_mode, wl, wr, dropout_p, seed,
-                            launch_for(q, "varlen_attention_forward"));
+  return cuda_impl::forward(q, k, v, cu_q, cu_k, max_q, max_k, alibi, scale, softcap, causal_mode,
+                            wl, wr, dropout_p, seed, launch_for(q, "varlen_attention_forward"));
 }
 
 std::tuple<Tensor, Tensor, Tensor> varlen_attention_backward_cuda(
@@ -63,8 +62,8 @@ std::tuple<Tensor, Tensor, Tensor> varlen_attention_backward_cuda(
   check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, alibi, dropout_p, seed,
                "varlen_attention_backward");
   check_cu_seqlens_on_device(q, k, cu_q, cu_k, max_q, max_k, "varlen_attention_backward");
-  return cuda_impl::backward(grad_out, grad_lse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k,
-                             alibi, scale, softcap, causal_mode, wl, wr, dropout_p, seed,
+  return cuda_impl::backward(grad_out, grad_lse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, alibi,
+                             scale, softcap, causal_mode, wl, wr, dropout_p, seed,
                              launch_for(q, "varlen_attention_backward"));
 }
 

@@ -42,19 +42,18 @@ inline bool packed_rows_aligned16(const Tensor& t) {
 inline void check_cuda_limits(const Tensor& q, const Tensor& k, const Tensor& cu_q,
                               const char* op) {
   FASTATTN_CHECK(q.size(0) < kMaxRows && k.size(0) < kMaxRows, op,
-                 "total_q and total_k must be < 2^30 on CUDA, got ", q.size(0), " and ",
-                 k.size(0));
+                 "total_q and total_k must be < 2^30 on CUDA, got ", q.size(0), " and ", k.size(0));
   FASTATTN_CHECK((cu_q.numel() - 1) * q.size(1) < kMaxRows, op,
                  "B * Hq must be < 2^30 on CUDA, got ", (cu_q.numel() - 1) * q.size(1));
 }
 
 // The dense kernels' problem for packed tensors: (total, H, D) seen as (B, H, L, D) with batch
 // stride 0 and L = max_seqlen; select_sequence moves each block to its sequence.
-inline Problem varlen_problem(const Tensor& q, const Tensor& k, const Tensor& v,
-                              const Tensor& cu_q, const Tensor& cu_k, int64_t max_q,
-                              int64_t max_k, const optional<Tensor>& alibi, double scale,
-                              double softcap, int64_t causal_mode, int64_t wl, int64_t wr,
-                              double dropout_p, const optional<Tensor>& seed, const char* op) {
+inline Problem varlen_problem(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_q,
+                              const Tensor& cu_k, int64_t max_q, int64_t max_k,
+                              const optional<Tensor>& alibi, double scale, double softcap,
+                              int64_t causal_mode, int64_t wl, int64_t wr, double dropout_p,
+                              const optional<Tensor>& seed, const char* op) {
   // (1, H, total, D) views give make_problem the strides (the window is set per sequence).
   auto view4 = [](const Tensor& t) { return t.unsqueeze(0).transpose(1, 2); };
   const Tensor q4 = view4(q), k4 = view4(k), v4 = view4(v);
@@ -103,8 +102,8 @@ inline std::tuple<Tensor, Tensor> forward(const Tensor& q, const Tensor& k, cons
   poison(lse);
   if (out.numel() == 0 || cu_q.numel() == 1) return {out, lse};
   FwdParams fp{};
-  fp.p = varlen_problem(q, k, v, cu_q, cu_k, max_q, max_k, alibi, scale, softcap, causal_mode,
-                        wl, wr, dropout_p, seed, op);
+  fp.p = varlen_problem(q, k, v, cu_q, cu_k, max_q, max_k, alibi, scale, softcap, causal_mode, wl,
+                        wr, dropout_p, seed, op);
   fp.out = out.data_ptr();
   fp.o_sb = 0;
   fp.o_sh = out.stride(1);
@@ -142,8 +141,8 @@ inline std::tuple<Tensor, Tensor, Tensor> backward(
   }
   Tensor delta = at::empty(lse.sizes(), lse.options());
   BwdParams bp{};
-  bp.p = varlen_problem(q, k, v, cu_q, cu_k, max_q, max_k, alibi, scale, softcap, causal_mode,
-                        wl, wr, dropout_p, seed, op);
+  bp.p = varlen_problem(q, k, v, cu_q, cu_k, max_q, max_k, alibi, scale, softcap, causal_mode, wl,
+                        wr, dropout_p, seed, op);
   bp.out = out.data_ptr();
   bp.o_sb = 0;
   bp.o_sh = out.stride(1);

@@ -8,6 +8,7 @@ torch only, so the op layer (fastattn/ops, which registers fakes and autograd fr
 native and the Triton op sets), the Triton kernels (which allocate their outputs by these
 rules) and the reference all read one definition.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -15,8 +16,9 @@ from collections.abc import Callable
 import torch
 
 
-def backward_through_reference(forward: Callable, inputs: tuple, needs_input_grad: tuple,
-                               grad_outputs: tuple) -> tuple:
+def backward_through_reference(
+    forward: Callable, inputs: tuple, needs_input_grad: tuple, grad_outputs: tuple
+) -> tuple:
     """A differentiable backward: the gradients of `forward(*inputs)` (the op's plain-PyTorch
     reference composition) with respect to the inputs that need them, built with
     create_graph=True.
@@ -30,15 +32,26 @@ def backward_through_reference(forward: Callable, inputs: tuple, needs_input_gra
     with torch.enable_grad():
         outputs = forward(*inputs)
     outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
-    pairs = [(o, g) for o, g in zip(outputs, grad_outputs)
-             if g is not None and isinstance(o, torch.Tensor) and o.requires_grad]
-    wanted = [i for i, (t, need) in enumerate(zip(inputs, needs_input_grad))
-              if need and isinstance(t, torch.Tensor) and t.requires_grad]
+    pairs = [
+        (o, g)
+        for o, g in zip(outputs, grad_outputs)
+        if g is not None and isinstance(o, torch.Tensor) and o.requires_grad
+    ]
+    wanted = [
+        i
+        for i, (t, need) in enumerate(zip(inputs, needs_input_grad))
+        if need and isinstance(t, torch.Tensor) and t.requires_grad
+    ]
     result = [None] * len(inputs)
     if not pairs or not wanted:
         return tuple(result)
-    grads = torch.autograd.grad([o for o, _ in pairs], [inputs[i] for i in wanted],
-                                [g for _, g in pairs], create_graph=True, allow_unused=True)
+    grads = torch.autograd.grad(
+        [o for o, _ in pairs],
+        [inputs[i] for i in wanted],
+        [g for _, g in pairs],
+        create_graph=True,
+        allow_unused=True,
+    )
     for i, g in zip(wanted, grads):
         result[i] = g if g is not None else torch.zeros_like(inputs[i])
     return tuple(result)

@@ -7,6 +7,7 @@ additive_scores_backward and their Triton twins (suffix _triton):
     additive_scores_backward(grad (B, Lq, Lk) contiguous, qp, kp, v)
         -> (grad_qp, grad_kp, grad_v), contiguous, in the inputs' dtype
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -37,8 +38,7 @@ def autograd_formula(backward_op: Callable, reference: Callable):
     def backward(ctx, grad):
         qp, kp, v = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: a backward that is differentiable
-            return backward_through_reference(reference, (qp, kp, v), ctx.needs_input_grad,
-                                              (grad,))
+            return backward_through_reference(reference, (qp, kp, v), ctx.needs_input_grad, (grad,))
         return backward_op(grad.contiguous(), qp, kp, v)
 
     return backward, setup_context

@@ -12,6 +12,7 @@ The rules every backend shares (csrc/attention/attention.h states the same for t
 kernels): head dims up to MAX_HEAD_DIM, sequences shorter than 2**30, lse in float32 (float64
 for float64 inputs), and the output layout of `output_like`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -31,8 +32,10 @@ MAX_SEQLEN = WINDOW_UNBOUNDED - 1
 def check_seqlen(op: str, name: str, length: int) -> None:
     """Refuses a sequence length of MAX_SEQLEN + 1 = 2**30 or more, naming the argument."""
     if length > MAX_SEQLEN:
-        raise ValueError(f"{op}: {name} must be < 2**30 = {MAX_SEQLEN + 1} (the band's unbounded "
-                         f"bound and the GPU kernels' int32 indices), got {length}")
+        raise ValueError(
+            f"{op}: {name} must be < 2**30 = {MAX_SEQLEN + 1} (the band's unbounded "
+            f"bound and the GPU kernels' int32 indices), got {length}"
+        )
 
 
 def lse_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -52,16 +55,44 @@ def output_like(q: torch.Tensor, Dv: int, dtype: torch.dtype | None = None) -> t
     return q.new_empty((B, Hq, Lq, Dv), dtype=dtype)
 
 
-def forward_fake(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap, window_lo,
-                 window_hi, dropout_p, seed):
+def forward_fake(
+    q,
+    k,
+    v,
+    attn_mask,
+    key_padding_mask,
+    alibi_slopes,
+    scale,
+    softcap,
+    window_lo,
+    window_hi,
+    dropout_p,
+    seed,
+):
     """(out, lse) as every backend's attention_forward returns them."""
     B, Hq, Lq, _ = q.shape
     return output_like(q, v.shape[3]), q.new_empty((B, Hq, Lq), dtype=lse_dtype(q.dtype))
 
 
-def backward_fake(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask,
-                  alibi_slopes, scale, softcap, window_lo, window_hi, dropout_p, seed,
-                  deterministic):
+def backward_fake(
+    grad_out,
+    grad_lse,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    attn_mask,
+    key_padding_mask,
+    alibi_slopes,
+    scale,
+    softcap,
+    window_lo,
+    window_hi,
+    dropout_p,
+    seed,
+    deterministic,
+):
     """(dq, dk, dv): contiguous whatever q's strides (the kernels allocate them so; empty_like
     would keep a transposed q's strides, and Inductor asserts the fake's)."""
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
@@ -74,8 +105,20 @@ def autograd_formula(backward_op: Callable, reference: Callable):
     create_graph=True differentiates it instead (the kernels have no double backward)."""
 
     def setup_context(ctx, inputs, output):
-        (q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap, window_lo,
-         window_hi, dropout_p, seed) = inputs
+        (
+            q,
+            k,
+            v,
+            attn_mask,
+            key_padding_mask,
+            alibi_slopes,
+            scale,
+            softcap,
+            window_lo,
+            window_hi,
+            dropout_p,
+            seed,
+        ) = inputs
         out, lse = output
         ctx.set_materialize_grads(False)
         ctx.meta = (scale, softcap, window_lo, window_hi, dropout_p)
@@ -87,10 +130,23 @@ def autograd_formula(backward_op: Callable, reference: Callable):
         if grad_out is None and grad_lse is None:
             return (None,) * 12
         if torch.is_grad_enabled():  # create_graph=True: a backward that is differentiable
-            args = (q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
-                    window_lo, window_hi, dropout_p, seed)
-            return backward_through_reference(reference, args, ctx.needs_input_grad,
-                                              (grad_out, grad_lse))
+            args = (
+                q,
+                k,
+                v,
+                attn_mask,
+                key_padding_mask,
+                alibi_slopes,
+                scale,
+                softcap,
+                window_lo,
+                window_hi,
+                dropout_p,
+                seed,
+            )
+            return backward_through_reference(
+                reference, args, ctx.needs_input_grad, (grad_out, grad_lse)
+            )
         if grad_out is None or grad_out.numel() == 0:
             grad_out = torch.zeros_like(out)  # an empty expanded grad keeps stride 0 otherwise
         elif grad_out.stride(-1) != 1:
@@ -98,8 +154,24 @@ def autograd_formula(backward_op: Callable, reference: Callable):
         if grad_lse is not None:
             grad_lse = grad_lse.contiguous()
         dq, dk, dv = backward_op(
-            grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask, alibi_slopes,
-            scale, softcap, window_lo, window_hi, dropout_p, seed, True)
+            grad_out,
+            grad_lse,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            attn_mask,
+            key_padding_mask,
+            alibi_slopes,
+            scale,
+            softcap,
+            window_lo,
+            window_hi,
+            dropout_p,
+            seed,
+            True,
+        )
         return (dq, dk, dv) + (None,) * 9
 
     return backward, setup_context

@@ -12,21 +12,49 @@ latter's Triton twin attention_with_kvcache_triton. Inference only: no backward.
 out is (B, Hq, Lq, Dv) in q's layout and lse (B, Hq, Lq), as attention's
 (contracts/attention.py: output_like, lse_dtype).
 """
+
 from __future__ import annotations
 
 from .attention import lse_dtype, output_like
 
 
-def decode_fake(q, k_cache, v_cache, k_lengths, q_positions, alibi_slopes, scale, softcap,
-                causal_mode, window_left, window_right, num_splits):
+def decode_fake(
+    q,
+    k_cache,
+    v_cache,
+    k_lengths,
+    q_positions,
+    alibi_slopes,
+    scale,
+    softcap,
+    causal_mode,
+    window_left,
+    window_right,
+    num_splits,
+):
     """(out, lse) of attention_decode."""
     B, Hq, Lq, _ = q.shape
     return output_like(q, v_cache.shape[3]), q.new_empty((B, Hq, Lq), dtype=lse_dtype(q.dtype))
 
 
-def attention_with_kvcache_fake(q, k_cache, v_cache, cache_seqlens, k_new, v_new, rotary_cos,
-                                rotary_sin, rotary_interleaved, alibi_slopes, scale, softcap,
-                                causal_mode, window_left, window_right, num_splits):
+def attention_with_kvcache_fake(
+    q,
+    k_cache,
+    v_cache,
+    cache_seqlens,
+    k_new,
+    v_new,
+    rotary_cos,
+    rotary_sin,
+    rotary_interleaved,
+    alibi_slopes,
+    scale,
+    softcap,
+    causal_mode,
+    window_left,
+    window_right,
+    num_splits,
+):
     """(out, lse) of attention_with_kvcache (the caches are written in place)."""
     B, Hq, Lq, _ = q.shape
     return output_like(q, v_cache.shape[3]), q.new_empty((B, Hq, Lq), dtype=lse_dtype(q.dtype))

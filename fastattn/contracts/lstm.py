@@ -61,6 +61,7 @@ A new backend registers kernels for these four ops (CUDA: TORCH_LIBRARY_IMPL(fas
 lstm_*_triton ops with FAKES and autograd_formulas below; fastattn._backend.cannot_run then
 lets `lstm`/`lstm_cell` choose it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -73,31 +74,58 @@ from . import backward_through_reference, compute_dtype
 
 def cell_fake(input, hx, cx, w_ih, w_hh, b_ih, b_hh):
     B, H = input.shape[0], w_hh.shape[1]
-    return (input.new_empty((B, H)), input.new_empty((B, H)),
-            input.new_empty((B, 5 * H), dtype=compute_dtype(input.dtype)))
+    return (
+        input.new_empty((B, H)),
+        input.new_empty((B, H)),
+        input.new_empty((B, 5 * H), dtype=compute_dtype(input.dtype)),
+    )
 
 
 def cell_backward_fake(grad_hy, grad_cy, input, hx, cx, w_ih, w_hh, workspace, has_bias):
     H = w_hh.shape[1]
-    return (torch.empty_like(input, memory_format=torch.contiguous_format),
-            input.new_empty(hx.shape), input.new_empty(cx.shape),
-            input.new_empty(w_ih.shape), input.new_empty(w_hh.shape),
-            input.new_empty((4 * H,) if has_bias else (0,)))
+    return (
+        torch.empty_like(input, memory_format=torch.contiguous_format),
+        input.new_empty(hx.shape),
+        input.new_empty(cx.shape),
+        input.new_empty(w_ih.shape),
+        input.new_empty(w_hh.shape),
+        input.new_empty((4 * H,) if has_bias else (0,)),
+    )
 
 
-def layer_fake(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, dropout_p, seed,
-               save_workspace):
+def layer_fake(
+    input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, dropout_p, seed, save_workspace
+):
     T, B, _ = input.shape
     D, G, P = w_hh.shape
     H = G // 4
     workspace = (D, T * B * (5 * H + P)) if save_workspace else (0,)
-    return (input.new_empty((T, B, D * P)), input.new_empty((D, B, P)),
-            input.new_empty((D, B, H)),
-            input.new_empty(workspace, dtype=compute_dtype(input.dtype)))
+    return (
+        input.new_empty((T, B, D * P)),
+        input.new_empty((D, B, P)),
+        input.new_empty((D, B, H)),
+        input.new_empty(workspace, dtype=compute_dtype(input.dtype)),
+    )
 
 
-def layer_backward_fake(grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, w_hr,
-                        lengths, workspace, dropout_p, seed, has_bias, input_grad, weight_grad):
+def layer_backward_fake(
+    grad_output,
+    grad_h_n,
+    grad_c_n,
+    input,
+    h0,
+    c0,
+    w_ih,
+    w_hh,
+    w_hr,
+    lengths,
+    workspace,
+    dropout_p,
+    seed,
+    has_bias,
+    input_grad,
+    weight_grad,
+):
     T, B, I = input.shape
     D, G, P = w_hh.shape
     H = G // 4
@@ -105,19 +133,29 @@ def layer_backward_fake(grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_
     def maybe(shape, wanted):
         return input.new_empty(shape if wanted else (0,))
 
-    return (maybe((T, B, I), input_grad), input.new_empty((D, B, P)),
-            input.new_empty((D, B, H)), maybe((D, G, I), weight_grad),
-            maybe((D, G, P), weight_grad), maybe((D, G), weight_grad and has_bias),
-            maybe((D, P, H), weight_grad and w_hr is not None))
+    return (
+        maybe((T, B, I), input_grad),
+        input.new_empty((D, B, P)),
+        input.new_empty((D, B, H)),
+        maybe((D, G, I), weight_grad),
+        maybe((D, G, P), weight_grad),
+        maybe((D, G), weight_grad and has_bias),
+        maybe((D, P, H), weight_grad and w_hr is not None),
+    )
 
 
 # Op name -> fake implementation
-FAKES = {"lstm_cell": cell_fake, "lstm_cell_backward": cell_backward_fake,
-         "lstm_layer": layer_fake, "lstm_layer_backward": layer_backward_fake}
+FAKES = {
+    "lstm_cell": cell_fake,
+    "lstm_cell_backward": cell_backward_fake,
+    "lstm_layer": layer_fake,
+    "lstm_layer_backward": layer_backward_fake,
+}
 
 
-def autograd_formulas(op: Callable[[str], Callable],
-                      reference: ModuleType) -> dict[str, tuple[Callable, Callable]]:
+def autograd_formulas(
+    op: Callable[[str], Callable], reference: ModuleType
+) -> dict[str, tuple[Callable, Callable]]:
     """Op name -> (backward, setup_context) for one backend's lstm_cell and lstm_layer; op(name)
     is that backend's op for a native op name ("lstm_layer_backward" -> its kernel). A
     create_graph=True backward differentiates the reference (fastattn.reference.lstm:
@@ -135,49 +173,83 @@ def autograd_formulas(op: Callable[[str], Callable],
             return (None,) * 7
         input, hx, cx, w_ih, w_hh, b_ih, b_hh, workspace = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: a backward that is differentiable
-            return backward_through_reference(reference.lstm_cell, (input, hx, cx, w_ih, w_hh, b_ih,
-                                                              b_hh),
-                                              ctx.needs_input_grad, (grad_hy, grad_cy))
+            return backward_through_reference(
+                reference.lstm_cell,
+                (input, hx, cx, w_ih, w_hh, b_ih, b_hh),
+                ctx.needs_input_grad,
+                (grad_hy, grad_cy),
+            )
         gi, ghx, gcx, gwih, gwhh, gb = op("lstm_cell_backward")(
-            grad_hy, grad_cy, input, hx, cx, w_ih, w_hh, workspace, ctx.has_bias)
+            grad_hy, grad_cy, input, hx, cx, w_ih, w_hh, workspace, ctx.has_bias
+        )
         needs = ctx.needs_input_grad
-        return (gi if needs[0] else None, ghx if needs[1] else None, gcx if needs[2] else None,
-                gwih if needs[3] else None, gwhh if needs[4] else None,
-                gb if ctx.has_bias and needs[5] else None,
-                gb.clone() if ctx.has_bias and needs[6] else None)
+        return (
+            gi if needs[0] else None,
+            ghx if needs[1] else None,
+            gcx if needs[2] else None,
+            gwih if needs[3] else None,
+            gwhh if needs[4] else None,
+            gb if ctx.has_bias and needs[5] else None,
+            gb.clone() if ctx.has_bias and needs[6] else None,
+        )
 
     def layer_setup(ctx, inputs, output):
-        (input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, dropout_p, seed,
-         save_workspace) = inputs
+        (input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, dropout_p, seed, save_workspace) = (
+            inputs
+        )
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(output[3])
         ctx.meta = (dropout_p, b_ih is not None, w_hr is not None, save_workspace)
-        ctx.save_for_backward(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, seed,
-                              output[3])
+        ctx.save_for_backward(input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, seed, output[3])
 
     def layer_backward(ctx, grad_output, grad_h_n, grad_c_n, _grad_workspace):
         if grad_output is None and grad_h_n is None and grad_c_n is None:
             return (None,) * 12
-        input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, seed, workspace = (
-            ctx.saved_tensors)
+        input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, seed, workspace = ctx.saved_tensors
         dropout_p, has_bias, has_proj, saved = ctx.meta
         if torch.is_grad_enabled():  # create_graph=True: a backward that is differentiable
             args = (input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, dropout_p, seed)
-            return backward_through_reference(reference.lstm_layer, args, ctx.needs_input_grad,
-                                              (grad_output, grad_h_n, grad_c_n)) + (None,)
+            return backward_through_reference(
+                reference.lstm_layer, args, ctx.needs_input_grad, (grad_output, grad_h_n, grad_c_n)
+            ) + (None,)
         if not saved:
-            raise RuntimeError("fastattn::lstm_layer was called with save_workspace=False, so "
-                               "it cannot be differentiated: pass save_workspace=True")
+            raise RuntimeError(
+                "fastattn::lstm_layer was called with save_workspace=False, so "
+                "it cannot be differentiated: pass save_workspace=True"
+            )
         needs = ctx.needs_input_grad
         weight_grad = any(needs[3:8])
         gi, gh0, gc0, gwih, gwhh, gb, gwhr = op("lstm_layer_backward")(
-            grad_output, grad_h_n, grad_c_n, input, h0, c0, w_ih, w_hh, w_hr, lengths,
-            workspace, dropout_p, seed, has_bias, needs[0], weight_grad)
-        return (gi if needs[0] else None, gh0 if needs[1] else None,
-                gc0 if needs[2] else None, gwih if needs[3] else None,
-                gwhh if needs[4] else None, gb if has_bias and needs[5] else None,
-                gb.clone() if has_bias and needs[6] else None,
-                gwhr if has_proj and needs[7] else None, None, None, None, None)
+            grad_output,
+            grad_h_n,
+            grad_c_n,
+            input,
+            h0,
+            c0,
+            w_ih,
+            w_hh,
+            w_hr,
+            lengths,
+            workspace,
+            dropout_p,
+            seed,
+            has_bias,
+            needs[0],
+            weight_grad,
+        )
+        return (
+            gi if needs[0] else None,
+            gh0 if needs[1] else None,
+            gc0 if needs[2] else None,
+            gwih if needs[3] else None,
+            gwhh if needs[4] else None,
+            gb if has_bias and needs[5] else None,
+            gb.clone() if has_bias and needs[6] else None,
+            gwhr if has_proj and needs[7] else None,
+            None,
+            None,
+            None,
+            None,
+        )
 
-    return {"lstm_cell": (cell_backward, cell_setup),
-            "lstm_layer": (layer_backward, layer_setup)}
+    return {"lstm_cell": (cell_backward, cell_setup), "lstm_layer": (layer_backward, layer_setup)}

@@ -1,13 +1,30 @@
 """Drop-in nn.Modules backed by fastattn's fused ops."""
+
 from .additive_attention import AdditiveAttention
 from .attention import MultiheadAttention
 from .gru import GRU, GRUCell
 from .lstm import LSTM, LSTMCell
 from .luong_attention import LuongAttention
+from .positional import (
+    LearnedPositionalEmbedding,
+    PositionalEmbedding,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+)
 from .rnn import RNN, RNNCell
-from .positional import (LearnedPositionalEmbedding, PositionalEmbedding, RotaryEmbedding,
-                         SinusoidalPositionalEncoding)
 
-__all__ = ["AdditiveAttention", "LuongAttention", "MultiheadAttention", "LSTM", "LSTMCell",
-           "GRU", "GRUCell", "RNN", "RNNCell", "SinusoidalPositionalEncoding",
-           "LearnedPositionalEmbedding", "PositionalEmbedding", "RotaryEmbedding"]
+__all__ = [
+    "AdditiveAttention",
+    "LuongAttention",
+    "MultiheadAttention",
+    "LSTM",
+    "LSTMCell",
+    "GRU",
+    "GRUCell",
+    "RNN",
+    "RNNCell",
+    "SinusoidalPositionalEncoding",
+    "LearnedPositionalEmbedding",
+    "PositionalEmbedding",
+    "RotaryEmbedding",
+]

@@ -1,4 +1,5 @@
 """fastattn.nn.AdditiveAttention: Bahdanau attention with fused scores."""
+
 from __future__ import annotations
 
 import math
@@ -11,7 +12,8 @@ from ..ops.additive_attention import additive_attention
 
 
 class AdditiveAttention(nn.Module):
-    """score(q_i, k_j) = v . tanh(W_q q_i + W_k k_j + b); context_i = sum_j softmax_j(score) values_j.
+    """score(q_i, k_j) = v . tanh(W_q q_i + W_k k_j + b);
+    context_i = sum_j softmax_j(score) values_j.
 
     Parameters: query_proj.weight (attn_dim, query_dim), key_proj.weight (attn_dim, key_dim),
     key_proj.bias (attn_dim,) — the b of the formula — and v (attn_dim,).
@@ -27,8 +29,9 @@ class AdditiveAttention(nn.Module):
     projects its keys once per sequence instead of once per step, forward and backward.
     """
 
-    def __init__(self, query_dim: int, key_dim: int, attn_dim: int, *,
-                 value_dim: int | None = None):
+    def __init__(
+        self, query_dim: int, key_dim: int, attn_dim: int, *, value_dim: int | None = None
+    ):
         super().__init__()
         self.query_dim, self.key_dim, self.attn_dim = query_dim, key_dim, attn_dim
         self.value_dim = key_dim if value_dim is None else value_dim
@@ -42,19 +45,34 @@ class AdditiveAttention(nn.Module):
         forward(..., projected_keys=...) at every decoder step."""
         return self.key_proj(keys)
 
-    def forward(self, query: torch.Tensor, keys: torch.Tensor,
-                values: torch.Tensor | None = None,
-                key_padding_mask: torch.Tensor | None = None, need_weights: bool = False,
-                projected_keys: torch.Tensor | None = None):
+    def forward(
+        self,
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        need_weights: bool = False,
+        projected_keys: torch.Tensor | None = None,
+    ):
         if values is not None and values.shape[-1] != self.value_dim:
-            raise ValueError(f"AdditiveAttention: values must have {self.value_dim} features, "
-                             f"got shape {tuple(values.shape)}")
+            raise ValueError(
+                f"AdditiveAttention: values must have {self.value_dim} features, "
+                f"got shape {tuple(values.shape)}"
+            )
         if projected_keys is None and not torch.compiler.is_compiling():
             projected_keys = self._reusable_key_projection(keys)
-        return additive_attention(query, keys, values, w_query=self.query_proj.weight,
-                                  w_keys=self.key_proj.weight, v=self.v, bias=self.key_proj.bias,
-                                  key_padding_mask=key_padding_mask, return_weights=need_weights,
-                                  projected_keys=projected_keys)
+        return additive_attention(
+            query,
+            keys,
+            values,
+            w_query=self.query_proj.weight,
+            w_keys=self.key_proj.weight,
+            v=self.v,
+            bias=self.key_proj.bias,
+            key_padding_mask=key_padding_mask,
+            return_weights=need_weights,
+            projected_keys=projected_keys,
+        )
 
     def _reusable_key_projection(self, keys: torch.Tensor) -> torch.Tensor | None:
         """project_keys(keys), reused from this module's previous call when that call had the
@@ -67,10 +85,16 @@ class AdditiveAttention(nn.Module):
         if not isinstance(keys, torch.Tensor) or keys.dim() != 3:
             return None
         weight, bias = self.key_proj.weight, self.key_proj.bias
-        state = (keys._version, id(weight), weight._version, id(bias),
-                 None if bias is None else bias._version, torch.is_grad_enabled(),
-                 torch.is_inference_mode_enabled(),
-                 torch.is_autocast_enabled(keys.device.type))
+        state = (
+            keys._version,
+            id(weight),
+            weight._version,
+            id(bias),
+            None if bias is None else bias._version,
+            torch.is_grad_enabled(),
+            torch.is_inference_mode_enabled(),
+            torch.is_autocast_enabled(keys.device.type),
+        )
         entry = _KEY_PROJECTIONS.get(self)
         if entry is not None:
             keys_ref, projection_ref, saved_state = entry
@@ -89,8 +113,10 @@ class AdditiveAttention(nn.Module):
         return projection
 
     def extra_repr(self) -> str:
-        return (f"query_dim={self.query_dim}, key_dim={self.key_dim}, attn_dim={self.attn_dim}, "
-                f"value_dim={self.value_dim}")
+        return (
+            f"query_dim={self.query_dim}, key_dim={self.key_dim}, attn_dim={self.attn_dim}, "
+            f"value_dim={self.value_dim}"
+        )
 
 
 # AdditiveAttention -> (weakref to keys, reference to their projection, the state it was

@@ -8,6 +8,7 @@ Dynamo refuses instances of torch's RNN classes unless torch._dynamo.config.allo
 `reset_after` (default True, torch's and cuDNN's form); reset_after=False runs the textbook
 form of Cho et al. 2014 with the same parameters and state_dict.
 """
+
 from __future__ import annotations
 
 import torch
@@ -44,11 +45,19 @@ class GRU(SingleStateRNNBase):
         return s if getattr(self, "reset_after", True) else s + ", reset_after=False"
 
     def _op(self, input, hx, weights, lengths, batch_first):
-        return gru(input, hx, weights, num_layers=self.num_layers,
-                   bidirectional=self.bidirectional, batch_first=batch_first,
-                   dropout=self.dropout, training=self.training, lengths=lengths,
-                   reset_after=getattr(self, "reset_after", True),
-                   backend=getattr(self, "fastattn_backend", None))
+        return gru(
+            input,
+            hx,
+            weights,
+            num_layers=self.num_layers,
+            bidirectional=self.bidirectional,
+            batch_first=batch_first,
+            dropout=self.dropout,
+            training=self.training,
+            lengths=lengths,
+            reset_after=getattr(self, "reset_after", True),
+            backend=getattr(self, "fastattn_backend", None),
+        )
 
 
 class GRUCell(nn.GRUCell):
@@ -66,8 +75,13 @@ class GRUCell(nn.GRUCell):
     def forward(self, input: torch.Tensor, hx: torch.Tensor | None = None) -> torch.Tensor:
         x, h, batched = _cell_inputs("GRUCell", self, input, hx)
         weights = (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
-        hy = gru_cell(x, h, *weights, reset_after=getattr(self, "reset_after", True),
-                      backend=getattr(self, "fastattn_backend", None))
+        hy = gru_cell(
+            x,
+            h,
+            *weights,
+            reset_after=getattr(self, "reset_after", True),
+            backend=getattr(self, "fastattn_backend", None),
+        )
         return hy if batched else hy.squeeze(0)
 
 
@@ -84,12 +98,15 @@ def _cell_inputs(name: str, cell: nn.RNNCellBase, input, hx):
     else:
         h = hx if batched else hx.unsqueeze(0)
     if x.size(1) != cell.input_size:
-        raise RuntimeError(f"input has inconsistent input_size: got {x.size(1)} expected "
-                           f"{cell.input_size}")
+        raise RuntimeError(
+            f"input has inconsistent input_size: got {x.size(1)} expected {cell.input_size}"
+        )
     if h.size(0) != x.size(0):
-        raise RuntimeError(f"Input batch size {x.size(0)} doesn't match hidden0 batch size "
-                           f"{h.size(0)}")
+        raise RuntimeError(
+            f"Input batch size {x.size(0)} doesn't match hidden0 batch size {h.size(0)}"
+        )
     if h.size(1) != cell.hidden_size:
-        raise RuntimeError(f"hidden0 has inconsistent hidden_size: got {h.size(1)}, expected "
-                           f"{cell.hidden_size}")
+        raise RuntimeError(
+            f"hidden0 has inconsistent hidden_size: got {h.size(1)}, expected {cell.hidden_size}"
+        )
     return x, h, batched

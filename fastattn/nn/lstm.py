@@ -10,6 +10,7 @@ checks and error messages are torch.nn.LSTM's own (its methods are reused below)
 
 `LSTMCell` subclasses torch.nn.LSTMCell and only replaces its forward.
 """
+
 from __future__ import annotations
 
 import torch
@@ -49,37 +50,53 @@ class LSTM(nn.RNNBase):
         layers = self.num_layers * (2 if self.bidirectional else 1)
         real_hidden = self.proj_size if self.proj_size > 0 else self.hidden_size
         kw = dict(dtype=like.dtype, device=like.device)
-        return (torch.zeros(layers, batch, real_hidden, **kw),
-                torch.zeros(layers, batch, self.hidden_size, **kw))
+        return (
+            torch.zeros(layers, batch, real_hidden, **kw),
+            torch.zeros(layers, batch, self.hidden_size, **kw),
+        )
 
     def _check_devices(self, input, hx) -> None:
         # torch.nn.LSTM's (ATen's) errors for mixed devices
         for w in self._weights():
             if w.device != input.device:
-                raise RuntimeError("Input and parameter tensors are not at the same device, found "
-                                   f"input tensor at {input.device} and parameter tensor at "
-                                   f"{w.device}")
+                raise RuntimeError(
+                    "Input and parameter tensors are not at the same device, found "
+                    f"input tensor at {input.device} and parameter tensor at "
+                    f"{w.device}"
+                )
         for h in hx or ():
             if h.device != input.device:
-                raise RuntimeError("Input and hidden tensors are not at the same device, found "
-                                   f"input tensor at {input.device} and hidden tensor at "
-                                   f"{h.device}")
+                raise RuntimeError(
+                    "Input and hidden tensors are not at the same device, found "
+                    f"input tensor at {input.device} and hidden tensor at "
+                    f"{h.device}"
+                )
 
     def _run(self, input, hx, lengths=None, batch_first=None):
         self._check_devices(input, hx)
         weights = self._weights()
         device_type = input.device.type
         packed_on_cpu = lengths is not None and device_type == "cpu"
-        if (device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type)
-                and not packed_on_cpu):
+        if (
+            device_type in ("cpu", "cuda")
+            and torch.is_autocast_enabled(device_type)
+            and not packed_on_cpu
+        ):
             # torch.nn.LSTM runs in the autocast dtype where torch casts: CPU autocast lists
             # aten::lstm's padded overload (not the packed one), cuDNN's RNN casts on CUDA.
             input, hx, weights = _autocast(device_type, input, hx, weights)
-        return lstm(input, hx, weights, num_layers=self.num_layers,
-                    bidirectional=self.bidirectional,
-                    batch_first=self.batch_first if batch_first is None else batch_first,
-                    dropout=self.dropout, training=self.training, proj_size=self.proj_size,
-                    lengths=lengths)
+        return lstm(
+            input,
+            hx,
+            weights,
+            num_layers=self.num_layers,
+            bidirectional=self.bidirectional,
+            batch_first=self.batch_first if batch_first is None else batch_first,
+            dropout=self.dropout,
+            training=self.training,
+            proj_size=self.proj_size,
+            lengths=lengths,
+        )
 
     def forward(self, input, hx=None):  # noqa: C901 (mirrors torch.nn.LSTM.forward)
         if isinstance(input, PackedSequence):
@@ -93,8 +110,10 @@ class LSTM(nn.RNNBase):
             padded, lengths = _unpack(data, batch_sizes)
             output, hidden = self._run(padded, hx, lengths=lengths, batch_first=False)
             packed = _pack(output, lengths)
-            return (PackedSequence(packed, batch_sizes, sorted_indices, unsorted_indices),
-                    self.permute_hidden(hidden, unsorted_indices))
+            return (
+                PackedSequence(packed, batch_sizes, sorted_indices, unsorted_indices),
+                self.permute_hidden(hidden, unsorted_indices),
+            )
 
         if input.dim() not in (2, 3):
             raise ValueError(f"LSTM: Expected input to be 2D or 3D, got {input.dim()}D instead")
@@ -106,14 +125,19 @@ class LSTM(nn.RNNBase):
         else:
             if is_batched:
                 if hx[0].dim() != 3 or hx[1].dim() != 3:
-                    raise RuntimeError("For batched 3-D input, hx and cx should also be 3-D but "
-                                       f"got ({hx[0].dim()}-D, {hx[1].dim()}-D) tensors")
+                    raise RuntimeError(
+                        "For batched 3-D input, hx and cx should also be 3-D but "
+                        f"got ({hx[0].dim()}-D, {hx[1].dim()}-D) tensors"
+                    )
             else:
                 if hx[0].dim() != 2 or hx[1].dim() != 2:
-                    raise RuntimeError("For unbatched 2-D input, hx and cx should also be 2-D "
-                                       f"but got ({hx[0].dim()}-D, {hx[1].dim()}-D) tensors")
+                    raise RuntimeError(
+                        "For unbatched 2-D input, hx and cx should also be 2-D "
+                        f"but got ({hx[0].dim()}-D, {hx[1].dim()}-D) tensors"
+                    )
             self.check_forward_args(
-                checked, hx if is_batched else (hx[0].unsqueeze(1), hx[1].unsqueeze(1)), None)
+                checked, hx if is_batched else (hx[0].unsqueeze(1), hx[1].unsqueeze(1)), None
+            )
         if checked.size(1 if self.batch_first else 0) == 0:  # ATen's rule, torch's words
             raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
         return self._run(input, hx)
@@ -125,8 +149,12 @@ def _autocast(device_type, input, hx, weights):
 
     def cast(t):
         return t.to(dtype) if t is not None and t.is_floating_point() else t
-    return cast(input), None if hx is None else tuple(cast(h) for h in hx), [
-        cast(w) for w in weights]
+
+    return (
+        cast(input),
+        None if hx is None else tuple(cast(h) for h in hx),
+        [cast(w) for w in weights],
+    )
 
 
 # torch's packing reads batch sizes and lengths on the host: under torch.compile it runs
@@ -146,17 +174,17 @@ class LSTMCell(nn.LSTMCell):
     """torch.nn.LSTMCell, fused: LSTMCell(input_size, hidden_size, bias=True, device=None,
     dtype=None); forward(input, hx=None) -> (h_1, c_1) for input (B, I) or (I,)."""
 
-    def forward(self, input: torch.Tensor,
-                hx: tuple[torch.Tensor, torch.Tensor] | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, input: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if input.dim() not in (1, 2):
-            raise ValueError(f"LSTMCell: Expected input to be 1D or 2D, got {input.dim()}D "
-                             "instead")
+            raise ValueError(f"LSTMCell: Expected input to be 1D or 2D, got {input.dim()}D instead")
         if hx is not None:
             for idx, value in enumerate(hx):
                 if value.dim() not in (1, 2):
-                    raise ValueError(f"LSTMCell: Expected hx[{idx}] to be 1D or 2D, got "
-                                     f"{value.dim()}D instead")
+                    raise ValueError(
+                        f"LSTMCell: Expected hx[{idx}] to be 1D or 2D, got {value.dim()}D instead"
+                    )
         is_batched = input.dim() == 2
         x = input if is_batched else input.unsqueeze(0)
         if hx is None:
@@ -166,15 +194,20 @@ class LSTMCell(nn.LSTMCell):
             hx = (hx[0].unsqueeze(0), hx[1].unsqueeze(0))
         # ATen's checks of torch.nn.LSTMCell (RuntimeError, the same wording).
         if x.size(1) != self.input_size:
-            raise RuntimeError(f"input has inconsistent input_size: got {x.size(1)} expected "
-                               f"{self.input_size}")
+            raise RuntimeError(
+                f"input has inconsistent input_size: got {x.size(1)} expected {self.input_size}"
+            )
         for label, t in (("0", hx[0]), ("1", hx[1])):
             if t.size(0) != x.size(0):
-                raise RuntimeError(f"Input batch size {x.size(0)} doesn't match hidden{label} "
-                                   f"batch size {t.size(0)}")
+                raise RuntimeError(
+                    f"Input batch size {x.size(0)} doesn't match hidden{label} "
+                    f"batch size {t.size(0)}"
+                )
             if t.size(1) != self.hidden_size:
-                raise RuntimeError(f"hidden{label} has inconsistent hidden_size: got "
-                                   f"{t.size(1)}, expected {self.hidden_size}")
+                raise RuntimeError(
+                    f"hidden{label} has inconsistent hidden_size: got "
+                    f"{t.size(1)}, expected {self.hidden_size}"
+                )
         weights = (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
         if x.device.type == "cuda" and torch.is_autocast_enabled("cuda"):
             # aten::lstm_cell is on CUDA autocast's lower-precision list (not on CPU's)

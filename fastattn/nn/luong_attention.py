@@ -1,4 +1,5 @@
 """fastattn.nn.LuongAttention: the scores of Luong et al. 2015 on fastattn's fused attention."""
+
 from __future__ import annotations
 
 import math
@@ -34,14 +35,17 @@ class LuongAttention(nn.Module):
     Luong's attentional state tanh(W_c [context; h_t]) is left to the model.
     """
 
-    def __init__(self, query_dim: int, key_dim: int, *, score: str = "general",
-                 value_dim: int | None = None):
+    def __init__(
+        self, query_dim: int, key_dim: int, *, score: str = "general", value_dim: int | None = None
+    ):
         super().__init__()
         if score not in _SCORES:
             raise ValueError(f"LuongAttention: score must be one of {_SCORES}, got {score!r}")
         if score == "dot" and query_dim != key_dim:
-            raise ValueError(f"LuongAttention: score='dot' needs query_dim == key_dim, got "
-                             f"{query_dim} and {key_dim}")
+            raise ValueError(
+                f"LuongAttention: score='dot' needs query_dim == key_dim, got "
+                f"{query_dim} and {key_dim}"
+            )
         self.query_dim, self.key_dim, self.score = query_dim, key_dim, score
         self.value_dim = key_dim if value_dim is None else value_dim
         if score == "general":
@@ -52,38 +56,59 @@ class LuongAttention(nn.Module):
             self.v = nn.Parameter(torch.empty(key_dim))
             nn.init.uniform_(self.v, -1.0 / math.sqrt(key_dim), 1.0 / math.sqrt(key_dim))
 
-    def forward(self, query: torch.Tensor, keys: torch.Tensor,
-                values: torch.Tensor | None = None,
-                key_padding_mask: torch.Tensor | None = None, need_weights: bool = False):
+    def forward(
+        self,
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        need_weights: bool = False,
+    ):
         name = "LuongAttention"
         if query.dim() not in (2, 3) or query.shape[-1] != self.query_dim:
-            raise ValueError(f"{name}: query must be (B, Lq, {self.query_dim}) or "
-                             f"(B, {self.query_dim}), got shape {tuple(query.shape)}")
+            raise ValueError(
+                f"{name}: query must be (B, Lq, {self.query_dim}) or "
+                f"(B, {self.query_dim}), got shape {tuple(query.shape)}"
+            )
         if keys.dim() != 3 or keys.shape[-1] != self.key_dim:
-            raise ValueError(f"{name}: keys must be (B, Lk, {self.key_dim}), got shape "
-                             f"{tuple(keys.shape)}")
+            raise ValueError(
+                f"{name}: keys must be (B, Lk, {self.key_dim}), got shape {tuple(keys.shape)}"
+            )
         if values is not None and (values.dim() != 3 or values.shape[-1] != self.value_dim):
-            raise ValueError(f"{name}: values must be (B, Lk, {self.value_dim}), got shape "
-                             f"{tuple(values.shape)}")
+            raise ValueError(
+                f"{name}: values must be (B, Lk, {self.value_dim}), got shape {tuple(values.shape)}"
+            )
         if self.score == "concat":
-            return additive_attention(query, keys, values, w_query=self.query_proj.weight,
-                                      w_keys=self.key_proj.weight, v=self.v,
-                                      key_padding_mask=key_padding_mask,
-                                      return_weights=need_weights)
+            return additive_attention(
+                query,
+                keys,
+                values,
+                w_query=self.query_proj.weight,
+                w_keys=self.key_proj.weight,
+                v=self.v,
+                key_padding_mask=key_padding_mask,
+                return_weights=need_weights,
+            )
         values = keys if values is None else values
         single_step = query.dim() == 2
         q = query.unsqueeze(1) if single_step else query
         if self.score == "general":
-            q = q @ self.linear.weight            # (W^T q) as a row: q^T W
-        result = attention(q.unsqueeze(1), keys.unsqueeze(1), values.unsqueeze(1), scale=1.0,
-                           key_padding_mask=key_padding_mask, return_lse=need_weights)
+            q = q @ self.linear.weight  # (W^T q) as a row: q^T W
+        result = attention(
+            q.unsqueeze(1),
+            keys.unsqueeze(1),
+            values.unsqueeze(1),
+            scale=1.0,
+            key_padding_mask=key_padding_mask,
+            return_lse=need_weights,
+        )
         if not need_weights:
             context = result[:, 0]
             return context[:, 0] if single_step else context
         out, lse = result
         context = out[:, 0]
         acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-        scores = q.to(acc) @ keys.to(acc).transpose(1, 2)            # (B, Lq, Lk), asked for
+        scores = q.to(acc) @ keys.to(acc).transpose(1, 2)  # (B, Lq, Lk), asked for
         lse = lse[:, 0].to(acc).unsqueeze(-1)
         weights = torch.exp(scores - lse.clamp_min(torch.finfo(acc).min))
         weights = weights.masked_fill(torch.isinf(lse) & (lse < 0), 0.0)
@@ -94,5 +119,7 @@ class LuongAttention(nn.Module):
         return context, weights
 
     def extra_repr(self) -> str:
-        return (f"query_dim={self.query_dim}, key_dim={self.key_dim}, score={self.score!r}, "
-                f"value_dim={self.value_dim}")
+        return (
+            f"query_dim={self.query_dim}, key_dim={self.key_dim}, score={self.score!r}, "
+            f"value_dim={self.value_dim}"
+        )

@@ -1,11 +1,17 @@
 """Positional-encoding modules: thin wrappers over fastattn.ops.positional."""
+
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from ..ops.positional import (Offset, add_sinusoidal, apply_rotary, embed_with_positions,
-                              learned_positions)
+from ..ops.positional import (
+    Offset,
+    add_sinusoidal,
+    apply_rotary,
+    embed_with_positions,
+    learned_positions,
+)
 
 
 class SinusoidalPositionalEncoding(nn.Module):
@@ -20,26 +26,46 @@ class SinusoidalPositionalEncoding(nn.Module):
     fresh output). With gradients the module computes out of place.
     """
 
-    def __init__(self, d_model: int, *, dropout: float = 0.0, scale: float = 1.0,
-                 base: float = 10000.0, batch_first: bool = True, inplace: bool = False):
+    def __init__(
+        self,
+        d_model: int,
+        *,
+        dropout: float = 0.0,
+        scale: float = 1.0,
+        base: float = 10000.0,
+        batch_first: bool = True,
+        inplace: bool = False,
+    ):
         super().__init__()
         if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"SinusoidalPositionalEncoding: dropout must be in [0, 1), got {dropout}")
+            raise ValueError(
+                f"SinusoidalPositionalEncoding: dropout must be in [0, 1), got {dropout}"
+            )
         self.d_model, self.dropout, self.scale = d_model, dropout, scale
         self.base, self.batch_first, self.inplace = base, batch_first, inplace
 
     def forward(self, x: torch.Tensor, offset: Offset = 0) -> torch.Tensor:
         if x.shape[-1] != self.d_model:
-            raise ValueError(f"SinusoidalPositionalEncoding: expected x with {self.d_model} "
-                             f"features in the last dim, got shape {tuple(x.shape)}")
+            raise ValueError(
+                f"SinusoidalPositionalEncoding: expected x with {self.d_model} "
+                f"features in the last dim, got shape {tuple(x.shape)}"
+            )
         inplace = self.inplace and not (x.requires_grad and torch.is_grad_enabled())
-        return add_sinusoidal(x, offset=offset, scale=self.scale, base=self.base,
-                              dropout_p=self.dropout if self.training else 0.0,
-                              seq_dim=1 if self.batch_first else 0, inplace=inplace)
+        return add_sinusoidal(
+            x,
+            offset=offset,
+            scale=self.scale,
+            base=self.base,
+            dropout_p=self.dropout if self.training else 0.0,
+            seq_dim=1 if self.batch_first else 0,
+            inplace=inplace,
+        )
 
     def extra_repr(self) -> str:
-        return (f"{self.d_model}, dropout={self.dropout}, scale={self.scale}, base={self.base}, "
-                f"batch_first={self.batch_first}" + (", inplace=True" if self.inplace else ""))
+        return (
+            f"{self.d_model}, dropout={self.dropout}, scale={self.scale}, base={self.base}, "
+            f"batch_first={self.batch_first}" + (", inplace=True" if self.inplace else "")
+        )
 
 
 class LearnedPositionalEmbedding(nn.Module):
@@ -57,10 +83,13 @@ class LearnedPositionalEmbedding(nn.Module):
 
     def forward(self, x: torch.Tensor, offset: Offset = 0) -> torch.Tensor:
         if x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(f"LearnedPositionalEmbedding: expected x (B, L, {self.d_model}), "
-                             f"got shape {tuple(x.shape)}")
-        pos = learned_positions(self.weight, offset, x.shape[1],
-                                caller="LearnedPositionalEmbedding")
+            raise ValueError(
+                f"LearnedPositionalEmbedding: expected x (B, L, {self.d_model}), "
+                f"got shape {tuple(x.shape)}"
+            )
+        pos = learned_positions(
+            self.weight, offset, x.shape[1], caller="LearnedPositionalEmbedding"
+        )
         return nn.functional.dropout(x + pos.to(x.dtype), self.dropout, self.training)
 
     def extra_repr(self) -> str:
@@ -75,17 +104,32 @@ class PositionalEmbedding(nn.Module):
     forward(tokens, offset=0): tokens (B, L) or (L,) -> (B, L, d_model) or (L, d_model).
     """
 
-    def __init__(self, num_embeddings: int, d_model: int, *, positions: str = "sinusoidal",
-                 max_len: int | None = None, scale: float = 1.0, dropout: float = 0.0,
-                 padding_idx: int | None = None):
+    def __init__(
+        self,
+        num_embeddings: int,
+        d_model: int,
+        *,
+        positions: str = "sinusoidal",
+        max_len: int | None = None,
+        scale: float = 1.0,
+        dropout: float = 0.0,
+        padding_idx: int | None = None,
+    ):
         super().__init__()
         if positions not in ("sinusoidal", "learned"):
-            raise ValueError(f"PositionalEmbedding: positions must be 'sinusoidal' or 'learned', "
-                             f"got {positions!r}")
+            raise ValueError(
+                f"PositionalEmbedding: positions must be 'sinusoidal' or 'learned', "
+                f"got {positions!r}"
+            )
         if positions == "learned" and (max_len is None or max_len < 1):
             raise ValueError("PositionalEmbedding: positions='learned' needs max_len >= 1")
         self.num_embeddings, self.d_model, self.positions = num_embeddings, d_model, positions
-        self.max_len, self.scale, self.dropout, self.padding_idx = max_len, scale, dropout, padding_idx
+        self.max_len, self.scale, self.dropout, self.padding_idx = (
+            max_len,
+            scale,
+            dropout,
+            padding_idx,
+        )
         self.weight = nn.Parameter(torch.empty(num_embeddings, d_model))
         nn.init.normal_(self.weight)
         if padding_idx is not None:
@@ -99,15 +143,21 @@ class PositionalEmbedding(nn.Module):
 
     def forward(self, tokens: torch.Tensor, offset: Offset = 0) -> torch.Tensor:
         return embed_with_positions(
-            tokens, self.weight,
+            tokens,
+            self.weight,
             positions=self.position_weight if self.positions == "learned" else "sinusoidal",
-            scale=self.scale, offset=offset, padding_idx=self.padding_idx,
-            dropout_p=self.dropout if self.training else 0.0)
+            scale=self.scale,
+            offset=offset,
+            padding_idx=self.padding_idx,
+            dropout_p=self.dropout if self.training else 0.0,
+        )
 
     def extra_repr(self) -> str:
-        return (f"{self.num_embeddings}, {self.d_model}, positions={self.positions!r}, "
-                f"max_len={self.max_len}, scale={self.scale}, dropout={self.dropout}, "
-                f"padding_idx={self.padding_idx}")
+        return (
+            f"{self.num_embeddings}, {self.d_model}, positions={self.positions!r}, "
+            f"max_len={self.max_len}, scale={self.scale}, dropout={self.dropout}, "
+            f"padding_idx={self.padding_idx}"
+        )
 
 
 class RotaryEmbedding(nn.Module):
@@ -124,10 +174,12 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"RotaryEmbedding: dim must be even and >= 2, got {dim}")
         self.dim, self.base, self.interleaved = dim, base, interleaved
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor,
-                offset: Offset = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        kwargs = dict(base=self.base, interleaved=self.interleaved, offset=offset,
-                      rotary_dim=self.dim)
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, offset: Offset = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        kwargs = dict(
+            base=self.base, interleaved=self.interleaved, offset=offset, rotary_dim=self.dim
+        )
         return apply_rotary(q, **kwargs), apply_rotary(k, **kwargs)
 
     def extra_repr(self) -> str:

@@ -5,6 +5,7 @@ forward signature and returns, PackedSequence included; it derives from torch.nn
 mode "RNN_TANH" / "RNN_RELU" as torch.nn.RNN does (not from torch.nn.RNN, which Dynamo refuses
 by default). `RNNCell` subclasses torch.nn.RNNCell and replaces its forward.
 """
+
 from __future__ import annotations
 
 import torch
@@ -36,16 +37,25 @@ class RNN(SingleStateRNNBase):
         elif self.nonlinearity == "relu":
             mode = "RNN_RELU"
         else:
-            raise ValueError(f"Unknown nonlinearity '{self.nonlinearity}'. Select from 'tanh' "
-                             "or 'relu'.")
+            raise ValueError(
+                f"Unknown nonlinearity '{self.nonlinearity}'. Select from 'tanh' or 'relu'."
+            )
         super().__init__(mode, *args, **kwargs)
 
     def _op(self, input, hx, weights, lengths, batch_first):
-        return rnn(input, hx, weights, num_layers=self.num_layers,
-                   nonlinearity="relu" if self.mode == "RNN_RELU" else "tanh",
-                   bidirectional=self.bidirectional, batch_first=batch_first,
-                   dropout=self.dropout, training=self.training, lengths=lengths,
-                   backend=getattr(self, "fastattn_backend", None))
+        return rnn(
+            input,
+            hx,
+            weights,
+            num_layers=self.num_layers,
+            nonlinearity="relu" if self.mode == "RNN_RELU" else "tanh",
+            bidirectional=self.bidirectional,
+            batch_first=batch_first,
+            dropout=self.dropout,
+            training=self.training,
+            lengths=lengths,
+            backend=getattr(self, "fastattn_backend", None),
+        )
 
 
 class RNNCell(nn.RNNCell):
@@ -56,7 +66,14 @@ class RNNCell(nn.RNNCell):
         x, h, batched = _cell_inputs("RNNCell", self, input, hx)
         if self.nonlinearity not in ("tanh", "relu"):  # torch.nn.RNNCell's error
             raise RuntimeError(f"Unknown nonlinearity: {self.nonlinearity}")
-        hy = rnn_cell(x, h, self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh,
-                      nonlinearity=self.nonlinearity,
-                      backend=getattr(self, "fastattn_backend", None))
+        hy = rnn_cell(
+            x,
+            h,
+            self.weight_ih,
+            self.weight_hh,
+            self.bias_ih,
+            self.bias_hh,
+            nonlinearity=self.nonlinearity,
+            backend=getattr(self, "fastattn_backend", None),
+        )
         return hy if batched else hy.squeeze(0)

@@ -1,6 +1,7 @@
 """Helpers shared by the public ops: argument checks with clear messages, dropout seeds, and
 the registration of every backend's kernels as torch ops (the op layer registers; the kernel
 modules only define launchers)."""
+
 from __future__ import annotations
 
 import importlib
@@ -15,14 +16,22 @@ from .. import _backend
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
-def check_tensor(op: str, name: str, t, *, dims: int | tuple[int, ...] | None = None,
-                 float_dtype: bool = False, int_dtype: bool = False) -> None:
+def check_tensor(
+    op: str,
+    name: str,
+    t,
+    *,
+    dims: int | tuple[int, ...] | None = None,
+    float_dtype: bool = False,
+    int_dtype: bool = False,
+) -> None:
     """Raise TypeError/ValueError naming `op` and argument `name` when t breaks a rule."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
     if float_dtype and t.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{op}: {name} must be float32, float16, bfloat16 or float64, "
-                        f"got {t.dtype}")
+        raise TypeError(
+            f"{op}: {name} must be float32, float16, bfloat16 or float64, got {t.dtype}"
+        )
     if int_dtype and (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool):
         raise TypeError(f"{op}: {name} must be an integer tensor (int64 or int32), got {t.dtype}")
     if dims is not None:
@@ -32,18 +41,23 @@ def check_tensor(op: str, name: str, t, *, dims: int | tuple[int, ...] | None = 
             raise ValueError(f"{op}: {name} must be {want}, got shape {tuple(t.shape)}")
 
 
-def check_same_device(op: str, reference_name: str, reference: torch.Tensor,
-                      **others: torch.Tensor | None) -> None:
+def check_same_device(
+    op: str, reference_name: str, reference: torch.Tensor, **others: torch.Tensor | None
+) -> None:
     for name, t in others.items():
         if t is not None and t.device != reference.device:
-            raise ValueError(f"{op}: {name} must be on the same device as {reference_name} "
-                             f"({reference.device}), got {t.device}")
+            raise ValueError(
+                f"{op}: {name} must be on the same device as {reference_name} "
+                f"({reference.device}), got {t.device}"
+            )
 
 
 def check_unit_last_stride(op: str, name: str, t: torch.Tensor) -> None:
     if t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
-        raise ValueError(f"{op}: {name} must have a unit stride in its last dimension, got "
-                         f"strides {t.stride()} (call .contiguous() first)")
+        raise ValueError(
+            f"{op}: {name} must have a unit stride in its last dimension, got "
+            f"strides {t.stride()} (call .contiguous() first)"
+        )
 
 
 def check_dropout(op: str, p) -> float:
@@ -119,8 +133,9 @@ def triton_kernels(name: str) -> ModuleType | None:
         return None
 
 
-def register_triton_op(name: str, launcher: Callable, fake: Callable | None = None,
-                       mutates_args: tuple[str, ...] = ()) -> None:
+def register_triton_op(
+    name: str, launcher: Callable, fake: Callable | None = None, mutates_args: tuple[str, ...] = ()
+) -> None:
     """Registers a Triton launcher as the torch op `name` (a native op's schema, suffixed
     _triton; the schema is inferred from the launcher's annotations). On a GPU it is a
     triton_op: torch.compile sees the kernels, and the fake implementation is the launcher
@@ -148,9 +163,15 @@ def register_autograd(op: str, formula: tuple[Callable, Callable]) -> None:
     torch.library.register_autograd(f"fastattn::{op}", backward, setup_context=setup_context)
 
 
-def register_forward_backward(forward: str, backward: str, forward_fake: Callable,
-                              backward_fake: Callable, autograd_formula: Callable,
-                              reference: Callable, triton_module: str) -> None:
+def register_forward_backward(
+    forward: str,
+    backward: str,
+    forward_fake: Callable,
+    backward_fake: Callable,
+    autograd_formula: Callable,
+    reference: Callable,
+    triton_module: str,
+) -> None:
     """Registers an op pair fastattn::<forward> / <backward> (the backward is the forward's
     kernel gradient) for every backend, from the op's contract: the fakes of the native ops,
     the backward formula `autograd_formula(backward_op, reference)` on the native forward, and
@@ -165,5 +186,6 @@ def register_forward_backward(forward: str, backward: str, forward_fake: Callabl
         return
     for name, fake in ((forward, forward_fake), (backward, backward_fake)):
         register_triton_op(f"fastattn::{name}_triton", getattr(kernels, name), fake)
-    register_autograd(forward + "_triton",
-                      autograd_formula(getattr(ops, backward + "_triton"), reference))
+    register_autograd(
+        forward + "_triton", autograd_formula(getattr(ops, backward + "_triton"), reference)
+    )

@@ -27,16 +27,22 @@ fastattn::X_layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor input, 
     unless input_grad; the weight and bias grads are (0,) unless weight_grad (and has_bias).
     The two bias gradients differ for the reset-after GRU (b_hn sits inside r * (.)).
 """
+
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from .. import _backend, _native
 from ..contracts import backward_through_reference
-from ._common import (FLOAT_DTYPES, device_check_range, device_checks_enabled, dropout_seed,
-                      host_checks_enabled)
+from ._common import (
+    FLOAT_DTYPES,
+    device_check_range,
+    device_checks_enabled,
+    dropout_seed,
+    host_checks_enabled,
+)
 
 # Workspace columns per (row, hidden unit) of one direction, per family.
 WORKSPACE_WIDTH = {"gru": 5, "rnn": 2}
@@ -49,7 +55,8 @@ def has_op(name: str, dispatch_key: str | None = None) -> bool:
     except (AttributeError, RuntimeError):
         return False
     return dispatch_key is None or torch._C._dispatch_has_kernel_for_dispatch_key(
-        f"fastattn::{name}", dispatch_key)
+        f"fastattn::{name}", dispatch_key
+    )
 
 
 _reason_cache: dict[tuple[str, str, bool], str] = {}
@@ -89,8 +96,9 @@ def check_float(op: str, name: str, t, dtype: torch.dtype | None = None) -> None
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{op}: {name} must be float32, float64, float16 or bfloat16, got "
-                        f"{t.dtype}")
+        raise TypeError(
+            f"{op}: {name} must be float32, float64, float16 or bfloat16, got {t.dtype}"
+        )
     if dtype is not None and t.dtype != dtype:
         raise TypeError(f"{op}: {name} must have the input's dtype {dtype}, got {t.dtype}")
 
@@ -100,15 +108,17 @@ def check_cell_args(op: str, G: int, input, hx, w_ih, w_hh, b_ih, b_hh):
     Returns (x (B, I), h (B, H), batched)."""
     check_float(op, "input", input)
     if input.dim() not in (1, 2):
-        raise ValueError(f"{op}: input must be (B, I) or unbatched (I,), got shape "
-                         f"{tuple(input.shape)}")
-    for name, t in (("hx", hx), ("w_ih", w_ih), ("w_hh", w_hh), ("b_ih", b_ih),
-                    ("b_hh", b_hh)):
+        raise ValueError(
+            f"{op}: input must be (B, I) or unbatched (I,), got shape {tuple(input.shape)}"
+        )
+    for name, t in (("hx", hx), ("w_ih", w_ih), ("w_hh", w_hh), ("b_ih", b_ih), ("b_hh", b_hh)):
         if t is not None:
             check_float(op, name, t, input.dtype)
             if t.device != input.device:
-                raise ValueError(f"{op}: {name} must be on the same device as input "
-                                 f"({input.device}), got {t.device}")
+                raise ValueError(
+                    f"{op}: {name} must be on the same device as input "
+                    f"({input.device}), got {t.device}"
+                )
     if (b_ih is None) != (b_hh is None):
         raise ValueError(f"{op}: b_ih and b_hh must be given together")
     if w_hh.dim() != 2 or w_hh.shape[0] != G * w_hh.shape[1] or w_hh.shape[1] == 0:
@@ -120,59 +130,76 @@ def check_cell_args(op: str, G: int, input, hx, w_ih, w_hh, b_ih, b_hh):
         h = x.new_zeros((x.shape[0], H))
     else:
         if hx.dim() != input.dim():
-            raise ValueError(f"{op}: hx must be {input.dim()}-D like input, got shape "
-                             f"{tuple(hx.shape)}")
+            raise ValueError(
+                f"{op}: hx must be {input.dim()}-D like input, got shape {tuple(hx.shape)}"
+            )
         h = hx if batched else hx.unsqueeze(0)
     B, I = x.shape
     if tuple(w_ih.shape) != (G * H, I):
-        raise ValueError(f"{op}: w_ih must have shape {(G * H, I)} (input size {I}), got "
-                         f"{tuple(w_ih.shape)}")
+        raise ValueError(
+            f"{op}: w_ih must have shape {(G * H, I)} (input size {I}), got {tuple(w_ih.shape)}"
+        )
     if h.shape[0] != B:
-        raise ValueError(f"{op}: Input batch size {B} doesn't match hidden0 batch size "
-                         f"{h.shape[0]}")
+        raise ValueError(
+            f"{op}: Input batch size {B} doesn't match hidden0 batch size {h.shape[0]}"
+        )
     if h.shape[1] != H:
-        raise ValueError(f"{op}: hidden0 has inconsistent hidden_size: got {h.shape[1]}, "
-                         f"expected {H}")
+        raise ValueError(
+            f"{op}: hidden0 has inconsistent hidden_size: got {h.shape[1]}, expected {H}"
+        )
     for name, b in (("b_ih", b_ih), ("b_hh", b_hh)):
         if b is not None and tuple(b.shape) != (G * H,):
             raise ValueError(f"{op}: {name} must have shape {(G * H,)}, got {tuple(b.shape)}")
     return x, h, batched
 
 
-def split_weights(op: str, family: str, weights: Sequence[torch.Tensor], num_layers: int,
-                  D: int) -> tuple[list[list[torch.Tensor]], bool]:
+def split_weights(
+    op: str, family: str, weights: Sequence[torch.Tensor], num_layers: int, D: int
+) -> tuple[list[list[torch.Tensor]], bool]:
     """weights in nn.GRU's / nn.RNN's _flat_weights order -> per (layer, direction) lists,
     has_bias."""
     if not isinstance(weights, (list, tuple)):
-        raise TypeError(f"{op}: weights must be a list or tuple of tensors (nn.{family.upper()}"
-                        f"'s _flat_weights order), got {type(weights).__name__}")
+        raise TypeError(
+            f"{op}: weights must be a list or tuple of tensors (nn.{family.upper()}"
+            f"'s _flat_weights order), got {type(weights).__name__}"
+        )
     groups = num_layers * D
     per, rest = divmod(len(weights), groups)
     if rest or per not in (2, 4):
-        raise ValueError(f"{op}: expected {2 * groups} or {4 * groups} weight tensors for "
-                         f"num_layers={num_layers}, "
-                         f"{'bidirectional' if D == 2 else 'unidirectional'} (w_ih, w_hh[, b_ih, "
-                         f"b_hh] per layer and direction), got {len(weights)}")
-    return [list(weights[g * per:(g + 1) * per]) for g in range(groups)], per == 4
+        raise ValueError(
+            f"{op}: expected {2 * groups} or {4 * groups} weight tensors for "
+            f"num_layers={num_layers}, "
+            f"{'bidirectional' if D == 2 else 'unidirectional'} (w_ih, w_hh[, b_ih, "
+            f"b_hh] per layer and direction), got {len(weights)}"
+        )
+    return [list(weights[g * per : (g + 1) * per]) for g in range(groups)], per == 4
 
 
 def check_lengths(op: str, lengths, B: int, T: int, device: torch.device):
     if lengths is None:
         return None
-    if not isinstance(lengths, torch.Tensor) or lengths.dtype.is_floating_point or \
-            lengths.dtype.is_complex or lengths.dtype == torch.bool:
-        raise TypeError(f"{op}: lengths must be an integer tensor, got "
-                        f"{getattr(lengths, 'dtype', type(lengths).__name__)}")
+    if (
+        not isinstance(lengths, torch.Tensor)
+        or lengths.dtype.is_floating_point
+        or lengths.dtype.is_complex
+        or lengths.dtype == torch.bool
+    ):
+        raise TypeError(
+            f"{op}: lengths must be an integer tensor, got "
+            f"{getattr(lengths, 'dtype', type(lengths).__name__)}"
+        )
     if lengths.dim() > 1 or lengths.numel() != B:
-        raise ValueError(f"{op}: lengths must have shape ({B},) (the batch size), got "
-                         f"{tuple(lengths.shape)}")
+        raise ValueError(
+            f"{op}: lengths must have shape ({B},) (the batch size), got {tuple(lengths.shape)}"
+        )
     lengths = lengths.reshape(B)
     on_host = host_checks_enabled(lengths)
     if B > 0 and on_host:
         lo, hi = (int(v) for v in torch.aminmax(lengths))
         if lo < 0 or hi > T:
-            raise ValueError(f"{op}: lengths must be in [0, T] = [0, {T}], got values from "
-                             f"{lo} to {hi}")
+            raise ValueError(
+                f"{op}: lengths must be in [0, T] = [0, {T}], got values from {lo} to {hi}"
+            )
     lengths = lengths.to(device=device, dtype=torch.int64)
     if not on_host and device_checks_enabled(lengths):
         device_check_range(op, lengths, 0, T, f"lengths must be in [0, T] = [0, {T}]")
@@ -184,19 +211,38 @@ def layer_op(family: str, backend: str):
     return getattr(torch.ops.fastattn, name + "_triton" if backend == "triton" else name)
 
 
-def run_layers(op: str, family: str, input, hx, weights, *, num_layers, bidirectional,
-               batch_first, dropout, training, lengths, backend, variant,
-               reference_layer: Callable):
+def run_layers(
+    op: str,
+    family: str,
+    input,
+    hx,
+    weights,
+    *,
+    num_layers,
+    bidirectional,
+    batch_first,
+    dropout,
+    training,
+    lengths,
+    backend,
+    variant,
+    reference_layer: Callable,
+):
     """The multi-layer GRU / RNN over whole sequences (see fastattn.gru for the arguments)."""
     G = GATES[family]
     check_float(op, "input", input)
     if input.dim() not in (2, 3):
-        raise ValueError(f"{op}: input must be 3-D ({'B, T' if batch_first else 'T, B'}, I) or "
-                         f"unbatched 2-D (T, I), got {input.dim()}-D")
+        raise ValueError(
+            f"{op}: input must be 3-D ({'B, T' if batch_first else 'T, B'}, I) or "
+            f"unbatched 2-D (T, I), got {input.dim()}-D"
+        )
     if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
         raise ValueError(f"{op}: num_layers must be an int >= 1, got {num_layers!r}")
-    if (isinstance(dropout, bool) or not isinstance(dropout, (int, float))
-            or not 0.0 <= dropout <= 1.0):
+    if (
+        isinstance(dropout, bool)
+        or not isinstance(dropout, (int, float))
+        or not 0.0 <= dropout <= 1.0
+    ):
         raise ValueError(f"{op}: dropout must be a number in [0, 1], got {dropout!r}")
     D = 2 if bidirectional else 1
     groups, has_bias = split_weights(op, family, weights, num_layers, D)
@@ -204,8 +250,9 @@ def run_layers(op: str, family: str, input, hx, weights, *, num_layers, bidirect
     w_hh0 = groups[0][1]
     check_float(op, "weights[1] (w_hh of layer 0)", w_hh0, dtype)
     if w_hh0.dim() != 2 or w_hh0.shape[0] == 0 or w_hh0.shape[0] != G * w_hh0.shape[1]:
-        raise ValueError(f"{op}: w_hh must be ({G} * hidden_size, hidden_size), got "
-                         f"{tuple(w_hh0.shape)}")
+        raise ValueError(
+            f"{op}: w_hh must be ({G} * hidden_size, hidden_size), got {tuple(w_hh0.shape)}"
+        )
     H = w_hh0.shape[1]
     names = ["w_ih", "w_hh"] + (["b_ih", "b_hh"] if has_bias else [])
     batched = input.dim() == 3
@@ -215,49 +262,63 @@ def run_layers(op: str, family: str, input, hx, weights, *, num_layers, bidirect
     T, B, I = x.shape
     for g, group in enumerate(groups):
         layer, direction = divmod(g, D)
-        shapes = {"w_ih": (G * H, I if layer == 0 else D * H), "w_hh": (G * H, H),
-                  "b_ih": (G * H,), "b_hh": (G * H,)}
+        shapes = {
+            "w_ih": (G * H, I if layer == 0 else D * H),
+            "w_hh": (G * H, H),
+            "b_ih": (G * H,),
+            "b_hh": (G * H,),
+        }
         for name, w in zip(names, group):
             label = f"{name} of layer {layer}{' (reverse)' if direction else ''}"
             check_float(op, label, w, dtype)
             if tuple(w.shape) != shapes[name]:
                 if name == "w_ih" and layer == 0 and w.dim() == 2 and w.shape[0] == G * H:
-                    raise ValueError(f"{op}: input.size(-1) must be equal to input_size. "
-                                     f"Expected {w.shape[1]}, got {I}")
-                raise ValueError(f"{op}: {label} must have shape {shapes[name]}, got "
-                                 f"{tuple(w.shape)}")
+                    raise ValueError(
+                        f"{op}: input.size(-1) must be equal to input_size. "
+                        f"Expected {w.shape[1]}, got {I}"
+                    )
+                raise ValueError(
+                    f"{op}: {label} must have shape {shapes[name]}, got {tuple(w.shape)}"
+                )
             if w.device != device:
-                raise ValueError(f"{op}: Input and parameter tensors are not at the same "
-                                 f"device, found input tensor at {device} and parameter "
-                                 f"tensor ({label}) at {w.device}")
+                raise ValueError(
+                    f"{op}: Input and parameter tensors are not at the same "
+                    f"device, found input tensor at {device} and parameter "
+                    f"tensor ({label}) at {w.device}"
+                )
     L = num_layers * D
     if hx is None:
         h0 = x.new_zeros((L, B, H))
     else:
         check_float(op, "hx", hx, dtype)
         if hx.device != device:
-            raise ValueError(f"{op}: Input and hidden tensors are not at the same device, "
-                             f"found input tensor at {device} and hidden tensor at "
-                             f"{hx.device}")
+            raise ValueError(
+                f"{op}: Input and hidden tensors are not at the same device, "
+                f"found input tensor at {device} and hidden tensor at "
+                f"{hx.device}"
+            )
         if batched and hx.dim() != 3:
-            raise ValueError(f"{op}: For batched 3-D input, hx should also be 3-D but got "
-                             f"{hx.dim()}-D tensor")
+            raise ValueError(
+                f"{op}: For batched 3-D input, hx should also be 3-D but got {hx.dim()}-D tensor"
+            )
         if not batched and hx.dim() != 2:
-            raise ValueError(f"{op}: For unbatched 2-D input, hx should also be 2-D but got "
-                             f"{hx.dim()}-D tensor")
+            raise ValueError(
+                f"{op}: For unbatched 2-D input, hx should also be 2-D but got {hx.dim()}-D tensor"
+            )
         h0 = hx if batched else hx.unsqueeze(1)
         if tuple(h0.shape) != (L, B, H):
             raise ValueError(f"{op}: Expected hidden size {(L, B, H)}, got {list(h0.shape)}")
     lengths = check_lengths(op, lengths, B, T, device)
     p = float(dropout) if training and num_layers > 1 else 0.0
-    chosen = _backend.select_backend(op, device, backend,
-                                     limits=unsupported_backends(family, dtype))
+    chosen = _backend.select_backend(
+        op, device, backend, limits=unsupported_backends(family, dtype)
+    )
     h_n = []
     for layer in range(num_layers):
-        per_dir = groups[layer * D:(layer + 1) * D]
+        per_dir = groups[layer * D : (layer + 1) * D]
 
         def stacked(i: int) -> torch.Tensor:
-            ws = [group[i] for group in per_dir]
+            ws = [group[i] for group in per_dir]  # noqa: B023 (called in this iteration)
             return ws[0].unsqueeze(0) if D == 1 else torch.stack(ws)
 
         w_ih, w_hh = stacked(0), stacked(1)
@@ -266,13 +327,24 @@ def run_layers(op: str, family: str, input, hx, weights, *, num_layers, bidirect
         if p_layer >= 1.0:
             x, p_layer = torch.zeros_like(x), 0.0
         seed = dropout_seed(p_layer, device)
-        args = (x, h0[layer * D:(layer + 1) * D], w_ih, w_hh, b_ih, b_hh, lengths, p_layer,
-                seed, variant)
+        args = (
+            x,
+            h0[layer * D : (layer + 1) * D],
+            w_ih,
+            w_hh,
+            b_ih,
+            b_hh,
+            lengths,
+            p_layer,
+            seed,
+            variant,
+        )
         if chosen == "reference":
             x, hl = reference_layer(*args)
         else:
             save = torch.is_grad_enabled() and any(
-                t is not None and t.requires_grad for t in args[:6])
+                t is not None and t.requires_grad for t in args[:6]
+            )
             x, hl, _ = layer_op(family, chosen)(*args, save)
         h_n.append(hl)
     _backend._record(op, chosen)
@@ -282,20 +354,34 @@ def run_layers(op: str, family: str, input, hx, weights, *, num_layers, bidirect
     return (x.transpose(0, 1) if batch_first else x), h_n
 
 
-def run_cell(op: str, family: str, input, hx, w_ih, w_hh, b_ih, b_hh, *, backend, variant,
-             reference_cell: Callable):
+def run_cell(
+    op: str,
+    family: str,
+    input,
+    hx,
+    w_ih,
+    w_hh,
+    b_ih,
+    b_hh,
+    *,
+    backend,
+    variant,
+    reference_cell: Callable,
+):
     """One step of the GRU / RNN cell: the layer op with T = 1 and one direction."""
     G = GATES[family]
     x, h, batched = check_cell_args(op, G, input, hx, w_ih, w_hh, b_ih, b_hh)
-    chosen = _backend.select_backend(op, x.device, backend,
-                                     limits=unsupported_backends(family, x.dtype))
+    chosen = _backend.select_backend(
+        op, x.device, backend, limits=unsupported_backends(family, x.dtype)
+    )
     if chosen == "reference":
         hy = reference_cell(x, h, w_ih, w_hh, b_ih, b_hh, variant)
     else:
         ws = [None if w is None else w.unsqueeze(0) for w in (w_ih, w_hh, b_ih, b_hh)]
         args = (x.unsqueeze(0), h.unsqueeze(0), *ws, None, 0.0, None, variant)
         save = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (x, h, w_ih, w_hh, b_ih, b_hh))
+            t is not None and t.requires_grad for t in (x, h, w_ih, w_hh, b_ih, b_hh)
+        )
         out, _, _ = layer_op(family, chosen)(*args, save)
         hy = out[0]
     _backend._record(op, chosen)
@@ -313,27 +399,51 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
 def layer_fake_for(family: str):
     width = WORKSPACE_WIDTH[family]
 
-    def layer_fake(input, h0, w_ih, w_hh, b_ih, b_hh, lengths, dropout_p, seed, variant,
-                   save_workspace):
+    def layer_fake(
+        input, h0, w_ih, w_hh, b_ih, b_hh, lengths, dropout_p, seed, variant, save_workspace
+    ):
         T, B, _ = input.shape
         D, _, H = w_hh.shape
         workspace = (D, T * B * width * H) if save_workspace else (0,)
-        return (input.new_empty((T, B, D * H)), input.new_empty((D, B, H)),
-                input.new_empty(workspace, dtype=_acc(input.dtype)))
+        return (
+            input.new_empty((T, B, D * H)),
+            input.new_empty((D, B, H)),
+            input.new_empty(workspace, dtype=_acc(input.dtype)),
+        )
+
     return layer_fake
 
 
-def layer_backward_fake(grad_output, grad_h_n, input, h0, w_ih, w_hh, lengths, workspace,
-                        dropout_p, seed, variant, has_bias, input_grad, weight_grad):
+def layer_backward_fake(
+    grad_output,
+    grad_h_n,
+    input,
+    h0,
+    w_ih,
+    w_hh,
+    lengths,
+    workspace,
+    dropout_p,
+    seed,
+    variant,
+    has_bias,
+    input_grad,
+    weight_grad,
+):
     T, B, I = input.shape
     D, GH, H = w_hh.shape
 
     def maybe(shape, wanted):
         return input.new_empty(shape if wanted else (0,))
 
-    return (maybe((T, B, I), input_grad), input.new_empty((D, B, H)),
-            maybe((D, GH, I), weight_grad), maybe((D, GH, H), weight_grad),
-            maybe((D, GH), weight_grad and has_bias), maybe((D, GH), weight_grad and has_bias))
+    return (
+        maybe((T, B, I), input_grad),
+        input.new_empty((D, B, H)),
+        maybe((D, GH, I), weight_grad),
+        maybe((D, GH, H), weight_grad),
+        maybe((D, GH), weight_grad and has_bias),
+        maybe((D, GH), weight_grad and has_bias),
+    )
 
 
 def register(family: str, suffix: str, reference_layer: Callable, fakes: bool) -> None:
@@ -343,12 +453,14 @@ def register(family: str, suffix: str, reference_layer: Callable, fakes: bool) -
     if fakes:
         torch.library.register_fake(name)(layer_fake_for(family))
         torch.library.register_fake(f"fastattn::{family}_layer_backward{suffix}")(
-            layer_backward_fake)
+            layer_backward_fake
+        )
     backward_op = f"{family}_layer_backward{suffix}"
 
     def setup(ctx, inputs, output):
-        (input, h0, w_ih, w_hh, b_ih, b_hh, lengths, dropout_p, seed, variant,
-         save_workspace) = inputs
+        (input, h0, w_ih, w_hh, b_ih, b_hh, lengths, dropout_p, seed, variant, save_workspace) = (
+            inputs
+        )
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(output[2])
         ctx.meta = (dropout_p, variant, b_ih is not None, save_workspace)
@@ -361,18 +473,43 @@ def register(family: str, suffix: str, reference_layer: Callable, fakes: bool) -
         dropout_p, variant, has_bias, saved = ctx.meta
         if torch.is_grad_enabled():  # create_graph=True: a backward that is differentiable
             args = (input, h0, w_ih, w_hh, b_ih, b_hh, lengths, dropout_p, seed, variant)
-            return backward_through_reference(reference_layer, args, ctx.needs_input_grad,
-                                              (grad_output, grad_h_n)) + (None,)
+            return backward_through_reference(
+                reference_layer, args, ctx.needs_input_grad, (grad_output, grad_h_n)
+            ) + (None,)
         if not saved:
-            raise RuntimeError(f"{name} was called with save_workspace=False, so it cannot be "
-                               "differentiated: pass save_workspace=True")
+            raise RuntimeError(
+                f"{name} was called with save_workspace=False, so it cannot be "
+                "differentiated: pass save_workspace=True"
+            )
         needs = ctx.needs_input_grad
         gi, gh0, gwih, gwhh, gbih, gbhh = getattr(torch.ops.fastattn, backward_op)(
-            grad_output, grad_h_n, input, h0, w_ih, w_hh, lengths, workspace, dropout_p, seed,
-            variant, has_bias, needs[0], any(needs[2:6]))
-        return (gi if needs[0] else None, gh0 if needs[1] else None,
-                gwih if needs[2] else None, gwhh if needs[3] else None,
-                gbih if has_bias and needs[4] else None,
-                gbhh if has_bias and needs[5] else None, None, None, None, None, None)
+            grad_output,
+            grad_h_n,
+            input,
+            h0,
+            w_ih,
+            w_hh,
+            lengths,
+            workspace,
+            dropout_p,
+            seed,
+            variant,
+            has_bias,
+            needs[0],
+            any(needs[2:6]),
+        )
+        return (
+            gi if needs[0] else None,
+            gh0 if needs[1] else None,
+            gwih if needs[2] else None,
+            gwhh if needs[3] else None,
+            gbih if has_bias and needs[4] else None,
+            gbhh if has_bias and needs[5] else None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
     torch.library.register_autograd(name, backward, setup_context=setup)

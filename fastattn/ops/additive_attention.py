@@ -7,6 +7,7 @@ fastattn/reference/additive_attention.py) reduces tanh(qp_i + kp_j) against v wi
 the (B, Lq, Lk, A) tensor the straightforward implementation builds; the masked softmax and the
 weighted sum of values are ordinary torch ops on (B, Lq, Lk) scores.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,12 +18,20 @@ from ..reference import additive_attention as ref
 from ._common import check_same_device, check_tensor, register_forward_backward
 
 
-def additive_attention(query: torch.Tensor, keys: torch.Tensor,
-                       values: torch.Tensor | None = None, *, w_query: torch.Tensor,
-                       w_keys: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None,
-                       key_padding_mask: torch.Tensor | None = None,
-                       return_weights: bool = False, projected_keys: torch.Tensor | None = None,
-                       backend: str | None = None):
+def additive_attention(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor | None = None,
+    *,
+    w_query: torch.Tensor,
+    w_keys: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    return_weights: bool = False,
+    projected_keys: torch.Tensor | None = None,
+    backend: str | None = None,
+):
     """Bahdanau attention, fused: no (B, Lq, Lk, A) tensor is allocated.
 
     query: (B, Lq, Dq), or (B, Dq) for one decoder step; keys: (B, Lk, Dk);
@@ -42,8 +51,18 @@ def additive_attention(query: torch.Tensor, keys: torch.Tensor,
     check_tensor(op, "w_query", w_query, dims=2, float_dtype=True)
     check_tensor(op, "w_keys", w_keys, dims=2, float_dtype=True)
     check_tensor(op, "v", v, dims=1, float_dtype=True)
-    check_same_device(op, "query", query, keys=keys, values=values, w_query=w_query,
-                      w_keys=w_keys, v=v, bias=bias, key_padding_mask=key_padding_mask)
+    check_same_device(
+        op,
+        "query",
+        query,
+        keys=keys,
+        values=values,
+        w_query=w_query,
+        w_keys=w_keys,
+        v=v,
+        bias=bias,
+        key_padding_mask=key_padding_mask,
+    )
     single_step = query.dim() == 2
     q = query.unsqueeze(1) if single_step else query
     B, Lq, Dq = q.shape
@@ -51,11 +70,15 @@ def additive_attention(query: torch.Tensor, keys: torch.Tensor,
     A = v.shape[0]
     dtypes = {t.dtype for t in (q, keys, values, w_query, w_keys, v)}
     if len(dtypes) != 1:
-        raise TypeError(f"{op}: query, keys, values and the weights must share one dtype, got "
-                        f"{sorted(str(d) for d in dtypes)}")
+        raise TypeError(
+            f"{op}: query, keys, values and the weights must share one dtype, got "
+            f"{sorted(str(d) for d in dtypes)}"
+        )
     if keys.shape[0] != B or values.shape[0] != B or values.shape[1] != Lk:
-        raise ValueError(f"{op}: query {tuple(query.shape)}, keys {tuple(keys.shape)} and values "
-                         f"{tuple(values.shape)} must agree in batch and key length")
+        raise ValueError(
+            f"{op}: query {tuple(query.shape)}, keys {tuple(keys.shape)} and values "
+            f"{tuple(values.shape)} must agree in batch and key length"
+        )
     if tuple(w_query.shape) != (A, Dq):
         raise ValueError(f"{op}: w_query must be (A, Dq) = ({A}, {Dq}), got {tuple(w_query.shape)}")
     if tuple(w_keys.shape) != (A, Dk):
@@ -67,17 +90,20 @@ def additive_attention(query: torch.Tensor, keys: torch.Tensor,
     if key_padding_mask is not None:
         check_tensor(op, "key_padding_mask", key_padding_mask, dims=2)
         if key_padding_mask.dtype != torch.bool or tuple(key_padding_mask.shape) != (B, Lk):
-            raise ValueError(f"{op}: key_padding_mask must be bool (B, Lk) = ({B}, {Lk}), got "
-                             f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
+            raise ValueError(
+                f"{op}: key_padding_mask must be bool (B, Lk) = ({B}, {Lk}), got "
+                f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}"
+            )
 
-    chosen = _backend.select_backend(op, q.device, backend, kernel="additive_scores",
-                                     dtype=q.dtype)
+    chosen = _backend.select_backend(op, q.device, backend, kernel="additive_scores", dtype=q.dtype)
     qp = torch.nn.functional.linear(q, w_query)
     if projected_keys is not None:
         check_tensor(op, "projected_keys", projected_keys, dims=3, float_dtype=True)
         if tuple(projected_keys.shape) != (B, Lk, A) or projected_keys.dtype != q.dtype:
-            raise ValueError(f"{op}: projected_keys must be (B, Lk, A) = ({B}, {Lk}, {A}) of "
-                             f"{q.dtype}, got {tuple(projected_keys.shape)} {projected_keys.dtype}")
+            raise ValueError(
+                f"{op}: projected_keys must be (B, Lk, A) = ({B}, {Lk}, {A}) of "
+                f"{q.dtype}, got {tuple(projected_keys.shape)} {projected_keys.dtype}"
+            )
         kp = projected_keys
     else:
         kp = torch.nn.functional.linear(keys, w_keys, bias)
@@ -107,10 +133,15 @@ def additive_attention(query: torch.Tensor, keys: torch.Tensor,
 def _register() -> None:
     """Fakes and autograd of the native ops and of their Triton twins, from the contract
     (fastattn/contracts/additive_attention.py)."""
-    register_forward_backward("additive_scores", "additive_scores_backward",
-                              contract.scores_fake, contract.scores_backward_fake,
-                              contract.autograd_formula, ref.additive_scores,
-                              "additive_attention")
+    register_forward_backward(
+        "additive_scores",
+        "additive_scores_backward",
+        contract.scores_fake,
+        contract.scores_backward_fake,
+        contract.autograd_formula,
+        ref.additive_scores,
+        "additive_attention",
+    )
 
 
 _register()

@@ -12,10 +12,11 @@ Backends: "cpu"/"cuda" run torch.ops.fastattn.attention_forward / attention_back
 (csrc/attention), "triton" runs the same ops suffixed _triton (fastattn/triton/attention.py),
 "reference" runs fastattn/reference/attention.py under torch autograd.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 import torch
 
@@ -24,10 +25,15 @@ from ..contracts import attention as contract
 from ..contracts.attention import MAX_HEAD_DIM, WINDOW_UNBOUNDED, check_seqlen
 from ..reference import attention as ref
 from ..reference.random import dropout_keep_mask, dropout_uniform
-from ._common import (check_dropout, check_same_device, check_tensor, dropout_seed,
-                      register_forward_backward)
+from ._common import (
+    check_dropout,
+    check_same_device,
+    check_tensor,
+    dropout_seed,
+    register_forward_backward,
+)
 
-Causal = Union[bool, str]
+Causal = bool | str
 
 
 def _op(name: str, backend: str):
@@ -53,22 +59,28 @@ def _check_inputs(op, q, k, v):
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(op, name, t, dims=4, float_dtype=True)
     if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"{op}: q, k and v must have the same dtype, got {q.dtype}, {k.dtype}, "
-                        f"{v.dtype}")
+        raise TypeError(
+            f"{op}: q, k and v must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
     check_same_device(op, "q", q, k=k, v=v)
     B, Hq, Lq, D = q.shape
     if k.shape[0] != B or v.shape[0] != B:
-        raise ValueError(f"{op}: q, k and v must have the same batch size, got {q.shape[0]}, "
-                         f"{k.shape[0]}, {v.shape[0]}")
+        raise ValueError(
+            f"{op}: q, k and v must have the same batch size, got {q.shape[0]}, "
+            f"{k.shape[0]}, {v.shape[0]}"
+        )
     if k.shape[1] != v.shape[1]:
-        raise ValueError(f"{op}: k and v must have the same number of heads, got {k.shape[1]} "
-                         f"and {v.shape[1]}")
+        raise ValueError(
+            f"{op}: k and v must have the same number of heads, got {k.shape[1]} and {v.shape[1]}"
+        )
     if k.shape[1] == 0 or Hq % k.shape[1] != 0:
-        raise ValueError(f"{op}: q's heads ({Hq}) must be a multiple of k/v's heads "
-                         f"({k.shape[1]}) (GQA/MQA)")
+        raise ValueError(
+            f"{op}: q's heads ({Hq}) must be a multiple of k/v's heads ({k.shape[1]}) (GQA/MQA)"
+        )
     if k.shape[2] != v.shape[2]:
-        raise ValueError(f"{op}: k and v must have the same length, got {k.shape[2]} and "
-                         f"{v.shape[2]}")
+        raise ValueError(
+            f"{op}: k and v must have the same length, got {k.shape[2]} and {v.shape[2]}"
+        )
     if k.shape[3] != D:
         raise ValueError(f"{op}: q and k must have the same head dim, got {D} and {k.shape[3]}")
     for name, d in (("head dim of q/k", D), ("head dim of v", v.shape[3])):
@@ -77,8 +89,7 @@ def _check_inputs(op, q, k, v):
     check_seqlen(op, "q's length (Lq)", Lq)
     check_seqlen(op, "k's length (Lk)", k.shape[2])
     # The kernels read rows with a unit stride; other layouts are copied, as SDPA does.
-    return tuple(t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
-                 for t in (q, k, v))
+    return tuple(t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
 
 
 def _canonical_mask(op, attn_mask, q, B, Hq, Lq, Lk):
@@ -87,17 +98,23 @@ def _canonical_mask(op, attn_mask, q, B, Hq, Lq, Lk):
     if not isinstance(attn_mask, torch.Tensor):
         raise TypeError(f"{op}: attn_mask must be a tensor, got {type(attn_mask).__name__}")
     if attn_mask.dtype != torch.bool and not attn_mask.dtype.is_floating_point:
-        raise TypeError(f"{op}: attn_mask must be bool (True = may attend) or floating "
-                        f"(added to the scores), got {attn_mask.dtype}")
+        raise TypeError(
+            f"{op}: attn_mask must be bool (True = may attend) or floating "
+            f"(added to the scores), got {attn_mask.dtype}"
+        )
     check_same_device(op, "q", q, attn_mask=attn_mask)
     if attn_mask.dim() > 4:
-        raise ValueError(f"{op}: attn_mask must broadcast to (B, Hq, Lq, Lk) = "
-                         f"({B}, {Hq}, {Lq}, {Lk}), got shape {tuple(attn_mask.shape)}")
+        raise ValueError(
+            f"{op}: attn_mask must broadcast to (B, Hq, Lq, Lk) = "
+            f"({B}, {Hq}, {Lq}, {Lk}), got shape {tuple(attn_mask.shape)}"
+        )
     try:
         expanded = attn_mask.expand(B, Hq, Lq, Lk)
     except RuntimeError:
-        raise ValueError(f"{op}: attn_mask must broadcast to (B, Hq, Lq, Lk) = "
-                         f"({B}, {Hq}, {Lq}, {Lk}), got shape {tuple(attn_mask.shape)}") from None
+        raise ValueError(
+            f"{op}: attn_mask must broadcast to (B, Hq, Lq, Lk) = "
+            f"({B}, {Hq}, {Lq}, {Lk}), got shape {tuple(attn_mask.shape)}"
+        ) from None
     if expanded.dtype.is_floating_point and expanded.dtype not in (q.dtype, torch.float32):
         expanded = expanded.to(torch.float32)
     return expanded
@@ -108,11 +125,15 @@ def _canonical_padding(op, key_padding_mask, q, B, Lk):
         return None
     check_tensor(op, "key_padding_mask", key_padding_mask, dims=2)
     if key_padding_mask.dtype != torch.bool:
-        raise TypeError(f"{op}: key_padding_mask must be bool (True = padding to ignore), got "
-                        f"{key_padding_mask.dtype}")
+        raise TypeError(
+            f"{op}: key_padding_mask must be bool (True = padding to ignore), got "
+            f"{key_padding_mask.dtype}"
+        )
     if tuple(key_padding_mask.shape) != (B, Lk):
-        raise ValueError(f"{op}: key_padding_mask must be (B, Lk) = ({B}, {Lk}), got "
-                         f"{tuple(key_padding_mask.shape)}")
+        raise ValueError(
+            f"{op}: key_padding_mask must be (B, Lk) = ({B}, {Lk}), got "
+            f"{tuple(key_padding_mask.shape)}"
+        )
     check_same_device(op, "q", q, key_padding_mask=key_padding_mask)
     return key_padding_mask.contiguous()
 
@@ -122,19 +143,31 @@ def _canonical_alibi(op, alibi_slopes, q, B, Hq):
         return None
     check_tensor(op, "alibi_slopes", alibi_slopes, dims=(1, 2), float_dtype=True)
     if tuple(alibi_slopes.shape) not in ((Hq,), (B, Hq)):
-        raise ValueError(f"{op}: alibi_slopes must be (Hq,) = ({Hq},) or (B, Hq) = ({B}, {Hq}),"
-                         f" got {tuple(alibi_slopes.shape)}")
+        raise ValueError(
+            f"{op}: alibi_slopes must be (Hq,) = ({Hq},) or (B, Hq) = ({B}, {Hq}),"
+            f" got {tuple(alibi_slopes.shape)}"
+        )
     check_same_device(op, "q", q, alibi_slopes=alibi_slopes)
     return alibi_slopes.to(torch.float32).expand(B, Hq)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Causal = False,
-              attn_mask: torch.Tensor | None = None,
-              key_padding_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
-              scale: float | None = None, alibi_slopes: torch.Tensor | None = None,
-              window: tuple[int, int] | None = None, softcap: float = 0.0,
-              return_lse: bool = False, deterministic: bool = False,
-              backend: str | None = None):
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: Causal = False,
+    attn_mask: torch.Tensor | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    window: tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    return_lse: bool = False,
+    deterministic: bool = False,
+    backend: str | None = None,
+):
     """Softmax attention softmax(q k^T * scale + bias) v, fused and tiled (FlashAttention-2
     style): no (Lq, Lk) tensor is allocated, forward or backward.
 
@@ -166,19 +199,37 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Caus
     Returns out (B, Hq, Lq, Dv) in q's dtype, or (out, lse) with return_lse.
     """
     out, lse, _ = _attention(
-        q, k, v, causal=causal, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-        dropout_p=dropout_p, scale=scale, alibi_slopes=alibi_slopes, window=window,
-        softcap=softcap, backend=backend)
+        q,
+        k,
+        v,
+        causal=causal,
+        attn_mask=attn_mask,
+        key_padding_mask=key_padding_mask,
+        dropout_p=dropout_p,
+        scale=scale,
+        alibi_slopes=alibi_slopes,
+        window=window,
+        softcap=softcap,
+        backend=backend,
+    )
     return (out, lse) if return_lse else out
 
 
-def attention_with_weights(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                           causal: Causal = False, attn_mask: torch.Tensor | None = None,
-                           key_padding_mask: torch.Tensor | None = None,
-                           dropout_p: float = 0.0, scale: float | None = None,
-                           alibi_slopes: torch.Tensor | None = None,
-                           window: tuple[int, int] | None = None, softcap: float = 0.0,
-                           backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_with_weights(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: Causal = False,
+    attn_mask: torch.Tensor | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    window: tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`attention` (same arguments and output) that also returns the attention weights, as
     torch's nn.MultiheadAttention returns them with need_weights=True.
 
@@ -189,9 +240,19 @@ def attention_with_weights(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     the reference differentiates).
     """
     out, lse, canonical = _attention(
-        q, k, v, causal=causal, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-        dropout_p=dropout_p, scale=scale, alibi_slopes=alibi_slopes, window=window,
-        softcap=softcap, backend=backend)
+        q,
+        k,
+        v,
+        causal=causal,
+        attn_mask=attn_mask,
+        key_padding_mask=key_padding_mask,
+        dropout_p=dropout_p,
+        scale=scale,
+        alibi_slopes=alibi_slopes,
+        window=window,
+        softcap=softcap,
+        backend=backend,
+    )
     return out, _weights(lse, canonical)
 
 
@@ -203,40 +264,70 @@ def _weights(lse: torch.Tensor, canonical: tuple) -> torch.Tensor:
     weights for scores of a few units, while the softmax subtracts the row maximum exactly.
     Empty rows are given zero scores before the softmax so that no NaN (exp(-inf + inf))
     exists even in the branch that is masked out: it would reach the gradients."""
-    (q, k, v, mask, padding, alibi, scale, softcap, window_lo, window_hi, p,
-     seed) = canonical
+    (q, k, v, mask, padding, alibi, scale, softcap, window_lo, window_hi, p, seed) = canonical
     s = ref.scores(q, k, mask, padding, alibi, scale, softcap, window_lo, window_hi)
     empty = torch.isneginf(lse).unsqueeze(-1)
     probs = torch.softmax(s.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
     if p > 0.0:
-        probs = probs * dropout_keep_mask(seed, tuple(probs.shape), p, probs.device) \
-            * (1.0 / (1.0 - p))
+        probs = (
+            probs * dropout_keep_mask(seed, tuple(probs.shape), p, probs.device) * (1.0 / (1.0 - p))
+        )
     return probs.to(q.dtype)
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Causal = False,
-               attn_mask: torch.Tensor | None = None,
-               key_padding_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
-               scale: float | None = None, alibi_slopes: torch.Tensor | None = None,
-               window: tuple[int, int] | None = None, softcap: float = 0.0,
-               backend: str | None = None):
+def _attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: Causal = False,
+    attn_mask: torch.Tensor | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    window: tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    backend: str | None = None,
+):
     """`attention` that also returns the canonical arguments every backend received:
     (out, lse, (q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap, window_lo,
     window_hi, dropout_p, seed)), from which `_weights` recomputes the probabilities."""
     out, lse, args, _ = attention_band(
-        q, k, v, causal=causal, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-        dropout_p=dropout_p, scale=scale, alibi_slopes=alibi_slopes, window=window,
-        softcap=softcap, backend=backend)
+        q,
+        k,
+        v,
+        causal=causal,
+        attn_mask=attn_mask,
+        key_padding_mask=key_padding_mask,
+        dropout_p=dropout_p,
+        scale=scale,
+        alibi_slopes=alibi_slopes,
+        window=window,
+        softcap=softcap,
+        backend=backend,
+    )
     return out, lse, args
 
 
-def attention_band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                   causal: Causal = False, attn_mask: torch.Tensor | None = None,
-                   key_padding_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
-                   scale: float | None = None, alibi_slopes: torch.Tensor | None = None,
-                   window: tuple[int, int] | None = None, softcap: float = 0.0,
-                   backend: str | None = None, seed: torch.Tensor | None = None,
-                   band: tuple[int, int] | None = None, keep: torch.Tensor | None = None):
+def attention_band(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: Causal = False,
+    attn_mask: torch.Tensor | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    window: tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    backend: str | None = None,
+    seed: torch.Tensor | None = None,
+    band: tuple[int, int] | None = None,
+    keep: torch.Tensor | None = None,
+):
     """`attention` that also returns the canonical arguments every backend received and the
     backend that ran: (out, lse, args, backend), args = (q, k, v, attn_mask, key_padding_mask,
     alibi_slopes, scale, softcap, window_lo, window_hi, dropout_p, seed). `seed` fixes the
@@ -257,20 +348,28 @@ def attention_band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     op = "attention"
     if keep is not None:
         if backend not in (None, "reference"):
-            raise ValueError(f"{op}: an explicit dropout keep-mask runs on the reference "
-                             f"backend only, got backend={backend!r}")
+            raise ValueError(
+                f"{op}: an explicit dropout keep-mask runs on the reference "
+                f"backend only, got backend={backend!r}"
+            )
         backend = "reference"
     q, k, v = _check_inputs(op, q, k, v)
     B, Hq, Lq, D = q.shape
     Lk = k.shape[2]
     if causal not in (False, True, "top_left", "bottom_right"):
-        raise ValueError(f"{op}: causal must be False, True, 'top_left' or 'bottom_right', got "
-                         f"{causal!r}")
+        raise ValueError(
+            f"{op}: causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}"
+        )
     if window is not None:
-        if (not isinstance(window, (tuple, list)) or len(window) != 2
-                or not all(isinstance(w, int) and w >= -1 for w in window)):
-            raise ValueError(f"{op}: window must be None or (left, right) ints >= -1 "
-                             f"(-1 = unbounded), got {window!r}")
+        if (
+            not isinstance(window, (tuple, list))
+            or len(window) != 2
+            or not all(isinstance(w, int) and w >= -1 for w in window)
+        ):
+            raise ValueError(
+                f"{op}: window must be None or (left, right) ints >= -1 "
+                f"(-1 = unbounded), got {window!r}"
+            )
     p = check_dropout(op, dropout_p)
     if scale is None:
         scale = 1.0 / math.sqrt(D)  # symbolic under torch.compile(dynamic=True): no check
@@ -295,10 +394,13 @@ def attention_band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     limits: dict[str, str] = {}
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (mask, alibi)):
         for name in ("cpu", "cuda", "triton"):
-            limits[name] = ("gradients with respect to attn_mask or alibi_slopes are computed "
-                            "by the reference backend only")
-    chosen = _backend.select_backend(op, q.device, backend, limits=limits,
-                                     kernel="attention_forward", dtype=q.dtype)
+            limits[name] = (
+                "gradients with respect to attn_mask or alibi_slopes are computed "
+                "by the reference backend only"
+            )
+    chosen = _backend.select_backend(
+        op, q.device, backend, limits=limits, kernel="attention_forward", dtype=q.dtype
+    )
     if seed is None:
         seed = dropout_seed(p, q.device)
     args = (q, k, v, mask, padding, alibi, scale, softcap, window_lo, window_hi, p, seed)
@@ -310,10 +412,15 @@ def attention_band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     return out, lse, args, chosen
 
 
-def attention_backward_canonical(grad_out: torch.Tensor, grad_lse: torch.Tensor | None,
-                                 out: torch.Tensor, lse: torch.Tensor, args: tuple,
-                                 backend: str, keep: torch.Tensor | None = None
-                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def attention_backward_canonical(
+    grad_out: torch.Tensor,
+    grad_lse: torch.Tensor | None,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    args: tuple,
+    backend: str,
+    keep: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FlashAttention's backward for one block of a longer row: (dq, dk, dv) of the canonical
     call `args` (from `attention_band`) given the row's final out (B, Hq, Lq, Dv) in q's dtype
     and lse (B, Hq, Lq) in lse's dtype, possibly merged over other key blocks. The
@@ -330,12 +437,44 @@ def attention_backward_canonical(grad_out: torch.Tensor, grad_lse: torch.Tensor 
     if grad_lse is not None:
         grad_lse = grad_lse.contiguous()
     if backend == "reference":
-        return ref.attention_backward(grad_out, grad_lse, q, k, v, out, lse, mask, padding,
-                                      alibi, scale, softcap, window_lo, window_hi, p, seed,
-                                      keep=keep)
+        return ref.attention_backward(
+            grad_out,
+            grad_lse,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            mask,
+            padding,
+            alibi,
+            scale,
+            softcap,
+            window_lo,
+            window_hi,
+            p,
+            seed,
+            keep=keep,
+        )
     return _op("attention_backward", backend)(
-        grad_out, grad_lse, q, k, v, out, lse, mask, padding, alibi, scale, softcap, window_lo,
-        window_hi, p, seed, True)
+        grad_out,
+        grad_lse,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        mask,
+        padding,
+        alibi,
+        scale,
+        softcap,
+        window_lo,
+        window_hi,
+        p,
+        seed,
+        True,
+    )
 
 
 def dropout_keep(seed: torch.Tensor, element: torch.Tensor, p: float) -> torch.Tensor:
@@ -345,8 +484,9 @@ def dropout_keep(seed: torch.Tensor, element: torch.Tensor, p: float) -> torch.T
     return dropout_uniform(seed, element) >= p
 
 
-def merge_attention(outs: Sequence[torch.Tensor],
-                    lses: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_attention(
+    outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Combine attentions of the same queries over disjoint key sets (split-K decoding, context
     parallelism): out = sum_i exp(lse_i - lse) out_i with lse = logsumexp_i lse_i.
 
@@ -358,17 +498,23 @@ def merge_attention(outs: Sequence[torch.Tensor],
     """
     op = "merge_attention"
     if len(outs) == 0 or len(outs) != len(lses):
-        raise ValueError(f"{op}: outs and lses must be non-empty sequences of the same length, "
-                         f"got {len(outs)} and {len(lses)}")
+        raise ValueError(
+            f"{op}: outs and lses must be non-empty sequences of the same length, "
+            f"got {len(outs)} and {len(lses)}"
+        )
     for i, (o, l) in enumerate(zip(outs, lses)):
         check_tensor(op, f"outs[{i}]", o, float_dtype=True)
         check_tensor(op, f"lses[{i}]", l, float_dtype=True)
         if o.shape != outs[0].shape or o.dtype != outs[0].dtype:
-            raise ValueError(f"{op}: every out must match outs[0] ({tuple(outs[0].shape)}, "
-                             f"{outs[0].dtype}), got outs[{i}] {tuple(o.shape)}, {o.dtype}")
+            raise ValueError(
+                f"{op}: every out must match outs[0] ({tuple(outs[0].shape)}, "
+                f"{outs[0].dtype}), got outs[{i}] {tuple(o.shape)}, {o.dtype}"
+            )
         if tuple(l.shape) != tuple(o.shape[:-1]):
-            raise ValueError(f"{op}: lses[{i}] must have shape {tuple(o.shape[:-1])} (outs "
-                             f"without the last dim), got {tuple(l.shape)}")
+            raise ValueError(
+                f"{op}: lses[{i}] must have shape {tuple(o.shape[:-1])} (outs "
+                f"without the last dim), got {tuple(l.shape)}"
+            )
         check_same_device(op, "outs[0]", outs[0], **{f"outs[{i}]": o, f"lses[{i}]": l})
     return ref.merge_attention(list(outs), list(lses))
 
@@ -379,9 +525,15 @@ def merge_attention(outs: Sequence[torch.Tensor],
 
 
 def _register() -> None:
-    register_forward_backward("attention_forward", "attention_backward", contract.forward_fake,
-                              contract.backward_fake, contract.autograd_formula, ref.attention,
-                              "attention")
+    register_forward_backward(
+        "attention_forward",
+        "attention_backward",
+        contract.forward_fake,
+        contract.backward_fake,
+        contract.autograd_formula,
+        ref.attention,
+        "attention",
+    )
 
 
 _register()

@@ -9,6 +9,7 @@ torch.ops.fastattn.attention_with_kvcache_triton (fastattn/triton/attention_with
 rotation and append in one kernel, q rotated inside the split-K attention kernel, splits merged
 by a third), "reference" fastattn/reference/attention_with_kvcache.py.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,42 +20,68 @@ from .. import _backend
 from ..contracts import attention_with_kvcache as contract
 from ..contracts.attention import MAX_HEAD_DIM, check_seqlen
 from ..reference import attention_with_kvcache as ref
-from ._common import (check_same_device, check_tensor, device_check_range,
-                      device_checks_enabled, host_checks_enabled, register_native_fakes,
-                      register_triton_op, triton_kernels)
+from ._common import (
+    check_same_device,
+    check_tensor,
+    device_check_range,
+    device_checks_enabled,
+    host_checks_enabled,
+    register_native_fakes,
+    register_triton_op,
+    triton_kernels,
+)
 from .positional import _check_position_range, apply_rotary
 from .varlen_attention import causal_mode, window_sides
 
 
-def _check_rotary_tables(op: str, D: int, cos: torch.Tensor, sin: torch.Tensor,
-                         positions: torch.Tensor, length: int, on_device: bool) -> None:
+def _check_rotary_tables(
+    op: str,
+    D: int,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor,
+    length: int,
+    on_device: bool,
+) -> None:
     """The checks fastattn.apply_rotary makes of its tables and positions (the triton backend
     rotates inside its kernels): rotary_dim = 2 * cos.shape[1] even in [2, D], cos and sin
     alike, positions + length within the tables' rows (on the device for CUDA positions when
     on_device). Run before anything is appended."""
     rotary_dim = 2 * cos.shape[-1] if cos.dim() == 2 else D
     if rotary_dim < 2 or rotary_dim > D:
-        raise ValueError(f"{op}: rotary_dim must be even and in [2, {D}] (head dim), "
-                         f"got {rotary_dim}")
+        raise ValueError(
+            f"{op}: rotary_dim must be even and in [2, {D}] (head dim), got {rotary_dim}"
+        )
     for name, t in (("rotary_cos", cos), ("rotary_sin", sin)):
         check_tensor(op, name, t, dims=2, float_dtype=True)
     if cos.shape != sin.shape:
-        raise ValueError(f"{op}: rotary_cos and rotary_sin must have the same shape, got "
-                         f"{tuple(cos.shape)} and {tuple(sin.shape)}")
-    _check_position_range(op, 0, positions, length, cos.shape[0], "cos/sin",
-                          on_device=on_device)
+        raise ValueError(
+            f"{op}: rotary_cos and rotary_sin must have the same shape, got "
+            f"{tuple(cos.shape)} and {tuple(sin.shape)}"
+        )
+    _check_position_range(op, 0, positions, length, cos.shape[0], "cos/sin", on_device=on_device)
 
 
 @torch.no_grad()
-def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
-                           cache_seqlens: torch.Tensor, k_new: torch.Tensor | None = None,
-                           v_new: torch.Tensor | None = None,
-                           rotary_cos: torch.Tensor | None = None,
-                           rotary_sin: torch.Tensor | None = None,
-                           rotary_interleaved: bool = False, causal=True, window=None,
-                           softcap: float = 0.0, scale: float | None = None,
-                           alibi_slopes: torch.Tensor | None = None, num_splits: int = 0,
-                           backend: str | None = None) -> torch.Tensor:
+def attention_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    *,
+    cache_seqlens: torch.Tensor,
+    k_new: torch.Tensor | None = None,
+    v_new: torch.Tensor | None = None,
+    rotary_cos: torch.Tensor | None = None,
+    rotary_sin: torch.Tensor | None = None,
+    rotary_interleaved: bool = False,
+    causal=True,
+    window=None,
+    softcap: float = 0.0,
+    scale: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    num_splits: int = 0,
+    backend: str | None = None,
+) -> torch.Tensor:
     """Attention of new tokens over a KV cache, appending them first (inference only).
 
     q: (B, Hq, Lq, D), the queries of tokens at positions cache_seqlens[b] + i.
@@ -76,17 +103,29 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     check_tensor(op, "k_cache", k_cache, dims=4, float_dtype=True)
     check_tensor(op, "v_cache", v_cache, dims=4, float_dtype=True)
     check_tensor(op, "cache_seqlens", cache_seqlens, dims=1)
-    check_same_device(op, "q", q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
-                      k_new=k_new, v_new=v_new, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
-                      alibi_slopes=alibi_slopes)
+    check_same_device(
+        op,
+        "q",
+        q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        cache_seqlens=cache_seqlens,
+        k_new=k_new,
+        v_new=v_new,
+        rotary_cos=rotary_cos,
+        rotary_sin=rotary_sin,
+        alibi_slopes=alibi_slopes,
+    )
     B, Hq, Lq, D = q.shape
     Hkv, Lmax, Dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
     if not (q.dtype == k_cache.dtype == v_cache.dtype):
         raise TypeError(f"{op}: q, k_cache and v_cache must have the same dtype")
     if k_cache.shape[0] != B or tuple(v_cache.shape[:3]) != (B, Hkv, Lmax) or k_cache.shape[3] != D:
-        raise ValueError(f"{op}: k_cache must be (B, Hkv, Lmax, D) = ({B}, Hkv, Lmax, {D}) and "
-                         f"v_cache (B, Hkv, Lmax, Dv), got {tuple(k_cache.shape)} and "
-                         f"{tuple(v_cache.shape)}")
+        raise ValueError(
+            f"{op}: k_cache must be (B, Hkv, Lmax, D) = ({B}, Hkv, Lmax, {D}) and "
+            f"v_cache (B, Hkv, Lmax, Dv), got {tuple(k_cache.shape)} and "
+            f"{tuple(v_cache.shape)}"
+        )
     if Hkv == 0 or Hq % Hkv:
         raise ValueError(f"{op}: q's heads ({Hq}) must be a multiple of the caches' ({Hkv})")
     if not (1 <= D <= MAX_HEAD_DIM and 1 <= Dv <= MAX_HEAD_DIM):
@@ -95,8 +134,10 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     check_seqlen(op, "q's length (Lq)", Lq)
     check_seqlen(op, "k_cache's length (Lmax)", Lmax)
     if cache_seqlens.dtype != torch.int32 or cache_seqlens.shape[0] != B:
-        raise TypeError(f"{op}: cache_seqlens must be int32 (B,) = ({B},), got "
-                        f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
+        raise TypeError(
+            f"{op}: cache_seqlens must be int32 (B,) = ({B},), got "
+            f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)}"
+        )
     if (k_new is None) != (v_new is None):
         raise ValueError(f"{op}: k_new and v_new must be given together")
     Lnew = 0
@@ -106,11 +147,15 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         Lnew = k_new.shape[2]
         if not (k_new.dtype == v_new.dtype == q.dtype):
             # Checked here: scatter_ would raise only after k_new was already appended.
-            raise TypeError(f"{op}: k_new and v_new must have q's dtype {q.dtype}, got "
-                            f"{k_new.dtype} and {v_new.dtype}")
+            raise TypeError(
+                f"{op}: k_new and v_new must have q's dtype {q.dtype}, got "
+                f"{k_new.dtype} and {v_new.dtype}"
+            )
         if tuple(k_new.shape) != (B, Hkv, Lnew, D) or tuple(v_new.shape) != (B, Hkv, Lnew, Dv):
-            raise ValueError(f"{op}: k_new/v_new must be (B, Hkv, Lnew, D/Dv) = ({B}, {Hkv}, "
-                             f"Lnew, {D}/{Dv}), got {tuple(k_new.shape)} and {tuple(v_new.shape)}")
+            raise ValueError(
+                f"{op}: k_new/v_new must be (B, Hkv, Lnew, D/Dv) = ({B}, {Hkv}, "
+                f"Lnew, {D}/{Dv}), got {tuple(k_new.shape)} and {tuple(v_new.shape)}"
+            )
     if (rotary_cos is None) != (rotary_sin is None):
         raise ValueError(f"{op}: rotary_cos and rotary_sin must be given together")
     if B > 0 and Lnew > Lmax:  # known without reading cache_seqlens
@@ -120,8 +165,10 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         if lo < 0:
             raise ValueError(f"{op}: cache_seqlens must be >= 0, got {lo}")
         if hi + Lnew > Lmax:
-            raise ValueError(f"{op}: the cache is too small: cache_seqlens up to {hi} plus "
-                             f"{Lnew} new tokens exceed Lmax = {Lmax}")
+            raise ValueError(
+                f"{op}: the cache is too small: cache_seqlens up to {hi} plus "
+                f"{Lnew} new tokens exceed Lmax = {Lmax}"
+            )
     mode = 2 if causal_mode(causal) else 0
     left, right = window_sides(op, window)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
@@ -129,15 +176,19 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if alibi_slopes is not None:
         check_tensor(op, "alibi_slopes", alibi_slopes, dims=(1, 2), float_dtype=True)
         if tuple(alibi_slopes.shape) not in ((Hq,), (B, Hq)):
-            raise ValueError(f"{op}: alibi_slopes must be (Hq,) or (B, Hq), got "
-                             f"{tuple(alibi_slopes.shape)}")
+            raise ValueError(
+                f"{op}: alibi_slopes must be (Hq,) or (B, Hq), got {tuple(alibi_slopes.shape)}"
+            )
         alibi = alibi_slopes.to(torch.float32).expand(B, Hq).contiguous()
 
     # The native backends attend with attention_decode (and fuse the append where their build
     # has attention_with_kvcache); the triton backend has the fused op only.
     limits = {}
-    for name, kernel in (("cpu", "attention_decode"), ("cuda", "attention_decode"),
-                         ("triton", "attention_with_kvcache")):
+    for name, kernel in (
+        ("cpu", "attention_decode"),
+        ("cuda", "attention_decode"),
+        ("triton", "attention_with_kvcache"),
+    ):
         why = _backend.missing_kernel(kernel, name)
         if why:
             limits[name] = why
@@ -146,32 +197,61 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     # op itself (a check kernel), here for the other backends.
     device_side = chosen != "cuda" and device_checks_enabled(cache_seqlens)
     if device_side:
-        device_check_range(op, cache_seqlens, 0, Lmax - Lnew,
-                           f"cache_seqlens must be in [0, Lmax - Lnew] = [0, {Lmax - Lnew}] "
-                           f"(the cache is too small for the new tokens otherwise)")
+        device_check_range(
+            op,
+            cache_seqlens,
+            0,
+            Lmax - Lnew,
+            f"cache_seqlens must be in [0, Lmax - Lnew] = [0, {Lmax - Lnew}] "
+            f"(the cache is too small for the new tokens otherwise)",
+        )
     positions = cache_seqlens.to(torch.int64)
     # One op for rotary, append and attention where the backend has it (triton; a native
     # build's attention_with_kvcache): a decoding step is short enough that a handful of ops'
     # dispatch and checks would cost more than the attention itself.
     if chosen != "reference" and not _backend.missing_kernel("attention_with_kvcache", chosen):
         if rotary_cos is not None:
-            _check_rotary_tables(op, D, rotary_cos, rotary_sin, positions, max(Lq, Lnew),
-                                 on_device=chosen != "cuda")
+            _check_rotary_tables(
+                op, D, rotary_cos, rotary_sin, positions, max(Lq, Lnew), on_device=chosen != "cuda"
+            )
             if chosen != "triton":  # the native op takes the tables in the compute dtype
                 acc = torch.float64 if q.dtype == torch.float64 else torch.float32
                 rotary_cos = rotary_cos.to(acc).contiguous()
                 rotary_sin = rotary_sin.to(acc).contiguous()
-        fused = (torch.ops.fastattn.attention_with_kvcache_triton if chosen == "triton"
-                 else torch.ops.fastattn.attention_with_kvcache)
-        out, _ = fused(q, k_cache, v_cache, cache_seqlens, k_new, v_new, rotary_cos, rotary_sin,
-                       bool(rotary_interleaved), alibi, scale, float(softcap), mode, left, right,
-                       int(num_splits))
+        fused = (
+            torch.ops.fastattn.attention_with_kvcache_triton
+            if chosen == "triton"
+            else torch.ops.fastattn.attention_with_kvcache
+        )
+        out, _ = fused(
+            q,
+            k_cache,
+            v_cache,
+            cache_seqlens,
+            k_new,
+            v_new,
+            rotary_cos,
+            rotary_sin,
+            bool(rotary_interleaved),
+            alibi,
+            scale,
+            float(softcap),
+            mode,
+            left,
+            right,
+            int(num_splits),
+        )
         _backend._record(op, chosen)
         return out
     rotary_backend = "reference" if chosen == "reference" else None
     if rotary_cos is not None:
-        rot = dict(cos=rotary_cos, sin=rotary_sin, interleaved=rotary_interleaved,
-                   offset=positions, backend=rotary_backend)
+        rot = dict(
+            cos=rotary_cos,
+            sin=rotary_sin,
+            interleaved=rotary_interleaved,
+            offset=positions,
+            backend=rotary_backend,
+        )
         q = apply_rotary(q, **rot)
         if k_new is not None:
             k_new = apply_rotary(k_new, **rot)
@@ -181,8 +261,19 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         v_cache.scatter_(2, index.expand(B, Hkv, Lnew, Dv), v_new)
     k_lengths = (cache_seqlens + Lnew).to(torch.int32)
     q_positions = cache_seqlens.to(torch.int32)
-    args = (q, k_cache, v_cache, k_lengths, q_positions, alibi, scale, float(softcap), mode,
-            left, right)
+    args = (
+        q,
+        k_cache,
+        v_cache,
+        k_lengths,
+        q_positions,
+        alibi,
+        scale,
+        float(softcap),
+        mode,
+        left,
+        right,
+    )
     if chosen == "reference":
         out, _ = ref.attention_decode(*args)
     else:
@@ -194,13 +285,20 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 def _register() -> None:
     """Fakes of the native ops and the Triton op, from the contract
     (fastattn/contracts/attention_with_kvcache.py)."""
-    register_native_fakes({"attention_decode": contract.decode_fake,
-                           "attention_with_kvcache": contract.attention_with_kvcache_fake})
+    register_native_fakes(
+        {
+            "attention_decode": contract.decode_fake,
+            "attention_with_kvcache": contract.attention_with_kvcache_fake,
+        }
+    )
     kernels = triton_kernels("attention_with_kvcache")
     if kernels is not None:
-        register_triton_op("fastattn::attention_with_kvcache_triton",
-                           kernels.attention_with_kvcache, contract.attention_with_kvcache_fake,
-                           mutates_args=("k_cache", "v_cache"))
+        register_triton_op(
+            "fastattn::attention_with_kvcache_triton",
+            kernels.attention_with_kvcache,
+            contract.attention_with_kvcache_fake,
+            mutates_args=("k_cache", "v_cache"),
+        )
 
 
 _register()

@@ -7,9 +7,10 @@ csrc/lstm, generic over the cell), "reference" runs fastattn/reference/gru.py un
 autograd. A backend without GRU kernels is reported by `unsupported_backends` and refused with
 its reason when asked for explicitly. `gru_cell` runs the layer op with T = 1.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -28,10 +29,17 @@ def _check_reset_after(op: str, reset_after) -> bool:
     return reset_after
 
 
-def gru_cell(input: torch.Tensor, hx: torch.Tensor | None, w_ih: torch.Tensor,
-             w_hh: torch.Tensor, b_ih: torch.Tensor | None = None,
-             b_hh: torch.Tensor | None = None, *, reset_after: bool = True,
-             backend: str | None = None) -> torch.Tensor:
+def gru_cell(
+    input: torch.Tensor,
+    hx: torch.Tensor | None,
+    w_ih: torch.Tensor,
+    w_hh: torch.Tensor,
+    b_ih: torch.Tensor | None = None,
+    b_hh: torch.Tensor | None = None,
+    *,
+    reset_after: bool = True,
+    backend: str | None = None,
+) -> torch.Tensor:
     """One GRU step (torch.nn.GRUCell's math and gate order r, z, n).
 
     input: (B, I) or unbatched (I,); hx: (B, H) / (H,) or None (zeros); w_ih: (3H, I);
@@ -43,14 +51,35 @@ def gru_cell(input: torch.Tensor, hx: torch.Tensor | None, w_ih: torch.Tensor,
     """
     op = "gru_cell"
     _check_reset_after(op, reset_after)
-    return _recurrent.run_cell(op, "gru", input, hx, w_ih, w_hh, b_ih, b_hh, backend=backend,
-                               variant=reset_after, reference_cell=ref.gru_cell)
+    return _recurrent.run_cell(
+        op,
+        "gru",
+        input,
+        hx,
+        w_ih,
+        w_hh,
+        b_ih,
+        b_hh,
+        backend=backend,
+        variant=reset_after,
+        reference_cell=ref.gru_cell,
+    )
 
 
-def gru(input: torch.Tensor, hx: torch.Tensor | None, weights: Sequence[torch.Tensor], *,
-        num_layers: int, bidirectional: bool = False, batch_first: bool = False,
-        dropout: float = 0.0, training: bool = False, lengths: torch.Tensor | None = None,
-        reset_after: bool = True, backend: str | None = None):
+def gru(
+    input: torch.Tensor,
+    hx: torch.Tensor | None,
+    weights: Sequence[torch.Tensor],
+    *,
+    num_layers: int,
+    bidirectional: bool = False,
+    batch_first: bool = False,
+    dropout: float = 0.0,
+    training: bool = False,
+    lengths: torch.Tensor | None = None,
+    reset_after: bool = True,
+    backend: str | None = None,
+):
     """A multi-layer (bidirectional) GRU over whole sequences, fused per layer.
 
     input: (T, B, I), batch_first (B, T, I) or unbatched (T, I).
@@ -68,11 +97,22 @@ def gru(input: torch.Tensor, hx: torch.Tensor | None, weights: Sequence[torch.Te
     """
     op = "gru"
     _check_reset_after(op, reset_after)
-    return _recurrent.run_layers(op, "gru", input, hx, weights, num_layers=num_layers,
-                                 bidirectional=bidirectional, batch_first=batch_first,
-                                 dropout=dropout, training=training, lengths=lengths,
-                                 backend=backend, variant=reset_after,
-                                 reference_layer=ref.gru_layer)
+    return _recurrent.run_layers(
+        op,
+        "gru",
+        input,
+        hx,
+        weights,
+        num_layers=num_layers,
+        bidirectional=bidirectional,
+        batch_first=batch_first,
+        dropout=dropout,
+        training=training,
+        lengths=lengths,
+        backend=backend,
+        variant=reset_after,
+        reference_layer=ref.gru_layer,
+    )
 
 
 if _recurrent.has_op("gru_layer"):

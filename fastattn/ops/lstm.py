@@ -11,19 +11,28 @@ lengths are read inside the op). Backends: "cpu"/"cuda" run the native ops below
 The ops' contract (schemas, shapes, workspaces, fakes, backward formulas) is
 fastattn/contracts/lstm.py.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
 from .. import _backend
 from ..contracts import lstm as contract
 from ..reference import lstm as ref
-from ._common import (FLOAT_DTYPES, check_same_device, device_check_range,
-                      device_checks_enabled, dropout_seed, host_checks_enabled,
-                      register_autograd, register_native_fakes, register_triton_op,
-                      triton_kernels)
+from ._common import (
+    FLOAT_DTYPES,
+    check_same_device,
+    device_check_range,
+    device_checks_enabled,
+    dropout_seed,
+    host_checks_enabled,
+    register_autograd,
+    register_native_fakes,
+    register_triton_op,
+    triton_kernels,
+)
 
 
 def unsupported_backends(dtype: torch.dtype = torch.float32) -> dict[str, str]:
@@ -39,8 +48,13 @@ def unsupported_backends(dtype: torch.dtype = torch.float32) -> dict[str, str]:
     return limits
 
 
-def cuda_recurrent_path(input: torch.Tensor, w_hh: torch.Tensor,
-                        w_hr: torch.Tensor | None = None, *, backward: bool = False) -> str:
+def cuda_recurrent_path(
+    input: torch.Tensor,
+    w_hh: torch.Tensor,
+    w_hr: torch.Tensor | None = None,
+    *,
+    backward: bool = False,
+) -> str:
     """Which recurrent path the CUDA backend's lstm_layer (or, with backward=True,
     lstm_layer_backward) takes for one layer: a documented query, so a slow fallback is never
     silent.
@@ -77,8 +91,9 @@ def _check_float(op: str, name: str, t, dtype: torch.dtype | None = None) -> Non
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{op}: {name} must be float32, float64, float16 or bfloat16, got "
-                        f"{t.dtype}")
+        raise TypeError(
+            f"{op}: {name} must be float32, float64, float16 or bfloat16, got {t.dtype}"
+        )
     if dtype is not None and t.dtype != dtype:
         raise TypeError(f"{op}: {name} must have the input's dtype {dtype}, got {t.dtype}")
 
@@ -92,10 +107,17 @@ def _check_shape(op: str, name: str, t: torch.Tensor, shape: tuple[int, ...]) ->
 # lstm_cell
 
 
-def lstm_cell(input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor, w_ih: torch.Tensor,
-              w_hh: torch.Tensor, b_ih: torch.Tensor | None = None,
-              b_hh: torch.Tensor | None = None, *,
-              backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def lstm_cell(
+    input: torch.Tensor,
+    hx: torch.Tensor,
+    cx: torch.Tensor,
+    w_ih: torch.Tensor,
+    w_hh: torch.Tensor,
+    b_ih: torch.Tensor | None = None,
+    b_hh: torch.Tensor | None = None,
+    *,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One LSTM step, fused (torch.nn.LSTMCell's math and gate order i, f, g, o).
 
     input: (B, I) or unbatched (I,); hx, cx: (B, H) or (H,), the previous hidden and cell
@@ -107,16 +129,22 @@ def lstm_cell(input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor, w_ih: tor
     op = "lstm_cell"
     _check_float(op, "input", input)
     if input.dim() not in (1, 2):
-        raise ValueError(f"{op}: input must be (B, I) or unbatched (I,), got shape "
-                         f"{tuple(input.shape)}")
-    for name, t in (("hx", hx), ("cx", cx), ("w_ih", w_ih), ("w_hh", w_hh), ("b_ih", b_ih),
-                    ("b_hh", b_hh)):
+        raise ValueError(
+            f"{op}: input must be (B, I) or unbatched (I,), got shape {tuple(input.shape)}"
+        )
+    for name, t in (
+        ("hx", hx),
+        ("cx", cx),
+        ("w_ih", w_ih),
+        ("w_hh", w_hh),
+        ("b_ih", b_ih),
+        ("b_hh", b_hh),
+    ):
         if t is not None:
             _check_float(op, name, t, input.dtype)
     if (b_ih is None) != (b_hh is None):
         raise ValueError(f"{op}: b_ih and b_hh must be given together")
-    check_same_device(op, "input", input, hx=hx, cx=cx, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih,
-                      b_hh=b_hh)
+    check_same_device(op, "input", input, hx=hx, cx=cx, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh)
     if w_hh.dim() != 2 or w_hh.shape[0] != 4 * w_hh.shape[1] or w_hh.shape[1] == 0:
         raise ValueError(f"{op}: w_hh must be (4H, H), got shape {tuple(w_hh.shape)}")
     H = w_hh.shape[1]
@@ -129,16 +157,20 @@ def lstm_cell(input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor, w_ih: tor
     # torch.nn.LSTMCell's (ATen's) wording for mismatched states
     for label, t in (("0", h), ("1", c)):
         if t.dim() != 2 or t.shape[0] != B:
-            raise ValueError(f"{op}: Input batch size {B} doesn't match hidden{label} batch "
-                             f"size {t.shape[0] if t.dim() else 'of a 0-d tensor'}")
+            raise ValueError(
+                f"{op}: Input batch size {B} doesn't match hidden{label} batch "
+                f"size {t.shape[0] if t.dim() else 'of a 0-d tensor'}"
+            )
         if t.shape[1] != H:
-            raise ValueError(f"{op}: hidden{label} has inconsistent hidden_size: got "
-                             f"{t.shape[1]}, expected {H}")
+            raise ValueError(
+                f"{op}: hidden{label} has inconsistent hidden_size: got {t.shape[1]}, expected {H}"
+            )
     if b_ih is not None:
         _check_shape(op, "b_ih", b_ih, (4 * H,))
         _check_shape(op, "b_hh", b_hh, (4 * H,))
-    chosen = _backend.select_backend(op, input.device, backend,
-                                     limits=unsupported_backends(input.dtype))
+    chosen = _backend.select_backend(
+        op, input.device, backend, limits=unsupported_backends(input.dtype)
+    )
     if chosen == "reference":
         hy, cy = ref.lstm_cell(x, h, c, w_ih, w_hh, b_ih, b_hh)
     else:
@@ -151,29 +183,43 @@ def lstm_cell(input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor, w_ih: tor
 # lstm
 
 
-def _split_weights(op: str, weights: Sequence[torch.Tensor], num_layers: int, D: int,
-                   proj_size: int) -> tuple[list[list[torch.Tensor]], bool]:
+def _split_weights(
+    op: str, weights: Sequence[torch.Tensor], num_layers: int, D: int, proj_size: int
+) -> tuple[list[list[torch.Tensor]], bool]:
     """weights in nn.LSTM's _flat_weights order -> per (layer, direction) lists, has_bias."""
     if not isinstance(weights, (list, tuple)):
-        raise TypeError(f"{op}: weights must be a list or tuple of tensors (nn.LSTM's "
-                        f"_flat_weights order), got {type(weights).__name__}")
+        raise TypeError(
+            f"{op}: weights must be a list or tuple of tensors (nn.LSTM's "
+            f"_flat_weights order), got {type(weights).__name__}"
+        )
     groups = num_layers * D
     per, rest = divmod(len(weights), groups)
     base = per - (1 if proj_size > 0 else 0)
     if rest or base not in (2, 4):
         want = " or ".join(str(groups * (n + (1 if proj_size > 0 else 0))) for n in (2, 4))
-        raise ValueError(f"{op}: expected {want} weight tensors for num_layers={num_layers}, "
-                         f"{'bidirectional' if D == 2 else 'unidirectional'}, "
-                         f"proj_size={proj_size} (w_ih, w_hh[, b_ih, b_hh][, w_hr] per layer "
-                         f"and direction), got {len(weights)}")
-    return [list(weights[g * per:(g + 1) * per]) for g in range(groups)], base == 4
+        raise ValueError(
+            f"{op}: expected {want} weight tensors for num_layers={num_layers}, "
+            f"{'bidirectional' if D == 2 else 'unidirectional'}, "
+            f"proj_size={proj_size} (w_ih, w_hh[, b_ih, b_hh][, w_hr] per layer "
+            f"and direction), got {len(weights)}"
+        )
+    return [list(weights[g * per : (g + 1) * per]) for g in range(groups)], base == 4
 
 
-def lstm(input: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None,
-         weights: Sequence[torch.Tensor], *, num_layers: int, bidirectional: bool = False,
-         batch_first: bool = False, dropout: float = 0.0, training: bool = False,
-         proj_size: int = 0, lengths: torch.Tensor | None = None,
-         backend: str | None = None):
+def lstm(
+    input: torch.Tensor,
+    hx: tuple[torch.Tensor, torch.Tensor] | None,
+    weights: Sequence[torch.Tensor],
+    *,
+    num_layers: int,
+    bidirectional: bool = False,
+    batch_first: bool = False,
+    dropout: float = 0.0,
+    training: bool = False,
+    proj_size: int = 0,
+    lengths: torch.Tensor | None = None,
+    backend: str | None = None,
+):
     """A multi-layer (bidirectional, projected) LSTM over whole sequences, fused per layer.
 
     input: (T, B, I), (B, T, I) with batch_first, or unbatched (T, I).
@@ -197,14 +243,19 @@ def lstm(input: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None,
     op = "lstm"
     _check_float(op, "input", input)
     if input.dim() not in (2, 3):
-        raise ValueError(f"{op}: input must be 3-D ({'B, T' if batch_first else 'T, B'}, I) or "
-                         f"unbatched 2-D (T, I), got {input.dim()}-D")
+        raise ValueError(
+            f"{op}: input must be 3-D ({'B, T' if batch_first else 'T, B'}, I) or "
+            f"unbatched 2-D (T, I), got {input.dim()}-D"
+        )
     if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
         raise ValueError(f"{op}: num_layers must be an int >= 1, got {num_layers!r}")
     if isinstance(proj_size, bool) or not isinstance(proj_size, int) or proj_size < 0:
         raise ValueError(f"{op}: proj_size must be an int >= 0, got {proj_size!r}")
-    if (isinstance(dropout, bool) or not isinstance(dropout, (int, float))
-            or not 0.0 <= dropout <= 1.0):
+    if (
+        isinstance(dropout, bool)
+        or not isinstance(dropout, (int, float))
+        or not 0.0 <= dropout <= 1.0
+    ):
         raise ValueError(f"{op}: dropout must be a number in [0, 1], got {dropout!r}")
     D = 2 if bidirectional else 1
     groups, has_bias = _split_weights(op, weights, num_layers, D, proj_size)
@@ -212,74 +263,100 @@ def lstm(input: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None,
     w_hh0 = groups[0][1]
     _check_float(op, "weights[1] (w_hh of layer 0)", w_hh0, dtype)
     if w_hh0.dim() != 2 or w_hh0.shape[0] % 4 or w_hh0.shape[0] == 0:
-        raise ValueError(f"{op}: w_hh must be (4 * hidden_size, proj_size or hidden_size), got "
-                         f"{tuple(w_hh0.shape)}")
+        raise ValueError(
+            f"{op}: w_hh must be (4 * hidden_size, proj_size or hidden_size), got "
+            f"{tuple(w_hh0.shape)}"
+        )
     H = w_hh0.shape[0] // 4
     P = proj_size if proj_size > 0 else H
     if proj_size >= H and proj_size > 0:
-        raise ValueError(f"{op}: proj_size has to be smaller than hidden_size ({H}), got "
-                         f"{proj_size}")
-    names = ["w_ih", "w_hh"] + (["b_ih", "b_hh"] if has_bias else []) + \
-        (["w_hr"] if proj_size else [])
+        raise ValueError(
+            f"{op}: proj_size has to be smaller than hidden_size ({H}), got {proj_size}"
+        )
+    names = (
+        ["w_ih", "w_hh"] + (["b_ih", "b_hh"] if has_bias else []) + (["w_hr"] if proj_size else [])
+    )
     batched = input.dim() == 3
-    x = input if batched else input.unsqueeze(1)            # (T, B, I) / (B, T, I)
+    x = input if batched else input.unsqueeze(1)  # (T, B, I) / (B, T, I)
     if batched and batch_first:
-        x = x.transpose(0, 1)                               # time-major, no copy
+        x = x.transpose(0, 1)  # time-major, no copy
     T, B, I = x.shape
     for g, group in enumerate(groups):
         layer, direction = divmod(g, D)
-        shapes = {"w_ih": (4 * H, I if layer == 0 else D * P), "w_hh": (4 * H, P),
-                  "b_ih": (4 * H,), "b_hh": (4 * H,), "w_hr": (P, H)}
+        shapes = {
+            "w_ih": (4 * H, I if layer == 0 else D * P),
+            "w_hh": (4 * H, P),
+            "b_ih": (4 * H,),
+            "b_hh": (4 * H,),
+            "w_hr": (P, H),
+        }
         for name, w in zip(names, group):
             label = f"{name} of layer {layer}{' (reverse)' if direction else ''}"
             _check_float(op, label, w, dtype)
             if tuple(w.shape) != shapes[name]:
                 if name == "w_ih" and layer == 0 and w.dim() == 2 and w.shape[0] == 4 * H:
                     # torch.nn.LSTM's wording for the most common mistake
-                    raise ValueError(f"{op}: input.size(-1) must be equal to input_size. "
-                                     f"Expected {w.shape[1]}, got {I}")
-                raise ValueError(f"{op}: {label} must have shape {shapes[name]}, got "
-                                 f"{tuple(w.shape)}")
+                    raise ValueError(
+                        f"{op}: input.size(-1) must be equal to input_size. "
+                        f"Expected {w.shape[1]}, got {I}"
+                    )
+                raise ValueError(
+                    f"{op}: {label} must have shape {shapes[name]}, got {tuple(w.shape)}"
+                )
             if w.device != device:
-                raise ValueError(f"{op}: Input and parameter tensors are not at the same "
-                                 f"device, found input tensor at {device} and parameter "
-                                 f"tensor ({label}) at {w.device}")
+                raise ValueError(
+                    f"{op}: Input and parameter tensors are not at the same "
+                    f"device, found input tensor at {device} and parameter "
+                    f"tensor ({label}) at {w.device}"
+                )
     L = num_layers * D
     if hx is None:
         h0 = x.new_zeros((L, B, P))
         c0 = x.new_zeros((L, B, H))
     else:
         if not isinstance(hx, (tuple, list)) or len(hx) != 2:
-            raise TypeError(f"{op}: hx must be a tuple (h0, c0) or None, got "
-                            f"{type(hx).__name__}")
+            raise TypeError(f"{op}: hx must be a tuple (h0, c0) or None, got {type(hx).__name__}")
         h0, c0 = hx
         for i, t in enumerate((h0, c0)):
             _check_float(op, f"hx[{i}]", t, dtype)
             if t.device != device:
-                raise ValueError(f"{op}: Input and hidden tensors are not at the same device, "
-                                 f"found input tensor at {device} and hidden tensor at "
-                                 f"{t.device}")
+                raise ValueError(
+                    f"{op}: Input and hidden tensors are not at the same device, "
+                    f"found input tensor at {device} and hidden tensor at "
+                    f"{t.device}"
+                )
         if batched:
             if h0.dim() != 3 or c0.dim() != 3:
-                raise ValueError(f"{op}: For batched 3-D input, hx and cx should also be 3-D but "
-                                 f"got ({h0.dim()}-D, {c0.dim()}-D) tensors")
+                raise ValueError(
+                    f"{op}: For batched 3-D input, hx and cx should also be 3-D but "
+                    f"got ({h0.dim()}-D, {c0.dim()}-D) tensors"
+                )
         else:
             if h0.dim() != 2 or c0.dim() != 2:
-                raise ValueError(f"{op}: For unbatched 2-D input, hx and cx should also be 2-D "
-                                 f"but got ({h0.dim()}-D, {c0.dim()}-D) tensors")
+                raise ValueError(
+                    f"{op}: For unbatched 2-D input, hx and cx should also be 2-D "
+                    f"but got ({h0.dim()}-D, {c0.dim()}-D) tensors"
+                )
             h0, c0 = h0.unsqueeze(1), c0.unsqueeze(1)
         if tuple(h0.shape) != (L, B, P):
             raise ValueError(f"{op}: Expected hidden[0] size {(L, B, P)}, got {list(h0.shape)}")
         if tuple(c0.shape) != (L, B, H):
             raise ValueError(f"{op}: Expected hidden[1] size {(L, B, H)}, got {list(c0.shape)}")
     if lengths is not None:
-        if not isinstance(lengths, torch.Tensor) or lengths.dtype.is_floating_point or \
-                lengths.dtype.is_complex or lengths.dtype == torch.bool:
-            raise TypeError(f"{op}: lengths must be an integer tensor, got "
-                            f"{getattr(lengths, 'dtype', type(lengths).__name__)}")
+        if (
+            not isinstance(lengths, torch.Tensor)
+            or lengths.dtype.is_floating_point
+            or lengths.dtype.is_complex
+            or lengths.dtype == torch.bool
+        ):
+            raise TypeError(
+                f"{op}: lengths must be an integer tensor, got "
+                f"{getattr(lengths, 'dtype', type(lengths).__name__)}"
+            )
         if lengths.dim() > 1 or lengths.numel() != B:
-            raise ValueError(f"{op}: lengths must have shape ({B},) (the batch size), got "
-                             f"{tuple(lengths.shape)}")
+            raise ValueError(
+                f"{op}: lengths must have shape ({B},) (the batch size), got {tuple(lengths.shape)}"
+            )
         # CPU lengths (as pad_packed_sequence returns them) are checked on the host before they
         # are copied, also for CUDA inputs: reading them costs no synchronisation.
         lengths = lengths.reshape(B)
@@ -287,8 +364,9 @@ def lstm(input: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None,
         if B > 0 and on_host:
             lo, hi = (int(v) for v in torch.aminmax(lengths))
             if lo < 0 or hi > T:
-                raise ValueError(f"{op}: lengths must be in [0, T] = [0, {T}], got values from "
-                                 f"{lo} to {hi}")
+                raise ValueError(
+                    f"{op}: lengths must be in [0, T] = [0, {T}], got values from {lo} to {hi}"
+                )
         lengths = lengths.to(device=device, dtype=torch.int64)
         if not on_host and device_checks_enabled(lengths):
             # No host read on CUDA; the CUDA and Triton kernels also clamp lengths into [0, T],
@@ -298,10 +376,10 @@ def lstm(input: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None,
     chosen = _backend.select_backend(op, device, backend, limits=unsupported_backends(dtype))
     h_n, c_n = [], []
     for layer in range(num_layers):
-        per_dir = groups[layer * D:(layer + 1) * D]
+        per_dir = groups[layer * D : (layer + 1) * D]
 
         def stacked(i: int) -> torch.Tensor:
-            ws = [group[i] for group in per_dir]
+            ws = [group[i] for group in per_dir]  # noqa: B023 (called in this iteration)
             return ws[0].unsqueeze(0) if D == 1 else torch.stack(ws)
 
         w_ih, w_hh = stacked(0), stacked(1)
@@ -318,7 +396,8 @@ def lstm(input: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None,
         else:
             # The states the backward needs are saved only when autograd will run it.
             save = torch.is_grad_enabled() and any(
-                t is not None and t.requires_grad for t in args[:8])
+                t is not None and t.requires_grad for t in args[:8]
+            )
             x, hl, cl, _ = _op("lstm_layer", chosen)(*args, save)
         h_n.append(hl)
         c_n.append(cl)
@@ -339,7 +418,8 @@ def _register() -> None:
     register_native_fakes(contract.FAKES)
     if _backend.has_op("lstm_layer"):
         for name, formula in contract.autograd_formulas(
-                lambda name: getattr(torch.ops.fastattn, name), ref).items():
+            lambda name: getattr(torch.ops.fastattn, name), ref
+        ).items():
             register_autograd(name, formula)
     kernels = triton_kernels("lstm")
     if kernels is None:
@@ -347,7 +427,8 @@ def _register() -> None:
     for name, fake in contract.FAKES.items():
         register_triton_op(f"fastattn::{name}_triton", getattr(kernels, name + "_triton"), fake)
     for name, formula in contract.autograd_formulas(
-            lambda name: getattr(torch.ops.fastattn, name + "_triton"), ref).items():
+        lambda name: getattr(torch.ops.fastattn, name + "_triton"), ref
+    ).items():
         register_autograd(name + "_triton", formula)
 
 

@@ -8,9 +8,8 @@ pos * base^(-2i/dim) (inverse frequencies from float64, rounded once), arithmeti
 (float64 for float64 inputs), and dropout from fastattn's Philox stream, so a seeded call gives
 the same mask on every backend.
 """
-from __future__ import annotations
 
-from typing import Union
+from __future__ import annotations
 
 import torch
 
@@ -18,12 +17,22 @@ from .. import _backend
 from ..contracts import positional as contract
 from ..contracts import unit_last_stride
 from ..reference import positional as ref
-from ._common import (check_dropout, check_same_device, check_tensor, check_unit_last_stride,
-                      device_check_range, device_checks_enabled, dropout_seed,
-                      host_checks_enabled, register_autograd, register_native_fakes,
-                      register_triton_op, triton_kernels)
+from ._common import (
+    check_dropout,
+    check_same_device,
+    check_tensor,
+    check_unit_last_stride,
+    device_check_range,
+    device_checks_enabled,
+    dropout_seed,
+    host_checks_enabled,
+    register_autograd,
+    register_native_fakes,
+    register_triton_op,
+    triton_kernels,
+)
 
-Offset = Union[int, torch.Tensor]
+Offset = int | torch.Tensor
 
 
 def _native_op(name: str, backend: str):
@@ -31,21 +40,26 @@ def _native_op(name: str, backend: str):
     return getattr(torch.ops.fastattn, name + "_triton" if backend == "triton" else name)
 
 
-def _split_offset(op: str, offset: Offset, batch: int, device: torch.device,
-                  what: str = "batch size") -> tuple[int, torch.Tensor | None]:
+def _split_offset(
+    op: str, offset: Offset, batch: int, device: torch.device, what: str = "batch size"
+) -> tuple[int, torch.Tensor | None]:
     """offset -> (int part, int64 (batch,) tensor part or None)."""
     if isinstance(offset, torch.Tensor):
         check_tensor(op, "offset", offset, dims=(0, 1), int_dtype=True)
         if offset.device != device:
-            raise ValueError(f"{op}: offset must be on the input's device ({device}), "
-                             f"got {offset.device}")
+            raise ValueError(
+                f"{op}: offset must be on the input's device ({device}), got {offset.device}"
+            )
         if offset.dim() == 1 and offset.shape[0] != batch:
-            raise ValueError(f"{op}: a tensor offset must have shape ({batch},) (the {what}), "
-                             f"got {tuple(offset.shape)}")
+            raise ValueError(
+                f"{op}: a tensor offset must have shape ({batch},) (the {what}), "
+                f"got {tuple(offset.shape)}"
+            )
         return 0, offset.to(torch.int64).expand(batch).contiguous()
     if isinstance(offset, bool) or not isinstance(offset, int):
-        raise TypeError(f"{op}: offset must be an int or an integer tensor, got "
-                        f"{type(offset).__name__}")
+        raise TypeError(
+            f"{op}: offset must be an int or an integer tensor, got {type(offset).__name__}"
+        )
     if offset < 0:
         raise ValueError(f"{op}: offset must be >= 0, got {offset}")
     return offset, None
@@ -56,8 +70,16 @@ def _is_view_of(view: torch.Tensor, x: torch.Tensor) -> bool:
     return view._base is not None and view._base is (x if x._base is None else x._base)
 
 
-def _check_position_range(op: str, offset: int, offsets: torch.Tensor | None, length: int,
-                          rows: int | None, what: str, *, on_device: bool = True) -> None:
+def _check_position_range(
+    op: str,
+    offset: int,
+    offsets: torch.Tensor | None,
+    length: int,
+    rows: int | None,
+    what: str,
+    *,
+    on_device: bool = True,
+) -> None:
     """Positions offset + offsets[n] + l (l < length) must lie in [0, rows) (rows None: >= 0).
 
     CPU offsets (or FASTATTN_HOST_CHECKS=1) are read on the host and raise ValueError; CUDA
@@ -69,8 +91,13 @@ def _check_position_range(op: str, offset: int, offsets: torch.Tensor | None, le
         if on_device and device_checks_enabled(offsets):
             hi = None if rows is None else rows - length - offset
             allowed = ">= 0" if rows is None else f"in [0, {rows}) ({what} rows)"
-            device_check_range(op, offsets, -offset, hi, f"positions offset + offsets[b] + l "
-                               f"(l < {length}) must be {allowed}")
+            device_check_range(
+                op,
+                offsets,
+                -offset,
+                hi,
+                f"positions offset + offsets[b] + l (l < {length}) must be {allowed}",
+            )
         return
     if not host_checks_enabled():
         return
@@ -88,9 +115,16 @@ def _check_position_range(op: str, offset: int, offsets: torch.Tensor | None, le
 # sinusoidal_table
 
 
-def sinusoidal_table(num_positions: int, dim: int, *, base: float = 10000.0, offset: int = 0,
-                     dtype: torch.dtype | None = None, device: torch.device | str | None = None,
-                     backend: str | None = None) -> torch.Tensor:
+def sinusoidal_table(
+    num_positions: int,
+    dim: int,
+    *,
+    base: float = 10000.0,
+    offset: int = 0,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
     """The sinusoidal position table of "Attention Is All You Need", interleaved.
 
     Returns PE (num_positions, dim) with PE[r, 2i] = sin(p / base^(2i/dim)) and
@@ -98,8 +132,9 @@ def sinusoidal_table(num_positions: int, dim: int, *, base: float = 10000.0, off
     """
     op = "sinusoidal_table"
     if num_positions < 0 or dim < 1:
-        raise ValueError(f"{op}: num_positions must be >= 0 and dim >= 1, got "
-                         f"{num_positions} and {dim}")
+        raise ValueError(
+            f"{op}: num_positions must be >= 0 and dim >= 1, got {num_positions} and {dim}"
+        )
     if base <= 0:
         raise ValueError(f"{op}: base must be > 0, got {base}")
     if offset < 0:
@@ -141,14 +176,23 @@ class _InplaceAddSinusoidal(torch.autograd.Function):
     def backward(ctx, grad):
         backend, scale, dropout_p = ctx.args
         (seed,) = ctx.saved_tensors
-        g = _native_op("add_sinusoidal_backward", backend)(unit_last_stride(grad), scale,
-                                                           dropout_p, seed)
+        g = _native_op("add_sinusoidal_backward", backend)(
+            unit_last_stride(grad), scale, dropout_p, seed
+        )
         return g, None, None, None, None, None, None, None
 
 
-def add_sinusoidal(x: torch.Tensor, *, offset: Offset = 0, scale: float = 1.0,
-                   base: float = 10000.0, dropout_p: float = 0.0, seq_dim: int = 1,
-                   inplace: bool = False, backend: str | None = None) -> torch.Tensor:
+def add_sinusoidal(
+    x: torch.Tensor,
+    *,
+    offset: Offset = 0,
+    scale: float = 1.0,
+    base: float = 10000.0,
+    dropout_p: float = 0.0,
+    seq_dim: int = 1,
+    inplace: bool = False,
+    backend: str | None = None,
+) -> torch.Tensor:
     """dropout(x * scale + PE) in one pass; the sinusoid is computed by the kernel (the caller
     passes no table; the CPU kernel computes the rows a batch shares once and keeps them).
 
@@ -171,12 +215,16 @@ def add_sinusoidal(x: torch.Tensor, *, offset: Offset = 0, scale: float = 1.0,
     if base <= 0:
         raise ValueError(f"{op}: base must be > 0, got {base}")
     if inplace and any(st == 0 and n > 1 for st, n in zip(x.stride(), x.shape)):
-        raise ValueError(f"{op}: inplace=True needs an x whose elements are distinct in memory, "
-                         f"got an expanded x (strides {tuple(x.stride())})")
+        raise ValueError(
+            f"{op}: inplace=True needs an x whose elements are distinct in memory, "
+            f"got an expanded x (strides {tuple(x.stride())})"
+        )
     nd = x.dim()
     if not -nd <= seq_dim < nd or seq_dim % nd == nd - 1:
-        raise ValueError(f"{op}: seq_dim must index a dimension other than the last "
-                         f"(features) of a {nd}-D x, got {seq_dim}")
+        raise ValueError(
+            f"{op}: seq_dim must index a dimension other than the last "
+            f"(features) of a {nd}-D x, got {seq_dim}"
+        )
     sd = seq_dim % nd
     if nd == 2:
         x3 = x.unsqueeze(0)
@@ -222,12 +270,19 @@ def add_sinusoidal(x: torch.Tensor, *, offset: Offset = 0, scale: float = 1.0,
 # embed_with_positions
 
 
-def embed_with_positions(tokens: torch.Tensor, weight: torch.Tensor, *,
-                         positions: Union[str, torch.Tensor] = "sinusoidal", scale: float = 1.0,
-                         offset: Offset = 0, padding_idx: int | None = None,
-                         dropout_p: float = 0.0, base: float = 10000.0,
-                         deterministic: bool = False,
-                         backend: str | None = None) -> torch.Tensor:
+def embed_with_positions(
+    tokens: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    positions: str | torch.Tensor = "sinusoidal",
+    scale: float = 1.0,
+    offset: Offset = 0,
+    padding_idx: int | None = None,
+    dropout_p: float = 0.0,
+    base: float = 10000.0,
+    deterministic: bool = False,
+    backend: str | None = None,
+) -> torch.Tensor:
     """Token lookup + scale + positions + dropout in one pass.
 
     tokens: (B, L) or (L,) integer ids in [0, num_embeddings).
@@ -252,13 +307,16 @@ def embed_with_positions(tokens: torch.Tensor, weight: torch.Tensor, *,
         check_tensor(op, "positions", table, dims=2, float_dtype=True)
         check_same_device(op, "weight", weight, positions=table)
         if table.dtype != weight.dtype or table.shape[1] != weight.shape[1]:
-            raise ValueError(f"{op}: a learned positions table must be (max_len, "
-                             f"{weight.shape[1]}) with weight's dtype {weight.dtype}, got "
-                             f"{tuple(table.shape)} {table.dtype}")
+            raise ValueError(
+                f"{op}: a learned positions table must be (max_len, "
+                f"{weight.shape[1]}) with weight's dtype {weight.dtype}, got "
+                f"{tuple(table.shape)} {table.dtype}"
+            )
         check_unit_last_stride(op, "positions", table)
     elif positions != "sinusoidal":
-        raise ValueError(f"{op}: positions must be 'sinusoidal' or a (max_len, D) tensor, "
-                         f"got {positions!r}")
+        raise ValueError(
+            f"{op}: positions must be 'sinusoidal' or a (max_len, D) tensor, got {positions!r}"
+        )
     if base <= 0:
         raise ValueError(f"{op}: base must be > 0, got {base}")
     V = weight.shape[0]
@@ -273,20 +331,36 @@ def embed_with_positions(tokens: torch.Tensor, weight: torch.Tensor, *,
     off, offsets = _split_offset(op, offset, tok.shape[0], weight.device)
     chosen = _backend.select_backend(op, weight.device, backend, kernel=op, dtype=weight.dtype)
     seed = dropout_seed(p, weight.device)
-    args = (tok, weight, table, off, offsets, float(scale), float(base), p, seed, pad,
-            bool(deterministic))
+    args = (
+        tok,
+        weight,
+        table,
+        off,
+        offsets,
+        float(scale),
+        float(base),
+        p,
+        seed,
+        pad,
+        bool(deterministic),
+    )
     # The native ops check ranges themselves (on the host for CPU tensors, in a check kernel
     # for CUDA ones); FASTATTN_HOST_CHECKS=1 also checks CUDA tensors here, with Python errors.
     if chosen in ("triton", "reference") or (chosen == "cuda" and host_checks_enabled(tok)):
         if tok.numel() > 0 and host_checks_enabled(tok):
             lo, hi = (int(v) for v in torch.aminmax(tok))
             if lo < 0 or hi >= V:
-                raise IndexError(f"{op}: token ids must be in [0, {V}), got ids from {lo} "
-                                 f"to {hi}")
+                raise IndexError(f"{op}: token ids must be in [0, {V}), got ids from {lo} to {hi}")
         elif device_checks_enabled(tok):
             device_check_range(op, tok, 0, V - 1, f"token ids must be in [0, {V})")
-        _check_position_range(op, off, offsets, tok.shape[1],
-                              None if table is None else table.shape[0], "the positions table")
+        _check_position_range(
+            op,
+            off,
+            offsets,
+            tok.shape[1],
+            None if table is None else table.shape[0],
+            "the positions table",
+        )
     if chosen == "reference":
         out = ref.embed_with_positions(*args)
     else:
@@ -299,8 +373,9 @@ def embed_with_positions(tokens: torch.Tensor, weight: torch.Tensor, *,
 # learned_positions
 
 
-def learned_positions(table: torch.Tensor, offset: Offset, length: int, *,
-                      caller: str = "learned_positions") -> torch.Tensor:
+def learned_positions(
+    table: torch.Tensor, offset: Offset, length: int, *, caller: str = "learned_positions"
+) -> torch.Tensor:
     """Rows offset + l (l < length) of a learned positions table (max_len, D): (length, D) for
     an int offset, (B, length, D) for an integer (B,) tensor of per-sequence offsets.
     Differentiable in table. Positions outside [0, max_len) raise ValueError naming `caller`:
@@ -312,16 +387,20 @@ def learned_positions(table: torch.Tensor, offset: Offset, length: int, *,
         rows = offset.to(torch.int64).view(-1, 1) + torch.arange(length, device=table.device)
         if host_checks_enabled(rows):
             if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= max_len):
-                raise ValueError(f"{caller}: positions must be in [0, {max_len}), got offsets "
-                                 f"{offset.tolist()} with L={length}")
+                raise ValueError(
+                    f"{caller}: positions must be in [0, {max_len}), got offsets "
+                    f"{offset.tolist()} with L={length}"
+                )
         elif device_checks_enabled(rows):
-            device_check_range(caller, rows, 0, max_len - 1,
-                               f"positions offset + l must be in [0, {max_len})")
+            device_check_range(
+                caller, rows, 0, max_len - 1, f"positions offset + l must be in [0, {max_len})"
+            )
         return table[rows]
     if offset < 0 or offset + length > max_len:
-        raise ValueError(f"{caller}: positions {offset}..{offset + length - 1} exceed max_len "
-                         f"{max_len}")
-    return table[offset:offset + length]
+        raise ValueError(
+            f"{caller}: positions {offset}..{offset + length - 1} exceed max_len {max_len}"
+        )
+    return table[offset : offset + length]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,10 +417,12 @@ class _InplaceRotary(torch.autograd.Function):
     dirty, and rotate the gradient back in the backward."""
 
     @staticmethod
-    def forward(ctx, x, backend, cos, sin, offset, offsets, position_ids, rotary_dim, base,
-                interleaved):
-        _inplace_rotary_op(backend)(x, cos, sin, offset, offsets, position_ids, rotary_dim,
-                                    base, interleaved, False)
+    def forward(
+        ctx, x, backend, cos, sin, offset, offsets, position_ids, rotary_dim, base, interleaved
+    ):
+        _inplace_rotary_op(backend)(
+            x, cos, sin, offset, offsets, position_ids, rotary_dim, base, interleaved, False
+        )
         ctx.mark_dirty(x)
         ctx.args = (backend, offset, rotary_dim, base, interleaved)
         ctx.save_for_backward(cos, sin, offsets, position_ids)
@@ -351,17 +432,34 @@ class _InplaceRotary(torch.autograd.Function):
     def backward(ctx, grad):
         backend, offset, rotary_dim, base, interleaved = ctx.args
         cos, sin, offsets, position_ids = ctx.saved_tensors
-        g = _native_op("apply_rotary", backend)(unit_last_stride(grad), cos, sin, offset, offsets,
-                                                position_ids, rotary_dim, base, interleaved,
-                                                True)
+        g = _native_op("apply_rotary", backend)(
+            unit_last_stride(grad),
+            cos,
+            sin,
+            offset,
+            offsets,
+            position_ids,
+            rotary_dim,
+            base,
+            interleaved,
+            True,
+        )
         return g, None, None, None, None, None, None, None, None, None
 
 
-def apply_rotary(x: torch.Tensor, *, cos: torch.Tensor | None = None,
-                 sin: torch.Tensor | None = None, base: float = 10000.0,
-                 interleaved: bool = False, offset: Offset = 0,
-                 position_ids: torch.Tensor | None = None, rotary_dim: int | None = None,
-                 inplace: bool = False, backend: str | None = None) -> torch.Tensor:
+def apply_rotary(
+    x: torch.Tensor,
+    *,
+    cos: torch.Tensor | None = None,
+    sin: torch.Tensor | None = None,
+    base: float = 10000.0,
+    interleaved: bool = False,
+    offset: Offset = 0,
+    position_ids: torch.Tensor | None = None,
+    rotary_dim: int | None = None,
+    inplace: bool = False,
+    backend: str | None = None,
+) -> torch.Tensor:
     """Rotary position embedding (RoPE) of x.
 
     x: (B, H, L, D), any strides with a unit last stride (a (B, L, H, D) tensor passed as
@@ -386,20 +484,25 @@ def apply_rotary(x: torch.Tensor, *, cos: torch.Tensor | None = None,
     if rotary_dim is None:
         rotary_dim = 2 * cos.shape[-1] if cos is not None and cos.dim() == 2 else D
     if rotary_dim < 2 or rotary_dim % 2 or rotary_dim > D:
-        raise ValueError(f"{op}: rotary_dim must be even and in [2, {D}] (head dim), "
-                         f"got {rotary_dim}")
+        raise ValueError(
+            f"{op}: rotary_dim must be even and in [2, {D}] (head dim), got {rotary_dim}"
+        )
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     if cos is not None:
         for name, t in (("cos", cos), ("sin", sin)):
             check_tensor(op, name, t, dims=2, float_dtype=True)
             if t.shape[1] != rotary_dim // 2:
-                raise ValueError(f"{op}: {name} must be (max_position, rotary_dim / 2 = "
-                                 f"{rotary_dim // 2}), got {tuple(t.shape)}")
+                raise ValueError(
+                    f"{op}: {name} must be (max_position, rotary_dim / 2 = "
+                    f"{rotary_dim // 2}), got {tuple(t.shape)}"
+                )
             if t.requires_grad and torch.is_grad_enabled():
                 raise ValueError(f"{op}: no gradient flows to {name}; pass {name}.detach()")
         if cos.shape != sin.shape:
-            raise ValueError(f"{op}: cos and sin must have the same shape, got "
-                             f"{tuple(cos.shape)} and {tuple(sin.shape)}")
+            raise ValueError(
+                f"{op}: cos and sin must have the same shape, got "
+                f"{tuple(cos.shape)} and {tuple(sin.shape)}"
+            )
         check_same_device(op, "x", x, cos=cos, sin=sin)
         cos, sin = cos.to(acc).contiguous(), sin.to(acc).contiguous()
     elif base <= 0:
@@ -409,8 +512,10 @@ def apply_rotary(x: torch.Tensor, *, cos: torch.Tensor | None = None,
         check_tensor(op, "position_ids", position_ids, dims=(1, 2), int_dtype=True)
         check_same_device(op, "x", x, position_ids=position_ids)
         if position_ids.shape[-1] != L or (position_ids.dim() == 2 and position_ids.shape[0] != B):
-            raise ValueError(f"{op}: position_ids must be (B, L) = ({B}, {L}) or (L,), got "
-                             f"{tuple(position_ids.shape)}")
+            raise ValueError(
+                f"{op}: position_ids must be (B, L) = ({B}, {L}) or (L,), got "
+                f"{tuple(position_ids.shape)}"
+            )
         position_ids = position_ids.to(torch.int64).expand(B, L).contiguous()
         off, offsets = 0, None
     else:
@@ -426,11 +531,17 @@ def apply_rotary(x: torch.Tensor, *, cos: torch.Tensor | None = None,
             elif host_checks_enabled(position_ids):
                 lo, hi = (int(v) for v in torch.aminmax(position_ids))
                 if lo < 0 or (rows is not None and hi >= rows):
-                    raise ValueError(f"{op}: position_ids must {allowed}, got values from {lo} "
-                                     f"to {hi}")
+                    raise ValueError(
+                        f"{op}: position_ids must {allowed}, got values from {lo} to {hi}"
+                    )
             elif device_checks_enabled(position_ids):
-                device_check_range(op, position_ids, 0, None if rows is None else rows - 1,
-                                   f"position_ids must {allowed}")
+                device_check_range(
+                    op,
+                    position_ids,
+                    0,
+                    None if rows is None else rows - 1,
+                    f"position_ids must {allowed}",
+                )
         else:
             _check_position_range(op, off, offsets, L, rows, "cos/sin")
     args = (cos, sin, off, offsets, position_ids, rotary_dim, float(base), bool(interleaved))
@@ -461,8 +572,9 @@ def _triton_name(name: str) -> str:
 def _register() -> None:
     register_native_fakes(contract.FAKES)
     if _backend.has_op("apply_rotary"):
-        formulas = contract.autograd_formulas(lambda name: getattr(torch.ops.fastattn, name),
-                                              ref.embed_with_positions)
+        formulas = contract.autograd_formulas(
+            lambda name: getattr(torch.ops.fastattn, name), ref.embed_with_positions
+        )
         for name, formula in formulas.items():
             register_autograd(name, formula)
     kernels = triton_kernels("positional")
@@ -470,10 +582,12 @@ def _register() -> None:
         return
     for name, fake in contract.FAKES.items():
         mutates = ("x",) if name.endswith("_") else ()
-        register_triton_op(f"fastattn::{_triton_name(name)}", getattr(kernels, name), fake,
-                           mutates_args=mutates)
+        register_triton_op(
+            f"fastattn::{_triton_name(name)}", getattr(kernels, name), fake, mutates_args=mutates
+        )
     formulas = contract.autograd_formulas(
-        lambda name: getattr(torch.ops.fastattn, _triton_name(name)), ref.embed_with_positions)
+        lambda name: getattr(torch.ops.fastattn, _triton_name(name)), ref.embed_with_positions
+    )
     for name, formula in formulas.items():
         register_autograd(_triton_name(name), formula)
 

@@ -5,9 +5,10 @@ holds the op contract of fastattn::rnn_layer / rnn_layer_backward).
 Backends: "cpu" runs the native layer ops (csrc/rnn/rnn_cpu.cpp on the recurrent engine of
 csrc/lstm, generic over the cell), "reference" runs fastattn/reference/rnn.py.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -26,10 +27,17 @@ def _check_nonlinearity(op: str, nonlinearity) -> str:
     return nonlinearity
 
 
-def rnn_cell(input: torch.Tensor, hx: torch.Tensor | None, w_ih: torch.Tensor,
-             w_hh: torch.Tensor, b_ih: torch.Tensor | None = None,
-             b_hh: torch.Tensor | None = None, *, nonlinearity: str = "tanh",
-             backend: str | None = None) -> torch.Tensor:
+def rnn_cell(
+    input: torch.Tensor,
+    hx: torch.Tensor | None,
+    w_ih: torch.Tensor,
+    w_hh: torch.Tensor,
+    b_ih: torch.Tensor | None = None,
+    b_hh: torch.Tensor | None = None,
+    *,
+    nonlinearity: str = "tanh",
+    backend: str | None = None,
+) -> torch.Tensor:
     """One Elman RNN step (torch.nn.RNNCell): hy = act(W_ih x + b_ih + W_hh h + b_hh).
 
     input: (B, I) or unbatched (I,); hx: (B, H) / (H,) or None (zeros); w_ih: (H, I);
@@ -38,14 +46,35 @@ def rnn_cell(input: torch.Tensor, hx: torch.Tensor | None, w_ih: torch.Tensor,
     """
     op = "rnn_cell"
     _check_nonlinearity(op, nonlinearity)
-    return _recurrent.run_cell(op, "rnn", input, hx, w_ih, w_hh, b_ih, b_hh, backend=backend,
-                               variant=nonlinearity, reference_cell=ref.rnn_cell)
+    return _recurrent.run_cell(
+        op,
+        "rnn",
+        input,
+        hx,
+        w_ih,
+        w_hh,
+        b_ih,
+        b_hh,
+        backend=backend,
+        variant=nonlinearity,
+        reference_cell=ref.rnn_cell,
+    )
 
 
-def rnn(input: torch.Tensor, hx: torch.Tensor | None, weights: Sequence[torch.Tensor], *,
-        num_layers: int, nonlinearity: str = "tanh", bidirectional: bool = False,
-        batch_first: bool = False, dropout: float = 0.0, training: bool = False,
-        lengths: torch.Tensor | None = None, backend: str | None = None):
+def rnn(
+    input: torch.Tensor,
+    hx: torch.Tensor | None,
+    weights: Sequence[torch.Tensor],
+    *,
+    num_layers: int,
+    nonlinearity: str = "tanh",
+    bidirectional: bool = False,
+    batch_first: bool = False,
+    dropout: float = 0.0,
+    training: bool = False,
+    lengths: torch.Tensor | None = None,
+    backend: str | None = None,
+):
     """A multi-layer (bidirectional) Elman RNN over whole sequences, fused per layer:
     h_t = act(W_ih x_t + b_ih + W_hh h_{t-1} + b_hh), act "tanh" or "relu".
 
@@ -55,11 +84,22 @@ def rnn(input: torch.Tensor, hx: torch.Tensor | None, weights: Sequence[torch.Te
     """
     op = "rnn"
     _check_nonlinearity(op, nonlinearity)
-    return _recurrent.run_layers(op, "rnn", input, hx, weights, num_layers=num_layers,
-                                 bidirectional=bidirectional, batch_first=batch_first,
-                                 dropout=dropout, training=training, lengths=lengths,
-                                 backend=backend, variant=nonlinearity,
-                                 reference_layer=ref.rnn_layer)
+    return _recurrent.run_layers(
+        op,
+        "rnn",
+        input,
+        hx,
+        weights,
+        num_layers=num_layers,
+        bidirectional=bidirectional,
+        batch_first=batch_first,
+        dropout=dropout,
+        training=training,
+        lengths=lengths,
+        backend=backend,
+        variant=nonlinearity,
+        reference_layer=ref.rnn_layer,
+    )
 
 
 if _recurrent.has_op("rnn_layer"):

@@ -8,6 +8,7 @@ window, softcap, dropout, lse); attn_mask and key_padding_mask do not (there is 
 Backends: "cpu"/"cuda" run torch.ops.fastattn.varlen_attention_forward/_backward, "triton" the
 same ops suffixed _triton where present, "reference" fastattn/reference/varlen_attention.py.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,9 +19,16 @@ from .. import _backend
 from ..contracts import varlen_attention as contract
 from ..contracts.attention import MAX_HEAD_DIM, check_seqlen
 from ..reference import varlen_attention as ref
-from ._common import (check_dropout, check_same_device, check_tensor, device_check,
-                      device_checks_enabled, dropout_seed, host_checks_enabled,
-                      register_forward_backward)
+from ._common import (
+    check_dropout,
+    check_same_device,
+    check_tensor,
+    device_check,
+    device_checks_enabled,
+    dropout_seed,
+    host_checks_enabled,
+    register_forward_backward,
+)
 from .attention import Causal
 
 
@@ -28,24 +36,33 @@ def kernel_available(device: torch.device) -> bool:
     """Whether a varlen kernel (not only the reference) can run tensors on `device` here: the
     automatic backend choice for that device would not fall back to the reference."""
     candidates = ("cpu",) if device.type == "cpu" else ("cuda", "triton")
-    return any(_backend.cannot_run(backend, device, "varlen_attention_forward") is None
-               for backend in candidates)
+    return any(
+        _backend.cannot_run(backend, device, "varlen_attention_forward") is None
+        for backend in candidates
+    )
 
 
 def causal_mode(causal: Causal) -> int:
     """0 no causal mask, 1 top-left, 2 bottom-right (the kernels' encoding)."""
     if causal not in (False, True, "top_left", "bottom_right"):
-        raise ValueError(f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}")
+        raise ValueError(
+            f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}"
+        )
     return 0 if not causal else (2 if causal == "bottom_right" else 1)
 
 
 def window_sides(op: str, window) -> tuple[int, int]:
     if window is None:
         return -1, -1
-    if (not isinstance(window, (tuple, list)) or len(window) != 2
-            or not all(isinstance(w, int) and w >= -1 for w in window)):
-        raise ValueError(f"{op}: window must be None or (left, right) ints >= -1 "
-                         f"(-1 = unbounded), got {window!r}")
+    if (
+        not isinstance(window, (tuple, list))
+        or len(window) != 2
+        or not all(isinstance(w, int) and w >= -1 for w in window)
+    ):
+        raise ValueError(
+            f"{op}: window must be None or (left, right) ints >= -1 "
+            f"(-1 = unbounded), got {window!r}"
+        )
     return int(window[0]), int(window[1])
 
 
@@ -55,8 +72,9 @@ def _as_int(n):
     return n if isinstance(n, torch.SymInt) else int(n)
 
 
-def check_cu_seqlens(op: str, name: str, cu: torch.Tensor, total: int, max_seqlen: int,
-                     device: torch.device) -> None:
+def check_cu_seqlens(
+    op: str, name: str, cu: torch.Tensor, total: int, max_seqlen: int, device: torch.device
+) -> None:
     check_tensor(op, name, cu, dims=1)
     if cu.dtype != torch.int32:
         raise TypeError(f"{op}: {name} must be int32, got {cu.dtype}")
@@ -68,32 +86,54 @@ def check_cu_seqlens(op: str, name: str, cu: torch.Tensor, total: int, max_seqle
         return  # CUDA: device_check_cu_seqlens, or the native CUDA op's own check kernel
     values = cu.tolist()
     if values[0] != 0 or values[-1] != total:
-        raise ValueError(f"{op}: {name} must start at 0 and end at the packed length {total}, "
-                         f"got {values[0]} and {values[-1]}")
+        raise ValueError(
+            f"{op}: {name} must start at 0 and end at the packed length {total}, "
+            f"got {values[0]} and {values[-1]}"
+        )
     lengths = [b - a for a, b in zip(values, values[1:])]
     if any(n < 0 for n in lengths):
         raise ValueError(f"{op}: {name} must be non-decreasing, got {values}")
     if lengths and max(lengths) > max_seqlen:
-        raise ValueError(f"{op}: a sequence of length {max(lengths)} exceeds max_seqlen "
-                         f"{max_seqlen} ({name})")
+        raise ValueError(
+            f"{op}: a sequence of length {max(lengths)} exceeds max_seqlen {max_seqlen} ({name})"
+        )
 
 
-def device_check_cu_seqlens(op: str, name: str, cu: torch.Tensor, total: int,
-                            max_seqlen: int) -> None:
+def device_check_cu_seqlens(
+    op: str, name: str, cu: torch.Tensor, total: int, max_seqlen: int
+) -> None:
     """check_cu_seqlens's value rules, checked asynchronously on cu's device (no host read)."""
     lengths = cu[1:] - cu[:-1]
     ok = (cu[0] == 0) & (cu[-1] == total) & ((lengths >= 0) & (lengths <= max_seqlen)).all()
-    device_check(op, ok, f"{name} must start at 0, end at the packed length {total} and be "
-                 f"non-decreasing with steps <= max_seqlen {max_seqlen}")
+    device_check(
+        op,
+        ok,
+        f"{name} must start at 0, end at the packed length {total} and be "
+        f"non-decreasing with steps <= max_seqlen {max_seqlen}",
+    )
 
 
-def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
-                     max_seqlen_k: int, *, causal: Causal = False, attn_mask=None,
-                     key_padding_mask=None, dropout_p: float = 0.0, scale: float | None = None,
-                     alibi_slopes: torch.Tensor | None = None, window=None, softcap: float = 0.0,
-                     return_lse: bool = False, deterministic: bool = False,
-                     backend: str | None = None):
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: Causal = False,
+    attn_mask=None,
+    key_padding_mask=None,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    window=None,
+    softcap: float = 0.0,
+    return_lse: bool = False,
+    deterministic: bool = False,
+    backend: str | None = None,
+):
     """Attention of packed sequences, no work spent on padding.
 
     q: (total_q, Hq, D); k: (total_k, Hkv, D); v: (total_k, Hkv, Dv); any strides with a
@@ -107,22 +147,27 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """
     op = "varlen_attention"
     if attn_mask is not None or key_padding_mask is not None:
-        raise ValueError(f"{op}: attn_mask and key_padding_mask do not apply to packed "
-                         "sequences (there is no padding); use causal/window, or attention() "
-                         "on a padded batch for arbitrary masks")
+        raise ValueError(
+            f"{op}: attn_mask and key_padding_mask do not apply to packed "
+            "sequences (there is no padding); use causal/window, or attention() "
+            "on a padded batch for arbitrary masks"
+        )
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(op, name, t, dims=3, float_dtype=True)
     # The kernels read rows with a unit stride; other layouts are copied, as SDPA does.
     q, k, v = (t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"{op}: q, k and v must have the same dtype, got {q.dtype}, {k.dtype}, "
-                        f"{v.dtype}")
+        raise TypeError(
+            f"{op}: q, k and v must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
     check_same_device(op, "q", q, k=k, v=v)
     total_q, Hq, D = q.shape
     total_k, Hkv, Dv = k.shape[0], k.shape[1], v.shape[2]
     if v.shape[0] != total_k or v.shape[1] != Hkv:
-        raise ValueError(f"{op}: k and v must have the same packed length and heads, got "
-                         f"{tuple(k.shape)} and {tuple(v.shape)}")
+        raise ValueError(
+            f"{op}: k and v must have the same packed length and heads, got "
+            f"{tuple(k.shape)} and {tuple(v.shape)}"
+        )
     if Hkv == 0 or Hq % Hkv:
         raise ValueError(f"{op}: q's heads ({Hq}) must be a multiple of k/v's heads ({Hkv})")
     if k.shape[2] != D:
@@ -150,21 +195,38 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         check_tensor(op, "alibi_slopes", alibi_slopes, dims=(1, 2), float_dtype=True)
         check_same_device(op, "q", q, alibi_slopes=alibi_slopes)
         if tuple(alibi_slopes.shape) not in ((Hq,), (B, Hq)):
-            raise ValueError(f"{op}: alibi_slopes must be (Hq,) or (B, Hq), got "
-                             f"{tuple(alibi_slopes.shape)}")
+            raise ValueError(
+                f"{op}: alibi_slopes must be (Hq,) or (B, Hq), got {tuple(alibi_slopes.shape)}"
+            )
         alibi = alibi_slopes.to(torch.float32).expand(B, Hq)
     limits: dict[str, str] = {}
     if torch.is_grad_enabled() and alibi is not None and alibi.requires_grad:
         for name in ("cpu", "cuda", "triton"):
             limits[name] = "gradients with respect to alibi_slopes need the reference backend"
-    chosen = _backend.select_backend(op, q.device, backend, limits=limits,
-                                     kernel="varlen_attention_forward", dtype=q.dtype)
+    chosen = _backend.select_backend(
+        op, q.device, backend, limits=limits, kernel="varlen_attention_forward", dtype=q.dtype
+    )
     if chosen != "cuda" and device_checks_enabled(cu_seqlens_q):  # the CUDA op checks itself
         device_check_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q)
         device_check_cu_seqlens(op, "cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k)
     seed = dropout_seed(p, q.device)
-    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, _as_int(max_seqlen_q), _as_int(max_seqlen_k),
-            alibi, scale, softcap, mode, left, right, p, seed)
+    args = (
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        _as_int(max_seqlen_q),
+        _as_int(max_seqlen_k),
+        alibi,
+        scale,
+        softcap,
+        mode,
+        left,
+        right,
+        p,
+        seed,
+    )
     if chosen == "reference":
         out, lse = ref.varlen_attention(*args)
     else:
@@ -187,8 +249,10 @@ def pack_padded(x: torch.Tensor, key_padding_mask: torch.Tensor):
     """
     check_tensor("pack_padded", "key_padding_mask", key_padding_mask, dims=2)
     if key_padding_mask.dtype != torch.bool or tuple(key_padding_mask.shape) != tuple(x.shape[:2]):
-        raise ValueError(f"pack_padded: key_padding_mask must be bool {tuple(x.shape[:2])}, got "
-                         f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
+        raise ValueError(
+            f"pack_padded: key_padding_mask must be bool {tuple(x.shape[:2])}, got "
+            f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}"
+        )
     B, L = key_padding_mask.shape
     keep = ~key_padding_mask
     lengths = keep.sum(dim=1, dtype=torch.int32)
@@ -200,8 +264,9 @@ def pack_padded(x: torch.Tensor, key_padding_mask: torch.Tensor):
     return packed, cu_seqlens, max_seqlen, indices
 
 
-def unpack_padded(packed: torch.Tensor, indices: torch.Tensor, batch: int,
-                  seqlen: int) -> torch.Tensor:
+def unpack_padded(
+    packed: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: int
+) -> torch.Tensor:
     """Inverse of pack_padded: (total, ...) -> (batch, seqlen, ...) with zeros at padding.
     Differentiable in packed."""
     out = packed.new_zeros((batch * seqlen, *packed.shape[1:]))
@@ -215,10 +280,15 @@ def unpack_padded(packed: torch.Tensor, indices: torch.Tensor, batch: int,
 
 
 def _register() -> None:
-    register_forward_backward("varlen_attention_forward", "varlen_attention_backward",
-                              contract.forward_fake, contract.backward_fake,
-                              contract.autograd_formula, ref.varlen_attention,
-                              "varlen_attention")
+    register_forward_backward(
+        "varlen_attention_forward",
+        "varlen_attention_backward",
+        contract.forward_fake,
+        contract.backward_fake,
+        contract.autograd_formula,
+        ref.varlen_attention,
+        "varlen_attention",
+    )
 
 
 _register()

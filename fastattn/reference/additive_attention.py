@@ -1,5 +1,6 @@
 """Plain-PyTorch additive (Bahdanau) attention, the "reference" backend. It materialises the
 (B, Lq, Lk, A) tensor of tanh arguments that the fused kernels avoid."""
+
 from __future__ import annotations
 
 import torch

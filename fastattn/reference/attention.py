@@ -16,6 +16,7 @@ fastattn's Philox stream) and scales the kept ones by 1/(1-p); lse is that of th
 scores. Everything is computed in float32 (float64 for float64 inputs) and materialises the
 (Lq, Lk) scores: this is the definition, not a fast path.
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,8 +26,17 @@ from ..contracts.attention import lse_dtype
 from .random import dropout_keep_mask
 
 
-def scores(q: torch.Tensor, k: torch.Tensor, attn_mask, key_padding_mask, alibi_slopes,
-           scale: float, softcap: float, window_lo: int, window_hi: int) -> torch.Tensor:
+def scores(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    attn_mask,
+    key_padding_mask,
+    alibi_slopes,
+    scale: float,
+    softcap: float,
+    window_lo: int,
+    window_hi: int,
+) -> torch.Tensor:
     """Masked scores (B, Hq, Lq, Lk) in the compute type, -inf where a key is not visible."""
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
@@ -52,10 +62,21 @@ def scores(q: torch.Tensor, k: torch.Tensor, attn_mask, key_padding_mask, alibi_
     return s.masked_fill(~visible, float("-inf"))
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask, key_padding_mask,
-              alibi_slopes, scale: float, softcap: float, window_lo: int, window_hi: int,
-              dropout_p: float, seed, keep: torch.Tensor | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask,
+    key_padding_mask,
+    alibi_slopes,
+    scale: float,
+    softcap: float,
+    window_lo: int,
+    window_hi: int,
+    dropout_p: float,
+    seed,
+    keep: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, Hq, Lq, Dv) in q's dtype, lse (B, Hq, Lq) float32, float64 for float64 inputs).
     Differentiable by autograd in every tensor argument, the float attn_mask included.
     keep: an explicit dropout keep-mask (B, Hq, Lq, Lk) for layouts that number the Philox
@@ -63,8 +84,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask, key_
     B, Hq, Lq, _ = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     acc = compute_dtype(q.dtype)
-    s = scores(q, k, attn_mask, key_padding_mask, alibi_slopes, scale, softcap, window_lo,
-               window_hi)
+    s = scores(
+        q, k, attn_mask, key_padding_mask, alibi_slopes, scale, softcap, window_lo, window_hi
+    )
     # Rows with no visible key (every score -inf, also through a float mask of -inf): their
     # lse is -inf, and logsumexp's own backward would give them NaN (exp(-inf - -inf)), so it
     # runs on zeros there, whose gradient does not reach s.
@@ -86,11 +108,25 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask, key_
     return out.to(q.dtype), lse.to(lse_dtype(q.dtype))
 
 
-def attention_backward(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask,
-                       alibi_slopes, scale: float, softcap: float, window_lo: int,
-                       window_hi: int, dropout_p: float, seed,
-                       keep: torch.Tensor | None = None
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def attention_backward(
+    grad_out,
+    grad_lse,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    attn_mask,
+    key_padding_mask,
+    alibi_slopes,
+    scale: float,
+    softcap: float,
+    window_lo: int,
+    window_hi: int,
+    dropout_p: float,
+    seed,
+    keep: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FlashAttention's backward from the saved (out, lse), which may be those of a longer row
     merged over other key blocks: P = exp(s - lse), dV = (P o keep)^T dO,
     dS = P o (dP o keep - (rowsum(dO o out) - dlse)), dQ/dK through the scores' own autograd
@@ -102,8 +138,9 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_pad
     with torch.enable_grad():
         qq = q.detach().requires_grad_(True)
         kk = k.detach().requires_grad_(True)
-        s = scores(qq, kk, attn_mask, key_padding_mask, alibi_slopes, scale, softcap, window_lo,
-                   window_hi)
+        s = scores(
+            qq, kk, attn_mask, key_padding_mask, alibi_slopes, scale, softcap, window_lo, window_hi
+        )
     lse = lse.to(acc)
     safe = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse).unsqueeze(-1)
     p = torch.exp(s.detach() - safe).masked_fill(torch.isneginf(lse).unsqueeze(-1), 0.0)
@@ -131,7 +168,8 @@ def merge_attention(outs, lses) -> tuple[torch.Tensor, torch.Tensor]:
     """Combine attentions of the same queries over disjoint key sets.
 
     outs: sequence of (..., Lq, Dv); lses: sequence of (..., Lq) natural-log sum-exp of each
-    part's scores. Returns (out in outs[0]'s dtype, lse float32 (float64 for float64)); all -inf parts give 0, -inf.
+    part's scores. Returns (out in outs[0]'s dtype, lse float32 (float64 for float64)); all
+    -inf parts give 0, -inf.
     """
     acc = torch.float64 if outs[0].dtype == torch.float64 else torch.float32
     lse_stack = torch.stack([l.to(acc) for l in lses])

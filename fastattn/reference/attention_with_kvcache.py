@@ -1,5 +1,6 @@
 """Plain-PyTorch attention over a KV cache (the "reference" backend of attention_decode):
 sequence b's queries sit at positions q_positions[b] + i and see keys [0, k_lengths[b])."""
+
 from __future__ import annotations
 
 import torch
@@ -9,8 +10,19 @@ from ..contracts.attention import WINDOW_UNBOUNDED
 from . import attention as dense
 
 
-def attention_decode(q, k_cache, v_cache, k_lengths, q_positions, alibi_slopes, scale, softcap,
-                     causal_mode, window_left, window_right):
+def attention_decode(
+    q,
+    k_cache,
+    v_cache,
+    k_lengths,
+    q_positions,
+    alibi_slopes,
+    scale,
+    softcap,
+    causal_mode,
+    window_left,
+    window_right,
+):
     """q (B, Hq, Lq, D), caches (B, Hkv, Lmax, D/Dv) -> out (B, Hq, Lq, Dv), lse (B, Hq, Lq)."""
     outs, lses = [], []
     for b, (length, pos) in enumerate(zip(k_lengths.tolist(), q_positions.tolist())):
@@ -20,7 +32,7 @@ def attention_decode(q, k_cache, v_cache, k_lengths, q_positions, alibi_slopes, 
             hi = min(hi, 0 if causal_mode == 1 else pos)
         # ALiBi distance |i + pos - j|: reference.attention uses i + Lk - Lq - j, so shift the
         # keys' view with a per-row bias instead when positions differ from Lk - Lq.
-        kb, vb = k_cache[b:b + 1, :, :length], v_cache[b:b + 1, :, :length]
+        kb, vb = k_cache[b : b + 1, :, :length], v_cache[b : b + 1, :, :length]
         alibi = None
         if alibi_slopes is not None:
             Lq = q.shape[2]
@@ -28,11 +40,24 @@ def attention_decode(q, k_cache, v_cache, k_lengths, q_positions, alibi_slopes, 
             j = torch.arange(length, device=q.device).view(1, length)
             dist = (i + pos - j).abs().to(compute_dtype(q.dtype))
             bias = -alibi_slopes[b].to(dist.dtype).view(-1, 1, 1) * dist
-            out, lse = dense.attention(q[b:b + 1], kb, vb, bias.unsqueeze(0), None, None, scale,
-                                       softcap, lo, hi, 0.0, None)
+            out, lse = dense.attention(
+                q[b : b + 1],
+                kb,
+                vb,
+                bias.unsqueeze(0),
+                None,
+                None,
+                scale,
+                softcap,
+                lo,
+                hi,
+                0.0,
+                None,
+            )
         else:
-            out, lse = dense.attention(q[b:b + 1], kb, vb, None, None, alibi, scale, softcap,
-                                       lo, hi, 0.0, None)
+            out, lse = dense.attention(
+                q[b : b + 1], kb, vb, None, None, alibi, scale, softcap, lo, hi, 0.0, None
+            )
         outs.append(out)
         lses.append(lse)
     return torch.cat(outs), torch.cat(lses)

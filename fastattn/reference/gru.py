@@ -14,6 +14,7 @@ Gates are in torch's order r, z, n:
 
 Variable lengths and dropout behave as in fastattn/reference/lstm.py.
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,8 +27,8 @@ from .positional import apply_dropout
 def _cell(x_t, h, w_ih, w_hh, b_ih, b_hh, reset_after: bool):
     gi = F.linear(x_t, w_ih, b_ih)
     H = h.shape[-1]
-    w_hrz, w_hn = w_hh[:2 * H], w_hh[2 * H:]
-    b_hrz, b_hn = (None, None) if b_hh is None else (b_hh[:2 * H], b_hh[2 * H:])
+    w_hrz, w_hn = w_hh[: 2 * H], w_hh[2 * H :]
+    b_hrz, b_hn = (None, None) if b_hh is None else (b_hh[: 2 * H], b_hh[2 * H :])
     i_r, i_z, i_n = gi.chunk(3, dim=-1)
     h_r, h_z = F.linear(h, w_hrz, b_hrz).chunk(2, dim=-1)
     r = torch.sigmoid(i_r + h_r)
@@ -39,20 +40,34 @@ def _cell(x_t, h, w_ih, w_hh, b_ih, b_hh, reset_after: bool):
     return (1 - z) * n + z * h
 
 
-def gru_cell(input: torch.Tensor, hx: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor,
-             b_ih: torch.Tensor | None = None, b_hh: torch.Tensor | None = None,
-             reset_after: bool = True) -> torch.Tensor:
+def gru_cell(
+    input: torch.Tensor,
+    hx: torch.Tensor,
+    w_ih: torch.Tensor,
+    w_hh: torch.Tensor,
+    b_ih: torch.Tensor | None = None,
+    b_hh: torch.Tensor | None = None,
+    reset_after: bool = True,
+) -> torch.Tensor:
     """One step: input (B, I), hx (B, H), w_ih (3H, I), w_hh (3H, H), b_ih/b_hh (3H,) -> hy."""
     acc = compute_dtype(input.dtype)
-    up = (lambda t: None if t is None else t.to(acc))
+    up = lambda t: None if t is None else t.to(acc)
     hy = _cell(up(input), up(hx), up(w_ih), up(w_hh), up(b_ih), up(b_hh), reset_after)
     return hy.to(input.dtype)
 
 
-def gru_layer(input: torch.Tensor, h0: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor,
-              b_ih: torch.Tensor | None, b_hh: torch.Tensor | None,
-              lengths: torch.Tensor | None, dropout_p: float, seed: torch.Tensor | None,
-              reset_after: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def gru_layer(
+    input: torch.Tensor,
+    h0: torch.Tensor,
+    w_ih: torch.Tensor,
+    w_hh: torch.Tensor,
+    b_ih: torch.Tensor | None,
+    b_hh: torch.Tensor | None,
+    lengths: torch.Tensor | None,
+    dropout_p: float,
+    seed: torch.Tensor | None,
+    reset_after: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One layer, all of its D directions.
 
     input (T, B, I); h0 (D, B, H); w_ih (D, 3H, I); w_hh (D, 3H, H); b_ih, b_hh (D, 3H) or
@@ -60,8 +75,18 @@ def gru_layer(input: torch.Tensor, h0: torch.Tensor, w_ih: torch.Tensor, w_hh: t
     Returns output (T, B, D * H) (direction d in columns [d * H, (d + 1) * H)) and h_n
     (D, B, H), in the input's dtype.
     """
-    return recurrent_layer(input, h0, w_ih, w_hh, b_ih, b_hh, lengths, dropout_p, seed,
-                           lambda x_t, h, *w: _cell(x_t, h, *w, reset_after))
+    return recurrent_layer(
+        input,
+        h0,
+        w_ih,
+        w_hh,
+        b_ih,
+        b_hh,
+        lengths,
+        dropout_p,
+        seed,
+        lambda x_t, h, *w: _cell(x_t, h, *w, reset_after),
+    )
 
 
 def recurrent_layer(input, h0, w_ih, w_hh, b_ih, b_hh, lengths, dropout_p, seed, cell):

@@ -14,6 +14,7 @@ after its last step (forward direction) or starts from (h0, c0) at t = lengths[b
 (reverse direction), and its outputs past the end are 0. Dropout (between layers) is applied
 to a layer's input with fastattn's Philox stream, elements numbered row-major over (T, B, I).
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,20 +31,35 @@ def _cell(x_t, h, c, w_ih, w_hh, b_ih, b_hh):
     return torch.sigmoid(o) * torch.tanh(c_new), c_new
 
 
-def lstm_cell(input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor, w_ih: torch.Tensor,
-              w_hh: torch.Tensor, b_ih: torch.Tensor | None = None,
-              b_hh: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def lstm_cell(
+    input: torch.Tensor,
+    hx: torch.Tensor,
+    cx: torch.Tensor,
+    w_ih: torch.Tensor,
+    w_hh: torch.Tensor,
+    b_ih: torch.Tensor | None = None,
+    b_hh: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One step: input (B, I), hx/cx (B, H), w_ih (4H, I), w_hh (4H, H) -> (hy, cy)."""
     acc = compute_dtype(input.dtype)
-    up = (lambda t: None if t is None else t.to(acc))
+    up = lambda t: None if t is None else t.to(acc)
     hy, cy = _cell(up(input), up(hx), up(cx), up(w_ih), up(w_hh), up(b_ih), up(b_hh))
     return hy.to(input.dtype), cy.to(input.dtype)
 
 
-def lstm_layer(input: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, w_ih: torch.Tensor,
-               w_hh: torch.Tensor, b_ih: torch.Tensor | None, b_hh: torch.Tensor | None,
-               w_hr: torch.Tensor | None, lengths: torch.Tensor | None, dropout_p: float,
-               seed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def lstm_layer(
+    input: torch.Tensor,
+    h0: torch.Tensor,
+    c0: torch.Tensor,
+    w_ih: torch.Tensor,
+    w_hh: torch.Tensor,
+    b_ih: torch.Tensor | None,
+    b_hh: torch.Tensor | None,
+    w_hr: torch.Tensor | None,
+    lengths: torch.Tensor | None,
+    dropout_p: float,
+    seed: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One layer, all of its D directions.
 
     input (T, B, I); h0 (D, B, P); c0 (D, B, H); w_ih (D, 4H, I); w_hh (D, 4H, P);
@@ -81,5 +97,8 @@ def lstm_layer(input: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, w_ih: to
         h_n.append(h)
         c_n.append(c)
     output = torch.cat(outputs, dim=-1)
-    return (output.to(input.dtype), torch.stack(h_n).to(input.dtype),
-            torch.stack(c_n).to(input.dtype))
+    return (
+        output.to(input.dtype),
+        torch.stack(h_n).to(input.dtype),
+        torch.stack(c_n).to(input.dtype),
+    )

@@ -6,6 +6,7 @@ x (N, L, D), tokens (N, L), rotary x (B, H, L, D). Arithmetic happens in the com
 angles are pos * inv_freq with inv_freq = base^(-2i/dim) computed in float64 and rounded once
 to the compute type: the kernels do the same, so their results agree to the last bits.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,9 @@ from ..contracts import compute_dtype
 from .random import dropout_keep_mask
 
 
-def inverse_frequencies(dim: int, base: float, dtype: torch.dtype,
-                        device: torch.device | str) -> torch.Tensor:
+def inverse_frequencies(
+    dim: int, base: float, dtype: torch.dtype, device: torch.device | str
+) -> torch.Tensor:
     """(ceil(dim/2),) inv_freq[i] = base^(-2i/dim), computed in float64, rounded to dtype."""
     i2 = torch.arange(0, dim, 2, dtype=torch.float64, device=device)
     return torch.exp2(-(i2 / dim) * math.log2(base)).to(dtype)
@@ -34,8 +36,9 @@ def sinusoid(positions: torch.Tensor, dim: int, base: float, dtype: torch.dtype)
     return table[..., :dim]
 
 
-def sinusoidal_table(positions: torch.Tensor, dim: int, base: float,
-                     dtype: torch.dtype) -> torch.Tensor:
+def sinusoidal_table(
+    positions: torch.Tensor, dim: int, base: float, dtype: torch.dtype
+) -> torch.Tensor:
     return sinusoid(positions, dim, base, compute_dtype(dtype)).to(dtype)
 
 
@@ -47,8 +50,9 @@ def apply_dropout(y: torch.Tensor, p: float, seed: torch.Tensor | None) -> torch
     return y * keep * (1.0 / (1.0 - p))
 
 
-def positions_of(N: int, L: int, offset: int, offsets: torch.Tensor | None,
-                 device: torch.device) -> torch.Tensor:
+def positions_of(
+    N: int, L: int, offset: int, offsets: torch.Tensor | None, device: torch.device
+) -> torch.Tensor:
     """(N, L) int64 positions offset + offsets[n] + l."""
     pos = torch.arange(L, dtype=torch.int64, device=device).add(offset).expand(N, L)
     if offsets is not None:
@@ -56,8 +60,15 @@ def positions_of(N: int, L: int, offset: int, offsets: torch.Tensor | None,
     return pos
 
 
-def add_sinusoidal(x: torch.Tensor, offset: int, offsets: torch.Tensor | None, scale: float,
-                   base: float, dropout_p: float, seed: torch.Tensor | None) -> torch.Tensor:
+def add_sinusoidal(
+    x: torch.Tensor,
+    offset: int,
+    offsets: torch.Tensor | None,
+    scale: float,
+    base: float,
+    dropout_p: float,
+    seed: torch.Tensor | None,
+) -> torch.Tensor:
     """dropout(x * scale + PE[offset + offsets[n] + l]) for x (N, L, D)."""
     N, L, D = x.shape
     acc = compute_dtype(x.dtype)
@@ -66,10 +77,19 @@ def add_sinusoidal(x: torch.Tensor, offset: int, offsets: torch.Tensor | None, s
     return apply_dropout(y, dropout_p, seed).to(x.dtype)
 
 
-def embed_with_positions(tokens: torch.Tensor, weight: torch.Tensor, table: torch.Tensor | None,
-                         offset: int, offsets: torch.Tensor | None, scale: float, base: float,
-                         dropout_p: float, seed: torch.Tensor | None,
-                         padding_idx: int = -1, deterministic: bool = False) -> torch.Tensor:
+def embed_with_positions(
+    tokens: torch.Tensor,
+    weight: torch.Tensor,
+    table: torch.Tensor | None,
+    offset: int,
+    offsets: torch.Tensor | None,
+    scale: float,
+    base: float,
+    dropout_p: float,
+    seed: torch.Tensor | None,
+    padding_idx: int = -1,
+    deterministic: bool = False,
+) -> torch.Tensor:
     """dropout(weight[tokens] * scale + P[pos]) for tokens (N, L); P learned (table) or sinusoid.
 
     padding_idx: rows of that token get no gradient (as F.embedding), positions still added.
@@ -78,8 +98,9 @@ def embed_with_positions(tokens: torch.Tensor, weight: torch.Tensor, table: torc
     N, L = tokens.shape
     acc = compute_dtype(weight.dtype)
     pos = positions_of(N, L, offset, offsets, weight.device)
-    emb = torch.nn.functional.embedding(tokens, weight,
-                                        padding_idx=padding_idx if padding_idx >= 0 else None)
+    emb = torch.nn.functional.embedding(
+        tokens, weight, padding_idx=padding_idx if padding_idx >= 0 else None
+    )
     if table is None:
         pe = sinusoid(pos, weight.shape[1], base, acc)
     else:
@@ -88,18 +109,27 @@ def embed_with_positions(tokens: torch.Tensor, weight: torch.Tensor, table: torc
     return apply_dropout(y, dropout_p, seed).to(weight.dtype)
 
 
-def rotary_cos_sin(positions: torch.Tensor, rotary_dim: int, base: float,
-                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_cos_sin(
+    positions: torch.Tensor, rotary_dim: int, base: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of pos * base^(-2i/rotary_dim), each (*positions.shape, rotary_dim / 2)."""
     inv = inverse_frequencies(rotary_dim, base, dtype, positions.device)
     angle = positions.to(dtype).unsqueeze(-1) * inv
     return torch.cos(angle), torch.sin(angle)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
-                 offset: int, offsets: torch.Tensor | None, position_ids: torch.Tensor | None,
-                 rotary_dim: int, base: float, interleaved: bool,
-                 conjugate: bool = False) -> torch.Tensor:
+def apply_rotary(
+    x: torch.Tensor,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
+    offset: int,
+    offsets: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    rotary_dim: int,
+    base: float,
+    interleaved: bool,
+    conjugate: bool = False,
+) -> torch.Tensor:
     """Rotate the first rotary_dim features of x (B, H, L, D) by position-dependent angles.
 
     NeoX layout (interleaved=False) pairs features i and i + rotary_dim/2; GPT-J layout

@@ -9,6 +9,7 @@ logical element index as the counter (see csrc/common/philox.h for the exact def
 This file computes the same numbers with int64 tensor arithmetic, so the reference backend
 drops exactly the elements the kernels drop and tests can compare dropout outputs exactly.
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,8 +24,8 @@ def _mulhilo(m: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
     The product can reach 2**64, beyond int64, so b is split into 16-bit halves.
     """
-    t_lo = m * (b & 0xFFFF)            # < 2**48
-    t_hi = m * (b >> 16)               # < 2**48
+    t_lo = m * (b & 0xFFFF)  # < 2**48
+    t_hi = m * (b >> 16)  # < 2**48
     partial = t_lo + ((t_hi & 0xFFFF) << 16)
     return (t_hi >> 16) + (partial >> 32), partial & _MASK32
 
@@ -54,16 +55,25 @@ def dropout_uniform(seed: torch.Tensor, element: torch.Tensor) -> torch.Tensor:
     block = element >> 2
     lane = element & 3
     zeros = torch.zeros_like(block)
-    words = philox4x32_10(block & _MASK32, (block >> 32) & _MASK32,
-                          zeros + (stream & _MASK32), zeros + ((stream >> 32) & _MASK32),
-                          seed_value & _MASK32, (seed_value >> 32) & _MASK32)
-    bits = torch.where(lane == 0, words[0],
-                       torch.where(lane == 1, words[1], torch.where(lane == 2, words[2], words[3])))
+    words = philox4x32_10(
+        block & _MASK32,
+        (block >> 32) & _MASK32,
+        zeros + (stream & _MASK32),
+        zeros + ((stream >> 32) & _MASK32),
+        seed_value & _MASK32,
+        (seed_value >> 32) & _MASK32,
+    )
+    bits = torch.where(
+        lane == 0,
+        words[0],
+        torch.where(lane == 1, words[1], torch.where(lane == 2, words[2], words[3])),
+    )
     return (bits >> 8).to(torch.float32) * (1.0 / 16777216.0)
 
 
-def dropout_keep_mask(seed: torch.Tensor, shape: tuple[int, ...], p: float,
-                      device: torch.device | str = "cpu") -> torch.Tensor:
+def dropout_keep_mask(
+    seed: torch.Tensor, shape: tuple[int, ...], p: float, device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """Bool keep-mask for a tensor of `shape` whose elements are numbered in row-major order."""
     numel = 1
     for size in shape:

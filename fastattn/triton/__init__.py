@@ -7,6 +7,7 @@ On CPU tensors the kernels run under Triton's interpreter (TRITON_INTERPRET=1, s
 import); there bfloat16 arithmetic is not trustworthy, so kernels upcast right after every
 load and launchers let torch round float32 results to bfloat16 (`interpreting()`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -16,7 +17,6 @@ import os
 import torch
 
 from .._debug import poison
-
 
 # Set by tests/triton_aot.py, which runs the launchers on CPU tensors with kernel launches
 # intercepted, to record (and compile for sm_90) what they would launch on a GPU.
@@ -41,13 +41,14 @@ def device_sm_count(device: torch.device) -> int:
 ASSUMED_SHARED_MEMORY = 232448
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _shared_memory_of(index: int) -> int:
     props = torch.cuda.get_device_properties(index)
     optin = getattr(props, "shared_memory_per_block_optin", 0)
     if optin:
         return int(optin)
     from triton.runtime import driver  # older torch: ask the CUDA driver through triton
+
     return int(driver.active.utils.get_device_properties(index)["max_shared_mem"])
 
 
@@ -81,8 +82,10 @@ def grid_x(op: str, what: str, programs: int) -> int:
     """`programs` as a grid's first axis, or a ValueError naming the op and the product of
     sizes (`what`) that exceeds the axis."""
     if programs > MAX_GRID_X:
-        raise ValueError(f"{op} (triton): {what} = {programs} programs, more than a grid's "
-                         f"first axis holds (2**31 - 1)")
+        raise ValueError(
+            f"{op} (triton): {what} = {programs} programs, more than a grid's "
+            f"first axis holds (2**31 - 1)"
+        )
     return programs
 
 

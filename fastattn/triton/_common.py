@@ -6,6 +6,7 @@ ACCURATE (constexpr) selects libdevice's functions, which exist on a GPU only: l
 `not interpreting(device)`, or a narrower condition where the hardware approximation is
 accurate enough (16-bit attention inputs).
 """
+
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice

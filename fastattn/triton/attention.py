@@ -9,8 +9,9 @@ padding. Score pipeline: s = scale * q.k; softcap * tanh(s / softcap); - slope *
 + float attn_mask; hidden keys -> -inf.
 
 Kernels:
-- forward: one program per (BLOCK_M queries, batch * query head); online softmax over the key tiles that the window leaves visible (tiles entirely outside it are never
-  loaded, which halves causal attention); saves lse (natural log) for the backward.
+- forward: one program per (BLOCK_M queries, batch * query head); online softmax over the key
+  tiles that the window leaves visible (tiles entirely outside it are never loaded, which halves
+  causal attention); saves lse (natural log) for the backward.
 - backward: `_bwd_preprocess` computes delta_i = rowsum(dO * O) - grad_lse_i; `_bwd_dkdv`
   owns BLOCK_N keys of one kv head and loops over every query head of its GQA group and the
   query tiles that can see those keys, so dK and dV are reduced in registers in a fixed order;
@@ -33,6 +34,7 @@ loading bfloat16 (the interpreter's bfloat16 arithmetic is broken), P and dS are
 bfloat16 by bit arithmetic where a GPU casts them for its tensor cores, and bfloat16 results go
 through a float32 buffer that torch rounds.
 """
+
 from __future__ import annotations
 
 import torch
@@ -40,13 +42,12 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from . import dot_precision, finish, grid_x, interpreting, on_device, output_buffer
 from .._debug import poison
 from ..contracts.attention import check_seqlen, output_like
+from . import dot_precision, finish, grid_x, interpreting, on_device, output_buffer
 from ._common import exp, round_to_bfloat16, tanh
 from .attention_tuning import head_class, interpreter_block, length_class, tuned
 from .random import dropout_multiplier
-
 
 # attn_mask kinds (constexpr MASK_KIND)
 _NO_MASK, _BOOL_MASK, _FLOAT_MASK = 0, 1, 2
@@ -78,9 +79,28 @@ def _capped_scores(qk, scale, softcap, HAS_SOFTCAP: tl.constexpr, ACCURATE: tl.c
 
 
 @triton.jit
-def _biased_masked_scores(s, i, j, b, h, mask_ptr, s_mb, s_mh, s_mi, s_mj, pad_ptr, slope,
-                          Lq, Lk, shift, window_lo, window_hi, MASK_KIND: tl.constexpr,
-                          HAS_PAD: tl.constexpr, HAS_ALIBI: tl.constexpr):
+def _biased_masked_scores(
+    s,
+    i,
+    j,
+    b,
+    h,
+    mask_ptr,
+    s_mb,
+    s_mh,
+    s_mi,
+    s_mj,
+    pad_ptr,
+    slope,
+    Lq,
+    Lk,
+    shift,
+    window_lo,
+    window_hi,
+    MASK_KIND: tl.constexpr,
+    HAS_PAD: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+):
     """Adds ALiBi and the float mask to the (capped) scores s and sets hidden keys to -inf.
 
     i (query indices) and j (key indices) broadcast to s's shape in either orientation
@@ -94,8 +114,7 @@ def _biased_masked_scores(s, i, j, b, h, mask_ptr, s_mb, s_mh, s_mi, s_mj, pad_p
     inside = (i < Lq) & (j < Lk)
     visible = inside & (j >= i + window_lo) & (j <= i + window_hi)
     if MASK_KIND != 0:
-        mptr = (mask_ptr + b * s_mb + h * s_mh + i.to(tl.int64) * s_mi
-                + j.to(tl.int64) * s_mj)
+        mptr = mask_ptr + b * s_mb + h * s_mh + i.to(tl.int64) * s_mi + j.to(tl.int64) * s_mj
         if MASK_KIND == 1:
             allowed = tl.load(mptr, mask=inside, other=0)
             visible = visible & (allowed != 0)
@@ -119,8 +138,7 @@ def _tile_of_program(length, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _key_range(start_m, Lk, window_lo, window_hi, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr):
+def _key_range(start_m, Lk, window_lo, window_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """[lo, hi) of the key tiles that queries [start_m, start_m + BLOCK_M) can see through the
     window; lo is a multiple of BLOCK_N. Tiles outside are never loaded."""
     lo = tl.maximum(start_m + window_lo, 0)
@@ -130,8 +148,7 @@ def _key_range(start_m, Lk, window_lo, window_hi, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
-def _query_range(start_n, Lq, window_lo, window_hi, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr):
+def _query_range(start_n, Lq, window_lo, window_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """[lo, hi) of the query tiles that can see keys [start_n, start_n + BLOCK_N): query i sees
     key j iff j - window_hi <= i <= j - window_lo."""
     lo = tl.maximum(start_n - window_hi, 0)
@@ -145,8 +162,7 @@ def _query_range(start_n, Lq, window_lo, window_hi, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
-def _sequence(Cu_q, Cu_k, b, Lq, Lk, window_lo, window_hi, causal_mode,
-              VARLEN: tl.constexpr):
+def _sequence(Cu_q, Cu_k, b, Lq, Lk, window_lo, window_hi, causal_mode, VARLEN: tl.constexpr):
     """Where sequence b lives and which keys its queries see:
     (first query row, first key row, its Lq, its Lk, band lo, band hi), key j visible to
     query i iff i + lo <= j <= i + hi.
@@ -162,8 +178,10 @@ def _sequence(Cu_q, Cu_k, b, Lq, Lk, window_lo, window_hi, causal_mode,
         seq_k = tl.load(Cu_k + b + 1) - tl.load(Cu_k + b)
         # fastattn.varlen_attention checks cu_seqlens on the host, except under torch.compile;
         # this assert (active under TRITON_DEBUG=1) catches them there.
-        tl.device_assert((seq_q >= 0) & (seq_q <= Lq) & (seq_k >= 0) & (seq_k <= Lk),
-                         "cu_seqlens must be non-decreasing with lengths <= max_seqlen")
+        tl.device_assert(
+            (seq_q >= 0) & (seq_q <= Lq) & (seq_k >= 0) & (seq_k <= Lk),
+            "cu_seqlens must be non-decreasing with lengths <= max_seqlen",
+        )
         shift = seq_k - seq_q
         lo = tl.where(window_lo >= 0, shift - window_lo, -1073741824)
         hi = tl.where(window_hi >= 0, shift + window_hi, 1073741824)
@@ -197,24 +215,75 @@ def _dropout_rows(b, h, q0, Hq, Lq, Lk, VARLEN: tl.constexpr):
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, Mask, Pad, Alibi, Seed, Cu_q, Cu_k, Out, Lse,
-                s_qb, s_qh, s_qm, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_ob, s_oh, s_om,
-                s_mb, s_mh, s_mi, s_mj, s_ab, s_ah,
-                Hq, GROUP, Lq, Lk, D, Dv, scale, softcap, window_lo, window_hi, total_q,
-                causal_mode, threshold, keep_scale, LQ_CLASS, LK_CLASS,
-                MASK_KIND: tl.constexpr, HAS_PAD: tl.constexpr, HAS_ALIBI: tl.constexpr,
-                HAS_SOFTCAP: tl.constexpr, HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
-                DOT_PRECISION: tl.constexpr, ACCURATE_EXP: tl.constexpr, VARLEN: tl.constexpr,
-                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr):
+def _fwd_kernel(
+    Q,
+    K,
+    V,
+    Mask,
+    Pad,
+    Alibi,
+    Seed,
+    Cu_q,
+    Cu_k,
+    Out,
+    Lse,
+    s_qb,
+    s_qh,
+    s_qm,
+    s_kb,
+    s_kh,
+    s_kn,
+    s_vb,
+    s_vh,
+    s_vn,
+    s_ob,
+    s_oh,
+    s_om,
+    s_mb,
+    s_mh,
+    s_mi,
+    s_mj,
+    s_ab,
+    s_ah,
+    Hq,
+    GROUP,
+    Lq,
+    Lk,
+    D,
+    Dv,
+    scale,
+    softcap,
+    window_lo,
+    window_hi,
+    total_q,
+    causal_mode,
+    threshold,
+    keep_scale,
+    LQ_CLASS,
+    LK_CLASS,
+    MASK_KIND: tl.constexpr,
+    HAS_PAD: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    ACCURATE_EXP: tl.constexpr,
+    VARLEN: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """out and lse of BLOCK_M queries of head (b, h). Varlen: Lq/Lk are the largest lengths
     and the program exits at once when its tile lies past its sequence's queries."""
     start_m, bh = _tile_of_program(Lq, BLOCK_M)
     b = bh // Hq
     h = bh % Hq
     kvh = h // GROUP
-    q0, k0, seq_q, seq_k, lo_w, hi_w = _sequence(Cu_q, Cu_k, b, Lq, Lk, window_lo, window_hi,
-                                                 causal_mode, VARLEN)
+    q0, k0, seq_q, seq_k, lo_w, hi_w = _sequence(
+        Cu_q, Cu_k, b, Lq, Lk, window_lo, window_hi, causal_mode, VARLEN
+    )
     if start_m >= seq_q:
         return
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -225,8 +294,11 @@ def _fwd_kernel(Q, K, V, Mask, Pad, Alibi, Seed, Cu_q, Cu_k, Out, Lse,
     dv_valid = offs_dv < Dv
     rows_m = (q0 + offs_m).to(tl.int64)[:, None]
 
-    q = tl.load(Q + b * s_qb + h * s_qh + rows_m * s_qm + offs_d[None, :],
-                mask=m_valid[:, None] & d_valid[None, :], other=0.0)
+    q = tl.load(
+        Q + b * s_qb + h * s_qh + rows_m * s_qm + offs_d[None, :],
+        mask=m_valid[:, None] & d_valid[None, :],
+        other=0.0,
+    )
     if UPCAST:
         q = q.to(tl.float32)
     k_base = K + b * s_kb + kvh * s_kh + k0 * s_kn
@@ -245,34 +317,84 @@ def _fwd_kernel(Q, K, V, Mask, Pad, Alibi, Seed, Cu_q, Cu_k, Out, Lse,
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < seq_k
         rows_n = offs_n.to(tl.int64)[:, None]
-        k = tl.load(k_base + rows_n * s_kn + offs_d[None, :],
-                    mask=n_valid[:, None] & d_valid[None, :], other=0.0)
-        v = tl.load(v_base + rows_n * s_vn + offs_dv[None, :],
-                    mask=n_valid[:, None] & dv_valid[None, :], other=0.0)
+        k = tl.load(
+            k_base + rows_n * s_kn + offs_d[None, :],
+            mask=n_valid[:, None] & d_valid[None, :],
+            other=0.0,
+        )
+        v = tl.load(
+            v_base + rows_n * s_vn + offs_dv[None, :],
+            mask=n_valid[:, None] & dv_valid[None, :],
+            other=0.0,
+        )
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         s = _capped_scores(qk, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
-        s = _biased_masked_scores(s, offs_m[:, None], offs_n[None, :], b, h, Mask, s_mb, s_mh,
-                                  s_mi, s_mj, Pad, slope, seq_q, seq_k, seq_k - seq_q, lo_w,
-                                  hi_w, MASK_KIND, HAS_PAD, HAS_ALIBI)
-        m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, Seed,
-                                             row_element[:, None] + offs_n[None, :], threshold,
-                                             keep_scale, HAS_DROPOUT, UPCAST, DOT_PRECISION,
-                                             ACCURATE_EXP)
+        s = _biased_masked_scores(
+            s,
+            offs_m[:, None],
+            offs_n[None, :],
+            b,
+            h,
+            Mask,
+            s_mb,
+            s_mh,
+            s_mi,
+            s_mj,
+            Pad,
+            slope,
+            seq_q,
+            seq_k,
+            seq_k - seq_q,
+            lo_w,
+            hi_w,
+            MASK_KIND,
+            HAS_PAD,
+            HAS_ALIBI,
+        )
+        m_i, l_i, acc = _online_softmax_step(
+            s,
+            v,
+            m_i,
+            l_i,
+            acc,
+            Seed,
+            row_element[:, None] + offs_n[None, :],
+            threshold,
+            keep_scale,
+            HAS_DROPOUT,
+            UPCAST,
+            DOT_PRECISION,
+            ACCURATE_EXP,
+        )
 
     out, lse = _softmax_finish(m_i, l_i, acc)
-    tl.store(Out + b * s_ob + h * s_oh + (q0 + offs_m).to(tl.int64)[:, None] * s_om
-             + offs_dv[None, :], out.to(Out.dtype.element_ty),
-             mask=m_valid[:, None] & dv_valid[None, :])
+    tl.store(
+        Out + b * s_ob + h * s_oh + (q0 + offs_m).to(tl.int64)[:, None] * s_om + offs_dv[None, :],
+        out.to(Out.dtype.element_ty),
+        mask=m_valid[:, None] & dv_valid[None, :],
+    )
     tl.store(Lse + _row_base(b, h, q0, Hq, Lq, total_q, VARLEN) + offs_m, lse, mask=m_valid)
 
 
 @triton.jit
-def _online_softmax_step(s, v, m_i, l_i, acc, Seed, element, threshold, keep_scale,
-                         HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
-                         DOT_PRECISION: tl.constexpr, ACCURATE_EXP: tl.constexpr):
+def _online_softmax_step(
+    s,
+    v,
+    m_i,
+    l_i,
+    acc,
+    Seed,
+    element,
+    threshold,
+    keep_scale,
+    HAS_DROPOUT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    ACCURATE_EXP: tl.constexpr,
+):
     """One key tile of the online softmax: s (M, N) final scores (-inf where hidden), v (N, Dv);
     returns the updated running max m_i, sum l_i (of undropped probabilities, so lse ignores
     dropout) and accumulator acc (M, Dv). element (M, N): Philox elements of the tile."""
@@ -306,8 +428,24 @@ def _softmax_finish(m_i, l_i, acc):
 
 
 @triton.jit
-def _bwd_preprocess(Out, DO, GradLse, Delta, s_ob, s_oh, s_om, s_dob, s_doh, s_dom, Hq, Lq, Dv,
-                    HAS_GRAD_LSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
+def _bwd_preprocess(
+    Out,
+    DO,
+    GradLse,
+    Delta,
+    s_ob,
+    s_oh,
+    s_om,
+    s_dob,
+    s_doh,
+    s_dom,
+    Hq,
+    Lq,
+    Dv,
+    HAS_GRAD_LSE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
     """delta_i = rowsum(dO_i * O_i) - grad_lse_i, so that dS = P * (dP - delta) also carries
     the gradient of lse (d lse_i / d s_ij = P_ij). Rows are (B, Hq, Lq) with delta laid out as
     lse; varlen launches it as one batch of total_q rows (Hq, total_q), no per-sequence work."""
@@ -319,10 +457,12 @@ def _bwd_preprocess(Out, DO, GradLse, Delta, s_ob, s_oh, s_om, s_dob, s_doh, s_d
     m_valid = offs_m < Lq
     mask = m_valid[:, None] & (offs_dv < Dv)[None, :]
     rows = offs_m.to(tl.int64)[:, None]
-    o = tl.load(Out + b * s_ob + h * s_oh + rows * s_om + offs_dv[None, :], mask=mask,
-                other=0.0).to(tl.float32)
-    do = tl.load(DO + b * s_dob + h * s_doh + rows * s_dom + offs_dv[None, :], mask=mask,
-                 other=0.0).to(tl.float32)
+    o = tl.load(
+        Out + b * s_ob + h * s_oh + rows * s_om + offs_dv[None, :], mask=mask, other=0.0
+    ).to(tl.float32)
+    do = tl.load(
+        DO + b * s_dob + h * s_doh + rows * s_dom + offs_dv[None, :], mask=mask, other=0.0
+    ).to(tl.float32)
     delta = tl.sum(o * do, 1)
     if HAS_GRAD_LSE:
         delta -= tl.load(GradLse + bh * Lq + offs_m, mask=m_valid, other=0.0).to(tl.float32)
@@ -330,17 +470,75 @@ def _bwd_preprocess(Out, DO, GradLse, Delta, s_ob, s_oh, s_om, s_dob, s_doh, s_d
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, Cu_q, Cu_k, DK, DV,
-                     s_qb, s_qh, s_qm, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
-                     s_dob, s_doh, s_dom, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
-                     s_mb, s_mh, s_mi, s_mj, s_ab, s_ah,
-                     Hq, GROUP, Lq, Lk, D, Dv, scale, softcap, window_lo, window_hi, total_q,
-                     causal_mode, threshold, keep_scale, LQ_CLASS, LK_CLASS,
-                     MASK_KIND: tl.constexpr, HAS_PAD: tl.constexpr, HAS_ALIBI: tl.constexpr,
-                     HAS_SOFTCAP: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                     ACCURATE_EXP: tl.constexpr, VARLEN: tl.constexpr, BLOCK_D: tl.constexpr,
-                     BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _bwd_dkdv_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    Lse,
+    Delta,
+    Mask,
+    Pad,
+    Alibi,
+    Seed,
+    Cu_q,
+    Cu_k,
+    DK,
+    DV,
+    s_qb,
+    s_qh,
+    s_qm,
+    s_kb,
+    s_kh,
+    s_kn,
+    s_vb,
+    s_vh,
+    s_vn,
+    s_dob,
+    s_doh,
+    s_dom,
+    s_dkb,
+    s_dkh,
+    s_dkn,
+    s_dvb,
+    s_dvh,
+    s_dvn,
+    s_mb,
+    s_mh,
+    s_mi,
+    s_mj,
+    s_ab,
+    s_ah,
+    Hq,
+    GROUP,
+    Lq,
+    Lk,
+    D,
+    Dv,
+    scale,
+    softcap,
+    window_lo,
+    window_hi,
+    total_q,
+    causal_mode,
+    threshold,
+    keep_scale,
+    LQ_CLASS,
+    LK_CLASS,
+    MASK_KIND: tl.constexpr,
+    HAS_PAD: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    ACCURATE_EXP: tl.constexpr,
+    VARLEN: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """dK, dV for BLOCK_N keys of kv head (b, kvh), summed over the GROUP query heads that
     share it. Scores are computed transposed, (keys, queries), so that every product is a
     plain tl.dot with one transposed operand (as in Triton's fused-attention tutorial).
@@ -350,8 +548,9 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, Cu_q, Cu_k
     Hkv = Hq // GROUP
     b = bkv // Hkv
     kvh = bkv % Hkv
-    q0, k0, seq_q, seq_k, lo_w, hi_w = _sequence(Cu_q, Cu_k, b, Lq, Lk, window_lo, window_hi,
-                                                 causal_mode, VARLEN)
+    q0, k0, seq_q, seq_k, lo_w, hi_w = _sequence(
+        Cu_q, Cu_k, b, Lq, Lk, window_lo, window_hi, causal_mode, VARLEN
+    )
     if start_n >= seq_k:
         return
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -361,10 +560,16 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, Cu_q, Cu_k
     d_valid = offs_d < D
     dv_valid = offs_dv < Dv
     rows_n = (k0 + offs_n).to(tl.int64)[:, None]
-    k = tl.load(K + b * s_kb + kvh * s_kh + rows_n * s_kn + offs_d[None, :],
-                mask=n_valid[:, None] & d_valid[None, :], other=0.0)
-    v = tl.load(V + b * s_vb + kvh * s_vh + rows_n * s_vn + offs_dv[None, :],
-                mask=n_valid[:, None] & dv_valid[None, :], other=0.0)
+    k = tl.load(
+        K + b * s_kb + kvh * s_kh + rows_n * s_kn + offs_d[None, :],
+        mask=n_valid[:, None] & d_valid[None, :],
+        other=0.0,
+    )
+    v = tl.load(
+        V + b * s_vb + kvh * s_vh + rows_n * s_vn + offs_dv[None, :],
+        mask=n_valid[:, None] & dv_valid[None, :],
+        other=0.0,
+    )
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -384,10 +589,16 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, Cu_q, Cu_k
             offs_m = start_m + tl.arange(0, BLOCK_M)
             m_valid = offs_m < seq_q
             cols_m = offs_m.to(tl.int64)
-            qT = tl.load(q_base + cols_m[None, :] * s_qm + offs_d[:, None],
-                         mask=m_valid[None, :] & d_valid[:, None], other=0.0)
-            do = tl.load(do_base + cols_m[:, None] * s_dom + offs_dv[None, :],
-                         mask=m_valid[:, None] & dv_valid[None, :], other=0.0)
+            qT = tl.load(
+                q_base + cols_m[None, :] * s_qm + offs_d[:, None],
+                mask=m_valid[None, :] & d_valid[:, None],
+                other=0.0,
+            )
+            do = tl.load(
+                do_base + cols_m[:, None] * s_dom + offs_dv[None, :],
+                mask=m_valid[:, None] & dv_valid[None, :],
+                other=0.0,
+            )
             if UPCAST:
                 qT = qT.to(tl.float32)
                 do = do.to(tl.float32)
@@ -398,15 +609,37 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, Cu_q, Cu_k
             delta = tl.load(Delta + row0 + offs_m, mask=m_valid, other=0.0)
             qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)
             sT = _capped_scores(qkT, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
-            sT_masked = _biased_masked_scores(sT, offs_m[None, :], offs_n[:, None], b, h, Mask,
-                                              s_mb, s_mh, s_mi, s_mj, Pad, slope, seq_q, seq_k,
-                                              seq_k - seq_q, lo_w, hi_w, MASK_KIND, HAS_PAD,
-                                              HAS_ALIBI)
+            sT_masked = _biased_masked_scores(
+                sT,
+                offs_m[None, :],
+                offs_n[:, None],
+                b,
+                h,
+                Mask,
+                s_mb,
+                s_mh,
+                s_mi,
+                s_mj,
+                Pad,
+                slope,
+                seq_q,
+                seq_k,
+                seq_k - seq_q,
+                lo_w,
+                hi_w,
+                MASK_KIND,
+                HAS_PAD,
+                HAS_ALIBI,
+            )
             pT = exp(sT_masked - lse[None, :], ACCURATE_EXP)
             dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
             if HAS_DROPOUT:
-                zT = dropout_multiplier(Seed, drop0 + cols_m[None, :] * drop_step
-                                        + offs_n[:, None], threshold, keep_scale)
+                zT = dropout_multiplier(
+                    Seed,
+                    drop0 + cols_m[None, :] * drop_step + offs_n[:, None],
+                    threshold,
+                    keep_scale,
+                )
                 dv += tl.dot(_operand(pT * zT, do, UPCAST), do, input_precision=DOT_PRECISION)
                 dpT = dpT * zT
             else:
@@ -417,31 +650,92 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, Cu_q, Cu_k
                 dsT = dsT * (1.0 - t * t)
             dk += tl.dot(_operand(dsT, qT, UPCAST), tl.trans(qT), input_precision=DOT_PRECISION)
     dk = dk * scale
-    tl.store(DK + b * s_dkb + kvh * s_dkh + rows_n * s_dkn + offs_d[None, :],
-             dk.to(DK.dtype.element_ty), mask=n_valid[:, None] & d_valid[None, :])
-    tl.store(DV + b * s_dvb + kvh * s_dvh + rows_n * s_dvn + offs_dv[None, :],
-             dv.to(DV.dtype.element_ty), mask=n_valid[:, None] & dv_valid[None, :])
+    tl.store(
+        DK + b * s_dkb + kvh * s_dkh + rows_n * s_dkn + offs_d[None, :],
+        dk.to(DK.dtype.element_ty),
+        mask=n_valid[:, None] & d_valid[None, :],
+    )
+    tl.store(
+        DV + b * s_dvb + kvh * s_dvh + rows_n * s_dvn + offs_dv[None, :],
+        dv.to(DV.dtype.element_ty),
+        mask=n_valid[:, None] & dv_valid[None, :],
+    )
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, Cu_q, Cu_k, DQ,
-                   s_qb, s_qh, s_qm, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
-                   s_dob, s_doh, s_dom, s_dqb, s_dqh, s_dqm,
-                   s_mb, s_mh, s_mi, s_mj, s_ab, s_ah,
-                   Hq, GROUP, Lq, Lk, D, Dv, scale, softcap, window_lo, window_hi, total_q,
-                   causal_mode, threshold, keep_scale, LQ_CLASS, LK_CLASS,
-                   MASK_KIND: tl.constexpr, HAS_PAD: tl.constexpr, HAS_ALIBI: tl.constexpr,
-                   HAS_SOFTCAP: tl.constexpr, HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, ACCURATE_EXP: tl.constexpr,
-                   VARLEN: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _bwd_dq_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    Lse,
+    Delta,
+    Mask,
+    Pad,
+    Alibi,
+    Seed,
+    Cu_q,
+    Cu_k,
+    DQ,
+    s_qb,
+    s_qh,
+    s_qm,
+    s_kb,
+    s_kh,
+    s_kn,
+    s_vb,
+    s_vh,
+    s_vn,
+    s_dob,
+    s_doh,
+    s_dom,
+    s_dqb,
+    s_dqh,
+    s_dqm,
+    s_mb,
+    s_mh,
+    s_mi,
+    s_mj,
+    s_ab,
+    s_ah,
+    Hq,
+    GROUP,
+    Lq,
+    Lk,
+    D,
+    Dv,
+    scale,
+    softcap,
+    window_lo,
+    window_hi,
+    total_q,
+    causal_mode,
+    threshold,
+    keep_scale,
+    LQ_CLASS,
+    LK_CLASS,
+    MASK_KIND: tl.constexpr,
+    HAS_PAD: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    ACCURATE_EXP: tl.constexpr,
+    VARLEN: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """dQ for BLOCK_M queries of head (b, h), over the key tiles they can see."""
     start_m, bh = _tile_of_program(Lq, BLOCK_M)
     b = bh // Hq
     h = bh % Hq
     kvh = h // GROUP
-    q0, k0, seq_q, seq_k, lo_w, hi_w = _sequence(Cu_q, Cu_k, b, Lq, Lk, window_lo, window_hi,
-                                                 causal_mode, VARLEN)
+    q0, k0, seq_q, seq_k, lo_w, hi_w = _sequence(
+        Cu_q, Cu_k, b, Lq, Lk, window_lo, window_hi, causal_mode, VARLEN
+    )
     if start_m >= seq_q:
         return
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -451,10 +745,16 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, Cu_q, Cu_k, 
     d_valid = offs_d < D
     dv_valid = offs_dv < Dv
     rows_m = (q0 + offs_m).to(tl.int64)[:, None]
-    q = tl.load(Q + b * s_qb + h * s_qh + rows_m * s_qm + offs_d[None, :],
-                mask=m_valid[:, None] & d_valid[None, :], other=0.0)
-    do = tl.load(DO + b * s_dob + h * s_doh + rows_m * s_dom + offs_dv[None, :],
-                 mask=m_valid[:, None] & dv_valid[None, :], other=0.0)
+    q = tl.load(
+        Q + b * s_qb + h * s_qh + rows_m * s_qm + offs_d[None, :],
+        mask=m_valid[:, None] & d_valid[None, :],
+        other=0.0,
+    )
+    do = tl.load(
+        DO + b * s_dob + h * s_doh + rows_m * s_dom + offs_dv[None, :],
+        mask=m_valid[:, None] & dv_valid[None, :],
+        other=0.0,
+    )
     if UPCAST:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
@@ -476,32 +776,60 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, Mask, Pad, Alibi, Seed, Cu_q, Cu_k, 
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < seq_k
         rows_n = offs_n.to(tl.int64)[:, None]
-        k = tl.load(k_base + rows_n * s_kn + offs_d[None, :],
-                    mask=n_valid[:, None] & d_valid[None, :], other=0.0)
-        v = tl.load(v_base + rows_n * s_vn + offs_dv[None, :],
-                    mask=n_valid[:, None] & dv_valid[None, :], other=0.0)
+        k = tl.load(
+            k_base + rows_n * s_kn + offs_d[None, :],
+            mask=n_valid[:, None] & d_valid[None, :],
+            other=0.0,
+        )
+        v = tl.load(
+            v_base + rows_n * s_vn + offs_dv[None, :],
+            mask=n_valid[:, None] & dv_valid[None, :],
+            other=0.0,
+        )
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         s = _capped_scores(qk, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
-        s_masked = _biased_masked_scores(s, offs_m[:, None], offs_n[None, :], b, h, Mask, s_mb,
-                                         s_mh, s_mi, s_mj, Pad, slope, seq_q, seq_k,
-                                         seq_k - seq_q, lo_w, hi_w, MASK_KIND, HAS_PAD,
-                                         HAS_ALIBI)
+        s_masked = _biased_masked_scores(
+            s,
+            offs_m[:, None],
+            offs_n[None, :],
+            b,
+            h,
+            Mask,
+            s_mb,
+            s_mh,
+            s_mi,
+            s_mj,
+            Pad,
+            slope,
+            seq_q,
+            seq_k,
+            seq_k - seq_q,
+            lo_w,
+            hi_w,
+            MASK_KIND,
+            HAS_PAD,
+            HAS_ALIBI,
+        )
         p = exp(s_masked - lse[:, None], ACCURATE_EXP)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         if HAS_DROPOUT:
-            dp = dp * dropout_multiplier(Seed, row_element[:, None] + offs_n[None, :], threshold,
-                                         keep_scale)
+            dp = dp * dropout_multiplier(
+                Seed, row_element[:, None] + offs_n[None, :], threshold, keep_scale
+            )
         ds = p * (dp - delta[:, None])
         if HAS_SOFTCAP:
             t = s / softcap
             ds = ds * (1.0 - t * t)
         dq += tl.dot(_operand(ds, k, UPCAST), k, input_precision=DOT_PRECISION)
     dq = dq * scale
-    tl.store(DQ + b * s_dqb + h * s_dqh + rows_m * s_dqm + offs_d[None, :],
-             dq.to(DQ.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
+    tl.store(
+        DQ + b * s_dqb + h * s_dqh + rows_m * s_dqm + offs_d[None, :],
+        dq.to(DQ.dtype.element_ty),
+        mask=m_valid[:, None] & d_valid[None, :],
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -524,8 +852,22 @@ class _Launch:
     D), k/v (total_k, Hkv, D/Dv), window_lo/hi the window's sides; B = len(cu_seqlens) - 1 and
     Lq/Lk are the largest lengths (the grid covers them; shorter sequences' tiles exit)."""
 
-    def __init__(self, q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
-                 window_lo, window_hi, dropout_p, seed, varlen=None):
+    def __init__(
+        self,
+        q,
+        k,
+        v,
+        attn_mask,
+        key_padding_mask,
+        alibi_slopes,
+        scale,
+        softcap,
+        window_lo,
+        window_hi,
+        dropout_p,
+        seed,
+        varlen=None,
+    ):
         self.varlen = varlen is not None
         if self.varlen:
             cu_q, cu_k, max_q, max_k, causal_mode = varlen
@@ -543,8 +885,10 @@ class _Launch:
         check_seqlen(self.op, "max_seqlen_k" if self.varlen else "k's length (Lk)", Lk)
         if self.varlen and total_q > _MAX_PACKED_ROWS:
             # _bwd_preprocess tiles the packed rows with int32 offsets (start + BLOCK_M).
-            raise ValueError(f"{self.op} (triton): total_q (q.shape[0]) must be <= "
-                             f"{_MAX_PACKED_ROWS} (int32 row offsets), got {total_q}")
+            raise ValueError(
+                f"{self.op} (triton): total_q (q.shape[0]) must be <= "
+                f"{_MAX_PACKED_ROWS} (int32 row offsets), got {total_q}"
+            )
         self.shape = (B, Hq, Hkv, Lq, Lk, D, Dv)
         self.interpret = interpreting(q.device)
         if attn_mask is None:
@@ -557,30 +901,54 @@ class _Launch:
         else:
             alibi_arg, alibi_strides = alibi_slopes, tuple(alibi_slopes.stride())
         has_dropout = dropout_p > 0.0
-        self.optional = (mask_arg, key_padding_mask if key_padding_mask is not None else q,
-                         alibi_arg, seed if has_dropout else q, cu_q, cu_k)
+        self.optional = (
+            mask_arg,
+            key_padding_mask if key_padding_mask is not None else q,
+            alibi_arg,
+            seed if has_dropout else q,
+            cu_q,
+            cu_k,
+        )
         self.trailing_strides = mask_strides + alibi_strides
         # Triton passes floats as float32, which rounds p and 1/(1-p) exactly as the other
         # backends do.
-        self.scalars = (Hq, Hq // Hkv, Lq, Lk, D, Dv, float(scale), float(softcap),
-                        int(window_lo), int(window_hi), int(total_q), int(causal_mode),
-                        float(dropout_p) if has_dropout else 0.0,
-                        1.0 / (1.0 - dropout_p) if has_dropout else 1.0,
-                        length_class(Lq), length_class(Lk))
+        self.scalars = (
+            Hq,
+            Hq // Hkv,
+            Lq,
+            Lk,
+            D,
+            Dv,
+            float(scale),
+            float(softcap),
+            int(window_lo),
+            int(window_hi),
+            int(total_q),
+            int(causal_mode),
+            float(dropout_p) if has_dropout else 0.0,
+            1.0 / (1.0 - dropout_p) if has_dropout else 1.0,
+            length_class(Lq),
+            length_class(Lk),
+        )
         block_d = max(16, triton.next_power_of_2(D))
         block_dv = max(16, triton.next_power_of_2(Dv))
         precision = dot_precision(q.dtype)
-        self.meta = dict(MASK_KIND=mask_kind, HAS_PAD=key_padding_mask is not None,
-                         HAS_ALIBI=alibi_slopes is not None, HAS_SOFTCAP=softcap > 0.0,
-                         HAS_DROPOUT=has_dropout,
-                         UPCAST=self.interpret and q.dtype == torch.bfloat16,
-                         DOT_PRECISION=precision,
-                         ACCURATE_EXP=q.dtype == torch.float32 and not self.interpret,
-                         VARLEN=self.varlen, BLOCK_D=block_d, BLOCK_DV=block_dv)
+        self.meta = dict(
+            MASK_KIND=mask_kind,
+            HAS_PAD=key_padding_mask is not None,
+            HAS_ALIBI=alibi_slopes is not None,
+            HAS_SOFTCAP=softcap > 0.0,
+            HAS_DROPOUT=has_dropout,
+            UPCAST=self.interpret and q.dtype == torch.bfloat16,
+            DOT_PRECISION=precision,
+            ACCURATE_EXP=q.dtype == torch.float32 and not self.interpret,
+            VARLEN=self.varlen,
+            BLOCK_D=block_d,
+            BLOCK_DV=block_dv,
+        )
         self.head_class = head_class(block_d, block_dv)
         self.fp32 = q.dtype == torch.float32
-        self.interpreter_blocks = dict(BLOCK_M=interpreter_block(Lq),
-                                       BLOCK_N=interpreter_block(Lk))
+        self.interpreter_blocks = dict(BLOCK_M=interpreter_block(Lq), BLOCK_N=interpreter_block(Lk))
 
     def strides(self, t: torch.Tensor) -> tuple[int, int, int]:
         """(batch, head, row) strides of q, k, v or a tensor shaped like them: a packed
@@ -611,13 +979,29 @@ def launch_forward(launch: _Launch, q, k, v, out, lse) -> None:
     kernel, blocks = launch.kernel(_fwd_kernel, _FWD_TUNED)
 
     def grid(meta):
-        return (grid_x(launch.op, "B * Hq * ceil(Lq / BLOCK_M)",
-                       B * Hq * triton.cdiv(Lq, meta["BLOCK_M"])),)
+        return (
+            grid_x(
+                launch.op, "B * Hq * ceil(Lq / BLOCK_M)", B * Hq * triton.cdiv(Lq, meta["BLOCK_M"])
+            ),
+        )
 
     with on_device(q):
-        kernel[grid](q, k, v, *launch.optional, out, lse, *launch.strides(q), *launch.strides(k),
-                     *launch.strides(v), *launch.strides(out), *launch.trailing_strides,
-                     *launch.scalars, **launch.meta, **blocks)
+        kernel[grid](
+            q,
+            k,
+            v,
+            *launch.optional,
+            out,
+            lse,
+            *launch.strides(q),
+            *launch.strides(k),
+            *launch.strides(v),
+            *launch.strides(out),
+            *launch.trailing_strides,
+            *launch.scalars,
+            **launch.meta,
+            **blocks,
+        )
 
 
 def launch_backward(launch: _Launch, grad_out, grad_lse, q, k, v, out, lse, dq, dk, dv) -> None:
@@ -630,8 +1014,12 @@ def launch_backward(launch: _Launch, grad_out, grad_lse, q, k, v, out, lse, dq, 
     has_grad_lse = grad_lse is not None
     grad_lse_arg = grad_lse if has_grad_lse else lse
     common = (q, k, v, grad_out, lse, delta, *launch.optional)
-    q_k_v_do_strides = (*launch.strides(q), *launch.strides(k), *launch.strides(v),
-                        *launch.strides(grad_out))
+    q_k_v_do_strides = (
+        *launch.strides(q),
+        *launch.strides(k),
+        *launch.strides(v),
+        *launch.strides(grad_out),
+    )
     with on_device(q):
         if Hq * total_q > 0:
             block_dv = launch.meta["BLOCK_DV"]
@@ -639,31 +1027,69 @@ def launch_backward(launch: _Launch, grad_out, grad_lse, q, k, v, out, lse, dq, 
             # delta has lse's layout: (B, Hq, Lq) dense; varlen's (Hq, total_q) is the same
             # loop over one batch of total_q rows (batch stride 0), with no per-sequence work.
             pre_b, pre_l = (1, total_q) if launch.varlen else (B, Lq)
-            pre_grid = grid_x(launch.op, "B * Hq * ceil(Lq / BLOCK_M)",
-                              pre_b * Hq * triton.cdiv(pre_l, pre_m))
+            pre_grid = grid_x(
+                launch.op, "B * Hq * ceil(Lq / BLOCK_M)", pre_b * Hq * triton.cdiv(pre_l, pre_m)
+            )
             wrap_triton(_bwd_preprocess)[(pre_grid,)](
-                out, grad_out, grad_lse_arg, delta, *launch.strides(out),
-                *launch.strides(grad_out), Hq, pre_l, Dv, HAS_GRAD_LSE=has_grad_lse,
-                BLOCK_M=pre_m, BLOCK_DV=block_dv)
+                out,
+                grad_out,
+                grad_lse_arg,
+                delta,
+                *launch.strides(out),
+                *launch.strides(grad_out),
+                Hq,
+                pre_l,
+                Dv,
+                HAS_GRAD_LSE=has_grad_lse,
+                BLOCK_M=pre_m,
+                BLOCK_DV=block_dv,
+            )
 
             kernel, blocks = launch.kernel(_bwd_dq_kernel, _DQ_TUNED)
 
             def dq_grid(meta):
-                return (grid_x(launch.op, "B * Hq * ceil(Lq / BLOCK_M)",
-                               B * Hq * triton.cdiv(Lq, meta["BLOCK_M"])),)
+                return (
+                    grid_x(
+                        launch.op,
+                        "B * Hq * ceil(Lq / BLOCK_M)",
+                        B * Hq * triton.cdiv(Lq, meta["BLOCK_M"]),
+                    ),
+                )
 
-            kernel[dq_grid](*common, dq, *q_k_v_do_strides, *launch.strides(dq),
-                            *launch.trailing_strides, *launch.scalars, **launch.meta, **blocks)
+            kernel[dq_grid](
+                *common,
+                dq,
+                *q_k_v_do_strides,
+                *launch.strides(dq),
+                *launch.trailing_strides,
+                *launch.scalars,
+                **launch.meta,
+                **blocks,
+            )
         if B * Hkv * Lk > 0 and k.numel() > 0:
             kernel, blocks = launch.kernel(_bwd_dkdv_kernel, _DKDV_TUNED)
 
             def dkdv_grid(meta):
-                return (grid_x(launch.op, "B * Hkv * ceil(Lk / BLOCK_N)",
-                               B * Hkv * triton.cdiv(Lk, meta["BLOCK_N"])),)
+                return (
+                    grid_x(
+                        launch.op,
+                        "B * Hkv * ceil(Lk / BLOCK_N)",
+                        B * Hkv * triton.cdiv(Lk, meta["BLOCK_N"]),
+                    ),
+                )
 
-            kernel[dkdv_grid](*common, dk, dv, *q_k_v_do_strides, *launch.strides(dk),
-                              *launch.strides(dv), *launch.trailing_strides, *launch.scalars,
-                              **launch.meta, **blocks)
+            kernel[dkdv_grid](
+                *common,
+                dk,
+                dv,
+                *q_k_v_do_strides,
+                *launch.strides(dk),
+                *launch.strides(dv),
+                *launch.trailing_strides,
+                *launch.scalars,
+                **launch.meta,
+                **blocks,
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -672,15 +1098,36 @@ def launch_backward(launch: _Launch, grad_out, grad_lse, q, k, v, out, lse, dq, 
 # them with the contract of fastattn/contracts/attention.py)
 
 
-def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      attn_mask: torch.Tensor | None, key_padding_mask: torch.Tensor | None,
-                      alibi_slopes: torch.Tensor | None, scale: float, softcap: float,
-                      window_lo: int, window_hi: int, dropout_p: float,
-                      seed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    key_padding_mask: torch.Tensor | None,
+    alibi_slopes: torch.Tensor | None,
+    scale: float,
+    softcap: float,
+    window_lo: int,
+    window_hi: int,
+    dropout_p: float,
+    seed: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, Hq, Lq, Dv) in q's layout, lse (B, Hq, Lq) float32) of the canonical
     arguments (module docstring)."""
-    launch = _Launch(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
-                     window_lo, window_hi, dropout_p, seed)
+    launch = _Launch(
+        q,
+        k,
+        v,
+        attn_mask,
+        key_padding_mask,
+        alibi_slopes,
+        scale,
+        softcap,
+        window_lo,
+        window_hi,
+        dropout_p,
+        seed,
+    )
     B, Hq, Hkv, Lq, Lk, D, Dv = launch.shape
     wide = q.dtype == torch.bfloat16 and launch.interpret  # float32 buffer, rounded by torch
     out = poison(output_like(q, Dv, torch.float32 if wide else None))
@@ -689,21 +1136,56 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return finish(out, q.dtype), lse
 
 
-def attention_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: torch.Tensor,
-                       k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                       attn_mask: torch.Tensor | None, key_padding_mask: torch.Tensor | None,
-                       alibi_slopes: torch.Tensor | None, scale: float, softcap: float,
-                       window_lo: int, window_hi: int, dropout_p: float,
-                       seed: torch.Tensor | None,
-                       deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def attention_backward(
+    grad_out: torch.Tensor,
+    grad_lse: torch.Tensor | None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    key_padding_mask: torch.Tensor | None,
+    alibi_slopes: torch.Tensor | None,
+    scale: float,
+    softcap: float,
+    window_lo: int,
+    window_hi: int,
+    dropout_p: float,
+    seed: torch.Tensor | None,
+    deterministic: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv), contiguous and shaped like q, k, v, of <out, grad_out> + <lse, grad_lse>.
     `deterministic` needs nothing: these kernels never use atomics, so every backward is
     bitwise reproducible."""
-    launch = _Launch(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
-                     window_lo, window_hi, dropout_p, seed)
+    launch = _Launch(
+        q,
+        k,
+        v,
+        attn_mask,
+        key_padding_mask,
+        alibi_slopes,
+        scale,
+        softcap,
+        window_lo,
+        window_hi,
+        dropout_p,
+        seed,
+    )
     dq, dk, dv = (output_buffer(t.shape, t.dtype, t.device) for t in (q, k, v))
     if grad_out.shape[-1] > 1 and grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
-    launch_backward(launch, grad_out, None if grad_lse is None else grad_lse.contiguous(), q, k,
-                    v, out, lse.contiguous(), dq, dk, dv)
+    launch_backward(
+        launch,
+        grad_out,
+        None if grad_lse is None else grad_lse.contiguous(),
+        q,
+        k,
+        v,
+        out,
+        lse.contiguous(),
+        dq,
+        dk,
+        dv,
+    )
     return finish(dq, q.dtype), finish(dk, k.dtype), finish(dv, v.dtype)

@@ -16,6 +16,7 @@ runs on a GPU): each list starts with a config that compiles for sm_90 without s
 plain case and with at most a few hundred bytes of stack with a mask or dropout
 (tests/triton_aot.py reports them; benchmarks/notes/triton_aot.md).
 """
+
 from __future__ import annotations
 
 import os
@@ -27,30 +28,61 @@ from . import device_shared_memory, tile_budget
 
 
 def _config(block_m, block_n, warps, stages):
-    return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps,
-                         num_stages=stages)
+    return triton.Config(
+        {"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps, num_stages=stages
+    )
 
 
 _FWD_CONFIGS = {
-    64: [_config(64, 64, 4, 3), _config(128, 64, 4, 3), _config(128, 128, 8, 3),
-         _config(128, 32, 4, 4), _config(64, 32, 4, 2)],
-    128: [_config(64, 64, 4, 3), _config(128, 64, 8, 3), _config(128, 32, 4, 3),
-          _config(128, 128, 8, 2), _config(64, 32, 4, 2)],
-    256: [_config(64, 32, 4, 2), _config(64, 64, 4, 2), _config(128, 32, 8, 2),
-          _config(32, 32, 4, 1)],
+    64: [
+        _config(64, 64, 4, 3),
+        _config(128, 64, 4, 3),
+        _config(128, 128, 8, 3),
+        _config(128, 32, 4, 4),
+        _config(64, 32, 4, 2),
+    ],
+    128: [
+        _config(64, 64, 4, 3),
+        _config(128, 64, 8, 3),
+        _config(128, 32, 4, 3),
+        _config(128, 128, 8, 2),
+        _config(64, 32, 4, 2),
+    ],
+    256: [
+        _config(64, 32, 4, 2),
+        _config(64, 64, 4, 2),
+        _config(128, 32, 8, 2),
+        _config(32, 32, 4, 1),
+    ],
 }
 _DKDV_CONFIGS = {
-    64: [_config(64, 64, 4, 3), _config(32, 128, 4, 3), _config(64, 128, 8, 2),
-         _config(32, 64, 4, 2)],
-    128: [_config(32, 128, 8, 2), _config(64, 64, 8, 2), _config(32, 64, 4, 2),
-          _config(16, 64, 4, 2)],
+    64: [
+        _config(64, 64, 4, 3),
+        _config(32, 128, 4, 3),
+        _config(64, 128, 8, 2),
+        _config(32, 64, 4, 2),
+    ],
+    128: [
+        _config(32, 128, 8, 2),
+        _config(64, 64, 8, 2),
+        _config(32, 64, 4, 2),
+        _config(16, 64, 4, 2),
+    ],
     256: [_config(16, 32, 4, 1), _config(32, 32, 4, 2), _config(32, 64, 8, 1)],
 }
 _DQ_CONFIGS = {
-    64: [_config(128, 32, 4, 3), _config(64, 64, 4, 3), _config(128, 64, 8, 2),
-         _config(64, 32, 4, 2)],
-    128: [_config(128, 32, 8, 2), _config(64, 32, 4, 2), _config(64, 64, 8, 2),
-          _config(32, 32, 4, 2)],
+    64: [
+        _config(128, 32, 4, 3),
+        _config(64, 64, 4, 3),
+        _config(128, 64, 8, 2),
+        _config(64, 32, 4, 2),
+    ],
+    128: [
+        _config(128, 32, 8, 2),
+        _config(64, 32, 4, 2),
+        _config(64, 64, 8, 2),
+        _config(32, 32, 4, 2),
+    ],
     256: [_config(32, 32, 4, 2), _config(64, 32, 8, 1), _config(32, 16, 4, 1)],
 }
 # float32 runs its dots with input_precision="ieee" (FMA units, not tensor cores) and keeps
@@ -58,30 +90,56 @@ _DQ_CONFIGS = {
 # (tests/triton_aot.py reports registers and stack). Small tiles instead.
 _FWD_CONFIGS_FP32 = {
     64: [_config(32, 32, 4, 2), _config(64, 16, 4, 2), _config(64, 32, 4, 2)],
-    128: [_config(32, 32, 4, 2), _config(64, 16, 4, 2), _config(32, 16, 4, 2),
-          _config(64, 32, 8, 2), _config(16, 32, 4, 2)],
-    256: [_config(32, 16, 4, 1), _config(16, 16, 4, 1), _config(16, 32, 4, 1),
-          _config(32, 32, 8, 1)],
+    128: [
+        _config(32, 32, 4, 2),
+        _config(64, 16, 4, 2),
+        _config(32, 16, 4, 2),
+        _config(64, 32, 8, 2),
+        _config(16, 32, 4, 2),
+    ],
+    256: [
+        _config(32, 16, 4, 1),
+        _config(16, 16, 4, 1),
+        _config(16, 32, 4, 1),
+        _config(32, 32, 8, 1),
+    ],
 }
 _DKDV_CONFIGS_FP32 = {
-    64: [_config(16, 32, 4, 2), _config(32, 32, 4, 2), _config(16, 64, 4, 2),
-         _config(32, 64, 8, 2)],
-    128: [_config(16, 32, 4, 2), _config(16, 16, 4, 2), _config(32, 32, 8, 2),
-          _config(16, 64, 8, 2)],
+    64: [
+        _config(16, 32, 4, 2),
+        _config(32, 32, 4, 2),
+        _config(16, 64, 4, 2),
+        _config(32, 64, 8, 2),
+    ],
+    128: [
+        _config(16, 32, 4, 2),
+        _config(16, 16, 4, 2),
+        _config(32, 32, 8, 2),
+        _config(16, 64, 8, 2),
+    ],
     256: [_config(16, 16, 4, 1), _config(16, 32, 8, 1), _config(16, 16, 8, 1)],
 }
 _DQ_CONFIGS_FP32 = {
-    64: [_config(32, 16, 4, 2), _config(32, 32, 4, 2), _config(64, 16, 4, 2),
-         _config(64, 32, 8, 2)],
-    128: [_config(16, 32, 4, 2), _config(32, 16, 4, 2), _config(16, 16, 4, 2),
-          _config(32, 32, 8, 2)],
+    64: [
+        _config(32, 16, 4, 2),
+        _config(32, 32, 4, 2),
+        _config(64, 16, 4, 2),
+        _config(64, 32, 8, 2),
+    ],
+    128: [
+        _config(16, 32, 4, 2),
+        _config(32, 16, 4, 2),
+        _config(16, 16, 4, 2),
+        _config(32, 32, 8, 2),
+    ],
     256: [_config(16, 16, 4, 1), _config(32, 16, 8, 1), _config(16, 32, 8, 1)],
 }
 _TUNE_KEY = ["BLOCK_D", "BLOCK_DV", "LQ_CLASS", "LK_CLASS", "MASK_KIND", "HAS_DROPOUT", "VARLEN"]
 
 
-def tile_shared_bytes(kernel: str, block_m: int, block_n: int, stages: int, block_d: int,
-                      block_dv: int, itemsize: int) -> int:
+def tile_shared_bytes(
+    kernel: str, block_m: int, block_n: int, stages: int, block_d: int, block_dv: int, itemsize: int
+) -> int:
     """Shared memory that the tiles of one program take: the resident tile plus `stages`
     streamed tiles. The forward and dQ kernels keep a BLOCK_M tile of q (and dO) and stream
     BLOCK_N tiles of k and v; the dK/dV kernel keeps BLOCK_N keys and streams BLOCK_M tiles of
@@ -102,6 +160,7 @@ def pruner(kernel: str):
     an sm_86/89/120 card only tries configs that fit. Every list holds small tiles that fit a
     99 KB card; on a smaller device the smallest config is kept while its tiles fit the whole
     limit, and the call is refused when not even they do."""
+
     def prune(configs, named_args, **kwargs):
         meta = {**named_args, **kwargs}
         d, dv = meta.get("BLOCK_D", 256), meta.get("BLOCK_DV", 256)
@@ -110,8 +169,9 @@ def pruner(kernel: str):
         device = getattr(q, "device", torch.device("cuda"))
 
         def shared_bytes(c):
-            return tile_shared_bytes(kernel, c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"],
-                                     c.num_stages, d, dv, itemsize)
+            return tile_shared_bytes(
+                kernel, c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages, d, dv, itemsize
+            )
 
         fitting = [c for c in configs if shared_bytes(c) <= tile_budget(device)]
         if not fitting:
@@ -122,9 +182,11 @@ def pruner(kernel: str):
                     f"attention (triton): no {kernel} tile configuration fits the shared "
                     f"memory of {device} ({limit} bytes a block) with head dims padded to "
                     f"{d}/{dv} and {itemsize}-byte elements; the smallest needs "
-                    f"{shared_bytes(smallest)} bytes")
+                    f"{shared_bytes(smallest)} bytes"
+                )
             fitting = [smallest]
         return fitting if _AUTOTUNE else fitting[:1]
+
     return prune
 
 
@@ -132,19 +194,24 @@ _AUTOTUNE = os.environ.get("FASTATTN_TRITON_AUTOTUNE", "1") != "0"
 
 
 # kernel name -> (16-bit tables, float32 tables), per head-dim class
-TABLES = {"fwd": (_FWD_CONFIGS, _FWD_CONFIGS_FP32), "dkdv": (_DKDV_CONFIGS, _DKDV_CONFIGS_FP32),
-          "dq": (_DQ_CONFIGS, _DQ_CONFIGS_FP32)}
+TABLES = {
+    "fwd": (_FWD_CONFIGS, _FWD_CONFIGS_FP32),
+    "dkdv": (_DKDV_CONFIGS, _DKDV_CONFIGS_FP32),
+    "dq": (_DQ_CONFIGS, _DQ_CONFIGS_FP32),
+}
 
 
 def tuned(kernel, name: str) -> dict:
     """Autotuned copies of `kernel` ("fwd", "dkdv" or "dq": its tables and pruner), keyed by
     (float32?, head-dim class)."""
     configs, configs_fp32 = TABLES[name]
-    return {(fp32, cls): triton.autotune(
-                configs=cfgs, key=_TUNE_KEY,
-                prune_configs_by={"early_config_prune": pruner(name)})(kernel)
-            for fp32, table in ((False, configs), (True, configs_fp32))
-            for cls, cfgs in table.items()}
+    return {
+        (fp32, cls): triton.autotune(
+            configs=cfgs, key=_TUNE_KEY, prune_configs_by={"early_config_prune": pruner(name)}
+        )(kernel)
+        for fp32, table in ((False, configs), (True, configs_fp32))
+        for cls, cfgs in table.items()
+    }
 
 
 def head_class(block_d: int, block_dv: int) -> int:
@@ -164,5 +231,3 @@ def interpreter_block(length: int) -> int:
     # Under the interpreter every tile op is a numpy call: large tiles cost fewer calls, and
     # tiles beyond the length only waste work.
     return max(16, min(128, triton.next_power_of_2(max(length, 1))))
-
-

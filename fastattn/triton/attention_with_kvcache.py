@@ -19,6 +19,7 @@ Three kernels, launched in order on one stream:
   lse = logsumexp_s lse_s, out = sum_s exp(lse_s - lse) out_s (0 and -inf where no split saw
   a key).
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,18 +27,37 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from . import (device_shared_memory, device_sm_count, dot_precision, finish, grid_x,
-               interpreting, on_device, on_gpu, tile_budget)
 from .._debug import poison
 from ..contracts.attention import check_seqlen, output_like
+from . import (
+    device_shared_memory,
+    device_sm_count,
+    dot_precision,
+    finish,
+    grid_x,
+    interpreting,
+    on_device,
+    on_gpu,
+    tile_budget,
+)
 from ._common import round_to_bfloat16
-from .attention import (_biased_masked_scores, _capped_scores, _online_softmax_step,
-                        _softmax_finish)
+from .attention import _biased_masked_scores, _capped_scores, _online_softmax_step, _softmax_finish
 
 
 @triton.jit
-def _rotated_rows(row_ptrs, row_mask, pos, Cos, Sin, s_cos, rotary_dim, D,
-                  HAS_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_D: tl.constexpr):
+def _rotated_rows(
+    row_ptrs,
+    row_mask,
+    pos,
+    Cos,
+    Sin,
+    s_cos,
+    rotary_dim,
+    D,
+    HAS_ROTARY: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """Rows (R, BLOCK_D) float32 loaded from row_ptrs (R, 1) (pointers to feature 0), rotated
     at positions pos (R,) when HAS_ROTARY: feature d < rotary_dim pairs with its partner p
     (d +- rotary_dim/2 for GPT-NeoX, d ^ 1 for GPT-J) at frequency f, and
@@ -71,12 +91,40 @@ def _rotated_rows(row_ptrs, row_mask, pos, Cos, Sin, s_cos, rotary_dim, D,
 
 
 @triton.jit
-def _append_kernel(K_new, V_new, K_cache, V_cache, Seqlens, Cos, Sin,
-                   s_nb, s_nh, s_nl, s_wb, s_wh, s_wl, s_cb, s_ch, s_cl, s_vb, s_vh, s_vl,
-                   s_cos, Hkv, Lnew, Lmax, D, Dv, rotary_dim,
-                   HAS_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr,
-                   ROUND_BF16: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
-                   BLOCK_DV: tl.constexpr):
+def _append_kernel(
+    K_new,
+    V_new,
+    K_cache,
+    V_cache,
+    Seqlens,
+    Cos,
+    Sin,
+    s_nb,
+    s_nh,
+    s_nl,
+    s_wb,
+    s_wh,
+    s_wl,
+    s_cb,
+    s_ch,
+    s_cl,
+    s_vb,
+    s_vh,
+    s_vl,
+    s_cos,
+    Hkv,
+    Lnew,
+    Lmax,
+    D,
+    Dv,
+    rotary_dim,
+    HAS_ROTARY: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
     """Program (b * Hkv + h) * tiles + tile, tile of BLOCK_L new tokens (one grid axis: the
     second holds only 65535 tiles): k_cache[b, h, seqlens[b] + l] = rotate(k_new[b, h, l]) and
     v_cache[b, h, seqlens[b] + l] = v_new[b, h, l]."""
@@ -89,12 +137,14 @@ def _append_kernel(K_new, V_new, K_cache, V_cache, Seqlens, Cos, Sin,
     pos = tl.load(Seqlens + b) + offs_l
     # The caller checks cache_seqlens + Lnew <= Lmax on the host; when it cannot (under
     # torch.compile) rows outside the cache are never written (and TRITON_DEBUG=1 asserts).
-    tl.device_assert((offs_l >= Lnew) | ((pos >= 0) & (pos < Lmax)),
-                     "cache_seqlens + Lnew exceeds the cache")
+    tl.device_assert(
+        (offs_l >= Lnew) | ((pos >= 0) & (pos < Lmax)), "cache_seqlens + Lnew exceeds the cache"
+    )
     l_valid = (offs_l < Lnew) & (pos >= 0) & (pos < Lmax)
     src = K_new + b * s_nb + h * s_nh + offs_l.to(tl.int64)[:, None] * s_nl
-    k = _rotated_rows(src, l_valid, pos, Cos, Sin, s_cos, rotary_dim, D, HAS_ROTARY,
-                      INTERLEAVED, BLOCK_D)
+    k = _rotated_rows(
+        src, l_valid, pos, Cos, Sin, s_cos, rotary_dim, D, HAS_ROTARY, INTERLEAVED, BLOCK_D
+    )
     if ROUND_BF16:
         k = round_to_bfloat16(k)
     offs_d = tl.arange(0, BLOCK_D)
@@ -103,23 +153,74 @@ def _append_kernel(K_new, V_new, K_cache, V_cache, Seqlens, Cos, Sin,
     # Values are copied as they are (no arithmetic, so no rounding question).
     offs_dv = tl.arange(0, BLOCK_DV)
     vmask = l_valid[:, None] & (offs_dv < Dv)[None, :]
-    v = tl.load(V_new + b * s_wb + h * s_wh + offs_l.to(tl.int64)[:, None] * s_wl
-                + offs_dv[None, :], mask=vmask)
-    tl.store(V_cache + b * s_vb + h * s_vh + pos.to(tl.int64)[:, None] * s_vl + offs_dv[None, :],
-             v, mask=vmask)
+    v = tl.load(
+        V_new + b * s_wb + h * s_wh + offs_l.to(tl.int64)[:, None] * s_wl + offs_dv[None, :],
+        mask=vmask,
+    )
+    tl.store(
+        V_cache + b * s_vb + h * s_vh + pos.to(tl.int64)[:, None] * s_vl + offs_dv[None, :],
+        v,
+        mask=vmask,
+    )
 
 
 @triton.jit
-def _decode_kernel(Q, K, V, Seqlens, Cos, Sin, Alibi, Out, Lse,
-                   s_qb, s_qh, s_qm, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
-                   s_ob, s_oh, s_om, s_os, s_lb, s_lh, s_lm, s_ls, s_ab, s_ah, s_cos,
-                   Hq, GROUP, Lq, Lnew, Lmax, D, Dv, scale, softcap, window_left,
-                   window_right, causal_mode, split_len, rotary_dim,
-                   HAS_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr,
-                   HAS_ALIBI: tl.constexpr, HAS_SOFTCAP: tl.constexpr, UPCAST: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, ACCURATE_EXP: tl.constexpr,
-                   BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr):
+def _decode_kernel(
+    Q,
+    K,
+    V,
+    Seqlens,
+    Cos,
+    Sin,
+    Alibi,
+    Out,
+    Lse,
+    s_qb,
+    s_qh,
+    s_qm,
+    s_kb,
+    s_kh,
+    s_kn,
+    s_vb,
+    s_vh,
+    s_vn,
+    s_ob,
+    s_oh,
+    s_om,
+    s_os,
+    s_lb,
+    s_lh,
+    s_lm,
+    s_ls,
+    s_ab,
+    s_ah,
+    s_cos,
+    Hq,
+    GROUP,
+    Lq,
+    Lnew,
+    Lmax,
+    D,
+    Dv,
+    scale,
+    softcap,
+    window_left,
+    window_right,
+    causal_mode,
+    split_len,
+    rotary_dim,
+    HAS_ROTARY: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    ACCURATE_EXP: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """Program (tile of GROUP * Lq rows, b * Hkv + kv head; split): the partial attention of
     row r = g * Lq + i (query head kvh * GROUP + g, query i) over the keys of this split.
     Out/Lse strides address (b, h, i, split), split stride 0 when there is one split."""
@@ -141,8 +242,7 @@ def _decode_kernel(Q, K, V, Seqlens, Cos, Sin, Alibi, Out, Lse,
     seq_k = tl.minimum(cached + Lnew, Lmax)  # never read past the cache (see _append_kernel)
     lo_w = tl.where(window_left >= 0, cached - window_left, -1073741824)
     hi_w = tl.where(window_right >= 0, cached + window_right, 1073741824)
-    hi_w = tl.where(causal_mode != 0,
-                    tl.minimum(hi_w, tl.where(causal_mode == 1, 0, cached)), hi_w)
+    hi_w = tl.where(causal_mode != 0, tl.minimum(hi_w, tl.where(causal_mode == 1, 0, cached)), hi_w)
     # Keys any row of the tile can see, cut to this split's range.
     key_lo = tl.maximum(lo_w, 0)
     key_hi = tl.minimum(seq_k, Lq - 1 + hi_w + 1)
@@ -151,8 +251,19 @@ def _decode_kernel(Q, K, V, Seqlens, Cos, Sin, Alibi, Out, Lse,
     key_lo = (key_lo // BLOCK_N) * BLOCK_N
 
     q_ptrs = Q + b * s_qb + h.to(tl.int64)[:, None] * s_qh + i.to(tl.int64)[:, None] * s_qm
-    q = _rotated_rows(q_ptrs, r_valid, cached + i, Cos, Sin, s_cos, rotary_dim, D, HAS_ROTARY,
-                      INTERLEAVED, BLOCK_D)
+    q = _rotated_rows(
+        q_ptrs,
+        r_valid,
+        cached + i,
+        Cos,
+        Sin,
+        s_cos,
+        rotary_dim,
+        D,
+        HAS_ROTARY,
+        INTERLEAVED,
+        BLOCK_D,
+    )
     # The rotated q rounded to q's dtype, as the other backends rotate it before attending.
     if UPCAST:
         q = round_to_bfloat16(q)
@@ -175,32 +286,78 @@ def _decode_kernel(Q, K, V, Seqlens, Cos, Sin, Alibi, Out, Lse,
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < key_hi
         rows_n = offs_n.to(tl.int64)[:, None]
-        k = tl.load(k_base + rows_n * s_kn + offs_d[None, :],
-                    mask=n_valid[:, None] & d_valid[None, :], other=0.0)
-        v = tl.load(v_base + rows_n * s_vn + offs_dv[None, :],
-                    mask=n_valid[:, None] & dv_valid[None, :], other=0.0)
+        k = tl.load(
+            k_base + rows_n * s_kn + offs_d[None, :],
+            mask=n_valid[:, None] & d_valid[None, :],
+            other=0.0,
+        )
+        v = tl.load(
+            v_base + rows_n * s_vn + offs_dv[None, :],
+            mask=n_valid[:, None] & dv_valid[None, :],
+            other=0.0,
+        )
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         s = _capped_scores(qk, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
         # Keys past this split's range are hidden as "beyond the sequence" (Lk = key_hi).
-        s = _biased_masked_scores(s, i[:, None], offs_n[None, :], b, h, Q, 0, 0, 0, 0, Q, slope,
-                                  Lq, key_hi, cached, lo_w, hi_w, 0, False, HAS_ALIBI)
-        m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, Q, 0, 0.0, 1.0, False, UPCAST,
-                                             DOT_PRECISION, ACCURATE_EXP)
+        s = _biased_masked_scores(
+            s,
+            i[:, None],
+            offs_n[None, :],
+            b,
+            h,
+            Q,
+            0,
+            0,
+            0,
+            0,
+            Q,
+            slope,
+            Lq,
+            key_hi,
+            cached,
+            lo_w,
+            hi_w,
+            0,
+            False,
+            HAS_ALIBI,
+        )
+        m_i, l_i, acc = _online_softmax_step(
+            s, v, m_i, l_i, acc, Q, 0, 0.0, 1.0, False, UPCAST, DOT_PRECISION, ACCURATE_EXP
+        )
     out, lse = _softmax_finish(m_i, l_i, acc)
     row_h = h.to(tl.int64)[:, None]
     row_i = i.to(tl.int64)[:, None]
-    tl.store(Out + b * s_ob + row_h * s_oh + row_i * s_om + split * s_os + offs_dv[None, :],
-             out.to(Out.dtype.element_ty), mask=r_valid[:, None] & dv_valid[None, :])
-    tl.store(Lse + b * s_lb + h.to(tl.int64) * s_lh + i.to(tl.int64) * s_lm + split * s_ls,
-             lse, mask=r_valid)
+    tl.store(
+        Out + b * s_ob + row_h * s_oh + row_i * s_om + split * s_os + offs_dv[None, :],
+        out.to(Out.dtype.element_ty),
+        mask=r_valid[:, None] & dv_valid[None, :],
+    )
+    tl.store(
+        Lse + b * s_lb + h.to(tl.int64) * s_lh + i.to(tl.int64) * s_lm + split * s_ls,
+        lse,
+        mask=r_valid,
+    )
 
 
 @triton.jit
-def _merge_kernel(Part, PartLse, Out, Lse, s_ob, s_oh, s_om, Hq, Lq, splits, Dv,
-                  BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr):
+def _merge_kernel(
+    Part,
+    PartLse,
+    Out,
+    Lse,
+    s_ob,
+    s_oh,
+    s_om,
+    Hq,
+    Lq,
+    splits,
+    Dv,
+    BLOCK_S: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
     """Program per row (b, h, i): merges the `splits` partial results of contiguous
     Part (B, Hq, Lq, splits, Dv) float32 and PartLse (B, Hq, Lq, splits) into out and lse."""
     row = tl.program_id(0).to(tl.int64)  # (b * Hq + h) * Lq + i
@@ -217,11 +374,17 @@ def _merge_kernel(Part, PartLse, Out, Lse, s_ob, s_oh, s_om, Hq, Lq, splits, Dv,
     lse = tl.where(total == 0.0, float("-inf"), m_safe + tl.log(tl.where(total == 0.0, 1.0, total)))
     lse_safe = tl.where(total == 0.0, 0.0, lse)
     weights = tl.exp(lses - lse_safe)  # 0 for splits without a visible key
-    parts = tl.load(Part + (row * splits + offs_s)[:, None] * Dv + offs_dv[None, :],
-                    mask=s_valid[:, None] & (offs_dv < Dv)[None, :], other=0.0)
+    parts = tl.load(
+        Part + (row * splits + offs_s)[:, None] * Dv + offs_dv[None, :],
+        mask=s_valid[:, None] & (offs_dv < Dv)[None, :],
+        other=0.0,
+    )
     out = tl.sum(weights[:, None] * parts, 0)
-    tl.store(Out + b * s_ob + h * s_oh + i * s_om + offs_dv, out.to(Out.dtype.element_ty),
-             mask=offs_dv < Dv)
+    tl.store(
+        Out + b * s_ob + h * s_oh + i * s_om + offs_dv,
+        out.to(Out.dtype.element_ty),
+        mask=offs_dv < Dv,
+    )
     tl.store(Lse + row, lse)
 
 
@@ -229,8 +392,9 @@ def _merge_kernel(Part, PartLse, Out, Lse, s_ob, s_oh, s_om, Hq, Lq, splits, Dv,
 # Launcher
 
 
-def _blocks(rows: int, Lmax: int, head: int, interpret: bool,
-            fp32: bool = False) -> tuple[int, int]:
+def _blocks(
+    rows: int, Lmax: int, head: int, interpret: bool, fp32: bool = False
+) -> tuple[int, int]:
     """(BLOCK_M, BLOCK_N) of the decode kernel: tl.dot needs 16 rows at least; under the
     interpreter larger key tiles mean fewer numpy calls. float32 dots run on FMA units with
     every tile in registers: half the key tile (64 x 128 spilled 600 B a thread on sm_90 with
@@ -245,8 +409,9 @@ def _blocks(rows: int, Lmax: int, head: int, interpret: bool,
 _MAX_GRID_Y = 65535
 
 
-def _stages(block_m: int, block_n: int, block_d: int, block_dv: int, itemsize: int,
-            device: torch.device) -> int:
+def _stages(
+    block_m: int, block_n: int, block_d: int, block_dv: int, itemsize: int, device: torch.device
+) -> int:
     """Pipeline stages of the decode kernel's key/value tiles: 3 up to head dim 128, 2 above
     (at head dim 256 a 16-bit stage of 32 keys is 32 KB of k and v: three of them and the q
     tile would leave an sm_86/89/120 card's 99 KB no room), fewer still when the device's
@@ -263,7 +428,8 @@ def _stages(block_m: int, block_n: int, block_d: int, block_dv: int, itemsize: i
             f"attention_with_kvcache (triton): the decode tiles ({block_m} query rows, "
             f"{block_n} keys, head dims padded to {block_d}/{block_dv}) need "
             f"{resident + per_stage} bytes of shared memory, more than {device} offers "
-            f"({limit} bytes a block)")
+            f"({limit} bytes a block)"
+        )
     return stages
 
 
@@ -278,14 +444,24 @@ def _auto_splits(programs: int, Lmax: int, device: torch.device) -> int:
     return max(1, min(want, max(1, -(-Lmax // 256))))
 
 
-def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           cache_seqlens: torch.Tensor, k_new: torch.Tensor | None,
-                           v_new: torch.Tensor | None, rotary_cos: torch.Tensor | None,
-                           rotary_sin: torch.Tensor | None, rotary_interleaved: bool,
-                           alibi_slopes: torch.Tensor | None, scale: float,
-                           softcap: float, causal_mode: int, window_left: int,
-                           window_right: int, num_splits: int
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    k_new: torch.Tensor | None,
+    v_new: torch.Tensor | None,
+    rotary_cos: torch.Tensor | None,
+    rotary_sin: torch.Tensor | None,
+    rotary_interleaved: bool,
+    alibi_slopes: torch.Tensor | None,
+    scale: float,
+    softcap: float,
+    causal_mode: int,
+    window_left: int,
+    window_right: int,
+    num_splits: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Appends (rotated) k_new/v_new into the caches in place, then attends.
 
     q (B, Hq, Lq, D); k_cache/v_cache (B, Hkv, Lmax, D/Dv), unit last strides; cache_seqlens
@@ -305,11 +481,15 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     check_seqlen(op, "(Hq // Hkv) * Lq (query rows per kv head)", Hq // max(Hkv, 1) * Lq)
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if t.shape[3] > 1 and t.stride(3) != 1:
-            raise ValueError(f"{op}: {name} must have a unit stride in its last "
-                             f"dimension (it is written in place), got strides {t.stride()}")
+            raise ValueError(
+                f"{op}: {name} must have a unit stride in its last "
+                f"dimension (it is written in place), got strides {t.stride()}"
+            )
     # The kernels address feature d of a row as row + d.
-    q, k_new, v_new = (t if t is None or t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
-                       for t in (q, k_new, v_new))
+    q, k_new, v_new = (
+        t if t is None or t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
+        for t in (q, k_new, v_new)
+    )
     interpret = interpreting(q.device)
     upcast = interpret and q.dtype == torch.bfloat16
     seqlens = cache_seqlens.to(torch.int32).contiguous()
@@ -329,15 +509,38 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     with on_device(q):
         if Lnew > 0 and B * Hkv > 0:
             block_l = max(1, min(triton.next_power_of_2(Lnew), max(1, 4096 // block_d)))
-            wrap_args = (k_new, v_new, k_cache, v_cache, seqlens, cos, sin,
-                         *k_new.stride()[:3], *v_new.stride()[:3], *k_cache.stride()[:3],
-                         *v_cache.stride()[:3], cos.stride(0) if has_rotary else 0, Hkv, Lnew,
-                         Lmax, D, Dv, rotary_dim)
-            append_grid = grid_x(op, "B * Hkv * ceil(Lnew / BLOCK_L)",
-                                 B * Hkv * triton.cdiv(Lnew, block_l))
+            wrap_args = (
+                k_new,
+                v_new,
+                k_cache,
+                v_cache,
+                seqlens,
+                cos,
+                sin,
+                *k_new.stride()[:3],
+                *v_new.stride()[:3],
+                *k_cache.stride()[:3],
+                *v_cache.stride()[:3],
+                cos.stride(0) if has_rotary else 0,
+                Hkv,
+                Lnew,
+                Lmax,
+                D,
+                Dv,
+                rotary_dim,
+            )
+            append_grid = grid_x(
+                op, "B * Hkv * ceil(Lnew / BLOCK_L)", B * Hkv * triton.cdiv(Lnew, block_l)
+            )
             wrap_triton(_append_kernel)[(append_grid,)](
-                *wrap_args, HAS_ROTARY=has_rotary, INTERLEAVED=bool(rotary_interleaved),
-                ROUND_BF16=upcast, BLOCK_L=block_l, BLOCK_D=block_d, BLOCK_DV=block_dv)
+                *wrap_args,
+                HAS_ROTARY=has_rotary,
+                INTERLEAVED=bool(rotary_interleaved),
+                ROUND_BF16=upcast,
+                BLOCK_L=block_l,
+                BLOCK_D=block_d,
+                BLOCK_DV=block_dv,
+            )
 
         wide = upcast  # bfloat16 under the interpreter: a float32 buffer, rounded by torch
         out = poison(output_like(q, Dv, torch.float32 if wide else None))
@@ -345,10 +548,14 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         if out.numel() == 0:
             return finish(out, q.dtype), lse
         group = Hq // Hkv
-        block_m, block_n = _blocks(group * Lq, Lmax, max(block_d, block_dv), interpret,
-                                   q.dtype == torch.float32)
-        programs = grid_x(op, "B * Hkv * ceil((Hq // Hkv) * Lq / BLOCK_M)",
-                          B * Hkv * triton.cdiv(group * Lq, block_m))
+        block_m, block_n = _blocks(
+            group * Lq, Lmax, max(block_d, block_dv), interpret, q.dtype == torch.float32
+        )
+        programs = grid_x(
+            op,
+            "B * Hkv * ceil((Hq // Hkv) * Lq / BLOCK_M)",
+            B * Hkv * triton.cdiv(group * Lq, block_m),
+        )
         splits = num_splits if num_splits > 0 else _auto_splits(programs, Lmax, q.device)
         # Splits are the grid's second axis (65535 at most); the result does not depend on
         # their number.
@@ -371,22 +578,68 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             alibi, alibi_strides = alibi_slopes, tuple(alibi_slopes.stride())
         precision = dot_precision(q.dtype)
         # (the interpreter has no pipeline)
-        stages = 1 if interpret else _stages(block_m, block_n, block_d, block_dv,
-                                             q.element_size(), q.device)
+        stages = (
+            1
+            if interpret
+            else _stages(block_m, block_n, block_d, block_dv, q.element_size(), q.device)
+        )
         wrap_triton(_decode_kernel)[(programs, splits)](
-            q, k_cache, v_cache, seqlens, cos, sin, alibi, part, part_lse,
-            *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *part_strides,
-            *lse_strides, *alibi_strides, cos.stride(0) if has_rotary else 0,
-            Hq, group, Lq, Lnew, Lmax, D, Dv, float(scale), float(softcap), int(window_left),
-            int(window_right), int(causal_mode), split_len, rotary_dim,
-            HAS_ROTARY=has_rotary, INTERLEAVED=bool(rotary_interleaved),
-            HAS_ALIBI=alibi_slopes is not None, HAS_SOFTCAP=softcap > 0.0, UPCAST=upcast,
-            DOT_PRECISION=precision, ACCURATE_EXP=q.dtype == torch.float32 and not interpret,
-            BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_M=block_m, BLOCK_N=block_n,
+            q,
+            k_cache,
+            v_cache,
+            seqlens,
+            cos,
+            sin,
+            alibi,
+            part,
+            part_lse,
+            *q.stride()[:3],
+            *k_cache.stride()[:3],
+            *v_cache.stride()[:3],
+            *part_strides,
+            *lse_strides,
+            *alibi_strides,
+            cos.stride(0) if has_rotary else 0,
+            Hq,
+            group,
+            Lq,
+            Lnew,
+            Lmax,
+            D,
+            Dv,
+            float(scale),
+            float(softcap),
+            int(window_left),
+            int(window_right),
+            int(causal_mode),
+            split_len,
+            rotary_dim,
+            HAS_ROTARY=has_rotary,
+            INTERLEAVED=bool(rotary_interleaved),
+            HAS_ALIBI=alibi_slopes is not None,
+            HAS_SOFTCAP=softcap > 0.0,
+            UPCAST=upcast,
+            DOT_PRECISION=precision,
+            ACCURATE_EXP=q.dtype == torch.float32 and not interpret,
+            BLOCK_D=block_d,
+            BLOCK_DV=block_dv,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
             num_warps=4 if max(block_d, block_dv) <= 128 else 8,
-            num_stages=stages)
+            num_stages=stages,
+        )
         if splits > 1:
             wrap_triton(_merge_kernel)[(grid_x(op, "B * Hq * Lq", B * Hq * Lq),)](
-                part, part_lse, out, lse, *out.stride()[:3], Hq, Lq, splits, Dv,
-                BLOCK_S=triton.next_power_of_2(splits), BLOCK_DV=block_dv)
+                part,
+                part_lse,
+                out,
+                lse,
+                *out.stride()[:3],
+                Hq,
+                Lq,
+                splits,
+                Dv,
+                BLOCK_S=triton.next_power_of_2(splits),
+                BLOCK_DV=block_dv,
+            )
     return finish(out, q.dtype), lse

@@ -47,6 +47,7 @@ Inputs may have any strides with a unit last stride (weights with another last s
 made contiguous). Under the interpreter bfloat16 loads are upcast to float32 at once and
 bfloat16 results go through float32 buffers that torch rounds (fastattn/triton/__init__.py).
 """
+
 from __future__ import annotations
 
 import os
@@ -56,9 +57,8 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from . import (device_sm_count, dot_precision, finish, interpreting, on_device, on_gpu,
-               output_buffer)
 from .._debug import poison
+from . import device_sm_count, dot_precision, finish, interpreting, on_device, on_gpu, output_buffer
 from ._common import sigmoid as _sigmoid
 from ._common import tanh as _tanh
 from .random import dropout_multiplier
@@ -70,8 +70,24 @@ _F32 = torch.float32
 
 
 @triton.jit
-def _gate_products(acc_i, acc_f, acc_g, acc_o, A, s_am, rows, row_ok, W, s_wr, j, col_ok, H, K,
-                   BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+def _gate_products(
+    acc_i,
+    acc_f,
+    acc_g,
+    acc_o,
+    A,
+    s_am,
+    rows,
+    row_ok,
+    W,
+    s_wr,
+    j,
+    col_ok,
+    H,
+    K,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     """acc_q += A[rows, :K] @ W[q * H + j, :K]^T for the four gates q = i, f, g, o.
 
     A: (rows, K) with row stride s_am and unit column stride; W: (4H, K) with row stride s_wr.
@@ -80,8 +96,9 @@ def _gate_products(acc_i, acc_f, acc_g, acc_o, A, s_am, rows, row_ok, W, s_wr, j
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_ok = k < K
-        a = tl.load(A + rows[:, None] * s_am + k[None, :], mask=row_ok[:, None] & k_ok[None, :],
-                    other=0.0).to(tl.float32)
+        a = tl.load(
+            A + rows[:, None] * s_am + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0
+        ).to(tl.float32)
         w_mask = k_ok[:, None] & col_ok[None, :]
         w_col = W + k[:, None]
         wi = tl.load(w_col + (j[None, :] + 0 * H) * s_wr, mask=w_mask, other=0.0).to(tl.float32)
@@ -117,12 +134,33 @@ def _step_time(step, T, d):
 
 
 @triton.jit(do_not_specialize=["step"])  # one compiled kernel for every step
-def _fwd_step_kernel(XP, W_hh, H_in, H_out, C, Hraw, Out, WS, Len,
-                     s_wd, s_wr, s_ot, s_ob,
-                     step, T, B, H, P,
-                     HAS_PROJ: tl.constexpr, SAVE: tl.constexpr, PRECISION: tl.constexpr,
-                     ACCURATE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
-                     BLOCK_K: tl.constexpr):
+def _fwd_step_kernel(
+    XP,
+    W_hh,
+    H_in,
+    H_out,
+    C,
+    Hraw,
+    Out,
+    WS,
+    Len,
+    s_wd,
+    s_wr,
+    s_ot,
+    s_ob,
+    step,
+    T,
+    B,
+    H,
+    P,
+    HAS_PROJ: tl.constexpr,
+    SAVE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    ACCURATE: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """One time step of one direction for BLOCK_B rows x BLOCK_H hidden units.
 
     XP (D, T, B, 4H) float32 input projection with both biases; W_hh (D, 4H, P);
@@ -146,8 +184,23 @@ def _fwd_step_kernel(XP, W_hh, H_in, H_out, C, Hraw, Out, WS, Len,
     h_base = d.to(tl.int64) * B * P
     zero = tl.zeros([BLOCK_B, BLOCK_H], dtype=tl.float32)
     acc_i, acc_f, acc_g, acc_o = _gate_products(
-        zero, zero, zero, zero, H_in + h_base, P, rows64, row_ok, W_hh + d * s_wd, s_wr, j,
-        col_ok, H, P, BLOCK_K, PRECISION)
+        zero,
+        zero,
+        zero,
+        zero,
+        H_in + h_base,
+        P,
+        rows64,
+        row_ok,
+        W_hh + d * s_wd,
+        s_wr,
+        j,
+        col_ok,
+        H,
+        P,
+        BLOCK_K,
+        PRECISION,
+    )
 
     xp_row = XP + ((d.to(tl.int64) * T + t) * B + rows64)[:, None] * (4 * H) + j[None, :]
     gi = _sigmoid(acc_i + tl.load(xp_row, mask=ok, other=0.0), ACCURATE)
@@ -178,18 +231,39 @@ def _fwd_step_kernel(XP, W_hh, H_in, H_out, C, Hraw, Out, WS, Len,
         h_prev = tl.load(H_in + state, mask=ok, other=0.0)
         h_keep = tl.where(active, h_raw, h_prev)
         tl.store(H_out + state, h_keep, mask=ok)
-        tl.store(Out + t.to(tl.int64) * s_ot + rows64[:, None] * s_ob + d * P + j[None, :],
-                 tl.where(active, h_raw, 0.0).to(Out.dtype.element_ty), mask=ok)
+        tl.store(
+            Out + t.to(tl.int64) * s_ot + rows64[:, None] * s_ob + d * P + j[None, :],
+            tl.where(active, h_raw, 0.0).to(Out.dtype.element_ty),
+            mask=ok,
+        )
         if SAVE:
             tl.store(ws_row + 5 * H, h_keep, mask=ok)
 
 
 @triton.jit(do_not_specialize=["step"])  # one compiled kernel for every step
-def _fwd_proj_kernel(Hraw, W_hr, H_in, H_out, Out, WS, Len,
-                     s_rd, s_rr, s_ot, s_ob,
-                     step, T, B, H, P,
-                     SAVE: tl.constexpr, PRECISION: tl.constexpr,
-                     BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr):
+def _fwd_proj_kernel(
+    Hraw,
+    W_hr,
+    H_in,
+    H_out,
+    Out,
+    WS,
+    Len,
+    s_rd,
+    s_rr,
+    s_ot,
+    s_ob,
+    step,
+    T,
+    B,
+    H,
+    P,
+    SAVE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """h_t = (o tanh c_t) W_hr^T for BLOCK_B rows x BLOCK_P projected units (the state is
     carried past a row's end). W_hr (D, P, H); the other tensors as in _fwd_step_kernel."""
     pid_p = tl.program_id(0)
@@ -218,8 +292,11 @@ def _fwd_proj_kernel(Hraw, W_hr, H_in, H_out, Out, WS, Len,
     state = (d.to(tl.int64) * B + rows64)[:, None] * P + p[None, :]
     h_keep = tl.where(active, acc, tl.load(H_in + state, mask=ok, other=0.0))
     tl.store(H_out + state, h_keep, mask=ok)
-    tl.store(Out + t.to(tl.int64) * s_ot + rows64[:, None] * s_ob + d * P + p[None, :],
-             tl.where(active, acc, 0.0).to(Out.dtype.element_ty), mask=ok)
+    tl.store(
+        Out + t.to(tl.int64) * s_ot + rows64[:, None] * s_ob + d * P + p[None, :],
+        tl.where(active, acc, 0.0).to(Out.dtype.element_ty),
+        mask=ok,
+    )
     if SAVE:
         width = 5 * H + P
         ws_row = WS + ((d.to(tl.int64) * T + t) * B + rows64)[:, None] * width + 5 * H
@@ -227,8 +304,20 @@ def _fwd_proj_kernel(Hraw, W_hr, H_in, H_out, Out, WS, Len,
 
 
 @triton.jit
-def _dropout_kernel(Src, Dst, seed_ptr, s_st, s_sb, B, I, N_ROWS, threshold, keep_scale,
-                    BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
+def _dropout_kernel(
+    Src,
+    Dst,
+    seed_ptr,
+    s_st,
+    s_sb,
+    B,
+    I,
+    N_ROWS,
+    threshold,
+    keep_scale,
+    BLOCK_R: tl.constexpr,
+    BLOCK_I: tl.constexpr,
+):
     """Dst (T * B, I) float32 = Src (T, B, I) * dropout multiplier of element (t * B + b) * I + i
     (row r = t * B + b of Src read through its strides s_st, s_sb)."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -247,12 +336,35 @@ def _dropout_kernel(Src, Dst, seed_ptr, s_st, s_sb, B, I, N_ROWS, threshold, kee
 
 
 @triton.jit(do_not_specialize=["step"])  # one compiled kernel for every step
-def _bwd_gates_kernel(GOut, DH, DC, W_hr, WS, C0, Len, DG, DHP,
-                      s_got, s_gob, s_rd, s_rr, s_c0d, s_c0b,
-                      step, T, B, H, P,
-                      HAS_GOUT: tl.constexpr, HAS_PROJ: tl.constexpr, PRECISION: tl.constexpr,
-                      ACCURATE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
-                      BLOCK_K: tl.constexpr):
+def _bwd_gates_kernel(
+    GOut,
+    DH,
+    DC,
+    W_hr,
+    WS,
+    C0,
+    Len,
+    DG,
+    DHP,
+    s_got,
+    s_gob,
+    s_rd,
+    s_rr,
+    s_c0d,
+    s_c0b,
+    step,
+    T,
+    B,
+    H,
+    P,
+    HAS_GOUT: tl.constexpr,
+    HAS_PROJ: tl.constexpr,
+    PRECISION: tl.constexpr,
+    ACCURATE: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """dgates of one step for BLOCK_B rows x BLOCK_H hidden units, and dc_{t-1} (in place).
 
     GOut (T, B, D * P) gradient of the output; DH (D, B, P) float32 gradient flowing into h_t
@@ -288,13 +400,15 @@ def _bwd_gates_kernel(GOut, DH, DC, W_hr, WS, C0, Len, DG, DHP,
             tile_ok = row_ok[:, None] & k_ok[None, :]
             dht = tl.load(dh_rows + k[None, :], mask=tile_ok, other=0.0)
             if HAS_GOUT:
-                g = tl.load(gout_rows + k[None, :], mask=row_active[:, None] & k_ok[None, :],
-                            other=0.0)
+                g = tl.load(
+                    gout_rows + k[None, :], mask=row_active[:, None] & k_ok[None, :], other=0.0
+                )
                 dht += g.to(tl.float32)
             dht = tl.where(row_active[:, None], dht, 0.0)
             if pid_h == 0:
-                tl.store(DHP + ((d64 * T + t) * B + rows64)[:, None] * P + k[None, :], dht,
-                         mask=tile_ok)
+                tl.store(
+                    DHP + ((d64 * T + t) * B + rows64)[:, None] * P + k[None, :], dht, mask=tile_ok
+                )
             wt = tl.load(w + k[:, None] * s_rr, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
             dh += tl.dot(dht, wt.to(tl.float32), input_precision=PRECISION)
     else:
@@ -314,10 +428,14 @@ def _bwd_gates_kernel(GOut, DH, DC, W_hr, WS, C0, Len, DG, DHP,
     # row's end), or c0 at the first step.
     first = step == 0
     t_prev = tl.where(d == 0, t - 1, t + 1)
-    c_saved = tl.load(WS + ((d64 * T + t_prev) * B + rows64)[:, None] * width + 4 * H + j[None, :],
-                      mask=ok & (step != 0), other=0.0)
-    c_init = tl.load(C0 + d * s_c0d + rows64[:, None] * s_c0b + j[None, :], mask=ok & first,
-                     other=0.0).to(tl.float32)
+    c_saved = tl.load(
+        WS + ((d64 * T + t_prev) * B + rows64)[:, None] * width + 4 * H + j[None, :],
+        mask=ok & (step != 0),
+        other=0.0,
+    )
+    c_init = tl.load(
+        C0 + d * s_c0d + rows64[:, None] * s_c0b + j[None, :], mask=ok & first, other=0.0
+    ).to(tl.float32)
     c_prev = tl.where(first, c_init, c_saved)
 
     dc_ptr = DC + (d64 * B + rows64)[:, None] * H + j[None, :]
@@ -332,11 +450,23 @@ def _bwd_gates_kernel(GOut, DH, DC, W_hr, WS, C0, Len, DG, DHP,
 
 
 @triton.jit(do_not_specialize=["step"])  # one compiled kernel for every step
-def _bwd_dh_kernel(DG, W_hh, DH, Len,
-                   s_wd, s_wr,
-                   step, T, B, H, P,
-                   PRECISION: tl.constexpr,
-                   BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr):
+def _bwd_dh_kernel(
+    DG,
+    W_hh,
+    DH,
+    Len,
+    s_wd,
+    s_wr,
+    step,
+    T,
+    B,
+    H,
+    P,
+    PRECISION: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """dh_{t-1} = dgates_t W_hh (BLOCK_B rows x BLOCK_P units), written over DH in place (each
     program reads and writes only its own block). Past a row's end h is carried, so there
     dh_{t-1} = dh_t, which is DH itself: the output gradient is 0 there (the output is a
@@ -374,11 +504,34 @@ def _bwd_dh_kernel(DG, W_hh, DH, Len,
 
 
 @triton.jit
-def _cell_fwd_kernel(X, Hx, Cx, W_ih, W_hh, B_ih, B_hh, Hy, Cy, WS,
-                     s_xb, s_hb, s_cb, s_wir, s_whr, s_hyb, s_cyb,
-                     B, I, H,
-                     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, ACCURATE: tl.constexpr,
-                     BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
+def _cell_fwd_kernel(
+    X,
+    Hx,
+    Cx,
+    W_ih,
+    W_hh,
+    B_ih,
+    B_hh,
+    Hy,
+    Cy,
+    WS,
+    s_xb,
+    s_hb,
+    s_cb,
+    s_wir,
+    s_whr,
+    s_hyb,
+    s_cyb,
+    B,
+    I,
+    H,
+    HAS_BIAS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    ACCURATE: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """One LSTM step: X (B, I), Hx / Cx (B, H), W_ih (4H, I), W_hh (4H, H), B_ih / B_hh (4H,);
     Hy / Cy (B, H) out; WS (B, 5H) float32 out = [i | f | g | o | tanh(cy)]."""
     pid_h = tl.program_id(0)
@@ -389,20 +542,55 @@ def _cell_fwd_kernel(X, Hx, Cx, W_ih, W_hh, B_ih, B_hh, Hy, Cy, WS,
     col_ok = j < H
     ok = row_ok[:, None] & col_ok[None, :]
     zero = tl.zeros([BLOCK_B, BLOCK_H], dtype=tl.float32)
-    acc_i, acc_f, acc_g, acc_o = _gate_products(zero, zero, zero, zero, X, s_xb, rows, row_ok,
-                                                W_ih, s_wir, j, col_ok, H, I, BLOCK_K, PRECISION)
-    acc_i, acc_f, acc_g, acc_o = _gate_products(acc_i, acc_f, acc_g, acc_o, Hx, s_hb, rows,
-                                                row_ok, W_hh, s_whr, j, col_ok, H, H, BLOCK_K,
-                                                PRECISION)
+    acc_i, acc_f, acc_g, acc_o = _gate_products(
+        zero,
+        zero,
+        zero,
+        zero,
+        X,
+        s_xb,
+        rows,
+        row_ok,
+        W_ih,
+        s_wir,
+        j,
+        col_ok,
+        H,
+        I,
+        BLOCK_K,
+        PRECISION,
+    )
+    acc_i, acc_f, acc_g, acc_o = _gate_products(
+        acc_i,
+        acc_f,
+        acc_g,
+        acc_o,
+        Hx,
+        s_hb,
+        rows,
+        row_ok,
+        W_hh,
+        s_whr,
+        j,
+        col_ok,
+        H,
+        H,
+        BLOCK_K,
+        PRECISION,
+    )
     if HAS_BIAS:
-        bi = (tl.load(B_ih + j, mask=col_ok, other=0.0).to(tl.float32)
-              + tl.load(B_hh + j, mask=col_ok, other=0.0).to(tl.float32))
-        bf = (tl.load(B_ih + H + j, mask=col_ok, other=0.0).to(tl.float32)
-              + tl.load(B_hh + H + j, mask=col_ok, other=0.0).to(tl.float32))
-        bg = (tl.load(B_ih + 2 * H + j, mask=col_ok, other=0.0).to(tl.float32)
-              + tl.load(B_hh + 2 * H + j, mask=col_ok, other=0.0).to(tl.float32))
-        bo = (tl.load(B_ih + 3 * H + j, mask=col_ok, other=0.0).to(tl.float32)
-              + tl.load(B_hh + 3 * H + j, mask=col_ok, other=0.0).to(tl.float32))
+        bi = tl.load(B_ih + j, mask=col_ok, other=0.0).to(tl.float32) + tl.load(
+            B_hh + j, mask=col_ok, other=0.0
+        ).to(tl.float32)
+        bf = tl.load(B_ih + H + j, mask=col_ok, other=0.0).to(tl.float32) + tl.load(
+            B_hh + H + j, mask=col_ok, other=0.0
+        ).to(tl.float32)
+        bg = tl.load(B_ih + 2 * H + j, mask=col_ok, other=0.0).to(tl.float32) + tl.load(
+            B_hh + 2 * H + j, mask=col_ok, other=0.0
+        ).to(tl.float32)
+        bo = tl.load(B_ih + 3 * H + j, mask=col_ok, other=0.0).to(tl.float32) + tl.load(
+            B_hh + 3 * H + j, mask=col_ok, other=0.0
+        ).to(tl.float32)
         acc_i += bi[None, :]
         acc_f += bf[None, :]
         acc_g += bg[None, :]
@@ -415,8 +603,9 @@ def _cell_fwd_kernel(X, Hx, Cx, W_ih, W_hh, B_ih, B_hh, Hy, Cy, WS,
     cy = gf * c_prev + gi * gg
     tanh_c = _tanh(cy, ACCURATE)
     tl.store(Cy + rows[:, None] * s_cyb + j[None, :], cy.to(Cy.dtype.element_ty), mask=ok)
-    tl.store(Hy + rows[:, None] * s_hyb + j[None, :], (go * tanh_c).to(Hy.dtype.element_ty),
-             mask=ok)
+    tl.store(
+        Hy + rows[:, None] * s_hyb + j[None, :], (go * tanh_c).to(Hy.dtype.element_ty), mask=ok
+    )
     ws = WS + rows[:, None] * (5 * H) + j[None, :]
     tl.store(ws, gi, mask=ok)
     tl.store(ws + H, gf, mask=ok)
@@ -426,10 +615,23 @@ def _cell_fwd_kernel(X, Hx, Cx, W_ih, W_hh, B_ih, B_hh, Hy, Cy, WS,
 
 
 @triton.jit
-def _cell_bwd_kernel(GHy, GCy, Cx, WS, DG, GCx,
-                     s_ghb, s_gcb, s_cb, B, H,
-                     HAS_GH: tl.constexpr, HAS_GC: tl.constexpr,
-                     BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr):
+def _cell_bwd_kernel(
+    GHy,
+    GCy,
+    Cx,
+    WS,
+    DG,
+    GCx,
+    s_ghb,
+    s_gcb,
+    s_cb,
+    B,
+    H,
+    HAS_GH: tl.constexpr,
+    HAS_GC: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     """DG (B, 4H) float32 = dgates, GCx (B, H) = grad of cx, from GHy / GCy (B, H) (either may
     be missing: zeros), Cx (B, H) and the forward's workspace WS (B, 5H)."""
     rows = (tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)).to(tl.int64)
@@ -488,8 +690,9 @@ def _warps(block_b: int, block_n: int) -> int:
     return 8 if block_b * block_n >= 1024 else 4
 
 
-def _step_tiles(B: int, H: int, P: int, D: int, device: torch.device,
-                interpret: bool) -> tuple[int, int, int]:
+def _step_tiles(
+    B: int, H: int, P: int, D: int, device: torch.device, interpret: bool
+) -> tuple[int, int, int]:
     """(BLOCK_B, BLOCK_H, BLOCK_P) of the per-step kernels. A step is a small GEMM
     (B x 4H x P), and every program of it must run at once to hide its latency: on a GPU the
     tiles shrink (rows first, then units) until the step has about one program per SM, since a
@@ -512,8 +715,9 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
 
 def _check_acc_dtype(op: str, dtype: torch.dtype) -> None:
     if dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise TypeError(f"fastattn::{op}: the triton backend takes float32, float16 or "
-                        f"bfloat16, got {dtype}")
+        raise TypeError(
+            f"fastattn::{op}: the triton backend takes float32, float16 or bfloat16, got {dtype}"
+        )
 
 
 def _dropout(x: torch.Tensor, p: float, seed: torch.Tensor) -> torch.Tensor:
@@ -530,16 +734,28 @@ def _dropout(x: torch.Tensor, p: float, seed: torch.Tensor) -> torch.Tensor:
     grid = (triton.cdiv(T * B, block_r), triton.cdiv(I, block_i))
     with on_device(x):
         wrap_triton(_dropout_kernel)[grid](
-            x, out, seed, x.stride(0), x.stride(1), B, I, T * B, float(p), 1.0 / (1.0 - p),
-            BLOCK_R=block_r, BLOCK_I=block_i)
+            x,
+            out,
+            seed,
+            x.stride(0),
+            x.stride(1),
+            B,
+            I,
+            T * B,
+            float(p),
+            1.0 / (1.0 - p),
+            BLOCK_R=block_r,
+            BLOCK_I=block_i,
+        )
     return out
 
 
 def _seed_arg(dropout_p: float, seed: torch.Tensor | None, op: str) -> torch.Tensor | None:
     if dropout_p > 0.0:
         if seed is None or seed.numel() != 2:
-            raise ValueError(f"fastattn::{op}: dropout_p > 0 needs seed, an int64 (2,) tensor "
-                             f"(seed, stream)")
+            raise ValueError(
+                f"fastattn::{op}: dropout_p > 0 needs seed, an int64 (2,) tensor (seed, stream)"
+            )
         return seed.to(torch.int64).contiguous()
     return None
 
@@ -548,8 +764,9 @@ def _lengths_arg(lengths: torch.Tensor | None, T: int, B: int, device, op: str) 
     if lengths is None:
         return torch.full((B,), T, dtype=torch.int64, device=device)
     if lengths.shape != (B,):
-        raise ValueError(f"fastattn::{op}: lengths must have shape ({B},), got "
-                         f"{tuple(lengths.shape)}")
+        raise ValueError(
+            f"fastattn::{op}: lengths must have shape ({B},), got {tuple(lengths.shape)}"
+        )
     lengths = lengths.to(device=device, dtype=torch.int64).contiguous()
     # Read on the host only for CPU tensors (the interpreter) or with FASTATTN_HOST_CHECKS=1
     # (as fastattn/ops/_common.py's host_checks_enabled): on CUDA a read would synchronise every
@@ -557,41 +774,58 @@ def _lengths_arg(lengths: torch.Tensor | None, T: int, B: int, device, op: str) 
     # active while t < length, which clamps a length into [0, T] (no access outside the
     # tensors), as the reference's masks do.
     on_host = lengths.device.type == "cpu" or os.environ.get("FASTATTN_HOST_CHECKS") == "1"
-    if B > 0 and on_host and not torch.compiler.is_compiling() and \
-            not isinstance(lengths, torch._subclasses.FakeTensor):
+    if (
+        B > 0
+        and on_host
+        and not torch.compiler.is_compiling()
+        and not isinstance(lengths, torch._subclasses.FakeTensor)
+    ):
         lo, hi = (int(v) for v in torch.aminmax(lengths))
         if lo < 0 or hi > T:
-            raise ValueError(f"fastattn::{op}: lengths must be in [0, T] = [0, {T}], got "
-                             f"values from {lo} to {hi}")
+            raise ValueError(
+                f"fastattn::{op}: lengths must be in [0, T] = [0, {T}], got "
+                f"values from {lo} to {hi}"
+            )
     return lengths
 
 
 def _check_layer_shapes(op, input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr):
     if input.dim() != 3 or w_hh.dim() != 3 or w_hh.shape[1] % 4 or w_hh.shape[1] == 0:
-        raise ValueError(f"fastattn::{op}: input must be (T, B, I) and w_hh (D, 4H, P), got "
-                         f"{tuple(input.shape)} and {tuple(w_hh.shape)}")
+        raise ValueError(
+            f"fastattn::{op}: input must be (T, B, I) and w_hh (D, 4H, P), got "
+            f"{tuple(input.shape)} and {tuple(w_hh.shape)}"
+        )
     T, B, I = input.shape
     D, G, P = w_hh.shape
     H = G // 4
     if D not in (1, 2):
         raise ValueError(f"fastattn::{op}: w_hh must have D = 1 or 2 directions, got {D}")
-    expected = {"h0": (h0, (D, B, P)), "c0": (c0, (D, B, H)), "w_ih": (w_ih, (D, G, I)),
-                "b_ih": (b_ih, (D, G)), "b_hh": (b_hh, (D, G)),
-                "w_hr": (w_hr, (D, P, H))}
+    expected = {
+        "h0": (h0, (D, B, P)),
+        "c0": (c0, (D, B, H)),
+        "w_ih": (w_ih, (D, G, I)),
+        "b_ih": (b_ih, (D, G)),
+        "b_hh": (b_hh, (D, G)),
+        "w_hr": (w_hr, (D, P, H)),
+    }
     if (b_ih is None) != (b_hh is None):
         raise ValueError(f"fastattn::{op}: b_ih and b_hh must be given together")
     if w_hr is None and P != H:
-        raise ValueError(f"fastattn::{op}: w_hh must be (D, 4H, H) without w_hr, got "
-                         f"{tuple(w_hh.shape)}")
+        raise ValueError(
+            f"fastattn::{op}: w_hh must be (D, 4H, H) without w_hr, got {tuple(w_hh.shape)}"
+        )
     for name, (t, shape) in expected.items():
         if t is None:
             continue
         if tuple(t.shape) != shape:
-            raise ValueError(f"fastattn::{op}: {name} must have shape {shape}, got "
-                             f"{tuple(t.shape)}")
+            raise ValueError(
+                f"fastattn::{op}: {name} must have shape {shape}, got {tuple(t.shape)}"
+            )
         if t.dtype != input.dtype or t.device != input.device:
-            raise ValueError(f"fastattn::{op}: {name} must have the input's dtype and device "
-                             f"({input.dtype}, {input.device}), got {t.dtype}, {t.device}")
+            raise ValueError(
+                f"fastattn::{op}: {name} must have the input's dtype and device "
+                f"({input.dtype}, {input.device}), got {t.dtype}, {t.device}"
+            )
     return T, B, I, D, H, P
 
 
@@ -600,20 +834,32 @@ def _check_layer_shapes(op, input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr):
 # ops), which fastattn/ops/lstm.py registers with the contract of fastattn/contracts/lstm.py.
 
 
-def lstm_cell_triton(input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor, w_ih: torch.Tensor,
-                     w_hh: torch.Tensor, b_ih: torch.Tensor | None,
-                     b_hh: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def lstm_cell_triton(
+    input: torch.Tensor,
+    hx: torch.Tensor,
+    cx: torch.Tensor,
+    w_ih: torch.Tensor,
+    w_hh: torch.Tensor,
+    b_ih: torch.Tensor | None,
+    b_hh: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """input (B, I), hx / cx (B, H), w_ih (4H, I), w_hh (4H, H), b_ih / b_hh (4H,) or None ->
     hy, cy (B, H), workspace (B, 5H) float32 = [i | f | g | o | tanh(cy)]."""
     op = "lstm_cell_triton"
     _check_acc_dtype(op, input.dtype)
     B, I = input.shape
     H = w_hh.shape[1]
-    if tuple(w_ih.shape) != (4 * H, I) or tuple(w_hh.shape) != (4 * H, H) or \
-            tuple(hx.shape) != (B, H) or tuple(cx.shape) != (B, H):
-        raise ValueError(f"fastattn::{op}: expected input (B, I), hx/cx (B, H), w_ih (4H, I), "
-                         f"w_hh (4H, H); got {tuple(input.shape)}, {tuple(hx.shape)}, "
-                         f"{tuple(cx.shape)}, {tuple(w_ih.shape)}, {tuple(w_hh.shape)}")
+    if (
+        tuple(w_ih.shape) != (4 * H, I)
+        or tuple(w_hh.shape) != (4 * H, H)
+        or tuple(hx.shape) != (B, H)
+        or tuple(cx.shape) != (B, H)
+    ):
+        raise ValueError(
+            f"fastattn::{op}: expected input (B, I), hx/cx (B, H), w_ih (4H, I), "
+            f"w_hh (4H, H); got {tuple(input.shape)}, {tuple(hx.shape)}, "
+            f"{tuple(cx.shape)}, {tuple(w_ih.shape)}, {tuple(w_hh.shape)}"
+        )
     if (b_ih is None) != (b_hh is None):
         raise ValueError(f"fastattn::{op}: b_ih and b_hh must be given together")
     interpret = interpreting(input.device)
@@ -631,19 +877,48 @@ def lstm_cell_triton(input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor, w_
         grid = (triton.cdiv(H, block_h), triton.cdiv(B, block_b))
         with on_device(input):
             wrap_triton(_cell_fwd_kernel)[grid](
-                x, h, c, wi, wh, bi, bh, hy, cy, ws, x.stride(0), h.stride(0), c.stride(0),
-                wi.stride(0), wh.stride(0), hy.stride(0), cy.stride(0), B, I, H,
-                HAS_BIAS=has_bias, PRECISION=dot_precision(input.dtype),
-                ACCURATE=not interpret, BLOCK_B=block_b,
-                BLOCK_H=block_h, BLOCK_K=block_k, num_warps=_warps(block_b, block_h))
+                x,
+                h,
+                c,
+                wi,
+                wh,
+                bi,
+                bh,
+                hy,
+                cy,
+                ws,
+                x.stride(0),
+                h.stride(0),
+                c.stride(0),
+                wi.stride(0),
+                wh.stride(0),
+                hy.stride(0),
+                cy.stride(0),
+                B,
+                I,
+                H,
+                HAS_BIAS=has_bias,
+                PRECISION=dot_precision(input.dtype),
+                ACCURATE=not interpret,
+                BLOCK_B=block_b,
+                BLOCK_H=block_h,
+                BLOCK_K=block_k,
+                num_warps=_warps(block_b, block_h),
+            )
     return finish(hy, input.dtype), finish(cy, input.dtype), ws
 
 
-def lstm_cell_backward_triton(grad_hy: torch.Tensor | None, grad_cy: torch.Tensor | None,
-                              input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor,
-                              w_ih: torch.Tensor, w_hh: torch.Tensor, workspace: torch.Tensor,
-                              has_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                       torch.Tensor, torch.Tensor, torch.Tensor]:
+def lstm_cell_backward_triton(
+    grad_hy: torch.Tensor | None,
+    grad_cy: torch.Tensor | None,
+    input: torch.Tensor,
+    hx: torch.Tensor,
+    cx: torch.Tensor,
+    w_ih: torch.Tensor,
+    w_hh: torch.Tensor,
+    workspace: torch.Tensor,
+    has_bias: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> grad_input (B, I), grad_hx (B, H), grad_cx (B, H), grad_w_ih (4H, I),
     grad_w_hh (4H, H), grad_bias (4H,) or (0,). dgates and grad_cx come from one kernel; the
     four products with dgates are torch GEMMs in float32."""
@@ -651,11 +926,16 @@ def lstm_cell_backward_triton(grad_hy: torch.Tensor | None, grad_cy: torch.Tenso
     _check_acc_dtype(op, input.dtype)
     B, I = input.shape
     H = w_hh.shape[1]
-    if workspace.dtype != _F32 or tuple(workspace.shape) != (B, 5 * H) or \
-            not workspace.is_contiguous():
-        raise ValueError(f"fastattn::{op}: workspace must be the contiguous float32 ({B}, "
-                         f"{5 * H}) tensor of lstm_cell_triton, got {workspace.dtype} "
-                         f"{tuple(workspace.shape)}")
+    if (
+        workspace.dtype != _F32
+        or tuple(workspace.shape) != (B, 5 * H)
+        or not workspace.is_contiguous()
+    ):
+        raise ValueError(
+            f"fastattn::{op}: workspace must be the contiguous float32 ({B}, "
+            f"{5 * H}) tensor of lstm_cell_triton, got {workspace.dtype} "
+            f"{tuple(workspace.shape)}"
+        )
     dtype, device = input.dtype, input.device
     interpret = interpreting(device)
     dgates = poison(torch.empty((B, 4 * H), dtype=_F32, device=device))
@@ -668,9 +948,22 @@ def lstm_cell_backward_triton(grad_hy: torch.Tensor | None, grad_cy: torch.Tenso
         grid = (triton.cdiv(H, block_h), triton.cdiv(B, block_b))
         with on_device(input):
             wrap_triton(_cell_bwd_kernel)[grid](
-                gh, gc, c, workspace, dgates, grad_cx, gh.stride(0), gc.stride(0), c.stride(0),
-                B, H, HAS_GH=grad_hy is not None, HAS_GC=grad_cy is not None,
-                BLOCK_B=block_b, BLOCK_H=block_h)
+                gh,
+                gc,
+                c,
+                workspace,
+                dgates,
+                grad_cx,
+                gh.stride(0),
+                gc.stride(0),
+                c.stride(0),
+                B,
+                H,
+                HAS_GH=grad_hy is not None,
+                HAS_GC=grad_cy is not None,
+                BLOCK_B=block_b,
+                BLOCK_H=block_h,
+            )
     grad_input = (dgates @ w_ih.to(_F32)).to(dtype)
     grad_hx = (dgates @ w_hh.to(_F32)).to(dtype)
     grad_w_ih = (dgates.t() @ input.to(_F32)).to(dtype)
@@ -679,12 +972,20 @@ def lstm_cell_backward_triton(grad_hy: torch.Tensor | None, grad_cy: torch.Tenso
     return grad_input, grad_hx, finish(grad_cx, dtype), grad_w_ih, grad_w_hh, grad_bias
 
 
-def lstm_layer_triton(input: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
-                      w_ih: torch.Tensor, w_hh: torch.Tensor, b_ih: torch.Tensor | None,
-                      b_hh: torch.Tensor | None, w_hr: torch.Tensor | None,
-                      lengths: torch.Tensor | None, dropout_p: float, seed: torch.Tensor | None,
-                      save_workspace: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                     torch.Tensor]:
+def lstm_layer_triton(
+    input: torch.Tensor,
+    h0: torch.Tensor,
+    c0: torch.Tensor,
+    w_ih: torch.Tensor,
+    w_hh: torch.Tensor,
+    b_ih: torch.Tensor | None,
+    b_hh: torch.Tensor | None,
+    w_hr: torch.Tensor | None,
+    lengths: torch.Tensor | None,
+    dropout_p: float,
+    seed: torch.Tensor | None,
+    save_workspace: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One layer, D directions: input (T, B, I), h0 (D, B, P), c0 (D, B, H), w_ih (D, 4H, I),
     w_hh (D, 4H, P), b_ih / b_hh (D, 4H), w_hr (D, P, H) or None, lengths (B,) or None ->
     output (T, B, D * P), h_n (D, B, P), c_n (D, B, H), workspace (D, T * B * (5H + P))
@@ -704,7 +1005,7 @@ def lstm_layer_triton(input: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
         xd = _dropout(x, dropout_p, seed)
     else:
         xd = x.to(_F32).reshape(T * B, I)
-    xproj = torch.matmul(xd, w_ih.to(_F32).transpose(1, 2))          # (D, T*B, 4H)
+    xproj = torch.matmul(xd, w_ih.to(_F32).transpose(1, 2))  # (D, T*B, 4H)
     if b_ih is not None:
         xproj += (b_ih.to(_F32) + b_hh.to(_F32))[:, None, :]
     xproj = xproj.contiguous()
@@ -715,8 +1016,9 @@ def lstm_layer_triton(input: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
     hraw = torch.empty((D, B, H) if has_proj else (0,), dtype=_F32, device=device)
     out = output_buffer((T, B, D * P), dtype, device)
     width = 5 * H + P
-    ws = poison(torch.empty((D, T * B * width) if save_workspace else (0,), dtype=_F32,
-                            device=device))
+    ws = poison(
+        torch.empty((D, T * B * width) if save_workspace else (0,), dtype=_F32, device=device)
+    )
     ws_arg = ws if save_workspace else xproj
     w_hh_ = _unit_last(w_hh)
     w_hr_ = _unit_last(w_hr) if has_proj else w_hh_
@@ -733,32 +1035,83 @@ def lstm_layer_triton(input: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
             for s in range(T):
                 h_in, h_out = states[s % 2], states[(s + 1) % 2]
                 step_kernel[step_grid](
-                    xproj, w_hh_, h_in, h_out, c, hraw, out, ws_arg, lens,
-                    w_hh_.stride(0), w_hh_.stride(1), out.stride(0), out.stride(1),
-                    s, T, B, H, P, HAS_PROJ=has_proj, SAVE=save_workspace,
-                    PRECISION=precision, ACCURATE=not interpret, BLOCK_B=block_b, BLOCK_H=block_h,
-                    BLOCK_K=block_k, num_warps=_warps(block_b, block_h))
+                    xproj,
+                    w_hh_,
+                    h_in,
+                    h_out,
+                    c,
+                    hraw,
+                    out,
+                    ws_arg,
+                    lens,
+                    w_hh_.stride(0),
+                    w_hh_.stride(1),
+                    out.stride(0),
+                    out.stride(1),
+                    s,
+                    T,
+                    B,
+                    H,
+                    P,
+                    HAS_PROJ=has_proj,
+                    SAVE=save_workspace,
+                    PRECISION=precision,
+                    ACCURATE=not interpret,
+                    BLOCK_B=block_b,
+                    BLOCK_H=block_h,
+                    BLOCK_K=block_k,
+                    num_warps=_warps(block_b, block_h),
+                )
                 if has_proj:
                     proj_kernel[proj_grid](
-                        hraw, w_hr_, h_in, h_out, out, ws_arg, lens,
-                        w_hr_.stride(0), w_hr_.stride(1), out.stride(0), out.stride(1),
-                        s, T, B, H, P, SAVE=save_workspace, PRECISION=precision,
-                        BLOCK_B=block_b, BLOCK_P=block_p, BLOCK_K=block_kh,
-                        num_warps=_warps(block_b, block_p))
+                        hraw,
+                        w_hr_,
+                        h_in,
+                        h_out,
+                        out,
+                        ws_arg,
+                        lens,
+                        w_hr_.stride(0),
+                        w_hr_.stride(1),
+                        out.stride(0),
+                        out.stride(1),
+                        s,
+                        T,
+                        B,
+                        H,
+                        P,
+                        SAVE=save_workspace,
+                        PRECISION=precision,
+                        BLOCK_B=block_b,
+                        BLOCK_P=block_p,
+                        BLOCK_K=block_kh,
+                        num_warps=_warps(block_b, block_p),
+                    )
     h_n = states[T % 2].to(dtype)
     c_n = c.to(dtype)
     return finish(out, dtype), h_n, c_n, ws
 
 
-def lstm_layer_backward_triton(grad_output: torch.Tensor | None, grad_h_n: torch.Tensor | None,
-                               grad_c_n: torch.Tensor | None, input: torch.Tensor,
-                               h0: torch.Tensor, c0: torch.Tensor, w_ih: torch.Tensor,
-                               w_hh: torch.Tensor, w_hr: torch.Tensor | None,
-                               lengths: torch.Tensor | None, workspace: torch.Tensor,
-                               dropout_p: float, seed: torch.Tensor | None, has_bias: bool,
-                               input_grad: bool, weight_grad: bool
-                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                          torch.Tensor, torch.Tensor, torch.Tensor]:
+def lstm_layer_backward_triton(
+    grad_output: torch.Tensor | None,
+    grad_h_n: torch.Tensor | None,
+    grad_c_n: torch.Tensor | None,
+    input: torch.Tensor,
+    h0: torch.Tensor,
+    c0: torch.Tensor,
+    w_ih: torch.Tensor,
+    w_hh: torch.Tensor,
+    w_hr: torch.Tensor | None,
+    lengths: torch.Tensor | None,
+    workspace: torch.Tensor,
+    dropout_p: float,
+    seed: torch.Tensor | None,
+    has_bias: bool,
+    input_grad: bool,
+    weight_grad: bool,
+) -> tuple[
+    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor
+]:
     """-> grad_input (T, B, I) or (0,), grad_h0 (D, B, P), grad_c0 (D, B, H), grad_w_ih
     (D, 4H, I), grad_w_hh (D, 4H, P), grad_bias (D, 4H), grad_w_hr (D, P, H) (each (0,) when
     not wanted / absent). Missing incoming gradients are zeros."""
@@ -768,21 +1121,32 @@ def lstm_layer_backward_triton(grad_output: torch.Tensor | None, grad_h_n: torch
     dtype, device = input.dtype, input.device
     interpret = interpreting(device)
     width = 5 * H + P
-    if workspace.dtype != _F32 or tuple(workspace.shape) != (D, T * B * width) or \
-            not workspace.is_contiguous():
-        raise ValueError(f"fastattn::{op}: workspace must be the contiguous float32 "
-                         f"({D}, {T * B * width}) tensor that lstm_layer_triton saved "
-                         f"(save_workspace=True), got {workspace.dtype} "
-                         f"{tuple(workspace.shape)}")
+    if (
+        workspace.dtype != _F32
+        or tuple(workspace.shape) != (D, T * B * width)
+        or not workspace.is_contiguous()
+    ):
+        raise ValueError(
+            f"fastattn::{op}: workspace must be the contiguous float32 "
+            f"({D}, {T * B * width}) tensor that lstm_layer_triton saved "
+            f"(save_workspace=True), got {workspace.dtype} "
+            f"{tuple(workspace.shape)}"
+        )
     seed = _seed_arg(dropout_p, seed, op)
     lens = _lengths_arg(lengths, T, B, device, op)
     has_proj = w_hr is not None
     ws = workspace.view(D, T, B, width)
 
-    dh = (grad_h_n.to(_F32, copy=True).contiguous() if grad_h_n is not None
-          else torch.zeros((D, B, P), dtype=_F32, device=device))
-    dc = (grad_c_n.to(_F32, copy=True).contiguous() if grad_c_n is not None
-          else torch.zeros((D, B, H), dtype=_F32, device=device))
+    dh = (
+        grad_h_n.to(_F32, copy=True).contiguous()
+        if grad_h_n is not None
+        else torch.zeros((D, B, P), dtype=_F32, device=device)
+    )
+    dc = (
+        grad_c_n.to(_F32, copy=True).contiguous()
+        if grad_c_n is not None
+        else torch.zeros((D, B, H), dtype=_F32, device=device)
+    )
     dgates = poison(torch.empty((D, T, B, 4 * H), dtype=_F32, device=device))
     dhp = poison(torch.empty((D, T, B, P) if has_proj else (0,), dtype=_F32, device=device))
     gout = _unit_last(grad_output) if grad_output is not None else dh
@@ -802,15 +1166,53 @@ def lstm_layer_backward_triton(grad_output: torch.Tensor | None, grad_h_n: torch
         with on_device(input):
             for s in range(T - 1, -1, -1):
                 gates_kernel[gates_grid](
-                    gout, dh, dc, w_hr_, workspace, c0_, lens, dgates, dhp,
-                    g_t, g_b, w_hr_.stride(0), w_hr_.stride(1), c0_.stride(0), c0_.stride(1),
-                    s, T, B, H, P, HAS_GOUT=grad_output is not None, HAS_PROJ=has_proj,
-                    PRECISION=precision, ACCURATE=not interpret, BLOCK_B=block_b,
-                    BLOCK_H=block_h, BLOCK_K=block_kp, num_warps=_warps(block_b, block_h))
+                    gout,
+                    dh,
+                    dc,
+                    w_hr_,
+                    workspace,
+                    c0_,
+                    lens,
+                    dgates,
+                    dhp,
+                    g_t,
+                    g_b,
+                    w_hr_.stride(0),
+                    w_hr_.stride(1),
+                    c0_.stride(0),
+                    c0_.stride(1),
+                    s,
+                    T,
+                    B,
+                    H,
+                    P,
+                    HAS_GOUT=grad_output is not None,
+                    HAS_PROJ=has_proj,
+                    PRECISION=precision,
+                    ACCURATE=not interpret,
+                    BLOCK_B=block_b,
+                    BLOCK_H=block_h,
+                    BLOCK_K=block_kp,
+                    num_warps=_warps(block_b, block_h),
+                )
                 dh_kernel[dh_grid](
-                    dgates, w_hh_, dh, lens, w_hh_.stride(0), w_hh_.stride(1),
-                    s, T, B, H, P, PRECISION=precision, BLOCK_B=block_b, BLOCK_P=block_p,
-                    BLOCK_K=block_kg, num_warps=_warps(block_b, block_p))
+                    dgates,
+                    w_hh_,
+                    dh,
+                    lens,
+                    w_hh_.stride(0),
+                    w_hh_.stride(1),
+                    s,
+                    T,
+                    B,
+                    H,
+                    P,
+                    PRECISION=precision,
+                    BLOCK_B=block_b,
+                    BLOCK_P=block_p,
+                    BLOCK_K=block_kg,
+                    num_warps=_warps(block_b, block_p),
+                )
     else:
         dgates.zero_()
         dhp.zero_()
@@ -820,8 +1222,9 @@ def lstm_layer_backward_triton(grad_output: torch.Tensor | None, grad_h_n: torch
 
     def empty():  # a fresh one per output: a custom op's outputs must not alias each other
         return input.new_empty((0,))
+
     if input_grad:
-        dx = torch.matmul(dg, w_ih.to(_F32)).sum(0).view(T, B, I)    # (T, B, I)
+        dx = torch.matmul(dg, w_ih.to(_F32)).sum(0).view(T, B, I)  # (T, B, I)
         if seed is not None:
             dx = _dropout(dx, dropout_p, seed).view(T, B, I)
         grad_input = dx.to(dtype)
@@ -829,16 +1232,19 @@ def lstm_layer_backward_triton(grad_output: torch.Tensor | None, grad_h_n: torch
         grad_input = empty()
     grad_w_ih, grad_w_hh, grad_bias, grad_w_hr = empty(), empty(), empty(), empty()
     if weight_grad:
-        xd = (_dropout(_unit_last(input), dropout_p, seed) if seed is not None
-              else input.to(_F32).reshape(T * B, I))
+        xd = (
+            _dropout(_unit_last(input), dropout_p, seed)
+            if seed is not None
+            else input.to(_F32).reshape(T * B, I)
+        )
         grad_w_ih = torch.matmul(dg.transpose(1, 2), xd).to(dtype)
         # h_{t-1} of every step: the previous processing step's h (h0 first).
-        h_saved = ws[..., 5 * H:]                                     # (D, T, B, P)
+        h_saved = ws[..., 5 * H :]  # (D, T, B, P)
         h0f = h0.to(_F32)
         h_prev = []
         for d in range(D):
             if d == 0:
-                h_prev.append(torch.cat([h0f[0:1], h_saved[0, :T - 1]]) if T else h_saved[0])
+                h_prev.append(torch.cat([h0f[0:1], h_saved[0, : T - 1]]) if T else h_saved[0])
             else:
                 h_prev.append(torch.cat([h_saved[1, 1:], h0f[1:2]]) if T else h_saved[1])
         h_prev = torch.stack(h_prev).view(D, T * B, P)
@@ -847,7 +1253,8 @@ def lstm_layer_backward_triton(grad_output: torch.Tensor | None, grad_h_n: torch
             grad_bias = dg.sum(1).to(dtype)
         if has_proj:
             # o tanh(c) of every step (0 past a row's end, where the saved gates are 0)
-            h_raw = (ws[..., 3 * H:4 * H] * torch.tanh(ws[..., 4 * H:5 * H])).reshape(
-                D, T * B, H)
+            h_raw = (ws[..., 3 * H : 4 * H] * torch.tanh(ws[..., 4 * H : 5 * H])).reshape(
+                D, T * B, H
+            )
             grad_w_hr = torch.matmul(dhp.view(D, T * B, P).transpose(1, 2), h_raw).to(dtype)
     return (grad_input, dh.to(dtype), dc.to(dtype), grad_w_ih, grad_w_hh, grad_bias, grad_w_hr)

@@ -7,6 +7,7 @@ computed in float64 and rounded to float32 once (a cached (dim/2,) vector per de
 sine and cosine from libdevice on GPU (tl.sin is approximate there), compute in float32, and
 dropout from the shared Philox stream. Each program owns a BLOCK_R x BLOCK_D tile of rows.
 """
+
 from __future__ import annotations
 
 import math
@@ -57,6 +58,7 @@ def inverse_frequencies(dim: int, base: float, like: torch.Tensor) -> torch.Tens
     Cached per (dim, base, device) for eager calls, so a GPU call launches no extra kernels;
     while torch.compile traces (fake or functional tensors) it is computed in the graph.
     """
+
     def compute() -> torch.Tensor:
         i2 = torch.arange(0, dim, 2, dtype=torch.float64, device=like.device)
         return torch.exp2(-(i2 / dim) * math.log2(base)).to(torch.float32)
@@ -91,25 +93,54 @@ def _dropout_args(dropout_p: float, seed: torch.Tensor | None, like: torch.Tenso
 
 
 @triton.jit
-def _sinusoidal_table_kernel(pos_ptr, out_ptr, inv_ptr, count, D,
-                             LIBDEVICE: tl.constexpr, BLOCK_R: tl.constexpr,
-                             BLOCK_D: tl.constexpr):
+def _sinusoidal_table_kernel(
+    pos_ptr,
+    out_ptr,
+    inv_ptr,
+    count,
+    D,
+    LIBDEVICE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     rmask = rows < count
     cmask = cols < D
     pos = tl.load(pos_ptr + rows, mask=rmask, other=0)
     pe = _sinusoid_tile(pos, cols, inv_ptr, cmask, LIBDEVICE)
-    tl.store(out_ptr + rows[:, None] * D + cols[None, :], pe.to(out_ptr.dtype.element_ty),
-             mask=rmask[:, None] & cmask[None, :])
+    tl.store(
+        out_ptr + rows[:, None] * D + cols[None, :],
+        pe.to(out_ptr.dtype.element_ty),
+        mask=rmask[:, None] & cmask[None, :],
+    )
 
 
 @triton.jit
-def _add_sinusoidal_kernel(x_ptr, out_ptr, offsets_ptr, seed_ptr, inv_ptr, N, L, D,
-                           x_sn, x_sl, o_sn, o_sl, offset, scale, threshold, keep_scale,
-                           HAS_OFFSETS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                           ADD_PE: tl.constexpr, LIBDEVICE: tl.constexpr,
-                           BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+def _add_sinusoidal_kernel(
+    x_ptr,
+    out_ptr,
+    offsets_ptr,
+    seed_ptr,
+    inv_ptr,
+    N,
+    L,
+    D,
+    x_sn,
+    x_sl,
+    o_sn,
+    o_sl,
+    offset,
+    scale,
+    threshold,
+    keep_scale,
+    HAS_OFFSETS: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    ADD_PE: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     rmask = rows < N * L
@@ -125,18 +156,43 @@ def _add_sinusoidal_kernel(x_ptr, out_ptr, offsets_ptr, seed_ptr, inv_ptr, N, L,
             pos += tl.load(offsets_ptr + n, mask=rmask, other=0)
         y = y + _sinusoid_tile(pos, cols, inv_ptr, cmask, LIBDEVICE)
     if HAS_DROPOUT:
-        y = y * dropout_multiplier(seed_ptr, rows[:, None] * D + cols[None, :], threshold,
-                                   keep_scale)
-    tl.store(out_ptr + (n * o_sn + l * o_sl)[:, None] + cols[None, :],
-             y.to(out_ptr.dtype.element_ty), mask=mask)
+        y = y * dropout_multiplier(
+            seed_ptr, rows[:, None] * D + cols[None, :], threshold, keep_scale
+        )
+    tl.store(
+        out_ptr + (n * o_sn + l * o_sl)[:, None] + cols[None, :],
+        y.to(out_ptr.dtype.element_ty),
+        mask=mask,
+    )
 
 
 @triton.jit
-def _embed_kernel(tokens_ptr, weight_ptr, table_ptr, out_ptr, offsets_ptr, seed_ptr, inv_ptr,
-                  N, L, D, V, P, w_s0, t_s0, offset, scale, threshold, keep_scale,
-                  HAS_TABLE: tl.constexpr, HAS_OFFSETS: tl.constexpr,
-                  HAS_DROPOUT: tl.constexpr, LIBDEVICE: tl.constexpr,
-                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+def _embed_kernel(
+    tokens_ptr,
+    weight_ptr,
+    table_ptr,
+    out_ptr,
+    offsets_ptr,
+    seed_ptr,
+    inv_ptr,
+    N,
+    L,
+    D,
+    V,
+    P,
+    w_s0,
+    t_s0,
+    offset,
+    scale,
+    threshold,
+    keep_scale,
+    HAS_TABLE: tl.constexpr,
+    HAS_OFFSETS: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     rmask = rows < N * L
@@ -148,30 +204,52 @@ def _embed_kernel(tokens_ptr, weight_ptr, table_ptr, out_ptr, offsets_ptr, seed_
     tl.device_assert((token >= 0) & (token < V), "token id out of range")
     # fastattn.embed_with_positions checks token ids and positions before the launch (on the
     # device for CUDA tensors); the masks keep a direct call with bad ones inside the tables.
-    w = tl.load(weight_ptr + (token * w_s0)[:, None] + cols[None, :],
-                mask=mask & ((token >= 0) & (token < V))[:, None], other=0.0)
+    w = tl.load(
+        weight_ptr + (token * w_s0)[:, None] + cols[None, :],
+        mask=mask & ((token >= 0) & (token < V))[:, None],
+        other=0.0,
+    )
     pos = l + offset
     if HAS_OFFSETS:
         pos += tl.load(offsets_ptr + n, mask=rmask, other=0)
     if HAS_TABLE:
-        pe = tl.load(table_ptr + (pos * t_s0)[:, None] + cols[None, :],
-                     mask=mask & ((pos >= 0) & (pos < P))[:, None], other=0.0).to(tl.float32)
+        pe = tl.load(
+            table_ptr + (pos * t_s0)[:, None] + cols[None, :],
+            mask=mask & ((pos >= 0) & (pos < P))[:, None],
+            other=0.0,
+        ).to(tl.float32)
     else:
         pe = _sinusoid_tile(pos, cols, inv_ptr, cmask, LIBDEVICE)
     y = w.to(tl.float32) * scale + pe
     if HAS_DROPOUT:
-        y = y * dropout_multiplier(seed_ptr, rows[:, None] * D + cols[None, :], threshold,
-                                   keep_scale)
-    tl.store(out_ptr + rows[:, None] * D + cols[None, :], y.to(out_ptr.dtype.element_ty),
-             mask=mask)
+        y = y * dropout_multiplier(
+            seed_ptr, rows[:, None] * D + cols[None, :], threshold, keep_scale
+        )
+    tl.store(out_ptr + rows[:, None] * D + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _embed_backward_atomic_kernel(grad_ptr, tokens_ptr, gw_ptr, gt_ptr, offsets_ptr, seed_ptr,
-                                  N, L, D, padding_idx, offset, scale, threshold, keep_scale,
-                                  HAS_TABLE: tl.constexpr, HAS_OFFSETS: tl.constexpr,
-                                  HAS_DROPOUT: tl.constexpr, BLOCK_R: tl.constexpr,
-                                  BLOCK_D: tl.constexpr):
+def _embed_backward_atomic_kernel(
+    grad_ptr,
+    tokens_ptr,
+    gw_ptr,
+    gt_ptr,
+    offsets_ptr,
+    seed_ptr,
+    N,
+    L,
+    D,
+    padding_idx,
+    offset,
+    scale,
+    threshold,
+    keep_scale,
+    HAS_TABLE: tl.constexpr,
+    HAS_OFFSETS: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """Adds every row's dropped-out gradient into float32 accumulators with atomics."""
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -181,8 +259,9 @@ def _embed_backward_atomic_kernel(grad_ptr, tokens_ptr, gw_ptr, gt_ptr, offsets_
     g = tl.load(grad_ptr + rows[:, None] * D + cols[None, :], mask=mask, other=0.0)
     g = g.to(tl.float32)
     if HAS_DROPOUT:
-        g = g * dropout_multiplier(seed_ptr, rows[:, None] * D + cols[None, :], threshold,
-                                   keep_scale)
+        g = g * dropout_multiplier(
+            seed_ptr, rows[:, None] * D + cols[None, :], threshold, keep_scale
+        )
     token = tl.load(tokens_ptr + rows, mask=rmask, other=0)
     wmask = mask & (token != padding_idx)[:, None]
     tl.atomic_add(gw_ptr + token[:, None] * D + cols[None, :], g * scale, mask=wmask)
@@ -194,9 +273,20 @@ def _embed_backward_atomic_kernel(grad_ptr, tokens_ptr, gw_ptr, gt_ptr, offsets_
 
 
 @triton.jit
-def _segment_sum_kernel(grad_ptr, keys_ptr, order_ptr, out_ptr, seed_ptr, rows, D, factor,
-                        threshold, keep_scale, HAS_DROPOUT: tl.constexpr,
-                        BLOCK_D: tl.constexpr):
+def _segment_sum_kernel(
+    grad_ptr,
+    keys_ptr,
+    order_ptr,
+    out_ptr,
+    seed_ptr,
+    rows,
+    D,
+    factor,
+    threshold,
+    keep_scale,
+    HAS_DROPOUT: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """Deterministic backward: program i sums the run of equal sorted keys starting at i (if
     i starts a run) in stable order and writes its key's row once."""
     i = tl.program_id(0).to(tl.int64)
@@ -220,13 +310,39 @@ def _segment_sum_kernel(grad_ptr, keys_ptr, order_ptr, out_ptr, seed_ptr, rows, 
 
 
 @triton.jit
-def _rotary_kernel(x_ptr, out_ptr, cos_ptr, sin_ptr, inv_ptr, offsets_ptr, pos_ids_ptr,
-                   B, H, L, D, rotary_dim, x_sb, x_sh, x_sl, o_sb, o_sh, o_sl, P, t_s0, offset,
-                   HAS_TABLE: tl.constexpr, HAS_OFFSETS: tl.constexpr,
-                   HAS_POS_IDS: tl.constexpr, INTERLEAVED: tl.constexpr,
-                   CONJUGATE: tl.constexpr, COPY_TAIL: tl.constexpr,
-                   LIBDEVICE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                   BLOCK_TAIL: tl.constexpr):
+def _rotary_kernel(
+    x_ptr,
+    out_ptr,
+    cos_ptr,
+    sin_ptr,
+    inv_ptr,
+    offsets_ptr,
+    pos_ids_ptr,
+    B,
+    H,
+    L,
+    D,
+    rotary_dim,
+    x_sb,
+    x_sh,
+    x_sl,
+    o_sb,
+    o_sh,
+    o_sl,
+    P,
+    t_s0,
+    offset,
+    HAS_TABLE: tl.constexpr,
+    HAS_OFFSETS: tl.constexpr,
+    HAS_POS_IDS: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    CONJUGATE: tl.constexpr,
+    COPY_TAIL: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_TAIL: tl.constexpr,
+):
     """Program (b*L + l, head block): rotates BLOCK_H heads of one (b, l); x may alias out."""
     bl = tl.program_id(0).to(tl.int64)
     b = bl // L
@@ -287,16 +403,24 @@ def _opt(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     return t if t is not None else like
 
 
-def sinusoidal_table(positions: torch.Tensor, dim: int, base: float,
-                     dtype: torch.dtype) -> torch.Tensor:
+def sinusoidal_table(
+    positions: torch.Tensor, dim: int, base: float, dtype: torch.dtype
+) -> torch.Tensor:
     flat = positions.reshape(-1).contiguous()
     out = output_buffer((flat.numel(), dim), dtype, positions.device)
     if flat.numel() > 0:
         grid, block_r, block_d = _launch_shape(flat.numel(), dim)
         with on_device(positions):
             wrap_triton(_sinusoidal_table_kernel)[grid](
-                flat, out, inverse_frequencies(dim, base, positions), flat.numel(), dim,
-                LIBDEVICE=not interpreting(positions.device), BLOCK_R=block_r, BLOCK_D=block_d)
+                flat,
+                out,
+                inverse_frequencies(dim, base, positions),
+                flat.numel(),
+                dim,
+                LIBDEVICE=not interpreting(positions.device),
+                BLOCK_R=block_r,
+                BLOCK_D=block_d,
+            )
     return finish(out, dtype).reshape(*positions.shape, dim)
 
 
@@ -316,21 +440,52 @@ def _add_sinusoidal_into(x, out, offset, offsets, scale, base, dropout_p, seed, 
     inv = inverse_frequencies(D, base, x) if add_pe else x
     with on_device(x):
         wrap_triton(_add_sinusoidal_kernel)[grid](
-            x, out, _opt(offsets, x), seed_arg, inv, N, L, D, x.stride(0), x.stride(1),
-            out.stride(0), out.stride(1), offset, scale, threshold, keep_scale,
-            HAS_OFFSETS=offsets is not None, HAS_DROPOUT=dropout_p > 0.0, ADD_PE=add_pe,
-            LIBDEVICE=not interpreting(x.device), BLOCK_R=block_r, BLOCK_D=block_d)
+            x,
+            out,
+            _opt(offsets, x),
+            seed_arg,
+            inv,
+            N,
+            L,
+            D,
+            x.stride(0),
+            x.stride(1),
+            out.stride(0),
+            out.stride(1),
+            offset,
+            scale,
+            threshold,
+            keep_scale,
+            HAS_OFFSETS=offsets is not None,
+            HAS_DROPOUT=dropout_p > 0.0,
+            ADD_PE=add_pe,
+            LIBDEVICE=not interpreting(x.device),
+            BLOCK_R=block_r,
+            BLOCK_D=block_d,
+        )
 
 
-def add_sinusoidal(x: torch.Tensor, offset: int, offsets: torch.Tensor | None,
-                   scale: float, base: float, dropout_p: float,
-                   seed: torch.Tensor | None) -> torch.Tensor:
+def add_sinusoidal(
+    x: torch.Tensor,
+    offset: int,
+    offsets: torch.Tensor | None,
+    scale: float,
+    base: float,
+    dropout_p: float,
+    seed: torch.Tensor | None,
+) -> torch.Tensor:
     return _add_sinusoidal(x, offset, offsets, scale, base, dropout_p, seed, True)
 
 
-def add_sinusoidal_(x: torch.Tensor, offset: int, offsets: torch.Tensor | None,
-                    scale: float, base: float, dropout_p: float,
-                    seed: torch.Tensor | None) -> None:
+def add_sinusoidal_(
+    x: torch.Tensor,
+    offset: int,
+    offsets: torch.Tensor | None,
+    scale: float,
+    base: float,
+    dropout_p: float,
+    seed: torch.Tensor | None,
+) -> None:
     if x.dtype == torch.bfloat16 and interpreting(x.device):
         # The interpreter's bfloat16 store truncates: compute in a float32 copy, round with torch.
         wide = x.float()
@@ -340,16 +495,25 @@ def add_sinusoidal_(x: torch.Tensor, offset: int, offsets: torch.Tensor | None,
     _add_sinusoidal_into(x, x, offset, offsets, scale, base, dropout_p, seed, True)
 
 
-def add_sinusoidal_backward(grad: torch.Tensor, scale: float, dropout_p: float,
-                            seed: torch.Tensor | None) -> torch.Tensor:
+def add_sinusoidal_backward(
+    grad: torch.Tensor, scale: float, dropout_p: float, seed: torch.Tensor | None
+) -> torch.Tensor:
     return _add_sinusoidal(grad, 0, None, scale, 10000.0, dropout_p, seed, False)
 
 
-def embed_with_positions(tokens: torch.Tensor, weight: torch.Tensor,
-                         table: torch.Tensor | None, offset: int,
-                         offsets: torch.Tensor | None, scale: float, base: float,
-                         dropout_p: float, seed: torch.Tensor | None, padding_idx: int,
-                         deterministic: bool) -> torch.Tensor:
+def embed_with_positions(
+    tokens: torch.Tensor,
+    weight: torch.Tensor,
+    table: torch.Tensor | None,
+    offset: int,
+    offsets: torch.Tensor | None,
+    scale: float,
+    base: float,
+    dropout_p: float,
+    seed: torch.Tensor | None,
+    padding_idx: int,
+    deterministic: bool,
+) -> torch.Tensor:
     N, L = tokens.shape
     D = weight.shape[1]
     out = output_buffer((N, L, D), weight.dtype, weight.device)
@@ -361,21 +525,47 @@ def embed_with_positions(tokens: torch.Tensor, weight: torch.Tensor,
     inv = inverse_frequencies(D, base, weight) if table is None else weight
     with on_device(weight):
         wrap_triton(_embed_kernel)[grid](
-            tokens, weight, _opt(table, weight), out, _opt(offsets, tokens), seed_arg, inv,
-            N, L, D, weight.shape[0], table.shape[0] if table is not None else 0,
-            weight.stride(0), table.stride(0) if table is not None else 0, offset, scale,
-            threshold, keep_scale,
-            HAS_TABLE=table is not None, HAS_OFFSETS=offsets is not None,
-            HAS_DROPOUT=dropout_p > 0.0, LIBDEVICE=not interpreting(weight.device),
-            BLOCK_R=block_r, BLOCK_D=block_d)
+            tokens,
+            weight,
+            _opt(table, weight),
+            out,
+            _opt(offsets, tokens),
+            seed_arg,
+            inv,
+            N,
+            L,
+            D,
+            weight.shape[0],
+            table.shape[0] if table is not None else 0,
+            weight.stride(0),
+            table.stride(0) if table is not None else 0,
+            offset,
+            scale,
+            threshold,
+            keep_scale,
+            HAS_TABLE=table is not None,
+            HAS_OFFSETS=offsets is not None,
+            HAS_DROPOUT=dropout_p > 0.0,
+            LIBDEVICE=not interpreting(weight.device),
+            BLOCK_R=block_r,
+            BLOCK_D=block_d,
+        )
     return finish(out, weight.dtype)
 
 
 def embed_with_positions_backward(
-        grad: torch.Tensor, tokens: torch.Tensor, num_weights: int, padding_idx: int,
-        table_rows: int, offset: int, offsets: torch.Tensor | None, scale: float,
-        dropout_p: float, seed: torch.Tensor | None,
-        deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    grad: torch.Tensor,
+    tokens: torch.Tensor,
+    num_weights: int,
+    padding_idx: int,
+    table_rows: int,
+    offset: int,
+    offsets: torch.Tensor | None,
+    scale: float,
+    dropout_p: float,
+    seed: torch.Tensor | None,
+    deterministic: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
     N, L, D = grad.shape
     rows = N * L
     has_table = table_rows >= 0
@@ -389,11 +579,26 @@ def embed_with_positions_backward(
             if not deterministic:
                 grid, block_r, block_d = _launch_shape(rows, D)
                 wrap_triton(_embed_backward_atomic_kernel)[grid](
-                    grad, tokens, weight_acc, table_acc if has_table else weight_acc,
-                    _opt(offsets, tokens), seed_arg, N, L, D, padding_idx, offset, scale,
-                    threshold, keep_scale, HAS_TABLE=has_table,
-                    HAS_OFFSETS=offsets is not None, HAS_DROPOUT=dropout_p > 0.0,
-                    BLOCK_R=block_r, BLOCK_D=block_d)
+                    grad,
+                    tokens,
+                    weight_acc,
+                    table_acc if has_table else weight_acc,
+                    _opt(offsets, tokens),
+                    seed_arg,
+                    N,
+                    L,
+                    D,
+                    padding_idx,
+                    offset,
+                    scale,
+                    threshold,
+                    keep_scale,
+                    HAS_TABLE=has_table,
+                    HAS_OFFSETS=offsets is not None,
+                    HAS_DROPOUT=dropout_p > 0.0,
+                    BLOCK_R=block_r,
+                    BLOCK_D=block_d,
+                )
             else:
                 block_d = min(triton.next_power_of_2(D), 1024)
                 grid = (rows, triton.cdiv(D, block_d))
@@ -402,21 +607,55 @@ def embed_with_positions_backward(
                     keys = keys.masked_fill(keys == padding_idx, -1)
                 sorted_keys, order = torch.sort(keys, stable=True)
                 wrap_triton(_segment_sum_kernel)[grid](
-                    grad, sorted_keys, order, weight_acc, seed_arg, rows, D, scale, threshold,
-                    keep_scale, HAS_DROPOUT=dropout_p > 0.0, BLOCK_D=block_d)
+                    grad,
+                    sorted_keys,
+                    order,
+                    weight_acc,
+                    seed_arg,
+                    rows,
+                    D,
+                    scale,
+                    threshold,
+                    keep_scale,
+                    HAS_DROPOUT=dropout_p > 0.0,
+                    BLOCK_D=block_d,
+                )
                 if has_table:
                     pos = torch.arange(L, device=grad.device).add(offset).expand(N, L)
                     if offsets is not None:
                         pos = pos + offsets.view(N, 1)
                     sorted_pos, porder = torch.sort(pos.reshape(rows), stable=True)
                     wrap_triton(_segment_sum_kernel)[grid](
-                        grad, sorted_pos, porder, table_acc, seed_arg, rows, D, 1.0, threshold,
-                        keep_scale, HAS_DROPOUT=dropout_p > 0.0, BLOCK_D=block_d)
+                        grad,
+                        sorted_pos,
+                        porder,
+                        table_acc,
+                        seed_arg,
+                        rows,
+                        D,
+                        1.0,
+                        threshold,
+                        keep_scale,
+                        HAS_DROPOUT=dropout_p > 0.0,
+                        BLOCK_D=block_d,
+                    )
     return weight_acc.to(grad.dtype), table_acc.to(grad.dtype)
 
 
-def _rotary(x, out, cos, sin, offset, offsets, position_ids, rotary_dim, base, interleaved,
-            conjugate, inplace):
+def _rotary(
+    x,
+    out,
+    cos,
+    sin,
+    offset,
+    offsets,
+    position_ids,
+    rotary_dim,
+    base,
+    interleaved,
+    conjugate,
+    inplace,
+):
     B, H, L, D = x.shape
     if x.numel() == 0:
         return
@@ -427,37 +666,112 @@ def _rotary(x, out, cos, sin, offset, offsets, position_ids, rotary_dim, base, i
     inv = inverse_frequencies(rotary_dim, base, x) if cos is None else cos
     with on_device(x):
         wrap_triton(_rotary_kernel)[grid](
-            x, out, _opt(cos, x), _opt(sin, x), inv, _opt(offsets, x), _opt(position_ids, x),
-            B, H, L, D, rotary_dim, x.stride(0), x.stride(1), x.stride(2), out.stride(0),
-            out.stride(1), out.stride(2), cos.shape[0] if cos is not None else 0,
-            cos.stride(0) if cos is not None else 0, offset,
-            HAS_TABLE=cos is not None, HAS_OFFSETS=offsets is not None,
-            HAS_POS_IDS=position_ids is not None, INTERLEAVED=interleaved,
-            CONJUGATE=conjugate, COPY_TAIL=not inplace and rotary_dim < D,
-            LIBDEVICE=not interpreting(x.device), BLOCK_H=block_h, BLOCK_HALF=block_half,
-            BLOCK_TAIL=min(triton.next_power_of_2(max(D - rotary_dim, 1)), 256))
+            x,
+            out,
+            _opt(cos, x),
+            _opt(sin, x),
+            inv,
+            _opt(offsets, x),
+            _opt(position_ids, x),
+            B,
+            H,
+            L,
+            D,
+            rotary_dim,
+            x.stride(0),
+            x.stride(1),
+            x.stride(2),
+            out.stride(0),
+            out.stride(1),
+            out.stride(2),
+            cos.shape[0] if cos is not None else 0,
+            cos.stride(0) if cos is not None else 0,
+            offset,
+            HAS_TABLE=cos is not None,
+            HAS_OFFSETS=offsets is not None,
+            HAS_POS_IDS=position_ids is not None,
+            INTERLEAVED=interleaved,
+            CONJUGATE=conjugate,
+            COPY_TAIL=not inplace and rotary_dim < D,
+            LIBDEVICE=not interpreting(x.device),
+            BLOCK_H=block_h,
+            BLOCK_HALF=block_half,
+            BLOCK_TAIL=min(triton.next_power_of_2(max(D - rotary_dim, 1)), 256),
+        )
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
-                 offset: int, offsets: torch.Tensor | None,
-                 position_ids: torch.Tensor | None, rotary_dim: int, base: float,
-                 interleaved: bool, conjugate: bool) -> torch.Tensor:
+def apply_rotary(
+    x: torch.Tensor,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
+    offset: int,
+    offsets: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    rotary_dim: int,
+    base: float,
+    interleaved: bool,
+    conjugate: bool,
+) -> torch.Tensor:
     out = output_buffer_like(x)
-    _rotary(x, out, cos, sin, offset, offsets, position_ids, rotary_dim, base, interleaved,
-            conjugate, inplace=False)
+    _rotary(
+        x,
+        out,
+        cos,
+        sin,
+        offset,
+        offsets,
+        position_ids,
+        rotary_dim,
+        base,
+        interleaved,
+        conjugate,
+        inplace=False,
+    )
     return finish(out, x.dtype)
 
 
-def apply_rotary_(x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
-                  offset: int, offsets: torch.Tensor | None,
-                  position_ids: torch.Tensor | None, rotary_dim: int, base: float,
-                  interleaved: bool, conjugate: bool) -> None:
+def apply_rotary_(
+    x: torch.Tensor,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
+    offset: int,
+    offsets: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    rotary_dim: int,
+    base: float,
+    interleaved: bool,
+    conjugate: bool,
+) -> None:
     if x.dtype == torch.bfloat16 and interpreting(x.device):
         # The interpreter's bfloat16 store truncates: rotate a float32 copy, round with torch.
         wide = x.float()
-        _rotary(wide, wide, cos, sin, offset, offsets, position_ids, rotary_dim, base,
-                interleaved, conjugate, inplace=True)
+        _rotary(
+            wide,
+            wide,
+            cos,
+            sin,
+            offset,
+            offsets,
+            position_ids,
+            rotary_dim,
+            base,
+            interleaved,
+            conjugate,
+            inplace=True,
+        )
         x.copy_(wide)
         return
-    _rotary(x, x, cos, sin, offset, offsets, position_ids, rotary_dim, base, interleaved,
-            conjugate, inplace=True)
+    _rotary(
+        x,
+        x,
+        cos,
+        sin,
+        offset,
+        offsets,
+        position_ids,
+        rotary_dim,
+        base,
+        interleaved,
+        conjugate,
+        inplace=True,
+    )

@@ -1,5 +1,6 @@
 """Philox-4x32-10 dropout numbers in Triton; the same stream as csrc/common/philox.h and
 fastattn/reference/random.py (counter = (element // 4, stream), key = seed, word element % 4)."""
+
 import triton
 import triton.language as tl
 

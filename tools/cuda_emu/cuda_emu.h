@@ -76,8 +76,8 @@ struct ShadowByte {
   uint32_t w_gen = 0, w_wgen = 0;  // block / warp barrier generation of the last write
   int16_t w_tid = -1;              // -1: never written
   uint32_t r_gen = UINT32_MAX, r_wgen = 0;
-  int16_t r_tid = -1;  // last reader in r_gen; -2: several
-  int8_t r_warp = -1;  // warp of the readers in r_gen; -2: several warps
+  int16_t r_tid = -1;   // last reader in r_gen; -2: several
+  int8_t r_warp = -1;   // warp of the readers in r_gen; -2: several warps
   uint8_t pending = 0;  // cp.async copies in flight
 };
 
@@ -137,7 +137,10 @@ inline int warp() { return tid() >> 5; }
 
 std::string who();
 
-inline void yield() { swapcontext(&me().ctx, &st().sched); if (st().failed) throw std::runtime_error("aborted"); }
+inline void yield() {
+  swapcontext(&me().ctx, &st().sched);
+  if (st().failed) throw std::runtime_error("aborted");
+}
 
 // ---------------------------------------------------------------------------------------------
 // Barriers and warp rendezvous
@@ -158,8 +161,9 @@ inline void block_barrier() {
 
 // All 32 lanes deposit `in`; once every lane has, `f(slots)` runs on each lane; then the lanes
 // wait for each other again so that a fast lane cannot overwrite its slot early.
-inline void warp_rendezvous(const std::string& kind, const void* in, size_t n,
-                            const std::function<void(const std::vector<std::vector<unsigned char>>&)>& f) {
+inline void warp_rendezvous(
+    const std::string& kind, const void* in, size_t n,
+    const std::function<void(const std::vector<std::vector<unsigned char>>&)>& f) {
   Block& b = blk();
   const int w = warp(), l = lane();
   auto& slots = b.w_slots[w];
@@ -220,7 +224,7 @@ inline size_t smem_offset(const void* p, size_t n, const char* what) {
 inline bool ordered_after(uint32_t gen, uint32_t wgen, int t) {
   Block& b = blk();
   if (t == tid()) return true;
-  if (b.gen != gen) return true;  // a __syncthreads in between
+  if (b.gen != gen) return true;                                  // a __syncthreads in between
   if ((t >> 5) == warp() && b.wgen[warp()] != wgen) return true;  // a __syncwarp in between
   return false;
 }
@@ -230,11 +234,15 @@ inline void smem_read(const void* p, size_t n, const char* what) {
   Block& b = blk();
   for (size_t k = 0; k < n; ++k) {
     ShadowByte& s = b.shadow[off + k];
-    if (s.pending) fail(std::string(what) + ": reads shared offset " + std::to_string(off + k) + " while a cp.async into it is in flight");
-    if (s.w_tid == -1) fail(std::string(what) + ": reads shared offset " + std::to_string(off + k) + " that was never written");
+    if (s.pending)
+      fail(std::string(what) + ": reads shared offset " + std::to_string(off + k) +
+           " while a cp.async into it is in flight");
+    if (s.w_tid == -1)
+      fail(std::string(what) + ": reads shared offset " + std::to_string(off + k) +
+           " that was never written");
     if (!ordered_after(s.w_gen, s.w_wgen, s.w_tid)) {
-      fail(std::string(what) + ": reads shared offset " + std::to_string(off + k) + " written by thread " +
-           std::to_string(s.w_tid) + " with no barrier in between");
+      fail(std::string(what) + ": reads shared offset " + std::to_string(off + k) +
+           " written by thread " + std::to_string(s.w_tid) + " with no barrier in between");
     }
     if (s.r_gen != b.gen) {
       s.r_gen = b.gen;
@@ -251,16 +259,19 @@ inline void smem_read(const void* p, size_t n, const char* what) {
 
 inline void check_write_order(ShadowByte& s, size_t off, const char* what) {
   Block& b = blk();
-  if (s.pending) fail(std::string(what) + ": writes shared offset " + std::to_string(off) + " while a cp.async into it is in flight");
+  if (s.pending)
+    fail(std::string(what) + ": writes shared offset " + std::to_string(off) +
+         " while a cp.async into it is in flight");
   if (s.w_tid != -1 && !ordered_after(s.w_gen, s.w_wgen, s.w_tid)) {
-    fail(std::string(what) + ": writes shared offset " + std::to_string(off) + " also written by thread " +
-         std::to_string(s.w_tid) + " with no barrier in between");
+    fail(std::string(what) + ": writes shared offset " + std::to_string(off) +
+         " also written by thread " + std::to_string(s.w_tid) + " with no barrier in between");
   }
   if (s.r_gen == b.gen && s.r_tid != tid()) {
     const bool same_warp_synced = s.r_warp == warp() && b.wgen[warp()] != s.r_wgen;
     if (!same_warp_synced) {
-      fail(std::string(what) + ": writes shared offset " + std::to_string(off) + " read by thread " +
-           std::to_string(s.r_tid) + " (-2: several) with no barrier in between");
+      fail(std::string(what) + ": writes shared offset " + std::to_string(off) +
+           " read by thread " + std::to_string(s.r_tid) +
+           " (-2: several) with no barrier in between");
     }
   }
 }
@@ -285,14 +296,16 @@ inline void global_access(const void* p, size_t n, bool write, const char* what)
   const auto a = reinterpret_cast<uintptr_t>(p);
   for (const Range& r : st().ranges) {
     if (a >= r.lo && a + n <= r.hi) {
-      if (write && !r.writable) fail(std::string(what) + ": writes into read-only tensor " + r.name);
+      if (write && !r.writable)
+        fail(std::string(what) + ": writes into read-only tensor " + r.name);
       if (write) {
         const int64_t id = static_cast<int64_t>(blk().block_idx.x) * 4096 + tid();
         for (size_t k = 0; k < n; ++k) {
           auto [it, inserted] = st().global_writer.emplace(a + k, id);
           if (!inserted && it->second != id) {
-            fail(std::string(what) + ": " + r.name + " byte written by two threads (block*4096+thread " +
-                 std::to_string(it->second) + " and " + std::to_string(id) + ")");
+            fail(std::string(what) + ": " + r.name +
+                 " byte written by two threads (block*4096+thread " + std::to_string(it->second) +
+                 " and " + std::to_string(id) + ")");
           }
         }
       }
@@ -331,8 +344,8 @@ void launch(void (*kernel)(P), unsigned grid, int threads, int smem, void* strea
 #define blockDim (::emu::blk().block_dim)
 #define gridDim (::emu::blk().grid_dim)
 
-#define FASTATTN_DEVICE_CHECK(cond) \
-  do {                              \
+#define FASTATTN_DEVICE_CHECK(cond)                                      \
+  do {                                                                   \
     if (!(cond)) ::emu::fail("FASTATTN_DEVICE_CHECK(" #cond ") failed"); \
   } while (0)
 #define FASTATTN_CUDA_LAUNCH_CHECK() ((void)0)
@@ -366,7 +379,8 @@ inline T lds(const T* p) {
 }
 template <typename T>
 inline void sts(T* p, T v) {
-  if (reinterpret_cast<uintptr_t>(p) % (sizeof(T) >= 16 ? 16 : alignof(T)) != 0) ::emu::fail("misaligned sts");
+  if (reinterpret_cast<uintptr_t>(p) % (sizeof(T) >= 16 ? 16 : alignof(T)) != 0)
+    ::emu::fail("misaligned sts");
   ::emu::smem_write(p, sizeof(T), "sts");
   *p = v;
 }
@@ -434,39 +448,45 @@ inline void cp_async_wait() {
 // ldmatrix .x4 (.trans): lanes 8i..8i+7 give the row addresses of matrix i.
 inline void ldmatrix_impl(uint32_t (&r)[4], const void* row_addr, bool trans) {
   using namespace ::emu;
-  if (reinterpret_cast<uintptr_t>(row_addr) % 16 != 0) fail("ldmatrix: row address not 16-byte aligned");
+  if (reinterpret_cast<uintptr_t>(row_addr) % 16 != 0)
+    fail("ldmatrix: row address not 16-byte aligned");
   smem_offset(row_addr, 16, "ldmatrix row");
   const void* addr = row_addr;
   uint32_t out[4] = {0, 0, 0, 0};
-  warp_rendezvous(trans ? "ldmatrix.trans" : "ldmatrix", &addr, sizeof(addr), [&](const auto& slots) {
-    const int l = lane();
-    for (int i = 0; i < 4; ++i) {
-      auto row_ptr = [&](int row) {
-        const void* a;
-        std::memcpy(&a, slots[8 * i + row].data(), sizeof(a));
-        return static_cast<const uint16_t*>(a);
-      };
-      uint16_t e0, e1;
-      if (!trans) {  // (row l/4, cols 2(l%4), 2(l%4)+1)
-        const uint16_t* rp = row_ptr(l / 4);
-        smem_read(rp + 2 * (l % 4), 4, "ldmatrix");
-        e0 = rp[2 * (l % 4)];
-        e1 = rp[2 * (l % 4) + 1];
-      } else {  // (rows 2(l%4), 2(l%4)+1, col l/4)
-        const uint16_t* r0 = row_ptr(2 * (l % 4));
-        const uint16_t* r1 = row_ptr(2 * (l % 4) + 1);
-        smem_read(r0 + l / 4, 2, "ldmatrix.trans");
-        smem_read(r1 + l / 4, 2, "ldmatrix.trans");
-        e0 = r0[l / 4];
-        e1 = r1[l / 4];
-      }
-      out[i] = static_cast<uint32_t>(e0) | (static_cast<uint32_t>(e1) << 16);
-    }
-  });
+  warp_rendezvous(trans ? "ldmatrix.trans" : "ldmatrix", &addr, sizeof(addr),
+                  [&](const auto& slots) {
+                    const int l = lane();
+                    for (int i = 0; i < 4; ++i) {
+                      auto row_ptr = [&](int row) {
+                        const void* a;
+                        std::memcpy(&a, slots[8 * i + row].data(), sizeof(a));
+                        return static_cast<const uint16_t*>(a);
+                      };
+                      uint16_t e0, e1;
+                      if (!trans) {  // (row l/4, cols 2(l%4), 2(l%4)+1)
+                        const uint16_t* rp = row_ptr(l / 4);
+                        smem_read(rp + 2 * (l % 4), 4, "ldmatrix");
+                        e0 = rp[2 * (l % 4)];
+                        e1 = rp[2 * (l % 4) + 1];
+                      } else {  // (rows 2(l%4), 2(l%4)+1, col l/4)
+                        const uint16_t* r0 = row_ptr(2 * (l % 4));
+                        const uint16_t* r1 = row_ptr(2 * (l % 4) + 1);
+                        smem_read(r0 + l / 4, 2, "ldmatrix.trans");
+                        smem_read(r1 + l / 4, 2, "ldmatrix.trans");
+                        e0 = r0[l / 4];
+                        e1 = r1[l / 4];
+                      }
+                      out[i] = static_cast<uint32_t>(e0) | (static_cast<uint32_t>(e1) << 16);
+                    }
+                  });
   for (int i = 0; i < 4; ++i) r[i] = out[i];
 }
-inline void ldmatrix_x4(uint32_t (&r)[4], const void* row_addr) { ldmatrix_impl(r, row_addr, false); }
-inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row_addr) { ldmatrix_impl(r, row_addr, true); }
+inline void ldmatrix_x4(uint32_t (&r)[4], const void* row_addr) {
+  ldmatrix_impl(r, row_addr, false);
+}
+inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row_addr) {
+  ldmatrix_impl(r, row_addr, true);
+}
 
 template <typename Elem>
 inline float to_float(uint16_t bits);
@@ -481,13 +501,18 @@ inline float to_float<BF16>(uint16_t bits) {
 template <typename Elem>
 inline uint16_t from_float(float v);
 template <>
-inline uint16_t from_float<F16>(float v) { return c10::Half(v).x; }
+inline uint16_t from_float<F16>(float v) {
+  return c10::Half(v).x;
+}
 template <>
-inline uint16_t from_float<BF16>(float v) { return c10::BFloat16(v).x; }
+inline uint16_t from_float<BF16>(float v) {
+  return c10::BFloat16(v).x;
+}
 
 template <typename Elem>
 inline uint32_t pack2(float lo, float hi) {
-  return static_cast<uint32_t>(from_float<Elem>(lo)) | (static_cast<uint32_t>(from_float<Elem>(hi)) << 16);
+  return static_cast<uint32_t>(from_float<Elem>(lo)) |
+         (static_cast<uint32_t>(from_float<Elem>(hi)) << 16);
 }
 
 // mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: D = A B + C with the fragment layouts of
@@ -511,12 +536,18 @@ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32
       const int g = L / 4, t = L % 4;
       auto lo = [](uint32_t v) { return to_float<Elem>(static_cast<uint16_t>(v & 0xffff)); };
       auto hi = [](uint32_t v) { return to_float<Elem>(static_cast<uint16_t>(v >> 16)); };
-      A[g][2 * t] = lo(p.a[0]);         A[g][2 * t + 1] = hi(p.a[0]);
-      A[g + 8][2 * t] = lo(p.a[1]);     A[g + 8][2 * t + 1] = hi(p.a[1]);
-      A[g][2 * t + 8] = lo(p.a[2]);     A[g][2 * t + 9] = hi(p.a[2]);
-      A[g + 8][2 * t + 8] = lo(p.a[3]); A[g + 8][2 * t + 9] = hi(p.a[3]);
-      B[2 * t][g] = lo(p.b[0]);         B[2 * t + 1][g] = hi(p.b[0]);
-      B[2 * t + 8][g] = lo(p.b[1]);     B[2 * t + 9][g] = hi(p.b[1]);
+      A[g][2 * t] = lo(p.a[0]);
+      A[g][2 * t + 1] = hi(p.a[0]);
+      A[g + 8][2 * t] = lo(p.a[1]);
+      A[g + 8][2 * t + 1] = hi(p.a[1]);
+      A[g][2 * t + 8] = lo(p.a[2]);
+      A[g][2 * t + 9] = hi(p.a[2]);
+      A[g + 8][2 * t + 8] = lo(p.a[3]);
+      A[g + 8][2 * t + 9] = hi(p.a[3]);
+      B[2 * t][g] = lo(p.b[0]);
+      B[2 * t + 1][g] = hi(p.b[0]);
+      B[2 * t + 8][g] = lo(p.b[1]);
+      B[2 * t + 9][g] = hi(p.b[1]);
     }
     const int l = lane(), g = l / 4, t = l % 4;
     Payload mine;

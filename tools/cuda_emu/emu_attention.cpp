@@ -17,9 +17,12 @@ namespace {
 int elem_size(Dtype dt) {
   switch (dt) {
     case Dtype::f16:
-    case Dtype::bf16: return 2;
-    case Dtype::f32: return 4;
-    default: return 8;
+    case Dtype::bf16:
+      return 2;
+    case Dtype::f32:
+      return 4;
+    default:
+      return 8;
   }
 }
 
@@ -27,11 +30,15 @@ int acc_size(Dtype dt) { return dt == Dtype::f64 ? 8 : 4; }
 
 int mask_size(int kind) {
   switch (kind) {
-    case kMaskBool: return 1;
+    case kMaskBool:
+      return 1;
     case kMaskF16:
-    case kMaskBF16: return 2;
-    case kMaskF32: return 4;
-    default: return 8;
+    case kMaskBF16:
+      return 2;
+    case kMaskF32:
+      return 4;
+    default:
+      return 8;
   }
 }
 
@@ -87,10 +94,10 @@ std::vector<emu::Range> emu_ranges(const FwdParams& fp) {
   const int64_t rows = batches(p) * p.Hq * q_rows(p);
   r.push_back(view(fp.lse, rows, 1, 1, 1, 1, 0, 0, 0, acc_size(p.dtype), true, "lse"));
   if (fp.num_splits > 1) {
-    r.push_back(view(fp.part_out, int64_t{fp.num_splits} * rows, p.Dv, 1, 1, p.Dv, 1, 0, 0, 4,
-                     true, "part_out"));
-    r.push_back(view(fp.part_lse, int64_t{fp.num_splits} * rows, 1, 1, 1, 1, 0, 0, 0, 4, true,
-                     "part_lse"));
+    r.push_back(view(fp.part_out, int64_t{fp.num_splits} * rows, p.Dv, 1, 1, p.Dv, 1, 0, 0, 4, true,
+                     "part_out"));
+    r.push_back(
+        view(fp.part_lse, int64_t{fp.num_splits} * rows, 1, 1, 1, 1, 0, 0, 0, 4, true, "part_lse"));
   }
   return r;
 }
@@ -102,11 +109,12 @@ std::vector<emu::Range> emu_ranges(const BwdParams& bp) {
   problem_ranges(p, r);
   const int64_t nb = batches(p), lq = q_rows(p), lk = k_rows(p);
   r.push_back(view(bp.out, nb, p.Hq, lq, p.Dv, bp.o_sb, bp.o_sh, bp.o_sl, 1, es, false, "out"));
-  r.push_back(view(bp.dout, nb, p.Hq, lq, p.Dv, bp.do_sb, bp.do_sh, bp.do_sl, 1, es, false,
-                   "grad_out"));
+  r.push_back(
+      view(bp.dout, nb, p.Hq, lq, p.Dv, bp.do_sb, bp.do_sh, bp.do_sl, 1, es, false, "grad_out"));
   const int64_t rows = nb * p.Hq * lq;
   r.push_back(view(bp.lse, rows, 1, 1, 1, 1, 0, 0, 0, as, false, "lse"));
-  if (bp.dlse != nullptr) r.push_back(view(bp.dlse, rows, 1, 1, 1, 1, 0, 0, 0, as, false, "grad_lse"));
+  if (bp.dlse != nullptr)
+    r.push_back(view(bp.dlse, rows, 1, 1, 1, 1, 0, 0, 0, as, false, "grad_lse"));
   r.push_back(view(bp.delta, rows, 1, 1, 1, 1, 0, 0, 0, as, true, "delta"));
   r.push_back(view(bp.dq, nb, p.Hq, lq, p.D, bp.dq_sb, bp.dq_sh, bp.dq_sl, 1, es, true, "dq"));
   r.push_back(view(bp.dk, nb, p.Hkv, lk, p.D, bp.dk_sb, bp.dk_sh, bp.dk_sl, 1, es, true, "dk"));
@@ -171,9 +179,8 @@ std::tuple<Tensor, Tensor> attention_forward(const Tensor& q, const Tensor& k, c
                                              const optional<Tensor>& attn_mask,
                                              const optional<Tensor>& key_padding_mask,
                                              const optional<Tensor>& alibi_slopes, double scale,
-                                             double softcap, int64_t window_lo,
-                                             int64_t window_hi, double dropout_p,
-                                             const optional<Tensor>& seed) {
+                                             double softcap, int64_t window_lo, int64_t window_hi,
+                                             double dropout_p, const optional<Tensor>& seed) {
   return impl::forward(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
                        window_lo, window_hi, dropout_p, seed, launch());
 }
@@ -181,8 +188,8 @@ std::tuple<Tensor, Tensor> attention_forward(const Tensor& q, const Tensor& k, c
 std::tuple<Tensor, Tensor, Tensor> attention_backward(
     const Tensor& grad_out, const optional<Tensor>& grad_lse, const Tensor& q, const Tensor& k,
     const Tensor& v, const Tensor& out, const Tensor& lse, const optional<Tensor>& attn_mask,
-    const optional<Tensor>& key_padding_mask, const optional<Tensor>& alibi_slopes,
-    double scale, double softcap, int64_t window_lo, int64_t window_hi, double dropout_p,
+    const optional<Tensor>& key_padding_mask, const optional<Tensor>& alibi_slopes, double scale,
+    double softcap, int64_t window_lo, int64_t window_hi, double dropout_p,
     const optional<Tensor>& seed, bool deterministic) {
   (void)deterministic;  // always deterministic
   return impl::backward(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask,
@@ -242,10 +249,13 @@ TORCH_LIBRARY_IMPL(fastattn_emu_attention, CPU, m) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("set_device", [](int smem_optin, int sm_count) {
-    device().smem_optin = smem_optin;
-    device().sm_count = sm_count;
-  }, pybind11::arg("smem_optin"), pybind11::arg("sm_count") = 132);
+  m.def(
+      "set_device",
+      [](int smem_optin, int sm_count) {
+        device().smem_optin = smem_optin;
+        device().sm_count = sm_count;
+      },
+      pybind11::arg("smem_optin"), pybind11::arg("sm_count") = 132);
   m.def("set_poison", [](bool on) { fastattn::poison_flag().store(on); });
   // The launches since the previous call ("launcher signature | smem bytes"), then clears them.
   m.def("take_launches", []() {

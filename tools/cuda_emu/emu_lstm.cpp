@@ -29,13 +29,16 @@ TORCH_LIBRARY_IMPL(fastattn_emu, CPU, m) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("set_device", [](int sms, int smem_optin, int cooperative, int launch_sms) {
-    emu_lstm::config().sms = sms;
-    emu_lstm::config().smem_optin = smem_optin;
-    emu_lstm::config().cooperative = cooperative;
-    emu_lstm::config().launch_sms = launch_sms;
-  }, pybind11::arg("sms"), pybind11::arg("smem_optin"), pybind11::arg("cooperative"),
-     pybind11::arg("launch_sms") = 0);
+  m.def(
+      "set_device",
+      [](int sms, int smem_optin, int cooperative, int launch_sms) {
+        emu_lstm::config().sms = sms;
+        emu_lstm::config().smem_optin = smem_optin;
+        emu_lstm::config().cooperative = cooperative;
+        emu_lstm::config().launch_sms = launch_sms;
+      },
+      pybind11::arg("sms"), pybind11::arg("smem_optin"), pybind11::arg("cooperative"),
+      pybind11::arg("launch_sms") = 0);
   m.def("cooperative_launches", [] { return emu_lstm::stats().cooperative_launches.load(); });
   m.def("launches", [] { return emu_lstm::stats().launches.load(); });
 }

@@ -200,7 +200,8 @@ inline int launch(dim3 grid, dim3 block, size_t smem, bool concurrent, bool coop
 #define gridDim (::emu_lstm::ctx.gdim)
 
 inline void __syncthreads() {
-  if (!emu_lstm::ctx.concurrent) emu_lstm::device_fail("__syncthreads in a sequential launch", __FILE__, __LINE__);
+  if (!emu_lstm::ctx.concurrent)
+    emu_lstm::device_fail("__syncthreads in a sequential launch", __FILE__, __LINE__);
   emu_lstm::ctx.block->bar->arrive_and_wait();
 }
 
@@ -208,7 +209,8 @@ template <typename T>
 inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
   static_assert(sizeof(T) <= 8);
   if (!emu_lstm::ctx.concurrent || mask != 0xffffffffu) {
-    emu_lstm::device_fail("__shfl_xor_sync needs a concurrent launch and a full mask", __FILE__, __LINE__);
+    emu_lstm::device_fail("__shfl_xor_sync needs a concurrent launch and a full mask", __FILE__,
+                          __LINE__);
   }
   emu_lstm::Warp& w = *emu_lstm::ctx.block->warps[emu_lstm::ctx.tid.x / 32];
   const unsigned lane = emu_lstm::ctx.tid.x % 32;
@@ -234,8 +236,8 @@ inline grid_group this_grid() { return {}; }
 
 #define FASTATTN_LSTM_DYNAMIC_SMEM(name) unsigned char* name = ::emu_lstm::ctx.block->smem.data()
 #define FASTATTN_LSTM_LDCG(p) (*(p))
-#define FASTATTN_DEVICE_CHECK(cond) \
-  do {                              \
+#define FASTATTN_DEVICE_CHECK(cond)                                                               \
+  do {                                                                                            \
     if (!(cond)) ::emu_lstm::device_fail("FASTATTN_DEVICE_CHECK(" #cond ")", __FILE__, __LINE__); \
   } while (0)
 #define FASTATTN_CUDA_LAUNCH_CHECK() ((void)0)
@@ -256,9 +258,9 @@ inline cudaStream_t getCurrentCUDAStream() { return nullptr; }
 
 inline int cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
   const emu_lstm::Config& c = emu_lstm::config();
-  *value = attr == cudaDevAttrMultiProcessorCount ? c.sms
+  *value = attr == cudaDevAttrMultiProcessorCount            ? c.sms
            : attr == cudaDevAttrMaxSharedMemoryPerBlockOptin ? c.smem_optin
-                                                              : c.cooperative;
+                                                             : c.cooperative;
   return 0;
 }
 template <typename F>
@@ -274,10 +276,23 @@ inline int cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, F, int threads,
 }
 
 namespace fastattn::cuda {
-template <typename T> struct AccType { using type = float; };
-template <> struct AccType<double> { using type = double; };
-template <typename T> using acc_t = typename AccType<T>::type;
-template <typename T> inline acc_t<T> to_acc(T v) { return static_cast<acc_t<T>>(v); }
-template <typename T> inline T from_acc(acc_t<T> v) { return static_cast<T>(v); }
+template <typename T>
+struct AccType {
+  using type = float;
+};
+template <>
+struct AccType<double> {
+  using type = double;
+};
+template <typename T>
+using acc_t = typename AccType<T>::type;
+template <typename T>
+inline acc_t<T> to_acc(T v) {
+  return static_cast<acc_t<T>>(v);
+}
+template <typename T>
+inline T from_acc(acc_t<T> v) {
+  return static_cast<T>(v);
+}
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace fastattn::cuda

@@ -2,12 +2,15 @@
 attention_decode to the emulated CUDA kernels (cuda_emu.h), so that a test file's CPU-backend
 tests run the CUDA code paths on the CPU:
 
-    PYTHONPATH=$(pwd):tools/cuda_emu python -m pytest -p emu_route tests/test_varlen_attention.py -k cpu
+    PYTHONPATH=$(pwd):tools/cuda_emu python -m pytest -p emu_route \\
+        tests/test_varlen_attention.py -k cpu
 """
+
 import sys
 from pathlib import Path
 
 import torch
+
 import fastattn  # noqa: F401  (defines the ops)
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -114,7 +114,8 @@ void run_block(unsigned bx, dim3 grid, dim3 block, int smem_bytes) {
       std::ostringstream os;
       os << "deadlock: " << b.arrived << " of " << b.nthreads << " threads wait at __syncthreads;";
       for (int w = 0; w < warps; ++w) {
-        if (b.w_arrived[w]) os << " warp " << w << ": " << b.w_arrived[w] << " lanes in " << b.w_kind[w] << ";";
+        if (b.w_arrived[w])
+          os << " warp " << w << ": " << b.w_arrived[w] << " lanes in " << b.w_kind[w] << ";";
       }
       int done = 0;
       for (int t = 0; t < b.nthreads; ++t) done += s.fibers[t]->done ? 1 : 0;

@@ -9,6 +9,7 @@ uninitialised reads, cp.async ordering, global bounds and double writes (see cud
 slow (seconds per case), so the cases are small but cover every feature, dtype, head-dim bucket
 and layout the kernels branch on.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,10 +26,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
+from tolerance import max_error, rounding_floor  # noqa: E402
+
 from fastattn.reference import attention as ref  # noqa: E402
 from fastattn.reference import attention_with_kvcache as kv_ref  # noqa: E402
 from fastattn.reference import varlen_attention as varlen_ref  # noqa: E402
-from tolerance import max_error, rounding_floor  # noqa: E402
 
 H100_SMEM = 227 * 1024  # opt-in shared memory per block: sm_90, sm_100
 A100_SMEM = 163 * 1024  # sm_80
@@ -62,11 +64,35 @@ def build():
 
 
 class Case:
-    def __init__(self, name, dtype=torch.bfloat16, B=1, Hq=2, Hkv=2, Lq=40, Lk=70, D=64, Dv=None,
-                 causal=None, window=None, mask=None, padding=False, alibi=False, softcap=0.0,
-                 dropout=0.0, scale=None, layout="bhld", backward=True, grad_lse=False,
-                 empty_rows=False, alibi_heads_only=False, grad_out_expanded=False,
-                 smem=H100_SMEM, expect=(), expect_error=None):
+    def __init__(
+        self,
+        name,
+        dtype=torch.bfloat16,
+        B=1,
+        Hq=2,
+        Hkv=2,
+        Lq=40,
+        Lk=70,
+        D=64,
+        Dv=None,
+        causal=None,
+        window=None,
+        mask=None,
+        padding=False,
+        alibi=False,
+        softcap=0.0,
+        dropout=0.0,
+        scale=None,
+        layout="bhld",
+        backward=True,
+        grad_lse=False,
+        empty_rows=False,
+        alibi_heads_only=False,
+        grad_out_expanded=False,
+        smem=H100_SMEM,
+        expect=(),
+        expect_error=None,
+    ):
         # smem: the emulated device's shared memory per block; expect: launches the case must
         # make, each "part&part..." matched by one launcher signature (see reached());
         # expect_error: the text of the error the op must raise instead (smem below the range).
@@ -120,16 +146,38 @@ def canonical(c: Case, g: torch.Generator):
         hi = min(hi, shift if c.causal == "bottom_right" else 0)
     scale = 1.0 / math.sqrt(D) if c.scale is None else c.scale
     seed = torch.tensor([1234567, 89], dtype=torch.int64) if c.dropout > 0 else None
-    return q, k, v, dict(attn_mask=mask, key_padding_mask=padding, alibi_slopes=alibi, scale=scale,
-                         softcap=c.softcap, window_lo=lo, window_hi=hi, dropout_p=c.dropout,
-                         seed=seed)
+    return (
+        q,
+        k,
+        v,
+        dict(
+            attn_mask=mask,
+            key_padding_mask=padding,
+            alibi_slopes=alibi,
+            scale=scale,
+            softcap=c.softcap,
+            window_lo=lo,
+            window_hi=hi,
+            dropout_p=c.dropout,
+            seed=seed,
+        ),
+    )
 
 
 def ref_run(q, k, v, kw, dtype, grad_out=None, grad_lse=None):
     leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
-    out, lse = ref.attention(*leaves, kw["attn_mask"], kw["key_padding_mask"], kw["alibi_slopes"], kw["scale"],
-                             kw["softcap"], kw["window_lo"], kw["window_hi"], kw["dropout_p"],
-                             kw["seed"])
+    out, lse = ref.attention(
+        *leaves,
+        kw["attn_mask"],
+        kw["key_padding_mask"],
+        kw["alibi_slopes"],
+        kw["scale"],
+        kw["softcap"],
+        kw["window_lo"],
+        kw["window_hi"],
+        kw["dropout_p"],
+        kw["seed"],
+    )
     if grad_out is None:
         return out.detach(), lse.detach(), None
     outs, grads = [out], [grad_out.to(out.dtype)]
@@ -152,8 +200,10 @@ def cancellation_floors(q, k, v, kw, grad_out):
     vv = v.double().repeat_interleave(group, dim=1)
     dp = torch.matmul(grad_out.double(), vv.transpose(-1, -2))
     residue = 4 * eps * kw["scale"] / (1 - kw["dropout_p"]) * float(dp.abs().max())
-    return (residue * float(k.double().abs().max()),
-            residue * float(q.double().abs().max()) * math.sqrt(q.shape[2] * group))
+    return (
+        residue * float(k.double().abs().max()),
+        residue * float(q.double().abs().max()) * math.sqrt(q.shape[2] * group),
+    )
 
 
 def check(name, got, ref64, reflow, factor, results, dtype=None, extra=0.0):
@@ -192,15 +242,36 @@ def same_as_h100(name, got, ref, results):
 def run_case(ext, c: Case, verbose: bool):
     g = torch.Generator().manual_seed(hash(c.name) % (1 << 31))
     q, k, v, kw = canonical(c, g)
-    args = (kw["attn_mask"], kw["key_padding_mask"], kw["alibi_slopes"], kw["scale"], kw["softcap"],
-            kw["window_lo"], kw["window_hi"], kw["dropout_p"], kw["seed"])
+    args = (
+        kw["attn_mask"],
+        kw["key_padding_mask"],
+        kw["alibi_slopes"],
+        kw["scale"],
+        kw["softcap"],
+        kw["window_lo"],
+        kw["window_hi"],
+        kw["dropout_p"],
+        kw["seed"],
+    )
     ext.set_poison(True)
     ext.take_launches()
     if c.expect_error is not None:
         try:
             out, lse = emulated(ext, "attention_forward", q, k, v, *args, smem=c.smem)
-            emulated(ext, "attention_backward", torch.randn(out.shape, generator=g).to(c.dtype),
-                     None, q, k, v, out, lse, *args, True, smem=c.smem)
+            emulated(
+                ext,
+                "attention_backward",
+                torch.randn(out.shape, generator=g).to(c.dtype),
+                None,
+                q,
+                k,
+                v,
+                out,
+                lse,
+                *args,
+                True,
+                smem=c.smem,
+            )
         except RuntimeError as exc:
             if c.expect_error not in str(exc):
                 print(f"  raised: {exc}")
@@ -220,13 +291,34 @@ def run_case(ext, c: Case, verbose: bool):
     check("out", out, o64, olow, 2.0, results)
     fin = torch.isfinite(l64)
     assert torch.equal(torch.isfinite(lse), fin) or not fin.all(), "lse -inf pattern"
-    assert torch.equal(torch.isneginf(lse), torch.isneginf(l64.to(lse.dtype))), "lse -inf rows differ"
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(l64.to(lse.dtype))), (
+        "lse -inf rows differ"
+    )
     lse_f = torch.where(fin, lse.double(), torch.zeros_like(l64))
-    check("lse", lse_f, torch.where(fin, l64, torch.zeros_like(l64)),
-          torch.where(fin, llow.double(), torch.zeros_like(l64)), 2.0, results, dtype=lse.dtype)
+    check(
+        "lse",
+        lse_f,
+        torch.where(fin, l64, torch.zeros_like(l64)),
+        torch.where(fin, llow.double(), torch.zeros_like(l64)),
+        2.0,
+        results,
+        dtype=lse.dtype,
+    )
     if c.backward:
-        dq, dk, dv = emulated(ext, "attention_backward", grad_out, grad_lse, q, k, v, out, lse,
-                              *args, True, smem=c.smem)
+        dq, dk, dv = emulated(
+            ext,
+            "attention_backward",
+            grad_out,
+            grad_lse,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            *args,
+            True,
+            smem=c.smem,
+        )
         floors = cancellation_floors(q, k, v, kw, grad_out) + (0.0,)
         for nm, got, r64, rlow, extra in zip(("dq", "dk", "dv"), (dq, dk, dv), g64, glow, floors):
             assert got.is_contiguous()
@@ -234,16 +326,46 @@ def run_case(ext, c: Case, verbose: bool):
         # determinism: a second run is bitwise equal
     reached(ext, c.expect, results)
     if c.backward:
-        dq2, dk2, dv2 = emulated(ext, "attention_backward", grad_out, grad_lse, q, k, v, out,
-                                 lse, *args, True, smem=c.smem)
-        results.append(("determinism", bool(torch.equal(dq, dq2) and torch.equal(dk, dk2)
-                                            and torch.equal(dv, dv2)), 0.0, 0.0))
+        dq2, dk2, dv2 = emulated(
+            ext,
+            "attention_backward",
+            grad_out,
+            grad_lse,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            *args,
+            True,
+            smem=c.smem,
+        )
+        results.append(
+            (
+                "determinism",
+                bool(torch.equal(dq, dq2) and torch.equal(dk, dk2) and torch.equal(dv, dv2)),
+                0.0,
+                0.0,
+            )
+        )
     if c.smem != H100_SMEM:
         o_h, l_h = emulated(ext, "attention_forward", q, k, v, *args, smem=H100_SMEM)
         same_as_h100("fwd same as 227 KB", (out, lse), (o_h, l_h), results)
         if c.backward:
-            g_h = emulated(ext, "attention_backward", grad_out, grad_lse, q, k, v, out, lse,
-                           *args, True, smem=H100_SMEM)
+            g_h = emulated(
+                ext,
+                "attention_backward",
+                grad_out,
+                grad_lse,
+                q,
+                k,
+                v,
+                out,
+                lse,
+                *args,
+                True,
+                smem=H100_SMEM,
+            )
             same_as_h100("bwd same as 227 KB", (dq, dk, dv), g_h, results)
     return results
 
@@ -273,14 +395,38 @@ def cases():
         Case("bf16_unaligned_d59", bf, D=59, layout="padded", Lq=30, Lk=40),
         Case("bf16_d1", bf, D=1, Dv=1, Lq=9, Lk=17),
         Case("bf16_grad_lse", bf, grad_lse=True),
-        Case("bf16_everything", bf, Hq=4, Hkv=2, D=40, Dv=57, causal="bottom_right", mask="float",
-             padding=True, alibi=True, softcap=2.5, dropout=0.17, grad_lse=True, Lq=45, Lk=77),
+        Case(
+            "bf16_everything",
+            bf,
+            Hq=4,
+            Hkv=2,
+            D=40,
+            Dv=57,
+            causal="bottom_right",
+            mask="float",
+            padding=True,
+            alibi=True,
+            softcap=2.5,
+            dropout=0.17,
+            grad_lse=True,
+            Lq=45,
+            Lk=77,
+        ),
         Case("bf16_lk_lt_lq_causal", bf, causal=True, Lq=90, Lk=20),
         # several query/key tiles and heads per block in every bucket (pipelines, stage reuse)
         Case("bf16_d64_multi", bf, Hq=4, Hkv=2, D=64, Lq=150, Lk=140, causal="bottom_right"),
         Case("bf16_d128_multi", bf, Hq=4, Hkv=2, D=128, Lq=150, Lk=130),
-        Case("f16_d256_multi", torch.float16, Hq=2, Hkv=1, D=256, Dv=160, Lq=140, Lk=70,
-             window=(50, 3)),
+        Case(
+            "f16_d256_multi",
+            torch.float16,
+            Hq=2,
+            Hkv=1,
+            D=256,
+            Dv=160,
+            Lq=140,
+            Lk=70,
+            window=(50, 3),
+        ),
         Case("bf16_d59_partial_chunks", bf, D=59, Dv=61, layout="padded8", Lq=30, Lk=40),
         Case("bf16_lk0", bf, Lq=9, Lk=0),
         Case("bf16_lq1", bf, Lq=1, Lk=77, D=128),
@@ -289,33 +435,76 @@ def cases():
         Case("bf16_window_left_only", bf, window=(5, -1), Lq=60, Lk=60),
         Case("bf16_many_heads", bf, B=3, Hq=6, Hkv=3, Lq=5, Lk=7, D=16),
         Case("f16_float16_mask", torch.float16, mask="float"),
-        Case("bf16_alibi_heads_grad_out_expanded", bf, alibi=True, alibi_heads_only=True, B=2,
-             grad_out_expanded=True),
-        Case("f16_d256_everything", torch.float16, D=256, Dv=200, mask="bool", dropout=0.1,
-             softcap=3.0, Lq=17, Lk=40),
+        Case(
+            "bf16_alibi_heads_grad_out_expanded",
+            bf,
+            alibi=True,
+            alibi_heads_only=True,
+            B=2,
+            grad_out_expanded=True,
+        ),
+        Case(
+            "f16_d256_everything",
+            torch.float16,
+            D=256,
+            Dv=200,
+            mask="bool",
+            dropout=0.1,
+            softcap=3.0,
+            Lq=17,
+            Lk=40,
+        ),
     ]
     for dt, tag in ((torch.float32, "f32"), (torch.float64, "f64")):
         out += [
             Case(f"{tag}_plain", dt, Lq=33, Lk=45, D=24),
-            Case(f"{tag}_everything", dt, Hq=4, Hkv=2, D=20, Dv=35, causal="bottom_right",
-                 mask="float32", padding=True, alibi=True, softcap=2.5, dropout=0.17,
-                 grad_lse=True, Lq=37, Lk=50),
+            Case(
+                f"{tag}_everything",
+                dt,
+                Hq=4,
+                Hkv=2,
+                D=20,
+                Dv=35,
+                causal="bottom_right",
+                mask="float32",
+                padding=True,
+                alibi=True,
+                softcap=2.5,
+                dropout=0.17,
+                grad_lse=True,
+                Lq=37,
+                Lk=50,
+            ),
             Case(f"{tag}_empty_rows_blhd", dt, mask="bool_rows", layout="blhd", D=16, Lq=20, Lk=30),
         ]
     out.append(Case("f32_d256", torch.float32, D=256, Dv=256, Lq=9, Lk=40))
     out.append(Case("f32_d256_dv1", torch.float32, D=256, Dv=1, Lq=20, Lk=35, causal=True))
-    out.append(Case("f64_float64_mask_dropout", torch.float64, mask="float", dropout=0.2, D=8,
-                    Lq=21, Lk=19, grad_out_expanded=True))
+    out.append(
+        Case(
+            "f64_float64_mask_dropout",
+            torch.float64,
+            mask="float",
+            dropout=0.2,
+            D=8,
+            Lq=21,
+            Lk=19,
+            grad_out_expanded=True,
+        )
+    )
     out.append(Case("f32_lk0", torch.float32, Lq=5, Lk=0))
     out += smem_cases()
     return out
 
 
 # Launcher signatures of the smaller-tile variants (attention_cuda_launch.cuh).
-KV256_SMALL = ("run_bwd_dkdv_mma&BwdKVConfig<256, 1, 1, 16>",
-               "run_bwd_dkdv_mma&BwdKVConfig<256, 1, 2, 16>")
-KV256_LARGE = ("run_bwd_dkdv_mma&BwdKVConfig<256, 1, 1>",  # default 64 queries per step
-               "run_bwd_dkdv_mma&BwdKVConfig<256, 1, 2>")
+KV256_SMALL = (
+    "run_bwd_dkdv_mma&BwdKVConfig<256, 1, 1, 16>",
+    "run_bwd_dkdv_mma&BwdKVConfig<256, 1, 2, 16>",
+)
+KV256_LARGE = (
+    "run_bwd_dkdv_mma&BwdKVConfig<256, 1, 1>",  # default 64 queries per step
+    "run_bwd_dkdv_mma&BwdKVConfig<256, 1, 2>",
+)
 Q128_SMALL = "run_bwd_dq_mma&BwdQConfig<128, 1, 64>"
 Q128_LARGE = "run_bwd_dq_mma&BwdQConfig<128, 2, 64>"
 DKDV_SPLIT = "run_bwd_dkdv_simt&kChunked = true"
@@ -331,32 +520,126 @@ def smem_cases():
     bf, f16, f32, f64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
     S, A = SMALL_SMEM, A100_SMEM
     return [
-        Case("smem99_bf16_d128_multi", bf, Hq=4, Hkv=2, D=128, Lq=100, Lk=90, smem=S,
-             expect=(Q128_SMALL,)),
-        Case("smem99_f16_d128_causal_dropout", f16, D=128, Dv=100, causal="bottom_right",
-             dropout=0.17, Lq=70, Lk=110, smem=S, expect=(Q128_SMALL,)),
+        Case(
+            "smem99_bf16_d128_multi",
+            bf,
+            Hq=4,
+            Hkv=2,
+            D=128,
+            Lq=100,
+            Lk=90,
+            smem=S,
+            expect=(Q128_SMALL,),
+        ),
+        Case(
+            "smem99_f16_d128_causal_dropout",
+            f16,
+            D=128,
+            Dv=100,
+            causal="bottom_right",
+            dropout=0.17,
+            Lq=70,
+            Lk=110,
+            smem=S,
+            expect=(Q128_SMALL,),
+        ),
         Case("smem163_bf16_d128", bf, D=128, Lq=40, Lk=70, smem=A, expect=(Q128_LARGE,)),
-        Case("smem99_bf16_d256_gqa_window", bf, Hq=2, Hkv=1, D=256, Lq=70, Lk=75, window=(40, 3),
-             smem=S, expect=KV256_SMALL + ("run_bwd_dq_mma&BwdQConfig<256, 1, 32>",)),
-        Case("smem99_f16_d256_everything", f16, D=256, Dv=200, mask="bool", dropout=0.1,
-             softcap=3.0, grad_lse=True, Lq=37, Lk=40, smem=S, expect=KV256_SMALL),
+        Case(
+            "smem99_bf16_d256_gqa_window",
+            bf,
+            Hq=2,
+            Hkv=1,
+            D=256,
+            Lq=70,
+            Lk=75,
+            window=(40, 3),
+            smem=S,
+            expect=KV256_SMALL + ("run_bwd_dq_mma&BwdQConfig<256, 1, 32>",),
+        ),
+        Case(
+            "smem99_f16_d256_everything",
+            f16,
+            D=256,
+            Dv=200,
+            mask="bool",
+            dropout=0.1,
+            softcap=3.0,
+            grad_lse=True,
+            Lq=37,
+            Lk=40,
+            smem=S,
+            expect=KV256_SMALL,
+        ),
         Case("smem163_f16_d256", f16, D=256, Dv=160, Lq=20, Lk=45, smem=A, expect=KV256_LARGE),
-        Case("smem99_f32_d256_causal", f32, D=256, Lq=40, Lk=45, causal=True, smem=S,
-             expect=(DKDV_SPLIT, DQ_SPLIT, "run_fwd_simt_tile&T = float; int kR = 8")),
-        Case("smem99_f32_d190_dv180_gqa", f32, Hq=4, Hkv=2, D=190, Dv=180, Lq=20, Lk=40,
-             dropout=0.2, smem=S, expect=(DKDV_SPLIT, DQ_FULL)),
+        Case(
+            "smem99_f32_d256_causal",
+            f32,
+            D=256,
+            Lq=40,
+            Lk=45,
+            causal=True,
+            smem=S,
+            expect=(DKDV_SPLIT, DQ_SPLIT, "run_fwd_simt_tile&T = float; int kR = 8"),
+        ),
+        Case(
+            "smem99_f32_d190_dv180_gqa",
+            f32,
+            Hq=4,
+            Hkv=2,
+            D=190,
+            Dv=180,
+            Lq=20,
+            Lk=40,
+            dropout=0.2,
+            smem=S,
+            expect=(DKDV_SPLIT, DQ_FULL),
+        ),
         Case("smem163_f32_d256", f32, D=256, Lq=9, Lk=40, smem=A, expect=(DKDV_FULL, DQ_FULL)),
-        Case("smem99_f64_d256", f64, D=256, Lq=20, Lk=35, alibi=True, smem=S,
-             expect=(FWD64_SMALL, DKDV_SPLIT, DQ_SPLIT)),
-        Case("smem99_f64_d100_dv250_softcap_mask", f64, D=100, Dv=250, softcap=2.5,
-             mask="bool_rows", Lq=20, Lk=30, smem=S, expect=(FWD64_LARGE, DKDV_SPLIT, DQ_SPLIT)),
-        Case("smem163_f64_d256_dv170_causal", f64, D=256, Dv=170, causal="bottom_right", Lq=20,
-             Lk=40, smem=A, expect=(FWD64_LARGE, DKDV_SPLIT, DQ_SPLIT)),
+        Case(
+            "smem99_f64_d256",
+            f64,
+            D=256,
+            Lq=20,
+            Lk=35,
+            alibi=True,
+            smem=S,
+            expect=(FWD64_SMALL, DKDV_SPLIT, DQ_SPLIT),
+        ),
+        Case(
+            "smem99_f64_d100_dv250_softcap_mask",
+            f64,
+            D=100,
+            Dv=250,
+            softcap=2.5,
+            mask="bool_rows",
+            Lq=20,
+            Lk=30,
+            smem=S,
+            expect=(FWD64_LARGE, DKDV_SPLIT, DQ_SPLIT),
+        ),
+        Case(
+            "smem163_f64_d256_dv170_causal",
+            f64,
+            D=256,
+            Dv=170,
+            causal="bottom_right",
+            Lq=20,
+            Lk=40,
+            smem=A,
+            expect=(FWD64_LARGE, DKDV_SPLIT, DQ_SPLIT),
+        ),
         Case("smem163_f64_d200", f64, D=200, Lq=10, Lk=20, smem=A, expect=(DKDV_FULL, DQ_FULL)),
         # below every supported device (80 KB): check_smem still refuses with a clear error
-        Case("smem80_bf16_d256_refused", bf, D=256, Lq=8, Lk=8, smem=80 * 1024,
-             expect_error="attention_bwd_dkdv_mma needs 84608 bytes of shared memory per block, "
-                          "the device allows 81920"),
+        Case(
+            "smem80_bf16_d256_refused",
+            bf,
+            D=256,
+            Lq=8,
+            Lk=8,
+            smem=80 * 1024,
+            expect_error="attention_bwd_dkdv_mma needs 84608 bytes of shared memory per block, "
+            "the device allows 81920",
+        ),
     ]
 
 
@@ -364,11 +647,28 @@ def smem_cases():
 # varlen_attention (packed sequences, cu_seqlens read on the device) and attention_decode (KV
 # cache, split-K) through the same kernels.
 
+
 class VarlenCase:
-    def __init__(self, name, dtype=torch.bfloat16, q_lens=(0, 1, 5, 17, 64, 70), k_lens=None,
-                 Hq=2, Hkv=2, D=64, Dv=None, causal_mode=0, window=(-1, -1), alibi=False,
-                 softcap=0.0, dropout=0.0, grad_lse=False, layout="packed", smem=H100_SMEM,
-                 expect=()):
+    def __init__(
+        self,
+        name,
+        dtype=torch.bfloat16,
+        q_lens=(0, 1, 5, 17, 64, 70),
+        k_lens=None,
+        Hq=2,
+        Hkv=2,
+        D=64,
+        Dv=None,
+        causal_mode=0,
+        window=(-1, -1),
+        alibi=False,
+        softcap=0.0,
+        dropout=0.0,
+        grad_lse=False,
+        layout="packed",
+        smem=H100_SMEM,
+        expect=(),
+    ):
         self.__dict__.update(locals())
         self.Dv = D if Dv is None else Dv
         self.k_lens = q_lens if k_lens is None else k_lens
@@ -391,8 +691,20 @@ def run_varlen_case(ext, c: VarlenCase, verbose: bool):
     alibi = (torch.rand(B, c.Hq, generator=g) * 0.3) if c.alibi else None
     scale = 1.0 / math.sqrt(c.D)
     seed = torch.tensor([1234567, 89], dtype=torch.int64) if c.dropout > 0 else None
-    args = (cu_q, cu_k, max_q, max_k, alibi, scale, c.softcap, c.causal_mode, c.window[0],
-            c.window[1], c.dropout, seed)
+    args = (
+        cu_q,
+        cu_k,
+        max_q,
+        max_k,
+        alibi,
+        scale,
+        c.softcap,
+        c.causal_mode,
+        c.window[0],
+        c.window[1],
+        c.dropout,
+        seed,
+    )
     ext.set_poison(True)
     ext.take_launches()
     out, lse = emulated(ext, "varlen_attention_forward", q, k, v, *args, smem=c.smem)
@@ -415,12 +727,33 @@ def run_varlen_case(ext, c: VarlenCase, verbose: bool):
     assert out.shape == o64.shape and out.dtype == c.dtype, (out.shape, out.dtype)
     check("out", out, o64, olow, 2.0, results)
     fin = torch.isfinite(l64)
-    assert torch.equal(torch.isneginf(lse), torch.isneginf(l64.to(lse.dtype))), "lse -inf rows differ"
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(l64.to(lse.dtype))), (
+        "lse -inf rows differ"
+    )
     z = torch.zeros_like(l64)
-    check("lse", torch.where(fin, lse.double(), z), torch.where(fin, l64, z),
-          torch.where(fin, llow.double(), z), 2.0, results, dtype=lse.dtype)
-    dq, dk, dv = emulated(ext, "varlen_attention_backward", grad_out, grad_lse, q, k, v, out,
-                          lse, *args, True, smem=c.smem)
+    check(
+        "lse",
+        torch.where(fin, lse.double(), z),
+        torch.where(fin, l64, z),
+        torch.where(fin, llow.double(), z),
+        2.0,
+        results,
+        dtype=lse.dtype,
+    )
+    dq, dk, dv = emulated(
+        ext,
+        "varlen_attention_backward",
+        grad_out,
+        grad_lse,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        *args,
+        True,
+        smem=c.smem,
+    )
     reached(ext, c.expect, results)
     for nm, got, r64, rlow in zip(("dq", "dk", "dv"), (dq, dk, dv), g64, glow):
         r64 = torch.zeros_like(got, dtype=torch.float64) if r64 is None else r64
@@ -435,25 +768,70 @@ def run_varlen_case(ext, c: VarlenCase, verbose: bool):
             other = (k if nm == "dq" else q).double().abs().max()
             extra = res * float(other) * (math.sqrt(c.D * (c.Hq // c.Hkv)) if nm == "dk" else 1)
         check(nm, got, r64, rlow, 3.0, results, extra=extra)
-    dq2, dk2, dv2 = emulated(ext, "varlen_attention_backward", grad_out, grad_lse, q, k, v,
-                             out, lse, *args, True, smem=c.smem)
-    results.append(("determinism", bool(torch.equal(dq, dq2) and torch.equal(dk, dk2)
-                                        and torch.equal(dv, dv2)), 0.0, 0.0))
+    dq2, dk2, dv2 = emulated(
+        ext,
+        "varlen_attention_backward",
+        grad_out,
+        grad_lse,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        *args,
+        True,
+        smem=c.smem,
+    )
+    results.append(
+        (
+            "determinism",
+            bool(torch.equal(dq, dq2) and torch.equal(dk, dk2) and torch.equal(dv, dv2)),
+            0.0,
+            0.0,
+        )
+    )
     if c.smem != H100_SMEM:
-        o_h, l_h = emulated(ext, "varlen_attention_forward", q, k, v, *args,
-                            smem=H100_SMEM)
+        o_h, l_h = emulated(ext, "varlen_attention_forward", q, k, v, *args, smem=H100_SMEM)
         same_as_h100("fwd same as 227 KB", (out, lse), (o_h, l_h), results)
-        g_h = emulated(ext, "varlen_attention_backward", grad_out, grad_lse, q, k, v, out, lse,
-                       *args, True, smem=H100_SMEM)
+        g_h = emulated(
+            ext,
+            "varlen_attention_backward",
+            grad_out,
+            grad_lse,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            *args,
+            True,
+            smem=H100_SMEM,
+        )
         same_as_h100("bwd same as 227 KB", (dq, dk, dv), g_h, results)
     return results
 
 
 class DecodeCase:
-    def __init__(self, name, dtype=torch.bfloat16, cache_seqlens=(0, 3, 76, 299), Lq=1,
-                 Lmax=320, Hq=8, Hkv=2, D=64, Dv=None, causal_mode=2, window=(-1, -1),
-                 alibi=False, softcap=0.0, num_splits=0, new_tokens=True, smem=H100_SMEM,
-                 expect=()):
+    def __init__(
+        self,
+        name,
+        dtype=torch.bfloat16,
+        cache_seqlens=(0, 3, 76, 299),
+        Lq=1,
+        Lmax=320,
+        Hq=8,
+        Hkv=2,
+        D=64,
+        Dv=None,
+        causal_mode=2,
+        window=(-1, -1),
+        alibi=False,
+        softcap=0.0,
+        num_splits=0,
+        new_tokens=True,
+        smem=H100_SMEM,
+        expect=(),
+    ):
         self.__dict__.update(locals())
         self.Dv = D if Dv is None else Dv
 
@@ -471,22 +849,33 @@ def run_decode_case(ext, c: DecodeCase, verbose: bool):
     args = (k_lengths, pos, alibi, scale, c.softcap, c.causal_mode, c.window[0], c.window[1])
     ext.set_poison(True)
     ext.take_launches()
-    out, lse = emulated(ext, "attention_decode", q, k_cache, v_cache, *args, c.num_splits,
-                        smem=c.smem)
+    out, lse = emulated(
+        ext, "attention_decode", q, k_cache, v_cache, *args, c.num_splits, smem=c.smem
+    )
     o64, l64 = kv_ref.attention_decode(q.double(), k_cache.double(), v_cache.double(), *args)
     olow, llow = kv_ref.attention_decode(q, k_cache, v_cache, *args)
     results = []
     assert out.shape == o64.shape and out.dtype == c.dtype, (out.shape, out.dtype)
     check("out", out, o64, olow, 2.0, results)
     fin = torch.isfinite(l64)
-    assert torch.equal(torch.isneginf(lse), torch.isneginf(l64.to(lse.dtype))), "lse -inf rows differ"
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(l64.to(lse.dtype))), (
+        "lse -inf rows differ"
+    )
     z = torch.zeros_like(l64)
-    check("lse", torch.where(fin, lse.double(), z), torch.where(fin, l64, z),
-          torch.where(fin, llow.double(), z), 2.0, results, dtype=lse.dtype)
+    check(
+        "lse",
+        torch.where(fin, lse.double(), z),
+        torch.where(fin, l64, z),
+        torch.where(fin, llow.double(), z),
+        2.0,
+        results,
+        dtype=lse.dtype,
+    )
     reached(ext, c.expect, results)
     if c.smem != H100_SMEM:
-        o_h, l_h = emulated(ext, "attention_decode", q, k_cache, v_cache, *args, c.num_splits,
-                            smem=H100_SMEM)
+        o_h, l_h = emulated(
+            ext, "attention_decode", q, k_cache, v_cache, *args, c.num_splits, smem=H100_SMEM
+        )
         same_as_h100("same as 227 KB", (out, lse), (o_h, l_h), results)
     return results
 
@@ -496,27 +885,93 @@ def varlen_cases():
     shuffled = (5, 0, 17, 1, 70, 64)
     return [
         VarlenCase("varlen_bf16_self_causal_br_gqa", bf, Hq=4, Hkv=2, causal_mode=2),
-        VarlenCase("varlen_f16_cross_causal_br_d128", f16, k_lens=shuffled, Hq=2, Hkv=1, D=128,
-                   causal_mode=2),
-        VarlenCase("varlen_bf16_cross_top_left_dropout", bf, k_lens=shuffled, D=40, Dv=57,
-                   causal_mode=1, dropout=0.17),
+        VarlenCase(
+            "varlen_f16_cross_causal_br_d128",
+            f16,
+            k_lens=shuffled,
+            Hq=2,
+            Hkv=1,
+            D=128,
+            causal_mode=2,
+        ),
+        VarlenCase(
+            "varlen_bf16_cross_top_left_dropout",
+            bf,
+            k_lens=shuffled,
+            D=40,
+            Dv=57,
+            causal_mode=1,
+            dropout=0.17,
+        ),
         VarlenCase("varlen_bf16_plain_strided", bf, k_lens=shuffled, layout="strided", D=59),
-        VarlenCase("varlen_bf16_window_alibi_softcap_lse", bf, Hq=4, Hkv=1, window=(20, 5),
-                   alibi=True, softcap=2.5, grad_lse=True),
-        VarlenCase("varlen_f16_d256", f16, q_lens=(0, 1, 5, 17, 33), k_lens=(3, 1, 0, 40, 33),
-                   D=256, Dv=200, causal_mode=2, dropout=0.1),
-        VarlenCase("varlen_f32_everything", torch.float32, k_lens=shuffled, Hq=4, Hkv=2, D=20,
-                   Dv=35, causal_mode=2, window=(30, -1), alibi=True, softcap=2.5, dropout=0.17,
-                   grad_lse=True),
+        VarlenCase(
+            "varlen_bf16_window_alibi_softcap_lse",
+            bf,
+            Hq=4,
+            Hkv=1,
+            window=(20, 5),
+            alibi=True,
+            softcap=2.5,
+            grad_lse=True,
+        ),
+        VarlenCase(
+            "varlen_f16_d256",
+            f16,
+            q_lens=(0, 1, 5, 17, 33),
+            k_lens=(3, 1, 0, 40, 33),
+            D=256,
+            Dv=200,
+            causal_mode=2,
+            dropout=0.1,
+        ),
+        VarlenCase(
+            "varlen_f32_everything",
+            torch.float32,
+            k_lens=shuffled,
+            Hq=4,
+            Hkv=2,
+            D=20,
+            Dv=35,
+            causal_mode=2,
+            window=(30, -1),
+            alibi=True,
+            softcap=2.5,
+            dropout=0.17,
+            grad_lse=True,
+        ),
         VarlenCase("varlen_f64_causal", torch.float64, D=8, causal_mode=1, dropout=0.2),
-        VarlenCase("varlen_smem99_f16_d256", f16, q_lens=(0, 1, 5, 17, 33),
-                   k_lens=(3, 1, 0, 40, 33), D=256, Dv=200, causal_mode=2, dropout=0.1,
-                   smem=SMALL_SMEM, expect=KV256_SMALL),
-        VarlenCase("varlen_smem99_bf16_d128", bf, k_lens=shuffled, D=128, causal_mode=1,
-                   smem=SMALL_SMEM, expect=(Q128_SMALL,)),
-        VarlenCase("varlen_smem99_f64_d256", torch.float64, q_lens=(0, 3, 17), k_lens=(5, 0, 20),
-                   D=256, Dv=240, causal_mode=2, smem=SMALL_SMEM,
-                   expect=(FWD64_SMALL, DKDV_SPLIT, DQ_SPLIT)),
+        VarlenCase(
+            "varlen_smem99_f16_d256",
+            f16,
+            q_lens=(0, 1, 5, 17, 33),
+            k_lens=(3, 1, 0, 40, 33),
+            D=256,
+            Dv=200,
+            causal_mode=2,
+            dropout=0.1,
+            smem=SMALL_SMEM,
+            expect=KV256_SMALL,
+        ),
+        VarlenCase(
+            "varlen_smem99_bf16_d128",
+            bf,
+            k_lens=shuffled,
+            D=128,
+            causal_mode=1,
+            smem=SMALL_SMEM,
+            expect=(Q128_SMALL,),
+        ),
+        VarlenCase(
+            "varlen_smem99_f64_d256",
+            torch.float64,
+            q_lens=(0, 3, 17),
+            k_lens=(5, 0, 20),
+            D=256,
+            Dv=240,
+            causal_mode=2,
+            smem=SMALL_SMEM,
+            expect=(FWD64_SMALL, DKDV_SPLIT, DQ_SPLIT),
+        ),
     ]
 
 
@@ -524,18 +979,55 @@ def decode_cases():
     bf, f16 = torch.bfloat16, torch.float16
     return [
         DecodeCase("decode_bf16_gqa_auto_splits", bf),
-        DecodeCase("decode_f16_spec5_window_alibi_softcap", f16, Lq=5, window=(64, 0), alibi=True,
-                   softcap=3.0, num_splits=3, D=128),
-        DecodeCase("decode_bf16_no_new_tokens_empty_cache", bf, cache_seqlens=(0, 50, 129), Lq=2,
-                   Lmax=160, new_tokens=False, num_splits=4, Hq=4, Hkv=4, D=40, Dv=24),
-        DecodeCase("decode_bf16_non_causal_one_split", bf, causal_mode=0, num_splits=1, Hq=2,
-                   Hkv=1, D=256),
+        DecodeCase(
+            "decode_f16_spec5_window_alibi_softcap",
+            f16,
+            Lq=5,
+            window=(64, 0),
+            alibi=True,
+            softcap=3.0,
+            num_splits=3,
+            D=128,
+        ),
+        DecodeCase(
+            "decode_bf16_no_new_tokens_empty_cache",
+            bf,
+            cache_seqlens=(0, 50, 129),
+            Lq=2,
+            Lmax=160,
+            new_tokens=False,
+            num_splits=4,
+            Hq=4,
+            Hkv=4,
+            D=40,
+            Dv=24,
+        ),
+        DecodeCase(
+            "decode_bf16_non_causal_one_split", bf, causal_mode=0, num_splits=1, Hq=2, Hkv=1, D=256
+        ),
         DecodeCase("decode_f32_splits", torch.float32, num_splits=3, D=24, Dv=33, Lq=3),
         DecodeCase("decode_f64", torch.float64, Lq=2, D=16, alibi=True),
-        DecodeCase("decode_smem99_f64_d256", torch.float64, cache_seqlens=(0, 3, 40), Lmax=48,
-                   Lq=2, Hq=4, D=256, smem=SMALL_SMEM, expect=(FWD64_SMALL,)),
-        DecodeCase("decode_smem99_bf16_d256_splits", bf, cache_seqlens=(0, 7, 90), Lmax=96,
-                   Hq=4, D=256, num_splits=2, smem=SMALL_SMEM),
+        DecodeCase(
+            "decode_smem99_f64_d256",
+            torch.float64,
+            cache_seqlens=(0, 3, 40),
+            Lmax=48,
+            Lq=2,
+            Hq=4,
+            D=256,
+            smem=SMALL_SMEM,
+            expect=(FWD64_SMALL,),
+        ),
+        DecodeCase(
+            "decode_smem99_bf16_d256_splits",
+            bf,
+            cache_seqlens=(0, 7, 90),
+            Lmax=96,
+            Hq=4,
+            D=256,
+            num_splits=2,
+            smem=SMALL_SMEM,
+        ),
     ]
 
 
@@ -556,8 +1048,13 @@ def main():
     for c in todo:
         t = time.time()
         try:
-            runner = (run_varlen_case if isinstance(c, VarlenCase) else
-                      run_decode_case if isinstance(c, DecodeCase) else run_case)
+            runner = (
+                run_varlen_case
+                if isinstance(c, VarlenCase)
+                else run_decode_case
+                if isinstance(c, DecodeCase)
+                else run_case
+            )
             res = runner(ext, c, a.v)
         except Exception as exc:  # an emulator check or an assertion
             failures += 1
@@ -567,14 +1064,20 @@ def main():
         failures += bool(bad)
         # pass/fail entries without an error value
         flags = ("reached", "fwd same", "bwd same", "same as", "raises")
-        detail = ", ".join(f"{n} {e:.2e}/{b:.2e}" for n, ok, e, b in res
-                           if n != "determinism" and not n.startswith(flags))
-        detail += "".join(f", {n}" if ok else f", FAILED {n}" for n, ok, e, b in res
-                          if n.startswith(flags))
+        detail = ", ".join(
+            f"{n} {e:.2e}/{b:.2e}"
+            for n, ok, e, b in res
+            if n != "determinism" and not n.startswith(flags)
+        )
+        detail += "".join(
+            f", {n}" if ok else f", FAILED {n}" for n, ok, e, b in res if n.startswith(flags)
+        )
         detail = detail.lstrip(", ")
         det = [ok for n, ok, _, _ in res if n == "determinism"]
-        print(f"{'ok  ' if not bad else 'FAIL'} {c.name} ({time.time() - t:.1f} s): {detail}"
-              f"{'' if not det else ', deterministic' if det[0] else ', NOT DETERMINISTIC'}")
+        print(
+            f"{'ok  ' if not bad else 'FAIL'} {c.name} ({time.time() - t:.1f} s): {detail}"
+            f"{'' if not det else ', deterministic' if det[0] else ', NOT DETERMINISTIC'}"
+        )
     print(f"{len(todo) - failures}/{len(todo)} cases passed")
     return 1 if failures else 0
 

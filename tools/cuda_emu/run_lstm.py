@@ -10,6 +10,7 @@ have been launched; per_step: FASTATTN_LSTM_CUDA_PATH=per_step), and lstm_cell f
 backward on the fused (B <= 8) and GEMM paths. The emulated device can be shrunk (fewer SMs, less
 shared memory) to force larger unit blocks U or the per-step fallback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,7 +51,7 @@ def rel_err(a, b):
 def layer_case(emu, name, T, B, I, H, D, proj, lengths, p, dtype, path, tol):
     torch.manual_seed(hash(name) % 2**31)
     P = proj or H
-    mk = lambda *s: (torch.randn(*s, dtype=torch.float64) * 0.5)  # noqa: E731
+    mk = lambda *s: torch.randn(*s, dtype=torch.float64) * 0.5  # noqa: E731
     x, h0, c0 = mk(T, B, I), mk(D, B, P), mk(D, B, H)
     w_ih, w_hh, b_ih, b_hh = mk(D, 4 * H, I), mk(D, 4 * H, P), mk(D, 4 * H), mk(D, 4 * H)
     w_hr = mk(D, P, H) if proj else None
@@ -58,7 +59,9 @@ def layer_case(emu, name, T, B, I, H, D, proj, lengths, p, dtype, path, tol):
     seed = torch.tensor([1234, 5], dtype=torch.int64) if p > 0 else None
     args = [x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr]
     # float64 reference on the values rounded to dtype
-    ref_in = [t.to(dtype).double().clone().requires_grad_() if t is not None else None for t in args]
+    ref_in = [
+        t.to(dtype).double().clone().requires_grad_() if t is not None else None for t in args
+    ]
     out_r, hn_r, cn_r = ref.lstm_layer(*ref_in, lens, p, seed)
     g_out, g_hn, g_cn = torch.randn_like(out_r), torch.randn_like(hn_r), torch.randn_like(cn_r)
     torch.autograd.backward([out_r, hn_r, cn_r], [g_out, g_hn, g_cn])
@@ -79,19 +82,43 @@ def layer_case(emu, name, T, B, I, H, D, proj, lengths, p, dtype, path, tol):
     out, hn, cn, ws = torch.ops.fastattn_emu.lstm_layer(*lo, lens, p, seed, True)
     assert emu.cooperative_launches() - coop0 == launches[0], f"{name}: wrong path ran"
     grads = torch.ops.fastattn_emu.lstm_layer_backward(
-        g_out.to(dtype), g_hn.to(dtype), g_cn.to(dtype), lo[0], lo[1], lo[2], lo[3], lo[4], lo[7],
-        lens, ws, p, seed, True, True, True)
+        g_out.to(dtype),
+        g_hn.to(dtype),
+        g_cn.to(dtype),
+        lo[0],
+        lo[1],
+        lo[2],
+        lo[3],
+        lo[4],
+        lo[7],
+        lens,
+        ws,
+        p,
+        seed,
+        True,
+        True,
+        True,
+    )
     assert emu.cooperative_launches() - coop0 == launches[1], f"{name}: wrong backward path ran"
     gi, gh0, gc0, gwih, gwhh, gb, gwhr = grads
-    checks = [("output", out, out_r), ("h_n", hn, hn_r), ("c_n", cn, cn_r),
-              ("grad_input", gi, ref_in[0].grad), ("grad_h0", gh0, ref_in[1].grad),
-              ("grad_c0", gc0, ref_in[2].grad), ("grad_w_ih", gwih, ref_in[3].grad),
-              ("grad_w_hh", gwhh, ref_in[4].grad), ("grad_bias", gb, ref_in[5].grad)]
+    checks = [
+        ("output", out, out_r),
+        ("h_n", hn, hn_r),
+        ("c_n", cn, cn_r),
+        ("grad_input", gi, ref_in[0].grad),
+        ("grad_h0", gh0, ref_in[1].grad),
+        ("grad_c0", gc0, ref_in[2].grad),
+        ("grad_w_ih", gwih, ref_in[3].grad),
+        ("grad_w_hh", gwhh, ref_in[4].grad),
+        ("grad_bias", gb, ref_in[5].grad),
+    ]
     if proj:
         checks.append(("grad_w_hr", gwhr, ref_in[7].grad))
     worst = 0.0
     for label, got, exp in checks:
-        assert got.shape == exp.shape, f"{name}: {label} shape {tuple(got.shape)} != {tuple(exp.shape)}"
+        assert got.shape == exp.shape, (
+            f"{name}: {label} shape {tuple(got.shape)} != {tuple(exp.shape)}"
+        )
         assert not torch.isnan(got).any(), f"{name}: {label} has NaN (an unwritten element)"
         e = rel_err(got, exp)
         worst = max(worst, e)
@@ -104,16 +131,24 @@ def cell_case(emu, name, B, I, H, dtype, bias, tol):
     mk = lambda *s: torch.randn(*s, dtype=torch.float64) * 0.5  # noqa: E731
     args = [mk(B, I), mk(B, H), mk(B, H), mk(4 * H, I), mk(4 * H, H)]
     args += [mk(4 * H), mk(4 * H)] if bias else [None, None]
-    ref_in = [t.to(dtype).double().clone().requires_grad_() if t is not None else None for t in args]
+    ref_in = [
+        t.to(dtype).double().clone().requires_grad_() if t is not None else None for t in args
+    ]
     hy_r, cy_r = ref.lstm_cell(*ref_in)
     ghy, gcy = torch.randn_like(hy_r), torch.randn_like(cy_r)
     torch.autograd.backward([hy_r, cy_r], [ghy, gcy])
     lo = [t.to(dtype) if t is not None else None for t in args]
     hy, cy, ws = torch.ops.fastattn_emu.lstm_cell(*lo)
     g = torch.ops.fastattn_emu.lstm_cell_backward(ghy.to(dtype), gcy.to(dtype), *lo[:5], ws, bias)
-    checks = [("hy", hy, hy_r), ("cy", cy, cy_r), ("grad_input", g[0], ref_in[0].grad),
-              ("grad_hx", g[1], ref_in[1].grad), ("grad_cx", g[2], ref_in[2].grad),
-              ("grad_w_ih", g[3], ref_in[3].grad), ("grad_w_hh", g[4], ref_in[4].grad)]
+    checks = [
+        ("hy", hy, hy_r),
+        ("cy", cy, cy_r),
+        ("grad_input", g[0], ref_in[0].grad),
+        ("grad_hx", g[1], ref_in[1].grad),
+        ("grad_cx", g[2], ref_in[2].grad),
+        ("grad_w_ih", g[3], ref_in[3].grad),
+        ("grad_w_hh", g[4], ref_in[4].grad),
+    ]
     if bias:
         checks.append(("grad_bias", g[5], ref_in[5].grad))
     worst = 0.0
@@ -139,26 +174,45 @@ def main():
     TOL = {torch.float64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}
     cases = []
     for dt in (torch.float64, torch.float32, torch.bfloat16, torch.float16):
-        cases.append((f"fwd-only-shape D1 {dt}", dict(T=5, B=3, I=4, H=8, D=1, proj=0,
-                                                     lengths=None, p=0.0, dtype=dt)))
+        cases.append(
+            (
+                f"fwd-only-shape D1 {dt}",
+                dict(T=5, B=3, I=4, H=8, D=1, proj=0, lengths=None, p=0.0, dtype=dt),
+            )
+        )
     base = dict(T=6, B=3, I=5, H=8, D=2, proj=0, p=0.0, dtype=torch.float64)
     cases += [
         ("bidir", dict(base, lengths=None)),
         ("bidir lengths", dict(base, lengths=[6, 0, 3])),
         ("bidir lengths dropout", dict(base, lengths=[2, 6, 1], p=0.3)),
         ("H not a multiple of U, B=5", dict(base, H=7, B=5, lengths=[7 - 1, 3, 6, 0, 2])),
-        ("float32 bidir lengths dropout", dict(base, lengths=[6, 4, 5], p=0.25,
-                                               dtype=torch.float32)),
+        (
+            "float32 bidir lengths dropout",
+            dict(base, lengths=[6, 4, 5], p=0.25, dtype=torch.float32),
+        ),
         ("T=1", dict(base, T=1, lengths=None)),
         # 8 SMs: U = 32 (128 gate columns), two K splits in the forward, eight in the backward,
         # rows j > 0 per thread; 91700 bytes of shared memory leave room for chunks of 20
         # columns of h (4 chunks) and 16 of the dgates (18 chunks)
-        ("H=70 multi-chunk B=9", dict(base, T=4, B=9, H=70, lengths=[4, 1, 0, 3, 4, 2, 4, 4, 1],
-                                      p=0.1, sms=(8,), smem=91700)),
+        (
+            "H=70 multi-chunk B=9",
+            dict(
+                base,
+                T=4,
+                B=9,
+                H=70,
+                lengths=[4, 1, 0, 3, 4, 2, 4, 4, 1],
+                p=0.1,
+                sms=(8,),
+                smem=91700,
+            ),
+        ),
         # B=1 on 132 SMs: the most K splits (a thread group per few columns of K)
         ("B=1 many splits", dict(base, T=5, B=1, H=40, lengths=None)),
-        ("float32 H=70 multi-chunk B=9", dict(base, T=3, B=9, H=70, lengths=None,
-                                              dtype=torch.float32, sms=(8,))),
+        (
+            "float32 H=70 multi-chunk B=9",
+            dict(base, T=3, B=9, H=70, lengths=None, dtype=torch.float32, sms=(8,)),
+        ),
     ]
     results = []
     for name, kw in cases:
@@ -183,23 +237,74 @@ def main():
         if a.only and a.only not in "proj":
             continue
         label = f"proj bidir lengths dropout {dt}"
-        err = layer_case(emu, label, T=5, B=4, I=3, H=6, D=2, proj=4, lengths=[5, 2, 0, 4], p=0.2,
-                         dtype=dt, path="per_step_auto", tol=TOL[dt])
+        err = layer_case(
+            emu,
+            label,
+            T=5,
+            B=4,
+            I=3,
+            H=6,
+            D=2,
+            proj=4,
+            lengths=[5, 2, 0, 4],
+            p=0.2,
+            dtype=dt,
+            path="per_step_auto",
+            tol=TOL[dt],
+        )
         print(f"ok  {label}: {err:.2e}", flush=True)
     # no cooperative launch support / shared memory too small: per-step fallback chosen
     emu.set_device(132, 227 * 1024, 0)
-    err = layer_case(emu, "no cooperative launch", T=3, B=2, I=3, H=8, D=1, proj=0, lengths=None,
-                     p=0.0, dtype=torch.float64, path="per_step_auto", tol=1e-10)
+    err = layer_case(
+        emu,
+        "no cooperative launch",
+        T=3,
+        B=2,
+        I=3,
+        H=8,
+        D=1,
+        proj=0,
+        lengths=None,
+        p=0.0,
+        dtype=torch.float64,
+        path="per_step_auto",
+        tol=1e-10,
+    )
     print(f"ok  no cooperative launch -> per step: {err:.2e}")
     emu.set_device(132, 1024, 1)
-    err = layer_case(emu, "tiny shared memory", T=3, B=2, I=3, H=64, D=1, proj=0, lengths=None,
-                     p=0.0, dtype=torch.float64, path="per_step_auto", tol=1e-10)
+    err = layer_case(
+        emu,
+        "tiny shared memory",
+        T=3,
+        B=2,
+        I=3,
+        H=64,
+        D=1,
+        proj=0,
+        lengths=None,
+        p=0.0,
+        dtype=torch.float64,
+        path="per_step_auto",
+        tol=1e-10,
+    )
     print(f"ok  1 KB shared memory -> per step: {err:.2e}")
     emu.set_device(132, 227 * 1024, 1, 1)
     # (the TORCH_WARN_ONCE goes to stderr: torch.ops calls do not turn it into a Python warning)
-    err = layer_case(emu, "launch fallback", T=4, B=3, I=3, H=40, D=2, proj=0,
-                     lengths=[4, 0, 2], p=0.0, dtype=torch.float64, path="launch_fallback",
-                     tol=1e-10)
+    err = layer_case(
+        emu,
+        "launch fallback",
+        T=4,
+        B=3,
+        I=3,
+        H=40,
+        D=2,
+        proj=0,
+        lengths=[4, 0, 2],
+        p=0.0,
+        dtype=torch.float64,
+        path="launch_fallback",
+        tol=1e-10,
+    )
     print(f"ok  cooperative launch too large at run time -> warning + per step: {err:.2e}")
     emu.set_device(132, 227 * 1024, 1)
     for B in (1, 3, 8, 9, 20):
@@ -218,7 +323,8 @@ def against_cpu_kernels():
     projection, both paths: every output and gradient to rounding (the same Philox mask)."""
     try:
         import fastattn  # noqa: F401
-        torch.ops.fastattn.lstm_layer
+
+        _ = torch.ops.fastattn.lstm_layer
     except (ImportError, AttributeError, RuntimeError) as e:
         print(f"skip against the CPU kernels: {e}")
         return
@@ -229,8 +335,16 @@ def against_cpu_kernels():
     for proj in (0, 5):
         P = proj or H
         r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64) * 0.5  # noqa: E731
-        args = [r(T, B, I), r(D, B, P), r(D, B, H), r(D, 4 * H, I), r(D, 4 * H, P), r(D, 4 * H),
-                r(D, 4 * H), r(D, P, H) if proj else None]
+        args = [
+            r(T, B, I),
+            r(D, B, P),
+            r(D, B, H),
+            r(D, 4 * H, I),
+            r(D, 4 * H, P),
+            r(D, 4 * H),
+            r(D, 4 * H),
+            r(D, P, H) if proj else None,
+        ]
         gouts = [r(T, B, D * P), r(D, B, P), r(D, B, H)]
         for path in ("persistent", "per_step"):
             if path == "per_step":
@@ -240,12 +354,14 @@ def against_cpu_kernels():
             res = []
             for ops in (torch.ops.fastattn_emu, torch.ops.fastattn):
                 out = ops.lstm_layer(*args, lens, 0.4, seed, True)
-                grads = ops.lstm_layer_backward(*gouts, *args[:5], args[7], lens, out[3], 0.4,
-                                                seed, True, True, True)
+                grads = ops.lstm_layer_backward(
+                    *gouts, *args[:5], args[7], lens, out[3], 0.4, seed, True, True, True
+                )
                 res.append(list(out[:3]) + list(grads))
             for i, (a, b) in enumerate(zip(*res)):
-                torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10,
-                                           msg=lambda m: f"proj={proj} {path} output {i}: {m}")
+                torch.testing.assert_close(
+                    a, b, rtol=1e-9, atol=1e-10, msg=lambda m: f"proj={proj} {path} output {i}: {m}"
+                )
             print(f"ok  proj={proj} [{path}] = fastattn's CPU kernels (float64, dropout, lengths)")
     os.environ.pop("FASTATTN_LSTM_CUDA_PATH", None)
 
