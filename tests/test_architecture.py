@@ -12,11 +12,14 @@ inside functions, so a "lazy" upward import fails here too.
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "fastattn"
+# The package that the tests import: the checkout's, or the installed one where only tests/ is
+# copied (the CI's GPU-machine check), so the rule is never checked against nothing.
+PACKAGE = Path(importlib.util.find_spec("fastattn").origin).resolve().parent
 
 # Package (or module) -> the fastattn packages and modules it may import. A module not listed
 # here (fastattn/__init__.py, swap.py, integrations/, __main__.py: the top) may import anything.

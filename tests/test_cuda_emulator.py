@@ -17,6 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.timeout(1500)
 def test_lstm_cuda_kernels_on_the_emulator():
+    if not (ROOT / "csrc" / "lstm" / "lstm_cuda.cu").exists():
+        pytest.skip("the emulator compiles csrc/ from a source checkout; this run has tests/ only")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "cuda_emu" / "run_lstm.py")],
