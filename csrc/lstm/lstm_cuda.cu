@@ -208,14 +208,22 @@ bool cooperative_launched(cudaError_t err, const char* op) {
   return true;
 }
 
+// The persistent plan of a layer for `dtype` (U == 0: the per-step path). Computed once per
+// layer call: its search sets the kernel's shared-memory attribute and queries the occupancy
+// for every candidate U.
+PersistentPlan plan_for(at::ScalarType dtype, const LayerDims& d, int device, bool backward) {
+  PersistentPlan plan;
+  FASTATTN_DISPATCH_LSTM_CUDA(dtype, [&] {
+    plan = backward ? persistent_backward_plan<scalar_t>(d, device)
+                    : persistent_forward_plan<scalar_t>(d, device);
+  });
+  return plan;
+}
+
 RecurrentPath choose_path(at::ScalarType dtype, const LayerDims& d, int device,
                           bool backward = false) {
-  int U = 0;
-  FASTATTN_DISPATCH_LSTM_CUDA(dtype, [&] {
-    U = backward ? persistent_backward_plan<scalar_t>(d, device).U
-                 : persistent_forward_plan<scalar_t>(d, device).U;
-  });
-  return U > 0 ? RecurrentPath::kPersistent : RecurrentPath::kPerStep;
+  return plan_for(dtype, d, device, backward).U > 0 ? RecurrentPath::kPersistent
+                                                    : RecurrentPath::kPerStep;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -300,16 +308,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_cuda(
 
   const Tensor w_hh_acc = w_hh.to(acc).contiguous();
   const k::ForwardStep fp{d.T, d.B, d.H, d.P, d.D, workspace_per_direction(d), len, defined(w_hr)};
-  bool persistent =
-      choose_path(input.scalar_type(), d, input.get_device()) == RecurrentPath::kPersistent;
+  const PersistentPlan plan = plan_for(input.scalar_type(), d, input.get_device(), false);
+  bool persistent = plan.U > 0;
   if (persistent) {
     Tensor h_state = at::empty({2, d.D, d.B, d.H}, opts.dtype(acc));
     h_state[0].copy_(h0);
     Tensor c_state = c0.to(acc).contiguous().clone();
     FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
       using a = acc_t<scalar_t>;
-      const PersistentPlan plan = persistent_forward_plan<scalar_t>(d, input.get_device());
-      TORCH_INTERNAL_ASSERT(plan.U > 0);
       k::PersistentParams pp{fp, plan.U, static_cast<int>(ceil_div(d.H, plan.U)), plan.split};
       const size_t smem = plan.smem;
       // the plan's search set the attribute for each candidate; this launch's must be the last
@@ -413,8 +419,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
     dh_all = at::empty({d.D, Bt, d.P}, acc_opts);
     r_all = at::empty({d.D, Bt, d.H}, acc_opts);
   }
-  bool persistent = Bt > 0 && choose_path(input.scalar_type(), d, input.get_device(), true) ==
-                                  RecurrentPath::kPersistent;
+  const PersistentPlan plan =
+      Bt > 0 ? plan_for(input.scalar_type(), d, input.get_device(), true) : PersistentPlan{};
+  bool persistent = plan.U > 0;
   if (persistent) {
     const Tensor h0a = h0.to(acc).contiguous(), c0a = c0.to(acc).contiguous();
     const Tensor w_hh_acc = w_hh.to(acc).contiguous();  // (D, 4H, H)
@@ -422,8 +429,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
         d.T, d.B, d.H, d.P, d.D, workspace_per_direction(d), lengths_ptr(lengths), false};
     FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
       using a = acc_t<scalar_t>;
-      const PersistentPlan plan = persistent_backward_plan<scalar_t>(d, input.get_device());
-      TORCH_INTERNAL_ASSERT(plan.U > 0);
       k::PersistentBackwardParams pp{bp, plan.U, static_cast<int>(ceil_div(d.H, plan.U)),
                                      plan.split};
       const size_t smem = plan.smem;
