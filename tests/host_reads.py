@@ -81,15 +81,16 @@ def fake_cuda(backend: str | None = None) -> Iterator[HostReadRecorder]:
     launchers then ask the absent driver for the device's properties)."""
     if torch.version.cuda is None:
         pytest.skip("fake CUDA tensors need a CUDA build of torch (this one is CPU-only)")
-    if (
-        backend == "triton"
-        and not torch.cuda.is_available()
-        and os.environ.get("TRITON_INTERPRET") != "1"
-    ):
+    triton_runs = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+    if backend == "triton" and not triton_runs:
         pytest.skip("triton needs a GPU or TRITON_INTERPRET=1 to run its launchers")
     saved = _backend._availability_cache
     status = dict(_backend.available_backends())
-    status["cuda"] = status["triton"] = "available"
+    status["cuda"] = "available"
+    # The automatic choice tries triton first on CUDA tensors: where its launchers cannot run
+    # (no GPU, no interpreter: they would ask the absent driver for the device), it stays
+    # unavailable and the choice falls through to the cuda backend's fakes.
+    status["triton"] = "available" if triton_runs else "unavailable: no GPU and no interpreter"
     _backend._availability_cache = status
     # A build without CUDA declares the native ops all the same, and on fake tensors their
     # fake implementations stand in for the CUDA kernels: count those as built too.

@@ -174,6 +174,10 @@ def test_run_finds_the_checkout_and_prints_progress_summary_and_plots(tmp_path):
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
+    if not (root / "fastattn" / "__init__.py").is_file():
+        # tests/ and benchmarks/ copied beside an installed package (.ci/gpu_machine_check.sh):
+        # there is no source checkout here for the run to find.
+        pytest.skip("no fastattn source tree beside tests/ (an installed package is tested)")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     script = (
         "import runpy, sys\n"
