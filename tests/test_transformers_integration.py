@@ -325,8 +325,19 @@ def test_generation_float64_no_padding_same_tokens():
         assert torch.equal(fast.generate(input_ids=ids, **kw), eager.generate(input_ids=ids, **kw))
 
 
-def test_position_bias_is_refused():
-    q = torch.randn(1, 2, 3, 4)
+def test_position_bias_joins_the_mask_and_gets_its_gradient():
+    """position_bias (T5) with a boolean mask: the same as eager's bias + mask, and the
+    gradient reaches the bias (summed over the batch it is broadcast to)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 4, generator=g, dtype=F64) for _ in range(3))
+    bias = torch.randn(1, 3, 5, 5, generator=g, dtype=F64, requires_grad=True)
+    allowed = torch.ones(2, 1, 5, 5, dtype=torch.bool)
+    allowed[1, ..., 3:] = False
     module = torch.nn.Module()
-    with pytest.raises(ValueError, match="position_bias"):
-        fa_hf.fastattn_attention_forward(module, q, q, q, None, position_bias=torch.zeros(1))
+    out, _ = fa_hf.fastattn_attention_forward(module, q, k, v, allowed, position_bias=bias)
+    scores = q @ k.transpose(-1, -2) / 2.0 + bias
+    expected = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ v
+    torch.testing.assert_close(out, expected.transpose(1, 2))
+    (grad,) = torch.autograd.grad((out * out).sum(), bias)
+    (grad_expected,) = torch.autograd.grad((expected * expected).sum(), bias)
+    torch.testing.assert_close(grad, grad_expected)
