@@ -47,6 +47,8 @@ def fastattn_attention_forward(
         # Prefill into an empty static cache: the slots past q_length are empty.
         key, value = key[:, :, :q_length], value[:, :, :q_length]
     softcap = kwargs.get("softcap") or 0.0
+    # GPT-OSS passes its attention sinks (one logit per head, (Hq,)) as s_aux.
+    sinks = kwargs.get("s_aux")
     out = attention(
         query,
         key,
@@ -56,6 +58,7 @@ def fastattn_attention_forward(
         dropout_p=dropout if module.training else 0.0,
         scale=scaling,
         softcap=softcap,
+        sinks=sinks,
     )
     # out is (B, Lq, H, Dv) in memory when query is a transposed (B, L, H, D) projection.
     return out.transpose(1, 2).contiguous(), None

@@ -21,6 +21,8 @@ from ..contracts import attention_with_kvcache as contract
 from ..contracts.attention import MAX_HEAD_DIM, check_seqlen
 from ..reference import attention_with_kvcache as ref
 from ._common import (
+    apply_sinks,
+    canonical_sinks,
     check_same_device,
     check_tensor,
     device_check_range,
@@ -79,6 +81,7 @@ def attention_with_kvcache(
     softcap: float = 0.0,
     scale: float | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
     num_splits: int = 0,
     backend: str | None = None,
 ) -> torch.Tensor:
@@ -95,6 +98,7 @@ def attention_with_kvcache(
     causal: True (default) — query i sees cache positions <= cache_seqlens[b] + i (bottom-right
         alignment for Lq == Lnew: speculative decoding / chunked prefill); False sees the whole
         valid cache. window: (left, right) around the query position (-1 = unbounded).
+    sinks: float (Hq,) attention sinks, as in fastattn.attention.
     num_splits: key ranges computed in parallel and merged (0 = choose automatically).
     Returns out (B, Hq, Lq, Dv).
     """
@@ -180,6 +184,7 @@ def attention_with_kvcache(
                 f"{op}: alibi_slopes must be (Hq,) or (B, Hq), got {tuple(alibi_slopes.shape)}"
             )
         alibi = alibi_slopes.to(torch.float32).expand(B, Hq).contiguous()
+    sinks = canonical_sinks(op, sinks, q, Hq)
 
     # The native backends attend with attention_decode (and fuse the append where their build
     # has attention_with_kvcache); the triton backend has the fused op only.
@@ -223,7 +228,7 @@ def attention_with_kvcache(
             if chosen == "triton"
             else torch.ops.fastattn.attention_with_kvcache
         )
-        out, _ = fused(
+        out, lse = fused(
             q,
             k_cache,
             v_cache,
@@ -241,6 +246,8 @@ def attention_with_kvcache(
             right,
             int(num_splits),
         )
+        if sinks is not None:
+            out, _ = apply_sinks(out, lse, sinks, head_dim=1)
         _backend._record(op, chosen)
         return out
     rotary_backend = "reference" if chosen == "reference" else None
@@ -275,9 +282,11 @@ def attention_with_kvcache(
         right,
     )
     if chosen == "reference":
-        out, _ = ref.attention_decode(*args)
+        out, _ = ref.attention_decode(*args, sinks=sinks)
     else:
-        out, _ = torch.ops.fastattn.attention_decode(*args, int(num_splits))
+        out, lse = torch.ops.fastattn.attention_decode(*args, int(num_splits))
+        if sinks is not None:
+            out, _ = apply_sinks(out, lse, sinks, head_dim=1)
     _backend._record(op, chosen)
     return out
 

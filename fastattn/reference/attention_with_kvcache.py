@@ -22,8 +22,10 @@ def attention_decode(
     causal_mode,
     window_left,
     window_right,
+    sinks=None,
 ):
-    """q (B, Hq, Lq, D), caches (B, Hkv, Lmax, D/Dv) -> out (B, Hq, Lq, Dv), lse (B, Hq, Lq)."""
+    """q (B, Hq, Lq, D), caches (B, Hkv, Lmax, D/Dv) -> out (B, Hq, Lq, Dv), lse (B, Hq, Lq).
+    sinks: None or float (Hq,) attention sinks (reference.attention's)."""
     outs, lses = [], []
     for b, (length, pos) in enumerate(zip(k_lengths.tolist(), q_positions.tolist())):
         lo = pos - window_left if window_left >= 0 else -WINDOW_UNBOUNDED
@@ -53,10 +55,23 @@ def attention_decode(
                 hi,
                 0.0,
                 None,
+                sinks=sinks,
             )
         else:
             out, lse = dense.attention(
-                q[b : b + 1], kb, vb, None, None, alibi, scale, softcap, lo, hi, 0.0, None
+                q[b : b + 1],
+                kb,
+                vb,
+                None,
+                None,
+                alibi,
+                scale,
+                softcap,
+                lo,
+                hi,
+                0.0,
+                None,
+                sinks=sinks,
             )
         outs.append(out)
         lses.append(lse)
