@@ -223,10 +223,11 @@ std::tuple<Tensor, Tensor> attention_decode(const Tensor& q, const Tensor& k_cac
                                             const Tensor& q_positions,
                                             const optional<Tensor>& alibi, double scale,
                                             double softcap, int64_t causal_mode, int64_t wl,
-                                            int64_t wr, int64_t num_splits) {
+                                            int64_t wr, int64_t num_splits,
+                                            const optional<Tensor>& block_table) {
   return fastattn::attention_with_kvcache::cuda_impl::decode(
       q, k_cache, v_cache, k_lengths, q_positions, alibi, scale, softcap, causal_mode, wl, wr,
-      num_splits, device().sm_count, launch());
+      num_splits, device().sm_count, launch(), block_table);
 }
 
 }  // namespace
