@@ -23,6 +23,10 @@ namespace {
 
 namespace kvcache = fastattn::attention_with_kvcache;
 
+// The rules of a paged cache's values that the Python layer leaves to this op for the cpu
+// backend raise its ValueError (TORCH_CHECK_VALUE), with the same messages.
+#define FASTATTN_CHECK_VALUE(cond, op, ...) TORCH_CHECK_VALUE((cond), op, ": ", __VA_ARGS__)
+
 // Paged caches: the (B, Hkv, block_size, W) view of the pool's first block repeated for every
 // sequence, so that check_problem and make_problem see the batch's shapes (the kernels then
 // address the pool through the table); refuses an empty pool.
@@ -48,21 +52,22 @@ int64_t check_block_table(const Tensor& table, const Tensor& k_pool, const Tenso
   FASTATTN_CHECK(v_pool.size(0) == blocks && v_pool.size(2) == bs, op,
                  "k_cache and v_cache must be pools of the same blocks, got ", k_pool.sizes(),
                  " and ", v_pool.sizes());
-  FASTATTN_CHECK(bs > 0 && bs % 16 == 0, op,
-                 "the paged cache's block_size (k_cache.size(2)) must be a positive multiple of "
-                 "16, got ",
-                 bs);
+  FASTATTN_CHECK_VALUE(
+      bs > 0 && bs % 16 == 0, op,
+      "the paged cache's block_size (k_cache.size(2)) must be a positive multiple of "
+      "16, got ",
+      bs);
   const int64_t capacity = table.size(1) * bs;
   const int32_t* t = table.data_ptr<int32_t>();
   for (int64_t b = 0; b < B; ++b) {
-    FASTATTN_CHECK(lengths[b] >= 0 && lengths[b] <= capacity, op, "sequence ", b, "'s ", lengths[b],
-                   " keys exceed the block table's capacity max_blocks_per_seq * ",
-                   "block_size = ", capacity);
+    FASTATTN_CHECK_VALUE(
+        lengths[b] >= 0 && lengths[b] <= capacity, op, "sequence ", b, "'s ", lengths[b],
+        " keys exceed the block table's capacity max_blocks_per_seq * ", "block_size = ", capacity);
     for (int64_t i = 0; i < (lengths[b] + bs - 1) / bs; ++i) {
       const int32_t blk = t[b * table.stride(0) + i];
-      FASTATTN_CHECK(blk >= 0 && blk < blocks, op, "block_table[", b, ", ", i, "] = ", blk,
-                     " is outside the pool: block indices must be in [0, num_blocks = ", blocks,
-                     ")");
+      FASTATTN_CHECK_VALUE(
+          blk >= 0 && blk < blocks, op, "block_table[", b, ", ", i, "] = ", blk,
+          " is outside the pool: block indices must be in [0, num_blocks = ", blocks, ")");
     }
   }
   return capacity;
@@ -205,9 +210,9 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_cpu(
                                                  k_lengths.data_ptr<int32_t>(), op)
                              : k_cache.size(2);
   for (int64_t b = 0; b < B; ++b) {
-    FASTATTN_CHECK(starts[b] + Lnew <= Lmax, op, "the cache is too small: cache_seqlens[", b,
-                   "] = ", starts[b], " plus ", Lnew, " new tokens exceed ",
-                   paged ? "the block table's capacity " : "Lmax = ", Lmax);
+    FASTATTN_CHECK_VALUE(starts[b] + Lnew <= Lmax, op, "the cache is too small: cache_seqlens[", b,
+                         "] = ", starts[b], " plus ", Lnew, " new tokens exceed ",
+                         paged ? "the block table's capacity " : "Lmax = ", Lmax);
   }
   const auto [q_rot, k_append] =
       kvcache::rotated_new_tokens(q, k_new, rotary_cos, rotary_sin, seqlens, rotary_interleaved);

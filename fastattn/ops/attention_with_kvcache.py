@@ -195,10 +195,6 @@ def attention_with_kvcache(
                 f"{op}: the cache is too small: cache_seqlens up to {hi} plus "
                 f"{Lnew} new tokens exceed {capacity}"
             )
-        if block_table is not None:
-            _host_check_blocks(
-                op, block_table, cache_seqlens, Lnew, k_cache.shape[2], k_cache.shape[0]
-            )
     mode = 2 if causal_mode(causal) else 0
     left, right = window_sides(op, window)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
@@ -244,6 +240,13 @@ def attention_with_kvcache(
                 f"block_table entries read or written must be block indices in "
                 f"[0, num_blocks = {k_cache.shape[0]})",
             )
+    if (
+        block_table is not None
+        and B > 0
+        and chosen != "cpu"  # the native CPU op checks every entry it reads, before any write
+        and host_checks_enabled(cache_seqlens)
+    ):
+        _host_check_blocks(op, block_table, cache_seqlens, Lnew, k_cache.shape[2], k_cache.shape[0])
     positions = cache_seqlens.to(torch.int64)
     # One op for rotary, append and attention where the backend has it (triton; a native
     # build's attention_with_kvcache): a decoding step is short enough that a handful of ops'
