@@ -753,6 +753,21 @@ const T* paged_rows(const AttentionProblem& p, const T* pool, const Strides4& s,
   return stage;
 }
 
+// Prefetches rows [j0, j0 + N) of a paged head (paged_rows' addressing): a dense cache's rows
+// stream through the hardware prefetcher, a paged cache's jump from block to block wherever the
+// table puts them, so the next tile's rows are requested while this tile computes.
+template <typename T>
+void prefetch_paged_rows(const AttentionProblem& p, const T* pool, const Strides4& s, int64_t b,
+                         int64_t hk, int64_t j0, int64_t N, int64_t W) {
+  const int32_t* table = p.block_table + b * p.block_table_stride;
+  const int64_t bytes = W * static_cast<int64_t>(sizeof(T));
+  for (int64_t j = j0; j < j0 + N; ++j) {
+    const char* row = reinterpret_cast<const char*>(pool + table[j / p.page_size] * s.b + hk * s.h +
+                                                    (j % p.page_size) * s.l);
+    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off);
+  }
+}
+
 template <typename T, typename Tiles>
 void forward_impl(const AttentionForwardParams& fp) {
   using acc = typename Tiles::acc;
@@ -802,6 +817,11 @@ void forward_impl(const AttentionForwardParams& fp) {
       kb_last = std::min(kb_last, (split + 1) * blocks_per_split);
       for (int64_t kb = kb_first; kb < kb_last; ++kb) {
         const int64_t j0 = kb * kBlockK, N = std::min(kBlockK, g.Lk - j0);
+        if (paged && kb + 1 < kb_last) {
+          const int64_t next = std::min(kBlockK, g.Lk - j0 - kBlockK);
+          prefetch_paged_rows<T>(p, K, p.k_s, b, hk, j0 + kBlockK, next, D);
+          prefetch_paged_rows<T>(p, V, p.v_s, b, hk, j0 + kBlockK, next, Dv);
+        }
         if (paged) {
           int64_t stride, r0;
           const T* rows = paged_rows<T>(p, K, p.k_s, b, hk, j0, N, D, k_stage.data(), stride, r0);

@@ -82,8 +82,9 @@ struct Problem {
   const int32_t* block_table;
   int64_t block_table_stride;
   int page_size;
-  int total_q, total_k;  // varlen: packed row counts
-  int drop_lk;           // varlen: max_seqlen_k (the dropout numbering's key count)
+  int num_blocks, table_cols;  // the pools' blocks and the table's width (the emulator's ranges)
+  int total_q, total_k;        // varlen: packed row counts
+  int drop_lk;                 // varlen: max_seqlen_k (the dropout numbering's key count)
   int causal_mode, window_left, window_right;
   // Set by select_sequence (dense: 0 and Lk - Lq): first packed query row of the sequence, and
   // the ALiBi shift (query i sits at key position i + shift).

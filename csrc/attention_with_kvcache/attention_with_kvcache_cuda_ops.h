@@ -131,6 +131,8 @@ inline std::tuple<Tensor, Tensor> decode(const Tensor& q, const Tensor& k_cache,
     fp.p.block_table = block_table->data_ptr<int32_t>();
     fp.p.block_table_stride = block_table->stride(0);
     fp.p.page_size = static_cast<int>(k_cache.size(2));
+    fp.p.num_blocks = static_cast<int>(k_cache.size(0));
+    fp.p.table_cols = static_cast<int>(block_table->size(1));
   }
   fp.p.k_lengths = k_lengths.data_ptr<int32_t>();
   fp.p.q_positions = q_positions.data_ptr<int32_t>();

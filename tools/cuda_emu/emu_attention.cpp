@@ -60,8 +60,17 @@ void problem_ranges(const Problem& p, std::vector<emu::Range>& r) {
   const int es = elem_size(p.dtype);
   const int64_t nb = batches(p);
   r.push_back(view(p.q, nb, p.Hq, q_rows(p), p.D, p.q_sb, p.q_sh, p.q_sl, 1, es, false, "q"));
-  r.push_back(view(p.k, nb, p.Hkv, k_rows(p), p.D, p.k_sb, p.k_sh, p.k_sl, 1, es, false, "k"));
-  r.push_back(view(p.v, nb, p.Hkv, k_rows(p), p.Dv, p.v_sb, p.v_sh, p.v_sl, 1, es, false, "v"));
+  if (p.block_table != nullptr) {  // paged: the pools (num_blocks, Hkv, page, D) and the table
+    r.push_back(view(p.k, p.num_blocks, p.Hkv, p.page_size, p.D, p.k_sb, p.k_sh, p.k_sl, 1, es,
+                     false, "k_cache pool"));
+    r.push_back(view(p.v, p.num_blocks, p.Hkv, p.page_size, p.Dv, p.v_sb, p.v_sh, p.v_sl, 1, es,
+                     false, "v_cache pool"));
+    r.push_back(view(p.block_table, p.B, p.table_cols, 1, 1, p.block_table_stride, 1, 0, 0, 4,
+                     false, "block_table"));
+  } else {
+    r.push_back(view(p.k, nb, p.Hkv, k_rows(p), p.D, p.k_sb, p.k_sh, p.k_sl, 1, es, false, "k"));
+    r.push_back(view(p.v, nb, p.Hkv, k_rows(p), p.Dv, p.v_sb, p.v_sh, p.v_sl, 1, es, false, "v"));
+  }
   if (p.cu_q != nullptr) {
     r.push_back(view(p.cu_q, p.B + 1, 1, 1, 1, 1, 0, 0, 0, 4, false, "cu_seqlens_q"));
     r.push_back(view(p.cu_k, p.B + 1, 1, 1, 1, 1, 0, 0, 0, 4, false, "cu_seqlens_k"));
