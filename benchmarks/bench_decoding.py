@@ -3,6 +3,12 @@ key/value into the cache, attend with split-K) vs torch SDPA over the cache (app
 index copy, rotary by Hugging Face's rotate_half, then SDPA over the valid prefix), one new
 token per sequence, GQA 32/8 heads (GPU) or 8/2 (CPU), head dim 128 (GPU) or 64 (CPU).
 Bytes: the cache read once (keys and values) per token.
+
+"decoding paged" rows: the same decode step over a paged cache (fastattn.PagedKVCache's
+layout: pools of 16- or 64-token blocks, each sequence's blocks scattered through the pool by a
+random block table) against the dense cache holding the same rows, both through fastattn on the
+same backend; speedup = dense time / paged time, target 0.9 (the paged cache within 10% of
+the dense one, issue 12).
 """
 
 from __future__ import annotations
@@ -75,7 +81,74 @@ def decoding_case(batch, cache_len, hq, hkv, head_dim, dtype, device) -> Case:
     )
 
 
+def paged_case(batch, cache_len, hq, hkv, head_dim, block_size, dtype, device) -> Case:
+    blocks_per_seq = -(-(cache_len + 8) // block_size)
+    num_blocks = batch * blocks_per_seq
+    g = torch.Generator().manual_seed(0)
+    table = torch.randperm(num_blocks, generator=g).view(batch, blocks_per_seq).int().to(device)
+    k_pool = torch.randn(num_blocks, hkv, block_size, head_dim, device=device, dtype=dtype)
+    v_pool = torch.randn_like(k_pool)
+    k_dense = (
+        k_pool[table.long()].permute(0, 2, 1, 3, 4).reshape(batch, hkv, -1, head_dim).contiguous()
+    )
+    v_dense = (
+        v_pool[table.long()].permute(0, 2, 1, 3, 4).reshape(batch, hkv, -1, head_dim).contiguous()
+    )
+    q = torch.randn(batch, hq, 1, head_dim, device=device, dtype=dtype)
+    k_new = torch.randn(batch, hkv, 1, head_dim, device=device, dtype=dtype)
+    v_new = torch.randn_like(k_new)
+    seqlens = torch.full((batch,), cache_len, dtype=torch.int32, device=device)
+    providers = {}
+    for b in fastattn_backends(device):
+        if b == "reference":
+            continue
+        kw = dict(cache_seqlens=seqlens, k_new=k_new, v_new=v_new, backend=b)
+        providers[f"fastattn:{b} dense"] = lambda kw=kw: fastattn.attention_with_kvcache(
+            q, k_dense, v_dense, **kw
+        )
+        providers[f"fastattn:{b} paged"] = lambda kw=kw: fastattn.attention_with_kvcache(
+            q, k_pool, v_pool, block_table=table, **kw
+        )
+    dense = [n for n in providers if n.endswith("dense")]
+    size = torch.tensor([], dtype=dtype).element_size()
+    return Case(
+        op="decoding paged",
+        name=f"B={batch} cache={cache_len} hq={hq} hkv={hkv} d={head_dim} block={block_size}",
+        providers=providers,
+        reference=dense[0],
+        baselines=tuple(dense),
+        judged=tuple(n for n in providers if n.endswith("paged")),
+        bytes=2 * batch * hkv * (cache_len + 1) * head_dim * size,
+        check=lambda o, r: float((o.double() - r.double()).abs().max()),
+        tolerance=1e-5 if dtype == torch.float32 else 3e-2,
+        dtype=str(dtype)[6:],
+    )
+
+
+def target(op: str) -> float:
+    """The paged cache within 10% of the dense one; elsewhere at least SDPA's speed."""
+    return 0.9 if op == "decoding paged" else 1.0
+
+
 def cases(profile: str, device: torch.device) -> list[Case]:
+    return dense_cases(profile, device) + paged_cases(profile, device)
+
+
+def paged_cases(profile: str, device: torch.device) -> list[Case]:
+    if device.type == "cuda":
+        shapes = [(8, 4096)] if profile == "quick" else [(8, 4096), (64, 4096), (8, 32768)]
+        return [
+            paged_case(b, n, 32, 8, 128, bs, torch.bfloat16, device)
+            for b, n in shapes
+            for bs in (16, 64)
+        ]
+    shapes = [(2, 1024)] if profile == "quick" else [(8, 4096), (8, 1024)]
+    return [
+        paged_case(b, n, 8, 2, 64, bs, torch.float32, device) for b, n in shapes for bs in (16, 64)
+    ]
+
+
+def dense_cases(profile: str, device: torch.device) -> list[Case]:
     if device.type == "cuda":
         batches = [1, 8, 64] if profile == "quick" else [1, 4, 16, 64]
         lengths = [1024, 8192, 32768] if profile == "quick" else [1024, 4096, 16384, 32768]

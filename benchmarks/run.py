@@ -47,6 +47,7 @@ OPS = (
     "varlen",
     "decoding",
     "additive_attention",
+    "sinks",
 )
 
 

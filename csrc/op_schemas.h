@@ -43,10 +43,14 @@ inline void define_attention_with_kvcache(torch::Library& m) {
   // Attention over a KV cache (csrc/attention_with_kvcache): q (B, Hq, Lq, D) at positions
   // q_positions[b] + i against keys [0, k_lengths[b]) of k_cache/v_cache (B, Hkv, Lmax, D/Dv),
   // split over num_splits key ranges merged at the end (flash-decoding). Inference only.
+  // block_table int32 (B, max_blocks_per_seq): a paged cache, k_cache/v_cache pools
+  // (num_blocks, Hkv, block_size, D/Dv); position p of sequence b is row p % block_size of block
+  // block_table[b, p // block_size], read through the table inside the kernels.
   m.def(
       "attention_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor k_lengths, "
       "Tensor q_positions, Tensor? alibi_slopes, float scale, float softcap, int causal_mode, "
-      "int window_left, int window_right, int num_splits) -> (Tensor, Tensor)");
+      "int window_left, int window_right, int num_splits, Tensor? block_table=None) "
+      "-> (Tensor, Tensor)");
   // Decoding in one call: rotary on q and k_new (tables (Lmax, rotary_dim / 2) in the compute
   // dtype, positions cache_seqlens[b] + i), k_new/v_new appended into the caches in place at
   // cache_seqlens, then attention_decode over cache_seqlens + Lnew keys. Returns (out, lse).
@@ -54,8 +58,8 @@ inline void define_attention_with_kvcache(torch::Library& m) {
       "attention_with_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, "
       "Tensor cache_seqlens, Tensor? k_new, Tensor? v_new, Tensor? rotary_cos, "
       "Tensor? rotary_sin, bool rotary_interleaved, Tensor? alibi_slopes, float scale, "
-      "float softcap, int causal_mode, int window_left, int window_right, int num_splits) "
-      "-> (Tensor, Tensor)");
+      "float softcap, int causal_mode, int window_left, int window_right, int num_splits, "
+      "Tensor? block_table=None) -> (Tensor, Tensor)");
 }
 
 inline void define_additive_attention(torch::Library& m) {

@@ -1,12 +1,14 @@
 """A small decoder-only language model built on fastattn, decoding with a KV cache.
 
-    python examples/decoding.py [--check] [--backend cpu|reference|cuda] [--beams 4]
+    python examples/decoding.py [--check] [--paged] [--backend cpu|reference|cuda] [--beams 4]
 
 The model uses rotary positions and fastattn.attention (causal) over whole sequences; decoding
 keeps per-layer key/value caches and runs fastattn.attention_with_kvcache, which appends the
 new token's (rotated) key and value in place and attends over the cache. Greedy decoding and
 beam search (K beams, length-normalised scores) run both with the cache and by recomputing
-the whole prefix every step; --check asserts they produce the same tokens.
+the whole prefix every step; --check asserts they produce the same tokens. --paged decodes
+once more with a paged cache (fastattn.PagedKVCache: blocks of a shared pool, read and written
+through a block table inside the kernels) and asserts it gives the dense cache's tokens.
 """
 
 from __future__ import annotations
@@ -86,6 +88,43 @@ class DecoderLM(nn.Module):
         caches = [(param.new_zeros(shape), param.new_zeros(shape)) for _ in self.blocks]
         return caches, torch.zeros(batch, dtype=torch.int32, device=param.device)
 
+    def new_paged_cache(self, batch: int, block_size: int = 16) -> fastattn.PagedKVCache:
+        """A paged cache for `batch` sequences of up to max_len tokens (one pool per layer)."""
+        b0 = self.blocks[0]
+        blocks_per_seq = -(-self.max_len // block_size)
+        cache = fastattn.PagedKVCache(
+            num_layers=len(self.blocks),
+            num_blocks=batch * blocks_per_seq,
+            block_size=block_size,
+            num_kv_heads=b0.n_kv_heads,
+            head_dim=b0.head_dim,
+            max_blocks_per_seq=blocks_per_seq,
+            dtype=self.head.weight.dtype,
+            device=self.head.weight.device,
+        )
+        for _ in range(batch):
+            cache.allocate()
+        return cache
+
+    def step_paged(self, tokens: torch.Tensor, cache: fastattn.PagedKVCache) -> torch.Tensor:
+        """`step` over a paged cache: room for the new tokens, every layer, then advance."""
+        x = self.embed(tokens)
+        cache.append(tokens.shape[1])
+        for layer, block in enumerate(self.blocks):
+            q, k, v = block.qkv(x)
+            attn = cache.attention(
+                layer,
+                q,
+                k,
+                v,
+                rotary_cos=self.rotary_cos,
+                rotary_sin=self.rotary_sin,
+                causal=True,
+            )
+            x = block.finish(x, attn)
+        cache.advance(tokens.shape[1])
+        return self.head(self.norm(x))
+
     def step(self, tokens: torch.Tensor, caches, seqlens: torch.Tensor) -> torch.Tensor:
         """Logits of the new tokens (B, Lnew); appends their keys/values to the caches.
         The caller advances seqlens by Lnew."""
@@ -108,9 +147,14 @@ class DecoderLM(nn.Module):
 
 
 @torch.no_grad()
-def greedy(model: DecoderLM, prompt: torch.Tensor, steps: int, use_cache: bool) -> torch.Tensor:
+def greedy(
+    model: DecoderLM, prompt: torch.Tensor, steps: int, use_cache: bool, paged: bool = False
+) -> torch.Tensor:
     tokens = prompt
-    if use_cache:
+    if paged:
+        cache = model.new_paged_cache(prompt.shape[0])
+        logits = model.step_paged(prompt, cache)
+    elif use_cache:
         caches, seqlens = model.new_cache(prompt.shape[0])
         logits = model.step(prompt, caches, seqlens)
         seqlens += prompt.shape[1]
@@ -119,7 +163,9 @@ def greedy(model: DecoderLM, prompt: torch.Tensor, steps: int, use_cache: bool) 
     for _ in range(steps):
         nxt = logits[:, -1].argmax(-1, keepdim=True)
         tokens = torch.cat([tokens, nxt], dim=1)
-        if use_cache:
+        if paged:
+            logits = model.step_paged(nxt, cache)
+        elif use_cache:
             logits = model.step(nxt, caches, seqlens)
             seqlens += 1
         else:
@@ -135,13 +181,17 @@ def beam_search(
     beams: int,
     use_cache: bool,
     alpha: float = 0.7,
+    paged: bool = False,
 ) -> list[int]:
     """One prompt (1, L): keep the `beams` best continuations by summed log-probability; the
     final choice maximises score / length**alpha (length normalisation)."""
     tokens = prompt.expand(beams, -1).contiguous()
     scores = torch.full((beams,), float("-inf"), dtype=torch.float64, device=prompt.device)
     scores[0] = 0.0  # all beams start identical: keep one alive
-    if use_cache:
+    if paged:
+        cache = model.new_paged_cache(beams)
+        logits = model.step_paged(tokens, cache)
+    elif use_cache:
         caches, seqlens = model.new_cache(beams)
         logits = model.step(tokens, caches, seqlens)
         seqlens += tokens.shape[1]
@@ -154,7 +204,11 @@ def beam_search(
         origin, token = best // logp.shape[1], best % logp.shape[1]
         scores = cand[best]
         tokens = torch.cat([tokens[origin], token.unsqueeze(1)], dim=1)
-        if use_cache:  # the caches follow their beams
+        if paged:  # the sequences follow their beams (their blocks' contents are copied)
+            seqs = cache.sequences
+            cache.copy_sequences(seqs, [seqs[int(o)] for o in origin])
+            logits = model.step_paged(token.unsqueeze(1), cache)
+        elif use_cache:  # the caches follow their beams
             for k_cache, v_cache in caches:
                 k_cache.copy_(k_cache[origin])
                 v_cache.copy_(v_cache[origin])
@@ -174,6 +228,11 @@ def main(argv=None) -> None:
         action="store_true",
         help="assert cached and uncached decoding give the same tokens",
     )
+    parser.add_argument(
+        "--paged",
+        action="store_true",
+        help="also decode with a paged KV cache and assert the dense cache's tokens",
+    )
     parser.add_argument("--backend", default=None)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--beams", type=int, default=4)
@@ -190,11 +249,23 @@ def main(argv=None) -> None:
         full = greedy(model, prompt, args.steps, use_cache=False)
         beam_cached = beam_search(model, prompt[:1], args.steps, args.beams, use_cache=True)
         beam_full = beam_search(model, prompt[:1], args.steps, args.beams, use_cache=False)
+        if args.paged:
+            paged = greedy(model, prompt, args.steps, use_cache=True, paged=True)
+            beam_paged = beam_search(
+                model, prompt[:1], args.steps, args.beams, use_cache=True, paged=True
+            )
     print("greedy (KV cache):", cached[0].tolist())
     print("greedy (recompute):", full[0].tolist())
     print(f"beam search K={args.beams} (KV cache):", beam_cached)
     print(f"beam search K={args.beams} (recompute):", beam_full)
+    if args.paged:
+        print("greedy (paged KV cache):", paged[0].tolist())
+        print(f"beam search K={args.beams} (paged KV cache):", beam_paged)
     print("attention_with_kvcache ran on:", fastattn.last_backend("attention_with_kvcache"))
+    if args.paged:
+        assert torch.equal(paged, cached), "greedy tokens differ between paged and dense caches"
+        assert beam_paged == beam_cached, "beam search differs between paged and dense caches"
+        print("paged check passed: the paged cache gives the dense cache's tokens")
     if args.check:
         assert torch.equal(cached, full), "greedy tokens differ between cached and recomputed"
         assert beam_cached == beam_full, "beam search differs between cached and recomputed"

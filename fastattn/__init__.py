@@ -4,7 +4,7 @@ encodings, with drop-in PyTorch modules.
 Public API (see README.md and the docstrings):
   backends:   available_backends, use_backend, set_backend, last_backend
   attention:  attention, merge_attention, additive_attention, varlen_attention,
-              pack_padded, unpack_padded, attention_with_kvcache
+              pack_padded, unpack_padded, attention_with_kvcache, PagedKVCache
   recurrent:  lstm_cell, lstm, gru_cell, gru, rnn_cell, rnn
   positional: sinusoidal_table, add_sinusoidal, embed_with_positions, apply_rotary
   modules:    fastattn.nn, swap_modules, restore_modules, swap_summary
@@ -30,6 +30,7 @@ __version__ = "0.1.0"
 # Importing the ops above registered every backend's kernels as torch ops (the Triton ones
 # where triton imports; otherwise available_backends() says why the triton backend is missing).
 from . import nn
+from .nn.paged_kv_cache import PagedKVCache
 from .swap import restore_modules, swap_modules, swap_summary
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "pack_padded",
     "unpack_padded",
     "attention_with_kvcache",
+    "PagedKVCache",
     "lstm_cell",
     "lstm",
     "gru_cell",

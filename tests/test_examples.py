@@ -28,6 +28,30 @@ def test_decoding_example_cached_matches_recomputed():
     assert "attention_with_kvcache ran on: cpu" in proc.stdout
 
 
+def test_decoding_example_paged_matches_dense():
+    """examples/decoding.py --paged: greedy and beam search through fastattn.PagedKVCache give
+    the dense cache's tokens (and those of recomputing the prefix)."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "examples" / "decoding.py"),
+            "--check",
+            "--paged",
+            "--steps",
+            "12",
+            "--beams",
+            "3",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "paged check passed" in proc.stdout and "check passed" in proc.stdout
+    assert "attention_with_kvcache ran on: cpu" in proc.stdout
+
+
 def test_context_parallel_example_matches_one_process():
     """examples/context_parallel.py under torchrun with 2 processes (gloo): loss and gradients
     equal one-process training (--check), bounded in time."""

@@ -341,3 +341,70 @@ def test_position_bias_joins_the_mask_and_gets_its_gradient():
     (grad,) = torch.autograd.grad((out * out).sum(), bias)
     (grad_expected,) = torch.autograd.grad((expected * expected).sum(), bias)
     torch.testing.assert_close(grad, grad_expected)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPT-OSS: attention sinks (s_aux) go to fastattn's `sinks`
+
+
+def gpt_oss_pair():
+    config = transformers.GptOssConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=24,
+        num_hidden_layers=2,  # one sliding-window layer, one full
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=5,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        experts_implementation="eager",  # grouped_mm has no float64
+    )
+    torch.manual_seed(0)
+    eager = transformers.GptOssModel._from_config(
+        copy.deepcopy(config), attn_implementation="eager"
+    )
+    fast = transformers.GptOssModel._from_config(
+        copy.deepcopy(config), attn_implementation="fastattn"
+    )
+    with torch.no_grad():  # sinks of a few units, so that they matter
+        g = torch.Generator().manual_seed(1)
+        for name, p in eager.named_parameters():
+            scale = 2.0 if name.endswith("sinks") else 0.02
+            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    fast.load_state_dict(eager.state_dict())
+    return eager.to(F64), fast.to(F64)
+
+
+@pytest.mark.parametrize("padding", ("none", "right"))
+def test_gpt_oss_sinks_match_eager(monkeypatch, padding):
+    """GPT-OSS passes its per-head sinks as s_aux: hidden states and every parameter's
+    gradient, the sinks' included, equal eager's in float64."""
+    eager, fast = gpt_oss_pair()
+    ids, mask = batch(padding)
+    h_e, g_e = hidden_and_grads(eager, ids, mask)
+    sinks_seen = []
+    real = fa_hf.attention
+
+    def spy(q, k, v, **kw):
+        sinks_seen.append(kw.get("sinks"))
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(fa_hf, "attention", spy)
+    h_f, g_f = hidden_and_grads(fast, ids, mask)
+    assert len(sinks_seen) == 2 and all(s is not None and s.shape == (4,) for s in sinks_seen)
+    assert fastattn.last_backend("attention") == "cpu"
+    valid = mask.bool()
+    torch.testing.assert_close(h_f[valid], h_e[valid], rtol=1e-9, atol=1e-10)
+    sink_keys = [key for key in g_e if key.endswith("sinks")]
+    assert len(sink_keys) == 2 and all(g_e[key].abs().sum() > 0 for key in sink_keys)
+    for key in g_e:
+        if g_e[key] is not None:
+            torch.testing.assert_close(
+                g_f[key], g_e[key], rtol=1e-9, atol=1e-10, msg=lambda m, key=key: f"{key}: {m}"
+            )

@@ -720,6 +720,54 @@ void online_softmax(acc* s, int64_t M, int64_t N, acc* m, acc* l, acc* o_acc, in
   }
 }
 
+// Rows [j0, j0 + N) of head hk of sequence b's paged keys (or values) as (base, row stride, first
+// row r0) for a Tiles::load_k/load_v call: base + r0 * stride is row j0. Rows that lie in one
+// block are read in place from the pool; a tile that straddles blocks (block sizes that are not
+// multiples of kBlockK) is copied block run by block run into `stage` (kBlockK x W, row stride
+// W), the only copy the paged path makes (one L1-sized tile, never the cache).
+template <typename T>
+const T* paged_rows(const AttentionProblem& p, const T* pool, const Strides4& s, int64_t b,
+                    int64_t hk, int64_t j0, int64_t N, int64_t W, T* stage, int64_t& stride,
+                    int64_t& r0) {
+  const int32_t* table = p.block_table + b * p.block_table_stride;
+  const int64_t ps = p.page_size;
+  const int64_t first = j0 / ps, last = (j0 + N - 1) / ps;
+  if (first == last) {
+    stride = s.l;
+    r0 = j0 - first * ps;
+    return pool + table[first] * s.b + hk * s.h;
+  }
+  for (int64_t j = j0; j < j0 + N;) {
+    const int64_t page = j / ps, row = j - page * ps, run = std::min(ps - row, j0 + N - j);
+    const T* from = pool + table[page] * s.b + hk * s.h + row * s.l;
+    T* to = stage + (j - j0) * W;
+    if (s.l == W) {
+      std::copy(from, from + run * W, to);
+    } else {
+      for (int64_t r = 0; r < run; ++r) std::copy(from + r * s.l, from + r * s.l + W, to + r * W);
+    }
+    j += run;
+  }
+  stride = W;
+  r0 = 0;
+  return stage;
+}
+
+// Prefetches rows [j0, j0 + N) of a paged head (paged_rows' addressing): a dense cache's rows
+// stream through the hardware prefetcher, a paged cache's jump from block to block wherever the
+// table puts them, so the next tile's rows are requested while this tile computes.
+template <typename T>
+void prefetch_paged_rows(const AttentionProblem& p, const T* pool, const Strides4& s, int64_t b,
+                         int64_t hk, int64_t j0, int64_t N, int64_t W) {
+  const int32_t* table = p.block_table + b * p.block_table_stride;
+  const int64_t bytes = W * static_cast<int64_t>(sizeof(T));
+  for (int64_t j = j0; j < j0 + N; ++j) {
+    const char* row = reinterpret_cast<const char*>(pool + table[j / p.page_size] * s.b + hk * s.h +
+                                                    (j % p.page_size) * s.l);
+    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off);
+  }
+}
+
 template <typename T, typename Tiles>
 void forward_impl(const AttentionForwardParams& fp) {
   using acc = typename Tiles::acc;
@@ -747,6 +795,8 @@ void forward_impl(const AttentionForwardParams& fp) {
     std::vector<acc> s(kBlockQ * kBlockK), mult(kBlockQ * kBlockK), o_acc(kBlockQ * Dv);
     std::vector<acc> row(std::max(std::max(D, Dv), kBlockK)), m(kBlockQ), l(kBlockQ);
     std::vector<float> scratch(kBlockK);
+    const bool paged = p.block_table != nullptr;
+    std::vector<T> k_stage(paged ? kBlockK * D : 0), v_stage(paged ? kBlockK * Dv : 0);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t split = task % splits, rest = task / splits;
       const int64_t qb = rest % q_blocks, bh = rest / q_blocks;
@@ -755,8 +805,9 @@ void forward_impl(const AttentionForwardParams& fp) {
       const int64_t i0 = qb * kBlockQ, M = std::min(kBlockQ, g.Lq - i0);
       if (M <= 0) continue;  // a shorter sequence of a varlen batch
       const ScoreContext<acc> ctx(p, g, b, h);
-      const T* k_base = K + b * p.k_s.b + hk * p.k_s.h + g.k_row0 * p.k_s.l;
-      const T* v_base = V + b * p.v_s.b + hk * p.v_s.h + g.k_row0 * p.v_s.l;
+      // (paged: rows are addressed through the block table, paged_rows)
+      const T* k_base = paged ? K : K + b * p.k_s.b + hk * p.k_s.h + g.k_row0 * p.k_s.l;
+      const T* v_base = paged ? V : V + b * p.v_s.b + hk * p.v_s.h + g.k_row0 * p.v_s.l;
       tiles.load_q(Q + b * p.q_s.b + h * p.q_s.h + g.q_row0 * p.q_s.l, p.q_s.l, i0, M, false);
       std::fill(o_acc.begin(), o_acc.begin() + M * Dv, acc(0));
       std::fill(m.begin(), m.begin() + M, neg_inf<acc>());
@@ -766,7 +817,18 @@ void forward_impl(const AttentionForwardParams& fp) {
       kb_last = std::min(kb_last, (split + 1) * blocks_per_split);
       for (int64_t kb = kb_first; kb < kb_last; ++kb) {
         const int64_t j0 = kb * kBlockK, N = std::min(kBlockK, g.Lk - j0);
-        tiles.load_k(k_base, p.k_s.l, j0, N, false);
+        if (paged && kb + 1 < kb_last) {
+          const int64_t next = std::min(kBlockK, g.Lk - j0 - kBlockK);
+          prefetch_paged_rows<T>(p, K, p.k_s, b, hk, j0 + kBlockK, next, D);
+          prefetch_paged_rows<T>(p, V, p.v_s, b, hk, j0 + kBlockK, next, Dv);
+        }
+        if (paged) {
+          int64_t stride, r0;
+          const T* rows = paged_rows<T>(p, K, p.k_s, b, hk, j0, N, D, k_stage.data(), stride, r0);
+          tiles.load_k(rows, stride, r0, N, false);
+        } else {
+          tiles.load_k(k_base, p.k_s.l, j0, N, false);
+        }
         tiles.scores(M, N, static_cast<acc>(p.scale), false, s.data());
         ctx.apply(s.data(), kBlockK, i0, M, j0, N, nullptr, row.data());
         const bool dropout = p.dropout_p > 0.0;
@@ -775,7 +837,13 @@ void forward_impl(const AttentionForwardParams& fp) {
         }
         online_softmax<Tiles, acc>(s.data(), M, N, m.data(), l.data(), o_acc.data(), Dv,
                                    dropout ? mult.data() : nullptr);
-        tiles.load_v(v_base, p.v_s.l, j0, N, false);
+        if (paged) {
+          int64_t stride, r0;
+          const T* rows = paged_rows<T>(p, V, p.v_s, b, hk, j0, N, Dv, v_stage.data(), stride, r0);
+          tiles.load_v(rows, stride, r0, N, false);
+        } else {
+          tiles.load_v(v_base, p.v_s.l, j0, N, false);
+        }
         tiles.pv(M, N, s.data(), o_acc.data());
       }
       for (int64_t r = 0; r < M; ++r) {
@@ -995,7 +1063,9 @@ template <typename T>
 void attention_forward(const AttentionForwardParams& fp) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (AmxTiles::fits(fp.p)) return forward_impl<T, AmxTiles>(fp);
+    // Not for paged caches: AmxTiles keeps packed key blocks keyed by the head's base pointer,
+    // which a paged tile's (its block, or the staging buffer) does not identify.
+    if (AmxTiles::fits(fp.p) && fp.p.block_table == nullptr) return forward_impl<T, AmxTiles>(fp);
   }
 #endif
   forward_impl<T, typename TilesFor<T>::type>(fp);

@@ -47,6 +47,13 @@ struct AttentionProblem {
   const int32_t* cu_k = nullptr;
   const int32_t* k_lengths = nullptr;
   const int32_t* q_positions = nullptr;
+  //  - paged KV cache (block_table != nullptr, with k_lengths): k and v are pools of blocks of
+  //    page_size rows, k_s.b / v_s.b the stride of one block; key j of sequence b is row
+  //    j % page_size of block block_table[b * block_table_stride + j / page_size]. Lk is the
+  //    table's capacity. Forward only.
+  const int32_t* block_table = nullptr;
+  int64_t block_table_stride = 0;
+  int64_t page_size = 0;
   int64_t total_q = 0;
   int causal_mode = 0;
   int64_t window_left = -1, window_right = -1;

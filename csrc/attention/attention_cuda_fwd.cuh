@@ -59,8 +59,12 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_fwd_mma_kernel(const 
   if (i0 >= p.Lq) return;  // the whole block: past the end of a shorter sequence
 
   const uint16_t* Qg = static_cast<const uint16_t*>(p.q) + b * p.q_sb + h * p.q_sh;
-  const uint16_t* Kg = static_cast<const uint16_t*>(p.k) + b * p.k_sb + hk * p.k_sh;
-  const uint16_t* Vg = static_cast<const uint16_t*>(p.v) + b * p.v_sb + hk * p.v_sh;
+  // A paged KV cache's tiles are read through the sequence's row of the block table.
+  const bool paged = p.block_table != nullptr;
+  const int32_t* table = paged ? p.block_table + b * p.block_table_stride : nullptr;
+  const RowMap k_rows{table, p.page_size, p.k_sb}, v_rows{table, p.page_size, p.v_sb};
+  const uint16_t* Kg = static_cast<const uint16_t*>(p.k) + (paged ? 0 : b * p.k_sb) + hk * p.k_sh;
+  const uint16_t* Vg = static_cast<const uint16_t*>(p.v) + (paged ? 0 : b * p.v_sb) + hk * p.v_sh;
 
   Scores<float> sc;  // element-wise path only (local memory)
   sc.init(p, b, h);
@@ -89,7 +93,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_fwd_mma_kernel(const 
   if (kt.first < kt.last) {
     load_tile<kBlockM, kHD, Cfg::kThreads>(sQ, Qg, p.q_sl, i0, p.Lq, p.D, p.q_aligned, tid);
     load_tile<kBlockN, kHD, Cfg::kThreads>(sK, Kg, p.k_sl, kt.first * kBlockN, p.Lk, p.D,
-                                           p.k_aligned, tid);
+                                           p.k_aligned, tid, k_rows);
     prim::cp_async_commit();
   }
 
@@ -98,7 +102,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_fwd_mma_kernel(const 
     // K[n_tile] (and Q) have landed; every warp is done with V[n_tile - 1].
     prim::cp_async_wait<0>();
     prim::block_sync();
-    load_tile<kBlockN, kHD, Cfg::kThreads>(sV, Vg, p.v_sl, j0, p.Lk, p.Dv, p.v_aligned, tid);
+    load_tile<kBlockN, kHD, Cfg::kThreads>(sV, Vg, p.v_sl, j0, p.Lk, p.Dv, p.v_aligned, tid,
+                                           v_rows);
     prim::cp_async_commit();
 
     float s[kMT][kNT][4];
@@ -187,7 +192,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_fwd_mma_kernel(const 
     prim::block_sync();
     if (n_tile + 1 < kt.last) {
       load_tile<kBlockN, kHD, Cfg::kThreads>(sK, Kg, p.k_sl, j0 + kBlockN, p.Lk, p.D, p.k_aligned,
-                                             tid);
+                                             tid, k_rows);
     }
     prim::cp_async_commit();
     mma_rs_nn<Elem, kMT, kNT / 2, kNTO, kHD>(o, pa, sV, 0, npairs_pv, lane);

@@ -25,9 +25,11 @@ struct SmemTile {
 // and ld are multiples of 8 elements) the chunks are cp.async copies, zero-filled past D and
 // past L (src_bytes < 16); the caller commits and waits. Otherwise scalar loads and a 16-byte
 // shared store. Padding columns [kHD, kHD + 8) are never written (and never read).
+// rows: the row mapping (attention_cuda_prims.cuh: RowMap; default dense, row * ld): a paged KV
+// cache's keys and values are read through its block table.
 template <int kRows, int kHD, int kThreads>
 __device__ __forceinline__ void load_tile(uint16_t* s, const uint16_t* g, int64_t ld, int r0, int L,
-                                          int D, bool aligned, int tid) {
+                                          int D, bool aligned, int tid, RowMap rows = RowMap{}) {
   constexpr int kStride = SmemTile<kHD>::kStride;
   constexpr int kChunksPerRow = kHD / 8;
   constexpr int kChunks = kRows * kChunksPerRow;
@@ -42,7 +44,7 @@ __device__ __forceinline__ void load_tile(uint16_t* s, const uint16_t* g, int64_
     const int n = row < L ? max(0, min(8, D - d0)) : 0;
     FASTATTN_DEVICE_CHECK(r < kRows && d0 + 8 <= kHD && (n == 0 || (row < L && d0 < D)));
     uint16_t* dst = s + r * kStride + d0;
-    const uint16_t* src = n > 0 ? g + static_cast<int64_t>(row) * ld + d0 : g;
+    const uint16_t* src = n > 0 ? g + rows.offset(row, ld) + d0 : g;
     if (aligned) {
       prim::cp_async_16(dst, src, n * 2);
     } else {

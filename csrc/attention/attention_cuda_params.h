@@ -75,8 +75,16 @@ struct Problem {
   const int32_t* cu_k;
   const int32_t* k_lengths;
   const int32_t* q_positions;
-  int total_q, total_k;  // varlen: packed row counts
-  int drop_lk;           // varlen: max_seqlen_k (the dropout numbering's key count)
+  //  - paged KV cache (block_table != null, with k_lengths): k/v are pools of blocks of page_size
+  //    rows, k_sb/v_sb the stride of one block; key j of sequence b is row j % page_size of block
+  //    block_table[b * block_table_stride + j / page_size] (device int32). Lk is the table's
+  //    capacity. Forward only (the forward kernels address their K/V tiles through kv_rows).
+  const int32_t* block_table;
+  int64_t block_table_stride;
+  int page_size;
+  int num_blocks, table_cols;  // the pools' blocks and the table's width (the emulator's ranges)
+  int total_q, total_k;        // varlen: packed row counts
+  int drop_lk;                 // varlen: max_seqlen_k (the dropout numbering's key count)
   int causal_mode, window_left, window_right;
   // Set by select_sequence (dense: 0 and Lk - Lq): first packed query row of the sequence, and
   // the ALiBi shift (query i sits at key position i + shift).

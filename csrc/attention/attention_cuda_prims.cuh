@@ -202,3 +202,20 @@ __device__ __forceinline__ T inf_of() {
   return static_cast<T>(INFINITY);
 }
 }  // namespace fastattn::cuda::prim
+
+namespace fastattn::cuda::attn {
+// Where row `row` of a K or V tile starts, relative to the head's base pointer. Dense (table
+// null): row * ld. Paged KV cache: row j is row j % page of block table[j / page] of the pool,
+// blocks block_stride elements apart (table: the sequence's row of the block table; its
+// entries were checked before the launch).
+struct RowMap {
+  const int32_t* table = nullptr;
+  int page = 1;
+  int64_t block_stride = 0;
+  __device__ __forceinline__ int64_t offset(int row, int64_t ld) const {
+    if (table == nullptr) return static_cast<int64_t>(row) * ld;
+    const int32_t block = prim::ldg(table + row / page);
+    return static_cast<int64_t>(block) * block_stride + static_cast<int64_t>(row % page) * ld;
+  }
+};
+}  // namespace fastattn::cuda::attn

@@ -43,12 +43,12 @@ struct SimtConfig {
 // tile with row length ld_s; rows >= L and the columns [D, ld_s) are zero.
 template <typename T>
 __device__ __forceinline__ void simt_load_tile(T* s, int ld_s, const T* g, int64_t ld, int r0,
-                                               int rows, int L, int D, int tid, int threads) {
+                                               int rows, int L, int D, int tid, int threads,
+                                               RowMap map = RowMap{}) {
   for (int idx = tid; idx < rows * ld_s; idx += threads) {
     const int r = idx / ld_s, d = idx % ld_s;
     const int row = r0 + r;
-    prim::sts(s + idx,
-              (row < L && d < D) ? prim::ldg(g + static_cast<int64_t>(row) * ld + d) : T(0));
+    prim::sts(s + idx, (row < L && d < D) ? prim::ldg(g + map.offset(row, ld) + d) : T(0));
   }
 }
 
@@ -165,8 +165,12 @@ __global__ void __launch_bounds__(SimtConfig<T, kR_>::kThreads)
   if (i0 >= p.Lq) return;  // the whole block: past the end of a shorter sequence
 
   const T* Qg = static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh;
-  const T* Kg = static_cast<const T*>(p.k) + b * p.k_sb + hk * p.k_sh;
-  const T* Vg = static_cast<const T*>(p.v) + b * p.v_sb + hk * p.v_sh;
+  // A paged KV cache's tiles are read through the sequence's row of the block table.
+  const bool paged = p.block_table != nullptr;
+  const int32_t* table = paged ? p.block_table + b * p.block_table_stride : nullptr;
+  const RowMap k_rows{table, p.page_size, p.k_sb}, v_rows{table, p.page_size, p.v_sb};
+  const T* Kg = static_cast<const T*>(p.k) + (paged ? 0 : b * p.k_sb) + hk * p.k_sh;
+  const T* Vg = static_cast<const T*>(p.v) + (paged ? 0 : b * p.v_sb) + hk * p.v_sh;
   T* myP = sP + warp * kR * 32;
 
   Scores<T> sc;  // element-wise path only (local memory)
@@ -193,7 +197,7 @@ __global__ void __launch_bounds__(SimtConfig<T, kR_>::kThreads)
     const int j0 = n_tile * 32;
     const int j = j0 + lane;
     prim::block_sync();  // the previous V tile is no longer read (and Q has landed)
-    simt_load_tile(sKV, ldkv, Kg, p.k_sl, j0, 32, p.Lk, D, tid, Cfg::kThreads);
+    simt_load_tile(sKV, ldkv, Kg, p.k_sl, j0, 32, p.Lk, D, tid, Cfg::kThreads, k_rows);
     prim::block_sync();
     // Scores of the warp's rows against key j.
 #pragma unroll 1
@@ -226,7 +230,7 @@ __global__ void __launch_bounds__(SimtConfig<T, kR_>::kThreads)
       prim::sts(myP + r * 32 + lane, pv);
     }
     prim::block_sync();  // every warp is done with K
-    simt_load_tile(sKV, ldkv, Vg, p.v_sl, j0, 32, p.Lk, Dv, tid, Cfg::kThreads);
+    simt_load_tile(sKV, ldkv, Vg, p.v_sl, j0, 32, p.Lk, Dv, tid, Cfg::kThreads, v_rows);
     prim::block_sync();
     simt_accumulate<T, kR, kCols>(o, myP, sKV, ldkv, Dv, lane);
   }

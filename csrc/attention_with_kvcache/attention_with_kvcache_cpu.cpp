@@ -23,24 +23,80 @@ namespace {
 
 namespace kvcache = fastattn::attention_with_kvcache;
 
+// The rules of a paged cache's values that the Python layer leaves to this op for the cpu
+// backend raise its ValueError (TORCH_CHECK_VALUE), with the same messages.
+#define FASTATTN_CHECK_VALUE(cond, op, ...) TORCH_CHECK_VALUE((cond), op, ": ", __VA_ARGS__)
+
+// Paged caches: the (B, Hkv, block_size, W) view of the pool's first block repeated for every
+// sequence, so that check_problem and make_problem see the batch's shapes (the kernels then
+// address the pool through the table); refuses an empty pool.
+Tensor per_sequence_view(const Tensor& pool, int64_t B, const char* op, const char* name) {
+  FASTATTN_CHECK(pool.dim() == 4 && pool.size(0) > 0, op, name,
+                 " must be a non-empty pool (num_blocks, Hkv, block_size, D) with block_table, "
+                 "got ",
+                 pool.sizes());
+  return pool.narrow(0, 0, 1).expand({B, pool.size(1), pool.size(2), pool.size(3)});
+}
+
+// Checks block_table (int32 (B, max_blocks), contiguous rows, CPU) against the pools and the
+// sequences' lengths: block_size a multiple of 16, every entry the call reads or writes (the
+// first ceil(lengths[b] / block_size) of row b) a block of the pool. Returns the capacity.
+int64_t check_block_table(const Tensor& table, const Tensor& k_pool, const Tensor& v_pool,
+                          int64_t B, const int32_t* lengths, const char* op) {
+  FASTATTN_CHECK(table.scalar_type() == at::kInt && table.dim() == 2 && table.size(0) == B &&
+                     table.device().is_cpu() && (table.size(1) <= 1 || table.stride(1) == 1),
+                 op, "block_table must be an int32 (B, max_blocks_per_seq) = (", B,
+                 ", ...) CPU tensor with unit last stride, got ", table.scalar_type(), " ",
+                 table.sizes(), " on ", table.device());
+  const int64_t blocks = k_pool.size(0), bs = k_pool.size(2);
+  FASTATTN_CHECK(v_pool.size(0) == blocks && v_pool.size(2) == bs, op,
+                 "k_cache and v_cache must be pools of the same blocks, got ", k_pool.sizes(),
+                 " and ", v_pool.sizes());
+  FASTATTN_CHECK_VALUE(
+      bs > 0 && bs % 16 == 0, op,
+      "the paged cache's block_size (k_cache.size(2)) must be a positive multiple of "
+      "16, got ",
+      bs);
+  const int64_t capacity = table.size(1) * bs;
+  const int32_t* t = table.data_ptr<int32_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    FASTATTN_CHECK_VALUE(
+        lengths[b] >= 0 && lengths[b] <= capacity, op, "sequence ", b, "'s ", lengths[b],
+        " keys exceed the block table's capacity max_blocks_per_seq * ", "block_size = ", capacity);
+    for (int64_t i = 0; i < (lengths[b] + bs - 1) / bs; ++i) {
+      const int32_t blk = t[b * table.stride(0) + i];
+      FASTATTN_CHECK_VALUE(
+          blk >= 0 && blk < blocks, op, "block_table[", b, ", ", i, "] = ", blk,
+          " is outside the pool: block indices must be in [0, num_blocks = ", blocks, ")");
+    }
+  }
+  return capacity;
+}
+
 std::tuple<Tensor, Tensor> attention_decode_cpu(const Tensor& q, const Tensor& k_cache,
                                                 const Tensor& v_cache, const Tensor& k_lengths,
                                                 const Tensor& q_positions,
                                                 const optional<Tensor>& alibi, double scale,
                                                 double softcap, int64_t causal_mode, int64_t wl,
-                                                int64_t wr, int64_t num_splits) {
+                                                int64_t wr, int64_t num_splits,
+                                                const optional<Tensor>& block_table) {
   constexpr const char* op = "attention_decode";
-  check_problem(q, k_cache, v_cache, c10::nullopt, c10::nullopt, alibi, 0.0, c10::nullopt, op);
   const int64_t B = q.size(0);
+  const bool paged = defined(block_table);
+  const Tensor k_view = paged ? per_sequence_view(k_cache, B, op, "k_cache") : k_cache;
+  const Tensor v_view = paged ? per_sequence_view(v_cache, B, op, "v_cache") : v_cache;
+  check_problem(q, k_view, v_view, c10::nullopt, c10::nullopt, alibi, 0.0, c10::nullopt, op);
   for (const auto* t : {&k_lengths, &q_positions}) {
     FASTATTN_CHECK(t->scalar_type() == at::kInt && t->dim() == 1 && t->numel() == B &&
                        t->is_contiguous() && t->device().is_cpu(),
                    op, "k_lengths and q_positions must be contiguous int32 (B,) CPU tensors");
   }
   const int32_t* lens = k_lengths.data_ptr<int32_t>();
+  const int64_t Lmax =
+      paged ? check_block_table(*block_table, k_cache, v_cache, B, lens, op) : k_cache.size(2);
   for (int64_t b = 0; b < B; ++b) {
-    FASTATTN_CHECK(lens[b] >= 0 && lens[b] <= k_cache.size(2), op, "k_lengths[", b, "] = ", lens[b],
-                   " is outside [0, ", k_cache.size(2), "]");
+    FASTATTN_CHECK(lens[b] >= 0 && lens[b] <= Lmax, op, "k_lengths[", b, "] = ", lens[b],
+                   " is outside [0, ", Lmax, "]");
   }
   Tensor out = output_like(q, v_cache.size(3));
   Tensor lse = at::empty({B, q.size(1), q.size(2)}, q.options().dtype(lse_dtype(q)));
@@ -67,8 +123,16 @@ std::tuple<Tensor, Tensor> attention_decode_cpu(const Tensor& q, const Tensor& k
           ? out.as_strided({B, Hkv, group, out.size(3)},
                            {out.stride(0), group * out.stride(1), out.stride(1), out.stride(3)})
           : out;
-  cpu::AttentionProblem p = make_problem(q_rows, k_cache, v_cache, c10::nullopt, c10::nullopt,
-                                         alibi, scale, softcap, 0, 0, 0.0, c10::nullopt);
+  cpu::AttentionProblem p = make_problem(q_rows, k_view, v_view, c10::nullopt, c10::nullopt, alibi,
+                                         scale, softcap, 0, 0, 0.0, c10::nullopt);
+  if (paged) {  // the pools through the table: block strides, the table's capacity
+    p.k_s.b = k_cache.stride(0);
+    p.v_s.b = v_cache.stride(0);
+    p.Lk = Lmax;
+    p.block_table = block_table->data_ptr<int32_t>();
+    p.block_table_stride = block_table->stride(0);
+    p.page_size = k_cache.size(2);
+  }
   p.k_lengths = lens;
   p.q_positions = positions;
   // Packed rows i > 0 would otherwise sit at positions + i; causal is a no-op there (above).
@@ -79,7 +143,7 @@ std::tuple<Tensor, Tensor> attention_decode_cpu(const Tensor& q, const Tensor& k
     // Enough tasks for every thread twice over; each split still gets >= 4 key blocks.
     const int64_t tasks = B * q_rows.size(1) * ((q_rows.size(2) + 63) / 64);
     const int64_t want = (2 * at::get_num_threads() + tasks - 1) / tasks;
-    const int64_t most = std::max<int64_t>(1, (k_cache.size(2) + 255) / 256);
+    const int64_t most = std::max<int64_t>(1, (Lmax + 255) / 256);
     num_splits = std::clamp<int64_t>(want, 1, most);
   }
   p.kv_splits = num_splits;
@@ -91,8 +155,12 @@ std::tuple<Tensor, Tensor> attention_decode_cpu(const Tensor& q, const Tensor& k
 }
 
 // Copies src (B, H, L, W) into rows [positions[b], positions[b] + L) of cache (B, H, Lmax, W),
-// one W-element row at a time (both have unit last strides and the same dtype).
-void append_rows(const Tensor& src, const Tensor& cache, const int32_t* positions) {
+// one W-element row at a time (both have unit last strides and the same dtype). Paged (table
+// non-null, row stride table_stride): cache is a pool (num_blocks, H, block_size, W) and
+// position p of sequence b is row p % block_size of block table[b, p / block_size] (entries
+// checked by the caller).
+void append_rows(const Tensor& src, const Tensor& cache, const int32_t* positions,
+                 const int32_t* table = nullptr, int64_t table_stride = 0) {
   const int64_t H = src.size(1), L = src.size(2), W = src.size(3);
   const int64_t item = src.element_size();
   const char* from = static_cast<const char*>(src.data_ptr());
@@ -102,10 +170,14 @@ void append_rows(const Tensor& src, const Tensor& cache, const int32_t* position
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       for (int64_t l = 0; l < L; ++l) {
+        int64_t block = b, row = positions[b] + l;
+        if (table != nullptr) {
+          const int64_t bs = cache.size(2);
+          block = table[b * table_stride + row / bs];
+          row %= bs;
+        }
         std::memcpy(
-            to +
-                (b * cache.stride(0) + h * cache.stride(1) + (positions[b] + l) * cache.stride(2)) *
-                    item,
+            to + (block * cache.stride(0) + h * cache.stride(1) + row * cache.stride(2)) * item,
             from + (b * src.stride(0) + h * src.stride(1) + l * src.stride(2)) * item, W * item);
       }
     }
@@ -117,30 +189,41 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_cpu(
     const optional<Tensor>& k_new, const optional<Tensor>& v_new,
     const optional<Tensor>& rotary_cos, const optional<Tensor>& rotary_sin, bool rotary_interleaved,
     const optional<Tensor>& alibi, double scale, double softcap, int64_t causal_mode, int64_t wl,
-    int64_t wr, int64_t num_splits) {
+    int64_t wr, int64_t num_splits, const optional<Tensor>& block_table) {
   constexpr const char* op = "attention_with_kvcache";
   // Every check before the caches are written.
-  check_problem(q, k_cache, v_cache, c10::nullopt, c10::nullopt, alibi, 0.0, c10::nullopt, op);
-  const int64_t Lnew = kvcache::check_new_tokens(q, k_cache, v_cache, cache_seqlens, k_new, v_new,
+  const int64_t B = q.size(0);
+  const bool paged = defined(block_table);
+  const Tensor k_view = paged ? per_sequence_view(k_cache, B, op, "k_cache") : k_cache;
+  const Tensor v_view = paged ? per_sequence_view(v_cache, B, op, "v_cache") : v_cache;
+  check_problem(q, k_view, v_view, c10::nullopt, c10::nullopt, alibi, 0.0, c10::nullopt, op);
+  const int64_t Lnew = kvcache::check_new_tokens(q, k_view, v_view, cache_seqlens, k_new, v_new,
                                                  rotary_cos, rotary_sin, op);
-  const int64_t B = q.size(0), Lmax = k_cache.size(2);
   const bool append = defined(k_new);
   const Tensor seqlens = cache_seqlens.contiguous();
   const int32_t* starts = seqlens.data_ptr<int32_t>();
   for (int64_t b = 0; b < B; ++b) {
     FASTATTN_CHECK(starts[b] >= 0, op, "cache_seqlens must be >= 0, got ", starts[b]);
-    FASTATTN_CHECK(starts[b] + Lnew <= Lmax, op, "the cache is too small: cache_seqlens[", b,
-                   "] = ", starts[b], " plus ", Lnew, " new tokens exceed Lmax = ", Lmax);
+  }
+  const Tensor k_lengths = Lnew > 0 ? seqlens.add(Lnew).to(at::kInt) : seqlens;
+  const int64_t Lmax = paged ? check_block_table(*block_table, k_cache, v_cache, B,
+                                                 k_lengths.data_ptr<int32_t>(), op)
+                             : k_cache.size(2);
+  for (int64_t b = 0; b < B; ++b) {
+    FASTATTN_CHECK_VALUE(starts[b] + Lnew <= Lmax, op, "the cache is too small: cache_seqlens[", b,
+                         "] = ", starts[b], " plus ", Lnew, " new tokens exceed ",
+                         paged ? "the block table's capacity " : "Lmax = ", Lmax);
   }
   const auto [q_rot, k_append] =
       kvcache::rotated_new_tokens(q, k_new, rotary_cos, rotary_sin, seqlens, rotary_interleaved);
   if (append && Lnew > 0) {
-    append_rows(k_append, k_cache, starts);
-    append_rows(*v_new, v_cache, starts);
+    const int32_t* table = paged ? block_table->data_ptr<int32_t>() : nullptr;
+    const int64_t table_stride = paged ? block_table->stride(0) : 0;
+    append_rows(k_append, k_cache, starts, table, table_stride);
+    append_rows(*v_new, v_cache, starts, table, table_stride);
   }
-  const Tensor k_lengths = Lnew > 0 ? seqlens.add(Lnew).to(at::kInt) : seqlens;
   return attention_decode_cpu(q_rot, k_cache, v_cache, k_lengths, seqlens, alibi, scale, softcap,
-                              causal_mode, wl, wr, num_splits);
+                              causal_mode, wl, wr, num_splits, block_table);
 }
 
 }  // namespace

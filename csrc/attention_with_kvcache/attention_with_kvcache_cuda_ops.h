@@ -42,17 +42,63 @@ inline int64_t choose_splits(int64_t num_splits, int64_t blocks_per_split, int64
   return std::clamp<int64_t>(num_splits, 1, kMaxSplits);
 }
 
-// sm_count: the device's multiprocessors (the automatic split count).
+// Paged caches: the (B, Hkv, block_size, W) view of the pool's first block repeated for every
+// sequence, so that check_problem and make_problem see the batch's shapes (the kernels then
+// address the pool through the table); refuses an empty pool.
+inline Tensor per_sequence_view(const Tensor& pool, int64_t B, const char* op, const char* name) {
+  FASTATTN_CHECK(pool.dim() == 4 && pool.size(0) > 0, op, name,
+                 " must be a non-empty pool (num_blocks, Hkv, block_size, D) with block_table, "
+                 "got ",
+                 pool.sizes());
+  return pool.narrow(0, 0, 1).expand({B, pool.size(1), pool.size(2), pool.size(3)});
+}
+
+// Checks a paged call's block_table (int32 (B, max_blocks_per_seq) on q's device, unit last
+// stride) and pools (same blocks, block_size a multiple of 16); returns the table's capacity
+// max_blocks_per_seq * block_size. The entries' values are checked on the device by the op
+// (attention_with_kvcache_cuda.cu), never read here.
+inline int64_t check_block_table(const Tensor& table, const Tensor& k_pool, const Tensor& v_pool,
+                                 const Tensor& q, const char* op) {
+  FASTATTN_CHECK(table.scalar_type() == at::kInt && table.dim() == 2 &&
+                     table.size(0) == q.size(0) && (table.size(1) <= 1 || table.stride(1) == 1),
+                 op, "block_table must be an int32 (B, max_blocks_per_seq) = (", q.size(0),
+                 ", ...) tensor with unit last stride, got ", table.scalar_type(), " ",
+                 table.sizes());
+  check_same_device(table, q, op, "block_table", "q");
+  FASTATTN_CHECK(
+      v_pool.dim() == 4 && v_pool.size(0) == k_pool.size(0) && v_pool.size(2) == k_pool.size(2), op,
+      "k_cache and v_cache must be pools of the same blocks, got ", k_pool.sizes(), " and ",
+      v_pool.sizes());
+  const int64_t bs = k_pool.size(2);
+  FASTATTN_CHECK(bs > 0 && bs % 16 == 0, op,
+                 "the paged cache's block_size (k_cache.size(2)) must be a positive multiple of "
+                 "16, got ",
+                 bs);
+  const int64_t capacity = table.size(1) * bs;
+  FASTATTN_CHECK(capacity <= attention::kMaxSeqLen, op,
+                 "block_table's capacity max_blocks_per_seq * block_size must be < 2**30, got ",
+                 capacity);
+  return capacity;
+}
+
+// sm_count: the device's multiprocessors (the automatic split count). block_table: a paged
+// cache (k_cache/v_cache pools), its entries checked by the caller.
 inline std::tuple<Tensor, Tensor> decode(const Tensor& q, const Tensor& k_cache,
                                          const Tensor& v_cache, const Tensor& k_lengths,
                                          const Tensor& q_positions, const optional<Tensor>& alibi,
                                          double scale, double softcap, int64_t causal_mode,
                                          int64_t wl, int64_t wr, int64_t num_splits, int sm_count,
-                                         const Launch& launch) {
+                                         const Launch& launch,
+                                         const optional<Tensor>& block_table = c10::nullopt) {
   constexpr const char* op = "attention_decode";
-  attention::check_problem(q, k_cache, v_cache, c10::nullopt, c10::nullopt, alibi, 0.0,
-                           c10::nullopt, op);
   const int64_t B = q.size(0);
+  const bool paged = block_table.has_value() && block_table->defined();
+  const Tensor k_view = paged ? per_sequence_view(k_cache, B, op, "k_cache") : k_cache;
+  const Tensor v_view = paged ? per_sequence_view(v_cache, B, op, "v_cache") : v_cache;
+  attention::check_problem(q, k_view, v_view, c10::nullopt, c10::nullopt, alibi, 0.0, c10::nullopt,
+                           op);
+  const int64_t Lmax =
+      paged ? check_block_table(*block_table, k_cache, v_cache, q, op) : k_cache.size(2);
   for (const auto& [t, name] :
        {std::pair<const Tensor*, const char*>{&k_lengths, "k_lengths"},
         std::pair<const Tensor*, const char*>{&q_positions, "q_positions"}}) {
@@ -73,8 +119,21 @@ inline std::tuple<Tensor, Tensor> decode(const Tensor& q, const Tensor& k_cache,
   poison(lse);
   if (out.numel() == 0) return {out, lse};
   FwdParams fp{};
-  fp.p = attn_impl::make_problem(q, k_cache, v_cache, c10::nullopt, c10::nullopt, alibi, scale,
+  fp.p = attn_impl::make_problem(q, k_view, v_view, c10::nullopt, c10::nullopt, alibi, scale,
                                  softcap, 0, 0, 0.0, c10::nullopt, op);
+  if (paged) {  // the pools through the table: block strides, the table's capacity
+    fp.p.k_sb = k_cache.stride(0);
+    fp.p.v_sb = v_cache.stride(0);
+    const int64_t per16 = 16 / static_cast<int64_t>(q.element_size());
+    fp.p.k_aligned = fp.p.k_aligned && k_cache.stride(0) % per16 == 0;
+    fp.p.v_aligned = fp.p.v_aligned && v_cache.stride(0) % per16 == 0;
+    fp.p.Lk = static_cast<int>(Lmax);
+    fp.p.block_table = block_table->data_ptr<int32_t>();
+    fp.p.block_table_stride = block_table->stride(0);
+    fp.p.page_size = static_cast<int>(k_cache.size(2));
+    fp.p.num_blocks = static_cast<int>(k_cache.size(0));
+    fp.p.table_cols = static_cast<int>(block_table->size(1));
+  }
   fp.p.k_lengths = k_lengths.data_ptr<int32_t>();
   fp.p.q_positions = q_positions.data_ptr<int32_t>();
   fp.p.causal_mode = static_cast<int>(causal_mode);
@@ -90,8 +149,7 @@ inline std::tuple<Tensor, Tensor> decode(const Tensor& q, const Tensor& k_cache,
   // Blocks of one split: query tiles of 64 rows (the tensor-core tiles are 64-128, SIMT 16-32)
   // times B * Hq.
   const int64_t blocks = (q.size(2) + 63) / 64 * B * q.size(1);
-  const int64_t splits =
-      choose_splits(num_splits, blocks, k_cache.size(2), sm_count, dt == Dtype::f64);
+  const int64_t splits = choose_splits(num_splits, blocks, Lmax, sm_count, dt == Dtype::f64);
   Tensor part_out, part_lse;
   if (splits > 1) {
     part_out = at::empty({splits, B, q.size(1), q.size(2), v_cache.size(3)},

@@ -4,10 +4,15 @@ latter's Triton twin attention_with_kvcache_triton. Inference only: no backward.
 
     attention_decode(q (B, Hq, Lq, D), k_cache (B, Hkv, Lmax, D), v_cache (B, Hkv, Lmax, Dv),
         k_lengths int32 (B,), q_positions int32 (B,), alibi_slopes?, scale, softcap,
-        causal_mode, window_left, window_right, num_splits) -> (out, lse)
+        causal_mode, window_left, window_right, num_splits, block_table?) -> (out, lse)
     attention_with_kvcache(q, k_cache!, v_cache!, cache_seqlens int32 (B,), k_new?, v_new?,
         rotary_cos?, rotary_sin?, rotary_interleaved, alibi_slopes?, scale, softcap,
-        causal_mode, window_left, window_right, num_splits) -> (out, lse)
+        causal_mode, window_left, window_right, num_splits, block_table?) -> (out, lse)
+
+block_table (int32 (B, max_blocks_per_seq), or None): a paged cache; k_cache/v_cache are then
+pools (num_blocks, Hkv, block_size, D/Dv), block_size a multiple of 16, and position p of
+sequence b is row p % block_size of block block_table[b, p // block_size] (read and written
+through the table inside the kernels); max_blocks_per_seq * block_size plays Lmax's part.
 
 out is (B, Hq, Lq, Dv) in q's layout and lse (B, Hq, Lq), as attention's
 (contracts/attention.py: output_like, lse_dtype).
@@ -31,6 +36,7 @@ def decode_fake(
     window_left,
     window_right,
     num_splits,
+    block_table=None,
 ):
     """(out, lse) of attention_decode."""
     B, Hq, Lq, _ = q.shape
@@ -54,6 +60,7 @@ def attention_with_kvcache_fake(
     window_left,
     window_right,
     num_splits,
+    block_table=None,
 ):
     """(out, lse) of attention_with_kvcache (the caches are written in place)."""
     B, Hq, Lq, _ = q.shape

@@ -150,12 +150,10 @@ def fastattn_attention_forward(
         q_length,
         kv_length,
     )
-    extra = {}
+    # GPT-OSS passes its attention sinks (one logit per head, (Hq,)) as s_aux.
     sinks = kwargs.get("s_aux")
     if sinks is None:
         sinks = kwargs.get("sinks")
-    if sinks is not None:
-        extra["sinks"] = sinks
     out = attention(
         query,
         key,
@@ -166,7 +164,7 @@ def fastattn_attention_forward(
         scale=scaling,
         softcap=kwargs.get("softcap") or 0.0,
         deterministic=bool(kwargs.get("deterministic") or False),
-        **extra,
+        sinks=sinks,
     )
     # out is (B, Lq, H, Dv) in memory when query is a transposed (B, L, H, D) projection.
     return out.transpose(1, 2).contiguous(), None

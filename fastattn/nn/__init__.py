@@ -5,6 +5,7 @@ from .attention import MultiheadAttention
 from .gru import GRU, GRUCell
 from .lstm import LSTM, LSTMCell
 from .luong_attention import LuongAttention
+from .paged_kv_cache import PagedKVCache
 from .positional import (
     LearnedPositionalEmbedding,
     PositionalEmbedding,
@@ -17,6 +18,7 @@ __all__ = [
     "AdditiveAttention",
     "LuongAttention",
     "MultiheadAttention",
+    "PagedKVCache",
     "LSTM",
     "LSTMCell",
     "GRU",

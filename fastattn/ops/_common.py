@@ -189,3 +189,61 @@ def register_forward_backward(
     register_autograd(
         forward + "_triton", autograd_formula(getattr(ops, backward + "_triton"), reference)
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention sinks (GPT-OSS): one learned logit per query head that joins every row's softmax
+# denominator without a value. The kernels compute (out, lse) without it; `apply_sinks` adds
+# it exactly, for every op and backend that has no sink in its own math (the reference has):
+#     lse' = logaddexp(lse, sink_h),  out' = out * exp(lse - lse') = out * sigmoid(lse - sink_h)
+# since the kernels' probabilities exp(s_j - lse) become exp(s_j - lse'). The rescale is plain
+# torch, so autograd carries dL/dout' and dL/dlse' back to the kernels' backward (which takes a
+# grad_lse) and to `sinks`; dropout is unaffected (it scales each kept probability alike).
+
+
+def canonical_sinks(op: str, sinks, q: torch.Tensor, Hq: int) -> torch.Tensor | None:
+    """Checks the `sinks` argument: a floating (Hq,) tensor on q's device. Returned as is (the
+    compute dtype is applied by `apply_sinks` / the reference, so a float32 sink trains beside
+    bf16 activations)."""
+    if sinks is None:
+        return None
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"{op}: sinks must be a torch.Tensor or None, got {type(sinks).__name__}")
+    if sinks.dtype not in FLOAT_DTYPES:
+        raise ValueError(
+            f"{op}: sinks must be float32, float16, bfloat16 or float64, got {sinks.dtype}"
+        )
+    if tuple(sinks.shape) != (Hq,):
+        raise ValueError(
+            f"{op}: sinks must be (Hq,) = ({Hq},) (one logit per query head), got "
+            f"{tuple(sinks.shape)}"
+        )
+    if sinks.device != q.device:
+        raise ValueError(f"{op}: sinks must be on q's device ({q.device}), got {sinks.device}")
+    return sinks
+
+
+def apply_sinks(
+    out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor, head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out', lse') of attention whose kernel gave (out, lse), with the per-head sink logits
+    `sinks` (Hq,) joined to every row's denominator.
+
+    lse: float32/float64, its dim `head_dim` the query head: (B, Hq, Lq) (head_dim 1) with
+        out (B, Hq, Lq, Dv), or varlen's (Hq, total_q) (head_dim 0) with out (total_q, Hq, Dv).
+    A row with no visible key (lse -inf) gives out' 0 and lse' = sink. Guarded so that no NaN
+    arises forward or backward, even for a sink of -inf (no sink: lse' = lse, -inf on an empty
+    row). Returns out' in out's dtype, lse' in lse's dtype."""
+    shape = [1] * lse.dim()
+    shape[head_dim] = -1
+    sink = sinks.to(lse.dtype).view(shape)
+    # Both -inf: logaddexp and lse - sink are NaN (and so their gradients): run them on zeros.
+    both = torch.isneginf(lse) & torch.isneginf(sink)
+    lse_safe = lse.masked_fill(both, 0.0)
+    sink_safe = torch.where(both, torch.zeros_like(lse_safe), sink)
+    new_lse = torch.logaddexp(lse_safe, sink_safe).masked_fill(both, float("-inf"))
+    # exp(lse - lse') without forming it: exactly 0 for an empty row, 1 for a -inf sink.
+    factor = torch.sigmoid(lse_safe - sink_safe).masked_fill(both, 0.0)
+    factor = factor.unsqueeze(-1) if head_dim == 1 else factor.transpose(0, 1).unsqueeze(-1)
+    new_out = (out.to(factor.dtype) * factor).to(out.dtype)
+    return new_out, new_lse

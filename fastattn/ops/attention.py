@@ -26,6 +26,8 @@ from ..contracts.attention import MAX_HEAD_DIM, WINDOW_UNBOUNDED, check_seqlen
 from ..reference import attention as ref
 from ..reference.random import dropout_keep_mask, dropout_uniform
 from ._common import (
+    apply_sinks,
+    canonical_sinks,
     check_dropout,
     check_same_device,
     check_tensor,
@@ -164,6 +166,7 @@ def attention(
     alibi_slopes: torch.Tensor | None = None,
     window: tuple[int, int] | None = None,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
     return_lse: bool = False,
     deterministic: bool = False,
     backend: str | None = None,
@@ -190,15 +193,20 @@ def attention(
     window: (left, right) sliding window; query i sees keys j with
         i + Lk - Lq - left <= j <= i + Lk - Lq + right; -1 leaves a side unbounded.
     softcap: > 0 replaces scores s by softcap * tanh(s / softcap) (Gemma 2).
+    sinks: float (Hq,) attention sinks (GPT-OSS): a learned logit per query head that joins
+        every row's softmax denominator with no value, p_j = exp(s_j) / (sum_j exp(s_j) +
+        exp(sinks[h])); lse includes it; differentiable (a gradient reaches `sinks`); any float
+        dtype (float32 sinks beside bf16 q are computed in float32).
     return_lse: also return lse (B, Hq, Lq) float32 (float64 for float64 inputs), the natural
-        log of each row's sum of exp(scores); -inf for rows with no visible key.
+        log of each row's sum of exp(scores) (plus exp(sink)); -inf for rows with no visible
+        key (the sink with sinks).
     deterministic: a bitwise reproducible backward (fastattn's kernels always are: dQ and
         dK/dV are reduced in fixed order, without atomics).
     Score pipeline: s = scale * q.k; softcap; + ALiBi; + float attn_mask; then the boolean
     masks. Rows with no visible key give output 0 (and lse -inf), never NaN.
     Returns out (B, Hq, Lq, Dv) in q's dtype, or (out, lse) with return_lse.
     """
-    out, lse, _ = _attention(
+    out, lse, _, _ = attention_band(
         q,
         k,
         v,
@@ -210,6 +218,7 @@ def attention(
         alibi_slopes=alibi_slopes,
         window=window,
         softcap=softcap,
+        sinks=sinks,
         backend=backend,
     )
     return (out, lse) if return_lse else out
@@ -327,6 +336,7 @@ def attention_band(
     seed: torch.Tensor | None = None,
     band: tuple[int, int] | None = None,
     keep: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ):
     """`attention` that also returns the canonical arguments every backend received and the
     backend that ran: (out, lse, args, backend), args = (q, k, v, attn_mask, key_padding_mask,
@@ -343,6 +353,9 @@ def attention_band(
         whose Philox numbering is the whole matrix's (`dropout_keep`); only the reference
         backend takes one (the kernels number a call's own elements), so backend must be None
         or "reference" and is then "reference".
+    sinks: `attention`'s; (out, lse) then include them (the reference computes them in its
+        math, the kernels' results go through `apply_sinks`), so a backward from the returned
+        (out, lse) by `attention_backward_canonical` treats the sink as one more key block.
     `attention_backward_canonical(..., args, backend, keep=keep)` runs the matching backward.
     """
     op = "attention"
@@ -383,6 +396,7 @@ def attention_band(
     mask = _canonical_mask(op, attn_mask, q, B, Hq, Lq, Lk)
     padding = _canonical_padding(op, key_padding_mask, q, B, Lk)
     alibi = _canonical_alibi(op, alibi_slopes, q, B, Hq)
+    sinks = canonical_sinks(op, sinks, q, Hq)
     if band is None:
         window_lo, window_hi = window_bounds(causal, window, Lq, Lk)
     else:
@@ -405,9 +419,11 @@ def attention_band(
         seed = dropout_seed(p, q.device)
     args = (q, k, v, mask, padding, alibi, scale, softcap, window_lo, window_hi, p, seed)
     if chosen == "reference":
-        out, lse = ref.attention(*args, keep=keep)
+        out, lse = ref.attention(*args, keep=keep, sinks=sinks)
     else:
         out, lse = _op("attention_forward", chosen)(*args)
+        if sinks is not None:
+            out, lse = apply_sinks(out, lse, sinks, head_dim=1)
     _backend._record(op, chosen)
     return out, lse, args, chosen
 

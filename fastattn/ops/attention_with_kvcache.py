@@ -21,8 +21,11 @@ from ..contracts import attention_with_kvcache as contract
 from ..contracts.attention import MAX_HEAD_DIM, check_seqlen
 from ..reference import attention_with_kvcache as ref
 from ._common import (
+    apply_sinks,
+    canonical_sinks,
     check_same_device,
     check_tensor,
+    device_check,
     device_check_range,
     device_checks_enabled,
     host_checks_enabled,
@@ -79,7 +82,9 @@ def attention_with_kvcache(
     softcap: float = 0.0,
     scale: float | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
     num_splits: int = 0,
+    block_table: torch.Tensor | None = None,
     backend: str | None = None,
 ) -> torch.Tensor:
     """Attention of new tokens over a KV cache, appending them first (inference only).
@@ -95,7 +100,15 @@ def attention_with_kvcache(
     causal: True (default) — query i sees cache positions <= cache_seqlens[b] + i (bottom-right
         alignment for Lq == Lnew: speculative decoding / chunked prefill); False sees the whole
         valid cache. window: (left, right) around the query position (-1 = unbounded).
+    sinks: float (Hq,) attention sinks, as in fastattn.attention.
     num_splits: key ranges computed in parallel and merged (0 = choose automatically).
+    block_table: int32 (B, max_blocks_per_seq) or None: a paged cache. k_cache/v_cache are then
+        pools (num_blocks, Hkv, block_size, D/Dv) shared by the batch, block_size a multiple of
+        16; sequence b's position p lives in block block_table[b, p // block_size] at row
+        p % block_size. The kernels read (and the append writes) through the table; its capacity
+        max_blocks_per_seq * block_size plays Lmax's part. Entries the call reads or writes (the
+        first ceil((cache_seqlens[b] + Lnew) / block_size) of row b) must be in [0, num_blocks);
+        the others are ignored. fastattn.nn.PagedKVCache allocates the blocks.
     Returns out (B, Hq, Lq, Dv).
     """
     op = "attention_with_kvcache"
@@ -117,15 +130,23 @@ def attention_with_kvcache(
         alibi_slopes=alibi_slopes,
     )
     B, Hq, Lq, D = q.shape
-    Hkv, Lmax, Dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
+    Hkv, Dv = k_cache.shape[1], v_cache.shape[3]
     if not (q.dtype == k_cache.dtype == v_cache.dtype):
         raise TypeError(f"{op}: q, k_cache and v_cache must have the same dtype")
-    if k_cache.shape[0] != B or tuple(v_cache.shape[:3]) != (B, Hkv, Lmax) or k_cache.shape[3] != D:
-        raise ValueError(
-            f"{op}: k_cache must be (B, Hkv, Lmax, D) = ({B}, Hkv, Lmax, {D}) and "
-            f"v_cache (B, Hkv, Lmax, Dv), got {tuple(k_cache.shape)} and "
-            f"{tuple(v_cache.shape)}"
-        )
+    if block_table is None:
+        Lmax = k_cache.shape[2]
+        if (
+            k_cache.shape[0] != B
+            or tuple(v_cache.shape[:3]) != (B, Hkv, Lmax)
+            or k_cache.shape[3] != D
+        ):
+            raise ValueError(
+                f"{op}: k_cache must be (B, Hkv, Lmax, D) = ({B}, Hkv, Lmax, {D}) and "
+                f"v_cache (B, Hkv, Lmax, Dv), got {tuple(k_cache.shape)} and "
+                f"{tuple(v_cache.shape)}"
+            )
+    else:
+        Lmax = _check_block_table(op, block_table, q, k_cache, v_cache)
     if Hkv == 0 or Hq % Hkv:
         raise ValueError(f"{op}: q's heads ({Hq}) must be a multiple of the caches' ({Hkv})")
     if not (1 <= D <= MAX_HEAD_DIM and 1 <= Dv <= MAX_HEAD_DIM):
@@ -158,8 +179,13 @@ def attention_with_kvcache(
             )
     if (rotary_cos is None) != (rotary_sin is None):
         raise ValueError(f"{op}: rotary_cos and rotary_sin must be given together")
+    capacity = (
+        f"Lmax = {Lmax}"
+        if block_table is None
+        else f"the block table's capacity max_blocks_per_seq * block_size = {Lmax}"
+    )
     if B > 0 and Lnew > Lmax:  # known without reading cache_seqlens
-        raise ValueError(f"{op}: the cache is too small: {Lnew} new tokens exceed Lmax = {Lmax}")
+        raise ValueError(f"{op}: the cache is too small: {Lnew} new tokens exceed {capacity}")
     if B > 0 and host_checks_enabled(cache_seqlens):
         lo, hi = (int(x) for x in torch.aminmax(cache_seqlens))
         if lo < 0:
@@ -167,7 +193,7 @@ def attention_with_kvcache(
         if hi + Lnew > Lmax:
             raise ValueError(
                 f"{op}: the cache is too small: cache_seqlens up to {hi} plus "
-                f"{Lnew} new tokens exceed Lmax = {Lmax}"
+                f"{Lnew} new tokens exceed {capacity}"
             )
     mode = 2 if causal_mode(causal) else 0
     left, right = window_sides(op, window)
@@ -180,6 +206,7 @@ def attention_with_kvcache(
                 f"{op}: alibi_slopes must be (Hq,) or (B, Hq), got {tuple(alibi_slopes.shape)}"
             )
         alibi = alibi_slopes.to(torch.float32).expand(B, Hq).contiguous()
+    sinks = canonical_sinks(op, sinks, q, Hq)
 
     # The native backends attend with attention_decode (and fuse the append where their build
     # has attention_with_kvcache); the triton backend has the fused op only.
@@ -203,8 +230,23 @@ def attention_with_kvcache(
             0,
             Lmax - Lnew,
             f"cache_seqlens must be in [0, Lmax - Lnew] = [0, {Lmax - Lnew}] "
-            f"(the cache is too small for the new tokens otherwise)",
+            f"(the cache is too small for the new tokens otherwise; Lmax: {capacity})",
         )
+        if block_table is not None:
+            bad = _bad_blocks(block_table, cache_seqlens, Lnew, k_cache.shape[2], k_cache.shape[0])
+            device_check(
+                op,
+                ~bad.any(),
+                f"block_table entries read or written must be block indices in "
+                f"[0, num_blocks = {k_cache.shape[0]})",
+            )
+    if (
+        block_table is not None
+        and B > 0
+        and chosen != "cpu"  # the native CPU op checks every entry it reads, before any write
+        and host_checks_enabled(cache_seqlens)
+    ):
+        _host_check_blocks(op, block_table, cache_seqlens, Lnew, k_cache.shape[2], k_cache.shape[0])
     positions = cache_seqlens.to(torch.int64)
     # One op for rotary, append and attention where the backend has it (triton; a native
     # build's attention_with_kvcache): a decoding step is short enough that a handful of ops'
@@ -223,7 +265,7 @@ def attention_with_kvcache(
             if chosen == "triton"
             else torch.ops.fastattn.attention_with_kvcache
         )
-        out, _ = fused(
+        out, lse = fused(
             q,
             k_cache,
             v_cache,
@@ -240,7 +282,10 @@ def attention_with_kvcache(
             left,
             right,
             int(num_splits),
+            block_table,
         )
+        if sinks is not None:
+            out, _ = apply_sinks(out, lse, sinks, head_dim=1)
         _backend._record(op, chosen)
         return out
     rotary_backend = "reference" if chosen == "reference" else None
@@ -256,9 +301,12 @@ def attention_with_kvcache(
         if k_new is not None:
             k_new = apply_rotary(k_new, **rot)
     if k_new is not None and Lnew > 0:
-        index = (positions.view(B, 1) + torch.arange(Lnew, device=q.device)).view(B, 1, Lnew, 1)
-        k_cache.scatter_(2, index.expand(B, Hkv, Lnew, D), k_new)
-        v_cache.scatter_(2, index.expand(B, Hkv, Lnew, Dv), v_new)
+        if block_table is not None:
+            ref.append_paged(k_cache, v_cache, block_table, cache_seqlens, k_new, v_new)
+        else:
+            index = (positions.view(B, 1) + torch.arange(Lnew, device=q.device)).view(B, 1, Lnew, 1)
+            k_cache.scatter_(2, index.expand(B, Hkv, Lnew, D), k_new)
+            v_cache.scatter_(2, index.expand(B, Hkv, Lnew, Dv), v_new)
     k_lengths = (cache_seqlens + Lnew).to(torch.int32)
     q_positions = cache_seqlens.to(torch.int32)
     args = (
@@ -275,11 +323,60 @@ def attention_with_kvcache(
         right,
     )
     if chosen == "reference":
-        out, _ = ref.attention_decode(*args)
+        out, _ = ref.attention_decode(*args, sinks=sinks, block_table=block_table)
     else:
-        out, _ = torch.ops.fastattn.attention_decode(*args, int(num_splits))
+        out, lse = torch.ops.fastattn.attention_decode(*args, int(num_splits), block_table)
+        if sinks is not None:
+            out, _ = apply_sinks(out, lse, sinks, head_dim=1)
     _backend._record(op, chosen)
     return out
+
+
+def _check_block_table(op, block_table, q, k_cache, v_cache) -> int:
+    """Checks a paged call's block_table and pools; returns the table's capacity
+    max_blocks_per_seq * block_size (the paged cache's Lmax)."""
+    B, _, _, D = q.shape
+    check_tensor(op, "block_table", block_table, dims=2)
+    if block_table.dtype != torch.int32 or block_table.shape[0] != B:
+        raise TypeError(
+            f"{op}: block_table must be int32 (B, max_blocks_per_seq) with B = {B}, got "
+            f"{block_table.dtype} {tuple(block_table.shape)}"
+        )
+    check_same_device(op, "q", q, block_table=block_table)
+    num_blocks, Hkv, block_size = k_cache.shape[:3]
+    if tuple(v_cache.shape[:3]) != (num_blocks, Hkv, block_size) or k_cache.shape[3] != D:
+        raise ValueError(
+            f"{op}: with block_table, k_cache must be a pool (num_blocks, Hkv, block_size, D) "
+            f"with D = {D} and v_cache (num_blocks, Hkv, block_size, Dv) alike, got "
+            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    if block_size <= 0 or block_size % 16:
+        raise ValueError(
+            f"{op}: the paged cache's block_size (k_cache.shape[2]) must be a positive "
+            f"multiple of 16, got {block_size}"
+        )
+    capacity = block_table.shape[1] * block_size
+    check_seqlen(op, "block_table's capacity (max_blocks_per_seq * block_size)", capacity)
+    return capacity
+
+
+def _bad_blocks(block_table, cache_seqlens, Lnew: int, block_size: int, num_blocks: int):
+    """bool (B, max_blocks_per_seq): entries the call reads or writes (the first
+    ceil((cache_seqlens[b] + Lnew) / block_size) of row b) that are not in [0, num_blocks)."""
+    used = (cache_seqlens.to(torch.int64) + Lnew + block_size - 1) // block_size
+    cols = torch.arange(block_table.shape[1], device=block_table.device)
+    needed = cols.view(1, -1) < used.view(-1, 1)
+    return needed & ((block_table < 0) | (block_table >= num_blocks))
+
+
+def _host_check_blocks(op, block_table, cache_seqlens, Lnew, block_size, num_blocks) -> None:
+    bad = _bad_blocks(block_table, cache_seqlens, Lnew, block_size, num_blocks)
+    if bool(bad.any()):
+        b, col = (int(x) for x in bad.nonzero()[0])
+        raise ValueError(
+            f"{op}: block_table[{b}, {col}] = {int(block_table[b, col])} is outside the pool: "
+            f"block indices must be in [0, num_blocks = {num_blocks})"
+        )
 
 
 def _register() -> None:

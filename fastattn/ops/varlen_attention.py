@@ -20,6 +20,8 @@ from ..contracts import varlen_attention as contract
 from ..contracts.attention import MAX_HEAD_DIM, check_seqlen
 from ..reference import varlen_attention as ref
 from ._common import (
+    apply_sinks,
+    canonical_sinks,
     check_dropout,
     check_same_device,
     check_tensor,
@@ -130,6 +132,7 @@ def varlen_attention(
     alibi_slopes: torch.Tensor | None = None,
     window=None,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
     return_lse: bool = False,
     deterministic: bool = False,
     backend: str | None = None,
@@ -141,7 +144,8 @@ def varlen_attention(
     (sequence b owns rows [cu[b], cu[b+1]); a sequence may be empty); max_seqlen_q/_k: the
     largest lengths. Keywords as in fastattn.attention, applied per sequence with its own
     lengths (bottom-right alignment uses that sequence's Lk - Lq); alibi_slopes (Hq,) or
-    (B, Hq). attn_mask and key_padding_mask are not accepted (packed sequences have no
+    (B, Hq); sinks float (Hq,) attention sinks as in attention (differentiable).
+    attn_mask and key_padding_mask are not accepted (packed sequences have no
     padding; pad and use attention for arbitrary masks).
     Returns out (total_q, Hq, Dv), or (out, lse) with lse (Hq, total_q) float32.
     """
@@ -199,6 +203,7 @@ def varlen_attention(
                 f"{op}: alibi_slopes must be (Hq,) or (B, Hq), got {tuple(alibi_slopes.shape)}"
             )
         alibi = alibi_slopes.to(torch.float32).expand(B, Hq)
+    sinks = canonical_sinks(op, sinks, q, Hq)
     limits: dict[str, str] = {}
     if torch.is_grad_enabled() and alibi is not None and alibi.requires_grad:
         for name in ("cpu", "cuda", "triton"):
@@ -228,10 +233,12 @@ def varlen_attention(
         seed,
     )
     if chosen == "reference":
-        out, lse = ref.varlen_attention(*args)
+        out, lse = ref.varlen_attention(*args, sinks=sinks)
     else:
         name = "varlen_attention_forward" + ("_triton" if chosen == "triton" else "")
         out, lse = getattr(torch.ops.fastattn, name)(*args)
+        if sinks is not None:
+            out, lse = apply_sinks(out, lse, sinks, head_dim=0)
     _backend._record(op, chosen)
     return (out, lse) if return_lse else out
 

@@ -76,25 +76,34 @@ def attention(
     dropout_p: float,
     seed,
     keep: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, Hq, Lq, Dv) in q's dtype, lse (B, Hq, Lq) float32, float64 for float64 inputs).
     Differentiable by autograd in every tensor argument, the float attn_mask included.
     keep: an explicit dropout keep-mask (B, Hq, Lq, Lk) for layouts that number the Philox
-    stream differently (varlen); by default element ((b*Hq + h)*Lq + i)*Lk + j."""
+    stream differently (varlen); by default element ((b*Hq + h)*Lq + i)*Lk + j.
+    sinks: None or float (Hq,): attention sinks, one extra logit per head in every row's
+    softmax denominator with no value (GPT-OSS): p_j = exp(s_j) / (sum_j exp(s_j) + exp(sink));
+    lse includes it, so a row with no visible key has lse = sink and output 0."""
     B, Hq, Lq, _ = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     acc = compute_dtype(q.dtype)
     s = scores(
         q, k, attn_mask, key_padding_mask, alibi_slopes, scale, softcap, window_lo, window_hi
     )
+    # The sink is one more column of the softmax, with no value (it only joins the lse).
+    s_all = s
+    if sinks is not None:
+        sink = sinks.to(acc).view(1, Hq, 1, 1).expand(B, Hq, Lq, 1)
+        s_all = torch.cat([s, sink], dim=-1)
     # Rows with no visible key (every score -inf, also through a float mask of -inf): their
     # lse is -inf, and logsumexp's own backward would give them NaN (exp(-inf - -inf)), so it
     # runs on zeros there, whose gradient does not reach s.
-    if s.shape[-1] > 0:
-        empty = torch.isneginf(s.amax(dim=-1))
+    if s_all.shape[-1] > 0:
+        empty = torch.isneginf(s_all.amax(dim=-1))
     else:  # no keys at all
         empty = torch.ones(s.shape[:-1], dtype=torch.bool, device=s.device)
-    lse = torch.logsumexp(s.masked_fill(empty.unsqueeze(-1), 0.0), dim=-1)
+    lse = torch.logsumexp(s_all.masked_fill(empty.unsqueeze(-1), 0.0), dim=-1)
     lse = lse.masked_fill(empty, float("-inf"))
     # exp(s - lse) with fully masked rows (lse = -inf) giving 0 instead of NaN.
     safe_lse = torch.where(empty, torch.zeros_like(lse), lse)

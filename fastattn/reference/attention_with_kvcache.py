@@ -1,5 +1,10 @@
 """Plain-PyTorch attention over a KV cache (the "reference" backend of attention_decode):
-sequence b's queries sit at positions q_positions[b] + i and see keys [0, k_lengths[b])."""
+sequence b's queries sit at positions q_positions[b] + i and see keys [0, k_lengths[b]).
+
+Paged caches (block_table int32 (B, max_blocks_per_seq), pools (num_blocks, Hkv, block_size,
+D/Dv)): position p of sequence b is row p % block_size of block block_table[b, p // block_size].
+The reference gathers each sequence's blocks into a dense cache (the kernels read through the
+table instead)."""
 
 from __future__ import annotations
 
@@ -22,8 +27,14 @@ def attention_decode(
     causal_mode,
     window_left,
     window_right,
+    sinks=None,
+    block_table=None,
 ):
-    """q (B, Hq, Lq, D), caches (B, Hkv, Lmax, D/Dv) -> out (B, Hq, Lq, Dv), lse (B, Hq, Lq)."""
+    """q (B, Hq, Lq, D), caches (B, Hkv, Lmax, D/Dv) -> out (B, Hq, Lq, Dv), lse (B, Hq, Lq).
+    sinks: None or float (Hq,) attention sinks (reference.attention's).
+    block_table: None, or int32 (B, max_blocks_per_seq) with pools for caches (paged)."""
+    if block_table is not None:
+        k_cache, v_cache = gather_paged(k_cache, block_table), gather_paged(v_cache, block_table)
     outs, lses = [], []
     for b, (length, pos) in enumerate(zip(k_lengths.tolist(), q_positions.tolist())):
         lo = pos - window_left if window_left >= 0 else -WINDOW_UNBOUNDED
@@ -53,11 +64,49 @@ def attention_decode(
                 hi,
                 0.0,
                 None,
+                sinks=sinks,
             )
         else:
             out, lse = dense.attention(
-                q[b : b + 1], kb, vb, None, None, alibi, scale, softcap, lo, hi, 0.0, None
+                q[b : b + 1],
+                kb,
+                vb,
+                None,
+                None,
+                alibi,
+                scale,
+                softcap,
+                lo,
+                hi,
+                0.0,
+                None,
+                sinks=sinks,
             )
         outs.append(out)
         lses.append(lse)
     return torch.cat(outs), torch.cat(lses)
+
+
+def gather_paged(pool: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+    """The dense cache (B, Hkv, max_blocks_per_seq * block_size, W) of a pool
+    (num_blocks, Hkv, block_size, W) read through block_table (B, max_blocks_per_seq). Entries
+    outside the pool (unused table slots) read block 0: the caller never looks at them."""
+    num_blocks, H, bs, W = pool.shape
+    B, nb = block_table.shape
+    index = block_table.long().clamp(0, max(num_blocks - 1, 0))
+    blocks = pool[index.reshape(-1)].view(B, nb, H, bs, W)
+    return blocks.permute(0, 2, 1, 3, 4).reshape(B, H, nb * bs, W)
+
+
+def append_paged(k_pool, v_pool, block_table, cache_seqlens, k_new, v_new) -> None:
+    """Writes k_new/v_new (B, Hkv, Lnew, D/Dv) at positions cache_seqlens[b] + l of the paged
+    pools (in place): row p % block_size of block block_table[b, p // block_size]."""
+    B, H, Lnew, _ = k_new.shape
+    bs = k_pool.shape[2]
+    pos = cache_seqlens.to(torch.int64).view(B, 1) + torch.arange(Lnew, device=k_new.device)
+    blocks = block_table.long().gather(1, pos // bs)  # (B, Lnew)
+    rows = pos % bs
+    for pool, new in ((k_pool, k_new), (v_pool, v_new)):
+        # pool[blocks[b, l], h, rows[b, l]] = new[b, h, l]
+        heads = torch.arange(H, device=new.device).view(1, H, 1)
+        pool[blocks.view(B, 1, Lnew), heads, rows.view(B, 1, Lnew)] = new

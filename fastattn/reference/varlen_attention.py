@@ -43,8 +43,10 @@ def varlen_attention(
     window_right,
     dropout_p,
     seed,
+    sinks=None,
 ):
-    """q (total_q, Hq, D), k/v (total_k, Hkv, D/Dv) -> out (total_q, Hq, Dv), lse (Hq, total_q)."""
+    """q (total_q, Hq, D), k/v (total_k, Hkv, D/Dv) -> out (total_q, Hq, Dv), lse (Hq, total_q).
+    sinks: None or float (Hq,) attention sinks (reference.attention's)."""
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     Hq = q.shape[1]
     outs, lses = [], []
@@ -62,7 +64,20 @@ def varlen_attention(
             element = (rows + heads) * max_seqlen_k + torch.arange(Lk, device=q.device)
             keep = (dropout_uniform(seed, element) >= dropout_p).unsqueeze(0)
         out, lse = dense.attention(
-            qb, kb, vb, None, None, alibi, scale, softcap, lo, hi, dropout_p, seed, keep=keep
+            qb,
+            kb,
+            vb,
+            None,
+            None,
+            alibi,
+            scale,
+            softcap,
+            lo,
+            hi,
+            dropout_p,
+            seed,
+            keep=keep,
+            sinks=sinks,
         )
         outs.append(out[0].transpose(0, 1))
         lses.append(lse[0])
@@ -80,6 +95,7 @@ def varlen_attention(
             WINDOW_UNBOUNDED,
             0.0,
             None,
+            sinks=sinks,
         )
         return out[0].transpose(0, 1), lse[0]
     return torch.cat(outs, dim=0), torch.cat(lses, dim=1)

@@ -91,6 +91,19 @@ def _rotated_rows(
 
 
 @triton.jit
+def _cache_rows(Table, b, s_tb, pos, s_b, s_n, valid, PAGE, PAGED: tl.constexpr):
+    """Offsets (from the cache's base, excluding the head) of positions `pos` of sequence b:
+    b * s_b + pos * s_n for a dense cache; through the block table for a paged one (pool block
+    stride s_b): block Table[b, pos // PAGE], row pos % PAGE. Invalid lanes read no table
+    entry."""
+    if PAGED:
+        blk = tl.load(Table + b * s_tb + pos // PAGE, mask=valid, other=0).to(tl.int64)
+        return blk * s_b + (pos % PAGE).to(tl.int64) * s_n
+    else:
+        return b * s_b + pos.to(tl.int64) * s_n
+
+
+@triton.jit
 def _append_kernel(
     K_new,
     V_new,
@@ -99,6 +112,9 @@ def _append_kernel(
     Seqlens,
     Cos,
     Sin,
+    Table,
+    s_tb,
+    PAGE,
     s_nb,
     s_nh,
     s_nl,
@@ -121,13 +137,15 @@ def _append_kernel(
     HAS_ROTARY: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     ROUND_BF16: tl.constexpr,
+    PAGED: tl.constexpr,
     BLOCK_L: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
 ):
     """Program (b * Hkv + h) * tiles + tile, tile of BLOCK_L new tokens (one grid axis: the
     second holds only 65535 tiles): k_cache[b, h, seqlens[b] + l] = rotate(k_new[b, h, l]) and
-    v_cache[b, h, seqlens[b] + l] = v_new[b, h, l]."""
+    v_cache[b, h, seqlens[b] + l] = v_new[b, h, l] (paged: through the block table, Lmax its
+    capacity)."""
     tiles = tl.cdiv(Lnew, BLOCK_L)
     pid = tl.program_id(0).to(tl.int64)
     bh = pid // tiles
@@ -148,7 +166,8 @@ def _append_kernel(
     if ROUND_BF16:
         k = round_to_bfloat16(k)
     offs_d = tl.arange(0, BLOCK_D)
-    dst = K_cache + b * s_cb + h * s_ch + pos.to(tl.int64)[:, None] * s_cl + offs_d[None, :]
+    k_rows = _cache_rows(Table, b, s_tb, pos, s_cb, s_cl, l_valid, PAGE, PAGED)
+    dst = K_cache + h * s_ch + k_rows[:, None] + offs_d[None, :]
     tl.store(dst, k.to(K_cache.dtype.element_ty), mask=l_valid[:, None] & (offs_d < D)[None, :])
     # Values are copied as they are (no arithmetic, so no rounding question).
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -157,11 +176,8 @@ def _append_kernel(
         V_new + b * s_wb + h * s_wh + offs_l.to(tl.int64)[:, None] * s_wl + offs_dv[None, :],
         mask=vmask,
     )
-    tl.store(
-        V_cache + b * s_vb + h * s_vh + pos.to(tl.int64)[:, None] * s_vl + offs_dv[None, :],
-        v,
-        mask=vmask,
-    )
+    v_rows = _cache_rows(Table, b, s_tb, pos, s_vb, s_vl, l_valid, PAGE, PAGED)
+    tl.store(V_cache + h * s_vh + v_rows[:, None] + offs_dv[None, :], v, mask=vmask)
 
 
 @triton.jit
@@ -175,6 +191,9 @@ def _decode_kernel(
     Alibi,
     Out,
     Lse,
+    Table,
+    s_tb,
+    PAGE,
     s_qb,
     s_qh,
     s_qm,
@@ -216,6 +235,7 @@ def _decode_kernel(
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     ACCURATE_EXP: tl.constexpr,
+    PAGED: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -223,7 +243,8 @@ def _decode_kernel(
 ):
     """Program (tile of GROUP * Lq rows, b * Hkv + kv head; split): the partial attention of
     row r = g * Lq + i (query head kvh * GROUP + g, query i) over the keys of this split.
-    Out/Lse strides address (b, h, i, split), split stride 0 when there is one split."""
+    Out/Lse strides address (b, h, i, split), split stride 0 when there is one split. Paged
+    (PAGED): K/V are pools read through the block table (_cache_rows), Lmax its capacity."""
     tiles = tl.cdiv(GROUP * Lq, BLOCK_M)
     pid = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
@@ -276,8 +297,8 @@ def _decode_kernel(
     offs_dv = tl.arange(0, BLOCK_DV)
     d_valid = offs_d < D
     dv_valid = offs_dv < Dv
-    k_base = K + b * s_kb + kvh * s_kh
-    v_base = V + b * s_vb + kvh * s_vh
+    k_base = K + kvh * s_kh
+    v_base = V + kvh * s_vh
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -285,14 +306,15 @@ def _decode_kernel(
     for start_n in range(key_lo, key_hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < key_hi
-        rows_n = offs_n.to(tl.int64)[:, None]
+        k_rows = _cache_rows(Table, b, s_tb, offs_n, s_kb, s_kn, n_valid, PAGE, PAGED)[:, None]
+        v_rows = _cache_rows(Table, b, s_tb, offs_n, s_vb, s_vn, n_valid, PAGE, PAGED)[:, None]
         k = tl.load(
-            k_base + rows_n * s_kn + offs_d[None, :],
+            k_base + k_rows + offs_d[None, :],
             mask=n_valid[:, None] & d_valid[None, :],
             other=0.0,
         )
         v = tl.load(
-            v_base + rows_n * s_vn + offs_dv[None, :],
+            v_base + v_rows + offs_dv[None, :],
             mask=n_valid[:, None] & dv_valid[None, :],
             other=0.0,
         )
@@ -461,6 +483,7 @@ def attention_with_kvcache(
     window_left: int,
     window_right: int,
     num_splits: int,
+    block_table: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Appends (rotated) k_new/v_new into the caches in place, then attends.
 
@@ -468,12 +491,22 @@ def attention_with_kvcache(
     int32 (B,) (cache_seqlens[b] + Lnew <= Lmax, checked by the caller); k_new/v_new
     (B, Hkv, Lnew, D/Dv) or None; rotary_cos/sin (rows, rotary_dim / 2) or None; alibi_slopes
     float32 (B, Hq) or None; causal_mode 0 off, 1 top-left, 2 at the query position;
-    window sides -1 = unbounded; num_splits <= 0 chooses. Returns out (B, Hq, Lq, Dv) in q's
-    dtype and lse (B, Hq, Lq) float32.
+    window sides -1 = unbounded; num_splits <= 0 chooses; block_table int32
+    (B, max_blocks_per_seq) or None: paged caches, pools (num_blocks, Hkv, block_size, D/Dv)
+    read and written through the table (entries checked by the caller), Lmax its capacity.
+    Returns out (B, Hq, Lq, Dv) in q's dtype and lse (B, Hq, Lq) float32.
     """
     op = "attention_with_kvcache"
     B, Hq, Lq, D = q.shape
     Hkv, Lmax, Dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
+    paged = block_table is not None
+    if paged:
+        page = k_cache.shape[2]
+        table = block_table.to(torch.int32).contiguous()
+        Lmax = table.shape[1] * page
+        s_tb = table.stride(0)
+    else:
+        page, table, s_tb = 1, cache_seqlens, 0
     # Positions and key indices are int32 in the kernels, with +-2**30 as unbounded windows;
     # the decode kernel numbers a kv head's (query head, query) rows in int32 too.
     check_seqlen(op, "q's length (Lq)", Lq)
@@ -517,6 +550,9 @@ def attention_with_kvcache(
                 seqlens,
                 cos,
                 sin,
+                table,
+                s_tb,
+                page,
                 *k_new.stride()[:3],
                 *v_new.stride()[:3],
                 *k_cache.stride()[:3],
@@ -537,6 +573,7 @@ def attention_with_kvcache(
                 HAS_ROTARY=has_rotary,
                 INTERLEAVED=bool(rotary_interleaved),
                 ROUND_BF16=upcast,
+                PAGED=paged,
                 BLOCK_L=block_l,
                 BLOCK_D=block_d,
                 BLOCK_DV=block_dv,
@@ -593,6 +630,9 @@ def attention_with_kvcache(
             alibi,
             part,
             part_lse,
+            table,
+            s_tb,
+            page,
             *q.stride()[:3],
             *k_cache.stride()[:3],
             *v_cache.stride()[:3],
@@ -621,6 +661,7 @@ def attention_with_kvcache(
             UPCAST=upcast,
             DOT_PRECISION=precision,
             ACCURATE_EXP=q.dtype == torch.float32 and not interpret,
+            PAGED=paged,
             BLOCK_D=block_d,
             BLOCK_DV=block_dv,
             BLOCK_M=block_m,

@@ -60,8 +60,17 @@ void problem_ranges(const Problem& p, std::vector<emu::Range>& r) {
   const int es = elem_size(p.dtype);
   const int64_t nb = batches(p);
   r.push_back(view(p.q, nb, p.Hq, q_rows(p), p.D, p.q_sb, p.q_sh, p.q_sl, 1, es, false, "q"));
-  r.push_back(view(p.k, nb, p.Hkv, k_rows(p), p.D, p.k_sb, p.k_sh, p.k_sl, 1, es, false, "k"));
-  r.push_back(view(p.v, nb, p.Hkv, k_rows(p), p.Dv, p.v_sb, p.v_sh, p.v_sl, 1, es, false, "v"));
+  if (p.block_table != nullptr) {  // paged: the pools (num_blocks, Hkv, page, D) and the table
+    r.push_back(view(p.k, p.num_blocks, p.Hkv, p.page_size, p.D, p.k_sb, p.k_sh, p.k_sl, 1, es,
+                     false, "k_cache pool"));
+    r.push_back(view(p.v, p.num_blocks, p.Hkv, p.page_size, p.Dv, p.v_sb, p.v_sh, p.v_sl, 1, es,
+                     false, "v_cache pool"));
+    r.push_back(view(p.block_table, p.B, p.table_cols, 1, 1, p.block_table_stride, 1, 0, 0, 4,
+                     false, "block_table"));
+  } else {
+    r.push_back(view(p.k, nb, p.Hkv, k_rows(p), p.D, p.k_sb, p.k_sh, p.k_sl, 1, es, false, "k"));
+    r.push_back(view(p.v, nb, p.Hkv, k_rows(p), p.Dv, p.v_sb, p.v_sh, p.v_sl, 1, es, false, "v"));
+  }
   if (p.cu_q != nullptr) {
     r.push_back(view(p.cu_q, p.B + 1, 1, 1, 1, 1, 0, 0, 0, 4, false, "cu_seqlens_q"));
     r.push_back(view(p.cu_k, p.B + 1, 1, 1, 1, 1, 0, 0, 0, 4, false, "cu_seqlens_k"));
@@ -223,10 +232,11 @@ std::tuple<Tensor, Tensor> attention_decode(const Tensor& q, const Tensor& k_cac
                                             const Tensor& q_positions,
                                             const optional<Tensor>& alibi, double scale,
                                             double softcap, int64_t causal_mode, int64_t wl,
-                                            int64_t wr, int64_t num_splits) {
+                                            int64_t wr, int64_t num_splits,
+                                            const optional<Tensor>& block_table) {
   return fastattn::attention_with_kvcache::cuda_impl::decode(
       q, k_cache, v_cache, k_lengths, q_positions, alibi, scale, softcap, causal_mode, wl, wr,
-      num_splits, device().sm_count, launch());
+      num_splits, device().sm_count, launch(), block_table);
 }
 
 }  // namespace

@@ -831,9 +831,25 @@ class DecodeCase:
         new_tokens=True,
         smem=H100_SMEM,
         expect=(),
+        block_size=0,
     ):
         self.__dict__.update(locals())
         self.Dv = D if Dv is None else Dv
+
+
+def paged(cache: torch.Tensor, block_size: int, perm: torch.Tensor):
+    """The dense cache (B, H, Lmax, W) as a pool (B * nb, H, block_size, W) whose blocks are
+    scattered by `perm`, and the block table (B, nb) that reads it back (rows past Lmax zero)."""
+    B, H, Lmax, W = cache.shape
+    nb = -(-Lmax // block_size)
+    full = torch.zeros(B, H, nb * block_size, W, dtype=cache.dtype)
+    full[:, :, :Lmax] = cache
+    table = perm.view(B, nb).to(torch.int32)
+    pool = torch.empty(B * nb, H, block_size, W, dtype=cache.dtype)
+    pool[table.reshape(-1).long()] = (
+        full.view(B, H, nb, block_size, W).permute(0, 2, 1, 3, 4).reshape(B * nb, H, block_size, W)
+    )
+    return pool, table
 
 
 def run_decode_case(ext, c: DecodeCase, verbose: bool):
@@ -849,8 +865,21 @@ def run_decode_case(ext, c: DecodeCase, verbose: bool):
     args = (k_lengths, pos, alibi, scale, c.softcap, c.causal_mode, c.window[0], c.window[1])
     ext.set_poison(True)
     ext.take_launches()
+    kv = (k_cache, v_cache)
+    if c.block_size:  # the same rows in paged pools, read through a random block table
+        nb = -(-c.Lmax // c.block_size)
+        perm = torch.randperm(B * nb, generator=g)
+        (k_pool, table), (v_pool, _) = (paged(t, c.block_size, perm) for t in kv)
+        kv = (k_pool, v_pool)
     out, lse = emulated(
-        ext, "attention_decode", q, k_cache, v_cache, *args, c.num_splits, smem=c.smem
+        ext,
+        "attention_decode",
+        q,
+        *kv,
+        *args,
+        c.num_splits,
+        table if c.block_size else None,
+        smem=c.smem,
     )
     o64, l64 = kv_ref.attention_decode(q.double(), k_cache.double(), v_cache.double(), *args)
     olow, llow = kv_ref.attention_decode(q, k_cache, v_cache, *args)
@@ -874,7 +903,14 @@ def run_decode_case(ext, c: DecodeCase, verbose: bool):
     reached(ext, c.expect, results)
     if c.smem != H100_SMEM:
         o_h, l_h = emulated(
-            ext, "attention_decode", q, k_cache, v_cache, *args, c.num_splits, smem=H100_SMEM
+            ext,
+            "attention_decode",
+            q,
+            *kv,
+            *args,
+            c.num_splits,
+            table if c.block_size else None,
+            smem=H100_SMEM,
         )
         same_as_h100("same as 227 KB", (out, lse), (o_h, l_h), results)
     return results
@@ -979,6 +1015,13 @@ def decode_cases():
     bf, f16 = torch.bfloat16, torch.float16
     return [
         DecodeCase("decode_bf16_gqa_auto_splits", bf),
+        # Paged caches: the tensor-core kernel (its key tiles straddle 16- and 48-row blocks)
+        # and the SIMT kernel, split-K, through random block tables.
+        DecodeCase("decode_paged16_bf16_gqa_splits", bf, num_splits=3, block_size=16),
+        DecodeCase(
+            "decode_paged48_f16_spec3_window", f16, Lq=3, window=(70, 0), block_size=48, D=128
+        ),
+        DecodeCase("decode_paged32_f32", torch.float32, Lq=2, D=24, Dv=33, block_size=32),
         DecodeCase(
             "decode_f16_spec5_window_alibi_softcap",
             f16,
