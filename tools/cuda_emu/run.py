@@ -305,7 +305,7 @@ def run_case(ext, c: Case, verbose: bool):
         dtype=lse.dtype,
     )
     if c.backward:
-        dq, dk, dv = emulated(
+        dq, dk, dv, _ = emulated(
             ext,
             "attention_backward",
             grad_out,
@@ -326,7 +326,7 @@ def run_case(ext, c: Case, verbose: bool):
         # determinism: a second run is bitwise equal
     reached(ext, c.expect, results)
     if c.backward:
-        dq2, dk2, dv2 = emulated(
+        dq2, dk2, dv2, _ = emulated(
             ext,
             "attention_backward",
             grad_out,
@@ -366,7 +366,7 @@ def run_case(ext, c: Case, verbose: bool):
                 True,
                 smem=H100_SMEM,
             )
-            same_as_h100("bwd same as 227 KB", (dq, dk, dv), g_h, results)
+            same_as_h100("bwd same as 227 KB", (dq, dk, dv), g_h[:3], results)
     return results
 
 
