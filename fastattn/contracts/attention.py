@@ -164,9 +164,7 @@ def autograd_formula(backward_op: Callable, reference: Callable):
             grad_lse = grad_lse.contiguous()
         # A float mask that requires grad is a learned bias: the kernel sums its gradient.
         mask_grad = bool(
-            ctx.needs_input_grad[3]
-            and attn_mask is not None
-            and attn_mask.dtype.is_floating_point
+            ctx.needs_input_grad[3] and attn_mask is not None and attn_mask.dtype.is_floating_point
         )
         dq, dk, dv, dmask = backward_op(
             grad_out,

@@ -4,7 +4,8 @@ fastattn/contracts/attention.py).
 
 Every backend receives the same canonical arguments (see fastattn/reference/attention.py):
 q (B, Hq, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv) with unit last strides; attn_mask
-4-D, broadcasting to (B, Hq, Lq, Lk) (each dim 1 or full; never expanded in memory); key_padding_mask bool (B, Lk);
+4-D, broadcasting to (B, Hq, Lq, Lk) (each dim 1 or full; never expanded in memory);
+key_padding_mask bool (B, Lk);
 alibi_slopes float32 (B, Hq); causal alignment and the sliding window folded into
 (window_lo, window_hi): key j is visible to query i iff i + window_lo <= j <= i + window_hi.
 

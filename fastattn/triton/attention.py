@@ -646,8 +646,8 @@ def _bwd_dkdv_kernel(
                             qT = qT.to(tl.float32)
                             do = do.to(tl.float32)
                         lse = tl.load(Lse + row0 + offs_m, mask=m_valid, other=0.0)
-                        # Rows without a visible key have lse -inf and only -inf scores: use +inf so that
-                        # their P is exp2(-inf) = 0 rather than NaN.
+                        # Rows without a visible key have lse -inf and only -inf scores: use
+                        # +inf so that their P is exp2(-inf) = 0 rather than NaN.
                         lse = tl.where(lse == float("-inf"), float("inf"), lse)
                         delta = tl.load(Delta + row0 + offs_m, mask=m_valid, other=0.0)
                         qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)
@@ -683,10 +683,14 @@ def _bwd_dkdv_kernel(
                                 threshold,
                                 keep_scale,
                             )
-                            dv += tl.dot(_operand(pT * zT, do, UPCAST), do, input_precision=DOT_PRECISION)
+                            dv += tl.dot(
+                                _operand(pT * zT, do, UPCAST), do, input_precision=DOT_PRECISION
+                            )
                             dpT = dpT * zT
                         else:
-                            dv += tl.dot(_operand(pT, do, UPCAST), do, input_precision=DOT_PRECISION)
+                            dv += tl.dot(
+                                _operand(pT, do, UPCAST), do, input_precision=DOT_PRECISION
+                            )
                         dsT = pT * (dpT - delta[None, :])
                         if BIAS_GRAD != 0:
                             _add_mask_grad(
@@ -705,7 +709,9 @@ def _bwd_dkdv_kernel(
                         if HAS_SOFTCAP:
                             t = sT / softcap
                             dsT = dsT * (1.0 - t * t)
-                        dk += tl.dot(_operand(dsT, qT, UPCAST), tl.trans(qT), input_precision=DOT_PRECISION)
+                        dk += tl.dot(
+                            _operand(dsT, qT, UPCAST), tl.trans(qT), input_precision=DOT_PRECISION
+                        )
                 dk = dk * scale
                 tl.store(
                     DK + b * s_dkb + kvh * s_dkh + rows_n * s_dkn + offs_d[None, :],
@@ -1074,7 +1080,7 @@ class _MaskGrad:
     shrinks by those factors). Otherwise those dims are split across programs that add
     atomically (full grid; the float sums' order varies)."""
 
-    def __init__(self, attn_mask: torch.Tensor, launch: "_Launch", deterministic: bool):
+    def __init__(self, attn_mask: torch.Tensor, launch: _Launch, deterministic: bool):
         B, Hq, Hkv, Lq, Lk, _, _ = launch.shape
         mB, mH, mQ, mK = attn_mask.shape
         self.sum_k = mK == 1 and Lk > 1
