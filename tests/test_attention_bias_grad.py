@@ -227,3 +227,27 @@ def test_bias_without_grad_and_bool_masks_are_unchanged():
         out = fastattn.attention(q, k, v, attn_mask=mask, backend="cpu")
         ref = fastattn.attention(q, k, v, attn_mask=mask, backend="reference")
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", KERNELS)
+def test_opcheck_forward_and_backward_with_a_bias_gradient(backend):
+    """The ops with a 4-D unexpanded float mask that requires grad: fakes, autograd
+    registration and the backward's fourth output (mask_grad=True) agree with the kernels."""
+    device = kernel_device(backend)
+    suffix = "_triton" if backend == "triton" else ""
+    fwd = getattr(torch.ops.fastattn, "attention_forward" + suffix)
+    bwd = getattr(torch.ops.fastattn, "attention_backward" + suffix)
+    q, k, v, bias, _ = make(CASES[4], torch.float32, device)  # GQA, (1, H, L, L)
+    args = [q, k, v, bias, None, None, 0.3, 0.0, -(1 << 30), 1 << 30, 0.0, None]
+    for t in (q, k, v, bias):
+        t.requires_grad_()
+    torch.library.opcheck(fwd.default, args)
+    out, lse = fwd(*args)
+    grad_out = torch.randn_like(out)
+    detached = [t.detach() if isinstance(t, torch.Tensor) else t for t in args]
+    full = [grad_out, None, *detached[:3], out.detach(), lse.detach(), *detached[3:], True, True]
+    torch.library.opcheck(bwd.default, full)
+    dq, dk, dv, dbias = bwd(*full)
+    assert dbias.shape == bias.shape and dbias.dtype == bias.dtype
+    without = bwd(*full[:-1], False)
+    assert without[3].numel() == 0
