@@ -40,6 +40,7 @@ import common  # noqa: E402
 OPS = (
     "positional",
     "attention",
+    "biased_attention",
     "lstm",
     "gru",
     "rnn",

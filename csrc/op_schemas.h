@@ -9,7 +9,9 @@ namespace fastattn::schemas {
 
 inline void define_attention(torch::Library& m) {
   // Softmax attention (csrc/attention). Canonical arguments and contract:
-  // fastattn/contracts/attention.py.
+  // fastattn/contracts/attention.py. attn_mask is 4-D and broadcasts to (B, Hq, Lq, Lk) (each
+  // dim 1 or full). The backward's fourth output is d attn_mask, shaped like attn_mask (summed
+  // over its broadcast dims), when mask_grad is set (a float mask); an empty tensor otherwise.
   m.def(
       "attention_forward(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, "
       "Tensor? key_padding_mask, Tensor? alibi_slopes, float scale, float softcap, "
@@ -18,7 +20,8 @@ inline void define_attention(torch::Library& m) {
       "attention_backward(Tensor grad_out, Tensor? grad_lse, Tensor q, Tensor k, Tensor v, "
       "Tensor out, Tensor lse, Tensor? attn_mask, Tensor? key_padding_mask, "
       "Tensor? alibi_slopes, float scale, float softcap, int window_lo, int window_hi, "
-      "float dropout_p, Tensor? seed, bool deterministic) -> (Tensor, Tensor, Tensor)");
+      "float dropout_p, Tensor? seed, bool deterministic, bool mask_grad=False) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 inline void define_varlen_attention(torch::Library& m) {

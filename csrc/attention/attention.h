@@ -62,10 +62,10 @@ inline void check_problem(const at::Tensor& q, const at::Tensor& k, const at::Te
     FASTATTN_CHECK(m.scalar_type() == at::kBool || m.scalar_type() == at::kFloat ||
                        m.scalar_type() == q.scalar_type(),
                    op, "attn_mask must be bool, float32 or q's dtype, got ", m.scalar_type());
-    FASTATTN_CHECK(
-        m.dim() == 4 && m.size(0) == B && m.size(1) == Hq && m.size(2) == Lq && m.size(3) == Lk, op,
-        "attn_mask must be viewed as (B, Hq, Lq, Lk) = (", B, ", ", Hq, ", ", Lq, ", ", Lk,
-        "), got ", m.sizes());
+    const auto fits = [&](int64_t d, int64_t full) { return m.size(d) == full || m.size(d) == 1; };
+    FASTATTN_CHECK(m.dim() == 4 && fits(0, B) && fits(1, Hq) && fits(2, Lq) && fits(3, Lk), op,
+                   "attn_mask must be 4-D and broadcast to (B, Hq, Lq, Lk) = (", B, ", ", Hq, ", ",
+                   Lq, ", ", Lk, ") (each dim 1 or full), got ", m.sizes());
     check_same_device(m, q, op, "attn_mask", "q");
   }
   if (key_padding_mask.has_value() && key_padding_mask->defined()) {
@@ -117,6 +117,20 @@ inline void check_backward(const at::Tensor& grad_out, const c10::optional<at::T
     check_same_device(*grad_lse, q, op, "grad_lse", "q");
     FASTATTN_CHECK(grad_lse->sizes() == lse.sizes(), op, "grad_lse must be (B, Hq, Lq)");
   }
+}
+
+// attn_mask viewed as (B, Hq, Lq, Lk): stride 0 along its broadcast (size-1) dims.
+inline at::Tensor expanded_mask(const at::Tensor& mask, const at::Tensor& q, const at::Tensor& k) {
+  return mask.expand({q.size(0), q.size(1), q.size(2), k.size(2)});
+}
+
+// attention_backward's mask_grad: only a float attn_mask has a gradient.
+inline void check_mask_grad(const c10::optional<at::Tensor>& attn_mask, bool mask_grad,
+                            const char* op) {
+  if (!mask_grad) return;
+  FASTATTN_CHECK(
+      attn_mask.has_value() && attn_mask->defined() && at::isFloatingType(attn_mask->scalar_type()),
+      op, "mask_grad needs a float attn_mask (a bool mask has no gradient)");
 }
 
 // (B, Hq, Lq, Dv) output following q's layout: (B, Lq, Hq, Dv) in memory when q's heads are

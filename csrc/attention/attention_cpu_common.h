@@ -3,6 +3,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include "attention/attention.h"
 #include "attention/attention_cpu_kernel.h"
 
 namespace fastattn::attention {
@@ -53,12 +54,13 @@ inline cpu::AttentionProblem make_problem(const Tensor& q, const Tensor& k, cons
   p.D = q.size(3);
   p.Dv = v.size(3);
   p.mask_kind = mask_kind(attn_mask);
-  if (defined(attn_mask)) {
-    p.mask = attn_mask->data_ptr();
-    p.mask_sb = attn_mask->stride(0);
-    p.mask_sh = attn_mask->stride(1);
-    p.mask_sq = attn_mask->stride(2);
-    p.mask_sk = attn_mask->stride(3);
+  if (defined(attn_mask)) {  // read through its broadcast view (stride 0 on size-1 dims)
+    const Tensor m = expanded_mask(*attn_mask, q, k);
+    p.mask = m.data_ptr();
+    p.mask_sb = m.stride(0);
+    p.mask_sh = m.stride(1);
+    p.mask_sq = m.stride(2);
+    p.mask_sk = m.stride(3);
   }
   p.key_padding = defined(key_padding_mask) ? key_padding_mask->data_ptr<bool>() : nullptr;
   if (defined(alibi_slopes)) {

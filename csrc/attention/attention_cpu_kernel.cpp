@@ -939,9 +939,19 @@ void backward_impl(const AttentionBackwardParams& bp) {
     }
   });
 
-  const int64_t pairs = p.B * p.Hkv;
-  const int64_t chunks = std::clamp<int64_t>((kMinBackwardTasks + pairs - 1) / pairs, 1,
-                                             std::max<int64_t>(k_blocks, 1));
+  // With a mask gradient, every task owns the elements of d mask it adds to: the dims along
+  // which the mask broadcasts (stride 0) are walked inside a task rather than split across
+  // tasks (the query heads of a GQA group and the query blocks always are), so each element
+  // is summed by one task in a fixed order and no partial copies are needed.
+  acc* dM = static_cast<acc*>(bp.dmask);
+  const bool loop_b = dM != nullptr && bp.dmask_sb == 0;
+  const bool loop_h = dM != nullptr && bp.dmask_sh == 0;
+  const int64_t task_b = loop_b ? 1 : p.B, task_h = loop_h ? 1 : p.Hkv;
+  const int64_t pairs = task_b * task_h;
+  const int64_t chunks = dM != nullptr && bp.dmask_sk == 0
+                             ? 1
+                             : std::clamp<int64_t>((kMinBackwardTasks + pairs - 1) / pairs, 1,
+                                                   std::max<int64_t>(k_blocks, 1));
   const int64_t blocks_per_chunk = (k_blocks + chunks - 1) / chunks;
   // dQ partial sums in the compute type, one buffer of `rows` rows per chunk.
   std::vector<acc> dq_acc(static_cast<size_t>(chunks * rows * D), acc(0));
@@ -953,9 +963,18 @@ void backward_impl(const AttentionBackwardParams& bp) {
     std::vector<acc> dk_acc(kBlockK * D), dv_acc(kBlockK * Dv), tmp(kBlockK);
     std::vector<float> scratch(kBlockK);
     const bool softcap = p.softcap > 0.0, dropout = p.dropout_p > 0.0;
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t chunk = task % chunks, pair = task / chunks;
-      const int64_t b = pair / p.Hkv, hk = pair % p.Hkv;
+    // Row r of the tile (query i, keys [j0, j0 + N)) added to d mask.
+    const auto add_mask_grad = [&](acc* dm, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t N,
+                                   const acc* ds) {
+      acc* row = dm + b * bp.dmask_sb + h * bp.dmask_sh + i * bp.dmask_sq + j0 * bp.dmask_sk;
+      if (bp.dmask_sk == 1) {
+        for (int64_t n = 0; n < N; ++n) row[n] += ds[n];
+      } else {
+        for (int64_t n = 0; n < N; ++n) row[n * bp.dmask_sk] += ds[n];
+      }
+    };
+    // The key blocks of `chunk` for kv head hk of batch b.
+    const auto pair_backward = [&](int64_t b, int64_t hk, int64_t chunk) {
       const Geometry g = geometry(p, b);
       const int64_t seq_blocks = (g.Lk + kBlockK - 1) / kBlockK;
       const int64_t kb_end = std::min(seq_blocks, (chunk + 1) * blocks_per_chunk);
@@ -1019,6 +1038,9 @@ void backward_impl(const AttentionBackwardParams& bp) {
               } else {
                 for (int64_t n = 0; n < N; ++n) dr[n] = sr[n] * (dr[n] - dl);
               }
+              // d mask: the bias joins the scores after the softcap, so its gradient is dS
+              // before the softcap's and the scale's factors.
+              if (dM != nullptr) add_mask_grad(dM, b, h, i0 + r, j0, N, dr);
               if (softcap) {
                 const acc* tr = th.data() + r * kBlockK;
                 for (int64_t n = 0; n < N; ++n) dr[n] *= acc(1) - tr[n] * tr[n];
@@ -1035,6 +1057,14 @@ void backward_impl(const AttentionBackwardParams& bp) {
           store_row<T>(dk_acc.data() + n * D, dk_base + n * bp.dk_s.l, D);
           store_row<T>(dv_acc.data() + n * Dv, dv_base + n * bp.dv_s.l, Dv);
         }
+      }
+    };
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t chunk = task % chunks, pair = task / chunks;
+      const int64_t b_first = loop_b ? 0 : pair / task_h, hk_first = loop_h ? 0 : pair % task_h;
+      const int64_t b_last = loop_b ? p.B : b_first + 1, hk_last = loop_h ? p.Hkv : hk_first + 1;
+      for (int64_t b = b_first; b < b_last; ++b) {
+        for (int64_t hk = hk_first; hk < hk_last; ++hk) pair_backward(b, hk, chunk);
       }
     }
   });

@@ -79,6 +79,11 @@ struct AttentionBackwardParams {
   const void* grad_lse;  // (B, Hq, Lq) contiguous or nullptr, compute type
   void *dq, *dk, *dv;    // contiguous outputs shaped like q, k, v
   Strides4 dq_s, dk_s, dv_s;
+  // d attn_mask (a float mask's gradient), or nullptr: a zeroed accumulator in the compute type
+  // shaped like the mask, addressed as (B, Hq, Lq, Lk) through these strides (0 along the
+  // mask's broadcast dims, whose contributions it sums).
+  void* dmask = nullptr;
+  int64_t dmask_sb = 0, dmask_sh = 0, dmask_sq = 0, dmask_sk = 0;
 };
 
 #define FASTATTN_DECLARE_ATTENTION_KERNELS(ISA)            \

@@ -33,18 +33,18 @@ std::tuple<Tensor, Tensor> attention_forward_cuda(const Tensor& q, const Tensor&
                             launch_for(q, "attention_forward"));
 }
 
-std::tuple<Tensor, Tensor, Tensor> attention_backward_cuda(
+std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_cuda(
     const Tensor& grad_out, const optional<Tensor>& grad_lse, const Tensor& q, const Tensor& k,
     const Tensor& v, const Tensor& out, const Tensor& lse, const optional<Tensor>& attn_mask,
     const optional<Tensor>& key_padding_mask, const optional<Tensor>& alibi_slopes, double scale,
     double softcap, int64_t window_lo, int64_t window_hi, double dropout_p,
-    const optional<Tensor>& seed, bool deterministic) {
+    const optional<Tensor>& seed, bool deterministic, bool mask_grad) {
   // Always deterministic: dK/dV and dQ are reduced in a fixed order by separate kernels.
   (void)deterministic;
   c10::cuda::CUDAGuard guard(q.device());
   return cuda_impl::backward(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask,
                              alibi_slopes, scale, softcap, window_lo, window_hi, dropout_p, seed,
-                             launch_for(q, "attention_backward"));
+                             mask_grad, launch_for(q, "attention_backward"));
 }
 
 }  // namespace

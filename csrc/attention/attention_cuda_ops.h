@@ -121,12 +121,13 @@ inline Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v,
   p.Dv = static_cast<int>(v.size(3));
   p.group = p.Hq / p.Hkv;
   p.mask_kind = mask_kind_of(attn_mask);
-  if (defined(attn_mask)) {
-    p.mask = attn_mask->data_ptr();
-    p.mask_sb = attn_mask->stride(0);
-    p.mask_sh = attn_mask->stride(1);
-    p.mask_sq = attn_mask->stride(2);
-    p.mask_sk = attn_mask->stride(3);
+  if (defined(attn_mask)) {  // read through its broadcast view (stride 0 on size-1 dims)
+    const Tensor m = expanded_mask(*attn_mask, q, k);
+    p.mask = m.data_ptr();
+    p.mask_sb = m.stride(0);
+    p.mask_sh = m.stride(1);
+    p.mask_sq = m.stride(2);
+    p.mask_sk = m.stride(3);
   }
   p.padding = defined(key_padding_mask)
                   ? reinterpret_cast<const uint8_t*>(key_padding_mask->data_ptr<bool>())
@@ -252,15 +253,22 @@ inline std::tuple<Tensor, Tensor> forward(const Tensor& q, const Tensor& k, cons
   return {out, lse};
 }
 
-inline std::tuple<Tensor, Tensor, Tensor> backward(
+inline std::tuple<Tensor, Tensor, Tensor, Tensor> backward(
     const Tensor& grad_out, const optional<Tensor>& grad_lse, const Tensor& q, const Tensor& k,
     const Tensor& v, const Tensor& out, const Tensor& lse, const optional<Tensor>& attn_mask,
     const optional<Tensor>& key_padding_mask, const optional<Tensor>& alibi_slopes, double scale,
     double softcap, int64_t window_lo, int64_t window_hi, double dropout_p,
-    const optional<Tensor>& seed, const Launch& launch) {
+    const optional<Tensor>& seed, bool mask_grad, const Launch& launch) {
   constexpr const char* op = "attention_backward";
   check_backward(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask, alibi_slopes,
                  dropout_p, seed, op);
+  check_mask_grad(attn_mask, mask_grad, op);
+  // fastattn/ops/attention.py routes a float attn_mask that requires grad to the triton (or
+  // reference) backend on CUDA devices; this guards direct calls.
+  FASTATTN_CHECK(!mask_grad, op,
+                 "mask_grad=True (the gradient of a float attn_mask) is computed by the cpu, "
+                 "triton and reference backends; the CUDA kernels do not compute it");
+  const Tensor none = at::empty({0}, q.options());
   Tensor dlse;
   if (defined(grad_lse)) dlse = grad_lse->to(lse_dtype(q)).contiguous();
   Tensor dq = at::empty(q.sizes(), q.options());
@@ -269,12 +277,12 @@ inline std::tuple<Tensor, Tensor, Tensor> backward(
   poison(dq);
   poison(dk);
   poison(dv);
-  if (dq.numel() == 0 && dk.numel() == 0) return {dq, dk, dv};
+  if (dq.numel() == 0 && dk.numel() == 0) return {dq, dk, dv, none};
   if (q.size(2) == 0 || k.size(2) == 0) {  // nothing attends: every gradient is zero
     dq.zero_();
     dk.zero_();
     dv.zero_();
-    return {dq, dk, dv};
+    return {dq, dk, dv, none};
   }
   Tensor delta = at::empty(lse.sizes(), lse.options());
   BwdParams bp{};
@@ -294,7 +302,7 @@ inline std::tuple<Tensor, Tensor, Tensor> backward(
   bp.delta = delta.data_ptr();
   set_grad_outputs(bp, dq, dk, dv);
   launch_backward(bp, dtype_of(q), launch);
-  return {dq, dk, dv};
+  return {dq, dk, dv, none};
 }
 
 }  // namespace fastattn::attention::cuda_impl

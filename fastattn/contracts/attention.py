@@ -6,7 +6,13 @@ fastattn/reference/attention.py:
                       key_padding_mask?, alibi_slopes?, scale, softcap, window_lo, window_hi,
                       dropout_p, seed?) -> (out (B, Hq, Lq, Dv) in q's layout, lse (B, Hq, Lq))
     attention_backward(grad_out, grad_lse?, q, k, v, out, lse, <the forward's arguments>,
-                       deterministic) -> (dq, dk, dv), contiguous, shaped like q, k, v
+                       deterministic, mask_grad=False) -> (dq, dk, dv, d attn_mask):
+        dq, dk, dv contiguous, shaped like q, k, v; d attn_mask (mask_grad with a float mask)
+        contiguous, shaped like attn_mask and in its dtype: dS (the gradient of the biased
+        scores) summed over the mask's broadcast dims; an empty tensor without mask_grad
+
+attn_mask is 4-D and broadcasts to (B, Hq, Lq, Lk) (each dim 1 or full): it is passed with its
+broadcast dims of size 1, so that its gradient has the bias's own shape.
 
 The rules every backend shares (csrc/attention/attention.h states the same for the native
 kernels): head dims up to MAX_HEAD_DIM, sequences shorter than 2**30, lse in float32 (float64
@@ -92,10 +98,13 @@ def backward_fake(
     dropout_p,
     seed,
     deterministic,
+    mask_grad=False,
 ):
-    """(dq, dk, dv): contiguous whatever q's strides (the kernels allocate them so; empty_like
-    would keep a transposed q's strides, and Inductor asserts the fake's)."""
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    """(dq, dk, dv, d attn_mask): contiguous whatever q's strides (the kernels allocate them so;
+    empty_like would keep a transposed q's strides, and Inductor asserts the fake's); d
+    attn_mask shaped like the mask with mask_grad, else empty."""
+    dmask = attn_mask.new_empty(attn_mask.shape) if mask_grad else q.new_empty((0,))
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dmask
 
 
 def autograd_formula(backward_op: Callable, reference: Callable):
@@ -153,7 +162,11 @@ def autograd_formula(backward_op: Callable, reference: Callable):
             grad_out = grad_out.contiguous()
         if grad_lse is not None:
             grad_lse = grad_lse.contiguous()
-        dq, dk, dv = backward_op(
+        # A float mask that requires grad is a learned bias: the kernel sums its gradient.
+        mask_grad = bool(
+            ctx.needs_input_grad[3] and attn_mask is not None and attn_mask.dtype.is_floating_point
+        )
+        dq, dk, dv, dmask = backward_op(
             grad_out,
             grad_lse,
             q,
@@ -171,7 +184,8 @@ def autograd_formula(backward_op: Callable, reference: Callable):
             dropout_p,
             seed,
             True,
+            mask_grad,
         )
-        return (dq, dk, dv) + (None,) * 9
+        return (dq, dk, dv, dmask if mask_grad else None) + (None,) * 8
 
     return backward, setup_context

@@ -4,7 +4,8 @@ fastattn/contracts/attention.py).
 
 Every backend receives the same canonical arguments (see fastattn/reference/attention.py):
 q (B, Hq, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv) with unit last strides; attn_mask
-expanded to (B, Hq, Lq, Lk) without a copy (strides may be 0); key_padding_mask bool (B, Lk);
+4-D, broadcasting to (B, Hq, Lq, Lk) (each dim 1 or full; never expanded in memory);
+key_padding_mask bool (B, Lk);
 alibi_slopes float32 (B, Hq); causal alignment and the sliding window folded into
 (window_lo, window_hi): key j is visible to query i iff i + window_lo <= j <= i + window_hi.
 
@@ -111,15 +112,19 @@ def _canonical_mask(op, attn_mask, q, B, Hq, Lq, Lk):
             f"({B}, {Hq}, {Lq}, {Lk}), got shape {tuple(attn_mask.shape)}"
         )
     try:
-        expanded = attn_mask.expand(B, Hq, Lq, Lk)
+        attn_mask.expand(B, Hq, Lq, Lk)
     except RuntimeError:
         raise ValueError(
             f"{op}: attn_mask must broadcast to (B, Hq, Lq, Lk) = "
             f"({B}, {Hq}, {Lq}, {Lk}), got shape {tuple(attn_mask.shape)}"
         ) from None
-    if expanded.dtype.is_floating_point and expanded.dtype not in (q.dtype, torch.float32):
-        expanded = expanded.to(torch.float32)
-    return expanded
+    # 4-D with its broadcast dims of size 1, not expanded: the backends read it through a
+    # stride-0 view, and the kernels' gradient of a learned bias is then shaped like the bias
+    # (summed over the broadcast dims) instead of (B, Hq, Lq, Lk).
+    mask = attn_mask[(None,) * (4 - attn_mask.dim())]
+    if mask.dtype.is_floating_point and mask.dtype not in (q.dtype, torch.float32):
+        mask = mask.to(torch.float32)
+    return mask
 
 
 def _canonical_padding(op, key_padding_mask, q, B, Lk):
@@ -184,12 +189,17 @@ def attention(
             x . . . .     x x x x .
             x x . . .     x x x x x
     attn_mask: bool (True = may attend) or float (added to the scores), broadcastable to
-        (B, Hq, Lq, Lk); read through its strides, never expanded in memory.
+        (B, Hq, Lq, Lk); read through its strides, never expanded in memory. A float mask
+        that requires grad is a learned bias (T5's relative position bias, Swin's relative
+        bias, AlphaFold's pair bias): it receives dS, the gradient of the biased scores,
+        summed over its broadcast dims, from the cpu and triton kernels (the backward
+        allocates only the mask-shaped gradient; cuda devices run it on triton).
     key_padding_mask: bool (B, Lk), True = padding to ignore (nn.MultiheadAttention's rule).
     dropout_p: dropout on the attention probabilities (training); reproducible under
         torch.manual_seed; the backward regenerates the same mask.
     scale: multiplies q.k (default 1/sqrt(D)).
-    alibi_slopes: float (Hq,) or (B, Hq): adds -slope * |i + Lk - Lq - j| to the scores.
+    alibi_slopes: float (Hq,) or (B, Hq): adds -slope * |i + Lk - Lq - j| to the scores
+        (slopes that require grad run on the reference backend).
     window: (left, right) sliding window; query i sees keys j with
         i + Lk - Lq - left <= j <= i + Lk - Lq + right; -1 leaves a side unbounded.
     softcap: > 0 replaces scores s by softcap * tanh(s / softcap) (Gemma 2).
@@ -406,12 +416,16 @@ def attention_band(
         window_hi = min(int(band[1]), WINDOW_UNBOUNDED)
 
     limits: dict[str, str] = {}
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (mask, alibi)):
+    if torch.is_grad_enabled() and alibi is not None and alibi.requires_grad:
         for name in ("cpu", "cuda", "triton"):
             limits[name] = (
-                "gradients with respect to attn_mask or alibi_slopes are computed "
-                "by the reference backend only"
+                "gradients with respect to alibi_slopes are computed by the reference backend only"
             )
+    elif torch.is_grad_enabled() and mask is not None and mask.requires_grad:
+        limits["cuda"] = (
+            "the gradient of a float attn_mask (a learned bias) is computed by the cpu, "
+            "triton and reference backends, not by the CUDA kernels"
+        )
     chosen = _backend.select_backend(
         op, q.device, backend, limits=limits, kernel="attention_forward", dtype=q.dtype
     )
@@ -490,7 +504,7 @@ def attention_backward_canonical(
         p,
         seed,
         True,
-    )
+    )[:3]
 
 
 def dropout_keep(seed: torch.Tensor, element: torch.Tensor, p: float) -> torch.Tensor:

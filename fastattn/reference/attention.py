@@ -2,7 +2,8 @@
 
 Canonical arguments, as fastattn/ops/attention.py builds them for every backend:
   q (B, Hq, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv); Hq % Hkv == 0 (GQA/MQA)
-  attn_mask     None, or a bool / float tensor viewed as (B, Hq, Lq, Lk) (expanded, any strides)
+  attn_mask     None, or a 4-D bool / float tensor broadcasting to (B, Hq, Lq, Lk) (each dim
+                1 or full, any strides)
   key_padding_mask None or bool (B, Lk), True = ignore that key
   alibi_slopes  None or float32 (B, Hq) (expanded)
   scale, softcap (0 = off), dropout_p, seed (int64 (2,) when dropout_p > 0)

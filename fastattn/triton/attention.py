@@ -470,6 +470,28 @@ def _bwd_preprocess(
 
 
 @triton.jit
+def _add_mask_grad(
+    base, dsT, offs_m, offs_n, m_valid, n_valid, s_gi, s_gj, MODE: tl.constexpr, SUM_Q: tl.constexpr
+):
+    """Adds the (keys, queries) tile dsT to d attn_mask at base + i * s_gi + j * s_gj (the
+    modes of _bwd_dkdv_kernel's BIAS_GRAD)."""
+    if SUM_Q:
+        vals = tl.sum(tl.where(m_valid[None, :], dsT, 0.0), axis=1)
+        ptr = base + offs_n.to(tl.int64) * s_gj
+        ok = n_valid
+    else:
+        vals = dsT
+        ptr = base + offs_m.to(tl.int64)[None, :] * s_gi + offs_n.to(tl.int64)[:, None] * s_gj
+        ok = n_valid[:, None] & m_valid[None, :]
+    if MODE == 1:
+        tl.store(ptr, vals, mask=ok)
+    elif MODE == 2:
+        tl.store(ptr, tl.load(ptr, mask=ok, other=0.0) + vals, mask=ok)
+    else:
+        tl.atomic_add(ptr, vals, mask=ok)
+
+
+@triton.jit
 def _bwd_dkdv_kernel(
     Q,
     K,
@@ -485,6 +507,7 @@ def _bwd_dkdv_kernel(
     Cu_k,
     DK,
     DV,
+    DMask,
     s_qb,
     s_qh,
     s_qm,
@@ -509,6 +532,12 @@ def _bwd_dkdv_kernel(
     s_mj,
     s_ab,
     s_ah,
+    s_gb,
+    s_gh,
+    s_gi,
+    s_gj,
+    loop_b,
+    loop_h,
     Hq,
     GROUP,
     Lq,
@@ -534,6 +563,8 @@ def _bwd_dkdv_kernel(
     DOT_PRECISION: tl.constexpr,
     ACCURATE_EXP: tl.constexpr,
     VARLEN: tl.constexpr,
+    BIAS_GRAD: tl.constexpr,
+    BIAS_SUM_Q: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -543,123 +574,155 @@ def _bwd_dkdv_kernel(
     share it. Scores are computed transposed, (keys, queries), so that every product is a
     plain tl.dot with one transposed operand (as in Triton's fused-attention tutorial).
     Varlen: tiles past the sequence's keys exit at once; a sequence without queries writes
-    dK = dV = 0 for its keys."""
-    start_n, bkv = _tile_of_program(Lk, BLOCK_N)
+    dK = dV = 0 for its keys.
+
+    d attn_mask (BIAS_GRAD != 0): dS of the biased scores (before the softcap's factor) goes
+    to DMask (float32, the mask's shape) addressed through s_g* (0 along broadcast dims):
+    BIAS_GRAD 1 stores (each element is visited once), 2 adds by read-modify-write (this
+    program owns the elements: it walks `loop_b` batches and `loop_h` kv heads, the mask's
+    broadcast dims, so the sum has a fixed order), 3 adds atomically (broadcast dims split
+    across programs; not reproducible). BIAS_SUM_Q: the mask broadcasts over queries, so a
+    tile's dS is summed over its queries first."""
+    start_n, pair = _tile_of_program(Lk, BLOCK_N)
     Hkv = Hq // GROUP
-    b = bkv // Hkv
-    kvh = bkv % Hkv
-    q0, k0, seq_q, seq_k, lo_w, hi_w = _sequence(
-        Cu_q, Cu_k, b, Lq, Lk, window_lo, window_hi, causal_mode, VARLEN
-    )
-    if start_n >= seq_k:
-        return
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    n_valid = offs_n < seq_k
-    d_valid = offs_d < D
-    dv_valid = offs_dv < Dv
-    rows_n = (k0 + offs_n).to(tl.int64)[:, None]
-    k = tl.load(
-        K + b * s_kb + kvh * s_kh + rows_n * s_kn + offs_d[None, :],
-        mask=n_valid[:, None] & d_valid[None, :],
-        other=0.0,
-    )
-    v = tl.load(
-        V + b * s_vb + kvh * s_vh + rows_n * s_vn + offs_dv[None, :],
-        mask=n_valid[:, None] & dv_valid[None, :],
-        other=0.0,
-    )
-    if UPCAST:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
-    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
-    lo, hi = _query_range(start_n, seq_q, lo_w, hi_w, BLOCK_M, BLOCK_N)
-    for g in range(0, GROUP):
-        h = kvh * GROUP + g
-        row0 = _row_base(b, h, q0, Hq, Lq, total_q, VARLEN)
-        drop0, drop_step = _dropout_rows(b, h, q0, Hq, Lq, Lk, VARLEN)
-        slope = 0.0
-        if HAS_ALIBI:
-            slope = tl.load(Alibi + b * s_ab + h * s_ah)
-        q_base = Q + b * s_qb + h * s_qh + q0 * s_qm
-        do_base = DO + b * s_dob + h * s_doh + q0 * s_dom
-        for start_m in range(lo, hi, BLOCK_M):
-            offs_m = start_m + tl.arange(0, BLOCK_M)
-            m_valid = offs_m < seq_q
-            cols_m = offs_m.to(tl.int64)
-            qT = tl.load(
-                q_base + cols_m[None, :] * s_qm + offs_d[:, None],
-                mask=m_valid[None, :] & d_valid[:, None],
-                other=0.0,
+    pairs_h = Hkv // loop_h
+    b_first = (pair // pairs_h) * loop_b
+    kvh_first = (pair % pairs_h) * loop_h
+    # One (b, kv head) pair, or loop_b x loop_h of them when this program owns d mask's
+    # elements along the mask's broadcast dims (BIAS_GRAD 2).
+    for b in range(b_first, b_first + loop_b):
+        for kvh in range(kvh_first, kvh_first + loop_h):
+            q0, k0, seq_q, seq_k, lo_w, hi_w = _sequence(
+                Cu_q, Cu_k, b, Lq, Lk, window_lo, window_hi, causal_mode, VARLEN
             )
-            do = tl.load(
-                do_base + cols_m[:, None] * s_dom + offs_dv[None, :],
-                mask=m_valid[:, None] & dv_valid[None, :],
-                other=0.0,
-            )
-            if UPCAST:
-                qT = qT.to(tl.float32)
-                do = do.to(tl.float32)
-            lse = tl.load(Lse + row0 + offs_m, mask=m_valid, other=0.0)
-            # Rows without a visible key have lse -inf and only -inf scores: use +inf so that
-            # their P is exp2(-inf) = 0 rather than NaN.
-            lse = tl.where(lse == float("-inf"), float("inf"), lse)
-            delta = tl.load(Delta + row0 + offs_m, mask=m_valid, other=0.0)
-            qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)
-            sT = _capped_scores(qkT, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
-            sT_masked = _biased_masked_scores(
-                sT,
-                offs_m[None, :],
-                offs_n[:, None],
-                b,
-                h,
-                Mask,
-                s_mb,
-                s_mh,
-                s_mi,
-                s_mj,
-                Pad,
-                slope,
-                seq_q,
-                seq_k,
-                seq_k - seq_q,
-                lo_w,
-                hi_w,
-                MASK_KIND,
-                HAS_PAD,
-                HAS_ALIBI,
-            )
-            pT = exp(sT_masked - lse[None, :], ACCURATE_EXP)
-            dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-            if HAS_DROPOUT:
-                zT = dropout_multiplier(
-                    Seed,
-                    drop0 + cols_m[None, :] * drop_step + offs_n[:, None],
-                    threshold,
-                    keep_scale,
+            if start_n < seq_k:
+                offs_n = start_n + tl.arange(0, BLOCK_N)
+                offs_d = tl.arange(0, BLOCK_D)
+                offs_dv = tl.arange(0, BLOCK_DV)
+                n_valid = offs_n < seq_k
+                d_valid = offs_d < D
+                dv_valid = offs_dv < Dv
+                rows_n = (k0 + offs_n).to(tl.int64)[:, None]
+                k = tl.load(
+                    K + b * s_kb + kvh * s_kh + rows_n * s_kn + offs_d[None, :],
+                    mask=n_valid[:, None] & d_valid[None, :],
+                    other=0.0,
                 )
-                dv += tl.dot(_operand(pT * zT, do, UPCAST), do, input_precision=DOT_PRECISION)
-                dpT = dpT * zT
-            else:
-                dv += tl.dot(_operand(pT, do, UPCAST), do, input_precision=DOT_PRECISION)
-            dsT = pT * (dpT - delta[None, :])
-            if HAS_SOFTCAP:
-                t = sT / softcap
-                dsT = dsT * (1.0 - t * t)
-            dk += tl.dot(_operand(dsT, qT, UPCAST), tl.trans(qT), input_precision=DOT_PRECISION)
-    dk = dk * scale
-    tl.store(
-        DK + b * s_dkb + kvh * s_dkh + rows_n * s_dkn + offs_d[None, :],
-        dk.to(DK.dtype.element_ty),
-        mask=n_valid[:, None] & d_valid[None, :],
-    )
-    tl.store(
-        DV + b * s_dvb + kvh * s_dvh + rows_n * s_dvn + offs_dv[None, :],
-        dv.to(DV.dtype.element_ty),
-        mask=n_valid[:, None] & dv_valid[None, :],
-    )
+                v = tl.load(
+                    V + b * s_vb + kvh * s_vh + rows_n * s_vn + offs_dv[None, :],
+                    mask=n_valid[:, None] & dv_valid[None, :],
+                    other=0.0,
+                )
+                if UPCAST:
+                    k = k.to(tl.float32)
+                    v = v.to(tl.float32)
+                dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+                dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+                lo, hi = _query_range(start_n, seq_q, lo_w, hi_w, BLOCK_M, BLOCK_N)
+                for g in range(0, GROUP):
+                    h = kvh * GROUP + g
+                    row0 = _row_base(b, h, q0, Hq, Lq, total_q, VARLEN)
+                    drop0, drop_step = _dropout_rows(b, h, q0, Hq, Lq, Lk, VARLEN)
+                    slope = 0.0
+                    if HAS_ALIBI:
+                        slope = tl.load(Alibi + b * s_ab + h * s_ah)
+                    q_base = Q + b * s_qb + h * s_qh + q0 * s_qm
+                    do_base = DO + b * s_dob + h * s_doh + q0 * s_dom
+                    for start_m in range(lo, hi, BLOCK_M):
+                        offs_m = start_m + tl.arange(0, BLOCK_M)
+                        m_valid = offs_m < seq_q
+                        cols_m = offs_m.to(tl.int64)
+                        qT = tl.load(
+                            q_base + cols_m[None, :] * s_qm + offs_d[:, None],
+                            mask=m_valid[None, :] & d_valid[:, None],
+                            other=0.0,
+                        )
+                        do = tl.load(
+                            do_base + cols_m[:, None] * s_dom + offs_dv[None, :],
+                            mask=m_valid[:, None] & dv_valid[None, :],
+                            other=0.0,
+                        )
+                        if UPCAST:
+                            qT = qT.to(tl.float32)
+                            do = do.to(tl.float32)
+                        lse = tl.load(Lse + row0 + offs_m, mask=m_valid, other=0.0)
+                        # Rows without a visible key have lse -inf and only -inf scores: use
+                        # +inf so that their P is exp2(-inf) = 0 rather than NaN.
+                        lse = tl.where(lse == float("-inf"), float("inf"), lse)
+                        delta = tl.load(Delta + row0 + offs_m, mask=m_valid, other=0.0)
+                        qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)
+                        sT = _capped_scores(qkT, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
+                        sT_masked = _biased_masked_scores(
+                            sT,
+                            offs_m[None, :],
+                            offs_n[:, None],
+                            b,
+                            h,
+                            Mask,
+                            s_mb,
+                            s_mh,
+                            s_mi,
+                            s_mj,
+                            Pad,
+                            slope,
+                            seq_q,
+                            seq_k,
+                            seq_k - seq_q,
+                            lo_w,
+                            hi_w,
+                            MASK_KIND,
+                            HAS_PAD,
+                            HAS_ALIBI,
+                        )
+                        pT = exp(sT_masked - lse[None, :], ACCURATE_EXP)
+                        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+                        if HAS_DROPOUT:
+                            zT = dropout_multiplier(
+                                Seed,
+                                drop0 + cols_m[None, :] * drop_step + offs_n[:, None],
+                                threshold,
+                                keep_scale,
+                            )
+                            dv += tl.dot(
+                                _operand(pT * zT, do, UPCAST), do, input_precision=DOT_PRECISION
+                            )
+                            dpT = dpT * zT
+                        else:
+                            dv += tl.dot(
+                                _operand(pT, do, UPCAST), do, input_precision=DOT_PRECISION
+                            )
+                        dsT = pT * (dpT - delta[None, :])
+                        if BIAS_GRAD != 0:
+                            _add_mask_grad(
+                                # b is int64 (from the program id): 64-bit offsets
+                                DMask + b * s_gb + (b * 0 + h) * s_gh,
+                                dsT,
+                                offs_m,
+                                offs_n,
+                                m_valid,
+                                n_valid,
+                                s_gi,
+                                s_gj,
+                                BIAS_GRAD,
+                                BIAS_SUM_Q,
+                            )
+                        if HAS_SOFTCAP:
+                            t = sT / softcap
+                            dsT = dsT * (1.0 - t * t)
+                        dk += tl.dot(
+                            _operand(dsT, qT, UPCAST), tl.trans(qT), input_precision=DOT_PRECISION
+                        )
+                dk = dk * scale
+                tl.store(
+                    DK + b * s_dkb + kvh * s_dkh + rows_n * s_dkn + offs_d[None, :],
+                    dk.to(DK.dtype.element_ty),
+                    mask=n_valid[:, None] & d_valid[None, :],
+                )
+                tl.store(
+                    DV + b * s_dvb + kvh * s_dvh + rows_n * s_dvn + offs_dv[None, :],
+                    dv.to(DV.dtype.element_ty),
+                    mask=n_valid[:, None] & dv_valid[None, :],
+                )
 
 
 @triton.jit
@@ -837,7 +900,7 @@ def _bwd_dq_kernel(
 
 
 _FWD_TUNED = tuned(_fwd_kernel, "fwd")
-_DKDV_TUNED = tuned(_bwd_dkdv_kernel, "dkdv")
+_DKDV_TUNED = tuned(_bwd_dkdv_kernel, "dkdv", reset_to_zero=["DMask"])
 _DQ_TUNED = tuned(_bwd_dq_kernel, "dq")
 
 _MAX_PACKED_ROWS = 2**31 - 1 - 1024  # 1024: more than any BLOCK_M of _bwd_preprocess
@@ -895,7 +958,8 @@ class _Launch:
             mask_kind, mask_arg, mask_strides = _NO_MASK, q, (0, 0, 0, 0)
         else:
             mask_kind = _BOOL_MASK if attn_mask.dtype == torch.bool else _FLOAT_MASK
-            mask_arg, mask_strides = attn_mask, tuple(attn_mask.stride())
+            # 4-D with size-1 broadcast dims: read through the stride-0 view
+            mask_arg, mask_strides = attn_mask, tuple(attn_mask.expand(B, Hq, Lq, Lk).stride())
         if alibi_slopes is None:
             alibi_arg, alibi_strides = q, (0, 0)
         else:
@@ -1004,10 +1068,51 @@ def launch_forward(launch: _Launch, q, k, v, out, lse) -> None:
         )
 
 
-def launch_backward(launch: _Launch, grad_out, grad_lse, q, k, v, out, lse, dq, dk, dv) -> None:
+class _MaskGrad:
+    """d attn_mask of a dense call: a zeroed float32 (float64 for a float64 mask) buffer shaped
+    like the mask, except that a mask broadcast over keys gets its key dim materialised (and
+    summed by torch at the end: such a bias is softmax-invariant, a rare case), and how the
+    dK/dV kernel adds to it (its BIAS_GRAD modes).
+
+    deterministic: a program walks the batches (a mask shared by the batch, T5/Swin) and the
+    kv heads (a mask shared by the heads, AlphaFold's pair bias) its elements gather, so
+    every element is summed by one program in a fixed order (fewer, longer programs: the grid
+    shrinks by those factors). Otherwise those dims are split across programs that add
+    atomically (full grid; the float sums' order varies)."""
+
+    def __init__(self, attn_mask: torch.Tensor, launch: _Launch, deterministic: bool):
+        B, Hq, Hkv, Lq, Lk, _, _ = launch.shape
+        mB, mH, mQ, mK = attn_mask.shape
+        self.sum_k = mK == 1 and Lk > 1
+        dtype = torch.float64 if attn_mask.dtype == torch.float64 else torch.float32
+        self.dtype = attn_mask.dtype
+        self.buffer = torch.zeros(
+            (mB, mH, mQ, Lk if self.sum_k else mK), dtype=dtype, device=attn_mask.device
+        )
+        view = self.buffer.expand(B, Hq, Lq, Lk)
+        self.strides = tuple(view.stride())
+        across_b = mB == 1 and B > 1
+        across_h = mH == 1 and Hkv > 1
+        self.sum_q = mQ == 1 and Lq > 1
+        within = (mH == 1 and Hq > Hkv) or self.sum_q  # sums inside one program
+        if (across_b or across_h) and not deterministic:
+            self.mode, self.loop_b, self.loop_h = 3, 1, 1
+        else:
+            self.loop_b = B if across_b else 1
+            self.loop_h = Hkv if across_h else 1
+            self.mode = 2 if (across_b or across_h or within) else 1
+
+    def result(self) -> torch.Tensor:
+        g = self.buffer.sum(3, keepdim=True) if self.sum_k else self.buffer
+        return g.to(self.dtype)
+
+
+def launch_backward(
+    launch: _Launch, grad_out, grad_lse, q, k, v, out, lse, dq, dk, dv, mask_grad=None
+) -> None:
     """Runs the backward kernels into dq, dk, dv (shaped like q, k, v; float32 buffers for
-    bfloat16 under the interpreter). grad_out has a unit last stride; lse and grad_lse (or
-    None) are contiguous in the op's lse layout."""
+    bfloat16 under the interpreter) and, with mask_grad (a _MaskGrad), d attn_mask. grad_out
+    has a unit last stride; lse and grad_lse (or None) are contiguous in the op's lse layout."""
     B, Hq, Hkv, Lq, Lk, D, Dv = launch.shape
     total_q = q.shape[0] if launch.varlen else B * Lq
     delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
@@ -1069,12 +1174,21 @@ def launch_backward(launch: _Launch, grad_out, grad_lse, q, k, v, out, lse, dq, 
         if B * Hkv * Lk > 0 and k.numel() > 0:
             kernel, blocks = launch.kernel(_bwd_dkdv_kernel, _DKDV_TUNED)
 
+            if mask_grad is None:
+                dmask, dmask_strides, loops = dk.new_empty(1, dtype=torch.float32), (0,) * 4, (1, 1)
+                bias = dict(BIAS_GRAD=0, BIAS_SUM_Q=False)
+            else:
+                dmask, dmask_strides = mask_grad.buffer, mask_grad.strides
+                loops = (mask_grad.loop_b, mask_grad.loop_h)
+                bias = dict(BIAS_GRAD=mask_grad.mode, BIAS_SUM_Q=mask_grad.sum_q)
+            pairs = (B // loops[0]) * (Hkv // loops[1])
+
             def dkdv_grid(meta):
                 return (
                     grid_x(
                         launch.op,
                         "B * Hkv * ceil(Lk / BLOCK_N)",
-                        B * Hkv * triton.cdiv(Lk, meta["BLOCK_N"]),
+                        pairs * triton.cdiv(Lk, meta["BLOCK_N"]),
                     ),
                 )
 
@@ -1082,12 +1196,16 @@ def launch_backward(launch: _Launch, grad_out, grad_lse, q, k, v, out, lse, dq, 
                 *common,
                 dk,
                 dv,
+                dmask,
                 *q_k_v_do_strides,
                 *launch.strides(dk),
                 *launch.strides(dv),
                 *launch.trailing_strides,
+                *dmask_strides,
+                *loops,
                 *launch.scalars,
                 **launch.meta,
+                **bias,
                 **blocks,
             )
 
@@ -1154,10 +1272,13 @@ def attention_backward(
     dropout_p: float,
     seed: torch.Tensor | None,
     deterministic: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv), contiguous and shaped like q, k, v, of <out, grad_out> + <lse, grad_lse>.
-    `deterministic` needs nothing: these kernels never use atomics, so every backward is
-    bitwise reproducible."""
+    mask_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, d attn_mask), dq/dk/dv contiguous and shaped like q, k, v, of <out,
+    grad_out> + <lse, grad_lse>; d attn_mask (mask_grad, a float mask) shaped like the mask,
+    dS summed over its broadcast dims, else empty. dq, dk, dv never use atomics; d attn_mask
+    does only for a mask broadcast over batches or kv heads with deterministic=False
+    (_MaskGrad), so a deterministic backward is bitwise reproducible."""
     launch = _Launch(
         q,
         k,
@@ -1173,6 +1294,15 @@ def attention_backward(
         seed,
     )
     dq, dk, dv = (output_buffer(t.shape, t.dtype, t.device) for t in (q, k, v))
+    if mask_grad:
+        if attn_mask is None or not attn_mask.dtype.is_floating_point:
+            raise ValueError(
+                "attention_backward (triton): mask_grad needs a float attn_mask "
+                "(a bool mask has no gradient)"
+            )
+        dmask = _MaskGrad(attn_mask, launch, deterministic)
+    else:
+        dmask = None
     if grad_out.shape[-1] > 1 and grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
     launch_backward(
@@ -1187,5 +1317,11 @@ def attention_backward(
         dq,
         dk,
         dv,
+        dmask,
     )
-    return finish(dq, q.dtype), finish(dk, k.dtype), finish(dv, v.dtype)
+    return (
+        finish(dq, q.dtype),
+        finish(dk, k.dtype),
+        finish(dv, v.dtype),
+        dmask.result() if dmask is not None else q.new_empty((0,)),
+    )

@@ -201,13 +201,17 @@ TABLES = {
 }
 
 
-def tuned(kernel, name: str) -> dict:
+def tuned(kernel, name: str, reset_to_zero: list[str] | None = None) -> dict:
     """Autotuned copies of `kernel` ("fwd", "dkdv" or "dq": its tables and pruner), keyed by
-    (float32?, head-dim class)."""
+    (float32?, head-dim class). reset_to_zero: arguments the kernel accumulates into (zeroed
+    before every timed run and before the real one)."""
     configs, configs_fp32 = TABLES[name]
     return {
         (fp32, cls): triton.autotune(
-            configs=cfgs, key=_TUNE_KEY, prune_configs_by={"early_config_prune": pruner(name)}
+            configs=cfgs,
+            key=_TUNE_KEY,
+            prune_configs_by={"early_config_prune": pruner(name)},
+            reset_to_zero=reset_to_zero,
         )(kernel)
         for fp32, table in ((False, configs), (True, configs_fp32))
         for cls, cfgs in table.items()

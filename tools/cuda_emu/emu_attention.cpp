@@ -194,16 +194,16 @@ std::tuple<Tensor, Tensor> attention_forward(const Tensor& q, const Tensor& k, c
                        window_lo, window_hi, dropout_p, seed, launch());
 }
 
-std::tuple<Tensor, Tensor, Tensor> attention_backward(
+std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward(
     const Tensor& grad_out, const optional<Tensor>& grad_lse, const Tensor& q, const Tensor& k,
     const Tensor& v, const Tensor& out, const Tensor& lse, const optional<Tensor>& attn_mask,
     const optional<Tensor>& key_padding_mask, const optional<Tensor>& alibi_slopes, double scale,
     double softcap, int64_t window_lo, int64_t window_hi, double dropout_p,
-    const optional<Tensor>& seed, bool deterministic) {
+    const optional<Tensor>& seed, bool deterministic, bool mask_grad) {
   (void)deterministic;  // always deterministic
   return impl::backward(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask,
                         alibi_slopes, scale, softcap, window_lo, window_hi, dropout_p, seed,
-                        launch());
+                        mask_grad, launch());
 }
 
 std::tuple<Tensor, Tensor> varlen_attention_forward(

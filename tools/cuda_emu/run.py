@@ -92,10 +92,12 @@ class Case:
         smem=H100_SMEM,
         expect=(),
         expect_error=None,
+        mask_grad=False,
     ):
         # smem: the emulated device's shared memory per block; expect: launches the case must
         # make, each "part&part..." matched by one launcher signature (see reached());
-        # expect_error: the text of the error the op must raise instead (smem below the range).
+        # expect_error: the text of the error the op must raise instead (smem below the range);
+        # mask_grad: the backward is asked for d attn_mask (which the CUDA kernels refuse).
         self.__dict__.update(locals())
         self.Dv = D if Dv is None else Dv
 
@@ -125,6 +127,10 @@ def canonical(c: Case, g: torch.Generator):
     elif c.mask in ("float", "float32"):
         mdt = torch.float32 if c.mask == "float32" else c.dtype
         mask = torch.randn(1, Hq, Lq, Lk, generator=g).to(mdt).expand(B, Hq, Lq, Lk)
+    elif c.mask == "float_shared":  # 4-D, not expanded: (1, Hq, Lq, Lk), as the ops pass it
+        mask = torch.randn(1, Hq, Lq, Lk, generator=g)
+    elif c.mask == "float_key":  # (B, 1, 1, Lk): broadcast over heads and queries
+        mask = torch.randn(B, 1, 1, Lk, generator=g)
     elif c.mask == "float_transposed":  # strides (0, Lq, 1, Lq*Hq) style
         m = torch.randn(Lk, Hq, Lq, generator=g).permute(1, 2, 0).unsqueeze(0)
         mask = m.to(torch.float32).expand(B, Hq, Lq, Lk)
@@ -270,6 +276,7 @@ def run_case(ext, c: Case, verbose: bool):
                 lse,
                 *args,
                 True,
+                c.mask_grad,
                 smem=c.smem,
             )
         except RuntimeError as exc:
@@ -305,7 +312,7 @@ def run_case(ext, c: Case, verbose: bool):
         dtype=lse.dtype,
     )
     if c.backward:
-        dq, dk, dv = emulated(
+        dq, dk, dv, _ = emulated(
             ext,
             "attention_backward",
             grad_out,
@@ -326,7 +333,7 @@ def run_case(ext, c: Case, verbose: bool):
         # determinism: a second run is bitwise equal
     reached(ext, c.expect, results)
     if c.backward:
-        dq2, dk2, dv2 = emulated(
+        dq2, dk2, dv2, _ = emulated(
             ext,
             "attention_backward",
             grad_out,
@@ -366,7 +373,7 @@ def run_case(ext, c: Case, verbose: bool):
                 True,
                 smem=H100_SMEM,
             )
-            same_as_h100("bwd same as 227 KB", (dq, dk, dv), g_h, results)
+            same_as_h100("bwd same as 227 KB", (dq, dk, dv), g_h[:3], results)
     return results
 
 
@@ -388,6 +395,16 @@ def cases():
         Case("bf16_empty_rows", bf, mask="bool_rows", padding=True, empty_rows=True, B=2),
         Case("bf16_float_mask", bf, mask="float"),
         Case("bf16_float32_mask_transposed", bf, mask="float_transposed"),
+        Case("bf16_float32_mask_shared_unexpanded", bf, mask="float_shared", B=2),
+        Case("f32_float32_key_bias_gqa", torch.float32, mask="float_key", B=2, Hq=4, Hkv=2),
+        # d attn_mask (a learned bias's gradient) is left to the cpu/triton kernels
+        Case(
+            "bf16_mask_grad_refused",
+            bf,
+            mask="float_shared",
+            mask_grad=True,
+            expect_error="mask_grad=True (the gradient of a float attn_mask)",
+        ),
         Case("bf16_alibi_softcap", bf, alibi=True, softcap=2.5, scale=0.5),
         Case("bf16_dropout", bf, dropout=0.17, Lq=40, Lk=70),
         Case("bf16_dropout_odd", bf, dropout=0.3, Lq=13, Lk=31, D=32),

@@ -1,0 +1,253 @@
+"""Learned biases through the fused kernels: a float attn_mask that requires grad receives dS
+(the gradient of the biased scores) summed over the mask's broadcast dims, from the cpu and
+triton kernels (fastattn/ops/attention.py sends it to no other backend than those and the
+reference; the cuda kernels refuse it, and CUDA devices run it on triton).
+
+Every case is checked against the reference backend run in float64 under FlashAttention's rule
+(tests/tolerance.py), with the reference in the input's dtype as the baseline, and asserts
+that the kernel backend ran (`fastattn.last_backend`). Outputs are poisoned (conftest).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import backend_device
+from tolerance import F32_ULP, assert_fa_close, assert_grad_close, float32_floor, rounding_floor
+
+import fastattn
+from fastattn._backend import missing_kernel
+
+KERNELS = ("cpu", "triton")
+
+
+def kernel_device(backend: str) -> torch.device:
+    if backend == "cpu" and missing_kernel("attention_forward", "cpu"):
+        pytest.skip("fastattn._C was built without its attention kernels")
+    return backend_device(backend)
+
+
+# (name, mask shape given (B, Hq, Lq, Lk) -> shape, attention keywords, B, Hq, Hkv, Lq, Lk)
+CASES = [
+    ("t5_shared_by_batch", lambda B, H, Q, K: (1, H, Q, K), {}, 3, 4, 4, 37, 53),
+    ("pair_bias", lambda B, H, Q, K: (B, 1, Q, K), {}, 2, 4, 4, 37, 53),
+    ("plain_LxL", lambda B, H, Q, K: (Q, K), {}, 2, 2, 2, 37, 53),
+    ("full", lambda B, H, Q, K: (B, H, Q, K), {}, 2, 2, 2, 37, 53),
+    ("gqa_t5", lambda B, H, Q, K: (1, H, Q, K), {}, 2, 4, 2, 37, 53),
+    ("gqa_pair", lambda B, H, Q, K: (B, 1, Q, K), {}, 2, 6, 2, 37, 53),
+    ("causal", lambda B, H, Q, K: (1, H, Q, K), {"causal": True}, 2, 2, 2, 53, 53),
+    ("softcap", lambda B, H, Q, K: (1, H, Q, K), {"softcap": 2.0, "scale": 0.6}, 2, 2, 2, 37, 53),
+    ("dropout", lambda B, H, Q, K: (1, H, Q, K), {"dropout_p": 0.2}, 2, 2, 2, 37, 53),
+    ("key_bias", lambda B, H, Q, K: (B, 1, 1, K), {}, 2, 2, 2, 37, 53),
+    ("query_bias", lambda B, H, Q, K: (B, H, Q, 1), {}, 2, 2, 2, 37, 53),
+    ("multi_tile", lambda B, H, Q, K: (1, H, Q, K), {"causal": "bottom_right"}, 2, 2, 1, 150, 131),
+    (
+        "everything",
+        lambda B, H, Q, K: (H, Q, K),
+        {"causal": True, "softcap": 3.0, "dropout_p": 0.1, "window": (40, -1)},
+        2,
+        4,
+        2,
+        70,
+        70,
+    ),
+]
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def make(case, dtype, device, D=32, seed=0):
+    name, shape_of, kw, B, Hq, Hkv, Lq, Lk = case
+    g = torch.Generator().manual_seed(seed + Lq * 31 + Lk + len(name))
+    q = torch.randn(B, Hq, Lq, D, generator=g)
+    k = torch.randn(B, Hkv, Lk, D, generator=g)
+    v = torch.randn(B, Hkv, Lk, D, generator=g)
+    mask_dtype = torch.float32 if dtype == torch.float32 else dtype
+    bias = torch.randn(shape_of(B, Hq, Lq, Lk), generator=g)
+    q, k, v = (t.to(dtype=dtype, device=device) for t in (q, k, v))
+    return q, k, v, bias.to(dtype=mask_dtype, device=device), dict(kw)
+
+
+def run(backend, q, k, v, bias, kw, grad_out, cast=None, seed=1234):
+    """(out, dq, dk, dv, dbias) of `backend` on leaf copies (cast to `cast` if given)."""
+    leaves = [t.detach().to(cast or t.dtype).requires_grad_() for t in (q, k, v, bias)]
+    torch.manual_seed(seed)
+    out = fastattn.attention(*leaves[:3], attn_mask=leaves[3], backend=backend, **kw)
+    assert fastattn.last_backend("attention") == backend
+    grads = torch.autograd.grad(out, leaves, grad_out.to(out.dtype))
+    return (out.detach(), *grads)
+
+
+def bias_floor(q, v, bias, kw, grad_out, summed: int) -> float:
+    """Extra floor of d bias: dS = P * (dP - delta) keeps a residue of a few float32 ulps of
+    sum_d |dO_d v_d| (dP and delta are separate float32 dot products; see test_attention's
+    cancellation_floors), and d bias sums `summed` such terms per element. 16-bit outputs add
+    delta's reading of the rounded O."""
+    group = q.shape[1] // v.shape[1]
+    keep = 1.0 / (1.0 - kw.get("dropout_p", 0.0))
+    vv = v.double().cpu().abs().repeat_interleave(group, dim=1)
+    dp_abs = torch.matmul(grad_out.double().cpu().abs(), vv.transpose(-1, -2))
+    residue = 4 * F32_ULP * keep * float(dp_abs.max())
+    half_ulp = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}.get(q.dtype, 0.0)
+    if half_ulp:
+        v_max = vv.amax(dim=2, keepdim=True)
+        residue += half_ulp * keep * float((grad_out.double().cpu().abs() * v_max).sum(-1).max())
+    return residue * summed
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("backend", KERNELS)
+def test_bias_gradient_matches_reference(backend, case, dtype):
+    device = kernel_device(backend)
+    if backend == "triton" and dtype != torch.float32 and case[0] not in ("t5_shared_by_batch",):
+        pytest.skip("interpreter time: 16-bit triton runs the T5 case only")
+    q, k, v, bias, kw = make(case, dtype, device)
+    g = torch.Generator().manual_seed(5)
+    grad_out = torch.randn(q.shape[:3] + (v.shape[3],), generator=g).to(dtype).to(device)
+    got = run(backend, q, k, v, bias, kw, grad_out)
+    ref64 = run("reference", q, k, v, bias, kw, grad_out.double(), cast=torch.float64)
+    low = run("reference", q, k, v, bias, kw, grad_out)
+    assert_fa_close("out", got[0], ref64[0], low[0], floor=float32_floor(ref64[0], dtype))
+    B, Hq, Lq, _ = q.shape
+    full = B * Hq * Lq * k.shape[2]
+    summed = full // math.prod(bias.shape)
+    for name, i, x in (("dq", 1, q), ("dk", 2, k), ("dv", 3, v), ("dbias", 4, bias)):
+        assert got[i].shape == x.shape and got[i].dtype == x.dtype, name
+        extra = 0.0
+        if name == "dbias":
+            extra = bias_floor(q, v, bias, kw, grad_out, summed)
+        elif name in ("dq", "dk"):  # the same residue through scale * P * k (or q)
+            other = k if name == "dq" else q
+            n = q.shape[2] if name == "dk" else 1
+            extra = bias_floor(q, v, bias, kw, grad_out, 1) * float(other.abs().max()) * n**0.5
+        floor = float32_floor(ref64[i], x.dtype, extra)
+        if floor is None:
+            floor = rounding_floor(ref64[i], x.dtype) + extra
+        assert_grad_close(name, got[i], ref64[i], low[i], floor=floor)
+
+
+@pytest.mark.parametrize("backend", ("cpu", "reference"))
+def test_bias_gradcheck_float64(backend):
+    """gradcheck in float64 of q, k, v and a (1, H, Lq, Lk) bias, with GQA, causal,
+    softcap and dropout (the seed is fixed inside the function, so every call draws the same
+    mask)."""
+    device = kernel_device(backend) if backend == "cpu" else torch.device("cpu")
+    g = torch.Generator().manual_seed(3)
+    B, Hq, Hkv, Lq, Lk, D = 2, 4, 2, 5, 7, 4
+    q = torch.randn(B, Hq, Lq, D, generator=g, dtype=torch.float64)
+    k = torch.randn(B, Hkv, Lk, D, generator=g, dtype=torch.float64)
+    v = torch.randn(B, Hkv, Lk, D, generator=g, dtype=torch.float64)
+    for bias_shape in ((1, Hq, Lq, Lk), (B, 1, Lq, Lk), (Lq, Lk)):
+        bias = torch.randn(bias_shape, generator=g, dtype=torch.float64)
+        leaves = [t.to(device).requires_grad_() for t in (q, k, v, bias)]
+
+        def f(q, k, v, bias):
+            torch.manual_seed(7)
+            return fastattn.attention(
+                q,
+                k,
+                v,
+                attn_mask=bias,
+                causal="bottom_right",
+                softcap=2.0,
+                dropout_p=0.2,
+                backend=backend,
+            )
+
+        assert torch.autograd.gradcheck(f, leaves, eps=1e-6, atol=1e-8, rtol=1e-6)
+        assert fastattn.last_backend("attention") == backend
+
+
+@pytest.mark.parametrize("backend", KERNELS)
+def test_bias_gradient_is_bitwise_reproducible(backend):
+    device = kernel_device(backend)
+    case = CASES[0]  # (1, H, Lq, Lk) shared by the batch: summed over B
+    q, k, v, bias, kw = make(case, torch.float32, device)
+    grad_out = torch.randn(q.shape[:3] + (v.shape[3],)).to(device)
+    first = run(backend, q, k, v, bias, {**kw, "deterministic": True}, grad_out)
+    again = run(backend, q, k, v, bias, {**kw, "deterministic": True}, grad_out)
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+
+
+def test_triton_atomic_bias_gradient_matches_the_deterministic_one():
+    """The triton backward op with deterministic=False adds a batch-shared bias's gradient
+    atomically from every (batch, head) program; it equals the deterministic sum up to the
+    order of the float additions."""
+    device = kernel_device("triton")
+    q, k, v, bias, kw = make(CASES[5], torch.float32, device)  # (B, 1, L, L), GQA
+    mask = bias[:, None] if bias.dim() == 3 else bias
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    out, lse = torch.ops.fastattn.attention_forward_triton(
+        q, k, v, mask, None, None, scale, 0.0, -(1 << 30), 1 << 30, 0.0, None
+    )
+    grad_out = torch.randn_like(out)
+    common = (grad_out, None, q, k, v, out, lse, mask, None, None, scale, 0.0)
+    band = (-(1 << 30), 1 << 30, 0.0, None)
+    det = torch.ops.fastattn.attention_backward_triton(*common, *band, True, True)
+    atomic = torch.ops.fastattn.attention_backward_triton(*common, *band, False, True)
+    assert det[3].shape == mask.shape
+    for a, b in zip(det, atomic):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_cuda_kernels_refuse_a_bias_gradient_with_a_clear_error():
+    device = kernel_device("cpu")
+    q, k, v, bias, kw = make(CASES[0], torch.float32, device)
+    if fastattn.available_backends()["cuda"] == "available":
+        q, k, v, bias = (t.cuda() for t in (q, k, v, bias))
+    bias.requires_grad_()
+    if q.is_cuda:
+        with pytest.raises(RuntimeError, match="attn_mask"):
+            fastattn.attention(q, k, v, attn_mask=bias, backend="cuda")
+    # automatic choice: a kernel backend, not the reference
+    fastattn.attention(q, k, v, attn_mask=bias)
+    assert fastattn.last_backend("attention") == ("triton" if q.is_cuda else "cpu")
+
+
+def test_alibi_slopes_gradient_stays_on_the_reference_backend():
+    device = kernel_device("cpu")
+    q, k, v, bias, kw = make(CASES[0], torch.float32, device)
+    slopes = torch.rand(q.shape[1], requires_grad=True)
+    with pytest.raises(RuntimeError, match="alibi_slopes"):
+        fastattn.attention(q, k, v, alibi_slopes=slopes, backend="cpu")
+    fastattn.attention(q, k, v, alibi_slopes=slopes)
+    assert fastattn.last_backend("attention") == "reference"
+
+
+def test_bias_without_grad_and_bool_masks_are_unchanged():
+    """A 2-D float mask without grad and a bool mask broadcast from (B, 1, 1, Lk) give the
+    reference's results on the kernel backend (the mask now reaches the kernels unexpanded)."""
+    device = kernel_device("cpu")
+    q, k, v, bias, kw = make(CASES[2], torch.float32, device)
+    keep = torch.rand(q.shape[0], 1, 1, k.shape[2]) > 0.3
+    for mask in (bias, keep):
+        out = fastattn.attention(q, k, v, attn_mask=mask, backend="cpu")
+        ref = fastattn.attention(q, k, v, attn_mask=mask, backend="reference")
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", KERNELS)
+def test_opcheck_forward_and_backward_with_a_bias_gradient(backend):
+    """The ops with a 4-D unexpanded float mask that requires grad: fakes, autograd
+    registration and the backward's fourth output (mask_grad=True) agree with the kernels."""
+    device = kernel_device(backend)
+    suffix = "_triton" if backend == "triton" else ""
+    fwd = getattr(torch.ops.fastattn, "attention_forward" + suffix)
+    bwd = getattr(torch.ops.fastattn, "attention_backward" + suffix)
+    q, k, v, bias, _ = make(CASES[4], torch.float32, device)  # GQA, (1, H, L, L)
+    args = [q, k, v, bias, None, None, 0.3, 0.0, -(1 << 30), 1 << 30, 0.0, None]
+    for t in (q, k, v, bias):
+        t.requires_grad_()
+    torch.library.opcheck(fwd.default, args)
+    out, lse = fwd(*args)
+    grad_out = torch.randn_like(out)
+    detached = [t.detach() if isinstance(t, torch.Tensor) else t for t in args]
+    full = [grad_out, None, *detached[:3], out.detach(), lse.detach(), *detached[3:], True, True]
+    torch.library.opcheck(bwd.default, full)
+    dq, dk, dv, dbias = bwd(*full)
+    assert dbias.shape == bias.shape and dbias.dtype == bias.dtype
+    without = bwd(*full[:-1], False)
+    assert without[3].numel() == 0
