@@ -42,6 +42,8 @@ from ._common import (
     device_checks_enabled,
     dropout_seed,
     host_checks_enabled,
+    register_triton_op,
+    triton_kernels,
 )
 
 # Workspace columns per (row, hidden unit) of one direction, per family.
@@ -513,3 +515,17 @@ def register(family: str, suffix: str, reference_layer: Callable, fakes: bool) -
         )
 
     torch.library.register_autograd(name, backward, setup_context=setup)
+
+
+def register_triton(family: str, reference_layer: Callable) -> None:
+    """The Triton twins fastattn::<family>_layer_triton / _layer_backward_triton (launchers in
+    fastattn/triton/<family>.py, same schemas and contract as the native ops), their fakes and
+    autograd; nothing when the Triton kernels cannot be imported."""
+    kernels = triton_kernels(family)
+    if kernels is None:
+        return
+    forward = getattr(kernels, f"{family}_layer")
+    backward = getattr(kernels, f"{family}_layer_backward")
+    register_triton_op(f"fastattn::{family}_layer_triton", forward, layer_fake_for(family))
+    register_triton_op(f"fastattn::{family}_layer_backward_triton", backward, layer_backward_fake)
+    register(family, "_triton", reference_layer, fakes=False)

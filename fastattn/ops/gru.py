@@ -117,3 +117,4 @@ def gru(
 
 if _recurrent.has_op("gru_layer"):
     _recurrent.register("gru", "", ref.gru_layer, fakes=True)
+_recurrent.register_triton("gru", ref.gru_layer)

@@ -104,3 +104,4 @@ def rnn(
 
 if _recurrent.has_op("rnn_layer"):
     _recurrent.register("rnn", "", ref.rnn_layer, fakes=True)
+_recurrent.register_triton("rnn", ref.rnn_layer)
