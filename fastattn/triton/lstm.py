@@ -5,6 +5,13 @@ signatures and semantics of the op contract in fastattn/contracts/lstm.py (the C
 csrc/lstm, is the model). Everything is computed in float32 ("acc"; float64 is refused) and
 rounded once to the storage dtype.
 
+The layer kernels and their driver (`layer_forward`, `layer_backward`) are the engine of the
+whole recurrent family, generic over the cell: a constexpr CELL (CELL_LSTM, CELL_GRU,
+CELL_GRU_RESET_BEFORE, CELL_RNN_TANH, CELL_RNN_RELU) selects the gate count of W_hh, the
+step's epilogue, the workspace layout and the backward's gate formulas. The GRU's and the Elman
+RNN's launchers (fastattn/triton/gru.py, rnn.py) call the same driver; the LSTM is described
+below, the other cells where they differ in those files and in the kernels' docstrings.
+
 Layer forward (T steps, D = 1 or 2 directions, every direction in the same launch as the
 grid's last axis):
 - the input projection of all T steps, xproj = dropout(x) W_ih^T + b_ih + b_hh, is one large
