@@ -6,7 +6,9 @@ Both families have one hidden state and G gate blocks per weight matrix (GRU: G 
 r, z, n; RNN: G = 1); their layer ops share one signature, the last argument before
 save_workspace being the cell's variant (`reset_after` for the GRU, `nonlinearity` for the
 RNN), and one engine per backend (csrc/lstm/lstm_cpu_kernel.cpp on the CPU, generic over the
-cell). Op contract, with X = gru or rnn and "variant" that argument:
+cell; fastattn/triton/lstm.py's layer driver for the Triton twins X_layer_triton /
+X_layer_backward_triton, same schemas). Op contract, with X = gru or rnn and "variant" that
+argument:
 
 fastattn::X_layer(Tensor input, Tensor h0, Tensor w_ih, Tensor w_hh, Tensor? b_ih,
                   Tensor? b_hh, Tensor? lengths, float dropout_p, Tensor? seed, variant,
