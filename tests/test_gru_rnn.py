@@ -13,6 +13,11 @@ rnn-tanh and rnn-relu.
 5. Errors (torch's own for the modules; clear ones naming the argument for the functions),
    backend refusals, state_dict both ways, swap/restore on a model with all seven recurrent
    module types.
+6. The large grid (slow).
+7. The triton backend (which refuses float64, so the float64 tests skip it): small cases under
+   FlashAttention's rule against the reference in every dtype, several tiles, the dropout mask
+   and values equal to the cpu backend's, cells, unbatched input, opcheck, compile, and the
+   automatic choice on CUDA tensors (triton first).
 """
 
 from __future__ import annotations
@@ -1299,3 +1304,57 @@ def test_triton_limits_and_automatic_order(kind):
     with pytest.raises(fastattn.BackendError, match="backend 'cuda' cannot run"):
         with fastattn.use_backend("cuda"):
             module32(x.float())
+
+
+def test_triton_layer_ops_reject_bad_arguments():
+    """The Triton layer ops name the argument and the rule: float64, a w_hh without G H rows,
+    a mismatched h0, a bad nonlinearity, lengths out of range, a foreign workspace."""
+    device = kind_device("triton", "gru")
+    ops = torch.ops.fastattn
+    x, h = torch.randn(5, 2, 3, device=device), torch.zeros(1, 2, 4, device=device)
+    w_ih, w_hh = torch.randn(1, 12, 3, device=device), torch.randn(1, 12, 4, device=device)
+    with pytest.raises(TypeError, match="triton backend takes float32, float16 or bfloat16"):
+        ops.gru_layer_triton(
+            x.double(),
+            h.double(),
+            w_ih.double(),
+            w_hh.double(),
+            None,
+            None,
+            None,
+            0.0,
+            None,
+            True,
+            False,
+        )
+    with pytest.raises(ValueError, match=r"w_hh \(D, 3H, P\)"):
+        ops.gru_layer_triton(x, h, w_ih, w_hh[:, :10], None, None, None, 0.0, None, True, False)
+    with pytest.raises(ValueError, match=r"h0 must have shape \(1, 2, 4\)"):
+        ops.gru_layer_triton(x, h[:, :1], w_ih, w_hh, None, None, None, 0.0, None, False, False)
+    with pytest.raises(ValueError, match="nonlinearity must be 'tanh' or 'relu'"):
+        ops.rnn_layer_triton(
+            x, h, w_ih[:, :4], w_hh[:, :4], None, None, None, 0.0, None, "gelu", False
+        )
+    with pytest.raises(ValueError, match=r"lengths must be in \[0, T\]"):
+        ops.rnn_layer_triton(
+            x,
+            h,
+            w_ih[:, :4],
+            w_hh[:, :4],
+            None,
+            None,
+            torch.tensor([6, 1]),
+            0.0,
+            None,
+            "tanh",
+            False,
+        )
+    with pytest.raises(ValueError, match="dropout_p > 0 needs seed"):
+        ops.gru_layer_triton(x, h, w_ih, w_hh, None, None, None, 0.5, None, True, False)
+    _, _, ws = ops.rnn_layer_triton(
+        x, h, w_ih[:, :4], w_hh[:, :4], None, None, None, 0.0, None, "tanh", True
+    )
+    with pytest.raises(ValueError, match="workspace must be the contiguous float32"):
+        ops.gru_layer_backward_triton(
+            None, h, x, h, w_ih, w_hh, None, ws, 0.0, None, True, False, True, True
+        )
