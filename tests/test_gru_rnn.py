@@ -1089,7 +1089,8 @@ def test_triton_dropout_between_layers_matches_cpu(kind):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("batch_first", (False, True))
 def test_triton_unbatched_matches_reference(kind, batch_first):
-    """Unbatched input, with and without h0, through the modules on triton."""
+    """Unbatched input, with and without h0, through the modules on triton; the first call
+    under torch.no_grad (the kernels save no workspace)."""
     device = kind_device("triton", kind)
     _, module = make_pair(
         kind,
@@ -1104,8 +1105,8 @@ def test_triton_unbatched_matches_reference(kind, batch_first):
     g = torch.Generator().manual_seed(3)
     x = torch.randn(7, 6, generator=g).to(device)
     h = torch.randn(4, 5, generator=g).to(device)
-    for args in ((x,), (x, h)):
-        with fastattn.use_backend("triton"):
+    for args, grad in (((x,), False), ((x, h), True)):
+        with fastattn.use_backend("triton"), torch.set_grad_enabled(grad):
             out, h_n = module(*args)
         assert fastattn.last_backend(family(kind)) == "triton"
         with fastattn.use_backend("reference"):
