@@ -5,7 +5,9 @@ bench_lstm.py: parameters need gradients, inputs and states do not), plus a 2-la
 bidirectional case with lengths ~ U[30, 100) (PackedSequence in and out).
 Throughput counts the GEMM work: 2 * rows * G H * (I + H) per layer and direction forward
 (G = 3 gates), three times that for forward+backward. `recurrent_case` is shared with
-bench_rnn.py.
+bench_rnn.py. Every fastattn backend that runs the family on the device gets a row: cpu on the
+CPU; on a GPU triton (the LSTM's Triton engine, generic over the cell) and cuda once it has
+GRU / RNN kernels (`unsupported_backends` leaves it out until then).
 """
 
 from __future__ import annotations

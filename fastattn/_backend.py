@@ -181,11 +181,18 @@ def _can_run_device(backend: str, device: torch.device) -> str | None:
 # 0.22x, forward+backward 0.46x against 0.16x; lstm forward 0.32x against 0.09x,
 # forward+backward 0.40x against 0.06x), so those two try Triton first. Every other op keeps
 # the CUDA kernels first: they measured as fast or faster (positional encodings) or have not
-# been measured on a GPU yet.
+# been measured on a GPU yet. The GRU and the Elman RNN (layers and cells) run on the LSTM's
+# Triton engine (fastattn/triton/lstm.py, generic over the cell), so they try it first as the
+# LSTM does (the cuda backend has no kernels for them yet: it refuses with its reason).
 _CUDA_TENSOR_ORDER = ("cuda", "triton", "reference")
+_RECURRENT_ORDER = ("triton", "cuda", "reference")
 _CUDA_TENSOR_ORDER_BY_OP = {
     "attention": ("triton", "cuda", "reference"),
-    "lstm": ("triton", "cuda", "reference"),
+    "lstm": _RECURRENT_ORDER,
+    "gru": _RECURRENT_ORDER,
+    "gru_cell": _RECURRENT_ORDER,
+    "rnn": _RECURRENT_ORDER,
+    "rnn_cell": _RECURRENT_ORDER,
 }
 
 

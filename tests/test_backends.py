@@ -383,15 +383,17 @@ def test_cpu_isa_copies_agree(tmp_path):
 
 def test_automatic_order_on_cuda_follows_the_gpu_measurements():
     """On CUDA tensors attention and the LSTM layer try Triton first (measured 2-6x faster than
-    the CUDA kernels on the first H100 run); the other ops keep the CUDA kernels first; CPU
-    tensors always get cpu, then reference."""
+    the CUDA kernels on the first H100 run), and so do the GRU and the Elman RNN (layers and
+    cells: the LSTM's Triton engine, no CUDA kernels); the other ops keep the CUDA kernels
+    first; CPU tensors always get cpu, then reference."""
     from fastattn import _backend
 
     assert _backend.automatic_order("attention", "cuda") == ("triton", "cuda", "reference")
-    assert _backend.automatic_order("lstm", "cuda") == ("triton", "cuda", "reference")
+    for op in ("lstm", "gru", "gru_cell", "rnn", "rnn_cell"):
+        assert _backend.automatic_order(op, "cuda") == ("triton", "cuda", "reference"), op
     for op in ("lstm_cell", "varlen_attention", "attention_with_kvcache", "add_sinusoidal"):
         assert _backend.automatic_order(op, "cuda") == ("cuda", "triton", "reference"), op
-    for op in ("attention", "lstm", "lstm_cell"):
+    for op in ("attention", "lstm", "lstm_cell", "gru", "rnn_cell"):
         assert _backend.automatic_order(op, "cpu") == ("cpu", "reference"), op
 
 

@@ -13,6 +13,11 @@ rnn-tanh and rnn-relu.
 5. Errors (torch's own for the modules; clear ones naming the argument for the functions),
    backend refusals, state_dict both ways, swap/restore on a model with all seven recurrent
    module types.
+6. The large grid (slow).
+7. The triton backend (which refuses float64, so the float64 tests skip it): small cases under
+   FlashAttention's rule against the reference in every dtype, several tiles, the dropout mask
+   and values equal to the cpu backend's, cells, unbatched input, opcheck, compile, and the
+   automatic choice on CUDA tensors (triton first).
 """
 
 from __future__ import annotations
@@ -24,8 +29,8 @@ import sys
 import pytest
 import torch
 from conftest import backend_device
-from test_lstm import CONFIGS, REPO, close64, grads_of, slow
-from tolerance import assert_fa_close, assert_grad_close
+from test_lstm import CONFIGS, REPO, RUN_SLOW, close64, grads_of, slow
+from tolerance import assert_fa_close, assert_grad_close, float32_floor, rounding_floor
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import fastattn
@@ -382,6 +387,16 @@ def _run_functional(kind, backend, dtype, inputs, params, *, lengths=None, **kw)
 )
 def test_low_precision_fa_rule(backend, kind, dtype, case):
     device = kind_device(backend, kind, dtype)
+    if (
+        backend == "triton"
+        and device.type == "cpu"
+        and not RUN_SLOW
+        and (dtype != torch.float32 or case.get("num_layers", 1) > 1)
+    ):
+        pytest.skip(
+            "the interpreter runs only the one-layer large case, in float32 (the rest: "
+            "test_triton_small_fa_rule; all of them with FASTATTN_SLOW=1)"
+        )
     case = dict(case)
     T, B, I, H = (case.pop(k) for k in ("T", "B", "I", "H"))
     use_lengths = case.pop("lengths", False)
@@ -402,12 +417,16 @@ def test_low_precision_fa_rule(backend, kind, dtype, case):
     outs_lp, grads_lp = _run_functional(
         kind, "reference", dtype, inputs, params, lengths=lengths, **kw
     )
+    # Triton's tanh is within 2 float32 ulps (torch's 1.4), which the gradients through 1 - n^2
+    # sum over T * B rows: float32 results get tolerance.py's float32 floor (a few ulps of the
+    # magnitude) there.
+    floor = (lambda ref: float32_floor(ref, dtype)) if backend == "triton" else (lambda ref: None)
     for name, a, b, c in zip(("output", "h_n"), outs, outs64, outs_lp):
         assert a.dtype == dtype
-        assert_fa_close(f"{kind} [{backend}, {dtype}] {name}", a, b, c)
+        assert_fa_close(f"{kind} [{backend}, {dtype}] {name}", a, b, c, floor=floor(b))
     names = ["input", "h0"] + [f"weights[{i}]" for i in range(len(params))]
     for name, a, b, c in zip(names, grads, grads64, grads_lp):
-        assert_grad_close(f"{kind} [{backend}, {dtype}] grad {name}", a, b, c)
+        assert_grad_close(f"{kind} [{backend}, {dtype}] grad {name}", a, b, c, floor=floor(b))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -926,3 +945,419 @@ def test_grid_against_torch_float64(backend, kind, bidir, batch_first, I, H, B, 
     close64("h_n", results[1][1], results[0][1])
     for i, (a, b) in enumerate(zip(results[1][2], results[0][2])):
         close64(f"grad {i}", a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. The triton backend: small cases (the interpreter runs them on the CPU; float64 is refused,
+# so the float64 tests above skip it and these compare with the reference under FlashAttention's
+# rule, and with the cpu backend where both compute the same float32 values)
+
+TRITON_CASES = [
+    # T, B, I, H, layers, bidir, lengths, batch_first, bias
+    pytest.param(1, 1, 1, 1, 1, False, None, False, True, id="T1-B1-I1-H1"),
+    pytest.param(5, 3, 5, 7, 1, True, [5, 0, 2], False, True, id="T5-B3-bidir-lengths"),
+    pytest.param(
+        4, 3, 5, 7, 2, True, [3, 4, 1], True, False, id="T4-B3-2layer-bidir-lengths-bf-nobias"
+    ),
+    pytest.param(6, 2, 3, 9, 2, False, None, False, True, id="T6-B2-2layer"),
+]
+
+
+def _triton_floor(ref64: torch.Tensor, dtype: torch.dtype) -> float | None:
+    """float32: tolerance.py's float32 floor (Triton's tanh is within 2 ulps, torch's 1.4;
+    the orders of the sums differ). 16-bit: the rounding floor, but at least one ulp at the
+    largest value (a handful of elements make the baseline a lucky sample of few roundings)."""
+    if dtype == torch.float32:
+        return float32_floor(ref64, dtype)
+    top = float(ref64.abs().max()) if ref64.numel() else 0.0
+    return max(rounding_floor(ref64, dtype), torch.finfo(dtype).eps * top)
+
+
+def _triton_fa_rule(kind, dtype, T, B, I, H, layers, bidir, lengths, batch_first, bias):
+    device = kind_device("triton", kind, dtype)
+    _, module = make_pair(
+        kind, I, H, device=device, num_layers=layers, bidirectional=bidir, bias=bias
+    )
+    D = 2 if bidir else 1
+    g = torch.Generator().manual_seed(T * 100 + B * 10 + H)
+    shape = (B, T, I) if batch_first else (T, B, I)
+    inputs = [
+        torch.randn(*s, generator=g, dtype=F64).to(dtype).to(device=device, dtype=F64)
+        for s in (shape, (layers * D, B, H))
+    ]
+    params = [t.detach().to(dtype).to(F64) for t in module._weights()]
+    lengths = torch.tensor(lengths, device=device) if lengths is not None else None
+    kw = dict(num_layers=layers, bidirectional=bidir, batch_first=batch_first)
+    outs, grads = _run_functional(kind, "triton", dtype, inputs, params, lengths=lengths, **kw)
+    outs64, grads64 = _run_functional(kind, "reference", F64, inputs, params, lengths=lengths, **kw)
+    outs_lp, grads_lp = _run_functional(
+        kind, "reference", dtype, inputs, params, lengths=lengths, **kw
+    )
+    label = f"{kind} [triton, {dtype}]"
+    for name, a, b, c in zip(("output", "h_n"), outs, outs64, outs_lp):
+        assert a.dtype == dtype
+        assert_fa_close(f"{label} {name}", a, b, c, floor=_triton_floor(b, dtype))
+    names = ["input", "h0"] + [f"weights[{i}]" for i in range(len(params))]
+    for name, a, b, c in zip(names, grads, grads64, grads_lp):
+        assert_grad_close(f"{label} grad {name}", a, b, c, floor=_triton_floor(b, dtype))
+    if lengths is not None:
+        out = outs[0] if not batch_first else outs[0].transpose(0, 1)
+        for row, n in enumerate(lengths.tolist()):
+            if n < T:
+                assert out[n:, row].abs().max() == 0, f"row {row}: output past its end"
+
+
+@pytest.mark.parametrize(
+    "dtype", (torch.float32, torch.float16, torch.bfloat16), ids=("fp32", "fp16", "bf16")
+)
+@pytest.mark.parametrize("T,B,I,H,layers,bidir,lengths,batch_first,bias", TRITON_CASES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_triton_small_fa_rule(kind, dtype, T, B, I, H, layers, bidir, lengths, batch_first, bias):
+    """fastattn.gru / fastattn.rnn on the triton backend (the kernels ran: last_backend)
+    against the float64 reference under FlashAttention's rule, every output and gradient
+    (input, h0, every weight and bias); the output is exactly 0 past each sequence's end."""
+    _triton_fa_rule(kind, dtype, T, B, I, H, layers, bidir, lengths, batch_first, bias)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_triton_several_tiles(kind, monkeypatch):
+    """Tiles of 16 under the interpreter: several tiles along the batch, hidden and reduction
+    dimensions (B = 33, H = 37, 3H = 111), lengths with zeros, both directions."""
+    from fastattn.triton import lstm as triton_lstm
+
+    kind_device("triton", kind)
+    monkeypatch.setattr(triton_lstm, "INTERPRETER_MAX_BLOCK", 16)
+    lengths = torch.randint(0, 4, (33,), generator=torch.Generator().manual_seed(0)).tolist()
+    _triton_fa_rule(kind, torch.float32, 3, 33, 5, 37, 1, True, lengths, False, True)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_triton_dropout_mask_matches_cpu(kind):
+    """Input dropout of the layer op: the triton kernels drop exactly the elements of
+    fastattn's Philox mask (the cpu backend's and the reference's), and compute the same values
+    and gradients as the cpu backend."""
+    device = kind_device("triton", kind)
+    kind_device("cpu", kind)
+    args = [
+        a.detach() if a is not None and a.is_floating_point() else a
+        for a in _layer_args(kind, T=5, B=3, I=5, H=7, dtype=torch.float32)
+    ]
+    args[6] = torch.tensor([5, 2, 4])
+    seed, p = torch.tensor([1234, 7]), 0.4
+    results = {}
+    for suffix, dev in (("_triton", device), ("", torch.device("cpu"))):
+        leaves = [a.to(dev).requires_grad_(a.is_floating_point()) for a in args]
+        out, h_n, _ = _layer_op(kind, suffix)(*leaves, p, seed.to(dev), _variant(kind), True)
+        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(dev)
+        grads = torch.autograd.grad((out * w).sum() + h_n.sum(), leaves[:6])
+        results[suffix] = tuple(t.cpu() for t in (out, h_n) + grads)
+    keep = fastattn.reference.random.dropout_keep_mask(seed, (5, 3, 5), p)
+    alive = torch.arange(5)[:, None] < args[6][None, :]
+    # grad_input vanishes exactly where the input was dropped (and past each row's end)
+    for suffix in ("_triton", ""):
+        assert torch.equal(results[suffix][2] != 0, keep & alive[:, :, None]), suffix
+    for i, (a, b) in enumerate(zip(results["_triton"], results[""])):
+        torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-6, msg=lambda m: f"{i}: {m}")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_triton_dropout_between_layers_matches_cpu(kind):
+    """fastattn.nn.GRU / RNN in training with inter-layer dropout, h0 zero (not given): the
+    same mask (same seeds from torch's generator) and values on triton as on cpu."""
+    runs = {}
+    for backend in ("triton", "cpu"):
+        device = kind_device(backend, kind)
+        _, module = make_pair(
+            kind, 4, 5, device=device, dtype=torch.float32, num_layers=2, dropout=0.5, seed=2
+        )
+        module.train()
+        x = torch.randn(4, 2, 4, generator=torch.Generator().manual_seed(4)).to(device)
+        x.requires_grad_()
+        torch.manual_seed(21)  # seeds the dropout stream on either device
+        with fastattn.use_backend(backend):
+            out, h_n = module(x)
+        assert fastattn.last_backend(family(kind)) == backend
+        runs[backend] = tuple(
+            t.cpu()
+            for t in (out, h_n)
+            + torch.autograd.grad(out.sum() + h_n.square().sum(), [x] + list(module.parameters()))
+        )
+    for i, (a, b) in enumerate(zip(runs["triton"], runs["cpu"])):
+        torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-6, msg=lambda m: f"{i}: {m}")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("batch_first", (False, True))
+def test_triton_unbatched_matches_reference(kind, batch_first):
+    """Unbatched input, with and without h0, through the modules on triton; the first call
+    under torch.no_grad (the kernels save no workspace)."""
+    device = kind_device("triton", kind)
+    _, module = make_pair(
+        kind,
+        6,
+        5,
+        device=device,
+        dtype=torch.float32,
+        num_layers=2,
+        bidirectional=True,
+        batch_first=batch_first,
+    )
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(7, 6, generator=g).to(device)
+    h = torch.randn(4, 5, generator=g).to(device)
+    for args, grad in (((x,), False), ((x, h), True)):
+        with fastattn.use_backend("triton"), torch.set_grad_enabled(grad):
+            out, h_n = module(*args)
+        assert fastattn.last_backend(family(kind)) == "triton"
+        with fastattn.use_backend("reference"):
+            ref_out, ref_h = module(*args)
+        assert out.shape == (7, 10) and h_n.shape == (4, 5)
+        torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(h_n, ref_h, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=("fp32", "bf16"))
+@pytest.mark.parametrize(
+    "bias,batched",
+    [(True, True), (False, True), (True, False)],
+    ids=("bias", "nobias", "unbatched"),
+)
+def test_triton_cell_small(kind, dtype, bias, batched):
+    """fastattn.gru_cell / rnn_cell on triton (B = 3, I = 5, H = 7) under FlashAttention's
+    rule, every gradient; hx=None (zeros) as the reference."""
+    device = kind_device("triton", kind, dtype)
+    G = 3 if family(kind) == "gru" else 1
+    g = torch.Generator().manual_seed(9)
+    lead = (3,) if batched else ()
+    shapes = [lead + (5,), lead + (7,), (G * 7, 5), (G * 7, 7)] + (
+        [(G * 7,), (G * 7,)] if bias else []
+    )
+    tensors = [
+        torch.randn(*s, generator=g, dtype=F64).to(dtype).to(device=device, dtype=F64)
+        for s in shapes
+    ]
+    fn = fastattn.gru_cell if family(kind) == "gru" else fastattn.rnn_cell
+    op = f"{family(kind)}_cell"
+    runs = {}
+    for label, be, dt in (
+        ("out", "triton", dtype),
+        ("ref64", "reference", F64),
+        ("ref_lowp", "reference", dtype),
+    ):
+        leaves = [t.to(dt).requires_grad_() for t in tensors]
+        hy = fn(*leaves, backend=be, **variant_kw(kind))
+        assert fastattn.last_backend(op) == be
+        wave = torch.cos(torch.arange(hy.numel(), dtype=F64, device=device)).view_as(hy)
+        runs[label] = (hy.detach(), torch.autograd.grad((hy.double() * wave).sum(), leaves))
+        with torch.no_grad():
+            runs[label + "_zero_hx"] = fn(
+                leaves[0], None, *leaves[2:], backend=be, **variant_kw(kind)
+            )
+    for suffix in ("", "_zero_hx"):
+        out = runs["out" + suffix] if suffix else runs["out"][0]
+        ref64 = runs["ref64" + suffix] if suffix else runs["ref64"][0]
+        lowp = runs["ref_lowp" + suffix] if suffix else runs["ref_lowp"][0]
+        assert_fa_close(
+            f"{op} [triton] hy{suffix}", out, ref64, lowp, floor=_triton_floor(ref64, dtype)
+        )
+    for i in range(len(tensors)):
+        ref64 = runs["ref64"][1][i]
+        assert_grad_close(
+            f"{op} [triton] grad {i}",
+            runs["out"][1][i],
+            ref64,
+            runs["ref_lowp"][1][i],
+            floor=_triton_floor(ref64, dtype),
+        )
+
+
+def _triton_opcheck_cases(kind, device):
+    name = f"{family(kind)}_layer_triton"
+    v = _variant(kind)
+    f32 = torch.float32
+    cases = {
+        "layer-bidir-lengths": (name, _layer_args(kind, dtype=f32) + [0.0, None, v, True]),
+        "layer-dropout-nobias": (
+            name,
+            _layer_args(kind, bias=False, dtype=f32) + [0.2, torch.tensor([1, 2]), v, True],
+        ),
+        "layer-inference-bf16": (
+            name,
+            [
+                a.to(torch.bfloat16) if a is not None and a.is_floating_point() else a
+                for a in _layer_args(kind, grad=False)
+            ]
+            + [0.0, None, v, False],
+        ),
+    }
+    cases = {
+        k: (n, [a.to(device) if isinstance(a, torch.Tensor) else a for a in args])
+        for k, (n, args) in cases.items()
+    }
+    args = [
+        a.to(device) if a is not None else None for a in _layer_args(kind, grad=False, dtype=f32)
+    ]
+    _, _, ws = _layer_op(kind, "_triton")(*args, 0.0, None, v, True)
+    T, B, _ = args[0].shape
+    cases["layer_backward"] = (
+        f"{family(kind)}_layer_backward_triton",
+        [
+            torch.randn(T, B, 8, device=device),
+            torch.randn(2, B, 4, device=device),
+            *args[:4],
+            args[6],
+            ws,
+            0.0,
+            None,
+            v,
+            True,
+            True,
+            True,
+        ],
+    )
+    return cases
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["layer-bidir-lengths", "layer-dropout-nobias", "layer-inference-bf16", "layer_backward"],
+)
+@pytest.mark.parametrize("kind", KINDS)
+def test_triton_opcheck(kind, case):
+    """torch.library.opcheck of the Triton layer ops: schema, fake implementation (what
+    torch.compile traces), autograd registration."""
+    device = kind_device("triton", kind)
+    name, args = _triton_opcheck_cases(kind, device)[case]
+    torch.library.opcheck(getattr(torch.ops.fastattn, name), args)
+
+
+def test_triton_compile_fullgraph():
+    """fastattn.gru (textbook form, lengths), fastattn.rnn (relu) and the cells on the triton
+    backend compile without graph breaks; outputs and gradients equal eager."""
+    device = kind_device("triton", "gru")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    gru = fastattn.nn.GRU(4, 6, num_layers=2, bidirectional=True, reset_after=False).to(device)
+    rnn = fastattn.nn.RNN(12, 5, nonlinearity="relu").to(device)
+    cell = fastattn.nn.GRUCell(5, 3).to(device)
+    params = list(gru.parameters()) + list(rnn.parameters()) + list(cell.parameters())
+
+    def model(x, lengths):
+        y, _ = fastattn.gru(
+            x,
+            None,
+            gru._weights(),
+            num_layers=2,
+            bidirectional=True,
+            lengths=lengths,
+            reset_after=False,
+            backend="triton",
+        )
+        z, _ = fastattn.rnn(
+            y, None, rnn._weights(), num_layers=1, nonlinearity="relu", backend="triton"
+        )
+        return fastattn.gru_cell(
+            z[-1],
+            None,
+            cell.weight_ih,
+            cell.weight_hh,
+            cell.bias_ih,
+            cell.bias_hh,
+            backend="triton",
+        )
+
+    x = torch.randn(5, 3, 4, device=device)
+    lengths = torch.tensor([5, 2, 4])
+    out = torch.compile(model, fullgraph=True)(x, lengths)
+    for op in ("gru", "rnn", "gru_cell"):
+        assert fastattn.last_backend(op) == "triton", op
+    eager = model(x, lengths)
+    torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-6)
+    for g, e in zip(
+        torch.autograd.grad(out.square().sum(), params),
+        torch.autograd.grad(eager.square().sum(), params),
+    ):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_triton_limits_and_automatic_order(kind):
+    """float64 is refused by triton with its reason (an explicit request raises, the automatic
+    choice on CPU tensors stays cpu); on CUDA tensors the automatic choice tries triton first,
+    as for the LSTM; the cuda backend, which has no GRU / RNN kernels, refuses with its reason."""
+    device = kind_device("triton", kind)
+    fam = family(kind)
+    assert "float64" in _recurrent.unsupported_backends(fam, F64)["triton"]
+    assert "triton" not in _recurrent.unsupported_backends(fam, torch.bfloat16)
+    _, module = make_pair(kind, 3, 4, device=device)
+    x = torch.randn(5, 2, 3, dtype=F64, device=device)
+    with pytest.raises(fastattn.BackendError, match="float64"):
+        with fastattn.use_backend("triton"):
+            module(x)
+    module(x)  # CPU tensors: cpu; CUDA tensors: neither triton (float64) nor cuda (no kernel)
+    assert fastattn.last_backend(fam) == ("cpu" if device.type == "cpu" else "reference")
+    for op in (fam, f"{fam}_cell"):
+        assert fastattn._backend.automatic_order(op, "cuda")[0] == "triton", op
+    cuda_reason = _recurrent.unsupported_backends(fam).get("cuda")
+    assert cuda_reason is not None and fam.upper() in cuda_reason
+    module32 = make_pair(kind, 3, 4, device=device, dtype=torch.float32)[1]
+    with pytest.raises(fastattn.BackendError, match="backend 'cuda' cannot run"):
+        with fastattn.use_backend("cuda"):
+            module32(x.float())
+
+
+def test_triton_layer_ops_reject_bad_arguments(monkeypatch):
+    """The Triton layer ops name the argument and the rule: float64, a w_hh without G H rows,
+    a mismatched h0, a bad nonlinearity, lengths out of range, a foreign workspace."""
+    device = kind_device("triton", "gru")
+    if device.type != "cpu":  # eager range errors for CUDA tensors: host checks (opt-in)
+        monkeypatch.setenv("FASTATTN_HOST_CHECKS", "1")
+    ops = torch.ops.fastattn
+    x, h = torch.randn(5, 2, 3, device=device), torch.zeros(1, 2, 4, device=device)
+    w_ih, w_hh = torch.randn(1, 12, 3, device=device), torch.randn(1, 12, 4, device=device)
+    with pytest.raises(TypeError, match="triton backend takes float32, float16 or bfloat16"):
+        ops.gru_layer_triton(
+            x.double(),
+            h.double(),
+            w_ih.double(),
+            w_hh.double(),
+            None,
+            None,
+            None,
+            0.0,
+            None,
+            True,
+            False,
+        )
+    with pytest.raises(ValueError, match=r"w_hh \(D, 3H, P\)"):
+        ops.gru_layer_triton(x, h, w_ih, w_hh[:, :10], None, None, None, 0.0, None, True, False)
+    with pytest.raises(ValueError, match=r"h0 must have shape \(1, 2, 4\)"):
+        ops.gru_layer_triton(x, h[:, :1], w_ih, w_hh, None, None, None, 0.0, None, False, False)
+    with pytest.raises(ValueError, match="nonlinearity must be 'tanh' or 'relu'"):
+        ops.rnn_layer_triton(
+            x, h, w_ih[:, :4], w_hh[:, :4], None, None, None, 0.0, None, "gelu", False
+        )
+    with pytest.raises(ValueError, match=r"lengths must be in \[0, T\]"):
+        ops.rnn_layer_triton(
+            x,
+            h,
+            w_ih[:, :4],
+            w_hh[:, :4],
+            None,
+            None,
+            torch.tensor([6, 1]),
+            0.0,
+            None,
+            "tanh",
+            False,
+        )
+    with pytest.raises(ValueError, match="dropout_p > 0 needs seed"):
+        ops.gru_layer_triton(x, h, w_ih, w_hh, None, None, None, 0.5, None, True, False)
+    _, _, ws = ops.rnn_layer_triton(
+        x, h, w_ih[:, :4], w_hh[:, :4], None, None, None, 0.0, None, "tanh", True
+    )
+    with pytest.raises(ValueError, match="workspace must be the contiguous float32"):
+        ops.gru_layer_backward_triton(
+            None, h, x, h, w_ih, w_hh, None, ws, 0.0, None, True, False, True, True
+        )

@@ -69,6 +69,8 @@ def test_recorder_sees_every_op_without_compiling():
         "_scores_kernel",
         "_fwd_step_kernel",
         "_bwd_gates_kernel",
+        "_bwd_reset_kernel",
+        "_bwd_dh_kernel",
         "_cell_fwd_kernel",
     ):
         assert name in kernels, f"{name} was never launched by the recorded calls"

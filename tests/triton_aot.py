@@ -381,6 +381,52 @@ def lstm_calls():
         yield f"lstm_cell {dtype}", cell_call
 
 
+def gru_rnn_calls():
+    """The GRU (both reset placements) and the Elman RNN (tanh, relu) on the LSTM's engine: a
+    large unidirectional batch and a small bidirectional one with lengths, two layers with
+    dropout between them, forward and backward; and the cells (the layer op with T = 1)."""
+    g = torch.Generator().manual_seed(6)
+    kinds = {
+        "gru": dict(reset_after=True),
+        "gru-reset-before": dict(reset_after=False),
+        "rnn-tanh": dict(nonlinearity="tanh"),
+        "rnn-relu": dict(nonlinearity="relu"),
+    }
+    for dtype in DTYPES:
+        for kind, kw in kinds.items():
+            gru = kind.startswith("gru")
+            for B, H, bidir, lengths in ((64, 512, False, False), (4, 256, True, True)):
+                layer = fastattn.nn.GRU if gru else fastattn.nn.RNN
+                module = layer(96, H, num_layers=2, bidirectional=bidir, dropout=0.2, **kw).to(
+                    dtype
+                )
+                x = torch.randn(20, B, 96, dtype=dtype, generator=g).requires_grad_()
+                if lengths:
+                    lens = torch.randint(1, 21, (B,), generator=g)
+                    lens[0] = 20
+                    inp = torch.nn.utils.rnn.pack_padded_sequence(x, lens, enforce_sorted=False)
+                else:
+                    inp = x
+
+                def call(module=module, inp=inp, x=x, lengths=lengths):
+                    with fastattn.use_backend("triton"):
+                        out, h = module(inp)
+                    out = out.data if lengths else out
+                    _grad_all((out, h), [x, *module.parameters()])
+
+                yield f"{kind} {dtype} B={B} H={H} bidir={bidir} lengths={lengths}", call
+            cell_type = fastattn.nn.GRUCell if gru else fastattn.nn.RNNCell
+            cell = cell_type(96, 200, **kw).to(dtype)
+            cell_x = torch.randn(5, 96, dtype=dtype, generator=g).requires_grad_()
+
+            def cell_call(cell=cell, cell_x=cell_x):
+                with fastattn.use_backend("triton"):
+                    h = cell(cell_x)
+                _grad_all(h, [cell_x, *cell.parameters()])
+
+            yield f"{kind}_cell {dtype}", cell_call
+
+
 ALL_CALLS = (
     attention_calls,
     varlen_calls,
@@ -388,6 +434,7 @@ ALL_CALLS = (
     positional_calls,
     additive_calls,
     lstm_calls,
+    gru_rnn_calls,
 )
 
 

@@ -84,6 +84,9 @@ def main() -> int:
             build(
                 L._fwd_step_kernel,
                 storage,
+                CELL=L.CELL_LSTM,
+                PHASE=0,
+                HAS_BN=False,
                 HAS_PROJ=proj,
                 SAVE=True,
                 PRECISION=precision,
@@ -93,6 +96,7 @@ def main() -> int:
             build(
                 L._bwd_gates_kernel,
                 storage,
+                CELL=L.CELL_LSTM,
                 HAS_GOUT=True,
                 HAS_PROJ=proj,
                 PRECISION=precision,
@@ -103,6 +107,9 @@ def main() -> int:
             build(
                 L._fwd_step_kernel,
                 storage,
+                CELL=L.CELL_LSTM,
+                PHASE=0,
+                HAS_BN=False,
                 HAS_PROJ=True,
                 SAVE=True,
                 PRECISION=precision,
@@ -115,6 +122,9 @@ def main() -> int:
         build(
             L._fwd_step_kernel,
             storage,
+            CELL=L.CELL_LSTM,
+            PHASE=0,
+            HAS_BN=False,
             HAS_PROJ=False,
             SAVE=False,
             PRECISION=precision,
@@ -124,6 +134,7 @@ def main() -> int:
         build(
             L._bwd_gates_kernel,
             storage,
+            CELL=L.CELL_LSTM,
             HAS_GOUT=False,
             HAS_PROJ=True,
             PRECISION=precision,
@@ -139,7 +150,15 @@ def main() -> int:
             BLOCK_P=32,
             BLOCK_K=32,
         )
-        build(L._bwd_dh_kernel, storage, PRECISION=precision, BLOCK_B=64, BLOCK_P=32, BLOCK_K=32)
+        build(
+            L._bwd_dh_kernel,
+            storage,
+            CELL=L.CELL_LSTM,
+            PRECISION=precision,
+            BLOCK_B=64,
+            BLOCK_P=32,
+            BLOCK_K=32,
+        )
         for bb in (16, 64):
             build(
                 L._cell_fwd_kernel,

@@ -6,7 +6,9 @@ Both families have one hidden state and G gate blocks per weight matrix (GRU: G 
 r, z, n; RNN: G = 1); their layer ops share one signature, the last argument before
 save_workspace being the cell's variant (`reset_after` for the GRU, `nonlinearity` for the
 RNN), and one engine per backend (csrc/lstm/lstm_cpu_kernel.cpp on the CPU, generic over the
-cell). Op contract, with X = gru or rnn and "variant" that argument:
+cell; fastattn/triton/lstm.py's layer driver for the Triton twins X_layer_triton /
+X_layer_backward_triton, same schemas). Op contract, with X = gru or rnn and "variant" that
+argument:
 
 fastattn::X_layer(Tensor input, Tensor h0, Tensor w_ih, Tensor w_hh, Tensor? b_ih,
                   Tensor? b_hh, Tensor? lengths, float dropout_p, Tensor? seed, variant,
@@ -42,6 +44,8 @@ from ._common import (
     device_checks_enabled,
     dropout_seed,
     host_checks_enabled,
+    register_triton_op,
+    triton_kernels,
 )
 
 # Workspace columns per (row, hidden unit) of one direction, per family.
@@ -513,3 +517,17 @@ def register(family: str, suffix: str, reference_layer: Callable, fakes: bool) -
         )
 
     torch.library.register_autograd(name, backward, setup_context=setup)
+
+
+def register_triton(family: str, reference_layer: Callable) -> None:
+    """The Triton twins fastattn::<family>_layer_triton / _layer_backward_triton (launchers in
+    fastattn/triton/<family>.py, same schemas and contract as the native ops), their fakes and
+    autograd; nothing when the Triton kernels cannot be imported."""
+    kernels = triton_kernels(family)
+    if kernels is None:
+        return
+    forward = getattr(kernels, f"{family}_layer")
+    backward = getattr(kernels, f"{family}_layer_backward")
+    register_triton_op(f"fastattn::{family}_layer_triton", forward, layer_fake_for(family))
+    register_triton_op(f"fastattn::{family}_layer_backward_triton", backward, layer_backward_fake)
+    register(family, "_triton", reference_layer, fakes=False)

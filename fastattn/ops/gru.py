@@ -3,9 +3,11 @@ autograd and fake implementations are in fastattn/ops/_recurrent.py, whose docst
 op contract of fastattn::gru_layer / gru_layer_backward).
 
 Backends: "cpu" runs the native layer ops (csrc/gru/gru_cpu.cpp on the recurrent engine of
-csrc/lstm, generic over the cell), "reference" runs fastattn/reference/gru.py under torch
-autograd. A backend without GRU kernels is reported by `unsupported_backends` and refused with
-its reason when asked for explicitly. `gru_cell` runs the layer op with T = 1.
+csrc/lstm, generic over the cell), "triton" the same ops suffixed _triton
+(fastattn/triton/gru.py on the LSTM's Triton engine, generic over the cell), "reference" runs
+fastattn/reference/gru.py under torch autograd. A backend without GRU kernels is reported by
+`unsupported_backends` and refused with its reason when asked for explicitly. `gru_cell` runs
+the layer op with T = 1.
 """
 
 from __future__ import annotations
@@ -117,3 +119,4 @@ def gru(
 
 if _recurrent.has_op("gru_layer"):
     _recurrent.register("gru", "", ref.gru_layer, fakes=True)
+_recurrent.register_triton("gru", ref.gru_layer)

@@ -3,7 +3,9 @@ checks, autograd and fake implementations are in fastattn/ops/_recurrent.py, who
 holds the op contract of fastattn::rnn_layer / rnn_layer_backward).
 
 Backends: "cpu" runs the native layer ops (csrc/rnn/rnn_cpu.cpp on the recurrent engine of
-csrc/lstm, generic over the cell), "reference" runs fastattn/reference/rnn.py.
+csrc/lstm, generic over the cell), "triton" the same ops suffixed _triton
+(fastattn/triton/rnn.py on the LSTM's Triton engine), "reference" runs
+fastattn/reference/rnn.py.
 """
 
 from __future__ import annotations
@@ -104,3 +106,4 @@ def rnn(
 
 if _recurrent.has_op("rnn_layer"):
     _recurrent.register("rnn", "", ref.rnn_layer, fakes=True)
+_recurrent.register_triton("rnn", ref.rnn_layer)

@@ -5,6 +5,13 @@ signatures and semantics of the op contract in fastattn/contracts/lstm.py (the C
 csrc/lstm, is the model). Everything is computed in float32 ("acc"; float64 is refused) and
 rounded once to the storage dtype.
 
+The layer kernels and their driver (`layer_forward`, `layer_backward`) are the engine of the
+whole recurrent family, generic over the cell: a constexpr CELL (CELL_LSTM, CELL_GRU,
+CELL_GRU_RESET_BEFORE, CELL_RNN_TANH, CELL_RNN_RELU) selects the gate count of W_hh, the
+step's epilogue, the workspace layout and the backward's gate formulas. The GRU's and the Elman
+RNN's launchers (fastattn/triton/gru.py, rnn.py) call the same driver; the LSTM is described
+below, the other cells where they differ in those files and in the kernels' docstrings.
+
 Layer forward (T steps, D = 1 or 2 directions, every direction in the same launch as the
 grid's last axis):
 - the input projection of all T steps, xproj = dropout(x) W_ih^T + b_ih + b_hh, is one large
@@ -66,15 +73,46 @@ from .random import dropout_multiplier
 _F32 = torch.float32
 
 # ---------------------------------------------------------------------------------------------
-# Device functions
+# Cells and device functions
+
+# The cell of the generic step kernels (a constexpr): which gates W_hh holds, what the epilogue
+# computes and what the workspace keeps. Gate order and math as torch's modules.
+CELL_LSTM = 0  # gates i, f, g, o; c and h states
+CELL_GRU = 1  # gates r, z, n; reset after the product: n = tanh(x_n + r * (W_hn h + b_hn))
+CELL_GRU_RESET_BEFORE = 2  # n = tanh(x_n + W_hn (r * h) + b_hn) (Cho et al. 2014)
+CELL_RNN_TANH = 3  # one gate: h' = tanh(x W_ih^T + b_ih + W_hh h + b_hh)
+CELL_RNN_RELU = 4  # h' = relu(...)
+
+# Gate blocks of W_hh per cell, and float32 workspace columns per (direction, step, row).
+GATES = {CELL_LSTM: 4, CELL_GRU: 3, CELL_GRU_RESET_BEFORE: 3, CELL_RNN_TANH: 1, CELL_RNN_RELU: 1}
+
+
+def workspace_width(cell: int, H: int, P: int) -> int:
+    """Float32 columns per (direction, time, row) of the layer workspace: LSTM i|f|g|o|c|h
+    (5H + P); GRU r|z|n|X|h (5H; X = W_hn h + b_hn reset-after, r * h_{t-1} reset-before);
+    RNN y|h (2H; y the activation, 0 past a row's end). h is the state carried past the end."""
+    if cell == CELL_LSTM:
+        return 5 * H + P
+    return 5 * H if GATES[cell] == 3 else 2 * H
+
+
+@triton.jit
+def _ws_width(H, P, CELL: tl.constexpr):
+    """workspace_width on the device."""
+    width = 2 * H
+    if CELL == 0:
+        width = 5 * H + P
+    elif CELL <= 2:
+        width = 5 * H
+    return width
 
 
 @triton.jit
 def _gate_products(
-    acc_i,
-    acc_f,
-    acc_g,
-    acc_o,
+    acc0,
+    acc1,
+    acc2,
+    acc3,
     A,
     s_am,
     rows,
@@ -85,12 +123,15 @@ def _gate_products(
     col_ok,
     H,
     K,
+    FIRST: tl.constexpr,
+    NG: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """acc_q += A[rows, :K] @ W[q * H + j, :K]^T for the four gates q = i, f, g, o.
+    """acc_q += A[rows, :K] @ W[(FIRST + q) * H + j, :K]^T for the NG (1 to 4) gate blocks
+    q = 0 .. NG - 1 starting at block FIRST (the accumulators past NG are returned as given).
 
-    A: (rows, K) with row stride s_am and unit column stride; W: (4H, K) with row stride s_wr.
+    A: (rows, K) with row stride s_am and unit column stride; W: (G H, K) with row stride s_wr.
     Returns the four (BLOCK_B, BLOCK_H) float32 accumulators.
     """
     for k0 in range(0, K, BLOCK_K):
@@ -101,15 +142,18 @@ def _gate_products(
         ).to(tl.float32)
         w_mask = k_ok[:, None] & col_ok[None, :]
         w_col = W + k[:, None]
-        wi = tl.load(w_col + (j[None, :] + 0 * H) * s_wr, mask=w_mask, other=0.0).to(tl.float32)
-        acc_i += tl.dot(a, wi, input_precision=PRECISION)
-        wf = tl.load(w_col + (j[None, :] + 1 * H) * s_wr, mask=w_mask, other=0.0).to(tl.float32)
-        acc_f += tl.dot(a, wf, input_precision=PRECISION)
-        wg = tl.load(w_col + (j[None, :] + 2 * H) * s_wr, mask=w_mask, other=0.0).to(tl.float32)
-        acc_g += tl.dot(a, wg, input_precision=PRECISION)
-        wo = tl.load(w_col + (j[None, :] + 3 * H) * s_wr, mask=w_mask, other=0.0).to(tl.float32)
-        acc_o += tl.dot(a, wo, input_precision=PRECISION)
-    return acc_i, acc_f, acc_g, acc_o
+        w0 = tl.load(w_col + (j[None, :] + FIRST * H) * s_wr, mask=w_mask, other=0.0)
+        acc0 += tl.dot(a, w0.to(tl.float32), input_precision=PRECISION)
+        if NG > 1:
+            w1 = tl.load(w_col + (j[None, :] + (FIRST + 1) * H) * s_wr, mask=w_mask, other=0.0)
+            acc1 += tl.dot(a, w1.to(tl.float32), input_precision=PRECISION)
+        if NG > 2:
+            w2 = tl.load(w_col + (j[None, :] + (FIRST + 2) * H) * s_wr, mask=w_mask, other=0.0)
+            acc2 += tl.dot(a, w2.to(tl.float32), input_precision=PRECISION)
+        if NG > 3:
+            w3 = tl.load(w_col + (j[None, :] + (FIRST + 3) * H) * s_wr, mask=w_mask, other=0.0)
+            acc3 += tl.dot(a, w3.to(tl.float32), input_precision=PRECISION)
+    return acc0, acc1, acc2, acc3
 
 
 @triton.jit
@@ -129,6 +173,35 @@ def _step_time(step, T, d):
     return tl.where(d == 0, step, T - 1 - step)
 
 
+@triton.jit
+def _previous_state(WS, S0, s_0d, s_0b, col, width, d64, rows64, j, ok, step, t, T, B):
+    """The state before processing step `step` at units j: column `col` of the previous
+    step's workspace row (which keeps the carried state past a row's end), or S0 (D, B, H)
+    (strides s_0d, s_0b) at the first step. float32 (BLOCK_B, BLOCK_H)."""
+    first = step == 0
+    t_prev = tl.where(d64 == 0, t - 1, t + 1)
+    saved = tl.load(
+        WS + ((d64 * T + t_prev) * B + rows64)[:, None] * width + col + j[None, :],
+        mask=ok & (step != 0),
+        other=0.0,
+    )
+    init = tl.load(
+        S0 + d64 * s_0d + rows64[:, None] * s_0b + j[None, :], mask=ok & first, other=0.0
+    ).to(tl.float32)
+    return tl.where(first, init, saved)
+
+
+@triton.jit
+def _keep_h(h_new, h_prev, active, ok, H_out, state, out_ptrs, ws_h, SAVE: tl.constexpr):
+    """The end of a step that owns h_t[rows, j]: h_t (h_{t-1} carried past a row's end) into
+    H_out and, with SAVE, the workspace; the output row (0 past the end)."""
+    h_keep = tl.where(active, h_new, h_prev)
+    tl.store(H_out + state, h_keep, mask=ok)
+    tl.store(out_ptrs, tl.where(active, h_new, 0.0).to(out_ptrs.dtype.element_ty), mask=ok)
+    if SAVE:
+        tl.store(ws_h, h_keep, mask=ok)
+
+
 # ---------------------------------------------------------------------------------------------
 # Layer forward kernels
 
@@ -137,6 +210,7 @@ def _step_time(step, T, d):
 def _fwd_step_kernel(
     XP,
     W_hh,
+    B_hn,
     H_in,
     H_out,
     C,
@@ -146,6 +220,7 @@ def _fwd_step_kernel(
     Len,
     s_wd,
     s_wr,
+    s_bd,
     s_ot,
     s_ob,
     step,
@@ -153,6 +228,9 @@ def _fwd_step_kernel(
     B,
     H,
     P,
+    CELL: tl.constexpr,
+    PHASE: tl.constexpr,
+    HAS_BN: tl.constexpr,
     HAS_PROJ: tl.constexpr,
     SAVE: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -161,12 +239,17 @@ def _fwd_step_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """One time step of one direction for BLOCK_B rows x BLOCK_H hidden units.
+    """One time step of one direction for BLOCK_B rows x BLOCK_H hidden units, of the cell
+    CELL (CELL_* above; G gate blocks).
 
-    XP (D, T, B, 4H) float32 input projection with both biases; W_hh (D, 4H, P);
-    H_in / H_out (D, B, P) float32 state before / after the step; C (D, B, H) float32, updated
-    in place; Hraw (D, B, H) float32 scratch for o tanh(c) (projection only); Out (T, B, D * P);
-    WS (D, T, B, 5H + P) float32; Len (B,) int64.
+    XP (D, T, B, G H) float32 input projection with the biases that add to it; W_hh (D, G H, P);
+    B_hn (D, 3H) b_hh of the reset-after GRU (its n block stays inside r * (.), HAS_BN);
+    H_in / H_out (D, B, P) float32 state before / after the step; C (D, B, H) float32 LSTM
+    cell state, updated in place; Hraw float32 scratch: (D, B, H) o tanh(c) of the projected
+    LSTM, (D, B, 2H) z | r * h_{t-1} of the reset-before GRU; Out (T, B, D * P);
+    WS (D, T, B, width) float32 (`workspace_width`); Len (B,) int64.
+    The reset-before GRU needs r * h_{t-1} of every unit before its n product (a grid-wide
+    dependency), so its step is two launches: PHASE 0 computes r and z, PHASE 1 n and h_t.
     """
     pid_h = tl.program_id(0)
     pid_b = tl.program_id(1)
@@ -180,64 +263,110 @@ def _fwd_step_kernel(
     length = tl.load(Len + rows, mask=row_ok, other=0)
     active = (t < length)[:, None] & ok
     rows64 = rows.to(tl.int64)
+    d64 = d.to(tl.int64)
 
-    h_base = d.to(tl.int64) * B * P
+    h_base = d64 * B * P
     zero = tl.zeros([BLOCK_B, BLOCK_H], dtype=tl.float32)
-    acc_i, acc_f, acc_g, acc_o = _gate_products(
-        zero,
-        zero,
-        zero,
-        zero,
-        H_in + h_base,
-        P,
-        rows64,
-        row_ok,
-        W_hh + d * s_wd,
-        s_wr,
-        j,
-        col_ok,
-        H,
-        P,
-        BLOCK_K,
-        PRECISION,
-    )
+    width = _ws_width(H, P, CELL)
+    ws_row = WS + ((d64 * T + t) * B + rows64)[:, None] * width + j[None, :]
+    # P == H unless the LSTM projects: then this program owns h_t[rows, j] as well.
+    state = h_base + rows64[:, None] * P + j[None, :]
+    out_ptrs = Out + t.to(tl.int64) * s_ot + rows64[:, None] * s_ob + d * P + j[None, :]
 
-    xp_row = XP + ((d.to(tl.int64) * T + t) * B + rows64)[:, None] * (4 * H) + j[None, :]
-    gi = _sigmoid(acc_i + tl.load(xp_row, mask=ok, other=0.0), ACCURATE)
-    gf = _sigmoid(acc_f + tl.load(xp_row + H, mask=ok, other=0.0), ACCURATE)
-    gg = _tanh(acc_g + tl.load(xp_row + 2 * H, mask=ok, other=0.0), ACCURATE)
-    go = _sigmoid(acc_o + tl.load(xp_row + 3 * H, mask=ok, other=0.0), ACCURATE)
+    if CELL == 0:
+        xp_row = XP + ((d64 * T + t) * B + rows64)[:, None] * (4 * H) + j[None, :]
+        acc_i, acc_f, acc_g, acc_o = _gate_products(
+            zero, zero, zero, zero, H_in + h_base, P, rows64, row_ok, W_hh + d * s_wd, s_wr,
+            j, col_ok, H, P, 0, 4, BLOCK_K, PRECISION,
+        )  # fmt: skip
+        gi = _sigmoid(acc_i + tl.load(xp_row, mask=ok, other=0.0), ACCURATE)
+        gf = _sigmoid(acc_f + tl.load(xp_row + H, mask=ok, other=0.0), ACCURATE)
+        gg = _tanh(acc_g + tl.load(xp_row + 2 * H, mask=ok, other=0.0), ACCURATE)
+        go = _sigmoid(acc_o + tl.load(xp_row + 3 * H, mask=ok, other=0.0), ACCURATE)
 
-    c_ptr = C + (d.to(tl.int64) * B + rows64)[:, None] * H + j[None, :]
-    c_prev = tl.load(c_ptr, mask=ok, other=0.0)
-    c_new = gf * c_prev + gi * gg
-    h_raw = go * _tanh(c_new, ACCURATE)
-    c_keep = tl.where(active, c_new, c_prev)
-    tl.store(c_ptr, c_keep, mask=ok)
-
-    width = 5 * H + P
-    ws_row = WS + ((d.to(tl.int64) * T + t) * B + rows64)[:, None] * width + j[None, :]
-    if SAVE:
-        tl.store(ws_row, tl.where(active, gi, 0.0), mask=ok)
-        tl.store(ws_row + H, tl.where(active, gf, 0.0), mask=ok)
-        tl.store(ws_row + 2 * H, tl.where(active, gg, 0.0), mask=ok)
-        tl.store(ws_row + 3 * H, tl.where(active, go, 0.0), mask=ok)
-        tl.store(ws_row + 4 * H, c_keep, mask=ok)
-    if HAS_PROJ:
-        tl.store(Hraw + (d.to(tl.int64) * B + rows64)[:, None] * H + j[None, :], h_raw, mask=ok)
-    else:
-        # P == H: this program owns h_t[rows, j] as well.
-        state = h_base + rows64[:, None] * P + j[None, :]
-        h_prev = tl.load(H_in + state, mask=ok, other=0.0)
-        h_keep = tl.where(active, h_raw, h_prev)
-        tl.store(H_out + state, h_keep, mask=ok)
-        tl.store(
-            Out + t.to(tl.int64) * s_ot + rows64[:, None] * s_ob + d * P + j[None, :],
-            tl.where(active, h_raw, 0.0).to(Out.dtype.element_ty),
-            mask=ok,
-        )
+        c_ptr = C + (d64 * B + rows64)[:, None] * H + j[None, :]
+        c_prev = tl.load(c_ptr, mask=ok, other=0.0)
+        c_new = gf * c_prev + gi * gg
+        h_raw = go * _tanh(c_new, ACCURATE)
+        c_keep = tl.where(active, c_new, c_prev)
+        tl.store(c_ptr, c_keep, mask=ok)
         if SAVE:
-            tl.store(ws_row + 5 * H, h_keep, mask=ok)
+            tl.store(ws_row, tl.where(active, gi, 0.0), mask=ok)
+            tl.store(ws_row + H, tl.where(active, gf, 0.0), mask=ok)
+            tl.store(ws_row + 2 * H, tl.where(active, gg, 0.0), mask=ok)
+            tl.store(ws_row + 3 * H, tl.where(active, go, 0.0), mask=ok)
+            tl.store(ws_row + 4 * H, c_keep, mask=ok)
+        if HAS_PROJ:
+            tl.store(Hraw + (d64 * B + rows64)[:, None] * H + j[None, :], h_raw, mask=ok)
+        else:
+            h_prev = tl.load(H_in + state, mask=ok, other=0.0)
+            _keep_h(h_raw, h_prev, active, ok, H_out, state, out_ptrs, ws_row + 5 * H, SAVE)
+    elif CELL == 1:
+        xp_row = XP + ((d64 * T + t) * B + rows64)[:, None] * (3 * H) + j[None, :]
+        acc_r, acc_z, acc_n, _unused = _gate_products(
+            zero, zero, zero, zero, H_in + h_base, P, rows64, row_ok, W_hh + d * s_wd, s_wr,
+            j, col_ok, H, H, 0, 3, BLOCK_K, PRECISION,
+        )  # fmt: skip
+        if HAS_BN:
+            acc_n += tl.load(B_hn + d * s_bd + 2 * H + j, mask=col_ok, other=0.0).to(tl.float32)[
+                None, :
+            ]
+        r = _sigmoid(acc_r + tl.load(xp_row, mask=ok, other=0.0), ACCURATE)
+        z = _sigmoid(acc_z + tl.load(xp_row + H, mask=ok, other=0.0), ACCURATE)
+        n = _tanh(tl.load(xp_row + 2 * H, mask=ok, other=0.0) + r * acc_n, ACCURATE)
+        h_prev = tl.load(H_in + state, mask=ok, other=0.0)
+        h_new = (1.0 - z) * n + z * h_prev
+        if SAVE:
+            tl.store(ws_row, tl.where(active, r, 0.0), mask=ok)
+            tl.store(ws_row + H, tl.where(active, z, 0.0), mask=ok)
+            tl.store(ws_row + 2 * H, tl.where(active, n, 0.0), mask=ok)
+            tl.store(ws_row + 3 * H, tl.where(active, acc_n, 0.0), mask=ok)
+        _keep_h(h_new, h_prev, active, ok, H_out, state, out_ptrs, ws_row + 4 * H, SAVE)
+    elif CELL == 2:
+        xp_row = XP + ((d64 * T + t) * B + rows64)[:, None] * (3 * H) + j[None, :]
+        scratch = Hraw + (d64 * B + rows64)[:, None] * (2 * H) + j[None, :]
+        h_prev = tl.load(H_in + state, mask=ok, other=0.0)
+        if PHASE == 0:
+            acc_r, acc_z, _u2, _u3 = _gate_products(
+                zero, zero, zero, zero, H_in + h_base, P, rows64, row_ok, W_hh + d * s_wd,
+                s_wr, j, col_ok, H, H, 0, 2, BLOCK_K, PRECISION,
+            )  # fmt: skip
+            r = _sigmoid(acc_r + tl.load(xp_row, mask=ok, other=0.0), ACCURATE)
+            z = _sigmoid(acc_z + tl.load(xp_row + H, mask=ok, other=0.0), ACCURATE)
+            tl.store(scratch, z, mask=ok)
+            tl.store(scratch + H, r * h_prev, mask=ok)
+            if SAVE:
+                tl.store(ws_row, tl.where(active, r, 0.0), mask=ok)
+        else:
+            # n's product runs over r * h_{t-1} of every unit, which phase 0 wrote.
+            acc_n, _u1, _u2, _u3 = _gate_products(
+                zero, zero, zero, zero, Hraw + d64 * B * (2 * H) + H, 2 * H, rows64, row_ok,
+                W_hh + d * s_wd, s_wr, j, col_ok, H, H, 2, 1, BLOCK_K, PRECISION,
+            )  # fmt: skip
+            n = _tanh(tl.load(xp_row + 2 * H, mask=ok, other=0.0) + acc_n, ACCURATE)
+            z = tl.load(scratch, mask=ok, other=0.0)
+            h_new = (1.0 - z) * n + z * h_prev
+            if SAVE:
+                tl.store(ws_row + H, tl.where(active, z, 0.0), mask=ok)
+                tl.store(ws_row + 2 * H, tl.where(active, n, 0.0), mask=ok)
+                rh = tl.load(scratch + H, mask=ok, other=0.0)
+                tl.store(ws_row + 3 * H, tl.where(active, rh, 0.0), mask=ok)
+            _keep_h(h_new, h_prev, active, ok, H_out, state, out_ptrs, ws_row + 4 * H, SAVE)
+    else:
+        xp_row = XP + ((d64 * T + t) * B + rows64)[:, None] * H + j[None, :]
+        acc, _u1, _u2, _u3 = _gate_products(
+            zero, zero, zero, zero, H_in + h_base, P, rows64, row_ok, W_hh + d * s_wd, s_wr,
+            j, col_ok, H, H, 0, 1, BLOCK_K, PRECISION,
+        )  # fmt: skip
+        pre = acc + tl.load(xp_row, mask=ok, other=0.0)
+        if CELL == 3:
+            y = _tanh(pre, ACCURATE)
+        else:
+            y = tl.maximum(pre, 0.0)
+        h_prev = tl.load(H_in + state, mask=ok, other=0.0)
+        if SAVE:
+            tl.store(ws_row, tl.where(active, y, 0.0), mask=ok)
+        _keep_h(y, h_prev, active, ok, H_out, state, out_ptrs, ws_row + H, SAVE)
 
 
 @triton.jit(do_not_specialize=["step"])  # one compiled kernel for every step
@@ -342,7 +471,7 @@ def _bwd_gates_kernel(
     DC,
     W_hr,
     WS,
-    C0,
+    S0,
     Len,
     DG,
     DHP,
@@ -350,13 +479,14 @@ def _bwd_gates_kernel(
     s_gob,
     s_rd,
     s_rr,
-    s_c0d,
-    s_c0b,
+    s_0d,
+    s_0b,
     step,
     T,
     B,
     H,
     P,
+    CELL: tl.constexpr,
     HAS_GOUT: tl.constexpr,
     HAS_PROJ: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -365,13 +495,18 @@ def _bwd_gates_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """dgates of one step for BLOCK_B rows x BLOCK_H hidden units, and dc_{t-1} (in place).
+    """dgates of one step for BLOCK_B rows x BLOCK_H hidden units of the cell CELL.
 
     GOut (T, B, D * P) gradient of the output; DH (D, B, P) float32 gradient flowing into h_t
-    from later steps (and h_n); DC (D, B, H) float32 likewise for c_t, updated in place to
-    dc_{t-1}; W_hr (D, P, H); WS the forward's workspace; C0 (D, B, H);
-    DG (D, T, B, 4H) float32 out; DHP (D, T, B, P) float32 out (projection only: the total
-    gradient of the projected h_t of active rows, for grad_w_hr).
+    from later steps (and h_n); WS the forward's workspace; S0 (D, B, H) the initial state the
+    cell's gradient reads (c0 for the LSTM, h0 for the GRU; strides s_0d, s_0b).
+    LSTM: DC (D, B, H) float32 gradient of c_t, updated in place to dc_{t-1}; W_hr (D, P, H);
+    DG (D, T, B, 4H) float32 out (i|f|g|o); DHP (D, T, B, P) float32 out (projection only:
+    the total gradient of the projected h_t of active rows, for grad_w_hr).
+    GRU: DG (D, T, B, 4H) = da_r | da_z | da_n | the gradient of the n block of h W_hh^T + b_hh
+    (r * da_n reset-after, da_n reset-before, whose da_r `_bwd_reset_kernel` adds); DH is
+    replaced by the direct term dh_t * z of dh_{t-1} (rows past their end keep dh_t).
+    RNN: DG (D, T, B, H) = the pre-activation gradient.
     """
     pid_h = tl.program_id(0)
     pid_b = tl.program_id(1)
@@ -417,36 +552,111 @@ def _bwd_gates_kernel(
             g = tl.load(gout_rows + j[None, :], mask=active, other=0.0)
             dh += g.to(tl.float32)
 
-    width = 5 * H + P
+    width = _ws_width(H, P, CELL)
     ws_row = WS + ((d64 * T + t) * B + rows64)[:, None] * width + j[None, :]
-    gi = tl.load(ws_row, mask=ok, other=0.0)
-    gf = tl.load(ws_row + H, mask=ok, other=0.0)
-    gg = tl.load(ws_row + 2 * H, mask=ok, other=0.0)
-    go = tl.load(ws_row + 3 * H, mask=ok, other=0.0)
-    tanh_c = _tanh(tl.load(ws_row + 4 * H, mask=ok, other=0.0), ACCURATE)
-    # c_{t-1}: the previous processing step's c (the workspace keeps the carried state past a
-    # row's end), or c0 at the first step.
-    first = step == 0
-    t_prev = tl.where(d == 0, t - 1, t + 1)
-    c_saved = tl.load(
-        WS + ((d64 * T + t_prev) * B + rows64)[:, None] * width + 4 * H + j[None, :],
-        mask=ok & (step != 0),
-        other=0.0,
-    )
-    c_init = tl.load(
-        C0 + d * s_c0d + rows64[:, None] * s_c0b + j[None, :], mask=ok & first, other=0.0
-    ).to(tl.float32)
-    c_prev = tl.where(first, c_init, c_saved)
+    if CELL == 0:
+        gi = tl.load(ws_row, mask=ok, other=0.0)
+        gf = tl.load(ws_row + H, mask=ok, other=0.0)
+        gg = tl.load(ws_row + 2 * H, mask=ok, other=0.0)
+        go = tl.load(ws_row + 3 * H, mask=ok, other=0.0)
+        tanh_c = _tanh(tl.load(ws_row + 4 * H, mask=ok, other=0.0), ACCURATE)
+        # c_{t-1}: the previous processing step's c, or c0 at the first step.
+        c_prev = _previous_state(
+            WS, S0, s_0d, s_0b, 4 * H, width, d64, rows64, j, ok, step, t, T, B
+        )
+        dc_ptr = DC + (d64 * B + rows64)[:, None] * H + j[None, :]
+        dc = tl.load(dc_ptr, mask=ok, other=0.0)
+        di, df, dg, do, dc_prev = _gate_grads(dh, dc, gi, gf, gg, go, tanh_c, c_prev)
+        tl.store(dc_ptr, tl.where(active, dc_prev, dc), mask=ok)
+        dg_row = DG + ((d64 * T + t) * B + rows64)[:, None] * (4 * H) + j[None, :]
+        tl.store(dg_row, tl.where(active, di, 0.0), mask=ok)
+        tl.store(dg_row + H, tl.where(active, df, 0.0), mask=ok)
+        tl.store(dg_row + 2 * H, tl.where(active, dg, 0.0), mask=ok)
+        tl.store(dg_row + 3 * H, tl.where(active, do, 0.0), mask=ok)
+    elif CELL <= 2:
+        r = tl.load(ws_row, mask=ok, other=0.0)
+        z = tl.load(ws_row + H, mask=ok, other=0.0)
+        n = tl.load(ws_row + 2 * H, mask=ok, other=0.0)
+        h_prev = _previous_state(
+            WS, S0, s_0d, s_0b, 4 * H, width, d64, rows64, j, ok, step, t, T, B
+        )
+        da_n = dh * (1.0 - z) * (1.0 - n * n)
+        da_z = dh * (h_prev - n) * z * (1.0 - z)
+        dg_row = DG + ((d64 * T + t) * B + rows64)[:, None] * (4 * H) + j[None, :]
+        if CELL == 1:
+            hn = tl.load(ws_row + 3 * H, mask=ok, other=0.0)  # W_hn h_{t-1} + b_hn
+            tl.store(dg_row, tl.where(active, da_n * hn * r * (1.0 - r), 0.0), mask=ok)
+            tl.store(dg_row + 3 * H, tl.where(active, da_n * r, 0.0), mask=ok)
+        else:
+            tl.store(dg_row + 3 * H, tl.where(active, da_n, 0.0), mask=ok)
+        tl.store(dg_row + H, tl.where(active, da_z, 0.0), mask=ok)
+        tl.store(dg_row + 2 * H, tl.where(active, da_n, 0.0), mask=ok)
+        tl.store(dh_rows + j[None, :], tl.where(active, dh * z, dh), mask=ok)
+    else:
+        y = tl.load(ws_row, mask=ok, other=0.0)
+        if CELL == 3:
+            da = dh * (1.0 - y * y)
+        else:
+            da = tl.where(y > 0.0, dh, 0.0)
+        dg_row = DG + ((d64 * T + t) * B + rows64)[:, None] * H + j[None, :]
+        tl.store(dg_row, tl.where(active, da, 0.0), mask=ok)
 
-    dc_ptr = DC + (d64 * B + rows64)[:, None] * H + j[None, :]
-    dc = tl.load(dc_ptr, mask=ok, other=0.0)
-    di, df, dg, do, dc_prev = _gate_grads(dh, dc, gi, gf, gg, go, tanh_c, c_prev)
-    tl.store(dc_ptr, tl.where(active, dc_prev, dc), mask=ok)
-    dg_row = DG + ((d64 * T + t) * B + rows64)[:, None] * (4 * H) + j[None, :]
-    tl.store(dg_row, tl.where(active, di, 0.0), mask=ok)
-    tl.store(dg_row + H, tl.where(active, df, 0.0), mask=ok)
-    tl.store(dg_row + 2 * H, tl.where(active, dg, 0.0), mask=ok)
-    tl.store(dg_row + 3 * H, tl.where(active, do, 0.0), mask=ok)
+
+@triton.jit(do_not_specialize=["step"])  # one compiled kernel for every step
+def _bwd_reset_kernel(
+    DG,
+    W_hh,
+    WS,
+    S0,
+    DH,
+    Len,
+    s_wd,
+    s_wr,
+    s_0d,
+    s_0b,
+    step,
+    T,
+    B,
+    H,
+    PRECISION: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """The reset-before GRU's gradient through r * h_{t-1} (BLOCK_B rows x BLOCK_H units k):
+    g = da_n W_hn (over every unit j of n: a grid-wide dependency on _bwd_gates_kernel),
+    da_r = g * h_{t-1} * r (1 - r) into DG's r block, and g * r added to DH (dh_{t-1})."""
+    pid_k = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    d = tl.program_id(2)
+    t = _step_time(step, T, d)
+    rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+    k = pid_k * BLOCK_H + tl.arange(0, BLOCK_H)
+    row_ok = rows < B
+    k_ok = k < H
+    ok = row_ok[:, None] & k_ok[None, :]
+    length = tl.load(Len + rows, mask=row_ok, other=0)
+    active = (t < length)[:, None] & ok
+    rows64 = rows.to(tl.int64)
+    d64 = d.to(tl.int64)
+
+    dg_rows = DG + ((d64 * T + t) * B + rows64)[:, None] * (4 * H)
+    w = W_hh + d * s_wd + k[None, :]
+    acc = tl.zeros([BLOCK_B, BLOCK_H], dtype=tl.float32)
+    for j0 in range(0, H, BLOCK_K):
+        jj = j0 + tl.arange(0, BLOCK_K)
+        j_ok = jj < H
+        a = tl.load(dg_rows + 2 * H + jj[None, :], mask=row_ok[:, None] & j_ok[None, :], other=0.0)
+        b = tl.load(w + (2 * H + jj[:, None]) * s_wr, mask=j_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += tl.dot(a, b.to(tl.float32), input_precision=PRECISION)
+    width = 5 * H
+    ws_row = WS + ((d64 * T + t) * B + rows64)[:, None] * width + k[None, :]
+    r = tl.load(ws_row, mask=ok, other=0.0)
+    h_prev = _previous_state(WS, S0, s_0d, s_0b, 4 * H, width, d64, rows64, k, ok, step, t, T, B)
+    tl.store(dg_rows + k[None, :], tl.where(active, acc * h_prev * r * (1.0 - r), 0.0), mask=ok)
+    dh_ptr = DH + (d64 * B + rows64)[:, None] * H + k[None, :]
+    dh = tl.load(dh_ptr, mask=ok, other=0.0)
+    tl.store(dh_ptr, tl.where(active, dh + acc * r, dh), mask=ok)
 
 
 @triton.jit(do_not_specialize=["step"])  # one compiled kernel for every step
@@ -462,6 +672,7 @@ def _bwd_dh_kernel(
     B,
     H,
     P,
+    CELL: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_P: tl.constexpr,
@@ -470,7 +681,9 @@ def _bwd_dh_kernel(
     """dh_{t-1} = dgates_t W_hh (BLOCK_B rows x BLOCK_P units), written over DH in place (each
     program reads and writes only its own block). Past a row's end h is carried, so there
     dh_{t-1} = dh_t, which is DH itself: the output gradient is 0 there (the output is a
-    constant 0)."""
+    constant 0). The GRU's DH holds the direct term already (dh_t * z, plus g * r
+    reset-before), which is added; its product runs over the gate blocks of h: r, z and
+    (reset-after) n, whose gradient is DG's fourth block."""
     pid_p = tl.program_id(0)
     pid_b = tl.program_id(1)
     d = tl.program_id(2)
@@ -485,17 +698,36 @@ def _bwd_dh_kernel(
     rows64 = rows.to(tl.int64)
     d64 = d.to(tl.int64)
 
+    # K: the rows of W_hh in the product; DGW: DG's row width.
+    K = H
+    DGW = H
+    if CELL == 0:
+        K = 4 * H
+        DGW = 4 * H
+    elif CELL == 1:
+        K = 3 * H
+        DGW = 4 * H
+    elif CELL == 2:
+        K = 2 * H
+        DGW = 4 * H
     acc = tl.zeros([BLOCK_B, BLOCK_P], dtype=tl.float32)
-    dg_rows = DG + ((d64 * T + t) * B + rows64)[:, None] * (4 * H)
+    dg_rows = DG + ((d64 * T + t) * B + rows64)[:, None] * DGW
     w = W_hh + d * s_wd + p[None, :]
-    for k0 in range(0, 4 * H, BLOCK_K):
+    for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = k < 4 * H
-        a = tl.load(dg_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        k_ok = k < K
+        col = k
+        if CELL == 1:
+            col = tl.where(k < 2 * H, k, k + H)  # n's gradient sits in DG's fourth block
+        a = tl.load(dg_rows + col[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(w + k[:, None] * s_wr, mask=k_ok[:, None] & p_ok[None, :], other=0.0)
         acc += tl.dot(a, b.to(tl.float32), input_precision=PRECISION)
     dh_ptr = DH + (d64 * B + rows64)[:, None] * P + p[None, :]
     carried = tl.load(dh_ptr, mask=ok, other=0.0)
+    if CELL == 1:
+        acc += carried
+    elif CELL == 2:
+        acc += carried
     tl.store(dh_ptr, tl.where(active, acc, carried), mask=ok)
 
 
@@ -557,6 +789,8 @@ def _cell_fwd_kernel(
         col_ok,
         H,
         I,
+        0,
+        4,
         BLOCK_K,
         PRECISION,
     )
@@ -575,6 +809,8 @@ def _cell_fwd_kernel(
         col_ok,
         H,
         H,
+        0,
+        4,
         BLOCK_K,
         PRECISION,
     )
@@ -789,15 +1025,17 @@ def _lengths_arg(lengths: torch.Tensor | None, T: int, B: int, device, op: str) 
     return lengths
 
 
-def _check_layer_shapes(op, input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr):
-    if input.dim() != 3 or w_hh.dim() != 3 or w_hh.shape[1] % 4 or w_hh.shape[1] == 0:
+def _check_layer_shapes(op, input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, gates=4):
+    """Shapes, dtypes and devices of a layer's tensors: W_hh (D, gates * H, P); c0 and w_hr
+    are the LSTM's (None for the others). Returns (T, B, I, D, H, P)."""
+    if input.dim() != 3 or w_hh.dim() != 3 or w_hh.shape[1] % gates or w_hh.shape[1] == 0:
         raise ValueError(
-            f"fastattn::{op}: input must be (T, B, I) and w_hh (D, 4H, P), got "
+            f"fastattn::{op}: input must be (T, B, I) and w_hh (D, {gates}H, P), got "
             f"{tuple(input.shape)} and {tuple(w_hh.shape)}"
         )
     T, B, I = input.shape
     D, G, P = w_hh.shape
-    H = G // 4
+    H = G // gates
     if D not in (1, 2):
         raise ValueError(f"fastattn::{op}: w_hh must have D = 1 or 2 directions, got {D}")
     expected = {
@@ -812,7 +1050,7 @@ def _check_layer_shapes(op, input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr):
         raise ValueError(f"fastattn::{op}: b_ih and b_hh must be given together")
     if w_hr is None and P != H:
         raise ValueError(
-            f"fastattn::{op}: w_hh must be (D, 4H, H) without w_hr, got {tuple(w_hh.shape)}"
+            f"fastattn::{op}: w_hh must be (D, {gates}H, H) without w_hr, got {tuple(w_hh.shape)}"
         )
     for name, (t, shape) in expected.items():
         if t is None:
@@ -972,10 +1210,17 @@ def lstm_cell_backward_triton(
     return grad_input, grad_hx, finish(grad_cx, dtype), grad_w_ih, grad_w_hh, grad_bias
 
 
-def lstm_layer_triton(
+# ---------------------------------------------------------------------------------------------
+# The layer driver, generic over the cell: the LSTM's launchers below and the GRU's and Elman
+# RNN's (fastattn/triton/gru.py, rnn.py) run every layer through these two functions.
+
+
+def layer_forward(
+    cell: int,
+    op: str,
     input: torch.Tensor,
     h0: torch.Tensor,
-    c0: torch.Tensor,
+    c0: torch.Tensor | None,
     w_ih: torch.Tensor,
     w_hh: torch.Tensor,
     b_ih: torch.Tensor | None,
@@ -985,14 +1230,15 @@ def lstm_layer_triton(
     dropout_p: float,
     seed: torch.Tensor | None,
     save_workspace: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One layer, D directions: input (T, B, I), h0 (D, B, P), c0 (D, B, H), w_ih (D, 4H, I),
-    w_hh (D, 4H, P), b_ih / b_hh (D, 4H), w_hr (D, P, H) or None, lengths (B,) or None ->
-    output (T, B, D * P), h_n (D, B, P), c_n (D, B, H), workspace (D, T * B * (5H + P))
-    float32 (or (0,) unless save_workspace). See the module docstring for the kernels."""
-    op = "lstm_layer_triton"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """One layer of `cell` (CELL_*), D directions: input (T, B, I), h0 (D, B, P), c0 (D, B, H)
+    (LSTM only, else None), w_ih (D, G H, I), w_hh (D, G H, P), b_ih / b_hh (D, G H) or None,
+    w_hr (D, P, H) (LSTM only) or None, lengths (B,) or None -> output (T, B, D * P), h_n
+    (D, B, P), c_n (D, B, H) (None but for the LSTM), workspace (D, T * B * width) float32
+    (`workspace_width`; (0,) unless save_workspace). See the module docstring."""
     _check_acc_dtype(op, input.dtype)
-    T, B, I, D, H, P = _check_layer_shapes(op, input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr)
+    G = GATES[cell]
+    T, B, I, D, H, P = _check_layer_shapes(op, input, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, G)
     dtype, device = input.dtype, input.device
     interpret = interpreting(device)
     seed = _seed_arg(dropout_p, seed, op)
@@ -1000,29 +1246,41 @@ def lstm_layer_triton(
     x = _unit_last(input)
     has_proj = w_hr is not None
 
-    # The input projection of every step: one GEMM per direction, both biases folded in.
+    # The input projection of every step: one GEMM per direction, with the biases that add to
+    # it (all but the reset-after GRU's b_hn, which r multiplies: the step kernel adds it).
     if seed is not None:
         xd = _dropout(x, dropout_p, seed)
     else:
         xd = x.to(_F32).reshape(T * B, I)
-    xproj = torch.matmul(xd, w_ih.to(_F32).transpose(1, 2))  # (D, T*B, 4H)
+    xproj = torch.matmul(xd, w_ih.to(_F32).transpose(1, 2))  # (D, T*B, G H)
+    has_bn = cell == CELL_GRU and b_ih is not None
     if b_ih is not None:
-        xproj += (b_ih.to(_F32) + b_hh.to(_F32))[:, None, :]
+        bias = b_ih.to(_F32) + b_hh.to(_F32)
+        if has_bn:
+            bias[:, 2 * H :] = b_ih[:, 2 * H :]
+        xproj += bias[:, None, :]
     xproj = xproj.contiguous()
 
     states = torch.empty((2, D, B, P), dtype=_F32, device=device)
     states[0] = h0
-    c = c0.to(_F32, copy=True).contiguous()
-    hraw = torch.empty((D, B, H) if has_proj else (0,), dtype=_F32, device=device)
+    c = c0.to(_F32, copy=True).contiguous() if cell == CELL_LSTM else xproj
+    scratch_shape = (0,)
+    if has_proj:
+        scratch_shape = (D, B, H)  # o tanh(c) before the projection
+    elif cell == CELL_GRU_RESET_BEFORE:
+        scratch_shape = (D, B, 2 * H)  # z | r * h_{t-1}
+    scratch = torch.empty(scratch_shape, dtype=_F32, device=device)
     out = output_buffer((T, B, D * P), dtype, device)
-    width = 5 * H + P
+    width = workspace_width(cell, H, P)
     ws = poison(
         torch.empty((D, T * B * width) if save_workspace else (0,), dtype=_F32, device=device)
     )
     ws_arg = ws if save_workspace else xproj
     w_hh_ = _unit_last(w_hh)
     w_hr_ = _unit_last(w_hr) if has_proj else w_hh_
+    b_hn = b_hh.contiguous() if has_bn else w_hh_
     precision = dot_precision(dtype)
+    phases = (0, 1) if cell == CELL_GRU_RESET_BEFORE else (0,)
     if T > 0 and B > 0:
         block_b, block_h, block_p = _step_tiles(B, H, P, D, device, interpret)
         block_k = _block(P, interpret)
@@ -1034,37 +1292,43 @@ def lstm_layer_triton(
         with on_device(input):
             for s in range(T):
                 h_in, h_out = states[s % 2], states[(s + 1) % 2]
-                step_kernel[step_grid](
-                    xproj,
-                    w_hh_,
-                    h_in,
-                    h_out,
-                    c,
-                    hraw,
-                    out,
-                    ws_arg,
-                    lens,
-                    w_hh_.stride(0),
-                    w_hh_.stride(1),
-                    out.stride(0),
-                    out.stride(1),
-                    s,
-                    T,
-                    B,
-                    H,
-                    P,
-                    HAS_PROJ=has_proj,
-                    SAVE=save_workspace,
-                    PRECISION=precision,
-                    ACCURATE=not interpret,
-                    BLOCK_B=block_b,
-                    BLOCK_H=block_h,
-                    BLOCK_K=block_k,
-                    num_warps=_warps(block_b, block_h),
-                )
+                for phase in phases:
+                    step_kernel[step_grid](
+                        xproj,
+                        w_hh_,
+                        b_hn,
+                        h_in,
+                        h_out,
+                        c,
+                        scratch,
+                        out,
+                        ws_arg,
+                        lens,
+                        w_hh_.stride(0),
+                        w_hh_.stride(1),
+                        b_hn.stride(0),
+                        out.stride(0),
+                        out.stride(1),
+                        s,
+                        T,
+                        B,
+                        H,
+                        P,
+                        CELL=cell,
+                        PHASE=phase,
+                        HAS_BN=has_bn,
+                        HAS_PROJ=has_proj,
+                        SAVE=save_workspace,
+                        PRECISION=precision,
+                        ACCURATE=not interpret,
+                        BLOCK_B=block_b,
+                        BLOCK_H=block_h,
+                        BLOCK_K=block_k,
+                        num_warps=_warps(block_b, block_h),
+                    )
                 if has_proj:
                     proj_kernel[proj_grid](
-                        hraw,
+                        scratch,
                         w_hr_,
                         h_in,
                         h_out,
@@ -1088,8 +1352,239 @@ def lstm_layer_triton(
                         num_warps=_warps(block_b, block_p),
                     )
     h_n = states[T % 2].to(dtype)
-    c_n = c.to(dtype)
+    c_n = c.to(dtype) if cell == CELL_LSTM else None
     return finish(out, dtype), h_n, c_n, ws
+
+
+def layer_backward(
+    cell: int,
+    op: str,
+    grad_output: torch.Tensor | None,
+    grad_h_n: torch.Tensor | None,
+    grad_c_n: torch.Tensor | None,
+    input: torch.Tensor,
+    h0: torch.Tensor,
+    c0: torch.Tensor | None,
+    w_ih: torch.Tensor,
+    w_hh: torch.Tensor,
+    w_hr: torch.Tensor | None,
+    lengths: torch.Tensor | None,
+    workspace: torch.Tensor,
+    dropout_p: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The recurrence of the backward of one layer of `cell` (arguments as `layer_forward`,
+    workspace the one it saved; missing incoming gradients are zeros) -> dgates (D, T, B, DGW)
+    float32 (DGW = 4H for the LSTM (i|f|g|o) and the GRU (r|z|n|n of h W_hh^T, see
+    _bwd_gates_kernel), H for the RNN; 0 past a row's end), dh_{-1} = grad_h0 (D, B, P) and
+    dc_{-1} = grad_c0 (D, B, H) (None but for the LSTM) float32, dhp (D, T, B, P) float32 (the
+    projected LSTM's gradient of h_t, else (0,)). The products with the weights are the
+    caller's (GEMMs over all T * B rows)."""
+    _check_acc_dtype(op, input.dtype)
+    G = GATES[cell]
+    T, B, I, D, H, P = _check_layer_shapes(op, input, h0, c0, w_ih, w_hh, None, None, w_hr, G)
+    dtype, device = input.dtype, input.device
+    interpret = interpreting(device)
+    width = workspace_width(cell, H, P)
+    if (
+        workspace.dtype != _F32
+        or tuple(workspace.shape) != (D, T * B * width)
+        or not workspace.is_contiguous()
+    ):
+        raise ValueError(
+            f"fastattn::{op}: workspace must be the contiguous float32 "
+            f"({D}, {T * B * width}) tensor that the forward op saved "
+            f"(save_workspace=True), got {workspace.dtype} "
+            f"{tuple(workspace.shape)}"
+        )
+    lens = _lengths_arg(lengths, T, B, device, op)
+    has_proj = w_hr is not None
+    lstm = cell == CELL_LSTM
+
+    dh = (
+        grad_h_n.to(_F32, copy=True).contiguous()
+        if grad_h_n is not None
+        else torch.zeros((D, B, P), dtype=_F32, device=device)
+    )
+    dc = None
+    if lstm:
+        dc = (
+            grad_c_n.to(_F32, copy=True).contiguous()
+            if grad_c_n is not None
+            else torch.zeros((D, B, H), dtype=_F32, device=device)
+        )
+    dg_width = H if G == 1 else 4 * H
+    dgates = poison(torch.empty((D, T, B, dg_width), dtype=_F32, device=device))
+    dhp = poison(torch.empty((D, T, B, P) if has_proj else (0,), dtype=_F32, device=device))
+    gout = _unit_last(grad_output) if grad_output is not None else dh
+    g_t, g_b = (gout.stride(0), gout.stride(1)) if grad_output is not None else (0, 0)
+    w_hh_ = _unit_last(w_hh)
+    w_hr_ = _unit_last(w_hr) if has_proj else w_hh_
+    # The initial state the gates' gradient reads: c0 (LSTM), h0 (GRU).
+    s0 = _unit_last(c0) if lstm else _unit_last(h0)
+    precision = dot_precision(dtype)
+    if T > 0 and B > 0:
+        block_b, block_h, block_p = _step_tiles(B, H, P, D, device, interpret)
+        block_kp = _block(P, interpret)
+        # rows of W_hh in dh_{t-1}'s product: all but the reset-before GRU's n block
+        k_dh = {CELL_LSTM: 4 * H, CELL_GRU: 3 * H, CELL_GRU_RESET_BEFORE: 2 * H}.get(cell, H)
+        block_kg = _block(k_dh, interpret)
+        gates_grid = (triton.cdiv(H, block_h), triton.cdiv(B, block_b), D)
+        dh_grid = (triton.cdiv(P, block_p), triton.cdiv(B, block_b), D)
+        gates_kernel = wrap_triton(_bwd_gates_kernel)
+        reset_kernel = wrap_triton(_bwd_reset_kernel)
+        dh_kernel = wrap_triton(_bwd_dh_kernel)
+        with on_device(input):
+            for s in range(T - 1, -1, -1):
+                gates_kernel[gates_grid](
+                    gout,
+                    dh,
+                    dc if lstm else dh,
+                    w_hr_,
+                    workspace,
+                    s0,
+                    lens,
+                    dgates,
+                    dhp,
+                    g_t,
+                    g_b,
+                    w_hr_.stride(0),
+                    w_hr_.stride(1),
+                    s0.stride(0),
+                    s0.stride(1),
+                    s,
+                    T,
+                    B,
+                    H,
+                    P,
+                    CELL=cell,
+                    HAS_GOUT=grad_output is not None,
+                    HAS_PROJ=has_proj,
+                    PRECISION=precision,
+                    ACCURATE=not interpret,
+                    BLOCK_B=block_b,
+                    BLOCK_H=block_h,
+                    BLOCK_K=block_kp,
+                    num_warps=_warps(block_b, block_h),
+                )
+                if cell == CELL_GRU_RESET_BEFORE:
+                    reset_kernel[gates_grid](
+                        dgates,
+                        w_hh_,
+                        workspace,
+                        s0,
+                        dh,
+                        lens,
+                        w_hh_.stride(0),
+                        w_hh_.stride(1),
+                        s0.stride(0),
+                        s0.stride(1),
+                        s,
+                        T,
+                        B,
+                        H,
+                        PRECISION=precision,
+                        BLOCK_B=block_b,
+                        BLOCK_H=block_h,
+                        BLOCK_K=_block(H, interpret),
+                        num_warps=_warps(block_b, block_h),
+                    )
+                dh_kernel[dh_grid](
+                    dgates,
+                    w_hh_,
+                    dh,
+                    lens,
+                    w_hh_.stride(0),
+                    w_hh_.stride(1),
+                    s,
+                    T,
+                    B,
+                    H,
+                    P,
+                    CELL=cell,
+                    PRECISION=precision,
+                    BLOCK_B=block_b,
+                    BLOCK_P=block_p,
+                    BLOCK_K=block_kg,
+                    num_warps=_warps(block_b, block_p),
+                )
+    else:
+        dgates.zero_()
+        dhp.zero_()
+    return dgates, dh, dc, dhp
+
+
+def previous_states(ws_h: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
+    """h_{t-1} of every step (D, T * B, P) float32 from the workspace's carried states ws_h
+    (D, T, B, P): the previous processing step's state, h0 (D, B, P) at the first step."""
+    D, T, B, P = ws_h.shape
+    h0f = h0.to(_F32)
+    prev = []
+    for d in range(D):
+        if d == 0:
+            prev.append(torch.cat([h0f[0:1], ws_h[0, : T - 1]]) if T else ws_h[0])
+        else:
+            prev.append(torch.cat([ws_h[1, 1:], h0f[1:2]]) if T else ws_h[1])
+    return torch.stack(prev).view(D, T * B, P)
+
+
+def dropped_input(input: torch.Tensor, dropout_p: float, seed: torch.Tensor | None) -> torch.Tensor:
+    """The layer's input as its input projection saw it: (T * B, I) float32, dropout applied."""
+    T, B, I = input.shape
+    if seed is not None:
+        return _dropout(_unit_last(input), dropout_p, seed)
+    return input.to(_F32).reshape(T * B, I)
+
+
+def input_gradient(
+    dg_x: torch.Tensor,
+    w_ih: torch.Tensor,
+    shape: tuple[int, int, int],
+    dropout_p: float,
+    seed: torch.Tensor | None,
+) -> torch.Tensor:
+    """grad of the layer's input (T, B, I) float32 from the input-side gate gradients dg_x
+    (D, T * B, G H): dg_x W_ih summed over the directions, through the dropout mask."""
+    T, B, I = shape
+    dx = torch.matmul(dg_x, w_ih.to(_F32)).sum(0).view(T, B, I)
+    if seed is not None:
+        dx = _dropout(dx, dropout_p, seed).view(T, B, I)
+    return dx
+
+
+def lstm_layer_triton(
+    input: torch.Tensor,
+    h0: torch.Tensor,
+    c0: torch.Tensor,
+    w_ih: torch.Tensor,
+    w_hh: torch.Tensor,
+    b_ih: torch.Tensor | None,
+    b_hh: torch.Tensor | None,
+    w_hr: torch.Tensor | None,
+    lengths: torch.Tensor | None,
+    dropout_p: float,
+    seed: torch.Tensor | None,
+    save_workspace: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One layer, D directions: input (T, B, I), h0 (D, B, P), c0 (D, B, H), w_ih (D, 4H, I),
+    w_hh (D, 4H, P), b_ih / b_hh (D, 4H), w_hr (D, P, H) or None, lengths (B,) or None ->
+    output (T, B, D * P), h_n (D, B, P), c_n (D, B, H), workspace (D, T * B * (5H + P))
+    float32 (or (0,) unless save_workspace). See the module docstring for the kernels."""
+    return layer_forward(
+        CELL_LSTM,
+        "lstm_layer_triton",
+        input,
+        h0,
+        c0,
+        w_ih,
+        w_hh,
+        b_ih,
+        b_hh,
+        w_hr,
+        lengths,
+        dropout_p,
+        seed,
+        save_workspace,
+    )
 
 
 def lstm_layer_backward_triton(
@@ -1116,106 +1611,27 @@ def lstm_layer_backward_triton(
     (D, 4H, I), grad_w_hh (D, 4H, P), grad_bias (D, 4H), grad_w_hr (D, P, H) (each (0,) when
     not wanted / absent). Missing incoming gradients are zeros."""
     op = "lstm_layer_backward_triton"
-    _check_acc_dtype(op, input.dtype)
-    T, B, I, D, H, P = _check_layer_shapes(op, input, h0, c0, w_ih, w_hh, None, None, w_hr)
-    dtype, device = input.dtype, input.device
-    interpret = interpreting(device)
-    width = 5 * H + P
-    if (
-        workspace.dtype != _F32
-        or tuple(workspace.shape) != (D, T * B * width)
-        or not workspace.is_contiguous()
-    ):
-        raise ValueError(
-            f"fastattn::{op}: workspace must be the contiguous float32 "
-            f"({D}, {T * B * width}) tensor that lstm_layer_triton saved "
-            f"(save_workspace=True), got {workspace.dtype} "
-            f"{tuple(workspace.shape)}"
-        )
     seed = _seed_arg(dropout_p, seed, op)
-    lens = _lengths_arg(lengths, T, B, device, op)
-    has_proj = w_hr is not None
-    ws = workspace.view(D, T, B, width)
-
-    dh = (
-        grad_h_n.to(_F32, copy=True).contiguous()
-        if grad_h_n is not None
-        else torch.zeros((D, B, P), dtype=_F32, device=device)
+    dgates, dh, dc, dhp = layer_backward(
+        CELL_LSTM,
+        op,
+        grad_output,
+        grad_h_n,
+        grad_c_n,
+        input,
+        h0,
+        c0,
+        w_ih,
+        w_hh,
+        w_hr,
+        lengths,
+        workspace,
+        dropout_p,
     )
-    dc = (
-        grad_c_n.to(_F32, copy=True).contiguous()
-        if grad_c_n is not None
-        else torch.zeros((D, B, H), dtype=_F32, device=device)
-    )
-    dgates = poison(torch.empty((D, T, B, 4 * H), dtype=_F32, device=device))
-    dhp = poison(torch.empty((D, T, B, P) if has_proj else (0,), dtype=_F32, device=device))
-    gout = _unit_last(grad_output) if grad_output is not None else dh
-    g_t, g_b = (gout.stride(0), gout.stride(1)) if grad_output is not None else (0, 0)
-    w_hh_ = _unit_last(w_hh)
-    w_hr_ = _unit_last(w_hr) if has_proj else w_hh_
-    c0_ = _unit_last(c0)
-    precision = dot_precision(dtype)
-    if T > 0 and B > 0:
-        block_b, block_h, block_p = _step_tiles(B, H, P, D, device, interpret)
-        block_kp = _block(P, interpret)
-        block_kg = _block(4 * H, interpret)
-        gates_grid = (triton.cdiv(H, block_h), triton.cdiv(B, block_b), D)
-        dh_grid = (triton.cdiv(P, block_p), triton.cdiv(B, block_b), D)
-        gates_kernel = wrap_triton(_bwd_gates_kernel)
-        dh_kernel = wrap_triton(_bwd_dh_kernel)
-        with on_device(input):
-            for s in range(T - 1, -1, -1):
-                gates_kernel[gates_grid](
-                    gout,
-                    dh,
-                    dc,
-                    w_hr_,
-                    workspace,
-                    c0_,
-                    lens,
-                    dgates,
-                    dhp,
-                    g_t,
-                    g_b,
-                    w_hr_.stride(0),
-                    w_hr_.stride(1),
-                    c0_.stride(0),
-                    c0_.stride(1),
-                    s,
-                    T,
-                    B,
-                    H,
-                    P,
-                    HAS_GOUT=grad_output is not None,
-                    HAS_PROJ=has_proj,
-                    PRECISION=precision,
-                    ACCURATE=not interpret,
-                    BLOCK_B=block_b,
-                    BLOCK_H=block_h,
-                    BLOCK_K=block_kp,
-                    num_warps=_warps(block_b, block_h),
-                )
-                dh_kernel[dh_grid](
-                    dgates,
-                    w_hh_,
-                    dh,
-                    lens,
-                    w_hh_.stride(0),
-                    w_hh_.stride(1),
-                    s,
-                    T,
-                    B,
-                    H,
-                    P,
-                    PRECISION=precision,
-                    BLOCK_B=block_b,
-                    BLOCK_P=block_p,
-                    BLOCK_K=block_kg,
-                    num_warps=_warps(block_b, block_p),
-                )
-    else:
-        dgates.zero_()
-        dhp.zero_()
+    D, T, B, _ = dgates.shape
+    H, P = c0.shape[2], h0.shape[2]
+    dtype = input.dtype
+    ws = workspace.view(D, T, B, 5 * H + P)
 
     # Products over all T * B rows at once.
     dg = dgates.view(D, T * B, 4 * H)
@@ -1224,34 +1640,18 @@ def lstm_layer_backward_triton(
         return input.new_empty((0,))
 
     if input_grad:
-        dx = torch.matmul(dg, w_ih.to(_F32)).sum(0).view(T, B, I)  # (T, B, I)
-        if seed is not None:
-            dx = _dropout(dx, dropout_p, seed).view(T, B, I)
-        grad_input = dx.to(dtype)
+        grad_input = input_gradient(dg, w_ih, tuple(input.shape), dropout_p, seed).to(dtype)
     else:
         grad_input = empty()
     grad_w_ih, grad_w_hh, grad_bias, grad_w_hr = empty(), empty(), empty(), empty()
     if weight_grad:
-        xd = (
-            _dropout(_unit_last(input), dropout_p, seed)
-            if seed is not None
-            else input.to(_F32).reshape(T * B, I)
-        )
+        xd = dropped_input(input, dropout_p, seed)
         grad_w_ih = torch.matmul(dg.transpose(1, 2), xd).to(dtype)
-        # h_{t-1} of every step: the previous processing step's h (h0 first).
-        h_saved = ws[..., 5 * H :]  # (D, T, B, P)
-        h0f = h0.to(_F32)
-        h_prev = []
-        for d in range(D):
-            if d == 0:
-                h_prev.append(torch.cat([h0f[0:1], h_saved[0, : T - 1]]) if T else h_saved[0])
-            else:
-                h_prev.append(torch.cat([h_saved[1, 1:], h0f[1:2]]) if T else h_saved[1])
-        h_prev = torch.stack(h_prev).view(D, T * B, P)
+        h_prev = previous_states(ws[..., 5 * H :], h0)
         grad_w_hh = torch.matmul(dg.transpose(1, 2), h_prev).to(dtype)
         if has_bias:
             grad_bias = dg.sum(1).to(dtype)
-        if has_proj:
+        if w_hr is not None:
             # o tanh(c) of every step (0 past a row's end, where the saved gates are 0)
             h_raw = (ws[..., 3 * H : 4 * H] * torch.tanh(ws[..., 4 * H : 5 * H])).reshape(
                 D, T * B, H
