@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch  # noqa: F401  (must load before fastattn._C)
 
-from . import _native
+from . import _compile_cache, _native
 from ._backend import BackendError, available_backends, last_backend, set_backend, use_backend
 from .ops.additive_attention import additive_attention
 from .ops.attention import attention, merge_attention
@@ -32,6 +32,9 @@ __version__ = "0.1.0"
 from . import nn
 from .nn.paged_kv_cache import PagedKVCache
 from .swap import restore_modules, swap_modules, swap_summary
+
+# torch.compile caches must miss when fastattn changes (see _compile_cache).
+_compile_cache.tag_compile_caches()
 
 __all__ = [
     "BackendError",

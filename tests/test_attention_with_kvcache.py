@@ -626,7 +626,7 @@ def test_native_op_checks_before_appending():
     full = torch.full_like(d.cache_seqlens, 18)
     op = torch.ops.fastattn.attention_with_kvcache
     with pytest.raises(
-        RuntimeError,
+        ValueError,
         match=r"the cache is too small: cache_seqlens\[0\] = 18 plus "
         r"3 new tokens exceed Lmax = 20",
     ):

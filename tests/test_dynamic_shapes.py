@@ -154,3 +154,28 @@ def test_compile_dynamic(name):
             torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
         if i == len(lengths) - 1:  # every length ran in the first graph
             assert counters["stats"]["unique_graphs"] == 1, (name, dict(counters["stats"]))
+
+
+def test_compile_caches_carry_fastattn_fingerprint(tmp_path, monkeypatch):
+    """AOTAutograd's cache keys on the traced graph, which names a fastattn op but not its
+    autograd formula: fastattn's fingerprint in torch's cache_key_tag makes a changed fastattn
+    miss the cache (a stale compiled backward called the op with another argument list)."""
+    from fastattn import _compile_cache
+
+    assert "fastattn-" + _compile_cache.package_fingerprint() in torch.compiler.config.cache_key_tag
+    # The fingerprint follows the sources: a file that changes changes it.
+    fake_root = tmp_path / "fastattn"
+    fake_root.mkdir()
+    source = fake_root / "op.py"
+    source.write_text("x = 1\n")
+    monkeypatch.setattr(_compile_cache, "__file__", str(fake_root / "_compile_cache.py"))
+    before = _compile_cache.package_fingerprint()
+    source.write_text("x = 22\n")
+    assert _compile_cache.package_fingerprint() != before
+    # A user's own tag stays in front, and tagging twice adds nothing.
+    # (config.patch, not monkeypatch: monkeypatch's undo would delete the config entry.)
+    with torch.compiler.config.patch(cache_key_tag="mine"):
+        _compile_cache.tag_compile_caches()
+        _compile_cache.tag_compile_caches()
+        assert torch.compiler.config.cache_key_tag.startswith("mine|fastattn-")
+        assert torch.compiler.config.cache_key_tag.count("fastattn-") == 1

@@ -4,6 +4,7 @@ modules only define launchers)."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from collections.abc import Callable
@@ -158,9 +159,58 @@ def register_native_fakes(fakes: dict[str, Callable]) -> None:
 
 
 def register_autograd(op: str, formula: tuple[Callable, Callable]) -> None:
-    """Attaches (backward, setup_context) to the torch op fastattn::<op>."""
+    """Attaches (backward, setup_context) to the torch op fastattn::<op>, and builds the same
+    formula as an autograd.Function for eager calls (`kernel_op`)."""
     backward, setup_context = formula
     torch.library.register_autograd(f"fastattn::{op}", backward, setup_context=setup_context)
+    _EAGER_FUNCTIONS[op] = _eager_function(op, backward, setup_context)
+
+
+# op name -> autograd.Function running the op's kernel below autograd with its formula
+_EAGER_FUNCTIONS: dict[str, type[torch.autograd.Function]] = {}
+
+
+def _eager_function(op: str, backward: Callable, setup_context: Callable):
+    """torch.library's autograd wrapper costs tens of microseconds per call in Python
+    (keysets, default filling, a generated Function per call path); a decoder that calls a
+    small op 20 times a step pays it on every call. This Function applies the same formula
+    (setup_context, backward) around the op's kernel, dispatched below autograd."""
+    overload = getattr(torch.ops.fastattn, op).default
+
+    # setup_context is called from forward rather than declared as the Function's own: a
+    # declared one makes every apply bind the arguments with inspect.signature (~30 us).
+    def forward(ctx, *args):
+        with torch._C._AutoDispatchBelowAutograd():
+            output = overload(*args)
+        setup_context(ctx, args, output)
+        return output
+
+    return type(
+        f"{op}_function",
+        (torch.autograd.Function,),
+        {"forward": staticmethod(forward), "backward": staticmethod(backward)},
+    )
+
+
+def kernel_op(name: str) -> Callable:
+    """The callable that runs the torch op fastattn::<name>: in eager mode the op's
+    autograd.Function (with inputs that need gradients) or the kernel below autograd (without:
+    no autograd wrapper to pass through); while torch.compile traces, the op itself, which
+    Dynamo sees as one node with its fake and autograd."""
+    packet = getattr(torch.ops.fastattn, name)
+    function = _EAGER_FUNCTIONS.get(name)
+    if function is None or torch.compiler.is_compiling():
+        return packet
+    return functools.partial(_call_eager, function, packet.default)
+
+
+def _call_eager(function, overload, *args):
+    if torch.is_grad_enabled() and any(
+        isinstance(a, torch.Tensor) and a.requires_grad for a in args
+    ):
+        return function.apply(*args)
+    with torch._C._AutoDispatchBelowAutograd():
+        return overload(*args)
 
 
 def register_forward_backward(

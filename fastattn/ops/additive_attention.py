@@ -15,7 +15,7 @@ import torch
 from .. import _backend
 from ..contracts import additive_attention as contract
 from ..reference import additive_attention as ref
-from ._common import check_same_device, check_tensor, register_forward_backward
+from ._common import check_same_device, check_tensor, kernel_op, register_forward_backward
 
 
 def additive_attention(
@@ -111,7 +111,7 @@ def additive_attention(
         scores = ref.additive_scores(qp, kp, v)
     else:
         name = "additive_scores_triton" if chosen == "triton" else "additive_scores"
-        scores = getattr(torch.ops.fastattn, name)(qp, kp, v)
+        scores = kernel_op(name)(qp, kp, v)
     _backend._record(op, chosen)
     if key_padding_mask is not None:
         # Masked keys get -inf in rows that keep a key; a row whose keys are all masked keeps

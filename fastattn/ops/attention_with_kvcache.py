@@ -179,13 +179,14 @@ def attention_with_kvcache(
             )
     if (rotary_cos is None) != (rotary_sin is None):
         raise ValueError(f"{op}: rotary_cos and rotary_sin must be given together")
-    capacity = (
-        f"Lmax = {Lmax}"
-        if block_table is None
-        else f"the block table's capacity max_blocks_per_seq * block_size = {Lmax}"
-    )
+
+    def capacity() -> str:  # formatted only for an error: formatting a symbolic Lmax pins it
+        if block_table is None:
+            return f"Lmax = {Lmax}"
+        return f"the block table's capacity max_blocks_per_seq * block_size = {Lmax}"
+
     if B > 0 and Lnew > Lmax:  # known without reading cache_seqlens
-        raise ValueError(f"{op}: the cache is too small: {Lnew} new tokens exceed {capacity}")
+        raise ValueError(f"{op}: the cache is too small: {Lnew} new tokens exceed {capacity()}")
     if B > 0 and host_checks_enabled(cache_seqlens):
         lo, hi = (int(x) for x in torch.aminmax(cache_seqlens))
         if lo < 0:
@@ -193,7 +194,7 @@ def attention_with_kvcache(
         if hi + Lnew > Lmax:
             raise ValueError(
                 f"{op}: the cache is too small: cache_seqlens up to {hi} plus "
-                f"{Lnew} new tokens exceed {capacity}"
+                f"{Lnew} new tokens exceed {capacity()}"
             )
     mode = 2 if causal_mode(causal) else 0
     left, right = window_sides(op, window)
@@ -230,7 +231,7 @@ def attention_with_kvcache(
             0,
             Lmax - Lnew,
             f"cache_seqlens must be in [0, Lmax - Lnew] = [0, {Lmax - Lnew}] "
-            f"(the cache is too small for the new tokens otherwise; Lmax: {capacity})",
+            f"(the cache is too small for the new tokens otherwise; Lmax: {capacity()})",
         )
         if block_table is not None:
             bad = _bad_blocks(block_table, cache_seqlens, Lnew, k_cache.shape[2], k_cache.shape[0])

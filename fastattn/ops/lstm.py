@@ -28,6 +28,7 @@ from ._common import (
     device_checks_enabled,
     dropout_seed,
     host_checks_enabled,
+    kernel_op,
     register_autograd,
     register_native_fakes,
     register_triton_op,
@@ -84,7 +85,7 @@ def cuda_recurrent_path(
 
 
 def _op(name: str, backend: str):
-    return getattr(torch.ops.fastattn, name + "_triton" if backend == "triton" else name)
+    return kernel_op(name + "_triton" if backend == "triton" else name)
 
 
 def _check_float(op: str, name: str, t, dtype: torch.dtype | None = None) -> None:
