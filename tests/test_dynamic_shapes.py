@@ -162,6 +162,8 @@ def test_compile_caches_carry_fastattn_fingerprint(tmp_path, monkeypatch):
     miss the cache (a stale compiled backward called the op with another argument list)."""
     from fastattn import _compile_cache
 
+    if not hasattr(torch.compiler.config, "cache_key_tag"):
+        pytest.skip("this torch has no torch.compiler.config.cache_key_tag")
     assert "fastattn-" + _compile_cache.package_fingerprint() in torch.compiler.config.cache_key_tag
     # The fingerprint follows the sources: a file that changes changes it.
     fake_root = tmp_path / "fastattn"
