@@ -23,6 +23,7 @@
 
 #include "common/cpu_isa.h"
 #include "common/debug.h"
+#include "common/gemm_cpu.h"
 #include "lstm/lstm.h"
 #include "lstm/lstm_cpu_kernel.h"
 #include "lstm/recurrent_cpu.h"
@@ -95,8 +96,10 @@ std::tuple<Tensor, Tensor, Tensor> lstm_cell_cpu(const Tensor& input, const Tens
   if (defined(b_ih)) bias = b_ih->to(acc).add(b_hh->to(acc));
   Tensor pre, wi, wh;
   if (B > kCellFusedMaxBatch) {
-    pre = bias.defined() ? at::addmm(bias, x, w_ih.to(acc).t()) : at::mm(x, w_ih.to(acc).t());
-    pre.addmm_(h, w_hh.to(acc).t());
+    // fastattn's GEMM (common/gemm_cpu.h: MKL's float path on AMD CPUs is not AVX-512).
+    pre = at::empty({B, 4 * H}, x.options());
+    cpu::matmul_into(pre, x, w_ih.to(acc).t(), bias, false);
+    cpu::matmul_into(pre, h, w_hh.to(acc).t(), Tensor(), true);
   } else {
     wi = w_ih.to(acc).contiguous();
     wh = w_hh.to(acc).contiguous();
@@ -146,10 +149,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_cell_backward_cp
   }
   const auto dtype = input.scalar_type();
   const Tensor wi = w_ih.to(acc), wh = w_hh.to(acc);
-  Tensor grad_input = at::mm(dgates, wi).to(dtype);
-  Tensor grad_hx = at::mm(dgates, wh).to(dtype);
-  Tensor grad_w_ih = at::mm(dgates.t(), input.to(acc)).to(dtype);
-  Tensor grad_w_hh = at::mm(dgates.t(), hx.to(acc)).to(dtype);
+  // The four products through fastattn's GEMM (see the forward), in the compute type.
+  auto product = [&](const Tensor& a, const Tensor& b) {
+    Tensor out = at::empty({a.size(0), b.size(1)}, dgates.options());
+    cpu::matmul_into(out, a, b, Tensor(), false);
+    return out.to(dtype);
+  };
+  Tensor grad_input = product(dgates, wi);
+  Tensor grad_hx = product(dgates, wh);
+  Tensor grad_w_ih = product(dgates.t(), input.to(acc));
+  Tensor grad_w_hh = product(dgates.t(), hx.to(acc));
   Tensor grad_bias = has_bias ? dgates.sum(0).to(dtype) : at::empty({0}, input.options());
   return {grad_input, grad_hx, grad_cx, grad_w_ih, grad_w_hh, grad_bias};
 }

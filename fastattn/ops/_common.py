@@ -205,6 +205,10 @@ def kernel_op(name: str) -> Callable:
 
 
 def _call_eager(function, overload, *args):
+    if torch._C._are_functorch_transforms_active():
+        # torch.func (grad, vmap, jvp) needs the op's own autograd registration: an
+        # autograd.Function without a declared setup_context does not run under functorch.
+        return overload(*args)
     if torch.is_grad_enabled() and any(
         isinstance(a, torch.Tensor) and a.requires_grad for a in args
     ):

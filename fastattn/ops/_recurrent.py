@@ -44,6 +44,7 @@ from ._common import (
     device_checks_enabled,
     dropout_seed,
     host_checks_enabled,
+    kernel_op,
     register_triton_op,
     triton_kernels,
 )
@@ -212,7 +213,7 @@ def check_lengths(op: str, lengths, B: int, T: int, device: torch.device):
 
 def layer_op(family: str, backend: str):
     name = f"{family}_layer"
-    return getattr(torch.ops.fastattn, name + "_triton" if backend == "triton" else name)
+    return kernel_op(name + "_triton" if backend == "triton" else name)
 
 
 def run_layers(

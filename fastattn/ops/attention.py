@@ -33,6 +33,7 @@ from ._common import (
     check_same_device,
     check_tensor,
     dropout_seed,
+    kernel_op,
     register_forward_backward,
 )
 
@@ -40,7 +41,7 @@ Causal = bool | str
 
 
 def _op(name: str, backend: str):
-    return getattr(torch.ops.fastattn, name + "_triton" if backend == "triton" else name)
+    return kernel_op(name + "_triton" if backend == "triton" else name)
 
 
 def window_bounds(causal: Causal, window, Lq: int, Lk: int) -> tuple[int, int]:

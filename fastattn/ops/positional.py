@@ -26,6 +26,7 @@ from ._common import (
     device_checks_enabled,
     dropout_seed,
     host_checks_enabled,
+    kernel_op,
     register_autograd,
     register_native_fakes,
     register_triton_op,
@@ -37,7 +38,7 @@ Offset = int | torch.Tensor
 
 def _native_op(name: str, backend: str):
     """The registered op that `backend` ("cpu", "cuda" or "triton") runs for `name`."""
-    return getattr(torch.ops.fastattn, name + "_triton" if backend == "triton" else name)
+    return kernel_op(name + "_triton" if backend == "triton" else name)
 
 
 def _split_offset(
