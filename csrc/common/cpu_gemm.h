@@ -31,10 +31,22 @@ inline void transpose_generic(const acc* src, int64_t lds, acc* dst, int64_t ldd
 #if defined(__AVX512F__)
 namespace detail {
 // 16 x 16 block transpose in registers (unpack 32-bit, unpack 64-bit, then two 128-bit lane
-// shuffles).
-inline void transpose16x16(const float* src, int64_t lds, float* dst, int64_t ldd) {
+// shuffles). A partial block (rows or cols below 16: the tails of a tile, or a short tile such
+// as a decoder's few keys) goes through the same shuffles with masked loads and stores, so it
+// needs no scalar loop (element by element, a 12 x 128 tile cost more than its products).
+inline void transpose16x16(const float* src, int64_t lds, float* dst, int64_t ldd, int rows = 16,
+                           int cols = 16) {
   __m512 r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+  const bool full = rows == 16 && cols == 16;
+  const __mmask16 col_mask = static_cast<__mmask16>((1u << cols) - 1u);
+  const __mmask16 row_mask = static_cast<__mmask16>((1u << rows) - 1u);
+  for (int i = 0; i < 16; ++i) {
+    if (full) {
+      r[i] = _mm512_loadu_ps(src + i * lds);
+    } else {
+      r[i] = i < rows ? _mm512_maskz_loadu_ps(col_mask, src + i * lds) : _mm512_setzero_ps();
+    }
+  }
   for (int i = 0; i < 16; i += 2) {
     t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
     t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
@@ -50,31 +62,36 @@ inline void transpose16x16(const float* src, int64_t lds, float* dst, int64_t ld
   }
   // r[4g + j] holds, in 128-bit lane L, column 4L + j of rows 4g..4g+3. Output row
   // c = 4L + j needs lane g = lane L of r[4g + j]: a 4 x 4 transpose of 128-bit lanes.
+  // Output row c (column c of the source) is written when c < cols, its first `rows` lanes.
+  auto store = [&](int c, __m512 value) {
+    if (full) {
+      _mm512_storeu_ps(dst + c * ldd, value);
+    } else if (c < cols) {
+      _mm512_mask_storeu_ps(dst + c * ldd, row_mask, value);
+    }
+  };
   for (int j = 0; j < 4; ++j) {
     const __m512 x0 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x44);
     const __m512 x1 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xEE);
     const __m512 x2 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x44);
     const __m512 x3 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xEE);
-    _mm512_storeu_ps(dst + (0 + j) * ldd, _mm512_shuffle_f32x4(x0, x2, 0x88));
-    _mm512_storeu_ps(dst + (4 + j) * ldd, _mm512_shuffle_f32x4(x0, x2, 0xDD));
-    _mm512_storeu_ps(dst + (8 + j) * ldd, _mm512_shuffle_f32x4(x1, x3, 0x88));
-    _mm512_storeu_ps(dst + (12 + j) * ldd, _mm512_shuffle_f32x4(x1, x3, 0xDD));
+    store(0 + j, _mm512_shuffle_f32x4(x0, x2, 0x88));
+    store(4 + j, _mm512_shuffle_f32x4(x0, x2, 0xDD));
+    store(8 + j, _mm512_shuffle_f32x4(x1, x3, 0x88));
+    store(12 + j, _mm512_shuffle_f32x4(x1, x3, 0xDD));
   }
 }
 }  // namespace detail
 
 inline void transpose(const float* src, int64_t lds, float* dst, int64_t ldd, int64_t rows,
                       int64_t cols) {
-  const int64_t rows16 = rows - rows % 16, cols16 = cols - cols % 16;
-  for (int64_t r = 0; r < rows16; r += 16) {
-    for (int64_t c = 0; c < cols16; c += 16) {
-      detail::transpose16x16(src + r * lds + c, lds, dst + c * ldd + r, ldd);
+  for (int64_t r = 0; r < rows; r += 16) {
+    const int rows_here = static_cast<int>(std::min<int64_t>(16, rows - r));
+    for (int64_t c = 0; c < cols; c += 16) {
+      const int cols_here = static_cast<int>(std::min<int64_t>(16, cols - c));
+      detail::transpose16x16(src + r * lds + c, lds, dst + c * ldd + r, ldd, rows_here, cols_here);
     }
   }
-  if (cols16 < cols)
-    transpose_generic<float>(src + cols16, lds, dst + cols16 * ldd, ldd, rows16, cols - cols16);
-  if (rows16 < rows)
-    transpose_generic<float>(src + rows16 * lds, lds, dst + rows16, ldd, rows - rows16, cols);
 }
 #else
 inline void transpose(const float* src, int64_t lds, float* dst, int64_t ldd, int64_t rows,
