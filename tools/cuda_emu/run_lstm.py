@@ -229,6 +229,8 @@ def gated_cases(emu, only, TOL):
             ),
         ),
         ("B=1 many splits", dict(base, T=4, B=1, H=40, lengths=None)),
+        # more rows than kPersistMaxOut per thread: fewer K splits, several rows per thread
+        ("B=40 few splits", dict(base, T=3, B=40, H=24, D=1, lengths=None)),
     ]
     for dt in (torch.float32, torch.bfloat16, torch.float16):
         cases.append((f"{dt}", dict(base, lengths=[5, 4, 2], p=0.2, dtype=dt)))
