@@ -6,8 +6,8 @@ bidirectional case with lengths ~ U[30, 100) (PackedSequence in and out).
 Throughput counts the GEMM work: 2 * rows * G H * (I + H) per layer and direction forward
 (G = 3 gates), three times that for forward+backward. `recurrent_case` is shared with
 bench_rnn.py. Every fastattn backend that runs the family on the device gets a row: cpu on the
-CPU; on a GPU triton (the LSTM's Triton engine, generic over the cell) and cuda once it has
-GRU / RNN kernels (`unsupported_backends` leaves it out until then).
+CPU; on a GPU triton (the LSTM's Triton engine, generic over the cell) and cuda (the LSTM's
+CUDA engine, generic over the cell; the row names its recurrent path, persistent or per_step).
 """
 
 from __future__ import annotations
@@ -85,9 +85,18 @@ def recurrent_case(
         return call
 
     limits = _recurrent.unsupported_backends(family, torch.float32)
-    providers = {
-        f"fastattn:{b}": run(ours, b) for b in fastattn_backends(device) if b not in limits
-    }
+    providers = {}
+    for b in fastattn_backends(device):
+        if b in limits:
+            continue
+        label_b = f"fastattn:{b}"
+        if b == "cuda":  # which recurrent path the cuda backend takes (layer 0)
+            variant = True if family == "gru" else kind.split("_")[1]
+            path = _recurrent.cuda_recurrent_path(
+                family, x, ours.weight_hh_l0, variant, backward=backward
+            )
+            label_b += f" ({path})"
+        providers[label_b] = run(ours, b)
     providers[f"torch.nn.{label}"] = run(theirs)
     if reference:
         providers["reference loop"] = run(ours, "reference")

@@ -151,6 +151,10 @@ inline void define_gru_rnn(torch::Library& m) {
       "Tensor w_ih, Tensor w_hh, Tensor? lengths, Tensor workspace, float dropout_p, "
       "Tensor? seed, str nonlinearity, bool has_bias, bool input_grad, bool weight_grad) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // CUDA backend only: the recurrent path gru_layer / rnn_layer (their backward with
+  // backward=True) take, as lstm_cuda_path; cell "gru" (reset after), "gru_reset_before",
+  // "rnn_tanh" or "rnn_relu". fastattn.ops.gru/rnn.cuda_recurrent_path.
+  m.def("recurrent_cuda_path(Tensor input, Tensor w_hh, str cell, bool backward=False) -> int");
 }
 
 inline void define_all(torch::Library& m) {

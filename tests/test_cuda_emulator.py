@@ -1,9 +1,9 @@
-"""The CUDA LSTM kernels, run on the CPU under tools/cuda_emu (emu_lstm.h): every op body and
-kernel of csrc/lstm/lstm_cuda.cu, the two cooperative persistent kernels (their split-K block
-product, multi-chunk and many-split plans, 1 and 132 emulated SMs) and the per-step fallback,
-against the float64 reference and against fastattn's CPU kernels. This is what stands between
-a change to those kernels and a GPU run; it builds the emulator (about a minute) and runs every
-case (about a minute)."""
+"""The CUDA recurrent kernels (LSTM, GRU both forms, tanh / relu RNN on one engine), run on the
+CPU under tools/cuda_emu (emu_lstm.h): every op body and kernel of csrc/lstm/lstm_cuda.cu, the
+two cooperative persistent kernels (their split-K block product, multi-chunk and many-split
+plans, 1 and 132 emulated SMs) and the per-step fallback, against the float64 reference and
+against fastattn's CPU kernels. This is what stands between a change to those kernels and a GPU
+run; it builds the emulator (about a minute) and runs every case (a few minutes)."""
 
 import os
 import subprocess
@@ -30,5 +30,10 @@ def test_lstm_cuda_kernels_on_the_emulator():
     report = proc.stdout + proc.stderr[-4000:]
     assert proc.returncode == 0, report
     assert "all emulated LSTM cases passed" in proc.stdout, report
+    # the GRU (both forms) and the RNN (tanh, relu) on the same engine, both paths
+    assert "all emulated GRU/RNN cases passed" in proc.stdout, report
+    for cell in ("gru", "gru_reset_before", "rnn_tanh", "rnn_relu"):
+        assert f"ok  {cell} H=70 multi-chunk B=9 [persistent, 8 SM]" in proc.stdout, report
+        assert f"ok  {cell} [per_step] = fastattn's CPU kernels" in proc.stdout, report
     # the persistent kernels really ran (the runner checks the cooperative launch count)
     assert "[persistent, 132 SM]" in proc.stdout and "multi-chunk" in proc.stdout, report

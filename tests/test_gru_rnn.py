@@ -1361,3 +1361,135 @@ def test_triton_layer_ops_reject_bad_arguments(monkeypatch):
         ops.gru_layer_backward_triton(
             None, h, x, h, w_ih, w_hh, None, ws, 0.0, None, True, False, True, True
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. The cuda backend specifics (skip without a GPU; tools/cuda_emu/run_lstm.py runs the same
+#    kernels on the CPU): the recurrent path query (fastattn.ops.gru/rnn.cuda_recurrent_path),
+#    persistent vs per-step agreement, the layer ops against the CPU kernels in float64 (the same
+#    Philox mask), the automatic choice on CUDA tensors.
+
+_CUDA_CELLS = {
+    "gru": ("gru", True, 3),
+    "gru-textbook": ("gru", False, 3),
+    "rnn-tanh": ("rnn", "tanh", 1),
+    "rnn-relu": ("rnn", "relu", 1),
+}
+
+
+def _cuda_kind_or_skip(kind):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    return kind_device("cuda", kind)
+
+
+def _gated_args(kind, T, B, I, H, D, *, lengths=None, dtype=F64, device="cuda", seed=0):
+    _, _, G = _CUDA_CELLS[kind]
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*s):
+        return (torch.randn(*s, generator=g, dtype=F64) * 0.5).to(device=device, dtype=dtype)
+
+    args = [r(T, B, I), r(D, B, H), r(D, G * H, I), r(D, G * H, H), r(D, G * H), r(D, G * H)]
+    lens = None if lengths is None else torch.tensor(lengths, dtype=torch.int64, device=device)
+    return args, lens
+
+
+def _gated_fwd_bwd(kind, args, lens, p=0.0, seed=None):
+    """X_layer + X_layer_backward with fixed incoming gradients: 2 outputs, 6 grads."""
+    fam, variant, _ = _CUDA_CELLS[kind]
+    ops = torch.ops.fastattn
+    out, h_n, ws = getattr(ops, f"{fam}_layer")(*args, lens, p, seed, variant, True)
+    g = torch.Generator().manual_seed(7)
+    gouts = [torch.randn(t.shape, generator=g, dtype=F64).to(t) for t in (out, h_n)]
+    grads = getattr(ops, f"{fam}_layer_backward")(
+        *gouts, *args[:4], lens, ws, p, seed, variant, True, True, True
+    )
+    return [out, h_n], list(grads)
+
+
+def _path(kind, x, w_hh, backward=False):
+    fam, variant, _ = _CUDA_CELLS[kind]
+    return _recurrent.cuda_recurrent_path(fam, x, w_hh, variant, backward)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    "T,B,H,D,expected",
+    [
+        (5, 4, 32, 1, "persistent"),
+        (5, 64, 512, 2, "persistent"),
+        (5, 33, 37, 2, "persistent"),
+        (5, 64, 4096, 1, "per_step"),  # the W_hh slice no longer fits shared memory
+    ],
+)
+def test_cuda_recurrent_path_query(kind, T, B, H, D, expected, monkeypatch):
+    _cuda_kind_or_skip(kind)
+    G = _CUDA_CELLS[kind][2]
+    x = torch.empty(T, B, 8, device="cuda")
+    w_hh = torch.empty(D, G * H, H, device="cuda")
+    assert _path(kind, x, w_hh) == expected
+    assert _path(kind, x, w_hh, backward=True) == expected
+    if expected == "persistent":
+        assert _path(kind, x, w_hh[0]) == "persistent"
+        monkeypatch.setenv("FASTATTN_LSTM_CUDA_PATH", "per_step")
+        assert _path(kind, x, w_hh) == "per_step"
+        assert _path(kind, x, w_hh, backward=True) == "per_step"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", (F64, torch.float32, torch.bfloat16), ids=("f64", "f32", "bf16"))
+@pytest.mark.parametrize(
+    "D,lengths,p", [(1, None, 0.0), (2, [9, 0, 4, 1, 9], 0.0), (2, [3, 9, 9, 7, 2], 0.3)]
+)
+def test_cuda_persistent_matches_per_step(kind, dtype, D, lengths, p, monkeypatch):
+    _cuda_kind_or_skip(kind)
+    args, lens = _gated_args(kind, 9, 5, 6, 40, D, lengths=lengths, dtype=dtype)
+    seed = torch.tensor([5, 6], dtype=torch.int64, device="cuda") if p else None
+    assert _path(kind, args[0], args[3]) == "persistent"
+    assert _path(kind, args[0], args[3], backward=True) == "persistent"
+    outs_p, grads_p = _gated_fwd_bwd(kind, args, lens, p, seed)
+    monkeypatch.setenv("FASTATTN_LSTM_CUDA_PATH", "per_step")
+    assert _path(kind, args[0], args[3]) == "per_step"
+    outs_s, grads_s = _gated_fwd_bwd(kind, args, lens, p, seed)
+    tol = {F64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 3e-2}[dtype]
+    names = ["output", "h_n"] + [f"grad{i}" for i in range(6)]
+    for name, a, b in zip(names, outs_p + grads_p, outs_s + grads_s):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("path", ("persistent", "per_step"))
+def test_cuda_layer_matches_cpu_kernels_float64(kind, path, monkeypatch):
+    """Every output and gradient of the CUDA layer ops against the CPU ops on the same float64
+    arguments: lengths in any order (0 and T included), both directions, dropout (the same
+    Philox elements dropped)."""
+    _cuda_kind_or_skip(kind)
+    if path == "per_step":
+        monkeypatch.setenv("FASTATTN_LSTM_CUDA_PATH", "per_step")
+    args, lens = _gated_args(kind, 7, 6, 4, 12, 2, lengths=[7, 0, 3, 7, 1, 5])
+    assert _path(kind, args[0], args[3]) == path
+    seed = torch.tensor([123, 4], dtype=torch.int64)
+    outs_g, grads_g = _gated_fwd_bwd(kind, args, lens, 0.4, seed.cuda())
+    cpu_args = [t.cpu() for t in args]
+    outs_c, grads_c = _gated_fwd_bwd(kind, cpu_args, lens.cpu(), 0.4, seed)
+    names = ["output", "h_n"] + [f"grad{i}" for i in range(6)]
+    for name, a, b in zip(names, outs_g + grads_g, outs_c + grads_c):
+        close64(name, a.cpu(), b)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_cuda_backend_runs_the_modules(kind):
+    """fastattn.nn modules on CUDA tensors with backend="cuda": the cuda kernels ran
+    (last_backend), same results as torch (float64)."""
+    _cuda_kind_or_skip(kind)
+    theirs, ours = make_pair(kind, 5, 16, device="cuda", dtype=F64, num_layers=2)
+    if theirs is None:
+        theirs = TextbookGRU(ours)
+    x = torch.randn(6, 3, 5, device="cuda", dtype=F64)
+    with fastattn.use_backend("cuda"):
+        out, h = ours(x)
+    assert fastattn.last_backend(family(kind)) == "cuda"
+    out_t, h_t = theirs(x)
+    close64("output", out, out_t)
+    close64("h_n", h, h_t)

@@ -6,7 +6,8 @@ Both families have one hidden state and G gate blocks per weight matrix (GRU: G 
 r, z, n; RNN: G = 1); their layer ops share one signature, the last argument before
 save_workspace being the cell's variant (`reset_after` for the GRU, `nonlinearity` for the
 RNN), and one engine per backend (csrc/lstm/lstm_cpu_kernel.cpp on the CPU, generic over the
-cell; fastattn/triton/lstm.py's layer driver for the Triton twins X_layer_triton /
+cell; csrc/lstm/lstm_cuda.cu's driver on CUDA, the cell a template parameter of its kernels;
+fastattn/triton/lstm.py's layer driver for the Triton twins X_layer_triton /
 X_layer_backward_triton, same schemas). Op contract, with X = gru or rnn and "variant" that
 argument:
 
@@ -95,6 +96,29 @@ def unsupported_backends(family: str, dtype: torch.dtype = torch.float32) -> dic
         if reason:
             limits[name] = reason
     return limits
+
+
+def cuda_recurrent_path(
+    family: str, input: torch.Tensor, w_hh: torch.Tensor, variant, backward: bool = False
+) -> str:
+    """Which recurrent path the CUDA backend's `family`_layer (`family`_layer_backward with
+    backward=True) takes for one layer (as fastattn.ops.lstm.cuda_recurrent_path): "persistent"
+    (one cooperative kernel for every step and direction, each block keeping its slice of W_hh
+    in shared memory) or "per_step" (cuBLAS + a fused cell kernel per step; two of each per
+    step for the reset-before GRU). input: the layer's time-major (T, B, I) CUDA input (shape,
+    dtype, device only); w_hh (D, G H, H) or (G H, H); variant: reset_after (GRU) or the
+    nonlinearity (RNN)."""
+    reason = limit_reason(family, "cuda", False)
+    if reason:
+        raise RuntimeError(f"cuda_recurrent_path: {reason}")
+    if w_hh.dim() == 2:
+        w_hh = w_hh.unsqueeze(0)
+    if family == "gru":
+        cell = "gru" if variant else "gru_reset_before"
+    else:
+        cell = f"rnn_{variant}"
+    code = torch.ops.fastattn.recurrent_cuda_path(input, w_hh, cell, backward)
+    return "persistent" if code == 0 else "per_step"
 
 
 def check_float(op: str, name: str, t, dtype: torch.dtype | None = None) -> None:

@@ -3,7 +3,9 @@ autograd and fake implementations are in fastattn/ops/_recurrent.py, whose docst
 op contract of fastattn::gru_layer / gru_layer_backward).
 
 Backends: "cpu" runs the native layer ops (csrc/gru/gru_cpu.cpp on the recurrent engine of
-csrc/lstm, generic over the cell), "triton" the same ops suffixed _triton
+csrc/lstm, generic over the cell), "cuda" the same ops' CUDA bodies (csrc/lstm/lstm_cuda.cu:
+the LSTM's CUDA engine, persistent cooperative kernel or per-step fallback, generic over the
+cell; `cuda_recurrent_path` says which path a layer takes), "triton" the same ops suffixed _triton
 (fastattn/triton/gru.py on the LSTM's Triton engine, generic over the cell), "reference" runs
 fastattn/reference/gru.py under torch autograd. A backend without GRU kernels is reported by
 `unsupported_backends` and refused with its reason when asked for explicitly. `gru_cell` runs
@@ -23,6 +25,15 @@ from . import _recurrent
 def unsupported_backends(dtype: torch.dtype = torch.float32) -> dict[str, str]:
     """Backend -> why it cannot run the GRU ops on `dtype` here; the backends not named can."""
     return _recurrent.unsupported_backends("gru", dtype)
+
+
+def cuda_recurrent_path(
+    input: torch.Tensor, w_hh: torch.Tensor, *, reset_after: bool = True, backward: bool = False
+) -> str:
+    """Which recurrent path the CUDA backend takes for one GRU layer: "persistent" or
+    "per_step" (see fastattn.ops.lstm.cuda_recurrent_path; the reset-before form runs two
+    phases per step on either path). input: (T, B, I) CUDA; w_hh: (D, 3H, H) or (3H, H)."""
+    return _recurrent.cuda_recurrent_path("gru", input, w_hh, reset_after, backward)
 
 
 def _check_reset_after(op: str, reset_after) -> bool:

@@ -3,7 +3,9 @@ checks, autograd and fake implementations are in fastattn/ops/_recurrent.py, who
 holds the op contract of fastattn::rnn_layer / rnn_layer_backward).
 
 Backends: "cpu" runs the native layer ops (csrc/rnn/rnn_cpu.cpp on the recurrent engine of
-csrc/lstm, generic over the cell), "triton" the same ops suffixed _triton
+csrc/lstm, generic over the cell), "cuda" their CUDA bodies (csrc/lstm/lstm_cuda.cu, the
+LSTM's CUDA engine; `cuda_recurrent_path` says which path a layer takes), "triton" the same ops
+suffixed _triton
 (fastattn/triton/rnn.py on the LSTM's Triton engine), "reference" runs
 fastattn/reference/rnn.py.
 """
@@ -21,6 +23,16 @@ from . import _recurrent
 def unsupported_backends(dtype: torch.dtype = torch.float32) -> dict[str, str]:
     """Backend -> why it cannot run the RNN ops on `dtype` here; the backends not named can."""
     return _recurrent.unsupported_backends("rnn", dtype)
+
+
+def cuda_recurrent_path(
+    input: torch.Tensor, w_hh: torch.Tensor, *, nonlinearity: str = "tanh", backward: bool = False
+) -> str:
+    """Which recurrent path the CUDA backend takes for one RNN layer: "persistent" or
+    "per_step" (see fastattn.ops.lstm.cuda_recurrent_path). input: (T, B, I) CUDA; w_hh:
+    (D, H, H) or (H, H)."""
+    _check_nonlinearity("cuda_recurrent_path", nonlinearity)
+    return _recurrent.cuda_recurrent_path("rnn", input, w_hh, nonlinearity, backward)
 
 
 def _check_nonlinearity(op: str, nonlinearity) -> str:

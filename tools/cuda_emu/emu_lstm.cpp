@@ -1,5 +1,5 @@
 // csrc/lstm/lstm_cuda.cu compiled for the CPU (see emu_lstm.h): the CUDA op bodies registered as
-// CPU kernels of torch.ops.fastattn_emu.lstm_* (the schemas of fastattn::lstm_*, from
+// CPU kernels of torch.ops.fastattn_emu.{lstm,gru,rnn}_* (the schemas of fastattn::*, from
 // csrc/op_schemas.h), plus the emulated device's configuration. Driven by
 // tools/cuda_emu/run_lstm.py.
 #include "emu_lstm.h"
@@ -18,7 +18,10 @@ std::atomic<bool>& poison_flag() {
 
 // The same schemas as fastattn::lstm_* (csrc/op_schemas.h), under another library name so that
 // the emulated ops sit next to the real ones.
-TORCH_LIBRARY(fastattn_emu, m) { fastattn::schemas::define_lstm(m); }
+TORCH_LIBRARY(fastattn_emu, m) {
+  fastattn::schemas::define_lstm(m);
+  fastattn::schemas::define_gru_rnn(m);
+}
 
 TORCH_LIBRARY_IMPL(fastattn_emu, CPU, m) {
   m.impl("lstm_cell", &fastattn::lstm::lstm_cell_cuda);
@@ -26,6 +29,11 @@ TORCH_LIBRARY_IMPL(fastattn_emu, CPU, m) {
   m.impl("lstm_layer", &fastattn::lstm::lstm_layer_cuda);
   m.impl("lstm_layer_backward", &fastattn::lstm::lstm_layer_backward_cuda);
   m.impl("lstm_cuda_path", &fastattn::lstm::lstm_cuda_path);
+  m.impl("gru_layer", &fastattn::lstm::gru_layer_cuda);
+  m.impl("gru_layer_backward", &fastattn::lstm::gru_layer_backward_cuda);
+  m.impl("rnn_layer", &fastattn::lstm::rnn_layer_cuda);
+  m.impl("rnn_layer_backward", &fastattn::lstm::rnn_layer_backward_cuda);
+  m.impl("recurrent_cuda_path", &fastattn::lstm::recurrent_cuda_path);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

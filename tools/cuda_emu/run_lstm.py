@@ -4,6 +4,10 @@ and compares them with the float64 PyTorch reference (fastattn/reference/lstm.py
     flock /tmp/fastattn-build.lock /work/main/.venv/bin/python tools/cuda_emu/run_lstm.py --build
     PYTHONPATH=. /work/main/.venv/bin/python tools/cuda_emu/run_lstm.py [--only SUBSTRING]
 
+The GRU (both reset placements) and the Elman RNN (tanh, relu) run on the same engine
+(gru_layer / rnn_layer, the cell a template parameter of the kernels): gated_case below, the
+same paths and devices, and against fastattn's CPU kernels.
+
 Each case runs lstm_layer forward + backward (all four outputs and all seven gradients) on the
 emulated device under a given recurrent path (persistent: the cooperative kernel, checked to
 have been launched; per_step: FASTATTN_LSTM_CUDA_PATH=per_step), and lstm_cell forward +
@@ -24,7 +28,9 @@ from torch.utils.cpp_extension import load
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from fastattn.reference import gru as ref_gru  # noqa: E402
 from fastattn.reference import lstm as ref  # noqa: E402
+from fastattn.reference import rnn as ref_rnn  # noqa: E402
 
 BUILD = os.environ.get("CUDA_EMU_BUILD", "/tmp/fastattn_cuda_emu_lstm")
 
@@ -126,6 +132,129 @@ def layer_case(emu, name, T, B, I, H, D, proj, lengths, p, dtype, path, tol):
     return worst
 
 
+# family, variant, gate count, workspace extra columns, recurrent_cuda_path's cell name
+GATED = {
+    "gru": ("gru", True, 3, "gru"),
+    "gru_reset_before": ("gru", False, 3, "gru_reset_before"),
+    "rnn_tanh": ("rnn", "tanh", 1, "rnn_tanh"),
+    "rnn_relu": ("rnn", "relu", 1, "rnn_relu"),
+}
+
+
+def gated_case(emu, name, cell, T, B, I, H, D, lengths, p, dtype, path, tol, bias=True):
+    """gru_layer / rnn_layer forward + backward on the emulated device against the float64
+    reference: output, h_n and every gradient (both bias gradients apart)."""
+    family, variant, G, path_cell = GATED[cell]
+    torch.manual_seed(hash(name) % 2**31)
+    mk = lambda *s: torch.randn(*s, dtype=torch.float64) * 0.5  # noqa: E731
+    x, h0 = mk(T, B, I), mk(D, B, H)
+    w_ih, w_hh = mk(D, G * H, I), mk(D, G * H, H)
+    b_ih, b_hh = (mk(D, G * H), mk(D, G * H)) if bias else (None, None)
+    if cell == "rnn_relu":  # keep the relu's kinks away from the rounding of the inputs
+        x = x.abs() + 0.1
+    lens = torch.tensor(lengths, dtype=torch.int64) if lengths is not None else None
+    seed = torch.tensor([1234, 5], dtype=torch.int64) if p > 0 else None
+    args = [x, h0, w_ih, w_hh, b_ih, b_hh]
+    ref_in = [
+        t.to(dtype).double().clone().requires_grad_() if t is not None else None for t in args
+    ]
+    reference = ref_gru.gru_layer if family == "gru" else ref_rnn.rnn_layer
+    out_r, hn_r = reference(*ref_in, lens, p, seed, variant)
+    g_out, g_hn = torch.randn_like(out_r), torch.randn_like(hn_r)
+    torch.autograd.backward([out_r, hn_r], [g_out, g_hn])
+    if path == "per_step":
+        os.environ["FASTATTN_LSTM_CUDA_PATH"] = "per_step"
+    else:
+        os.environ.pop("FASTATTN_LSTM_CUDA_PATH", None)
+    lo = [t.to(dtype) if t is not None else None for t in args]
+    want = 0 if path == "persistent" else 1
+    for backward in (False, True):
+        got = torch.ops.fastattn_emu.recurrent_cuda_path(lo[0], lo[3], path_cell, backward)
+        assert got == want, f"{name}: recurrent_cuda_path({backward=}) {got}, expected {want}"
+    launches = (1, 2) if path == "persistent" else (0, 0)
+    ops = torch.ops.fastattn_emu
+    layer = getattr(ops, f"{family}_layer")
+    layer_backward = getattr(ops, f"{family}_layer_backward")
+    coop0 = emu.cooperative_launches()
+    out, hn, ws = layer(*lo, lens, p, seed, variant, True)
+    assert emu.cooperative_launches() - coop0 == launches[0], f"{name}: wrong path ran"
+    grads = layer_backward(
+        g_out.to(dtype), g_hn.to(dtype), *lo[:4], lens, ws, p, seed, variant, bias, True, True
+    )
+    assert emu.cooperative_launches() - coop0 == launches[1], f"{name}: wrong backward path ran"
+    gi, gh0, gwih, gwhh, gbih, gbhh = grads
+    checks = [
+        ("output", out, out_r),
+        ("h_n", hn, hn_r),
+        ("grad_input", gi, ref_in[0].grad),
+        ("grad_h0", gh0, ref_in[1].grad),
+        ("grad_w_ih", gwih, ref_in[2].grad),
+        ("grad_w_hh", gwhh, ref_in[3].grad),
+    ]
+    if bias:
+        checks += [("grad_b_ih", gbih, ref_in[4].grad), ("grad_b_hh", gbhh, ref_in[5].grad)]
+    worst = 0.0
+    for label, got, exp in checks:
+        assert got.shape == exp.shape, (
+            f"{name}: {label} shape {tuple(got.shape)} != {tuple(exp.shape)}"
+        )
+        assert not torch.isnan(got).any(), f"{name}: {label} has NaN (an unwritten element)"
+        e = rel_err(got, exp)
+        worst = max(worst, e)
+        assert e <= tol, f"{name}: {label} relative error {e:.3g} > {tol}"
+    return worst
+
+
+def gated_cases(emu, only, TOL):
+    """The GRU and RNN cells on the engine: every cell x both paths x 132 / 1 / 8 SMs (U = 1,
+    grown U, multi-chunk), lengths with 0 and T, dropout, bias on/off, every dtype."""
+    base = dict(T=5, B=3, I=4, H=8, D=2, p=0.0, dtype=torch.float64)
+    cases = [
+        ("bidir lengths", dict(base, lengths=[5, 0, 2])),
+        ("bidir dropout", dict(base, lengths=None, p=0.3)),
+        ("H=7 B=5 lengths", dict(base, H=7, B=5, lengths=[5, 3, 1, 0, 4])),
+        ("no bias", dict(base, D=1, lengths=[2, 5, 4], bias=False)),
+        ("T=1", dict(base, T=1, lengths=None)),
+        (
+            "H=70 multi-chunk B=9",
+            dict(
+                base,
+                T=3,
+                B=9,
+                H=70,
+                lengths=[3, 1, 0, 2, 3, 3, 1, 2, 3],
+                p=0.1,
+                sms=(8,),
+                smem=91700,
+            ),
+        ),
+        ("B=1 many splits", dict(base, T=4, B=1, H=40, lengths=None)),
+        # more rows than kPersistMaxOut per thread: fewer K splits, several rows per thread
+        ("B=40 few splits", dict(base, T=3, B=40, H=24, D=1, lengths=None)),
+    ]
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        cases.append((f"{dt}", dict(base, lengths=[5, 4, 2], p=0.2, dtype=dt)))
+    for cell in GATED:
+        for name, kw in cases:
+            label0 = f"{cell} {name}"
+            if only and only not in label0:
+                continue
+            kw = dict(kw)
+            dtype = kw["dtype"]
+            sms_list = kw.pop("sms", (132, 1))
+            smem = kw.pop("smem", 227 * 1024)
+            for path in ("persistent", "per_step"):
+                for sms in sms_list if path == "persistent" else sms_list[:1]:
+                    emu.set_device(sms, smem, 1)
+                    label = f"{label0} [{path}, {sms} SM]"
+                    t0 = time.time()
+                    err = gated_case(emu, label, cell, path=path, tol=TOL[dtype], **kw)
+                    took = time.time() - t0
+                    print(f"ok  {label}: max rel err {err:.2e} ({took:.1f}s)", flush=True)
+    emu.set_device(132, 227 * 1024, 1)
+    os.environ.pop("FASTATTN_LSTM_CUDA_PATH", None)
+
+
 def cell_case(emu, name, B, I, H, dtype, bias, tol):
     torch.manual_seed(hash(name) % 2**31)
     mk = lambda *s: torch.randn(*s, dtype=torch.float64) * 0.5  # noqa: E731
@@ -168,10 +297,15 @@ def main():
     emu = build()
     if a.build:
         return
+    TOL = {torch.float64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}
     if a.only == "cpu":
         against_cpu_kernels()
         return
-    TOL = {torch.float64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}
+    if a.only.startswith(("gru", "rnn")):
+        gated_cases(emu, a.only, TOL)
+        gated_against_cpu_kernels()
+        print("all emulated GRU/RNN cases passed")
+        return
     cases = []
     for dt in (torch.float64, torch.float32, torch.bfloat16, torch.float16):
         cases.append(
@@ -315,6 +449,9 @@ def main():
         print(f"ok  cell B={B} ({'fused' if B <= 8 else 'GEMM'}): all dtypes", flush=True)
     against_cpu_kernels()
     print("all emulated LSTM cases passed")
+    gated_cases(emu, a.only, TOL)
+    gated_against_cpu_kernels()
+    print("all emulated GRU/RNN cases passed")
 
 
 def against_cpu_kernels():
@@ -363,6 +500,46 @@ def against_cpu_kernels():
                     a, b, rtol=1e-9, atol=1e-10, msg=lambda m: f"proj={proj} {path} output {i}: {m}"
                 )
             print(f"ok  proj={proj} [{path}] = fastattn's CPU kernels (float64, dropout, lengths)")
+    os.environ.pop("FASTATTN_LSTM_CUDA_PATH", None)
+
+
+def gated_against_cpu_kernels():
+    """The emulated CUDA gru_layer / rnn_layer against fastattn's CPU ops (float64, lengths
+    with 0 and T, both directions, dropout, both paths): outputs and gradients to rounding."""
+    try:
+        import fastattn  # noqa: F401
+
+        _ = torch.ops.fastattn.gru_layer
+    except (ImportError, AttributeError, RuntimeError) as e:
+        print(f"skip against the CPU kernels: {e}")
+        return
+    g = torch.Generator().manual_seed(5)
+    T, B, I, H, D = 7, 6, 4, 12, 2
+    lens = torch.tensor([7, 0, 3, 7, 1, 5])
+    seed = torch.tensor([123, 4])
+    for cell, (family, variant, G, _) in GATED.items():
+        r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64) * 0.5  # noqa: E731
+        args = [r(T, B, I), r(D, B, H), r(D, G * H, I), r(D, G * H, H), r(D, G * H), r(D, G * H)]
+        gouts = [r(T, B, D * H), r(D, B, H)]
+        for path in ("persistent", "per_step"):
+            if path == "per_step":
+                os.environ["FASTATTN_LSTM_CUDA_PATH"] = "per_step"
+            else:
+                os.environ.pop("FASTATTN_LSTM_CUDA_PATH", None)
+            res = []
+            for ops in (torch.ops.fastattn_emu, torch.ops.fastattn):
+                layer = getattr(ops, f"{family}_layer")
+                backward = getattr(ops, f"{family}_layer_backward")
+                out = layer(*args, lens, 0.4, seed, variant, True)
+                grads = backward(
+                    *gouts, *args[:4], lens, out[2], 0.4, seed, variant, True, True, True
+                )
+                res.append(list(out[:2]) + list(grads))
+            for i, (a, b) in enumerate(zip(*res)):
+                torch.testing.assert_close(
+                    a, b, rtol=1e-9, atol=1e-10, msg=lambda m: f"{cell} {path} output {i}: {m}"
+                )
+            print(f"ok  {cell} [{path}] = fastattn's CPU kernels (float64, dropout, lengths)")
     os.environ.pop("FASTATTN_LSTM_CUDA_PATH", None)
 
 
