@@ -248,6 +248,32 @@ inline std::pair<int64_t, int64_t> visible_query_blocks(const Geometry& g, int64
   return {i_lo / kBlockQ, i_hi / kBlockQ + 1};
 }
 
+// Packed operand blocks of one head, kept across the tasks of a thread: the forward tasks of a
+// head walk the same key blocks, so each block is packed on first use instead of once per
+// query block.
+struct PackedBlocks {
+  const void* head = nullptr;  // base pointer of the head the blocks belong to
+  int64_t block_words = 0;
+  std::vector<uint32_t> words;
+  std::vector<bool> ready;
+  // The slot of block kb, or nullptr when caching would hold too much (long sequences).
+  uint32_t* slot(const void* base, int64_t kb, bool& fresh) {
+    static constexpr int64_t kMaxBlocks = 256;  // 16K keys
+    if (kb >= kMaxBlocks) return nullptr;
+    if (base != head) {
+      head = base;
+      ready.assign(ready.size(), false);
+    }
+    if (kb >= static_cast<int64_t>(ready.size())) {
+      ready.resize(kb + 1, false);
+      words.resize((kb + 1) * block_words);
+    }
+    fresh = !ready[kb];
+    ready[kb] = true;
+    return words.data() + kb * block_words;
+  }
+};
+
 // ---------------------------------------------------------------------------------------------
 // Operand policies: how the five tile products are computed. FloatTiles runs them on float
 // (double) tiles with the FMA micro-kernel; Bf16Tiles, for bfloat16 storage on CPUs with
@@ -478,28 +504,7 @@ struct AmxTiles {
   int64_t ldq = 0, lddo = 0;
   // The forward tasks of one head walk the same key blocks: each block's packed K^T and V are
   // kept (packed on first use) instead of being packed again for every query block.
-  struct PackedBlocks {
-    const void* head = nullptr;  // base pointer of the head the blocks belong to
-    int64_t block_words = 0;
-    std::vector<uint32_t> words;
-    std::vector<bool> ready;
-    // The slot of block kb, or nullptr when caching would hold too much (long sequences).
-    uint32_t* slot(const void* base, int64_t kb, bool& fresh) {
-      static constexpr int64_t kMaxBlocks = 256;  // 16K keys
-      if (kb >= kMaxBlocks) return nullptr;
-      if (base != head) {
-        head = base;
-        ready.assign(ready.size(), false);
-      }
-      if (kb >= static_cast<int64_t>(ready.size())) {
-        ready.resize(kb + 1, false);
-        words.resize((kb + 1) * block_words);
-      }
-      fresh = !ready[kb];
-      ready[kb] = true;
-      return words.data() + kb * block_words;
-    }
-  } k_blocks, v_blocks, qT_blocks, doT_blocks;
+  PackedBlocks k_blocks, v_blocks, qT_blocks, doT_blocks;
   const uint32_t *kB_cur = nullptr, *vA_cur = nullptr, *qT_cur = nullptr, *doT_cur = nullptr;
 
   AmxTiles(int64_t D_, int64_t Dv_)
@@ -768,6 +773,41 @@ void prefetch_paged_rows(const AttentionProblem& p, const T* pool, const Strides
   }
 }
 
+// Merges the kv splits of a forward: out = sum_s exp(lse_s - lse) out_s, lse = log sum_s
+// exp(lse_s), from part_o (splits x rows x Dv) and part_lse (splits x rows), rows (b, h, i).
+template <typename T, typename acc>
+void merge_splits(const AttentionForwardParams& fp, const std::vector<acc>& part_o,
+                  const std::vector<acc>& part_lse, int64_t splits, int64_t rows) {
+  const AttentionProblem& p = fp.p;
+  const int64_t Dv = p.Dv;
+  T* O = static_cast<T*>(fp.out);
+  acc* LSE = static_cast<acc*>(fp.lse);
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    std::vector<acc> o(Dv);
+    for (int64_t row_id = begin; row_id < end; ++row_id) {
+      const int64_t i = row_id % p.Lq, bh = row_id / p.Lq, b = bh / p.Hq, h = bh % p.Hq;
+      const Geometry g = geometry(p, b);
+      if (i >= g.Lq) continue;
+      acc mx = neg_inf<acc>();
+      for (int64_t sp = 0; sp < splits; ++sp) mx = std::max(mx, part_lse[sp * rows + row_id]);
+      std::fill(o.begin(), o.end(), acc(0));
+      acc lse = neg_inf<acc>();
+      if (mx != neg_inf<acc>()) {
+        acc sum = 0;
+        for (int64_t sp = 0; sp < splits; ++sp) sum += std::exp(part_lse[sp * rows + row_id] - mx);
+        lse = mx + std::log(sum);
+        for (int64_t sp = 0; sp < splits; ++sp) {
+          const acc w = std::exp(part_lse[sp * rows + row_id] - lse);
+          const acc* po = part_o.data() + (sp * rows + row_id) * Dv;
+          for (int64_t d = 0; d < Dv; ++d) o[d] += w * po[d];
+        }
+      }
+      LSE[lse_offset(p, g, b, h) + i] = lse;
+      store_row<T>(o.data(), O + b * fp.out_s.b + h * fp.out_s.h + (g.q_row0 + i) * fp.out_s.l, Dv);
+    }
+  });
+}
+
 template <typename T, typename Tiles>
 void forward_impl(const AttentionForwardParams& fp) {
   using acc = typename Tiles::acc;
@@ -869,57 +909,211 @@ void forward_impl(const AttentionForwardParams& fp) {
       }
     }
   });
-  if (splits == 1) return;
-  // Merge: out = sum_s exp(lse_s - lse) out_s, lse = log sum_s exp(lse_s).
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-    std::vector<acc> o(Dv);
-    for (int64_t row_id = begin; row_id < end; ++row_id) {
-      const int64_t i = row_id % p.Lq, bh = row_id / p.Lq, b = bh / p.Hq, h = bh % p.Hq;
-      const Geometry g = geometry(p, b);
-      if (i >= g.Lq) continue;
-      acc mx = neg_inf<acc>();
-      for (int64_t sp = 0; sp < splits; ++sp) mx = std::max(mx, part_lse[sp * rows + row_id]);
-      std::fill(o.begin(), o.end(), acc(0));
-      acc lse = neg_inf<acc>();
-      if (mx != neg_inf<acc>()) {
-        acc sum = 0;
-        for (int64_t sp = 0; sp < splits; ++sp) sum += std::exp(part_lse[sp * rows + row_id] - mx);
-        lse = mx + std::log(sum);
-        for (int64_t sp = 0; sp < splits; ++sp) {
-          const acc w = std::exp(part_lse[sp * rows + row_id] - lse);
-          const acc* po = part_o.data() + (sp * rows + row_id) * Dv;
-          for (int64_t d = 0; d < Dv; ++d) o[d] += w * po[d];
-        }
-      }
-      LSE[lse_offset(p, g, b, h) + i] = lse;
-      store_row<T>(o.data(), O + b * fp.out_s.b + h * fp.out_s.h + (g.q_row0 + i) * fp.out_s.l, Dv);
-    }
-  });
+  if (splits > 1) merge_splits<T, acc>(fp, part_o, part_lse, splits, rows);
 }
 
-template <typename T, typename Tiles>
-void backward_impl(const AttentionBackwardParams& bp) {
-  using acc = typename Tiles::acc;
-  const AttentionProblem& p = bp.p;
-  const int64_t D = p.D, Dv = p.Dv;
-  const int64_t group = p.Hq / p.Hkv;
+#if defined(__AVX512BF16__)
+// The forward of bfloat16 attention without a score pipeline (no mask, padding, ALiBi,
+// softcap or dropout, no paged cache; the causal / window band is fine), for AVX512-BF16
+// without AMX. It runs transposed: S^T = K Q^T (keys x queries) puts the kBlockQ queries of a
+// task in the vector lanes, so the online softmax goes down the key rows with vertical max and
+// sum (no horizontal reductions or scalar work per row); the scale and log2(e) fold into the
+// FMA that forms the exponent; the exponential's results are rounded to bfloat16 and
+// interleaved into P^T's pair layout in the same pass (P never goes to memory in float); and
+// O^T += V^T P^T keeps O transposed, so its rescale is one vector product per row of O^T.
+// Packed K^T and V blocks are kept per head (PackedBlocks). Same operand rounding (P to
+// bfloat16) and float accumulation as Bf16Tiles.
+// The band on a transposed score tile sT (keys [j0, j0 + N) x queries [i0, i0 + M), row stride
+// kBlockQ): key j is visible to query i iff i + lo <= j <= i + hi, the rest becomes -inf.
+// Tiles wholly inside the band (the common case) return at once.
+inline void hide_outside_band_transposed(float* sT, const Geometry& g, int64_t i0, int64_t M,
+                                         int64_t j0, int64_t N) {
+  if (i0 + M - 1 + g.lo <= j0 && j0 + N - 1 <= i0 + g.hi) return;
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t j = j0 + n;  // visible queries: i0 + m in [j - hi, j - lo]
+    const __m512i first =
+        _mm512_set1_epi32(static_cast<int>(std::clamp<int64_t>(j - g.hi - i0, -1, kBlockQ + 1)));
+    const __m512i last =
+        _mm512_set1_epi32(static_cast<int>(std::clamp<int64_t>(j - g.lo - i0, -1, kBlockQ + 1)));
+    float* row = sT + n * kBlockQ;
+    for (int c = 0; c < kBlockQ / 16; ++c) {
+      const __m512i idx = _mm512_add_epi32(lane, _mm512_set1_epi32(16 * c));
+      const __mmask16 hidden =
+          _mm512_cmplt_epi32_mask(idx, first) | _mm512_cmpgt_epi32_mask(idx, last);
+      _mm512_mask_storeu_ps(row + 16 * c, hidden, ninf);
+    }
+  }
+}
+
+inline bool plain_bf16_forward_fits(const AttentionProblem& p) {
+  return p.mask_kind == MaskKind::none && p.key_padding == nullptr && p.alibi == nullptr &&
+         p.softcap <= 0.0 && p.dropout_p <= 0.0 && p.block_table == nullptr && p.scale > 0.0;
+}
+
+void plain_bf16_forward(const AttentionForwardParams& fp) {
+  using T = c10::BFloat16;
+  static_assert(kBlockQ == 64, "the softmax below holds kBlockQ / 16 = 4 vectors of queries");
+  const AttentionProblem& p = fp.p;
+  const int64_t q_blocks = (p.Lq + kBlockQ - 1) / kBlockQ;
   const int64_t k_blocks = (p.Lk + kBlockK - 1) / kBlockK;
+  const int64_t splits = std::clamp<int64_t>(p.kv_splits, 1, std::max<int64_t>(k_blocks, 1));
+  const int64_t blocks_per_split = (k_blocks + splits - 1) / splits;
+  const int64_t group = p.Hq / p.Hkv;
   const T* Q = static_cast<const T*>(p.q);
   const T* K = static_cast<const T*>(p.k);
   const T* V = static_cast<const T*>(p.v);
+  T* O = static_cast<T*>(fp.out);
+  float* LSE = static_cast<float*>(fp.lse);
+  const int64_t D = p.D, Dv = p.Dv, D2 = (p.D + 1) / 2;
+  const int64_t rows = p.B * p.Hq * p.Lq;
+  std::vector<float> part_o(splits > 1 ? splits * rows * Dv : 0),
+      part_lse(splits > 1 ? splits * rows : 0);
+  const int64_t tasks = p.B * p.Hq * q_blocks * splits;
+  // Scores in log2 units: t = s * scale * log2(e) (scale > 0, so maxima commute with it).
+  const float to_log2 = static_cast<float>(p.scale * 1.4426950408889634);
+  const auto bits = [](const T* x) { return reinterpret_cast<const uint16_t*>(x); };
+
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<uint32_t> pairs(std::max(kBlockQ, kBlockK) * D2), qT(D2 * kBlockQ),
+        k_scratch(D2 * kBlockK), v_scratch(kBlockK / 2 * Dv), pT(kBlockK / 2 * kBlockQ);
+    std::vector<float> sT(kBlockK * kBlockQ), oT(Dv * kBlockQ), o(kBlockQ * Dv);
+    PackedBlocks k_cache, v_cache;
+    k_cache.block_words = D2 * kBlockK;
+    v_cache.block_words = kBlockK / 2 * Dv;
+    alignas(64) float m_out[kBlockQ], l_out[kBlockQ];
+    alignas(64) static constexpr uint16_t kInterleave[32] = {
+        0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+        8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i interleave = _mm512_load_si512(kInterleave);
+    const __m512 vlog2 = _mm512_set1_ps(to_log2);
+    const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t split = task % splits, rest = task / splits;
+      const int64_t qb = rest % q_blocks, bh = rest / q_blocks;
+      const int64_t b = bh / p.Hq, h = bh % p.Hq, hk = h / group;
+      const Geometry g = geometry(p, b);
+      const int64_t i0 = qb * kBlockQ, M = std::min(kBlockQ, g.Lq - i0);
+      if (M <= 0) continue;  // a shorter sequence of a varlen batch
+      const T* k_base = K + b * p.k_s.b + hk * p.k_s.h + g.k_row0 * p.k_s.l;
+      const T* v_base = V + b * p.v_s.b + hk * p.v_s.h + g.k_row0 * p.v_s.l;
+      // Q^T as pairs along D, k-major (the B operand of K Q^T): qT[kk * kBlockQ + m].
+      const uint16_t* q_rows = bits(Q + b * p.q_s.b + h * p.q_s.h + (g.q_row0 + i0) * p.q_s.l);
+      pair_columns(q_rows, p.q_s.l, M, D, pairs.data(), D2);
+      transpose_words(pairs.data(), D2, qT.data(), kBlockQ, M, D2);
+      std::fill(oT.begin(), oT.end(), 0.0f);
+      __m512 m[4], l[4];  // running max (log2 units) and sum of the 16 queries of each vector
+      for (int c = 0; c < 4; ++c) {
+        m[c] = ninf;
+        l[c] = _mm512_setzero_ps();
+      }
+      auto [kb_first, kb_last] = visible_key_blocks(g, i0, M);
+      kb_first = std::max(kb_first, split * blocks_per_split);
+      kb_last = std::min(kb_last, (split + 1) * blocks_per_split);
+      for (int64_t kb = kb_first; kb < kb_last; ++kb) {
+        const int64_t j0 = kb * kBlockK, N = std::min(kBlockK, g.Lk - j0);
+        bool fresh = true;
+        uint32_t* kT = k_cache.slot(k_base, kb, fresh);
+        if (kT == nullptr) kT = k_scratch.data();
+        if (fresh) {  // K as pairs along D, k-major (the A operand): kT[kk * kBlockK + n]
+          pair_columns(bits(k_base + j0 * p.k_s.l), p.k_s.l, N, D, pairs.data(), D2);
+          transpose_words(pairs.data(), D2, kT, kBlockK, N, D2);
+        }
+        // S^T (N x M, row stride kBlockQ) = K Q^T, unscaled.
+        gemm_bf16(N, M, D2, 1.0f, kT, kBlockK, qT.data(), kBlockQ, sT.data(), kBlockQ, false);
+        hide_outside_band_transposed(sT.data(), g, i0, M, j0, N);
+        // Online softmax down the key rows. Lanes of queries past M hold finite leftovers and
+        // are never stored.
+        __m512 mx[4] = {ninf, ninf, ninf, ninf};
+        for (int64_t n = 0; n < N; ++n) {
+          const float* row = sT.data() + n * kBlockQ;
+          for (int c = 0; c < 4; ++c) mx[c] = _mm512_max_ps(mx[c], _mm512_loadu_ps(row + 16 * c));
+        }
+        __m512 shift[4], alpha[4], sum[4];
+        __mmask16 rescale = 0;
+        for (int c = 0; c < 4; ++c) {
+          const __m512 m_new = _mm512_max_ps(m[c], _mm512_mul_ps(mx[c], vlog2));
+          // Queries with nothing visible yet: shift 0, so exp2(-inf - 0) = 0, not NaN.
+          const __mmask16 none = _mm512_cmp_ps_mask(m_new, ninf, _CMP_EQ_OQ);
+          shift[c] = _mm512_mask_mov_ps(m_new, none, _mm512_setzero_ps());
+          const __mmask16 same = _mm512_cmp_ps_mask(m[c], m_new, _CMP_EQ_OQ);
+          alpha[c] = _mm512_mask_mov_ps(exp2_approx(_mm512_sub_ps(m[c], shift[c])), same,
+                                        _mm512_set1_ps(1.0f));
+          rescale |= static_cast<__mmask16>(~same);
+          m[c] = m_new;
+          sum[c] = _mm512_setzero_ps();
+        }
+        // P^T rows 2kk, 2kk + 1 -> pT[kk * kBlockQ + m] = (P[m][2kk], P[m][2kk + 1]).
+        for (int64_t kk = 0; kk < (N + 1) / 2; ++kk) {
+          const float* r0 = sT.data() + 2 * kk * kBlockQ;
+          const bool has1 = 2 * kk + 1 < N;
+          for (int c = 0; c < 4; ++c) {
+            const __m512 e0 =
+                exp2_for_bf16(_mm512_fmsub_ps(_mm512_loadu_ps(r0 + 16 * c), vlog2, shift[c]));
+            const __m512 e1 = has1 ? exp2_for_bf16(_mm512_fmsub_ps(
+                                         _mm512_loadu_ps(r0 + kBlockQ + 16 * c), vlog2, shift[c]))
+                                   : _mm512_setzero_ps();
+            sum[c] = _mm512_add_ps(sum[c], _mm512_add_ps(e0, e1));
+            const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(e1, e0);
+            _mm512_storeu_si512(pT.data() + kk * kBlockQ + 16 * c,
+                                _mm512_permutexvar_epi16(interleave, both));
+          }
+        }
+        for (int c = 0; c < 4; ++c) l[c] = _mm512_fmadd_ps(l[c], alpha[c], sum[c]);
+        if (rescale != 0) {
+          for (int64_t d = 0; d < Dv; ++d) {
+            float* od = oT.data() + d * kBlockQ;
+            for (int c = 0; c < 4; ++c)
+              _mm512_storeu_ps(od + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(od + 16 * c), alpha[c]));
+          }
+        }
+        uint32_t* vp = v_cache.slot(v_base, kb, fresh);
+        if (vp == nullptr) vp = v_scratch.data();
+        if (fresh) pair_rows(bits(v_base + j0 * p.v_s.l), p.v_s.l, N, Dv, vp, Dv);
+        // O^T (Dv x M) += V^T P^T: A = V in pairs of rows (k-major over Dv), B = pT.
+        gemm_bf16(Dv, M, (N + 1) / 2, 1.0f, vp, Dv, pT.data(), kBlockQ, oT.data(), kBlockQ, true);
+      }
+      for (int c = 0; c < 4; ++c) {
+        _mm512_store_ps(m_out + 16 * c, m[c]);
+        _mm512_store_ps(l_out + 16 * c, l[c]);
+      }
+      transpose(oT.data(), kBlockQ, o.data(), Dv, Dv, M);  // o[r * Dv + d] = oT[d][r]
+      for (int64_t r = 0; r < M; ++r) {
+        float* orow = o.data() + r * Dv;
+        float lse;
+        if (l_out[r] > 0.0f) {
+          const float inv = 1.0f / l_out[r];
+          for (int64_t d = 0; d < Dv; ++d) orow[d] *= inv;
+          lse = m_out[r] * 0.6931471805599453f + std::log(l_out[r]);
+        } else {  // no visible key: output 0, lse -inf
+          std::fill(orow, orow + Dv, 0.0f);
+          lse = neg_inf<float>();
+        }
+        if (splits > 1) {
+          const int64_t row_id = (b * p.Hq + h) * p.Lq + i0 + r;
+          std::copy(orow, orow + Dv, part_o.data() + (split * rows + row_id) * Dv);
+          part_lse[split * rows + row_id] = lse;
+        } else {
+          LSE[lse_offset(p, g, b, h) + i0 + r] = lse;
+          store_row<T>(orow, O + b * fp.out_s.b + h * fp.out_s.h + (g.q_row0 + i0 + r) * fp.out_s.l,
+                       Dv);
+        }
+      }
+    }
+  });
+  if (splits > 1) merge_splits<T, float>(fp, part_o, part_lse, splits, rows);
+}
+#endif
+
+// Row terms Delta_i = rowsum(dO_i * O_i) - dlse_i (d lse_i / d s_ij = P_ij), numbered like lse.
+template <typename T, typename acc>
+std::vector<acc> row_deltas(const AttentionBackwardParams& bp, int64_t rows, int64_t walk) {
+  const AttentionProblem& p = bp.p;
+  const int64_t Dv = p.Dv;
   const T* O = static_cast<const T*>(bp.out);
   const T* dO = static_cast<const T*>(bp.grad_out);
-  const acc* LSE = static_cast<const acc*>(bp.lse);
   const acc* dLSE = static_cast<const acc*>(bp.grad_lse);
-  T* dQ = static_cast<T*>(bp.dq);
-  T* dK = static_cast<T*>(bp.dk);
-  T* dV = static_cast<T*>(bp.dv);
-  // Query rows are numbered like lse: (B, Hq, Lq) dense, (Hq, total_q) varlen. The loops below
-  // walk (b, h, i < Lq) and skip rows past a shorter sequence's end.
-  const int64_t rows = p.cu_q != nullptr ? p.Hq * p.total_q : p.B * p.Hq * p.Lq;
-  const int64_t walk = p.B * p.Hq * p.Lq;
-
-  // Row terms Delta_i = rowsum(dO_i * O_i) - dlse_i (d lse_i / d s_ij = P_ij).
   std::vector<acc> delta(rows);
   at::parallel_for(0, walk, 64, [&](int64_t begin, int64_t end) {
     std::vector<acc> o(Dv), g_row(Dv);
@@ -938,6 +1132,53 @@ void backward_impl(const AttentionBackwardParams& bp) {
       delta[r] = sum - (dLSE != nullptr ? dLSE[r] : acc(0));
     }
   });
+  return delta;
+}
+
+// dQ = sum of the chunks' dQ partials (chunks x rows x D), in chunk order.
+template <typename T, typename acc>
+void sum_dq_chunks(const AttentionBackwardParams& bp, const std::vector<acc>& dq_acc,
+                   int64_t chunks, int64_t rows, int64_t walk) {
+  const AttentionProblem& p = bp.p;
+  const int64_t D = p.D;
+  T* dQ = static_cast<T*>(bp.dq);
+  at::parallel_for(0, walk, 64, [&](int64_t begin, int64_t end) {
+    std::vector<acc> sum(D);
+    for (int64_t w = begin; w < end; ++w) {
+      const int64_t i = w % p.Lq, bh = w / p.Lq, b = bh / p.Hq, h = bh % p.Hq;
+      const Geometry g = geometry(p, b);
+      if (i >= g.Lq) continue;
+      const int64_t r = lse_offset(p, g, b, h) + i;
+      std::copy(dq_acc.data() + r * D, dq_acc.data() + (r + 1) * D, sum.begin());
+      for (int64_t c = 1; c < chunks; ++c) {
+        const acc* part = dq_acc.data() + (c * rows + r) * D;
+        for (int64_t d = 0; d < D; ++d) sum[d] += part[d];
+      }
+      store_row<T>(sum.data(), dQ + b * bp.dq_s.b + h * bp.dq_s.h + (g.q_row0 + i) * bp.dq_s.l, D);
+    }
+  });
+}
+
+template <typename T, typename Tiles>
+void backward_impl(const AttentionBackwardParams& bp) {
+  using acc = typename Tiles::acc;
+  const AttentionProblem& p = bp.p;
+  const int64_t D = p.D, Dv = p.Dv;
+  const int64_t group = p.Hq / p.Hkv;
+  const int64_t k_blocks = (p.Lk + kBlockK - 1) / kBlockK;
+  const T* Q = static_cast<const T*>(p.q);
+  const T* K = static_cast<const T*>(p.k);
+  const T* V = static_cast<const T*>(p.v);
+  const T* dO = static_cast<const T*>(bp.grad_out);
+  const acc* LSE = static_cast<const acc*>(bp.lse);
+  T* dK = static_cast<T*>(bp.dk);
+  T* dV = static_cast<T*>(bp.dv);
+  // Query rows are numbered like lse: (B, Hq, Lq) dense, (Hq, total_q) varlen. The loops below
+  // walk (b, h, i < Lq) and skip rows past a shorter sequence's end.
+  const int64_t rows = p.cu_q != nullptr ? p.Hq * p.total_q : p.B * p.Hq * p.Lq;
+  const int64_t walk = p.B * p.Hq * p.Lq;
+
+  const std::vector<acc> delta = row_deltas<T, acc>(bp, rows, walk);
 
   // With a mask gradient, every task owns the elements of d mask it adds to: the dims along
   // which the mask broadcasts (stride 0) are walked inside a task rather than split across
@@ -1069,22 +1310,7 @@ void backward_impl(const AttentionBackwardParams& bp) {
     }
   });
 
-  // dQ = sum of the chunks' partials, in chunk order.
-  at::parallel_for(0, walk, 64, [&](int64_t begin, int64_t end) {
-    std::vector<acc> sum(D);
-    for (int64_t w = begin; w < end; ++w) {
-      const int64_t i = w % p.Lq, bh = w / p.Lq, b = bh / p.Hq, h = bh % p.Hq;
-      const Geometry g = geometry(p, b);
-      if (i >= g.Lq) continue;
-      const int64_t r = lse_offset(p, g, b, h) + i;
-      std::copy(dq_acc.data() + r * D, dq_acc.data() + (r + 1) * D, sum.begin());
-      for (int64_t c = 1; c < chunks; ++c) {
-        const acc* part = dq_acc.data() + (c * rows + r) * D;
-        for (int64_t d = 0; d < D; ++d) sum[d] += part[d];
-      }
-      store_row<T>(sum.data(), dQ + b * bp.dq_s.b + h * bp.dq_s.h + (g.q_row0 + i) * bp.dq_s.l, D);
-    }
-  });
+  sum_dq_chunks<T, acc>(bp, dq_acc, chunks, rows, walk);
 }
 
 }  // namespace
@@ -1096,6 +1322,11 @@ void attention_forward(const AttentionForwardParams& fp) {
     // Not for paged caches: AmxTiles keeps packed key blocks keyed by the head's base pointer,
     // which a paged tile's (its block, or the staging buffer) does not identify.
     if (AmxTiles::fits(fp.p) && fp.p.block_table == nullptr) return forward_impl<T, AmxTiles>(fp);
+  }
+#endif
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (plain_bf16_forward_fits(fp.p)) return plain_bf16_forward(fp);
   }
 #endif
   forward_impl<T, typename TilesFor<T>::type>(fp);
