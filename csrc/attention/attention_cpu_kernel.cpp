@@ -1159,6 +1159,219 @@ void sum_dq_chunks(const AttentionBackwardParams& bp, const std::vector<acc>& dq
   });
 }
 
+#if defined(__AVX512BF16__)
+// The backward of plain_bf16_forward's cases, transposed the same way: per (key block, query
+// block) tile, S^T = K Q^T and dP^T = V dO^T put the queries in the vector lanes, so P^T =
+// exp(S^T - lse) and dS^T = P^T (dP^T - Delta) scale take lse and Delta as vectors; P^T and
+// dS^T are rounded to bfloat16 once, as rows of query pairs (transposed as words: the A
+// operands of dV += P^T dO and dK += dS^T Q) and, for dS, as pairs of key rows (the A operand
+// of dQ += dS K). The query-side operands (Q^T, Q, dO^T, dO in pair layouts) are packed once
+// per query block and head and kept across key blocks, for each query head of a GQA group.
+// Same tasks, chunks and summation order as backward_impl (bitwise reproducible).
+inline bool plain_bf16_backward_fits(const AttentionBackwardParams& bp) {
+  return plain_bf16_forward_fits(bp.p) && bp.dmask == nullptr;
+}
+
+void plain_bf16_backward(const AttentionBackwardParams& bp) {
+  using T = c10::BFloat16;
+  static_assert(kBlockQ == 64 && kBlockK == 64, "tiles of 4 vectors of queries");
+  const AttentionProblem& p = bp.p;
+  const int64_t D = p.D, Dv = p.Dv, D2 = (p.D + 1) / 2, Dv2 = (p.Dv + 1) / 2;
+  const int64_t group = p.Hq / p.Hkv;
+  const int64_t k_blocks = (p.Lk + kBlockK - 1) / kBlockK;
+  const int64_t q_blocks = (p.Lq + kBlockQ - 1) / kBlockQ;
+  const T* Q = static_cast<const T*>(p.q);
+  const T* K = static_cast<const T*>(p.k);
+  const T* V = static_cast<const T*>(p.v);
+  const T* dO = static_cast<const T*>(bp.grad_out);
+  const float* LSE = static_cast<const float*>(bp.lse);
+  T* dK = static_cast<T*>(bp.dk);
+  T* dV = static_cast<T*>(bp.dv);
+  const int64_t rows = p.cu_q != nullptr ? p.Hq * p.total_q : p.B * p.Hq * p.Lq;
+  const int64_t walk = p.B * p.Hq * p.Lq;
+  const std::vector<float> delta = row_deltas<T, float>(bp, rows, walk);
+  const int64_t pairs_bh = p.B * p.Hkv;
+  const int64_t chunks = std::clamp<int64_t>((kMinBackwardTasks + pairs_bh - 1) / pairs_bh, 1,
+                                             std::max<int64_t>(k_blocks, 1));
+  const int64_t blocks_per_chunk = (k_blocks + chunks - 1) / chunks;
+  std::vector<float> dq_acc(static_cast<size_t>(chunks * rows * D), 0.0f);
+  const float to_log2 = static_cast<float>(p.scale * 1.4426950408889634);
+  const float scale = static_cast<float>(p.scale);
+  // Query-side packs are kept for every head of a group when that stays small.
+  const int64_t cached_heads = group * q_blocks <= 128 ? group : 1;
+  const auto bits = [](const T* x) { return reinterpret_cast<const uint16_t*>(x); };
+
+  at::parallel_for(0, pairs_bh * chunks, 1, [&](int64_t begin, int64_t end) {
+    const int64_t W = std::max({D2, Dv2, kBlockQ / 2});
+    std::vector<uint32_t> pairs(std::max(kBlockQ, kBlockK) * W), kT(D2 * kBlockK),
+        vT(Dv2 * kBlockK), kR(kBlockK / 2 * D), words(kBlockK * kBlockQ / 2),
+        aT(kBlockQ / 2 * kBlockK), dsI(kBlockK / 2 * kBlockQ);
+    std::vector<uint32_t> qT_s(D2 * kBlockQ), qR_s(kBlockQ / 2 * D), doT_s(Dv2 * kBlockQ),
+        doR_s(kBlockQ / 2 * Dv);
+    std::vector<float> sT(kBlockK * kBlockQ), dpT(kBlockK * kBlockQ);
+    std::vector<float> dk_acc(kBlockK * D), dv_acc(kBlockK * Dv);
+    // Per cached head: Q^T pairs [kk][m], Q pair rows [kk][d], dO^T pairs, dO pair rows.
+    std::vector<PackedBlocks> qT_c(cached_heads), qR_c(cached_heads), doT_c(cached_heads),
+        doR_c(cached_heads);
+    for (int64_t c = 0; c < cached_heads; ++c) {
+      qT_c[c].block_words = D2 * kBlockQ;
+      qR_c[c].block_words = kBlockQ / 2 * D;
+      doT_c[c].block_words = Dv2 * kBlockQ;
+      doR_c[c].block_words = kBlockQ / 2 * Dv;
+    }
+    alignas(64) static constexpr uint16_t kInterleave[32] = {
+        0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+        8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i interleave = _mm512_load_si512(kInterleave);
+    const __m512 vlog2 = _mm512_set1_ps(to_log2), vscale = _mm512_set1_ps(scale);
+    const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    const __m512 pinf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+    const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
+    // x (rows x cols bfloat16) -> pairs along cols, k-major: out[kk * ld_out + r].
+    const auto pairs_transposed = [&](const uint16_t* x, int64_t ld, int64_t nrows, int64_t cols,
+                                      uint32_t* out, int64_t ld_out) {
+      const int64_t cols2 = (cols + 1) / 2;
+      pair_columns(x, ld, nrows, cols, pairs.data(), cols2);
+      transpose_words(pairs.data(), cols2, out, ld_out, nrows, cols2);
+    };
+    // A query-side pack of block qb of a head, from its cache (packed on first use).
+    const auto packed = [&](PackedBlocks& cache, const T* base, int64_t qb, uint32_t* scratch,
+                            const auto& pack) -> const uint32_t* {
+      bool fresh = true;
+      uint32_t* slot = cache.slot(base, qb, fresh);
+      uint32_t* dst = slot != nullptr ? slot : scratch;
+      if (fresh) pack(dst);
+      return dst;
+    };
+    const auto pair_backward = [&](int64_t b, int64_t hk, int64_t chunk) {
+      const Geometry g = geometry(p, b);
+      const int64_t seq_blocks = (g.Lk + kBlockK - 1) / kBlockK;
+      const int64_t kb_end = std::min(seq_blocks, (chunk + 1) * blocks_per_chunk);
+      float* dq_chunk = dq_acc.data() + chunk * rows * D;
+      const T* k_base = K + b * p.k_s.b + hk * p.k_s.h + g.k_row0 * p.k_s.l;
+      const T* v_base = V + b * p.v_s.b + hk * p.v_s.h + g.k_row0 * p.v_s.l;
+      for (int64_t kb = chunk * blocks_per_chunk; kb < kb_end; ++kb) {
+        const int64_t j0 = kb * kBlockK, N = std::min(kBlockK, g.Lk - j0);
+        const uint16_t* k_rows = bits(k_base + j0 * p.k_s.l);
+        pairs_transposed(k_rows, p.k_s.l, N, D, kT.data(), kBlockK);  // A of K Q^T
+        pair_rows(k_rows, p.k_s.l, N, D, kR.data(), D);               // B of dS K
+        pairs_transposed(bits(v_base + j0 * p.v_s.l), p.v_s.l, N, Dv, vT.data(), kBlockK);
+        std::fill(dk_acc.begin(), dk_acc.begin() + N * D, 0.0f);
+        std::fill(dv_acc.begin(), dv_acc.begin() + N * Dv, 0.0f);
+        const auto [qb_first, qb_last] = visible_query_blocks(g, j0, N);
+        for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+          const int64_t slot = cached_heads == 1 ? 0 : h - hk * group;
+          const T* q_base = Q + b * p.q_s.b + h * p.q_s.h + g.q_row0 * p.q_s.l;
+          const T* do_base =
+              dO + b * bp.grad_out_s.b + h * bp.grad_out_s.h + g.q_row0 * bp.grad_out_s.l;
+          const int64_t row0 = lse_offset(p, g, b, h);
+          const float* lse_h = LSE + row0;
+          const float* delta_h = delta.data() + row0;
+          float* dq_h = dq_chunk + row0 * D;
+          for (int64_t qb = qb_first; qb < qb_last; ++qb) {
+            const int64_t i0 = qb * kBlockQ, M = std::min(kBlockQ, g.Lq - i0), M2 = (M + 1) / 2;
+            const uint16_t* q_rows = bits(q_base + i0 * p.q_s.l);
+            const uint16_t* do_rows = bits(do_base + i0 * bp.grad_out_s.l);
+            const uint32_t* qT = packed(qT_c[slot], q_base, qb, qT_s.data(), [&](uint32_t* o) {
+              pairs_transposed(q_rows, p.q_s.l, M, D, o, kBlockQ);
+            });
+            const uint32_t* qR = packed(qR_c[slot], q_base, qb, qR_s.data(), [&](uint32_t* o) {
+              pair_rows(q_rows, p.q_s.l, M, D, o, D);
+            });
+            const uint32_t* doT = packed(doT_c[slot], do_base, qb, doT_s.data(), [&](uint32_t* o) {
+              pairs_transposed(do_rows, bp.grad_out_s.l, M, Dv, o, kBlockQ);
+            });
+            const uint32_t* doR = packed(doR_c[slot], do_base, qb, doR_s.data(), [&](uint32_t* o) {
+              pair_rows(do_rows, bp.grad_out_s.l, M, Dv, o, Dv);
+            });
+            // S^T (N x M) = K Q^T, unscaled; the band hidden.
+            gemm_bf16(N, M, D2, 1.0f, kT.data(), kBlockK, qT, kBlockQ, sT.data(), kBlockQ, false);
+            hide_outside_band_transposed(sT.data(), g, i0, M, j0, N);
+            // lse (log2 units; +inf for rows without a visible key and lanes past M: P = 0)
+            // and Delta of the 16 queries of each vector.
+            __m512 lse2[4], dl[4];
+            for (int c = 0; c < 4; ++c) {
+              const __mmask16 in = detail::tail_mask(M - 16 * c);
+              const __m512 x = _mm512_mask_loadu_ps(pinf, in, lse_h + i0 + 16 * c);
+              const __mmask16 empty = _mm512_cmp_ps_mask(x, ninf, _CMP_EQ_OQ);
+              lse2[c] = _mm512_mask_mov_ps(_mm512_mul_ps(x, log2e), empty, pinf);
+              dl[c] = _mm512_maskz_loadu_ps(in, delta_h + i0 + 16 * c);
+            }
+            // P^T in float (kept in sT for dS) and as rows of query pairs in bfloat16.
+            for (int64_t n = 0; n < N; ++n) {
+              float* row = sT.data() + n * kBlockQ;
+              __m512 e[4];
+              for (int c = 0; c < 4; ++c) {
+                e[c] =
+                    exp2_for_bf16(_mm512_fmsub_ps(_mm512_loadu_ps(row + 16 * c), vlog2, lse2[c]));
+                _mm512_storeu_ps(row + 16 * c, e[c]);
+              }
+              uint32_t* w = words.data() + n * (kBlockQ / 2);
+              _mm512_storeu_si512(w, (__m512i)_mm512_cvtne2ps_pbh(e[1], e[0]));
+              _mm512_storeu_si512(w + 16, (__m512i)_mm512_cvtne2ps_pbh(e[3], e[2]));
+            }
+            // dV (N x Dv) += P^T dO: A = P^T pairs along the queries, k-major.
+            transpose_words(words.data(), kBlockQ / 2, aT.data(), kBlockK, N, M2);
+            gemm_bf16(N, Dv, M2, 1.0f, aT.data(), kBlockK, doR, Dv, dv_acc.data(), Dv, true);
+            // dP^T (N x M) = V dO^T.
+            gemm_bf16(N, M, Dv2, 1.0f, vT.data(), kBlockK, doT, kBlockQ, dpT.data(), kBlockQ,
+                      false);
+            // dS^T = P^T (dP^T - Delta) scale, rounded: rows of query pairs (words) and pairs
+            // of key rows (dsI[kk * kBlockQ + m] = (dS[m][2kk], dS[m][2kk + 1])).
+            for (int64_t kk = 0; kk < (N + 1) / 2; ++kk) {
+              const bool has1 = 2 * kk + 1 < N;
+              __m512 ds0[4], ds1[4];
+              for (int c = 0; c < 4; ++c) {
+                const int64_t o0 = 2 * kk * kBlockQ + 16 * c;
+                ds0[c] = _mm512_mul_ps(
+                    _mm512_mul_ps(_mm512_loadu_ps(sT.data() + o0),
+                                  _mm512_sub_ps(_mm512_loadu_ps(dpT.data() + o0), dl[c])),
+                    vscale);
+                ds1[c] =
+                    has1
+                        ? _mm512_mul_ps(
+                              _mm512_mul_ps(
+                                  _mm512_loadu_ps(sT.data() + o0 + kBlockQ),
+                                  _mm512_sub_ps(_mm512_loadu_ps(dpT.data() + o0 + kBlockQ), dl[c])),
+                              vscale)
+                        : _mm512_setzero_ps();
+                _mm512_storeu_si512(dsI.data() + kk * kBlockQ + 16 * c,
+                                    _mm512_permutexvar_epi16(
+                                        interleave, (__m512i)_mm512_cvtne2ps_pbh(ds1[c], ds0[c])));
+              }
+              uint32_t* w0 = words.data() + 2 * kk * (kBlockQ / 2);
+              _mm512_storeu_si512(w0, (__m512i)_mm512_cvtne2ps_pbh(ds0[1], ds0[0]));
+              _mm512_storeu_si512(w0 + 16, (__m512i)_mm512_cvtne2ps_pbh(ds0[3], ds0[2]));
+              if (has1) {
+                uint32_t* w1 = w0 + kBlockQ / 2;
+                _mm512_storeu_si512(w1, (__m512i)_mm512_cvtne2ps_pbh(ds1[1], ds1[0]));
+                _mm512_storeu_si512(w1 + 16, (__m512i)_mm512_cvtne2ps_pbh(ds1[3], ds1[2]));
+              }
+            }
+            // dK (N x D) += dS^T Q; dQ (M x D) += dS K.
+            transpose_words(words.data(), kBlockQ / 2, aT.data(), kBlockK, N, M2);
+            gemm_bf16(N, D, M2, 1.0f, aT.data(), kBlockK, qR, D, dk_acc.data(), D, true);
+            gemm_bf16(M, D, (N + 1) / 2, 1.0f, dsI.data(), kBlockQ, kR.data(), D, dq_h + i0 * D, D,
+                      true);
+          }
+        }
+        T* dk_base = dK + b * bp.dk_s.b + hk * bp.dk_s.h + (g.k_row0 + j0) * bp.dk_s.l;
+        T* dv_base = dV + b * bp.dv_s.b + hk * bp.dv_s.h + (g.k_row0 + j0) * bp.dv_s.l;
+        for (int64_t n = 0; n < N; ++n) {
+          store_row<T>(dk_acc.data() + n * D, dk_base + n * bp.dk_s.l, D);
+          store_row<T>(dv_acc.data() + n * Dv, dv_base + n * bp.dv_s.l, Dv);
+        }
+      }
+    };
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t chunk = task % chunks, pair = task / chunks;
+      pair_backward(pair / p.Hkv, pair % p.Hkv, chunk);
+    }
+  });
+  sum_dq_chunks<T, float>(bp, dq_acc, chunks, rows, walk);
+}
+#endif
+
 template <typename T, typename Tiles>
 void backward_impl(const AttentionBackwardParams& bp) {
   using acc = typename Tiles::acc;
@@ -1337,6 +1550,11 @@ void attention_backward(const AttentionBackwardParams& bp) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     if (AmxTiles::fits(bp.p)) return backward_impl<T, AmxTiles>(bp);
+  }
+#endif
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (plain_bf16_backward_fits(bp)) return plain_bf16_backward(bp);
   }
 #endif
   backward_impl<T, typename TilesFor<T>::type>(bp);
