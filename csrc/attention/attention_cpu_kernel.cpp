@@ -248,6 +248,32 @@ inline std::pair<int64_t, int64_t> visible_query_blocks(const Geometry& g, int64
   return {i_lo / kBlockQ, i_hi / kBlockQ + 1};
 }
 
+// Packed operand blocks of one head, kept across the tasks of a thread: the forward tasks of a
+// head walk the same key blocks, so each block is packed on first use instead of once per
+// query block.
+struct PackedBlocks {
+  const void* head = nullptr;  // base pointer of the head the blocks belong to
+  int64_t block_words = 0;
+  std::vector<uint32_t> words;
+  std::vector<bool> ready;
+  // The slot of block kb, or nullptr when caching would hold too much (long sequences).
+  uint32_t* slot(const void* base, int64_t kb, bool& fresh) {
+    static constexpr int64_t kMaxBlocks = 256;  // 16K keys
+    if (kb >= kMaxBlocks) return nullptr;
+    if (base != head) {
+      head = base;
+      ready.assign(ready.size(), false);
+    }
+    if (kb >= static_cast<int64_t>(ready.size())) {
+      ready.resize(kb + 1, false);
+      words.resize((kb + 1) * block_words);
+    }
+    fresh = !ready[kb];
+    ready[kb] = true;
+    return words.data() + kb * block_words;
+  }
+};
+
 // ---------------------------------------------------------------------------------------------
 // Operand policies: how the five tile products are computed. FloatTiles runs them on float
 // (double) tiles with the FMA micro-kernel; Bf16Tiles, for bfloat16 storage on CPUs with
@@ -478,28 +504,7 @@ struct AmxTiles {
   int64_t ldq = 0, lddo = 0;
   // The forward tasks of one head walk the same key blocks: each block's packed K^T and V are
   // kept (packed on first use) instead of being packed again for every query block.
-  struct PackedBlocks {
-    const void* head = nullptr;  // base pointer of the head the blocks belong to
-    int64_t block_words = 0;
-    std::vector<uint32_t> words;
-    std::vector<bool> ready;
-    // The slot of block kb, or nullptr when caching would hold too much (long sequences).
-    uint32_t* slot(const void* base, int64_t kb, bool& fresh) {
-      static constexpr int64_t kMaxBlocks = 256;  // 16K keys
-      if (kb >= kMaxBlocks) return nullptr;
-      if (base != head) {
-        head = base;
-        ready.assign(ready.size(), false);
-      }
-      if (kb >= static_cast<int64_t>(ready.size())) {
-        ready.resize(kb + 1, false);
-        words.resize((kb + 1) * block_words);
-      }
-      fresh = !ready[kb];
-      ready[kb] = true;
-      return words.data() + kb * block_words;
-    }
-  } k_blocks, v_blocks, qT_blocks, doT_blocks;
+  PackedBlocks k_blocks, v_blocks, qT_blocks, doT_blocks;
   const uint32_t *kB_cur = nullptr, *vA_cur = nullptr, *qT_cur = nullptr, *doT_cur = nullptr;
 
   AmxTiles(int64_t D_, int64_t Dv_)
@@ -768,6 +773,41 @@ void prefetch_paged_rows(const AttentionProblem& p, const T* pool, const Strides
   }
 }
 
+// Merges the kv splits of a forward: out = sum_s exp(lse_s - lse) out_s, lse = log sum_s
+// exp(lse_s), from part_o (splits x rows x Dv) and part_lse (splits x rows), rows (b, h, i).
+template <typename T, typename acc>
+void merge_splits(const AttentionForwardParams& fp, const std::vector<acc>& part_o,
+                  const std::vector<acc>& part_lse, int64_t splits, int64_t rows) {
+  const AttentionProblem& p = fp.p;
+  const int64_t Dv = p.Dv;
+  T* O = static_cast<T*>(fp.out);
+  acc* LSE = static_cast<acc*>(fp.lse);
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    std::vector<acc> o(Dv);
+    for (int64_t row_id = begin; row_id < end; ++row_id) {
+      const int64_t i = row_id % p.Lq, bh = row_id / p.Lq, b = bh / p.Hq, h = bh % p.Hq;
+      const Geometry g = geometry(p, b);
+      if (i >= g.Lq) continue;
+      acc mx = neg_inf<acc>();
+      for (int64_t sp = 0; sp < splits; ++sp) mx = std::max(mx, part_lse[sp * rows + row_id]);
+      std::fill(o.begin(), o.end(), acc(0));
+      acc lse = neg_inf<acc>();
+      if (mx != neg_inf<acc>()) {
+        acc sum = 0;
+        for (int64_t sp = 0; sp < splits; ++sp) sum += std::exp(part_lse[sp * rows + row_id] - mx);
+        lse = mx + std::log(sum);
+        for (int64_t sp = 0; sp < splits; ++sp) {
+          const acc w = std::exp(part_lse[sp * rows + row_id] - lse);
+          const acc* po = part_o.data() + (sp * rows + row_id) * Dv;
+          for (int64_t d = 0; d < Dv; ++d) o[d] += w * po[d];
+        }
+      }
+      LSE[lse_offset(p, g, b, h) + i] = lse;
+      store_row<T>(o.data(), O + b * fp.out_s.b + h * fp.out_s.h + (g.q_row0 + i) * fp.out_s.l, Dv);
+    }
+  });
+}
+
 template <typename T, typename Tiles>
 void forward_impl(const AttentionForwardParams& fp) {
   using acc = typename Tiles::acc;
@@ -869,57 +909,211 @@ void forward_impl(const AttentionForwardParams& fp) {
       }
     }
   });
-  if (splits == 1) return;
-  // Merge: out = sum_s exp(lse_s - lse) out_s, lse = log sum_s exp(lse_s).
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-    std::vector<acc> o(Dv);
-    for (int64_t row_id = begin; row_id < end; ++row_id) {
-      const int64_t i = row_id % p.Lq, bh = row_id / p.Lq, b = bh / p.Hq, h = bh % p.Hq;
-      const Geometry g = geometry(p, b);
-      if (i >= g.Lq) continue;
-      acc mx = neg_inf<acc>();
-      for (int64_t sp = 0; sp < splits; ++sp) mx = std::max(mx, part_lse[sp * rows + row_id]);
-      std::fill(o.begin(), o.end(), acc(0));
-      acc lse = neg_inf<acc>();
-      if (mx != neg_inf<acc>()) {
-        acc sum = 0;
-        for (int64_t sp = 0; sp < splits; ++sp) sum += std::exp(part_lse[sp * rows + row_id] - mx);
-        lse = mx + std::log(sum);
-        for (int64_t sp = 0; sp < splits; ++sp) {
-          const acc w = std::exp(part_lse[sp * rows + row_id] - lse);
-          const acc* po = part_o.data() + (sp * rows + row_id) * Dv;
-          for (int64_t d = 0; d < Dv; ++d) o[d] += w * po[d];
-        }
-      }
-      LSE[lse_offset(p, g, b, h) + i] = lse;
-      store_row<T>(o.data(), O + b * fp.out_s.b + h * fp.out_s.h + (g.q_row0 + i) * fp.out_s.l, Dv);
-    }
-  });
+  if (splits > 1) merge_splits<T, acc>(fp, part_o, part_lse, splits, rows);
 }
 
-template <typename T, typename Tiles>
-void backward_impl(const AttentionBackwardParams& bp) {
-  using acc = typename Tiles::acc;
-  const AttentionProblem& p = bp.p;
-  const int64_t D = p.D, Dv = p.Dv;
-  const int64_t group = p.Hq / p.Hkv;
+#if defined(__AVX512BF16__)
+// The forward of bfloat16 attention without a score pipeline (no mask, padding, ALiBi,
+// softcap or dropout, no paged cache; the causal / window band is fine), for AVX512-BF16
+// without AMX. It runs transposed: S^T = K Q^T (keys x queries) puts the kBlockQ queries of a
+// task in the vector lanes, so the online softmax goes down the key rows with vertical max and
+// sum (no horizontal reductions or scalar work per row); the scale and log2(e) fold into the
+// FMA that forms the exponent; the exponential's results are rounded to bfloat16 and
+// interleaved into P^T's pair layout in the same pass (P never goes to memory in float); and
+// O^T += V^T P^T keeps O transposed, so its rescale is one vector product per row of O^T.
+// Packed K^T and V blocks are kept per head (PackedBlocks). Same operand rounding (P to
+// bfloat16) and float accumulation as Bf16Tiles.
+// The band on a transposed score tile sT (keys [j0, j0 + N) x queries [i0, i0 + M), row stride
+// kBlockQ): key j is visible to query i iff i + lo <= j <= i + hi, the rest becomes -inf.
+// Tiles wholly inside the band (the common case) return at once.
+inline void hide_outside_band_transposed(float* sT, const Geometry& g, int64_t i0, int64_t M,
+                                         int64_t j0, int64_t N) {
+  if (i0 + M - 1 + g.lo <= j0 && j0 + N - 1 <= i0 + g.hi) return;
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t j = j0 + n;  // visible queries: i0 + m in [j - hi, j - lo]
+    const __m512i first =
+        _mm512_set1_epi32(static_cast<int>(std::clamp<int64_t>(j - g.hi - i0, -1, kBlockQ + 1)));
+    const __m512i last =
+        _mm512_set1_epi32(static_cast<int>(std::clamp<int64_t>(j - g.lo - i0, -1, kBlockQ + 1)));
+    float* row = sT + n * kBlockQ;
+    for (int c = 0; c < kBlockQ / 16; ++c) {
+      const __m512i idx = _mm512_add_epi32(lane, _mm512_set1_epi32(16 * c));
+      const __mmask16 hidden =
+          _mm512_cmplt_epi32_mask(idx, first) | _mm512_cmpgt_epi32_mask(idx, last);
+      _mm512_mask_storeu_ps(row + 16 * c, hidden, ninf);
+    }
+  }
+}
+
+inline bool plain_bf16_forward_fits(const AttentionProblem& p) {
+  return p.mask_kind == MaskKind::none && p.key_padding == nullptr && p.alibi == nullptr &&
+         p.softcap <= 0.0 && p.dropout_p <= 0.0 && p.block_table == nullptr && p.scale > 0.0;
+}
+
+void plain_bf16_forward(const AttentionForwardParams& fp) {
+  using T = c10::BFloat16;
+  static_assert(kBlockQ == 64, "the softmax below holds kBlockQ / 16 = 4 vectors of queries");
+  const AttentionProblem& p = fp.p;
+  const int64_t q_blocks = (p.Lq + kBlockQ - 1) / kBlockQ;
   const int64_t k_blocks = (p.Lk + kBlockK - 1) / kBlockK;
+  const int64_t splits = std::clamp<int64_t>(p.kv_splits, 1, std::max<int64_t>(k_blocks, 1));
+  const int64_t blocks_per_split = (k_blocks + splits - 1) / splits;
+  const int64_t group = p.Hq / p.Hkv;
   const T* Q = static_cast<const T*>(p.q);
   const T* K = static_cast<const T*>(p.k);
   const T* V = static_cast<const T*>(p.v);
+  T* O = static_cast<T*>(fp.out);
+  float* LSE = static_cast<float*>(fp.lse);
+  const int64_t D = p.D, Dv = p.Dv, D2 = (p.D + 1) / 2;
+  const int64_t rows = p.B * p.Hq * p.Lq;
+  std::vector<float> part_o(splits > 1 ? splits * rows * Dv : 0),
+      part_lse(splits > 1 ? splits * rows : 0);
+  const int64_t tasks = p.B * p.Hq * q_blocks * splits;
+  // Scores in log2 units: t = s * scale * log2(e) (scale > 0, so maxima commute with it).
+  const float to_log2 = static_cast<float>(p.scale * 1.4426950408889634);
+  const auto bits = [](const T* x) { return reinterpret_cast<const uint16_t*>(x); };
+
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<uint32_t> pairs(std::max(kBlockQ, kBlockK) * D2), qT(D2 * kBlockQ),
+        k_scratch(D2 * kBlockK), v_scratch(kBlockK / 2 * Dv), pT(kBlockK / 2 * kBlockQ);
+    std::vector<float> sT(kBlockK * kBlockQ), oT(Dv * kBlockQ), o(kBlockQ * Dv);
+    PackedBlocks k_cache, v_cache;
+    k_cache.block_words = D2 * kBlockK;
+    v_cache.block_words = kBlockK / 2 * Dv;
+    alignas(64) float m_out[kBlockQ], l_out[kBlockQ];
+    alignas(64) static constexpr uint16_t kInterleave[32] = {
+        0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+        8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i interleave = _mm512_load_si512(kInterleave);
+    const __m512 vlog2 = _mm512_set1_ps(to_log2);
+    const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t split = task % splits, rest = task / splits;
+      const int64_t qb = rest % q_blocks, bh = rest / q_blocks;
+      const int64_t b = bh / p.Hq, h = bh % p.Hq, hk = h / group;
+      const Geometry g = geometry(p, b);
+      const int64_t i0 = qb * kBlockQ, M = std::min(kBlockQ, g.Lq - i0);
+      if (M <= 0) continue;  // a shorter sequence of a varlen batch
+      const T* k_base = K + b * p.k_s.b + hk * p.k_s.h + g.k_row0 * p.k_s.l;
+      const T* v_base = V + b * p.v_s.b + hk * p.v_s.h + g.k_row0 * p.v_s.l;
+      // Q^T as pairs along D, k-major (the B operand of K Q^T): qT[kk * kBlockQ + m].
+      const uint16_t* q_rows = bits(Q + b * p.q_s.b + h * p.q_s.h + (g.q_row0 + i0) * p.q_s.l);
+      pair_columns(q_rows, p.q_s.l, M, D, pairs.data(), D2);
+      transpose_words(pairs.data(), D2, qT.data(), kBlockQ, M, D2);
+      std::fill(oT.begin(), oT.end(), 0.0f);
+      __m512 m[4], l[4];  // running max (log2 units) and sum of the 16 queries of each vector
+      for (int c = 0; c < 4; ++c) {
+        m[c] = ninf;
+        l[c] = _mm512_setzero_ps();
+      }
+      auto [kb_first, kb_last] = visible_key_blocks(g, i0, M);
+      kb_first = std::max(kb_first, split * blocks_per_split);
+      kb_last = std::min(kb_last, (split + 1) * blocks_per_split);
+      for (int64_t kb = kb_first; kb < kb_last; ++kb) {
+        const int64_t j0 = kb * kBlockK, N = std::min(kBlockK, g.Lk - j0);
+        bool fresh = true;
+        uint32_t* kT = k_cache.slot(k_base, kb, fresh);
+        if (kT == nullptr) kT = k_scratch.data();
+        if (fresh) {  // K as pairs along D, k-major (the A operand): kT[kk * kBlockK + n]
+          pair_columns(bits(k_base + j0 * p.k_s.l), p.k_s.l, N, D, pairs.data(), D2);
+          transpose_words(pairs.data(), D2, kT, kBlockK, N, D2);
+        }
+        // S^T (N x M, row stride kBlockQ) = K Q^T, unscaled.
+        gemm_bf16(N, M, D2, 1.0f, kT, kBlockK, qT.data(), kBlockQ, sT.data(), kBlockQ, false);
+        hide_outside_band_transposed(sT.data(), g, i0, M, j0, N);
+        // Online softmax down the key rows. Lanes of queries past M hold finite leftovers and
+        // are never stored.
+        __m512 mx[4] = {ninf, ninf, ninf, ninf};
+        for (int64_t n = 0; n < N; ++n) {
+          const float* row = sT.data() + n * kBlockQ;
+          for (int c = 0; c < 4; ++c) mx[c] = _mm512_max_ps(mx[c], _mm512_loadu_ps(row + 16 * c));
+        }
+        __m512 shift[4], alpha[4], sum[4];
+        __mmask16 rescale = 0;
+        for (int c = 0; c < 4; ++c) {
+          const __m512 m_new = _mm512_max_ps(m[c], _mm512_mul_ps(mx[c], vlog2));
+          // Queries with nothing visible yet: shift 0, so exp2(-inf - 0) = 0, not NaN.
+          const __mmask16 none = _mm512_cmp_ps_mask(m_new, ninf, _CMP_EQ_OQ);
+          shift[c] = _mm512_mask_mov_ps(m_new, none, _mm512_setzero_ps());
+          const __mmask16 same = _mm512_cmp_ps_mask(m[c], m_new, _CMP_EQ_OQ);
+          alpha[c] = _mm512_mask_mov_ps(exp2_approx(_mm512_sub_ps(m[c], shift[c])), same,
+                                        _mm512_set1_ps(1.0f));
+          rescale |= static_cast<__mmask16>(~same);
+          m[c] = m_new;
+          sum[c] = _mm512_setzero_ps();
+        }
+        // P^T rows 2kk, 2kk + 1 -> pT[kk * kBlockQ + m] = (P[m][2kk], P[m][2kk + 1]).
+        for (int64_t kk = 0; kk < (N + 1) / 2; ++kk) {
+          const float* r0 = sT.data() + 2 * kk * kBlockQ;
+          const bool has1 = 2 * kk + 1 < N;
+          for (int c = 0; c < 4; ++c) {
+            const __m512 e0 =
+                exp2_for_bf16(_mm512_fmsub_ps(_mm512_loadu_ps(r0 + 16 * c), vlog2, shift[c]));
+            const __m512 e1 = has1 ? exp2_for_bf16(_mm512_fmsub_ps(
+                                         _mm512_loadu_ps(r0 + kBlockQ + 16 * c), vlog2, shift[c]))
+                                   : _mm512_setzero_ps();
+            sum[c] = _mm512_add_ps(sum[c], _mm512_add_ps(e0, e1));
+            const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(e1, e0);
+            _mm512_storeu_si512(pT.data() + kk * kBlockQ + 16 * c,
+                                _mm512_permutexvar_epi16(interleave, both));
+          }
+        }
+        for (int c = 0; c < 4; ++c) l[c] = _mm512_fmadd_ps(l[c], alpha[c], sum[c]);
+        if (rescale != 0) {
+          for (int64_t d = 0; d < Dv; ++d) {
+            float* od = oT.data() + d * kBlockQ;
+            for (int c = 0; c < 4; ++c)
+              _mm512_storeu_ps(od + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(od + 16 * c), alpha[c]));
+          }
+        }
+        uint32_t* vp = v_cache.slot(v_base, kb, fresh);
+        if (vp == nullptr) vp = v_scratch.data();
+        if (fresh) pair_rows(bits(v_base + j0 * p.v_s.l), p.v_s.l, N, Dv, vp, Dv);
+        // O^T (Dv x M) += V^T P^T: A = V in pairs of rows (k-major over Dv), B = pT.
+        gemm_bf16(Dv, M, (N + 1) / 2, 1.0f, vp, Dv, pT.data(), kBlockQ, oT.data(), kBlockQ, true);
+      }
+      for (int c = 0; c < 4; ++c) {
+        _mm512_store_ps(m_out + 16 * c, m[c]);
+        _mm512_store_ps(l_out + 16 * c, l[c]);
+      }
+      transpose(oT.data(), kBlockQ, o.data(), Dv, Dv, M);  // o[r * Dv + d] = oT[d][r]
+      for (int64_t r = 0; r < M; ++r) {
+        float* orow = o.data() + r * Dv;
+        float lse;
+        if (l_out[r] > 0.0f) {
+          const float inv = 1.0f / l_out[r];
+          for (int64_t d = 0; d < Dv; ++d) orow[d] *= inv;
+          lse = m_out[r] * 0.6931471805599453f + std::log(l_out[r]);
+        } else {  // no visible key: output 0, lse -inf
+          std::fill(orow, orow + Dv, 0.0f);
+          lse = neg_inf<float>();
+        }
+        if (splits > 1) {
+          const int64_t row_id = (b * p.Hq + h) * p.Lq + i0 + r;
+          std::copy(orow, orow + Dv, part_o.data() + (split * rows + row_id) * Dv);
+          part_lse[split * rows + row_id] = lse;
+        } else {
+          LSE[lse_offset(p, g, b, h) + i0 + r] = lse;
+          store_row<T>(orow, O + b * fp.out_s.b + h * fp.out_s.h + (g.q_row0 + i0 + r) * fp.out_s.l,
+                       Dv);
+        }
+      }
+    }
+  });
+  if (splits > 1) merge_splits<T, float>(fp, part_o, part_lse, splits, rows);
+}
+#endif
+
+// Row terms Delta_i = rowsum(dO_i * O_i) - dlse_i (d lse_i / d s_ij = P_ij), numbered like lse.
+template <typename T, typename acc>
+std::vector<acc> row_deltas(const AttentionBackwardParams& bp, int64_t rows, int64_t walk) {
+  const AttentionProblem& p = bp.p;
+  const int64_t Dv = p.Dv;
   const T* O = static_cast<const T*>(bp.out);
   const T* dO = static_cast<const T*>(bp.grad_out);
-  const acc* LSE = static_cast<const acc*>(bp.lse);
   const acc* dLSE = static_cast<const acc*>(bp.grad_lse);
-  T* dQ = static_cast<T*>(bp.dq);
-  T* dK = static_cast<T*>(bp.dk);
-  T* dV = static_cast<T*>(bp.dv);
-  // Query rows are numbered like lse: (B, Hq, Lq) dense, (Hq, total_q) varlen. The loops below
-  // walk (b, h, i < Lq) and skip rows past a shorter sequence's end.
-  const int64_t rows = p.cu_q != nullptr ? p.Hq * p.total_q : p.B * p.Hq * p.Lq;
-  const int64_t walk = p.B * p.Hq * p.Lq;
-
-  // Row terms Delta_i = rowsum(dO_i * O_i) - dlse_i (d lse_i / d s_ij = P_ij).
   std::vector<acc> delta(rows);
   at::parallel_for(0, walk, 64, [&](int64_t begin, int64_t end) {
     std::vector<acc> o(Dv), g_row(Dv);
@@ -938,6 +1132,266 @@ void backward_impl(const AttentionBackwardParams& bp) {
       delta[r] = sum - (dLSE != nullptr ? dLSE[r] : acc(0));
     }
   });
+  return delta;
+}
+
+// dQ = sum of the chunks' dQ partials (chunks x rows x D), in chunk order.
+template <typename T, typename acc>
+void sum_dq_chunks(const AttentionBackwardParams& bp, const std::vector<acc>& dq_acc,
+                   int64_t chunks, int64_t rows, int64_t walk) {
+  const AttentionProblem& p = bp.p;
+  const int64_t D = p.D;
+  T* dQ = static_cast<T*>(bp.dq);
+  at::parallel_for(0, walk, 64, [&](int64_t begin, int64_t end) {
+    std::vector<acc> sum(D);
+    for (int64_t w = begin; w < end; ++w) {
+      const int64_t i = w % p.Lq, bh = w / p.Lq, b = bh / p.Hq, h = bh % p.Hq;
+      const Geometry g = geometry(p, b);
+      if (i >= g.Lq) continue;
+      const int64_t r = lse_offset(p, g, b, h) + i;
+      std::copy(dq_acc.data() + r * D, dq_acc.data() + (r + 1) * D, sum.begin());
+      for (int64_t c = 1; c < chunks; ++c) {
+        const acc* part = dq_acc.data() + (c * rows + r) * D;
+        for (int64_t d = 0; d < D; ++d) sum[d] += part[d];
+      }
+      store_row<T>(sum.data(), dQ + b * bp.dq_s.b + h * bp.dq_s.h + (g.q_row0 + i) * bp.dq_s.l, D);
+    }
+  });
+}
+
+#if defined(__AVX512BF16__)
+// The backward of plain_bf16_forward's cases, transposed the same way: per (key block, query
+// block) tile, S^T = K Q^T and dP^T = V dO^T put the queries in the vector lanes, so P^T =
+// exp(S^T - lse) and dS^T = P^T (dP^T - Delta) scale take lse and Delta as vectors; P^T and
+// dS^T are rounded to bfloat16 once, as rows of query pairs (transposed as words: the A
+// operands of dV += P^T dO and dK += dS^T Q) and, for dS, as pairs of key rows (the A operand
+// of dQ += dS K). The query-side operands (Q^T, Q, dO^T, dO in pair layouts) are packed once
+// per query block and head and kept across key blocks, for each query head of a GQA group.
+// Same tasks, chunks and summation order as backward_impl (bitwise reproducible).
+inline bool plain_bf16_backward_fits(const AttentionBackwardParams& bp) {
+  return plain_bf16_forward_fits(bp.p) && bp.dmask == nullptr;
+}
+
+void plain_bf16_backward(const AttentionBackwardParams& bp) {
+  using T = c10::BFloat16;
+  static_assert(kBlockQ == 64 && kBlockK == 64, "tiles of 4 vectors of queries");
+  const AttentionProblem& p = bp.p;
+  const int64_t D = p.D, Dv = p.Dv, D2 = (p.D + 1) / 2, Dv2 = (p.Dv + 1) / 2;
+  const int64_t group = p.Hq / p.Hkv;
+  const int64_t k_blocks = (p.Lk + kBlockK - 1) / kBlockK;
+  const int64_t q_blocks = (p.Lq + kBlockQ - 1) / kBlockQ;
+  const T* Q = static_cast<const T*>(p.q);
+  const T* K = static_cast<const T*>(p.k);
+  const T* V = static_cast<const T*>(p.v);
+  const T* dO = static_cast<const T*>(bp.grad_out);
+  const float* LSE = static_cast<const float*>(bp.lse);
+  T* dK = static_cast<T*>(bp.dk);
+  T* dV = static_cast<T*>(bp.dv);
+  const int64_t rows = p.cu_q != nullptr ? p.Hq * p.total_q : p.B * p.Hq * p.Lq;
+  const int64_t walk = p.B * p.Hq * p.Lq;
+  const std::vector<float> delta = row_deltas<T, float>(bp, rows, walk);
+  const int64_t pairs_bh = p.B * p.Hkv;
+  const int64_t chunks = std::clamp<int64_t>((kMinBackwardTasks + pairs_bh - 1) / pairs_bh, 1,
+                                             std::max<int64_t>(k_blocks, 1));
+  const int64_t blocks_per_chunk = (k_blocks + chunks - 1) / chunks;
+  std::vector<float> dq_acc(static_cast<size_t>(chunks * rows * D), 0.0f);
+  const float to_log2 = static_cast<float>(p.scale * 1.4426950408889634);
+  const float scale = static_cast<float>(p.scale);
+  // Query-side packs are kept for every head of a group when that stays small.
+  const int64_t cached_heads = group * q_blocks <= 128 ? group : 1;
+  const auto bits = [](const T* x) { return reinterpret_cast<const uint16_t*>(x); };
+
+  at::parallel_for(0, pairs_bh * chunks, 1, [&](int64_t begin, int64_t end) {
+    const int64_t W = std::max({D2, Dv2, kBlockQ / 2});
+    std::vector<uint32_t> pairs(std::max(kBlockQ, kBlockK) * W), kT(D2 * kBlockK),
+        vT(Dv2 * kBlockK), kR(kBlockK / 2 * D), words(kBlockK * kBlockQ / 2),
+        aT(kBlockQ / 2 * kBlockK), dsI(kBlockK / 2 * kBlockQ);
+    std::vector<uint32_t> qT_s(D2 * kBlockQ), qR_s(kBlockQ / 2 * D), doT_s(Dv2 * kBlockQ),
+        doR_s(kBlockQ / 2 * Dv);
+    std::vector<float> sT(kBlockK * kBlockQ), dpT(kBlockK * kBlockQ);
+    std::vector<float> dk_acc(kBlockK * D), dv_acc(kBlockK * Dv);
+    // Per cached head: Q^T pairs [kk][m], Q pair rows [kk][d], dO^T pairs, dO pair rows.
+    std::vector<PackedBlocks> qT_c(cached_heads), qR_c(cached_heads), doT_c(cached_heads),
+        doR_c(cached_heads);
+    for (int64_t c = 0; c < cached_heads; ++c) {
+      qT_c[c].block_words = D2 * kBlockQ;
+      qR_c[c].block_words = kBlockQ / 2 * D;
+      doT_c[c].block_words = Dv2 * kBlockQ;
+      doR_c[c].block_words = kBlockQ / 2 * Dv;
+    }
+    alignas(64) static constexpr uint16_t kInterleave[32] = {
+        0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+        8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i interleave = _mm512_load_si512(kInterleave);
+    const __m512 vlog2 = _mm512_set1_ps(to_log2), vscale = _mm512_set1_ps(scale);
+    const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    const __m512 pinf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+    const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
+    // x (rows x cols bfloat16) -> pairs along cols, k-major: out[kk * ld_out + r].
+    const auto pairs_transposed = [&](const uint16_t* x, int64_t ld, int64_t nrows, int64_t cols,
+                                      uint32_t* out, int64_t ld_out) {
+      const int64_t cols2 = (cols + 1) / 2;
+      pair_columns(x, ld, nrows, cols, pairs.data(), cols2);
+      transpose_words(pairs.data(), cols2, out, ld_out, nrows, cols2);
+    };
+    // A query-side pack of block qb of a head, from its cache (packed on first use).
+    const auto packed = [&](PackedBlocks& cache, const T* base, int64_t qb, uint32_t* scratch,
+                            const auto& pack) -> const uint32_t* {
+      bool fresh = true;
+      uint32_t* slot = cache.slot(base, qb, fresh);
+      uint32_t* dst = slot != nullptr ? slot : scratch;
+      if (fresh) pack(dst);
+      return dst;
+    };
+    const auto pair_backward = [&](int64_t b, int64_t hk, int64_t chunk) {
+      const Geometry g = geometry(p, b);
+      const int64_t seq_blocks = (g.Lk + kBlockK - 1) / kBlockK;
+      const int64_t kb_end = std::min(seq_blocks, (chunk + 1) * blocks_per_chunk);
+      float* dq_chunk = dq_acc.data() + chunk * rows * D;
+      const T* k_base = K + b * p.k_s.b + hk * p.k_s.h + g.k_row0 * p.k_s.l;
+      const T* v_base = V + b * p.v_s.b + hk * p.v_s.h + g.k_row0 * p.v_s.l;
+      for (int64_t kb = chunk * blocks_per_chunk; kb < kb_end; ++kb) {
+        const int64_t j0 = kb * kBlockK, N = std::min(kBlockK, g.Lk - j0);
+        const uint16_t* k_rows = bits(k_base + j0 * p.k_s.l);
+        pairs_transposed(k_rows, p.k_s.l, N, D, kT.data(), kBlockK);  // A of K Q^T
+        pair_rows(k_rows, p.k_s.l, N, D, kR.data(), D);               // B of dS K
+        pairs_transposed(bits(v_base + j0 * p.v_s.l), p.v_s.l, N, Dv, vT.data(), kBlockK);
+        std::fill(dk_acc.begin(), dk_acc.begin() + N * D, 0.0f);
+        std::fill(dv_acc.begin(), dv_acc.begin() + N * Dv, 0.0f);
+        const auto [qb_first, qb_last] = visible_query_blocks(g, j0, N);
+        for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+          const int64_t slot = cached_heads == 1 ? 0 : h - hk * group;
+          const T* q_base = Q + b * p.q_s.b + h * p.q_s.h + g.q_row0 * p.q_s.l;
+          const T* do_base =
+              dO + b * bp.grad_out_s.b + h * bp.grad_out_s.h + g.q_row0 * bp.grad_out_s.l;
+          const int64_t row0 = lse_offset(p, g, b, h);
+          const float* lse_h = LSE + row0;
+          const float* delta_h = delta.data() + row0;
+          float* dq_h = dq_chunk + row0 * D;
+          for (int64_t qb = qb_first; qb < qb_last; ++qb) {
+            const int64_t i0 = qb * kBlockQ, M = std::min(kBlockQ, g.Lq - i0), M2 = (M + 1) / 2;
+            const uint16_t* q_rows = bits(q_base + i0 * p.q_s.l);
+            const uint16_t* do_rows = bits(do_base + i0 * bp.grad_out_s.l);
+            const uint32_t* qT = packed(qT_c[slot], q_base, qb, qT_s.data(), [&](uint32_t* o) {
+              pairs_transposed(q_rows, p.q_s.l, M, D, o, kBlockQ);
+            });
+            const uint32_t* qR = packed(qR_c[slot], q_base, qb, qR_s.data(), [&](uint32_t* o) {
+              pair_rows(q_rows, p.q_s.l, M, D, o, D);
+            });
+            const uint32_t* doT = packed(doT_c[slot], do_base, qb, doT_s.data(), [&](uint32_t* o) {
+              pairs_transposed(do_rows, bp.grad_out_s.l, M, Dv, o, kBlockQ);
+            });
+            const uint32_t* doR = packed(doR_c[slot], do_base, qb, doR_s.data(), [&](uint32_t* o) {
+              pair_rows(do_rows, bp.grad_out_s.l, M, Dv, o, Dv);
+            });
+            // S^T (N x M) = K Q^T, unscaled; the band hidden.
+            gemm_bf16(N, M, D2, 1.0f, kT.data(), kBlockK, qT, kBlockQ, sT.data(), kBlockQ, false);
+            hide_outside_band_transposed(sT.data(), g, i0, M, j0, N);
+            // lse (log2 units; +inf for rows without a visible key and lanes past M: P = 0)
+            // and Delta of the 16 queries of each vector.
+            __m512 lse2[4], dl[4];
+            for (int c = 0; c < 4; ++c) {
+              const __mmask16 in = detail::tail_mask(M - 16 * c);
+              const __m512 x = _mm512_mask_loadu_ps(pinf, in, lse_h + i0 + 16 * c);
+              const __mmask16 empty = _mm512_cmp_ps_mask(x, ninf, _CMP_EQ_OQ);
+              lse2[c] = _mm512_mask_mov_ps(_mm512_mul_ps(x, log2e), empty, pinf);
+              dl[c] = _mm512_maskz_loadu_ps(in, delta_h + i0 + 16 * c);
+            }
+            // P^T in float (kept in sT for dS) and as rows of query pairs in bfloat16.
+            for (int64_t n = 0; n < N; ++n) {
+              float* row = sT.data() + n * kBlockQ;
+              __m512 e[4];
+              for (int c = 0; c < 4; ++c) {
+                e[c] =
+                    exp2_for_bf16(_mm512_fmsub_ps(_mm512_loadu_ps(row + 16 * c), vlog2, lse2[c]));
+                _mm512_storeu_ps(row + 16 * c, e[c]);
+              }
+              uint32_t* w = words.data() + n * (kBlockQ / 2);
+              _mm512_storeu_si512(w, (__m512i)_mm512_cvtne2ps_pbh(e[1], e[0]));
+              _mm512_storeu_si512(w + 16, (__m512i)_mm512_cvtne2ps_pbh(e[3], e[2]));
+            }
+            // dV (N x Dv) += P^T dO: A = P^T pairs along the queries, k-major.
+            transpose_words(words.data(), kBlockQ / 2, aT.data(), kBlockK, N, M2);
+            gemm_bf16(N, Dv, M2, 1.0f, aT.data(), kBlockK, doR, Dv, dv_acc.data(), Dv, true);
+            // dP^T (N x M) = V dO^T.
+            gemm_bf16(N, M, Dv2, 1.0f, vT.data(), kBlockK, doT, kBlockQ, dpT.data(), kBlockQ,
+                      false);
+            // dS^T = P^T (dP^T - Delta) scale, rounded: rows of query pairs (words) and pairs
+            // of key rows (dsI[kk * kBlockQ + m] = (dS[m][2kk], dS[m][2kk + 1])).
+            for (int64_t kk = 0; kk < (N + 1) / 2; ++kk) {
+              const bool has1 = 2 * kk + 1 < N;
+              __m512 ds0[4], ds1[4];
+              for (int c = 0; c < 4; ++c) {
+                const int64_t o0 = 2 * kk * kBlockQ + 16 * c;
+                ds0[c] = _mm512_mul_ps(
+                    _mm512_mul_ps(_mm512_loadu_ps(sT.data() + o0),
+                                  _mm512_sub_ps(_mm512_loadu_ps(dpT.data() + o0), dl[c])),
+                    vscale);
+                ds1[c] =
+                    has1
+                        ? _mm512_mul_ps(
+                              _mm512_mul_ps(
+                                  _mm512_loadu_ps(sT.data() + o0 + kBlockQ),
+                                  _mm512_sub_ps(_mm512_loadu_ps(dpT.data() + o0 + kBlockQ), dl[c])),
+                              vscale)
+                        : _mm512_setzero_ps();
+                _mm512_storeu_si512(dsI.data() + kk * kBlockQ + 16 * c,
+                                    _mm512_permutexvar_epi16(
+                                        interleave, (__m512i)_mm512_cvtne2ps_pbh(ds1[c], ds0[c])));
+              }
+              uint32_t* w0 = words.data() + 2 * kk * (kBlockQ / 2);
+              _mm512_storeu_si512(w0, (__m512i)_mm512_cvtne2ps_pbh(ds0[1], ds0[0]));
+              _mm512_storeu_si512(w0 + 16, (__m512i)_mm512_cvtne2ps_pbh(ds0[3], ds0[2]));
+              if (has1) {
+                uint32_t* w1 = w0 + kBlockQ / 2;
+                _mm512_storeu_si512(w1, (__m512i)_mm512_cvtne2ps_pbh(ds1[1], ds1[0]));
+                _mm512_storeu_si512(w1 + 16, (__m512i)_mm512_cvtne2ps_pbh(ds1[3], ds1[2]));
+              }
+            }
+            // dK (N x D) += dS^T Q; dQ (M x D) += dS K.
+            transpose_words(words.data(), kBlockQ / 2, aT.data(), kBlockK, N, M2);
+            gemm_bf16(N, D, M2, 1.0f, aT.data(), kBlockK, qR, D, dk_acc.data(), D, true);
+            gemm_bf16(M, D, (N + 1) / 2, 1.0f, dsI.data(), kBlockQ, kR.data(), D, dq_h + i0 * D, D,
+                      true);
+          }
+        }
+        T* dk_base = dK + b * bp.dk_s.b + hk * bp.dk_s.h + (g.k_row0 + j0) * bp.dk_s.l;
+        T* dv_base = dV + b * bp.dv_s.b + hk * bp.dv_s.h + (g.k_row0 + j0) * bp.dv_s.l;
+        for (int64_t n = 0; n < N; ++n) {
+          store_row<T>(dk_acc.data() + n * D, dk_base + n * bp.dk_s.l, D);
+          store_row<T>(dv_acc.data() + n * Dv, dv_base + n * bp.dv_s.l, Dv);
+        }
+      }
+    };
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t chunk = task % chunks, pair = task / chunks;
+      pair_backward(pair / p.Hkv, pair % p.Hkv, chunk);
+    }
+  });
+  sum_dq_chunks<T, float>(bp, dq_acc, chunks, rows, walk);
+}
+#endif
+
+template <typename T, typename Tiles>
+void backward_impl(const AttentionBackwardParams& bp) {
+  using acc = typename Tiles::acc;
+  const AttentionProblem& p = bp.p;
+  const int64_t D = p.D, Dv = p.Dv;
+  const int64_t group = p.Hq / p.Hkv;
+  const int64_t k_blocks = (p.Lk + kBlockK - 1) / kBlockK;
+  const T* Q = static_cast<const T*>(p.q);
+  const T* K = static_cast<const T*>(p.k);
+  const T* V = static_cast<const T*>(p.v);
+  const T* dO = static_cast<const T*>(bp.grad_out);
+  const acc* LSE = static_cast<const acc*>(bp.lse);
+  T* dK = static_cast<T*>(bp.dk);
+  T* dV = static_cast<T*>(bp.dv);
+  // Query rows are numbered like lse: (B, Hq, Lq) dense, (Hq, total_q) varlen. The loops below
+  // walk (b, h, i < Lq) and skip rows past a shorter sequence's end.
+  const int64_t rows = p.cu_q != nullptr ? p.Hq * p.total_q : p.B * p.Hq * p.Lq;
+  const int64_t walk = p.B * p.Hq * p.Lq;
+
+  const std::vector<acc> delta = row_deltas<T, acc>(bp, rows, walk);
 
   // With a mask gradient, every task owns the elements of d mask it adds to: the dims along
   // which the mask broadcasts (stride 0) are walked inside a task rather than split across
@@ -1069,22 +1523,7 @@ void backward_impl(const AttentionBackwardParams& bp) {
     }
   });
 
-  // dQ = sum of the chunks' partials, in chunk order.
-  at::parallel_for(0, walk, 64, [&](int64_t begin, int64_t end) {
-    std::vector<acc> sum(D);
-    for (int64_t w = begin; w < end; ++w) {
-      const int64_t i = w % p.Lq, bh = w / p.Lq, b = bh / p.Hq, h = bh % p.Hq;
-      const Geometry g = geometry(p, b);
-      if (i >= g.Lq) continue;
-      const int64_t r = lse_offset(p, g, b, h) + i;
-      std::copy(dq_acc.data() + r * D, dq_acc.data() + (r + 1) * D, sum.begin());
-      for (int64_t c = 1; c < chunks; ++c) {
-        const acc* part = dq_acc.data() + (c * rows + r) * D;
-        for (int64_t d = 0; d < D; ++d) sum[d] += part[d];
-      }
-      store_row<T>(sum.data(), dQ + b * bp.dq_s.b + h * bp.dq_s.h + (g.q_row0 + i) * bp.dq_s.l, D);
-    }
-  });
+  sum_dq_chunks<T, acc>(bp, dq_acc, chunks, rows, walk);
 }
 
 }  // namespace
@@ -1098,6 +1537,11 @@ void attention_forward(const AttentionForwardParams& fp) {
     if (AmxTiles::fits(fp.p) && fp.p.block_table == nullptr) return forward_impl<T, AmxTiles>(fp);
   }
 #endif
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (plain_bf16_forward_fits(fp.p)) return plain_bf16_forward(fp);
+  }
+#endif
   forward_impl<T, typename TilesFor<T>::type>(fp);
 }
 
@@ -1106,6 +1550,11 @@ void attention_backward(const AttentionBackwardParams& bp) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     if (AmxTiles::fits(bp.p)) return backward_impl<T, AmxTiles>(bp);
+  }
+#endif
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (plain_bf16_backward_fits(bp)) return plain_bf16_backward(bp);
   }
 #endif
   backward_impl<T, typename TilesFor<T>::type>(bp);

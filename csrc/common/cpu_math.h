@@ -128,10 +128,10 @@ inline double row_max(const double* x, int64_t n) {
 // half the instructions of exp_approx. Results below 2^-126 (masked scores among them) are 0,
 // computed under a mask: an underflowing vscalefps takes a microcode assist of ~100 cycles,
 // which made the diagonal tiles of causal attention as slow as the whole softmax.
-inline __m512 exp_shifted_for_bf16(__m512 x, __m512 shift) {
-  const __m512 t =
-      _mm512_max_ps(_mm512_mul_ps(_mm512_sub_ps(x, shift), _mm512_set1_ps(1.44269504088896341f)),
-                    _mm512_set1_ps(-200.0f));  // no inf - inf below
+// exp2_for_bf16 is 2^t (t in log2 units: the callers fold the log2(e) factor, and the softmax
+// scale, into the multiply that forms t).
+inline __m512 exp2_for_bf16(__m512 t) {
+  t = _mm512_max_ps(t, _mm512_set1_ps(-200.0f));  // no inf - inf below
   const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(t, n);
@@ -141,6 +141,29 @@ inline __m512 exp_shifted_for_bf16(__m512 x, __m512 shift) {
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022119793277966e-01f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314696706794910e-01f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000000716400320e+00f));
+  return _mm512_maskz_scalef_ps(normal, p, n);
+}
+
+inline __m512 exp_shifted_for_bf16(__m512 x, __m512 shift) {
+  return exp2_for_bf16(
+      _mm512_mul_ps(_mm512_sub_ps(x, shift), _mm512_set1_ps(1.44269504088896341f)));
+}
+
+// 2^t on 16 lanes with exp_approx's polynomial (about 2 ulp); 0 below 2^-126 and for -inf.
+inline __m512 exp2_approx(__m512 t) {
+  const __m512 clamped =
+      _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-126.0f)), _mm512_set1_ps(127.0f));
+  const __m512 n = _mm512_roundscale_ps(clamped, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(clamped, n);
+  __m512 p = _mm512_set1_ps(1.525273380405984e-05f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.5403530393381606e-04f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-03f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-03f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-02f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-01f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-01f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
   return _mm512_maskz_scalef_ps(normal, p, n);
 }
 
