@@ -1285,7 +1285,7 @@ def test_triton_compile_fullgraph():
 def test_triton_limits_and_automatic_order(kind):
     """float64 is refused by triton with its reason (an explicit request raises, the automatic
     choice on CPU tensors stays cpu); on CUDA tensors the automatic choice tries triton first,
-    as for the LSTM; the cuda backend, which has no GRU / RNN kernels, refuses with its reason."""
+    as for the LSTM, then cuda."""
     device = kind_device("triton", kind)
     fam = family(kind)
     assert "float64" in _recurrent.unsupported_backends(fam, F64)["triton"]
@@ -1295,16 +1295,13 @@ def test_triton_limits_and_automatic_order(kind):
     with pytest.raises(fastattn.BackendError, match="float64"):
         with fastattn.use_backend("triton"):
             module(x)
-    module(x)  # CPU tensors: cpu; CUDA tensors: neither triton (float64) nor cuda (no kernel)
-    assert fastattn.last_backend(fam) == ("cpu" if device.type == "cpu" else "reference")
+    module(x)  # CPU tensors: cpu; CUDA tensors: not triton (float64), so the cuda kernels
+    assert fastattn.last_backend(fam) == ("cpu" if device.type == "cpu" else "cuda")
     for op in (fam, f"{fam}_cell"):
         assert fastattn._backend.automatic_order(op, "cuda")[0] == "triton", op
-    cuda_reason = _recurrent.unsupported_backends(fam).get("cuda")
-    assert cuda_reason is not None and fam.upper() in cuda_reason
-    module32 = make_pair(kind, 3, 4, device=device, dtype=torch.float32)[1]
-    with pytest.raises(fastattn.BackendError, match="backend 'cuda' cannot run"):
-        with fastattn.use_backend("cuda"):
-            module32(x.float())
+    # The cuda backend has this family's kernels (the LSTM's engine, generic over the cell).
+    assert "cuda" not in _recurrent.unsupported_backends(fam)
+    assert "cuda" not in _recurrent.unsupported_backends(fam, F64)
 
 
 def test_triton_layer_ops_reject_bad_arguments(monkeypatch):
