@@ -163,19 +163,21 @@ def register_autograd(op: str, formula: tuple[Callable, Callable]) -> None:
     formula as an autograd.Function for eager calls (`kernel_op`)."""
     backward, setup_context = formula
     torch.library.register_autograd(f"fastattn::{op}", backward, setup_context=setup_context)
-    _EAGER_FUNCTIONS[op] = _eager_function(op, backward, setup_context)
+    overload = getattr(torch.ops.fastattn, op).default
+    function = _eager_function(overload, op, backward, setup_context)
+    _EAGER_CALLS[op] = functools.partial(_call_eager, function, overload)
 
 
-# op name -> autograd.Function running the op's kernel below autograd with its formula
-_EAGER_FUNCTIONS: dict[str, type[torch.autograd.Function]] = {}
+# op name -> the eager call of the op (`_call_eager` bound to its autograd.Function, which runs
+# the op's kernel below autograd with the registered formula); built once at registration.
+_EAGER_CALLS: dict[str, Callable] = {}
 
 
-def _eager_function(op: str, backward: Callable, setup_context: Callable):
+def _eager_function(overload, op: str, backward: Callable, setup_context: Callable):
     """torch.library's autograd wrapper costs tens of microseconds per call in Python
     (keysets, default filling, a generated Function per call path); a decoder that calls a
     small op 20 times a step pays it on every call. This Function applies the same formula
     (setup_context, backward) around the op's kernel, dispatched below autograd."""
-    overload = getattr(torch.ops.fastattn, op).default
 
     # setup_context is called from forward rather than declared as the Function's own: a
     # declared one makes every apply bind the arguments with inspect.signature (~30 us).
@@ -197,11 +199,10 @@ def kernel_op(name: str) -> Callable:
     autograd.Function (with inputs that need gradients) or the kernel below autograd (without:
     no autograd wrapper to pass through); while torch.compile traces, the op itself, which
     Dynamo sees as one node with its fake and autograd."""
-    packet = getattr(torch.ops.fastattn, name)
-    function = _EAGER_FUNCTIONS.get(name)
-    if function is None or torch.compiler.is_compiling():
-        return packet
-    return functools.partial(_call_eager, function, packet.default)
+    call = _EAGER_CALLS.get(name)
+    if call is None or torch.compiler.is_compiling():
+        return getattr(torch.ops.fastattn, name)
+    return call
 
 
 def _call_eager(function, overload, *args):
