@@ -1972,7 +1972,7 @@ def test_no_host_reads_for_cuda_tensors(backend, monkeypatch):
     monkeypatch.setattr(
         positional_ops, "_inplace_rotary_op", lambda chosen: torch.ops.fastattn.apply_rotary_
     )
-    with fake_cuda() as recorder:
+    with fake_cuda(backend) as recorder:
         _positional_calls(backend, _positional_inputs("cuda"))
     assert_no_host_reads(recorder)
     # triton: offsets (x7, one per call with tensor offsets), token ids (x2), position ids
@@ -1994,7 +1994,7 @@ def test_host_checks_switch(monkeypatch):
     with pytest.raises(ValueReadError), fake_cuda() as rec:
         fastattn.apply_rotary(
             randn(2, 1, 3, 4, device="cuda"),
-            backend="triton",
+            backend="cuda",
             offset=torch.tensor([0, 1], device="cuda"),
         )
     assert any("_local_scalar_dense" in r for r in rec.reads)
