@@ -72,6 +72,14 @@ inline void define_additive_attention(torch::Library& m) {
   m.def(
       "additive_scores_backward(Tensor grad, Tensor qp, Tensor kp, Tensor v) "
       "-> (Tensor, Tensor, Tensor)");
+  // The masked softmax of those scores and the weighted sum of values, fused (CPU):
+  // (context (B, Lq, Dv) in values' dtype, weights (B, Lq, Lk) in the scores' dtype).
+  m.def(
+      "additive_context(Tensor scores, Tensor values, Tensor? key_padding_mask) "
+      "-> (Tensor, Tensor)");
+  m.def(
+      "additive_context_backward(Tensor grad_context, Tensor? grad_weights, Tensor weights, "
+      "Tensor values) -> (Tensor, Tensor)");
 }
 
 inline void define_positional(torch::Library& m) {

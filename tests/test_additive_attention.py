@@ -21,6 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 import fastattn
 from fastattn._backend import missing_kernel
 from fastattn.nn import AdditiveAttention
+from fastattn.reference.additive_attention import additive_context as ref_additive_context
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -453,10 +454,22 @@ def _opcheck_args(device, dtype=torch.float32):
     qp = randn((2, 5, 7), dtype, device, g).requires_grad_()
     kp = randn((2, 6, 7), dtype, device, g).requires_grad_()
     v = randn((7,), dtype, device, g).requires_grad_()
-    grad = randn((2, 5, 6), F64 if dtype == F64 else torch.float32, device, g)
+    acc = F64 if dtype == F64 else torch.float32
+    grad = randn((2, 5, 6), acc, device, g)
+    scores = randn((2, 5, 6), acc, device, g).requires_grad_()
+    values = randn((2, 6, 3), dtype, device, g).requires_grad_()
+    mask = torch.tensor([[False] * 6, [False, True, False, True, True, True]], device=device)
+    weights = torch.softmax(scores.detach(), -1)
     return {
         "additive_scores": (qp, kp, v),
         "additive_scores_backward": (grad, qp.detach(), kp.detach(), v.detach()),
+        "additive_context": (scores, values, mask),
+        "additive_context_backward": (
+            randn((2, 5, 3), dtype, device, g),
+            randn((2, 5, 6), acc, device, g),
+            weights,
+            values.detach(),
+        ),
     }
 
 
@@ -468,6 +481,53 @@ def test_opcheck_native(backend, op, dtype_name):
     torch.library.opcheck(
         getattr(torch.ops.fastattn, op), _opcheck_args(device, DTYPES[dtype_name])[op]
     )
+
+
+@pytest.mark.parametrize("dtype_name", ("f32", "f64", "bf16"))
+@pytest.mark.parametrize("op", ("additive_context", "additive_context_backward"))
+def test_opcheck_cpu_context(op, dtype_name):
+    """The masked softmax and weighted sum that the cpu backend fuses (the other backends run
+    them as torch ops)."""
+    device = skip_unavailable("cpu", torch.float32)
+    torch.library.opcheck(
+        getattr(torch.ops.fastattn, op), _opcheck_args(device, DTYPES[dtype_name])[op]
+    )
+
+
+@pytest.mark.parametrize("with_mask", (True, False))
+@pytest.mark.parametrize("dtype_name", ("f32", "bf16", "f16", "f64"))
+def test_cpu_context_matches_reference(with_mask, dtype_name):
+    """fastattn::additive_context and its backward (with and without a weights gradient)
+    against the reference composition in float64: an odd Dv (a masked 16-lane tail), a row
+    whose keys are all masked (zero weights and context, zero gradients)."""
+    skip_unavailable("cpu", torch.float32)
+    dtype = {**DTYPES, "f16": torch.float16}[dtype_name]
+    acc = F64 if dtype == F64 else torch.float32
+    g = torch.Generator().manual_seed(3)
+    B, Lq, Lk, Dv = 3, 4, 37, 21
+    scores = (3 * torch.randn(B, Lq, Lk, generator=g)).to(acc).requires_grad_()
+    values = torch.randn(B, Lk, Dv, generator=g).to(dtype).requires_grad_()
+    mask = torch.rand(B, Lk, generator=g) < 0.3
+    mask[1] = True
+    mask = mask if with_mask else None
+    g_ctx = torch.randn(B, Lq, Dv, generator=g).to(dtype)
+    g_w = torch.randn(B, Lq, Lk, generator=g).to(acc)
+    ctx, w = torch.ops.fastattn.additive_context(scores, values, mask)
+    torch.autograd.backward((ctx, w), (g_ctx, g_w))
+    s64, v64 = (
+        scores.detach().double().requires_grad_(),
+        values.detach().double().requires_grad_(),
+    )
+    ctx_ref, w_ref = ref_additive_context(s64, v64, mask)
+    torch.autograd.backward((ctx_ref, w_ref), (g_ctx.double(), g_w.double()))
+    tol = {F64: 1e-12, torch.float32: 1e-5}.get(dtype, 2e-2)
+    tol = dict(atol=tol, rtol=tol)
+    torch.testing.assert_close(w.double(), w_ref, **tol)
+    torch.testing.assert_close(ctx.double(), ctx_ref, **tol)
+    torch.testing.assert_close(scores.grad.double(), s64.grad, **tol)
+    torch.testing.assert_close(values.grad.double(), v64.grad, **tol)
+    if with_mask:
+        assert (w[1] == 0).all() and (ctx[1] == 0).all() and (scores.grad[1] == 0).all()
 
 
 @pytest.mark.parametrize("op", ("additive_scores", "additive_scores_backward"))

@@ -25,4 +25,27 @@ inline void check_scores_args(const at::Tensor& qp, const at::Tensor& kp, const 
   check_same_device(qp, v, op, "qp", "v");
 }
 
+// additive_context's arguments: scores (B, Lq, Lk) in the compute type of values (B, Lk, Dv),
+// key_padding_mask bool (B, Lk).
+inline void check_context_args(const at::Tensor& scores, const at::Tensor& values,
+                               const c10::optional<at::Tensor>& key_padding_mask, const char* op) {
+  check_float_dtype(values, op, "values");
+  FASTATTN_CHECK(scores.dim() == 3 && values.dim() == 3 && scores.size(0) == values.size(0) &&
+                     scores.size(2) == values.size(1),
+                 op, "expected scores (B, Lq, Lk) and values (B, Lk, Dv), got ", scores.sizes(),
+                 ", ", values.sizes());
+  FASTATTN_CHECK(scores.scalar_type() == compute_dtype(values), op, "scores must be ",
+                 compute_dtype(values), " for ", values.scalar_type(), " values, got ",
+                 scores.scalar_type());
+  check_same_device(scores, values, op, "scores", "values");
+  if (key_padding_mask.has_value()) {
+    const at::Tensor& mask = *key_padding_mask;
+    FASTATTN_CHECK(mask.scalar_type() == at::kBool && mask.dim() == 2 &&
+                       mask.size(0) == values.size(0) && mask.size(1) == values.size(1),
+                   op, "key_padding_mask must be bool (B, Lk) = (", values.size(0), ", ",
+                   values.size(1), "), got ", mask.scalar_type(), " ", mask.sizes());
+    check_same_device(mask, values, op, "key_padding_mask", "values");
+  }
+}
+
 }  // namespace fastattn::additive_attention

@@ -57,11 +57,70 @@ std::tuple<Tensor, Tensor, Tensor> additive_scores_backward_cpu(const Tensor& gr
   return {dqp, dkp, dv};
 }
 
+std::tuple<Tensor, Tensor> additive_context_cpu(const Tensor& scores_in, const Tensor& values_in,
+                                                const c10::optional<Tensor>& key_padding_mask) {
+  constexpr const char* op = "additive_context";
+  check_context_args(scores_in, values_in, key_padding_mask, op);
+  Tensor scores = scores_in.contiguous(), values = values_in.contiguous();
+  Tensor mask = key_padding_mask.has_value() ? key_padding_mask->contiguous() : Tensor();
+  const int64_t B = scores.size(0), Lq = scores.size(1), Lk = scores.size(2);
+  Tensor context = at::empty({B, Lq, values.size(2)}, values.options());
+  Tensor weights = at::empty(scores.sizes(), scores.options());
+  poison(context);
+  poison(weights);
+  if (context.numel() == 0 && weights.numel() == 0) return {context, weights};
+  cpu::AdditiveContextParams p{};
+  p.B = B, p.Lq = Lq, p.Lk = Lk, p.Dv = values.size(2);
+  p.scores = scores.data_ptr(), p.values = values.data_ptr();
+  p.mask = mask.defined() ? mask.data_ptr<bool>() : nullptr;
+  p.weights = weights.data_ptr(), p.context = context.data_ptr();
+  FASTATTN_DISPATCH_ADDITIVE(values.scalar_type(),
+                             [&] { FASTATTN_CPU_ISA_CALL(additive_context<scalar_t>, p); });
+  return {context, weights};
+}
+
+std::tuple<Tensor, Tensor> additive_context_backward_cpu(
+    const Tensor& grad_context_in, const c10::optional<Tensor>& grad_weights_in,
+    const Tensor& weights_in, const Tensor& values_in) {
+  constexpr const char* op = "additive_context_backward";
+  check_context_args(weights_in, values_in, c10::nullopt, op);
+  const int64_t B = weights_in.size(0), Lq = weights_in.size(1), Lk = weights_in.size(2);
+  FASTATTN_CHECK(grad_context_in.dim() == 3 && grad_context_in.size(0) == B &&
+                     grad_context_in.size(1) == Lq && grad_context_in.size(2) == values_in.size(2),
+                 op, "grad_context must be (B, Lq, Dv) = (", B, ", ", Lq, ", ", values_in.size(2),
+                 "), got ", grad_context_in.sizes());
+  Tensor values = values_in.contiguous(), weights = weights_in.contiguous();
+  Tensor grad_context = grad_context_in.to(values.scalar_type()).contiguous();
+  Tensor grad_weights;
+  if (grad_weights_in.has_value()) {
+    FASTATTN_CHECK(grad_weights_in->sizes() == weights.sizes(), op,
+                   "grad_weights must be shaped like weights ", weights.sizes(), ", got ",
+                   grad_weights_in->sizes());
+    grad_weights = grad_weights_in->to(weights.scalar_type()).contiguous();
+  }
+  Tensor grad_scores = at::empty(weights.sizes(), weights.options());
+  Tensor grad_values = at::empty(values.sizes(), values.options());
+  poison(grad_scores);
+  poison(grad_values);
+  if (grad_scores.numel() == 0 && grad_values.numel() == 0) return {grad_scores, grad_values};
+  cpu::AdditiveContextParams p{};
+  p.B = B, p.Lq = Lq, p.Lk = Lk, p.Dv = values.size(2);
+  p.values = values.data_ptr(), p.weights = weights.data_ptr();
+  p.grad_context = grad_context.data_ptr();
+  p.grad_weights = grad_weights.defined() ? grad_weights.data_ptr() : nullptr;
+  p.grad_scores = grad_scores.data_ptr(), p.grad_values = grad_values.data_ptr();
+  FASTATTN_DISPATCH_ADDITIVE(
+      values.scalar_type(), [&] { FASTATTN_CPU_ISA_CALL(additive_context_backward<scalar_t>, p); });
+  return {grad_scores, grad_values};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fastattn, CPU, m) {
   m.impl("additive_scores", &additive_scores_cpu);
   m.impl("additive_scores_backward", &additive_scores_backward_cpu);
+  m.impl("additive_context", &additive_context_cpu);
+  m.impl("additive_context_backward", &additive_context_backward_cpu);
 }
 
 }  // namespace fastattn::additive_attention

@@ -6,6 +6,8 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -111,6 +113,13 @@ void accumulate_row<float>(const float* x, const float* rows_y, int64_t n, const
 }
 #endif
 
+// Rows per parallel task of the score kernels: at least ~8k tanh evaluations a task, below
+// which waking the other threads costs more than it saves (a decoder step at B=16, Lk=20,
+// A=64 is ~20k in all).
+inline int64_t scores_rows_per_task(int64_t tanh_per_row) {
+  return std::max<int64_t>(1, 8192 / std::max<int64_t>(tanh_per_row, 1));
+}
+
 }  // namespace
 
 template <typename T>
@@ -121,15 +130,16 @@ void additive_scores(const AdditiveScoresParams& p) {
   const acc* kp = as_compute<T>(p.kp, p.B * p.Lk, p.A, kbuf);
   const acc* v = as_compute<T>(p.v, 1, p.A, vbuf);
   acc* S = static_cast<acc*>(p.scores);
-  at::parallel_for(0, p.B * p.Lq, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      const int64_t b = row / p.Lq;
-      const acc* q = qp + row * p.A;
-      const acc* k = kp + b * p.Lk * p.A;
-      acc* s = S + row * p.Lk;
-      for (int64_t j = 0; j < p.Lk; ++j) s[j] = score(q, k + j * p.A, v, p.A);
-    }
-  });
+  at::parallel_for(0, p.B * p.Lq, scores_rows_per_task(p.Lk * p.A),
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t row = begin; row < end; ++row) {
+                       const int64_t b = row / p.Lq;
+                       const acc* q = qp + row * p.A;
+                       const acc* k = kp + b * p.Lk * p.A;
+                       acc* s = S + row * p.Lk;
+                       for (int64_t j = 0; j < p.Lk; ++j) s[j] = score(q, k + j * p.A, v, p.A);
+                     }
+                   });
 }
 
 template <typename T>
@@ -143,7 +153,7 @@ void additive_scores_backward(const AdditiveScoresParams& p) {
   const int64_t A = p.A;
   std::vector<acc> dv_rows(static_cast<size_t>(p.B * p.Lq * A), acc(0));
   // dQp rows (and per-row dv partials): row (b, i) against the keys of batch b.
-  at::parallel_for(0, p.B * p.Lq, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, p.B * p.Lq, scores_rows_per_task(p.Lk * A), [&](int64_t begin, int64_t end) {
     std::vector<acc> dx(A);
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / p.Lq;
@@ -155,7 +165,7 @@ void additive_scores_backward(const AdditiveScoresParams& p) {
     }
   });
   // dKp rows: key (b, j) against the queries of batch b (column j of G).
-  at::parallel_for(0, p.B * p.Lk, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, p.B * p.Lk, scores_rows_per_task(p.Lq * A), [&](int64_t begin, int64_t end) {
     std::vector<acc> dx(A);
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / p.Lk, j = row % p.Lk;
@@ -174,6 +184,113 @@ void additive_scores_backward(const AdditiveScoresParams& p) {
   }
   store_row<T>(dv.data(), static_cast<T*>(p.dv), A);
 }
+
+namespace {
+
+// Rows per parallel task: a task below ~64k multiply-adds costs less than waking the other
+// threads (a decoder step at B=16 is a few microseconds of work in all).
+inline int64_t rows_per_task(int64_t work_per_row) {
+  return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(work_per_row, 1));
+}
+
+}  // namespace
+
+template <typename T>
+void additive_context(const AdditiveContextParams& p) {
+  using acc = acc_t<T>;
+  const int64_t Lk = p.Lk, Dv = p.Dv;
+  std::vector<acc> vbuf;
+  const acc* V = as_compute<T>(p.values, p.B * Lk, Dv, vbuf);
+  const acc* S = static_cast<const acc*>(p.scores);
+  acc* W = static_cast<acc*>(p.weights);
+  at::parallel_for(0, p.B * p.Lq, rows_per_task(Lk * Dv), [&](int64_t begin, int64_t end) {
+    std::vector<acc> ctx(Dv);
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t b = row / p.Lq;
+      const bool* keep_not = p.mask == nullptr ? nullptr : p.mask + b * Lk;
+      const acc* s = S + row * Lk;
+      acc* w = W + row * Lk;
+      acc top = -std::numeric_limits<acc>::infinity();
+      for (int64_t j = 0; j < Lk; ++j) {
+        if (keep_not == nullptr || !keep_not[j]) top = std::max(top, s[j]);
+      }
+      std::fill(ctx.begin(), ctx.end(), acc(0));
+      if (top == -std::numeric_limits<acc>::infinity()) {
+        // Every key masked (or every score -inf): weights and context 0, not NaN.
+        std::fill(w, w + Lk, acc(0));
+      } else {
+        acc total = 0;
+        for (int64_t j = 0; j < Lk; ++j) {
+          const bool hidden = keep_not != nullptr && keep_not[j];
+          w[j] = hidden ? acc(0) : std::exp(s[j] - top);
+          total += w[j];
+        }
+        const acc inv = acc(1) / total;
+        for (int64_t j = 0; j < Lk; ++j) {
+          w[j] *= inv;
+          if (w[j] == acc(0)) continue;
+          const acc wj = w[j];
+          const acc* vj = V + (b * Lk + j) * Dv;
+          for (int64_t d = 0; d < Dv; ++d) ctx[d] += wj * vj[d];
+        }
+      }
+      store_row<T>(ctx.data(), static_cast<T*>(p.context) + row * Dv, Dv);
+    }
+  });
+}
+
+template <typename T>
+void additive_context_backward(const AdditiveContextParams& p) {
+  using acc = acc_t<T>;
+  const int64_t Lq = p.Lq, Lk = p.Lk, Dv = p.Dv;
+  std::vector<acc> vbuf, gbuf;
+  const acc* V = as_compute<T>(p.values, p.B * Lk, Dv, vbuf);
+  const acc* G = as_compute<T>(p.grad_context, p.B * Lq, Dv, gbuf);
+  const acc* W = static_cast<const acc*>(p.weights);
+  const acc* GW = static_cast<const acc*>(p.grad_weights);
+  acc* dS = static_cast<acc*>(p.grad_scores);
+  // dS rows: query (b, i) against the values of batch b.
+  at::parallel_for(0, p.B * Lq, rows_per_task(Lk * Dv), [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t b = row / Lq;
+      const acc* w = W + row * Lk;
+      const acc* g = G + row * Dv;
+      acc* ds = dS + row * Lk;
+      acc expected = 0;  // sum_j w_j dP_j
+      for (int64_t j = 0; j < Lk; ++j) {
+        acc dp = GW == nullptr ? acc(0) : GW[row * Lk + j];
+        if (w[j] != acc(0)) dp += dot(g, V + (b * Lk + j) * Dv, Dv);
+        ds[j] = dp;
+        expected += w[j] * dp;
+      }
+      for (int64_t j = 0; j < Lk; ++j) ds[j] = w[j] * (ds[j] - expected);
+    }
+  });
+  // dValues rows: key (b, j) against the queries of batch b (column j of W), in query order.
+  at::parallel_for(0, p.B * Lk, rows_per_task(Lq * Dv), [&](int64_t begin, int64_t end) {
+    std::vector<acc> dv(Dv);
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t b = row / Lk, j = row % Lk;
+      std::fill(dv.begin(), dv.end(), acc(0));
+      for (int64_t i = 0; i < Lq; ++i) {
+        const acc wij = W[(b * Lq + i) * Lk + j];
+        if (wij == acc(0)) continue;
+        const acc* g = G + (b * Lq + i) * Dv;
+        for (int64_t d = 0; d < Dv; ++d) dv[d] += wij * g[d];
+      }
+      store_row<T>(dv.data(), static_cast<T*>(p.grad_values) + row * Dv, Dv);
+    }
+  });
+}
+
+template void additive_context<float>(const AdditiveContextParams&);
+template void additive_context<double>(const AdditiveContextParams&);
+template void additive_context<c10::Half>(const AdditiveContextParams&);
+template void additive_context<c10::BFloat16>(const AdditiveContextParams&);
+template void additive_context_backward<float>(const AdditiveContextParams&);
+template void additive_context_backward<double>(const AdditiveContextParams&);
+template void additive_context_backward<c10::Half>(const AdditiveContextParams&);
+template void additive_context_backward<c10::BFloat16>(const AdditiveContextParams&);
 
 template void additive_scores<float>(const AdditiveScoresParams&);
 template void additive_scores<double>(const AdditiveScoresParams&);

@@ -187,6 +187,37 @@ inline float exp_shift_sum_for_bf16(float* x, int64_t n, float shift) {
 }
 #endif
 
+// sum_i x[i] * y[i] over i < n, in 16 lanes (a scalar loop would not vectorise: the compiler
+// keeps the sum's order).
+inline float dot(const float* x, const float* y, int64_t n) {
+#if defined(__AVX512F__)
+  __m512 sum = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    sum = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), sum);
+  }
+  if (i < n) {
+    const __mmask16 k = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    sum = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, x + i), _mm512_maskz_loadu_ps(k, y + i), sum);
+  }
+  return _mm512_reduce_add_ps(sum);
+#else
+  float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int r = 0; r < 8; ++r) part[r] += x[i + r] * y[i + r];
+  }
+  for (; i < n; ++i) part[0] += x[i] * y[i];
+  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+#endif
+}
+
+inline double dot(const double* x, const double* y, int64_t n) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += x[i] * y[i];
+  return sum;
+}
+
 // x[i] = exp(x[i] - shift) for i < n; returns their sum.
 inline float exp_shift_sum(float* x, int64_t n, float shift) {
 #if defined(__AVX512F__)

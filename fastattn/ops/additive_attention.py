@@ -4,8 +4,10 @@ sum_j softmax_j(score_ij) values_j.
 The projections W_q q and W_k k + bias are (B, L, A) matrix products; the fused op
 `additive_scores` (cpu/cuda: torch.ops.fastattn.additive_scores, triton: ..._triton, reference:
 fastattn/reference/additive_attention.py) reduces tanh(qp_i + kp_j) against v without forming
-the (B, Lq, Lk, A) tensor the straightforward implementation builds; the masked softmax and the
-weighted sum of values are ordinary torch ops on (B, Lq, Lk) scores.
+the (B, Lq, Lk, A) tensor the straightforward implementation builds. The masked softmax and the
+weighted sum of values that follow are one more fused op on the cpu backend
+(`additive_context`); the other backends run them as plain torch ops on the (B, Lq, Lk)
+scores (fastattn/reference/additive_attention.py: additive_context).
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ import torch
 from .. import _backend
 from ..contracts import additive_attention as contract
 from ..reference import additive_attention as ref
-from ._common import check_same_device, check_tensor, kernel_op, register_forward_backward
+from ._common import (
+    check_same_device,
+    check_tensor,
+    kernel_op,
+    register_autograd,
+    register_forward_backward,
+    register_native_fakes,
+)
 
 
 def additive_attention(
@@ -113,18 +122,12 @@ def additive_attention(
         name = "additive_scores_triton" if chosen == "triton" else "additive_scores"
         scores = kernel_op(name)(qp, kp, v)
     _backend._record(op, chosen)
-    if key_padding_mask is not None:
-        # Masked keys get -inf in rows that keep a key; a row whose keys are all masked keeps
-        # its finite scores (a softmax of -inf only would be NaN, in its gradient too) and gets
-        # zero weights after the softmax. Two masked_fills: fewer ops and autograd nodes per
-        # decoder step than a where / zeros_like / multiply form.
-        row_empty = key_padding_mask.all(dim=1).view(B, 1, 1)
-        hidden = key_padding_mask.unsqueeze(1).logical_and(row_empty.logical_not())
-        weights = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
-        weights = weights.masked_fill(row_empty, 0.0)
+    if chosen == "cpu":
+        # The cpu kernels fuse the masked softmax and the weighted sum too (a decoder step's
+        # dozen small torch ops and their autograd nodes become one op each way).
+        context, weights = kernel_op("additive_context")(scores, values, key_padding_mask)
     else:
-        weights = torch.softmax(scores, dim=-1)
-    context = torch.matmul(weights.to(values.dtype), values)
+        context, weights = ref.additive_context(scores, values, key_padding_mask)
     if single_step:
         context, weights = context.squeeze(1), weights.squeeze(1)
     return (context, weights) if return_weights else context
@@ -142,6 +145,19 @@ def _register() -> None:
         ref.additive_scores,
         "additive_attention",
     )
+    register_native_fakes(
+        {
+            "additive_context": contract.context_fake,
+            "additive_context_backward": contract.context_backward_fake,
+        }
+    )
+    if _backend.has_op("additive_context"):
+        register_autograd(
+            "additive_context",
+            contract.context_autograd_formula(
+                torch.ops.fastattn.additive_context_backward, ref.additive_context
+            ),
+        )
 
 
 _register()
