@@ -22,6 +22,21 @@ constexpr int64_t kStrip = 8;
 inline int64_t panels(int64_t n) { return (n + kPanel - 1) / kPanel; }
 inline int64_t strips(int64_t m) { return (m + kStrip - 1) / kStrip; }
 
+// Products below this many multiply-adds (a few microseconds on one core) run on the calling
+// thread: each of the driver's three parallel regions costs microseconds of fork and join, more
+// than the split saves (a decoder step's LSTM cell at B=16 is four products of ~1.5M).
+constexpr double kSerialGemmWork = 2.0e6;
+
+// at::parallel_for, or the whole range on the calling thread when `serial`.
+template <typename F>
+void parallel_or_serial(bool serial, int64_t begin, int64_t end, int64_t grain, const F& f) {
+  if (serial) {
+    if (begin < end) f(begin, end);
+  } else {
+    at::parallel_for(begin, end, grain, f);
+  }
+}
+
 // Grow-only per-thread buffers for the packed operands (slot 0: A, 1: B): a fresh multi-MB
 // allocation is page-faulted and zero-filled by the kernel on every call.
 float* gemm_scratch(int slot, int64_t n) {
@@ -48,11 +63,11 @@ namespace {
 constexpr int64_t kGemmKc = 512, kGemmMc = 64;
 
 // Ap (strips(M) x Kc x 8) = rows [0, M), columns [k0, k0 + Kc) of A, zero-padded rows.
-void pack_a(const GemmParams& p, int64_t k0, int64_t Kc, float* Ap) {
+void pack_a(const GemmParams& p, int64_t k0, int64_t Kc, float* Ap, bool serial) {
   const int64_t ns = strips(p.M);
   if (p.a_k == 1 && p.a_m != 1) {
     // Row-major A: 16 rows at a time through 16 x 16 register transposes, split in 2 strips.
-    at::parallel_for(0, (ns + 1) / 2, 1, [&](int64_t begin, int64_t end) {
+    parallel_or_serial(serial, 0, (ns + 1) / 2, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> tmp(static_cast<size_t>(Kc * 16));
       for (int64_t pair = begin; pair < end; ++pair) {
         const int64_t m0 = pair * 16, rows = std::min<int64_t>(16, p.M - m0);
@@ -73,7 +88,7 @@ void pack_a(const GemmParams& p, int64_t k0, int64_t Kc, float* Ap) {
     });
     return;
   }
-  at::parallel_for(0, ns, 4, [&](int64_t begin, int64_t end) {
+  parallel_or_serial(serial, 0, ns, 4, [&](int64_t begin, int64_t end) {
     for (int64_t s = begin; s < end; ++s) {
       const int64_t m0 = s * kStrip, rows = std::min(kStrip, p.M - m0);
       float* dst = Ap + s * Kc * kStrip;
@@ -92,9 +107,9 @@ void pack_a(const GemmParams& p, int64_t k0, int64_t Kc, float* Ap) {
 }
 
 // Bp (panels(N) x Kc x 32) = rows [k0, k0 + Kc) of B, zero-padded columns.
-void pack_b(const GemmParams& p, int64_t k0, int64_t Kc, float* Bp) {
+void pack_b(const GemmParams& p, int64_t k0, int64_t Kc, float* Bp, bool serial) {
   const int64_t np = panels(p.N);
-  at::parallel_for(0, np, 1, [&](int64_t begin, int64_t end) {
+  parallel_or_serial(serial, 0, np, 1, [&](int64_t begin, int64_t end) {
     for (int64_t q = begin; q < end; ++q) {
       const int64_t n0 = q * kPanel, cols = std::min(kPanel, p.N - n0);
       float* dst = Bp + q * Kc * kPanel;
@@ -125,7 +140,8 @@ void pack_b(const GemmParams& p, int64_t k0, int64_t Kc, float* Bp) {
 
 void gemm_large(const GemmParams& p) {
   if (p.M <= 0 || p.N <= 0) return;
-  const int64_t threads = at::get_num_threads();
+  const bool serial = static_cast<double>(p.M) * p.N * p.K < kSerialGemmWork;
+  const int64_t threads = serial ? 1 : at::get_num_threads();
   // Row blocks of about kGemmMc rows, as many as a multiple of the thread count and equal to
   // within one strip: the static split of the tasks then gives every thread the same work
   // (13 blocks of 64 rows for M = 800 left one of two threads idle a fifth of the time).
@@ -141,7 +157,7 @@ void gemm_large(const GemmParams& p) {
     n_parts = std::min(panels(p.N), (4 * threads + m_blocks - 1) / m_blocks);
   const int64_t part_panels = (panels(p.N) + n_parts - 1) / n_parts;
   if (p.K <= 0) {  // C = bias (or 0), or C += bias
-    at::parallel_for(0, p.M, 64, [&](int64_t begin, int64_t end) {
+    parallel_or_serial(serial, 0, p.M, 64, [&](int64_t begin, int64_t end) {
       for (int64_t m = begin; m < end; ++m) {
         float* c = p.C + m * p.ldc;
         for (int64_t n = 0; n < p.N; ++n) {
@@ -157,9 +173,9 @@ void gemm_large(const GemmParams& p) {
   for (int64_t k0 = 0; k0 < p.K; k0 += kGemmKc) {
     const int64_t Kc = std::min(kGemmKc, p.K - k0);
     const bool first = k0 == 0;
-    pack_a(p, k0, Kc, Ap);
-    pack_b(p, k0, Kc, Bp);
-    at::parallel_for(0, m_blocks * n_parts, 1, [&](int64_t begin, int64_t end) {
+    pack_a(p, k0, Kc, Ap, serial);
+    pack_b(p, k0, Kc, Bp, serial);
+    parallel_or_serial(serial, 0, m_blocks * n_parts, 1, [&](int64_t begin, int64_t end) {
       for (int64_t task = begin; task < end; ++task) {
         const int64_t mb = task / n_parts, part = task % n_parts;
         const int64_t n0 = std::min(p.N, part * part_panels * kPanel);
