@@ -127,12 +127,21 @@ void run_bwd_delta(const BwdParams& bp, const Launch& launch) {
   FASTATTN_CUDA_LAUNCH_CHECK();
 }
 
+// The (batch, kv head) groups of the dK/dV grid: B * Hkv, fewer when blocks walk the batches or
+// kv heads (loop_b / loop_h of a deterministic d attn_mask; dkdv_pair).
+inline int64_t dkdv_pair_groups(const BwdParams& bp) {
+  TORCH_CHECK(
+      bp.loop_b >= 1 && bp.loop_h >= 1 && bp.p.B % bp.loop_b == 0 && bp.p.Hkv % bp.loop_h == 0,
+      "attention (cuda): dK/dV loops must divide B and Hkv");
+  return static_cast<int64_t>(bp.p.B / bp.loop_b) * (bp.p.Hkv / bp.loop_h);
+}
+
 template <typename Elem, typename Cfg>
 void run_bwd_dkdv_mma(const BwdParams& bp, const Launch& launch) {
   const Problem& p = bp.p;
   auto kernel = attention_bwd_dkdv_mma_kernel<Elem, Cfg>;
   const int64_t blocks =
-      static_cast<int64_t>((p.Lk + Cfg::kBlockN - 1) / Cfg::kBlockN) * p.B * p.Hkv;
+      static_cast<int64_t>((p.Lk + Cfg::kBlockN - 1) / Cfg::kBlockN) * dkdv_pair_groups(bp);
   check_smem(Cfg::kSmemBytes, launch, "attention_bwd_dkdv_mma");
   FASTATTN_SET_KERNEL_SMEM(kernel, Cfg::kSmemBytes);
   FASTATTN_LAUNCH_KERNEL(kernel, grid_size(blocks, "attention_bwd_dkdv_mma"), Cfg::kThreads,
@@ -224,7 +233,8 @@ void run_bwd_dkdv_simt(const BwdParams& bp, const Launch& launch) {
   const Problem& p = bp.p;
   auto kernel = attention_bwd_dkdv_simt_kernel<T, kChunked>;
   const int smem = SimtSmem<T>::dkdv(p.D, p.Dv, kChunked);
-  const int64_t blocks = static_cast<int64_t>((p.Lk + Cfg::kRows - 1) / Cfg::kRows) * p.B * p.Hkv;
+  const int64_t blocks =
+      static_cast<int64_t>((p.Lk + Cfg::kRows - 1) / Cfg::kRows) * dkdv_pair_groups(bp);
   check_smem(smem, launch, "attention_bwd_dkdv_simt");
   FASTATTN_SET_KERNEL_SMEM(kernel, smem);
   FASTATTN_LAUNCH_KERNEL(kernel, grid_size(blocks, "attention_bwd_dkdv_simt"), Cfg::kThreads, smem,
