@@ -130,7 +130,9 @@ __device__ __forceinline__ void kv_issue(const BwdParams& params, int b, KVStep 
 }
 
 // The work of a dK/dV block for one (batch b, kv head hk) and key tile n_tile.
-template <typename Elem, typename Cfg>
+// kDBias: also add dS to d attn_mask (a separate instantiation, so that the kernels of a
+// backward without it keep their registers: the dS adds cost some spills at head dims 128/256).
+template <typename Elem, typename Cfg, bool kDBias>
 __device__ __forceinline__ void attention_bwd_dkdv_mma_block(const BwdParams& args, int b, int hk,
                                                              int n_tile) {
   constexpr int kHD = Cfg::kHD, kNT = Cfg::kNT, kNTO = Cfg::kNTO, kStride = Cfg::kStride;
@@ -185,7 +187,7 @@ __device__ __forceinline__ void attention_bwd_dkdv_mma_block(const BwdParams& ar
   const int ksteps_d = (p.D + 15) / 16, ksteps_dv = (p.Dv + 15) / 16;
   const int npairs_d = ksteps_d, npairs_dv = ksteps_dv;
   // d attn_mask: computed with dS, so by the launch that accumulates dK.
-  const bool dbias = kDK && params.dbias_mode != kDBiasNone;
+  constexpr bool dbias = kDK && kDBias;
 
   for (int it = 0; it < steps; ++it) {
     const int st = kStages == 2 ? (it & 1) : 0;
@@ -247,25 +249,29 @@ __device__ __forceinline__ void attention_bwd_dkdv_mma_block(const BwdParams& ar
         sst[0][nt][e] = pval * mult;  // P^T with dropout: the A operand of dV
         if constexpr (kDK) {
           float ds = pval * (dpt[0][nt][e] * mult - prim::lds(s_delta + ic));
-          if (dbias && i < p.Lq && j < p.Lk) {  // the masked score's gradient (after softcap)
-            if (params.dbias_sum_q) {
-              qsum[e >> 1] += ds;
-            } else {
-              dbias_add<float>(params, b, step.h, i, j, ds);
+          if constexpr (dbias) {  // the masked score's gradient (after softcap)
+            if (i < p.Lq && j < p.Lk) {
+              if (params.dbias_sum_q) {
+                qsum[e >> 1] += ds;
+              } else {
+                dbias_add<float>(params, b, step.h, i, j, ds);
+              }
             }
           }
           if (has_cap) ds *= 1.0f - th * th;
           dpt[0][nt][e] = ds * scale;  // dS^T: the A operand of dK
         }
       }
-    if (dbias && params.dbias_sum_q) {
-      // Rows g and g + 8: the four lanes t of a row hold its columns; a fixed xor tree.
+    if constexpr (dbias) {
+      if (params.dbias_sum_q) {
+        // Rows g and g + 8: the four lanes t of a row hold its columns; a fixed xor tree.
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        qsum[r] += prim::shfl_xor(qsum[r], 1);
-        qsum[r] += prim::shfl_xor(qsum[r], 2);
-        const int j = j0 + warp_row0 + g + 8 * r;
-        if (t == 0 && j < p.Lk) dbias_add<float>(params, b, step.h, 0, j, qsum[r]);
+        for (int r = 0; r < 2; ++r) {
+          qsum[r] += prim::shfl_xor(qsum[r], 1);
+          qsum[r] += prim::shfl_xor(qsum[r], 2);
+          const int j = j0 + warp_row0 + g + 8 * r;
+          if (t == 0 && j < p.Lk) dbias_add<float>(params, b, step.h, 0, j, qsum[r]);
+        }
       }
     }
 
@@ -296,18 +302,24 @@ __device__ __forceinline__ void attention_bwd_dkdv_mma_block(const BwdParams& ar
   }
 }
 
-// One block per (key tile, dkdv_pair group): the pairs' work one after another.
-template <typename Elem, typename Cfg>
+// One block per (key tile, batch, kv head); with kDBias per (key tile, dkdv_pair group): the
+// pairs' work one after another.
+template <typename Elem, typename Cfg, bool kDBias = false>
 __global__ void __launch_bounds__(Cfg::kThreads)
     attention_bwd_dkdv_mma_kernel(const BwdParams args) {
   const int n_tiles = (args.p.Lk + Cfg::kBlockN - 1) / Cfg::kBlockN;
-  const int blk = static_cast<int>(blockIdx.x / n_tiles);
+  const int blk = static_cast<int>(blockIdx.x / n_tiles);  // b * Hkv + hk without kDBias
   const int n_tile = static_cast<int>(blockIdx.x % n_tiles);
-  for (int r = 0; r < args.loop_b * args.loop_h; ++r) {
-    int b, hk;
-    dkdv_pair(args, blk, r, b, hk);
-    if (r > 0) prim::block_sync();  // every warp is done with the previous pair's tiles
-    attention_bwd_dkdv_mma_block<Elem, Cfg>(args, b, hk, n_tile);
+  if constexpr (!kDBias) {
+    attention_bwd_dkdv_mma_block<Elem, Cfg, false>(args, blk / args.p.Hkv, blk % args.p.Hkv,
+                                                   n_tile);
+  } else {
+    for (int r = 0; r < args.loop_b * args.loop_h; ++r) {
+      int b, hk;
+      dkdv_pair(args, blk, r, b, hk);
+      if (r > 0) prim::block_sync();  // every warp is done with the previous pair's tiles
+      attention_bwd_dkdv_mma_block<Elem, Cfg, true>(args, b, hk, n_tile);
+    }
   }
 }
 
