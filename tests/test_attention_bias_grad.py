@@ -1,7 +1,9 @@
 """Learned biases through the fused kernels: a float attn_mask that requires grad receives dS
-(the gradient of the biased scores) summed over the mask's broadcast dims, from the cpu and
-triton kernels (fastattn/ops/attention.py sends it to no other backend than those and the
-reference; the cuda kernels refuse it, and CUDA devices run it on triton).
+(the gradient of the biased scores) summed over the mask's broadcast dims, from the cpu,
+triton and cuda kernels (the automatic order on CUDA devices tries triton first;
+backend="cuda" runs the CUDA dK/dV kernels, which add dS to the bias-shaped buffer). The cuda
+cases skip without a GPU; tools/cuda_emu/run.py --only dbias runs the same kernels on the CPU
+emulator (tests/test_cuda_emulator.py).
 
 Every case is checked against the reference backend run in float64 under FlashAttention's rule
 (tests/tolerance.py), with the reference in the input's dtype as the baseline, and asserts
@@ -20,7 +22,7 @@ from tolerance import F32_ULP, assert_fa_close, assert_grad_close, float32_floor
 import fastattn
 from fastattn._backend import missing_kernel
 
-KERNELS = ("cpu", "triton")
+KERNELS = ("cpu", "triton", "cuda")
 
 
 def kernel_device(backend: str) -> torch.device:
@@ -128,12 +130,12 @@ def test_bias_gradient_matches_reference(backend, case, dtype):
         assert_grad_close(name, got[i], ref64[i], low[i], floor=floor)
 
 
-@pytest.mark.parametrize("backend", ("cpu", "reference"))
+@pytest.mark.parametrize("backend", ("cpu", "cuda", "reference"))
 def test_bias_gradcheck_float64(backend):
     """gradcheck in float64 of q, k, v and a (1, H, Lq, Lk) bias, with GQA, causal,
     softcap and dropout (the seed is fixed inside the function, so every call draws the same
-    mask)."""
-    device = kernel_device(backend) if backend == "cpu" else torch.device("cpu")
+    mask). cuda: the float64 SIMT kernels (GPU only)."""
+    device = kernel_device(backend) if backend != "reference" else torch.device("cpu")
     g = torch.Generator().manual_seed(3)
     B, Hq, Hkv, Lq, Lk, D = 2, 4, 2, 5, 7, 4
     q = torch.randn(B, Hq, Lq, D, generator=g, dtype=torch.float64)
@@ -193,18 +195,50 @@ def test_triton_atomic_bias_gradient_matches_the_deterministic_one():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_cuda_kernels_refuse_a_bias_gradient_with_a_clear_error():
+@pytest.mark.parametrize("shape_case", (0, 1, 2, 5, 9), ids=lambda i: CASES[i][0])
+def test_cuda_atomic_bias_gradient_matches_the_deterministic_one(shape_case):
+    """The cuda backward op with deterministic=False adds a bias broadcast over batches or kv
+    heads atomically from every block; deterministic=True walks them in one block per key tile
+    (bitwise reproducible). Both equal up to the order of the float additions (GPU only)."""
+    device = kernel_device("cuda")
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k, v, bias, kw = make(CASES[shape_case], dtype, device)
+        mask = bias[(None,) * (4 - bias.dim())]
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        fwd_args = (q, k, v, mask, None, None, scale, 0.0, -(1 << 30), 1 << 30, 0.0, None)
+        out, lse = torch.ops.fastattn.attention_forward(*fwd_args)
+        grad_out = torch.randn_like(out)
+        common = (grad_out, None, q, k, v, out, lse, mask, None, None, scale, 0.0)
+        band = (-(1 << 30), 1 << 30, 0.0, None)
+        det = torch.ops.fastattn.attention_backward(*common, *band, True, True)
+        again = torch.ops.fastattn.attention_backward(*common, *band, True, True)
+        atomic = torch.ops.fastattn.attention_backward(*common, *band, False, True)
+        assert det[3].shape == mask.shape and det[3].dtype == mask.dtype
+        assert all(torch.equal(a, b) for a, b in zip(det, again))
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        for a, b in zip(det, atomic):
+            torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)
+
+
+def test_bias_gradient_on_the_cuda_backend_and_the_automatic_order():
+    """backend="cuda" runs a learned bias's gradient on the CUDA kernels (GPU); the automatic
+    order keeps trying triton first on CUDA tensors and picks cpu on CPU tensors."""
     device = kernel_device("cpu")
     q, k, v, bias, kw = make(CASES[0], torch.float32, device)
     if fastattn.available_backends()["cuda"] == "available":
         q, k, v, bias = (t.cuda() for t in (q, k, v, bias))
     bias.requires_grad_()
     if q.is_cuda:
-        with pytest.raises(RuntimeError, match="attn_mask"):
-            fastattn.attention(q, k, v, attn_mask=bias, backend="cuda")
+        out = fastattn.attention(q, k, v, attn_mask=bias, backend="cuda")
+        assert fastattn.last_backend("attention") == "cuda"
+        (grad,) = torch.autograd.grad(out.sum(), bias)
+        assert grad.shape == bias.shape
     # automatic choice: a kernel backend, not the reference
     fastattn.attention(q, k, v, attn_mask=bias)
-    assert fastattn.last_backend("attention") == ("triton" if q.is_cuda else "cpu")
+    want = "cpu"
+    if q.is_cuda:
+        want = "triton" if fastattn.available_backends()["triton"] == "available" else "cuda"
+    assert fastattn.last_backend("attention") == want
 
 
 def test_alibi_slopes_gradient_stays_on_the_reference_backend():

@@ -5,7 +5,8 @@
 // Kernels: fp16/bf16 run FlashAttention-2 style tensor-core kernels (mma.sync m16n8k16,
 // attention_cuda_{fwd,bwd}.cuh), instantiated per head-dim bucket 64/128/256 in
 // attention_cuda_{fwd,bwd}_hd*_*.cu; float32/float64 run SIMT kernels with exact FMA arithmetic
-// (attention_cuda_simt.cuh). The backward is always deterministic (no atomics).
+// (attention_cuda_simt.cuh). The backward is deterministic (no atomics) except for d attn_mask
+// of a mask broadcast over batches or kv heads with deterministic=False (atomic adds).
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
@@ -39,12 +40,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_cuda(
     const optional<Tensor>& key_padding_mask, const optional<Tensor>& alibi_slopes, double scale,
     double softcap, int64_t window_lo, int64_t window_hi, double dropout_p,
     const optional<Tensor>& seed, bool deterministic, bool mask_grad) {
-  // Always deterministic: dK/dV and dQ are reduced in a fixed order by separate kernels.
-  (void)deterministic;
+  // dQ, dK, dV are always deterministic (reduced in a fixed order by separate kernels);
+  // `deterministic` picks how d attn_mask (mask_grad) is summed (cuda_impl::setup_mask_grad).
   c10::cuda::CUDAGuard guard(q.device());
   return cuda_impl::backward(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask,
                              alibi_slopes, scale, softcap, window_lo, window_hi, dropout_p, seed,
-                             mask_grad, launch_for(q, "attention_backward"));
+                             deterministic, mask_grad, launch_for(q, "attention_backward"));
 }
 
 }  // namespace

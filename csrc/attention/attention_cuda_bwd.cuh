@@ -1,5 +1,7 @@
 // Backward kernels of fp16/bf16 attention on tensor cores. Deterministic by construction: no
-// atomics, every output element is written by one thread that sums in a fixed order.
+// atomics, every output element is written by one thread that sums in a fixed order. The one
+// exception is d attn_mask (mask_grad) of a mask broadcast over batches or kv heads with
+// deterministic=False, added atomically by the dK/dV kernel (BwdParams::dbias_mode).
 //
 //   delta kernel   Delta_i = rowsum(dO_i * O_i) - grad_lse_i (d lse_i / d s_ij = P_ij)
 //   dK/dV kernel   one block per (batch, kv head, tile of 64 keys); warp w owns keys
@@ -127,9 +129,12 @@ __device__ __forceinline__ void kv_issue(const BwdParams& params, int b, KVStep 
   }
 }
 
-template <typename Elem, typename Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads)
-    attention_bwd_dkdv_mma_kernel(const BwdParams args) {
+// The work of a dK/dV block for one (batch b, kv head hk) and key tile n_tile.
+// kDBias: also add dS to d attn_mask (a separate instantiation, so that the kernels of a
+// backward without it keep their registers: the dS adds cost some spills at head dims 128/256).
+template <typename Elem, typename Cfg, bool kDBias>
+__device__ __forceinline__ void attention_bwd_dkdv_mma_block(const BwdParams& args, int b, int hk,
+                                                             int n_tile) {
   constexpr int kHD = Cfg::kHD, kNT = Cfg::kNT, kNTO = Cfg::kNTO, kStride = Cfg::kStride;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
   constexpr bool kDV = (Cfg::kOut & kOutDV) != 0, kDK = (Cfg::kOut & kOutDK) != 0;
@@ -145,10 +150,6 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int n_tiles = (p.Lk + kBlockN - 1) / kBlockN;
-  const int bhk = blockIdx.x / n_tiles;  // b * Hkv + hk
-  const int n_tile = static_cast<int>(blockIdx.x % n_tiles);
-  const int b = bhk / p.Hkv, hk = bhk % p.Hkv;
   const int j0 = n_tile * kBlockN;
   const int warp_row0 = warp * 16;  // this warp's keys within the tile
   FASTATTN_DEVICE_CHECK(b < p.B);
@@ -185,6 +186,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const bool elementwise = has_elementwise(p), has_cap = p.softcap > 0.0;
   const int ksteps_d = (p.D + 15) / 16, ksteps_dv = (p.Dv + 15) / 16;
   const int npairs_d = ksteps_d, npairs_dv = ksteps_dv;
+  // d attn_mask: computed with dS, so by the launch that accumulates dK.
+  constexpr bool dbias = kDK && kDBias;
 
   for (int it = 0; it < steps; ++it) {
     const int st = kStages == 2 ? (it & 1) : 0;
@@ -226,6 +229,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     mma_ss_nt<Elem, 1, kNT, kHD>(sst, sK, warp_row0, sQ, 0, ksteps_d, lane);
 
     const bool full = !elementwise && tile_interior(p, step.i0, kBlockM, j0 + warp_row0, 16);
+    float qsum[2] = {0.0f, 0.0f};  // d attn_mask summed over the step's queries (dbias_sum_q)
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
@@ -245,10 +249,31 @@ __global__ void __launch_bounds__(Cfg::kThreads)
         sst[0][nt][e] = pval * mult;  // P^T with dropout: the A operand of dV
         if constexpr (kDK) {
           float ds = pval * (dpt[0][nt][e] * mult - prim::lds(s_delta + ic));
+          if constexpr (dbias) {  // the masked score's gradient (after softcap)
+            if (i < p.Lq && j < p.Lk) {
+              if (params.dbias_sum_q) {
+                qsum[e >> 1] += ds;
+              } else {
+                dbias_add<float>(params, b, step.h, i, j, ds);
+              }
+            }
+          }
           if (has_cap) ds *= 1.0f - th * th;
           dpt[0][nt][e] = ds * scale;  // dS^T: the A operand of dK
         }
       }
+    if constexpr (dbias) {
+      if (params.dbias_sum_q) {
+        // Rows g and g + 8: the four lanes t of a row hold its columns; a fixed xor tree.
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          qsum[r] += prim::shfl_xor(qsum[r], 1);
+          qsum[r] += prim::shfl_xor(qsum[r], 2);
+          const int j = j0 + warp_row0 + g + 8 * r;
+          if (t == 0 && j < p.Lk) dbias_add<float>(params, b, step.h, 0, j, qsum[r]);
+        }
+      }
+    }
 
     if constexpr (kDV) {
       uint32_t a[1][kNT / 2][4];
@@ -274,6 +299,27 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     store_rows<Elem, 1, kNTO>(
         dk_acc, static_cast<uint16_t*>(params.dk) + b * params.dk_sb + hk * params.dk_sh,
         params.dk_sl, j0 + warp_row0, p.Lk, p.D, p.D % 2 == 0, lane);
+  }
+}
+
+// One block per (key tile, batch, kv head); with kDBias per (key tile, dkdv_pair group): the
+// pairs' work one after another.
+template <typename Elem, typename Cfg, bool kDBias = false>
+__global__ void __launch_bounds__(Cfg::kThreads)
+    attention_bwd_dkdv_mma_kernel(const BwdParams args) {
+  const int n_tiles = (args.p.Lk + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  const int blk = static_cast<int>(blockIdx.x / n_tiles);  // b * Hkv + hk without kDBias
+  const int n_tile = static_cast<int>(blockIdx.x % n_tiles);
+  if constexpr (!kDBias) {
+    attention_bwd_dkdv_mma_block<Elem, Cfg, false>(args, blk / args.p.Hkv, blk % args.p.Hkv,
+                                                   n_tile);
+  } else {
+    for (int r = 0; r < args.loop_b * args.loop_h; ++r) {
+      int b, hk;
+      dkdv_pair(args, blk, r, b, hk);
+      if (r > 0) prim::block_sync();  // every warp is done with the previous pair's tiles
+      attention_bwd_dkdv_mma_block<Elem, Cfg, true>(args, b, hk, n_tile);
+    }
   }
 }
 

@@ -214,6 +214,31 @@ __device__ __forceinline__ int64_t lse_index(const Problem& p, int b, int h, int
   return (static_cast<int64_t>(b) * p.Hq + h) * p.Lq + i;
 }
 
+// Adds v to d attn_mask at (b, h, i, j) (i < Lq, j < Lk) as BwdParams::dbias_mode says.
+template <typename acc>
+__device__ __forceinline__ void dbias_add(const BwdParams& params, int b, int h, int i, int j,
+                                          acc v) {
+  acc* ptr = static_cast<acc*>(params.dbias) + b * params.dbias_sb + h * params.dbias_sh +
+             static_cast<int64_t>(i) * params.dbias_sq + static_cast<int64_t>(j) * params.dbias_sk;
+  if (params.dbias_mode == kDBiasStore) {
+    prim::stg(ptr, v);
+  } else if (params.dbias_mode == kDBiasAdd) {  // only this thread adds here: plain load/store
+    prim::stg(ptr, prim::ldg(ptr) + v);
+  } else {
+    prim::atomic_add(ptr, v);
+  }
+}
+
+// The (batch, kv head) pairs of dK/dV block `blk` (blockIdx.x / key tiles): one, or with
+// loop_b / loop_h > 1 (a deterministic d attn_mask broadcast over batches / kv heads) every
+// batch and/or kv head in a fixed order, b outer. r-th pair of the block.
+__device__ __forceinline__ void dkdv_pair(const BwdParams& params, int blk, int r, int& b,
+                                          int& hk) {
+  const int nh = params.p.Hkv / params.loop_h;
+  b = (blk / nh) * params.loop_b + r / params.loop_h;
+  hk = (blk % nh) * params.loop_h + r % params.loop_h;
+}
+
 __device__ __forceinline__ int elem_bytes(Dtype dt) {
   return dt == Dtype::f64 ? 8 : dt == Dtype::f32 ? 4 : 2;
 }

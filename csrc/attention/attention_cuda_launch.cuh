@@ -43,7 +43,10 @@ constexpr int kSmemMinOptin = 101376;
 //            [54 / 102 / 99 KB]; below 102 KB (99 KB devices) K/V single buffered at 128
 //            [68 KB] (QSmall)
 // A Small config equal to the large one adds no instantiation; the launcher takes the large one
-// whenever it fits the device (run_bwd_mma).
+// whenever it fits the device (run_bwd_mma). The dK/dV kernels that also add d attn_mask
+// (kDBias, mask_grad only) are separate instantiations; their dS adds spill a little at 128
+// (28 bytes) and at 256 with 64 queries (12/44 bytes stores/loads; 12/12 without d attn_mask),
+// ptxas -v, sm_90, CUDA 13.0.
 template <int kHD>
 struct MmaConfigs;
 template <>
@@ -127,12 +130,27 @@ void run_bwd_delta(const BwdParams& bp, const Launch& launch) {
   FASTATTN_CUDA_LAUNCH_CHECK();
 }
 
+// The (batch, kv head) groups of the dK/dV grid: B * Hkv, fewer when blocks walk the batches or
+// kv heads (loop_b / loop_h of a deterministic d attn_mask; dkdv_pair).
+inline int64_t dkdv_pair_groups(const BwdParams& bp) {
+  TORCH_CHECK(
+      bp.loop_b >= 1 && bp.loop_h >= 1 && bp.p.B % bp.loop_b == 0 && bp.p.Hkv % bp.loop_h == 0,
+      "attention (cuda): dK/dV loops must divide B and Hkv");
+  return static_cast<int64_t>(bp.p.B / bp.loop_b) * (bp.p.Hkv / bp.loop_h);
+}
+
 template <typename Elem, typename Cfg>
 void run_bwd_dkdv_mma(const BwdParams& bp, const Launch& launch) {
   const Problem& p = bp.p;
-  auto kernel = attention_bwd_dkdv_mma_kernel<Elem, Cfg>;
-  const int64_t blocks =
-      static_cast<int64_t>((p.Lk + Cfg::kBlockN - 1) / Cfg::kBlockN) * p.B * p.Hkv;
+  auto kernel = attention_bwd_dkdv_mma_kernel<Elem, Cfg, false>;
+  int64_t groups = static_cast<int64_t>(p.B) * p.Hkv;
+  if constexpr ((Cfg::kOut & kOutDK) != 0) {  // d attn_mask comes with dS, i.e. with dK
+    if (bp.dbias_mode != kDBiasNone) {
+      kernel = attention_bwd_dkdv_mma_kernel<Elem, Cfg, true>;
+      groups = dkdv_pair_groups(bp);
+    }
+  }
+  const int64_t blocks = static_cast<int64_t>((p.Lk + Cfg::kBlockN - 1) / Cfg::kBlockN) * groups;
   check_smem(Cfg::kSmemBytes, launch, "attention_bwd_dkdv_mma");
   FASTATTN_SET_KERNEL_SMEM(kernel, Cfg::kSmemBytes);
   FASTATTN_LAUNCH_KERNEL(kernel, grid_size(blocks, "attention_bwd_dkdv_mma"), Cfg::kThreads,
@@ -224,7 +242,8 @@ void run_bwd_dkdv_simt(const BwdParams& bp, const Launch& launch) {
   const Problem& p = bp.p;
   auto kernel = attention_bwd_dkdv_simt_kernel<T, kChunked>;
   const int smem = SimtSmem<T>::dkdv(p.D, p.Dv, kChunked);
-  const int64_t blocks = static_cast<int64_t>((p.Lk + Cfg::kRows - 1) / Cfg::kRows) * p.B * p.Hkv;
+  const int64_t blocks =
+      static_cast<int64_t>((p.Lk + Cfg::kRows - 1) / Cfg::kRows) * dkdv_pair_groups(bp);
   check_smem(smem, launch, "attention_bwd_dkdv_simt");
   FASTATTN_SET_KERNEL_SMEM(kernel, smem);
   FASTATTN_LAUNCH_KERNEL(kernel, grid_size(blocks, "attention_bwd_dkdv_simt"), Cfg::kThreads, smem,

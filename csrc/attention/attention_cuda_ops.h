@@ -6,11 +6,13 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <tuple>
+#include <vector>
 
 #include "attention/attention.h"
 #include "attention/attention_cuda_params.h"
@@ -253,22 +255,69 @@ inline std::tuple<Tensor, Tensor> forward(const Tensor& q, const Tensor& k, cons
   return {out, lse};
 }
 
+// d attn_mask of a backward (mask_grad): the zeroed buffer the dK/dV kernels add dS to, and how
+// (BwdParams::dbias_*; fastattn/triton/attention.py's _MaskGrad has the same modes). The buffer
+// is shaped like the mask (as 4-D) in the compute type (float; double for float64 inputs), except
+// that a mask broadcast over keys gets its key dim materialised (such a bias is softmax-invariant,
+// a rare case) and summed at the end (mask_grad_result). Deterministic: no atomics; blocks walk
+// the batches (a mask shared by the batch: T5, Swin) and kv heads (a mask shared by the heads:
+// AlphaFold's pair bias) the mask is broadcast over, so one thread adds to each element in a
+// fixed order. Otherwise those dims are split across blocks that add atomically.
+struct MaskGrad {
+  Tensor buffer;
+  bool sum_k = false;
+};
+
+inline MaskGrad setup_mask_grad(BwdParams& bp, const Tensor& mask, const Tensor& q, const Tensor& k,
+                                bool deterministic) {
+  using namespace fastattn::cuda::attn;
+  const int64_t B = q.size(0), Hq = q.size(1), Hkv = k.size(1), Lq = q.size(2), Lk = k.size(2);
+  std::vector<int64_t> shape(4 - mask.dim(), 1);
+  for (int64_t d : mask.sizes()) shape.push_back(d);
+  MaskGrad mg;
+  mg.sum_k = shape[3] == 1 && Lk > 1;
+  if (mg.sum_k) shape[3] = Lk;
+  const auto acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  mg.buffer = at::zeros(shape, q.options().dtype(acc));
+  const Tensor view = mg.buffer.expand({B, Hq, Lq, Lk});
+  bp.dbias = mg.buffer.data_ptr();
+  bp.dbias_sb = view.stride(0);
+  bp.dbias_sh = view.stride(1);
+  bp.dbias_sq = view.stride(2);
+  bp.dbias_sk = view.stride(3);
+  const bool across_b = shape[0] == 1 && B > 1;
+  const bool across_h = shape[1] == 1 && Hkv > 1;
+  bp.dbias_sum_q = shape[2] == 1 && Lq > 1;
+  const bool within = (shape[1] == 1 && Hq > Hkv) || bp.dbias_sum_q;  // inside one block
+  if ((across_b || across_h) && !deterministic) {
+    bp.dbias_mode = kDBiasAtomic;
+  } else {
+    bp.loop_b = across_b ? static_cast<int>(B) : 1;
+    bp.loop_h = across_h ? static_cast<int>(Hkv) : 1;
+    bp.dbias_mode = (across_b || across_h || within) ? kDBiasAdd : kDBiasStore;
+  }
+  return mg;
+}
+
+// The gradient shaped like the mask, in its dtype.
+inline Tensor mask_grad_result(const MaskGrad& mg, const Tensor& mask) {
+  const Tensor g = mg.sum_k ? mg.buffer.sum(3, /*keepdim=*/true) : mg.buffer;
+  return g.reshape(mask.sizes()).to(mask.scalar_type());
+}
+
 inline std::tuple<Tensor, Tensor, Tensor, Tensor> backward(
     const Tensor& grad_out, const optional<Tensor>& grad_lse, const Tensor& q, const Tensor& k,
     const Tensor& v, const Tensor& out, const Tensor& lse, const optional<Tensor>& attn_mask,
     const optional<Tensor>& key_padding_mask, const optional<Tensor>& alibi_slopes, double scale,
     double softcap, int64_t window_lo, int64_t window_hi, double dropout_p,
-    const optional<Tensor>& seed, bool mask_grad, const Launch& launch) {
+    const optional<Tensor>& seed, bool deterministic, bool mask_grad, const Launch& launch) {
   constexpr const char* op = "attention_backward";
   check_backward(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask, alibi_slopes,
                  dropout_p, seed, op);
   check_mask_grad(attn_mask, mask_grad, op);
-  // fastattn/ops/attention.py routes a float attn_mask that requires grad to the triton (or
-  // reference) backend on CUDA devices; this guards direct calls.
-  FASTATTN_CHECK(!mask_grad, op,
-                 "mask_grad=True (the gradient of a float attn_mask) is computed by the cpu, "
-                 "triton and reference backends; the CUDA kernels do not compute it");
-  const Tensor none = at::empty({0}, q.options());
+  // d attn_mask where nothing attends (no kernel runs): zero.
+  const Tensor none =
+      mask_grad ? at::zeros(attn_mask->sizes(), attn_mask->options()) : at::empty({0}, q.options());
   Tensor dlse;
   if (defined(grad_lse)) dlse = grad_lse->to(lse_dtype(q)).contiguous();
   Tensor dq = at::empty(q.sizes(), q.options());
@@ -301,8 +350,10 @@ inline std::tuple<Tensor, Tensor, Tensor, Tensor> backward(
   bp.dlse = dlse.defined() ? dlse.data_ptr() : nullptr;
   bp.delta = delta.data_ptr();
   set_grad_outputs(bp, dq, dk, dv);
+  MaskGrad mg;
+  if (mask_grad) mg = setup_mask_grad(bp, *attn_mask, q, k, deterministic);
   launch_backward(bp, dtype_of(q), launch);
-  return {dq, dk, dv, none};
+  return {dq, dk, dv, mask_grad ? mask_grad_result(mg, *attn_mask) : none};
 }
 
 }  // namespace fastattn::attention::cuda_impl

@@ -107,6 +107,9 @@ struct FwdParams {
   float* part_lse;
 };
 
+// BwdParams::dbias_mode.
+enum DBiasMode : int { kDBiasNone = 0, kDBiasStore = 1, kDBiasAdd = 2, kDBiasAtomic = 3 };
+
 struct BwdParams {
   Problem p;
   const void* out;
@@ -123,6 +126,25 @@ struct BwdParams {
   int64_t dq_sb, dq_sh, dq_sl;
   int64_t dk_sb, dk_sh, dk_sl;
   int64_t dv_sb, dv_sh, dv_sl;
+
+  // d attn_mask (mask_grad; dense problems only): dS = P (dP * dropout - Delta), the gradient of
+  // the masked score (after softcap, before the scale), summed into a zeroed buffer in the
+  // compute type (float; double for float64) shaped like the mask, seen as (B, Hq, Lq, Lk)
+  // through 4 strides (0 on the mask's broadcast dims). The dK/dV kernels add each (key tile)
+  // block's dS (the mode of fastattn/triton/attention.py's _MaskGrad):
+  //   kDBiasStore  every element gets one value: plain stores
+  //   kDBiasAdd    the block owning an element adds to it (the same thread every time, in the
+  //                block's fixed step order): deterministic
+  //   kDBiasAtomic blocks of other batches / kv heads add to the same elements: atomicAdd
+  // dbias_sum_q: the mask is broadcast over queries; a step's query columns are summed (fixed
+  // order) before one add per key. loop_b / loop_h (B / Hkv or 1): a deterministic backward of
+  // a mask broadcast over batches / kv heads runs blocks that walk them (b outer, kv head
+  // inner), so that one block owns each element; the grid shrinks by those factors.
+  void* dbias;
+  int64_t dbias_sb, dbias_sh, dbias_sq, dbias_sk;
+  int dbias_mode;
+  bool dbias_sum_q;
+  int loop_b = 1, loop_h = 1;
 };
 
 // Head-dim buckets of the tensor-core kernels: max(D, Dv) is padded to the next bucket with

@@ -70,6 +70,12 @@ __device__ __forceinline__ void sts(T* p, T v) {
   *p = v;
 }
 
+// Global float / double add from several blocks (d attn_mask of a non-deterministic backward).
+template <typename T>
+__device__ __forceinline__ void atomic_add(T* p, T v) {
+  atomicAdd(p, v);
+}
+
 __device__ __forceinline__ void block_sync() { __syncthreads(); }
 __device__ __forceinline__ void warp_sync() { __syncwarp(); }
 

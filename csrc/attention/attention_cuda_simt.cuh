@@ -273,9 +273,10 @@ __global__ void __launch_bounds__(SimtConfig<T, kR_>::kThreads)
 // dK/dV: a block owns kRows keys (kR per warp) of one (batch, kv head); lanes are the 32
 // queries of a step, which walks the query heads of the group and the visible query tiles.
 // kChunked: the D-split (see the top of the file).
+// The work of a dK/dV block for one (batch b, kv head hk) and key tile n_tile.
 template <typename T, bool kChunked>
-__global__ void __launch_bounds__(SimtConfig<T>::kThreads)
-    attention_bwd_dkdv_simt_kernel(const BwdParams args) {
+__device__ __forceinline__ void attention_bwd_dkdv_simt_block(const BwdParams& args, int b, int hk,
+                                                              int n_tile) {
   using Cfg = SimtConfig<T>;
   constexpr int kR = Cfg::kR, kRows = Cfg::kRows, kCols = Cfg::kCols, kChunk = Cfg::kChunk;
   BwdParams params = args;  // select_sequence rewrites it for varlen problems
@@ -294,10 +295,6 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
   T* s_delta = s_lse + 32;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int n_tiles = (p.Lk + kRows - 1) / kRows;
-  const int bhk = blockIdx.x / n_tiles;
-  const int n_tile = static_cast<int>(blockIdx.x % n_tiles);
-  const int b = bhk / p.Hkv, hk = bhk % p.Hkv;
   const int j0 = n_tile * kRows;
   const int row0 = warp * kR;
   FASTATTN_DEVICE_CHECK(b < p.B);
@@ -394,6 +391,16 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
       const T dp = kChunked ? prim::lds(mydS + r * 32 + lane)
                             : simt_dot(sV + (row0 + r) * lddv, sdO + lane * lddv, Dv);
       T ds = pv * (dp * mult - delta_i);
+      if (params.dbias_mode != kDBiasNone) {  // the masked score's gradient (after softcap)
+        if (params.dbias_sum_q) {             // summed over the step's queries: fixed xor tree
+          T sum = i < p.Lq ? ds : T(0);
+#pragma unroll
+          for (int m = 16; m >= 1; m >>= 1) sum += prim::shfl_xor(sum, m);
+          if (lane == 0 && j < p.Lk) dbias_add<T>(params, b, h, 0, j, sum);
+        } else if (i < p.Lq && j < p.Lk) {
+          dbias_add<T>(params, b, h, i, j, ds);
+        }
+      }
       if (p.softcap > 0.0) ds *= T(1) - th * th;
       prim::sts(myP + r * 32 + lane, pv * mult);
       prim::sts(mydS + r * 32 + lane, ds * scale);
@@ -429,6 +436,22 @@ __global__ void __launch_bounds__(SimtConfig<T>::kThreads)
       if (col < D) prim::stg(dKg + j * params.dk_sl + col, dk[r][c]);
       if (col < Dv) prim::stg(dVg + j * params.dv_sl + col, dv[r][c]);
     }
+  }
+}
+
+// One block per (key tile, dkdv_pair group): the pairs' work one after another.
+template <typename T, bool kChunked>
+__global__ void __launch_bounds__(SimtConfig<T>::kThreads)
+    attention_bwd_dkdv_simt_kernel(const BwdParams args) {
+  constexpr int kRows = SimtConfig<T>::kRows;
+  const int n_tiles = (args.p.Lk + kRows - 1) / kRows;
+  const int blk = static_cast<int>(blockIdx.x / n_tiles);
+  const int n_tile = static_cast<int>(blockIdx.x % n_tiles);
+  for (int r = 0; r < args.loop_b * args.loop_h; ++r) {
+    int b, hk;
+    dkdv_pair(args, blk, r, b, hk);
+    if (r > 0) prim::block_sync();  // every warp is done with the previous pair's tiles
+    attention_bwd_dkdv_simt_block<T, kChunked>(args, b, hk, n_tile);
   }
 }
 

@@ -193,8 +193,8 @@ def attention(
         (B, Hq, Lq, Lk); read through its strides, never expanded in memory. A float mask
         that requires grad is a learned bias (T5's relative position bias, Swin's relative
         bias, AlphaFold's pair bias): it receives dS, the gradient of the biased scores,
-        summed over its broadcast dims, from the cpu and triton kernels (the backward
-        allocates only the mask-shaped gradient; cuda devices run it on triton).
+        summed over its broadcast dims, from the cpu, triton and cuda kernels (the backward
+        allocates only the mask-shaped gradient, summed in a fixed order: reproducible).
     key_padding_mask: bool (B, Lk), True = padding to ignore (nn.MultiheadAttention's rule).
     dropout_p: dropout on the attention probabilities (training); reproducible under
         torch.manual_seed; the backward regenerates the same mask.
@@ -422,11 +422,6 @@ def attention_band(
             limits[name] = (
                 "gradients with respect to alibi_slopes are computed by the reference backend only"
             )
-    elif torch.is_grad_enabled() and mask is not None and mask.requires_grad:
-        limits["cuda"] = (
-            "the gradient of a float attn_mask (a learned bias) is computed by the cpu, "
-            "triton and reference backends, not by the CUDA kernels"
-        )
     chosen = _backend.select_backend(
         op, q.device, backend, limits=limits, kernel="attention_forward", dtype=q.dtype
     )

@@ -318,6 +318,21 @@ inline void global_access(const void* p, size_t n, bool write, const char* what)
   fail(os.str());
 }
 
+// An atomic read-modify-write: inside a writable tensor of the launch; several threads may
+// add to one address (blocks run one after another, so the additions do not interleave).
+inline void global_atomic(const void* p, size_t n, const char* what) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  for (const Range& r : st().ranges) {
+    if (a >= r.lo && a + n <= r.hi) {
+      if (!r.writable) fail(std::string(what) + ": adds into read-only tensor " + r.name);
+      return;
+    }
+  }
+  std::ostringstream os;
+  os << what << ": atomic add of " << n << " bytes at " << p << " outside every tensor";
+  fail(os.str());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Launch
 
@@ -370,6 +385,13 @@ template <typename T>
 inline void stg(T* p, T v) {
   ::emu::global_access(p, sizeof(T), true, "stg");
   *p = v;
+}
+// atomicAdd: any thread of any block may add to the address (no two-writer check), which must
+// lie in a writable tensor of the launch.
+template <typename T>
+inline void atomic_add(T* p, T v) {
+  ::emu::global_atomic(p, sizeof(T), "atomic_add");
+  *p += v;
 }
 template <typename T>
 inline T lds(const T* p) {

@@ -128,6 +128,10 @@ std::vector<emu::Range> emu_ranges(const BwdParams& bp) {
   r.push_back(view(bp.dq, nb, p.Hq, lq, p.D, bp.dq_sb, bp.dq_sh, bp.dq_sl, 1, es, true, "dq"));
   r.push_back(view(bp.dk, nb, p.Hkv, lk, p.D, bp.dk_sb, bp.dk_sh, bp.dk_sl, 1, es, true, "dk"));
   r.push_back(view(bp.dv, nb, p.Hkv, lk, p.Dv, bp.dv_sb, bp.dv_sh, bp.dv_sl, 1, es, true, "dv"));
+  if (bp.dbias_mode != kDBiasNone) {
+    r.push_back(view(bp.dbias, p.B, p.Hq, p.Lq, p.Lk, bp.dbias_sb, bp.dbias_sh, bp.dbias_sq,
+                     bp.dbias_sk, as, true, "d attn_mask"));
+  }
   return r;
 }
 
@@ -200,10 +204,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward(
     const optional<Tensor>& key_padding_mask, const optional<Tensor>& alibi_slopes, double scale,
     double softcap, int64_t window_lo, int64_t window_hi, double dropout_p,
     const optional<Tensor>& seed, bool deterministic, bool mask_grad) {
-  (void)deterministic;  // always deterministic
   return impl::backward(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask,
                         alibi_slopes, scale, softcap, window_lo, window_hi, dropout_p, seed,
-                        mask_grad, launch());
+                        deterministic, mask_grad, launch());
 }
 
 std::tuple<Tensor, Tensor> varlen_attention_forward(

@@ -93,11 +93,16 @@ class Case:
         expect=(),
         expect_error=None,
         mask_grad=False,
+        deterministic=True,
+        mask_dtype=None,
     ):
         # smem: the emulated device's shared memory per block; expect: launches the case must
         # make, each "part&part..." matched by one launcher signature (see reached());
         # expect_error: the text of the error the op must raise instead (smem below the range);
-        # mask_grad: the backward is asked for d attn_mask (which the CUDA kernels refuse).
+        # mask_grad: the backward also returns d attn_mask (a learned bias's gradient), checked
+        # against the reference's; deterministic: the backward's flag (how d attn_mask of a
+        # mask broadcast over batches / kv heads is summed); mask_dtype: a bias_* mask's dtype
+        # (default the inputs').
         self.__dict__.update(locals())
         self.Dv = D if Dv is None else Dv
 
@@ -134,6 +139,19 @@ def canonical(c: Case, g: torch.Generator):
     elif c.mask == "float_transposed":  # strides (0, Lq, 1, Lq*Hq) style
         m = torch.randn(Lk, Hq, Lq, generator=g).permute(1, 2, 0).unsqueeze(0)
         mask = m.to(torch.float32).expand(B, Hq, Lq, Lk)
+    elif c.mask is not None and c.mask.startswith("bias_"):  # learned biases, 4-D as ops pass
+        shape = {
+            "bias_LL": (1, 1, Lq, Lk),  # a plain (L, L) bias
+            "bias_1HLL": (1, Hq, Lq, Lk),  # shared by the batch (T5, Swin)
+            "bias_B1LL": (B, 1, Lq, Lk),  # shared by the heads (AlphaFold's pair bias)
+            "bias_BHLL": (B, Hq, Lq, Lk),
+            "bias_key": (B, 1, 1, Lk),  # broadcast over heads and queries
+            "bias_query": (1, Hq, Lq, 1),  # broadcast over keys (softmax-invariant)
+            "bias_expanded": (1, Hq, Lq, Lk),  # expanded: stride 0, gradient (B, Hq, Lq, Lk)
+        }[c.mask]
+        mask = torch.randn(shape, generator=g).to(c.mask_dtype or c.dtype)
+        if c.mask == "bias_expanded":
+            mask = mask.expand(B, Hq, Lq, Lk)
     padding = (torch.rand(B, Lk, generator=g) > 0.7) if c.padding else None
     if c.empty_rows and padding is not None:
         padding[0] = True  # batch 0: every key is padding
@@ -170,11 +188,17 @@ def canonical(c: Case, g: torch.Generator):
     )
 
 
-def ref_run(q, k, v, kw, dtype, grad_out=None, grad_lse=None):
+def ref_run(q, k, v, kw, dtype, grad_out=None, grad_lse=None, mask_grad=False):
+    """The reference's (out, lse, grads) in `dtype`; grads: (dq, dk, dv), and d attn_mask with
+    mask_grad (the mask in float64 for the float64 run, else in its own dtype)."""
     leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    mask = kw["attn_mask"]
+    if mask_grad:
+        mask = mask.detach().to(torch.float64 if dtype == torch.float64 else mask.dtype)
+        leaves.append(mask.requires_grad_())
     out, lse = ref.attention(
-        *leaves,
-        kw["attn_mask"],
+        *leaves[:3],
+        mask,
         kw["key_padding_mask"],
         kw["alibi_slopes"],
         kw["scale"],
@@ -289,9 +313,10 @@ def run_case(ext, c: Case, verbose: bool):
     if c.backward and c.grad_out_expanded:  # d(out.sum()): every outer stride 0
         grad_out = torch.randn(out.shape[-1], generator=g).to(c.dtype).expand(out.shape)
     grad_lse = torch.randn(lse.shape, generator=g) if (c.backward and c.grad_lse) else None
-    o64, l64, g64 = ref_run(q, k, v, kw, torch.float64, grad_out, grad_lse)
+    mg = c.mask_grad and c.backward
+    o64, l64, g64 = ref_run(q, k, v, kw, torch.float64, grad_out, grad_lse, mg)
     # The reference in the input's dtype (it computes in float32 for 16-bit inputs and rounds).
-    olow, llow, glow = ref_run(q, k, v, kw, c.dtype, grad_out, grad_lse)
+    olow, llow, glow = ref_run(q, k, v, kw, c.dtype, grad_out, grad_lse, mg)
     results = []
     assert out.shape == o64.shape and out.dtype == c.dtype, (out.shape, out.dtype)
     assert out.stride(-1) == 1
@@ -311,50 +336,36 @@ def run_case(ext, c: Case, verbose: bool):
         results,
         dtype=lse.dtype,
     )
+    bwd_args = (grad_out, grad_lse, q, k, v, out, lse, *args, c.deterministic, mg)
     if c.backward:
-        dq, dk, dv, _ = emulated(
-            ext,
-            "attention_backward",
-            grad_out,
-            grad_lse,
-            q,
-            k,
-            v,
-            out,
-            lse,
-            *args,
-            True,
-            smem=c.smem,
-        )
+        dq, dk, dv, dmask = emulated(ext, "attention_backward", *bwd_args, smem=c.smem)
         floors = cancellation_floors(q, k, v, kw, grad_out) + (0.0,)
         for nm, got, r64, rlow, extra in zip(("dq", "dk", "dv"), (dq, dk, dv), g64, glow, floors):
             assert got.is_contiguous()
             check(nm, got, r64, rlow, 3.0, results, extra=extra)
+        if mg:
+            m = kw["attn_mask"]
+            assert dmask.shape == m.shape and dmask.dtype == m.dtype, (dmask.shape, dmask.dtype)
+            check(
+                "dmask",
+                dmask,
+                g64[3],
+                glow[3],
+                3.0,
+                results,
+                extra=mask_grad_floor(c, q, v, kw, grad_out),
+            )
+            sharp_mask_grad_check(c, q, k, v, kw, out, grad_out, grad_lse, o64, dmask, results)
+        else:
+            assert dmask.numel() == 0
         # determinism: a second run is bitwise equal
     reached(ext, c.expect, results)
     if c.backward:
-        dq2, dk2, dv2, _ = emulated(
-            ext,
-            "attention_backward",
-            grad_out,
-            grad_lse,
-            q,
-            k,
-            v,
-            out,
-            lse,
-            *args,
-            True,
-            smem=c.smem,
-        )
-        results.append(
-            (
-                "determinism",
-                bool(torch.equal(dq, dq2) and torch.equal(dk, dk2) and torch.equal(dv, dv2)),
-                0.0,
-                0.0,
-            )
-        )
+        dq2, dk2, dv2, dmask2 = emulated(ext, "attention_backward", *bwd_args, smem=c.smem)
+        same = torch.equal(dq, dq2) and torch.equal(dk, dk2) and torch.equal(dv, dv2)
+        if mg and c.deterministic:
+            same = same and torch.equal(dmask, dmask2)
+        results.append(("determinism", bool(same), 0.0, 0.0))
     if c.smem != H100_SMEM:
         o_h, l_h = emulated(ext, "attention_forward", q, k, v, *args, smem=H100_SMEM)
         same_as_h100("fwd same as 227 KB", (out, lse), (o_h, l_h), results)
@@ -374,7 +385,63 @@ def run_case(ext, c: Case, verbose: bool):
                 smem=H100_SMEM,
             )
             same_as_h100("bwd same as 227 KB", (dq, dk, dv), g_h[:3], results)
+    if mg and c.mask is not None:
+        # The one-pass atomic and the deterministic sums of d attn_mask agree (to rounding).
+        other = emulated(
+            ext, "attention_backward", *bwd_args[:-2], not c.deterministic, True, smem=c.smem
+        )[3]
+        check(
+            "dmask det/atomic",
+            other,
+            g64[3],
+            glow[3],
+            3.0,
+            results,
+            extra=mask_grad_floor(c, q, v, kw, grad_out),
+        )
     return results
+
+
+def sharp_mask_grad_check(c, q, k, v, kw, out, grad_out, grad_lse, o64, dmask, results):
+    """d attn_mask against the float64 reference given the kernels' Delta: their rowsum(dO * O)
+    reads the rounded output O (16-bit), which the reference's exact O does not, and the
+    FlashAttention rule's floor for that (mask_grad_floor) is too loose to catch a missing or
+    doubled contribution. Delta_kernel = rowsum(dO O_exact) - grad_lse' with grad_lse' =
+    grad_lse + rowsum(dO (O_exact - O)), so the float64 reference run with grad_lse' gives the
+    kernels' d attn_mask up to float32 rounding."""
+    go = grad_out.double()
+    adj = (go * (o64 - out.double())).sum(-1)
+    if grad_lse is not None:
+        adj = adj + grad_lse.double()
+    want = ref_run(q, k, v, kw, torch.float64, grad_out, adj, mask_grad=True)[2][3]
+    eps = torch.finfo(torch.float64 if c.dtype == torch.float64 else torch.float32).eps
+    terms = c.B * c.Hq * c.Lq * c.Lk // kw["attn_mask"].numel()
+    vv = v.double().abs().repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    dp_abs = float(torch.matmul(go.abs(), vv.transpose(-1, -2)).max()) if vv.numel() else 0.0
+    # one ulp of the mask's dtype at the largest value (the kernels round their float sums once)
+    ulp = torch.finfo(dmask.dtype).eps * float(want.abs().max()) if want.numel() else 0.0
+    bound = ulp + rounding_floor(want, dmask.dtype)
+    bound += 16 * eps * (dp_abs + 1) * terms / (1 - c.dropout)
+    err = max_error(dmask, want)
+    results.append(("dmask~kernel Delta", err == err and err <= bound, err, bound))
+
+
+def mask_grad_floor(c: Case, q, v, kw, grad_out) -> float:
+    """Floor of d attn_mask (tests/test_attention_bias_grad.py's bias_floor): dS = P (dP - Delta)
+    keeps a residue of a few ulps of the compute type of sum_d |dO_d v_d| (dP and Delta are
+    separate dot products), 16-bit inputs add Delta's reading of the rounded O, and each
+    element of the mask sums B Hq Lq Lk / numel such terms."""
+    group = q.shape[1] // v.shape[1]
+    keep = 1.0 / (1.0 - c.dropout)
+    eps = torch.finfo(torch.float64 if q.dtype == torch.float64 else torch.float32).eps
+    vv = v.double().abs().repeat_interleave(group, dim=1)
+    dp_abs = torch.matmul(grad_out.double().abs(), vv.transpose(-1, -2))
+    residue = 4 * eps * keep * float(dp_abs.max())
+    half_ulp = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}.get(q.dtype, 0.0)
+    if half_ulp:
+        v_max = vv.amax(dim=2, keepdim=True)
+        residue += half_ulp * keep * float((grad_out.double().abs() * v_max).sum(-1).max())
+    return residue * (c.B * c.Hq * c.Lq * c.Lk // kw["attn_mask"].numel())
 
 
 def cases():
@@ -397,14 +464,6 @@ def cases():
         Case("bf16_float32_mask_transposed", bf, mask="float_transposed"),
         Case("bf16_float32_mask_shared_unexpanded", bf, mask="float_shared", B=2),
         Case("f32_float32_key_bias_gqa", torch.float32, mask="float_key", B=2, Hq=4, Hkv=2),
-        # d attn_mask (a learned bias's gradient) is left to the cpu/triton kernels
-        Case(
-            "bf16_mask_grad_refused",
-            bf,
-            mask="float_shared",
-            mask_grad=True,
-            expect_error="mask_grad=True (the gradient of a float attn_mask)",
-        ),
         Case("bf16_alibi_softcap", bf, alibi=True, softcap=2.5, scale=0.5),
         Case("bf16_dropout", bf, dropout=0.17, Lq=40, Lk=70),
         Case("bf16_dropout_odd", bf, dropout=0.3, Lq=13, Lk=31, D=32),
@@ -510,7 +569,192 @@ def cases():
     )
     out.append(Case("f32_lk0", torch.float32, Lq=5, Lk=0))
     out += smem_cases()
+    out += dbias_cases()
     return out
+
+
+def dbias_cases():
+    """d attn_mask (mask_grad: a learned bias's gradient, summed over the mask's broadcast
+    dims by the dK/dV kernels): every broadcast shape, deterministic (blocks walk the batches /
+    kv heads, no atomics) and not (atomic adds), causal, odd lengths, GQA/MQA, softcap,
+    dropout, every dtype and kernel family (tensor-core buckets, SIMT full and D-split). Each
+    case also checks the other deterministic setting against the reference."""
+    bf, f16, f32, f64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
+    d = dict(mask_grad=True)
+    return [
+        Case("dbias_bf16_1HLL_t5", bf, B=3, mask="bias_1HLL", **d),
+        Case("dbias_bf16_1HLL_atomic", bf, B=3, mask="bias_1HLL", deterministic=False, **d),
+        Case(
+            "dbias_f16_B1LL_pair_gqa_causal",
+            f16,
+            B=2,
+            Hq=4,
+            Hkv=2,
+            causal=True,
+            Lq=70,
+            Lk=70,
+            mask="bias_B1LL",
+            **d,
+        ),
+        Case(
+            "dbias_f16_B1LL_pair_atomic",
+            f16,
+            B=2,
+            Hq=4,
+            Hkv=2,
+            mask="bias_B1LL",
+            deterministic=False,
+            **d,
+        ),
+        Case(
+            "dbias_bf16_LL_mqa_causal_br",
+            bf,
+            B=2,
+            Hq=3,
+            Hkv=1,
+            causal="bottom_right",
+            Lq=45,
+            Lk=77,
+            mask="bias_LL",
+            mask_dtype=f32,
+            **d,
+        ),
+        Case(
+            "dbias_bf16_LL_gqa_atomic",
+            bf,
+            B=2,
+            Hq=4,
+            Hkv=2,
+            Lq=45,
+            Lk=77,
+            mask="bias_LL",
+            deterministic=False,
+            **d,
+        ),
+        Case("dbias_bf16_BHLL_store", bf, B=2, Hq=4, Hkv=2, Lq=33, Lk=50, mask="bias_BHLL", **d),
+        Case("dbias_bf16_expanded", bf, B=2, mask="bias_expanded", Lq=20, Lk=30, **d),
+        Case("dbias_bf16_key", bf, B=2, Hq=4, Hkv=2, mask="bias_key", Lq=70, Lk=50, **d),
+        Case("dbias_bf16_query_sum_k", bf, B=2, mask="bias_query", Lq=30, Lk=45, **d),
+        Case(
+            "dbias_bf16_softcap_dropout",
+            bf,
+            B=2,
+            Hq=4,
+            Hkv=2,
+            softcap=2.5,
+            dropout=0.17,
+            padding=True,
+            mask="bias_1HLL",
+            mask_dtype=f32,
+            grad_lse=True,
+            **d,
+        ),
+        Case(
+            "dbias_bf16_d128_window",
+            bf,
+            B=2,
+            D=128,
+            Lq=100,
+            Lk=90,
+            window=(30, 10),
+            mask="bias_1HLL",
+            **d,
+        ),
+        Case(
+            "dbias_f16_d256_dv160",
+            f16,
+            B=2,
+            Hq=2,
+            Hkv=1,
+            D=256,
+            Dv=160,
+            Lq=40,
+            Lk=70,
+            mask="bias_1HLL",
+            causal=True,
+            **d,
+        ),
+        Case(
+            "dbias_smem99_f16_d256",
+            f16,
+            B=2,
+            D=256,
+            Lq=37,
+            Lk=40,
+            mask="bias_B1LL",
+            smem=SMALL_SMEM,
+            expect=KV256_SMALL,
+            **d,
+        ),
+        Case(
+            "dbias_f32_1HLL_softcap_dropout_gqa",
+            f32,
+            B=2,
+            Hq=4,
+            Hkv=2,
+            D=20,
+            Dv=35,
+            softcap=2.5,
+            dropout=0.17,
+            causal="bottom_right",
+            Lq=37,
+            Lk=50,
+            mask="bias_1HLL",
+            **d,
+        ),
+        Case(
+            "dbias_f32_B1LL_atomic",
+            f32,
+            B=2,
+            Hq=4,
+            Hkv=2,
+            D=24,
+            Lq=33,
+            Lk=45,
+            mask="bias_B1LL",
+            deterministic=False,
+            **d,
+        ),
+        Case("dbias_f32_key", f32, B=2, Hq=2, D=16, Lq=40, Lk=45, mask="bias_key", **d),
+        Case(
+            "dbias_smem99_f32_d256_split",
+            f32,
+            B=2,
+            D=256,
+            Lq=20,
+            Lk=45,
+            causal=True,
+            mask="bias_1HLL",
+            smem=SMALL_SMEM,
+            expect=(DKDV_SPLIT,),
+            **d,
+        ),
+        Case(
+            "dbias_f64_LL_dropout",
+            f64,
+            B=2,
+            Hq=2,
+            D=8,
+            Lq=21,
+            Lk=19,
+            dropout=0.2,
+            mask="bias_LL",
+            **d,
+        ),
+        Case(
+            "dbias_f64_BHLL_gqa",
+            f64,
+            B=2,
+            Hq=4,
+            Hkv=2,
+            D=8,
+            Lq=21,
+            Lk=35,
+            mask="bias_BHLL",
+            causal=True,
+            **d,
+        ),
+    ]
 
 
 # Launcher signatures of the smaller-tile variants (attention_cuda_launch.cuh).
