@@ -364,7 +364,11 @@ KV_FEATURES = {
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=[_DT[t] for t in DTYPES])
-@pytest.mark.parametrize("lq,lnew", [(3, 3), (2, 0)], ids=["Lq3-Lnew3", "Lq2-Lnew0"])
+# Lq=1: one-token decoding, where the cpu kernels take a KV group's query heads as the rows of
+# one tile (every feature that keeps the heads' scores alike: windows, softcap, causal forms)
+@pytest.mark.parametrize(
+    "lq,lnew", [(3, 3), (2, 0), (1, 1)], ids=["Lq3-Lnew3", "Lq2-Lnew0", "Lq1-Lnew1"]
+)
 @pytest.mark.parametrize("feature", list(KV_FEATURES))
 def test_kvcache_features(backend, feature, lq, lnew, dtype):
     device = kvcache_device(backend)

@@ -828,7 +828,16 @@ void forward_impl(const AttentionForwardParams& fp) {
   const int64_t rows = p.B * p.Hq * p.Lq;
   std::vector<acc> part_o(splits > 1 ? splits * rows * Dv : 0),
       part_lse(splits > 1 ? splits * rows : 0);
-  const int64_t tasks = p.B * p.Hq * q_blocks * splits;
+  // Decoding one token with GQA: the query heads of a KV group share every key and value tile
+  // (its loads and transposes, a paged cache's staging copies), so one task takes the group's
+  // heads as the rows of its tiles instead of one task per head reading each tile `group`
+  // times. Only where those rows' scores differ in nothing but the query: no per-head ALiBi
+  // slope, mask or dropout stream.
+  const bool pack_heads = p.Lq == 1 && group > 1 && group <= kBlockQ && p.alibi == nullptr &&
+                          p.mask_kind == MaskKind::none && p.dropout_p <= 0.0;
+  const int64_t heads_per_task = pack_heads ? group : 1;
+  const int64_t head_tasks = p.Hq / heads_per_task;
+  const int64_t tasks = p.B * head_tasks * q_blocks * splits;
 
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     Tiles tiles(D, Dv);
@@ -840,19 +849,27 @@ void forward_impl(const AttentionForwardParams& fp) {
     for (int64_t task = begin; task < end; ++task) {
       const int64_t split = task % splits, rest = task / splits;
       const int64_t qb = rest % q_blocks, bh = rest / q_blocks;
-      const int64_t b = bh / p.Hq, h = bh % p.Hq, hk = h / group;
+      // h: the task's head, or (pack_heads) the first of its KV group's heads
+      const int64_t b = bh / head_tasks, h = bh % head_tasks * heads_per_task, hk = h / group;
       const Geometry g = geometry(p, b);
-      const int64_t i0 = qb * kBlockQ, M = std::min(kBlockQ, g.Lq - i0);
+      const int64_t i0 = qb * kBlockQ;
+      // rows of the tiles: M query positions of head h, or the group's heads at position 0
+      const int64_t positions = std::min(kBlockQ, g.Lq - i0);
+      const int64_t M = pack_heads ? (positions > 0 ? group : 0) : positions;
       if (M <= 0) continue;  // a shorter sequence of a varlen batch
       const ScoreContext<acc> ctx(p, g, b, h);
       // (paged: rows are addressed through the block table, paged_rows)
       const T* k_base = paged ? K : K + b * p.k_s.b + hk * p.k_s.h + g.k_row0 * p.k_s.l;
       const T* v_base = paged ? V : V + b * p.v_s.b + hk * p.v_s.h + g.k_row0 * p.v_s.l;
-      tiles.load_q(Q + b * p.q_s.b + h * p.q_s.h + g.q_row0 * p.q_s.l, p.q_s.l, i0, M, false);
+      if (pack_heads) {  // row r: head h + r
+        tiles.load_q(Q + b * p.q_s.b + h * p.q_s.h + g.q_row0 * p.q_s.l, p.q_s.h, 0, M, false);
+      } else {
+        tiles.load_q(Q + b * p.q_s.b + h * p.q_s.h + g.q_row0 * p.q_s.l, p.q_s.l, i0, M, false);
+      }
       std::fill(o_acc.begin(), o_acc.begin() + M * Dv, acc(0));
       std::fill(m.begin(), m.begin() + M, neg_inf<acc>());
       std::fill(l.begin(), l.begin() + M, acc(0));
-      auto [kb_first, kb_last] = visible_key_blocks(g, i0, M);
+      auto [kb_first, kb_last] = visible_key_blocks(g, i0, pack_heads ? 1 : M);
       kb_first = std::max(kb_first, split * blocks_per_split);
       kb_last = std::min(kb_last, (split + 1) * blocks_per_split);
       for (int64_t kb = kb_first; kb < kb_last; ++kb) {
@@ -870,7 +887,13 @@ void forward_impl(const AttentionForwardParams& fp) {
           tiles.load_k(k_base, p.k_s.l, j0, N, false);
         }
         tiles.scores(M, N, static_cast<acc>(p.scale), false, s.data());
-        ctx.apply(s.data(), kBlockK, i0, M, j0, N, nullptr, row.data());
+        if (pack_heads) {  // every row is query position i0 (of another head)
+          for (int64_t r = 0; r < M; ++r) {
+            ctx.apply(s.data() + r * kBlockK, kBlockK, i0, 1, j0, N, nullptr, row.data());
+          }
+        } else {
+          ctx.apply(s.data(), kBlockK, i0, M, j0, N, nullptr, row.data());
+        }
         const bool dropout = p.dropout_p > 0.0;
         if (dropout) {
           dropout_tile<acc>(p, g, b, h, i0, M, j0, N, mult.data(), kBlockK, scratch.data());
@@ -897,14 +920,14 @@ void forward_impl(const AttentionForwardParams& fp) {
           std::fill(o, o + Dv, acc(0));
           lse = neg_inf<acc>();
         }
+        const int64_t head = pack_heads ? h + r : h, i = pack_heads ? i0 : i0 + r;
         if (splits > 1) {
-          const int64_t row_id = (b * p.Hq + h) * p.Lq + i0 + r;
+          const int64_t row_id = (b * p.Hq + head) * p.Lq + i;
           std::copy(o, o + Dv, part_o.data() + (split * rows + row_id) * Dv);
           part_lse[split * rows + row_id] = lse;
         } else {
-          LSE[lse_offset(p, g, b, h) + i0 + r] = lse;
-          store_row<T>(o, O + b * fp.out_s.b + h * fp.out_s.h + (g.q_row0 + i0 + r) * fp.out_s.l,
-                       Dv);
+          LSE[lse_offset(p, g, b, head) + i] = lse;
+          store_row<T>(o, O + b * fp.out_s.b + head * fp.out_s.h + (g.q_row0 + i) * fp.out_s.l, Dv);
         }
       }
     }
