@@ -833,8 +833,14 @@ void forward_impl(const AttentionForwardParams& fp) {
   // heads as the rows of its tiles instead of one task per head reading each tile `group`
   // times. Only where those rows' scores differ in nothing but the query: no per-head ALiBi
   // slope, mask or dropout stream.
-  const bool pack_heads = p.Lq == 1 && group > 1 && group <= kBlockQ && p.alibi == nullptr &&
-                          p.mask_kind == MaskKind::none && p.dropout_p <= 0.0;
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  // (not the AMX tiles: no AMX machine has run this layout yet)
+  constexpr bool tiles_pack_heads = !std::is_same_v<Tiles, AmxTiles>;
+#else
+  constexpr bool tiles_pack_heads = true;
+#endif
+  const bool pack_heads = tiles_pack_heads && p.Lq == 1 && group > 1 && group <= kBlockQ &&
+                          p.alibi == nullptr && p.mask_kind == MaskKind::none && p.dropout_p <= 0.0;
   const int64_t heads_per_task = pack_heads ? group : 1;
   const int64_t head_tasks = p.Hq / heads_per_task;
   const int64_t tasks = p.B * head_tasks * q_blocks * splits;
