@@ -280,10 +280,24 @@ struct PackedBlocks {
 // AVX512-BF16, keeps Q, K, V, dO in bfloat16 pair layouts and rounds P and dS to bfloat16
 // before their products (as the GPU kernels do), accumulating in float.
 
+// Rows [j0, j0 + N) of a paged head as runs of consecutive rows, one per cache block touched
+// (a tile of kBlockK rows touches at most kBlockK / 16 + 1 blocks: block sizes are multiples of
+// 16).
+template <typename T>
+struct RowRuns {
+  static constexpr int64_t kMax = kBlockK / 16 + 1;
+  const T* rows[kMax];
+  int64_t n[kMax];
+  int64_t count = 0, stride = 0;
+};
+
 template <typename T>
 struct FloatTiles {
   using acc = acc_t<T>;
   static constexpr bool kProbabilitiesInBf16 = false;
+  // Reads paged K/V tiles block run by block run in place (load_k_runs / load_v_runs /
+  // pv_runs) when the rows need no conversion; the other tiles stage a straddling tile.
+  static constexpr bool kRowRuns = std::is_same_v<T, acc>;
   int64_t D, Dv;
   std::vector<acc> q_buf, qT, k_buf, kt, v_buf, vt, do_buf;
   const acc *q_rows = nullptr, *k_rows = nullptr, *v_rows = nullptr, *do_rows = nullptr;
@@ -329,6 +343,18 @@ struct FloatTiles {
   void pv(int64_t M, int64_t N, const acc* p, acc* o) {
     gemm(M, Dv, N, acc(1), p, kBlockK, 1, v_rows, ldv, o, Dv, true);
   }
+  // A paged tile as runs of rows (RowRuns: one per cache block the tile touches, rows of one
+  // stride): K transposed run by run into kt, V's runs read in place by pv_runs.
+  void load_k_runs(const RowRuns<T>& runs) {
+    for (int64_t r = 0, off = 0; r < runs.count; off += runs.n[r], ++r) {
+      transpose(runs.rows[r], runs.stride, kt.data() + off, kBlockK, runs.n[r], D);
+    }
+  }
+  void pv_runs(int64_t M, const RowRuns<T>& runs, const acc* p, acc* o) {
+    for (int64_t r = 0, off = 0; r < runs.count; off += runs.n[r], ++r) {
+      gemm(M, Dv, runs.n[r], acc(1), p + off, kBlockK, 1, runs.rows[r], runs.stride, o, Dv, true);
+    }
+  }
   // dV (N x Dv) += P^T dO.
   void dv(int64_t M, int64_t N, const acc* p, acc* dv_acc) {
     gemm(N, Dv, M, acc(1), p, 1, kBlockK, do_rows, lddo, dv_acc, Dv, true);
@@ -349,6 +375,7 @@ struct FloatTiles {
 struct Bf16Tiles {
   using acc = float;
   static constexpr bool kProbabilitiesInBf16 = true;
+  static constexpr bool kRowRuns = false;
   int64_t D, Dv, D2, Dv2;
   // k-major pair matrices (A operands) and VNNI pair matrices (B operands), see cpu_gemm_bf16.h
   std::vector<uint32_t> pairs, qA, qB, kA, kB, vA, vB, doA, doB, pA;
@@ -494,6 +521,7 @@ inline void round_pair_rows_padded(const float* x, int64_t ldx, int64_t M, int64
 struct AmxTiles {
   using acc = float;
   static constexpr bool kProbabilitiesInBf16 = true;
+  static constexpr bool kRowRuns = false;
   int64_t D, Dv;
   AmxTileScope tile_scope;
   std::vector<uint32_t> pairs, kA, kB, vA, vB, b_pairs;  // VNNI pair layouts (B operands)
@@ -758,18 +786,42 @@ const T* paged_rows(const AttentionProblem& p, const T* pool, const Strides4& s,
   return stage;
 }
 
+// paged_rows' addressing as RowRuns, without a copy.
+template <typename T>
+RowRuns<T> paged_runs(const AttentionProblem& p, const T* pool, const Strides4& s, int64_t b,
+                      int64_t hk, int64_t j0, int64_t N) {
+  const int32_t* table = p.block_table + b * p.block_table_stride;
+  const int64_t ps = p.page_size;
+  RowRuns<T> runs;
+  runs.stride = s.l;
+  for (int64_t j = j0; j < j0 + N; ++runs.count) {
+    const int64_t page = j / ps, row = j - page * ps, run = std::min(ps - row, j0 + N - j);
+    runs.rows[runs.count] = pool + table[page] * s.b + hk * s.h + row * s.l;
+    runs.n[runs.count] = run;
+    j += run;
+  }
+  return runs;
+}
+
 // Prefetches rows [j0, j0 + N) of a paged head (paged_rows' addressing): a dense cache's rows
 // stream through the hardware prefetcher, a paged cache's jump from block to block wherever the
 // table puts them, so the next tile's rows are requested while this tile computes.
 template <typename T>
 void prefetch_paged_rows(const AttentionProblem& p, const T* pool, const Strides4& s, int64_t b,
                          int64_t hk, int64_t j0, int64_t N, int64_t W) {
-  const int32_t* table = p.block_table + b * p.block_table_stride;
-  const int64_t bytes = W * static_cast<int64_t>(sizeof(T));
-  for (int64_t j = j0; j < j0 + N; ++j) {
-    const char* row = reinterpret_cast<const char*>(pool + table[j / p.page_size] * s.b + hk * s.h +
-                                                    (j % p.page_size) * s.l);
-    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off);
+  // block run by block run (paged_runs): one table lookup per run, and a run of rows that lie
+  // back to back (row stride W) as one span of cache lines
+  const RowRuns<T> runs = paged_runs<T>(p, pool, s, b, hk, j0, N);
+  const int64_t row_bytes = W * static_cast<int64_t>(sizeof(T));
+  for (int64_t r = 0; r < runs.count; ++r) {
+    const char* first = reinterpret_cast<const char*>(runs.rows[r]);
+    const bool packed = runs.stride == W;
+    const int64_t spans = packed ? 1 : runs.n[r];
+    const int64_t bytes = packed ? runs.n[r] * row_bytes : row_bytes;
+    for (int64_t k = 0; k < spans; ++k) {
+      const char* row = first + k * runs.stride * static_cast<int64_t>(sizeof(T));
+      for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off);
+    }
   }
 }
 
@@ -885,10 +937,17 @@ void forward_impl(const AttentionForwardParams& fp) {
           prefetch_paged_rows<T>(p, K, p.k_s, b, hk, j0 + kBlockK, next, D);
           prefetch_paged_rows<T>(p, V, p.v_s, b, hk, j0 + kBlockK, next, Dv);
         }
+        // (RowRuns tiles: a paged tile's K and V read in place, block run by block run)
+        [[maybe_unused]] RowRuns<T> k_runs, v_runs;
         if (paged) {
-          int64_t stride, r0;
-          const T* rows = paged_rows<T>(p, K, p.k_s, b, hk, j0, N, D, k_stage.data(), stride, r0);
-          tiles.load_k(rows, stride, r0, N, false);
+          if constexpr (Tiles::kRowRuns) {
+            k_runs = paged_runs<T>(p, K, p.k_s, b, hk, j0, N);
+            tiles.load_k_runs(k_runs);
+          } else {
+            int64_t stride, r0;
+            const T* rows = paged_rows<T>(p, K, p.k_s, b, hk, j0, N, D, k_stage.data(), stride, r0);
+            tiles.load_k(rows, stride, r0, N, false);
+          }
         } else {
           tiles.load_k(k_base, p.k_s.l, j0, N, false);
         }
@@ -906,14 +965,29 @@ void forward_impl(const AttentionForwardParams& fp) {
         }
         online_softmax<Tiles, acc>(s.data(), M, N, m.data(), l.data(), o_acc.data(), Dv,
                                    dropout ? mult.data() : nullptr);
+        bool v_in_runs = false;
         if (paged) {
-          int64_t stride, r0;
-          const T* rows = paged_rows<T>(p, V, p.v_s, b, hk, j0, N, Dv, v_stage.data(), stride, r0);
-          tiles.load_v(rows, stride, r0, N, false);
+          if constexpr (Tiles::kRowRuns) {
+            v_runs = paged_runs<T>(p, V, p.v_s, b, hk, j0, N);
+            v_in_runs = true;
+          } else {
+            int64_t stride, r0;
+            const T* rows =
+                paged_rows<T>(p, V, p.v_s, b, hk, j0, N, Dv, v_stage.data(), stride, r0);
+            tiles.load_v(rows, stride, r0, N, false);
+          }
         } else {
           tiles.load_v(v_base, p.v_s.l, j0, N, false);
         }
-        tiles.pv(M, N, s.data(), o_acc.data());
+        if constexpr (Tiles::kRowRuns) {
+          if (v_in_runs) {
+            tiles.pv_runs(M, v_runs, s.data(), o_acc.data());
+          } else {
+            tiles.pv(M, N, s.data(), o_acc.data());
+          }
+        } else {
+          tiles.pv(M, N, s.data(), o_acc.data());
+        }
       }
       for (int64_t r = 0; r < M; ++r) {
         acc* o = o_acc.data() + r * Dv;
