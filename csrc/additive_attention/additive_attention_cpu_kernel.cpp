@@ -113,12 +113,16 @@ void accumulate_row<float>(const float* x, const float* rows_y, int64_t n, const
 }
 #endif
 
-// Rows per parallel task of the score kernels: at least ~8k tanh evaluations a task, below
-// which waking the other threads costs more than it saves (a decoder step at B=16, Lk=20,
-// A=64 is ~20k in all).
-inline int64_t scores_rows_per_task(int64_t tanh_per_row) {
-  return std::max<int64_t>(1, 8192 / std::max<int64_t>(tanh_per_row, 1));
+// Rows per parallel task: enough rows for `task_work` units of work (a task below that costs
+// less than waking the other threads; a decoder step at B=16 is a few microseconds in all).
+inline int64_t rows_per_task(int64_t work_per_row, int64_t task_work) {
+  return std::max<int64_t>(1, task_work / std::max<int64_t>(work_per_row, 1));
 }
+
+// Score kernels: ~8k tanh evaluations a task (a decoder step at B=16, Lk=20, A=64 is ~20k);
+// the context kernels: ~64k multiply-adds a task.
+constexpr int64_t kScoreTaskTanh = 8192;
+constexpr int64_t kContextTaskWork = int64_t{1} << 16;
 
 }  // namespace
 
@@ -130,16 +134,16 @@ void additive_scores(const AdditiveScoresParams& p) {
   const acc* kp = as_compute<T>(p.kp, p.B * p.Lk, p.A, kbuf);
   const acc* v = as_compute<T>(p.v, 1, p.A, vbuf);
   acc* S = static_cast<acc*>(p.scores);
-  at::parallel_for(0, p.B * p.Lq, scores_rows_per_task(p.Lk * p.A),
-                   [&](int64_t begin, int64_t end) {
-                     for (int64_t row = begin; row < end; ++row) {
-                       const int64_t b = row / p.Lq;
-                       const acc* q = qp + row * p.A;
-                       const acc* k = kp + b * p.Lk * p.A;
-                       acc* s = S + row * p.Lk;
-                       for (int64_t j = 0; j < p.Lk; ++j) s[j] = score(q, k + j * p.A, v, p.A);
-                     }
-                   });
+  const int64_t grain = rows_per_task(p.Lk * p.A, kScoreTaskTanh);
+  at::parallel_for(0, p.B * p.Lq, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t b = row / p.Lq;
+      const acc* q = qp + row * p.A;
+      const acc* k = kp + b * p.Lk * p.A;
+      acc* s = S + row * p.Lk;
+      for (int64_t j = 0; j < p.Lk; ++j) s[j] = score(q, k + j * p.A, v, p.A);
+    }
+  });
 }
 
 template <typename T>
@@ -153,7 +157,8 @@ void additive_scores_backward(const AdditiveScoresParams& p) {
   const int64_t A = p.A;
   std::vector<acc> dv_rows(static_cast<size_t>(p.B * p.Lq * A), acc(0));
   // dQp rows (and per-row dv partials): row (b, i) against the keys of batch b.
-  at::parallel_for(0, p.B * p.Lq, scores_rows_per_task(p.Lk * A), [&](int64_t begin, int64_t end) {
+  const int64_t query_grain = rows_per_task(p.Lk * A, kScoreTaskTanh);
+  at::parallel_for(0, p.B * p.Lq, query_grain, [&](int64_t begin, int64_t end) {
     std::vector<acc> dx(A);
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / p.Lq;
@@ -165,7 +170,8 @@ void additive_scores_backward(const AdditiveScoresParams& p) {
     }
   });
   // dKp rows: key (b, j) against the queries of batch b (column j of G).
-  at::parallel_for(0, p.B * p.Lk, scores_rows_per_task(p.Lq * A), [&](int64_t begin, int64_t end) {
+  const int64_t key_grain = rows_per_task(p.Lq * A, kScoreTaskTanh);
+  at::parallel_for(0, p.B * p.Lk, key_grain, [&](int64_t begin, int64_t end) {
     std::vector<acc> dx(A);
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / p.Lk, j = row % p.Lk;
@@ -185,16 +191,6 @@ void additive_scores_backward(const AdditiveScoresParams& p) {
   store_row<T>(dv.data(), static_cast<T*>(p.dv), A);
 }
 
-namespace {
-
-// Rows per parallel task: a task below ~64k multiply-adds costs less than waking the other
-// threads (a decoder step at B=16 is a few microseconds of work in all).
-inline int64_t rows_per_task(int64_t work_per_row) {
-  return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(work_per_row, 1));
-}
-
-}  // namespace
-
 template <typename T>
 void additive_context(const AdditiveContextParams& p) {
   using acc = acc_t<T>;
@@ -203,7 +199,8 @@ void additive_context(const AdditiveContextParams& p) {
   const acc* V = as_compute<T>(p.values, p.B * Lk, Dv, vbuf);
   const acc* S = static_cast<const acc*>(p.scores);
   acc* W = static_cast<acc*>(p.weights);
-  at::parallel_for(0, p.B * p.Lq, rows_per_task(Lk * Dv), [&](int64_t begin, int64_t end) {
+  const int64_t grain = rows_per_task(Lk * Dv, kContextTaskWork);
+  at::parallel_for(0, p.B * p.Lq, grain, [&](int64_t begin, int64_t end) {
     std::vector<acc> ctx(Dv);
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / p.Lq;
@@ -250,7 +247,8 @@ void additive_context_backward(const AdditiveContextParams& p) {
   const acc* GW = static_cast<const acc*>(p.grad_weights);
   acc* dS = static_cast<acc*>(p.grad_scores);
   // dS rows: query (b, i) against the values of batch b.
-  at::parallel_for(0, p.B * Lq, rows_per_task(Lk * Dv), [&](int64_t begin, int64_t end) {
+  const int64_t query_grain = rows_per_task(Lk * Dv, kContextTaskWork);
+  at::parallel_for(0, p.B * Lq, query_grain, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / Lq;
       const acc* w = W + row * Lk;
@@ -267,7 +265,8 @@ void additive_context_backward(const AdditiveContextParams& p) {
     }
   });
   // dValues rows: key (b, j) against the queries of batch b (column j of W), in query order.
-  at::parallel_for(0, p.B * Lk, rows_per_task(Lq * Dv), [&](int64_t begin, int64_t end) {
+  const int64_t key_grain = rows_per_task(Lq * Dv, kContextTaskWork);
+  at::parallel_for(0, p.B * Lk, key_grain, [&](int64_t begin, int64_t end) {
     std::vector<acc> dv(Dv);
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / Lk, j = row % Lk;

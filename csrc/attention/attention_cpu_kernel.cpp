@@ -295,7 +295,7 @@ template <typename T>
 struct FloatTiles {
   using acc = acc_t<T>;
   static constexpr bool kProbabilitiesInBf16 = false;
-  // Reads paged K/V tiles block run by block run in place (load_k_runs / load_v_runs /
+  // Reads paged K/V tiles block run by block run in place (load_k_runs /
   // pv_runs) when the rows need no conversion; the other tiles stage a straddling tile.
   static constexpr bool kRowRuns = std::is_same_v<T, acc>;
   int64_t D, Dv;
@@ -753,40 +753,7 @@ void online_softmax(acc* s, int64_t M, int64_t N, acc* m, acc* l, acc* o_acc, in
   }
 }
 
-// Rows [j0, j0 + N) of head hk of sequence b's paged keys (or values) as (base, row stride, first
-// row r0) for a Tiles::load_k/load_v call: base + r0 * stride is row j0. Rows that lie in one
-// block are read in place from the pool; a tile that straddles blocks (block sizes that are not
-// multiples of kBlockK) is copied block run by block run into `stage` (kBlockK x W, row stride
-// W), the only copy the paged path makes (one L1-sized tile, never the cache).
-template <typename T>
-const T* paged_rows(const AttentionProblem& p, const T* pool, const Strides4& s, int64_t b,
-                    int64_t hk, int64_t j0, int64_t N, int64_t W, T* stage, int64_t& stride,
-                    int64_t& r0) {
-  const int32_t* table = p.block_table + b * p.block_table_stride;
-  const int64_t ps = p.page_size;
-  const int64_t first = j0 / ps, last = (j0 + N - 1) / ps;
-  if (first == last) {
-    stride = s.l;
-    r0 = j0 - first * ps;
-    return pool + table[first] * s.b + hk * s.h;
-  }
-  for (int64_t j = j0; j < j0 + N;) {
-    const int64_t page = j / ps, row = j - page * ps, run = std::min(ps - row, j0 + N - j);
-    const T* from = pool + table[page] * s.b + hk * s.h + row * s.l;
-    T* to = stage + (j - j0) * W;
-    if (s.l == W) {
-      std::copy(from, from + run * W, to);
-    } else {
-      for (int64_t r = 0; r < run; ++r) std::copy(from + r * s.l, from + r * s.l + W, to + r * W);
-    }
-    j += run;
-  }
-  stride = W;
-  r0 = 0;
-  return stage;
-}
-
-// paged_rows' addressing as RowRuns, without a copy.
+// Rows [j0, j0 + N) of a paged head as runs of consecutive rows, one per cache block touched.
 template <typename T>
 RowRuns<T> paged_runs(const AttentionProblem& p, const T* pool, const Strides4& s, int64_t b,
                       int64_t hk, int64_t j0, int64_t N) {
@@ -801,6 +768,32 @@ RowRuns<T> paged_runs(const AttentionProblem& p, const T* pool, const Strides4& 
     j += run;
   }
   return runs;
+}
+
+// Rows [j0, j0 + N) of a paged head as one strided block of rows for a Tiles::load_k/load_v
+// call (returns row j0; `stride` receives the row stride). Rows that lie in one block are read
+// in place from the pool; a tile that straddles blocks is copied run by run into `stage`
+// (kBlockK x W, row stride W), the only copy the tiles without RowRuns make (one L1-sized
+// tile, never the cache).
+template <typename T>
+const T* paged_rows(const AttentionProblem& p, const T* pool, const Strides4& s, int64_t b,
+                    int64_t hk, int64_t j0, int64_t N, int64_t W, T* stage, int64_t& stride) {
+  const RowRuns<T> runs = paged_runs<T>(p, pool, s, b, hk, j0, N);
+  stride = s.l;
+  if (runs.count == 1) return runs.rows[0];
+  for (int64_t r = 0, off = 0; r < runs.count; off += runs.n[r], ++r) {
+    const T* from = runs.rows[r];
+    T* to = stage + off * W;
+    if (s.l == W) {
+      std::copy(from, from + runs.n[r] * W, to);
+    } else {
+      for (int64_t i = 0; i < runs.n[r]; ++i) {
+        std::copy(from + i * s.l, from + i * s.l + W, to + i * W);
+      }
+    }
+  }
+  stride = W;
+  return stage;
 }
 
 // Prefetches rows [j0, j0 + N) of a paged head (paged_rows' addressing): a dense cache's rows
@@ -937,19 +930,15 @@ void forward_impl(const AttentionForwardParams& fp) {
           prefetch_paged_rows<T>(p, K, p.k_s, b, hk, j0 + kBlockK, next, D);
           prefetch_paged_rows<T>(p, V, p.v_s, b, hk, j0 + kBlockK, next, Dv);
         }
-        // (RowRuns tiles: a paged tile's K and V read in place, block run by block run)
-        [[maybe_unused]] RowRuns<T> k_runs, v_runs;
-        if (paged) {
-          if constexpr (Tiles::kRowRuns) {
-            k_runs = paged_runs<T>(p, K, p.k_s, b, hk, j0, N);
-            tiles.load_k_runs(k_runs);
-          } else {
-            int64_t stride, r0;
-            const T* rows = paged_rows<T>(p, K, p.k_s, b, hk, j0, N, D, k_stage.data(), stride, r0);
-            tiles.load_k(rows, stride, r0, N, false);
-          }
-        } else {
+        // (RowRuns tiles read a paged tile's K and V in place, block run by block run)
+        if (!paged) {
           tiles.load_k(k_base, p.k_s.l, j0, N, false);
+        } else if constexpr (Tiles::kRowRuns) {
+          tiles.load_k_runs(paged_runs<T>(p, K, p.k_s, b, hk, j0, N));
+        } else {
+          int64_t stride;
+          const T* rows = paged_rows<T>(p, K, p.k_s, b, hk, j0, N, D, k_stage.data(), stride);
+          tiles.load_k(rows, stride, 0, N, false);
         }
         tiles.scores(M, N, static_cast<acc>(p.scale), false, s.data());
         if (pack_heads) {  // every row is query position i0 (of another head)
@@ -965,27 +954,15 @@ void forward_impl(const AttentionForwardParams& fp) {
         }
         online_softmax<Tiles, acc>(s.data(), M, N, m.data(), l.data(), o_acc.data(), Dv,
                                    dropout ? mult.data() : nullptr);
-        bool v_in_runs = false;
-        if (paged) {
-          if constexpr (Tiles::kRowRuns) {
-            v_runs = paged_runs<T>(p, V, p.v_s, b, hk, j0, N);
-            v_in_runs = true;
-          } else {
-            int64_t stride, r0;
-            const T* rows =
-                paged_rows<T>(p, V, p.v_s, b, hk, j0, N, Dv, v_stage.data(), stride, r0);
-            tiles.load_v(rows, stride, r0, N, false);
-          }
-        } else {
+        if (!paged) {
           tiles.load_v(v_base, p.v_s.l, j0, N, false);
-        }
-        if constexpr (Tiles::kRowRuns) {
-          if (v_in_runs) {
-            tiles.pv_runs(M, v_runs, s.data(), o_acc.data());
-          } else {
-            tiles.pv(M, N, s.data(), o_acc.data());
-          }
+          tiles.pv(M, N, s.data(), o_acc.data());
+        } else if constexpr (Tiles::kRowRuns) {
+          tiles.pv_runs(M, paged_runs<T>(p, V, p.v_s, b, hk, j0, N), s.data(), o_acc.data());
         } else {
+          int64_t stride;
+          const T* rows = paged_rows<T>(p, V, p.v_s, b, hk, j0, N, Dv, v_stage.data(), stride);
+          tiles.load_v(rows, stride, 0, N, false);
           tiles.pv(M, N, s.data(), o_acc.data());
         }
       }
