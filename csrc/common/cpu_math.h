@@ -53,13 +53,8 @@ inline float tanh_approx(float x) {
 inline double tanh_approx(double x) { return std::tanh(x); }
 
 #if defined(__AVX512F__)
-// exp_approx on 16 lanes (same algorithm and constants).
-inline __m512 exp_approx(__m512 x) {
-  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-  const __m512 clamped =
-      _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-126.0f)), _mm512_set1_ps(127.0f));
-  const __m512 n = _mm512_roundscale_ps(clamped, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(clamped, n);
+// 2^f for f in [-0.5, 0.5] on 16 lanes: the degree-7 polynomial of exp_approx and exp2_approx.
+inline __m512 exp2_fraction(__m512 f) {
   __m512 p = _mm512_set1_ps(1.525273380405984e-05f);
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.5403530393381606e-04f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-03f));
@@ -68,6 +63,17 @@ inline __m512 exp_approx(__m512 x) {
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-01f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-01f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return p;
+}
+
+// exp_approx on 16 lanes (same algorithm and constants).
+inline __m512 exp_approx(__m512 x) {
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 clamped =
+      _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-126.0f)), _mm512_set1_ps(127.0f));
+  const __m512 n = _mm512_roundscale_ps(clamped, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(clamped, n);
+  const __m512 p = exp2_fraction(f);
   const __m512i bits =
       _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   const __m512 result = _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
@@ -155,14 +161,7 @@ inline __m512 exp2_approx(__m512 t) {
       _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-126.0f)), _mm512_set1_ps(127.0f));
   const __m512 n = _mm512_roundscale_ps(clamped, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(clamped, n);
-  __m512 p = _mm512_set1_ps(1.525273380405984e-05f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.5403530393381606e-04f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-03f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-03f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-02f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-01f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-01f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  const __m512 p = exp2_fraction(f);
   const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
   return _mm512_maskz_scalef_ps(normal, p, n);
 }
