@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch  # noqa: F401  (loads libc10 / libtorch before the extension)
 
 C = None
@@ -20,3 +22,22 @@ except Exception as exc:  # the pure-Python parts (reference, triton) still work
             "build imported instead of the installed package? Build it there with "
             "`pip install --no-build-isolation -e .`, or run from another folder)"
         )
+
+
+# The native ops are on libtorch's stable ABI, across which every C++ exception arrives as
+# RuntimeError; checks that Python raises as ValueError tag their message with this instead.
+VALUE_ERROR_TAG = "[ValueError] "
+
+
+@contextlib.contextmanager
+def value_errors():
+    """Re-raises a native op's RuntimeError tagged VALUE_ERROR_TAG as ValueError (its message
+    from the tag on)."""
+    try:
+        yield
+    except RuntimeError as exc:
+        message = str(exc)
+        at = message.find(VALUE_ERROR_TAG)
+        if at < 0:
+            raise
+        raise ValueError(message[at + len(VALUE_ERROR_TAG) :].split("\n")[0]) from None

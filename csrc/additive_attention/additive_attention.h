@@ -1,17 +1,16 @@
 // Argument checks of the additive-attention score ops, shared by the CPU and CUDA bodies.
 #pragma once
-#include <ATen/core/Tensor.h>
+#include "common/tensor_api.h"
 
 #include "common/checks.h"
 
 namespace fastattn::additive_attention {
 
-inline at::ScalarType compute_dtype(const at::Tensor& t) {
-  return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+inline ScalarType compute_dtype(const Tensor& t) {
+  return t.scalar_type() == kDouble ? kDouble : kFloat;
 }
 
-inline void check_scores_args(const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& v,
-                              const char* op) {
+inline void check_scores_args(const Tensor& qp, const Tensor& kp, const Tensor& v, const char* op) {
   check_float_dtype(qp, op, "qp");
   FASTATTN_CHECK(qp.dim() == 3 && kp.dim() == 3 && v.dim() == 1, op,
                  "expected qp (B, Lq, A), kp (B, Lk, A), v (A,), got ", qp.sizes(), ", ",

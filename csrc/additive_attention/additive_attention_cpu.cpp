@@ -1,7 +1,5 @@
 // CPU bodies of the additive-attention score ops.
-#include <ATen/Dispatch.h>
-#include <ATen/ops/empty.h>
-#include <torch/library.h>
+#include "common/tensor_api.h"
 
 #include "additive_attention/additive_attention.h"
 #include "additive_attention/additive_attention_cpu_kernel.h"
@@ -11,17 +9,15 @@
 namespace fastattn::additive_attention {
 namespace {
 
-using at::Tensor;
-
 #define FASTATTN_DISPATCH_ADDITIVE(TYPE, ...) \
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, TYPE, "additive_cpu", __VA_ARGS__)
+  FASTATTN_DISPATCH_FLOATING(TYPE, "additive_cpu", __VA_ARGS__)
 
 Tensor additive_scores_cpu(const Tensor& qp_in, const Tensor& kp_in, const Tensor& v_in) {
   constexpr const char* op = "additive_scores";
   check_scores_args(qp_in, kp_in, v_in, op);
   Tensor qp = qp_in.contiguous(), kp = kp_in.contiguous(), v = v_in.contiguous();
   Tensor scores =
-      at::empty({qp.size(0), qp.size(1), kp.size(1)}, qp.options().dtype(compute_dtype(qp)));
+      empty({qp.size(0), qp.size(1), kp.size(1)}, qp.options().dtype(compute_dtype(qp)));
   poison(scores);
   if (scores.numel() == 0) return scores;
   cpu::AdditiveScoresParams p{qp.data_ptr(), kp.data_ptr(), v.data_ptr(), qp.size(0),
@@ -43,9 +39,9 @@ std::tuple<Tensor, Tensor, Tensor> additive_scores_backward_cpu(const Tensor& gr
                  op, "grad must be (B, Lq, Lk), got ", grad_in.sizes());
   Tensor qp = qp_in.contiguous(), kp = kp_in.contiguous(), v = v_in.contiguous();
   Tensor grad = grad_in.to(compute_dtype(qp)).contiguous();
-  Tensor dqp = at::empty(qp.sizes(), qp.options());
-  Tensor dkp = at::empty(kp.sizes(), kp.options());
-  Tensor dv = at::empty(v.sizes(), v.options());
+  Tensor dqp = empty(qp.sizes(), qp.options());
+  Tensor dkp = empty(kp.sizes(), kp.options());
+  Tensor dv = empty(v.sizes(), v.options());
   poison(dqp);
   poison(dkp);
   poison(dv);
@@ -59,9 +55,9 @@ std::tuple<Tensor, Tensor, Tensor> additive_scores_backward_cpu(const Tensor& gr
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fastattn, CPU, m) {
-  m.impl("additive_scores", &additive_scores_cpu);
-  m.impl("additive_scores_backward", &additive_scores_backward_cpu);
+STABLE_TORCH_LIBRARY_IMPL(fastattn, CPU, m) {
+  m.impl("additive_scores", TORCH_BOX(&additive_scores_cpu));
+  m.impl("additive_scores_backward", TORCH_BOX(&additive_scores_backward_cpu));
 }
 
 }  // namespace fastattn::additive_attention

@@ -3,7 +3,7 @@
 // 16 lanes of a at a time. Backward: one pass per (b, i) for dQp (and a per-row partial of dv,
 // summed afterwards in row order), one per (b, j) for dKp; both recompute tanh instead of
 // storing (B, Lq, Lk, A) values. Deterministic: every sum runs in a fixed order.
-#include <ATen/Parallel.h>
+#include "common/parallel.h"
 
 #include <algorithm>
 #include <type_traits>
@@ -29,7 +29,7 @@ const acc_t<T>* as_compute(const void* data, int64_t rows, int64_t A, std::vecto
     return x;
   } else {
     buf.resize(rows * A);
-    at::parallel_for(0, rows, 256, [&](int64_t begin, int64_t end) {
+    parallel_for(0, rows, 256, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) load_row<T>(x + r * A, buf.data() + r * A, A);
     });
     return buf.data();
@@ -121,7 +121,7 @@ void additive_scores(const AdditiveScoresParams& p) {
   const acc* kp = as_compute<T>(p.kp, p.B * p.Lk, p.A, kbuf);
   const acc* v = as_compute<T>(p.v, 1, p.A, vbuf);
   acc* S = static_cast<acc*>(p.scores);
-  at::parallel_for(0, p.B * p.Lq, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, p.B * p.Lq, 1, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / p.Lq;
       const acc* q = qp + row * p.A;
@@ -143,7 +143,7 @@ void additive_scores_backward(const AdditiveScoresParams& p) {
   const int64_t A = p.A;
   std::vector<acc> dv_rows(static_cast<size_t>(p.B * p.Lq * A), acc(0));
   // dQp rows (and per-row dv partials): row (b, i) against the keys of batch b.
-  at::parallel_for(0, p.B * p.Lq, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, p.B * p.Lq, 1, [&](int64_t begin, int64_t end) {
     std::vector<acc> dx(A);
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / p.Lq;
@@ -155,7 +155,7 @@ void additive_scores_backward(const AdditiveScoresParams& p) {
     }
   });
   // dKp rows: key (b, j) against the queries of batch b (column j of G).
-  at::parallel_for(0, p.B * p.Lk, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, p.B * p.Lk, 1, [&](int64_t begin, int64_t end) {
     std::vector<acc> dx(A);
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / p.Lk, j = row % p.Lk;

@@ -1,5 +1,5 @@
 // The large CPU GEMM (common/gemm_cpu_kernel.h). Compiled once per ISA (CMakeLists.txt).
-#include <ATen/Parallel.h>
+#include "common/parallel.h"
 
 #include <algorithm>
 #include <cstring>
@@ -52,7 +52,7 @@ void pack_a(const GemmParams& p, int64_t k0, int64_t Kc, float* Ap) {
   const int64_t ns = strips(p.M);
   if (p.a_k == 1 && p.a_m != 1) {
     // Row-major A: 16 rows at a time through 16 x 16 register transposes, split in 2 strips.
-    at::parallel_for(0, (ns + 1) / 2, 1, [&](int64_t begin, int64_t end) {
+    parallel_for(0, (ns + 1) / 2, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> tmp(static_cast<size_t>(Kc * 16));
       for (int64_t pair = begin; pair < end; ++pair) {
         const int64_t m0 = pair * 16, rows = std::min<int64_t>(16, p.M - m0);
@@ -73,7 +73,7 @@ void pack_a(const GemmParams& p, int64_t k0, int64_t Kc, float* Ap) {
     });
     return;
   }
-  at::parallel_for(0, ns, 4, [&](int64_t begin, int64_t end) {
+  parallel_for(0, ns, 4, [&](int64_t begin, int64_t end) {
     for (int64_t s = begin; s < end; ++s) {
       const int64_t m0 = s * kStrip, rows = std::min(kStrip, p.M - m0);
       float* dst = Ap + s * Kc * kStrip;
@@ -94,7 +94,7 @@ void pack_a(const GemmParams& p, int64_t k0, int64_t Kc, float* Ap) {
 // Bp (panels(N) x Kc x 32) = rows [k0, k0 + Kc) of B, zero-padded columns.
 void pack_b(const GemmParams& p, int64_t k0, int64_t Kc, float* Bp) {
   const int64_t np = panels(p.N);
-  at::parallel_for(0, np, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, np, 1, [&](int64_t begin, int64_t end) {
     for (int64_t q = begin; q < end; ++q) {
       const int64_t n0 = q * kPanel, cols = std::min(kPanel, p.N - n0);
       float* dst = Bp + q * Kc * kPanel;
@@ -125,7 +125,7 @@ void pack_b(const GemmParams& p, int64_t k0, int64_t Kc, float* Bp) {
 
 void gemm_large(const GemmParams& p) {
   if (p.M <= 0 || p.N <= 0) return;
-  const int64_t threads = at::get_num_threads();
+  const int64_t threads = get_num_threads();
   // Row blocks of about kGemmMc rows, as many as a multiple of the thread count and equal to
   // within one strip: the static split of the tasks then gives every thread the same work
   // (13 blocks of 64 rows for M = 800 left one of two threads idle a fifth of the time).
@@ -141,7 +141,7 @@ void gemm_large(const GemmParams& p) {
     n_parts = std::min(panels(p.N), (4 * threads + m_blocks - 1) / m_blocks);
   const int64_t part_panels = (panels(p.N) + n_parts - 1) / n_parts;
   if (p.K <= 0) {  // C = bias (or 0), or C += bias
-    at::parallel_for(0, p.M, 64, [&](int64_t begin, int64_t end) {
+    parallel_for(0, p.M, 64, [&](int64_t begin, int64_t end) {
       for (int64_t m = begin; m < end; ++m) {
         float* c = p.C + m * p.ldc;
         for (int64_t n = 0; n < p.N; ++n) {
@@ -159,7 +159,7 @@ void gemm_large(const GemmParams& p) {
     const bool first = k0 == 0;
     pack_a(p, k0, Kc, Ap);
     pack_b(p, k0, Kc, Bp);
-    at::parallel_for(0, m_blocks * n_parts, 1, [&](int64_t begin, int64_t end) {
+    parallel_for(0, m_blocks * n_parts, 1, [&](int64_t begin, int64_t end) {
       for (int64_t task = begin; task < end; ++task) {
         const int64_t mb = task / n_parts, part = task % n_parts;
         const int64_t n0 = std::min(p.N, part * part_panels * kPanel);
