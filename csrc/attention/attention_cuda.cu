@@ -6,8 +6,7 @@
 // attention_cuda_{fwd,bwd}.cuh), instantiated per head-dim bucket 64/128/256 in
 // attention_cuda_{fwd,bwd}_hd*_*.cu; float32/float64 run SIMT kernels with exact FMA arithmetic
 // (attention_cuda_simt.cuh). The backward is always deterministic (no atomics).
-#include <c10/cuda/CUDAGuard.h>
-#include <torch/library.h>
+#include "common/cuda_api.h"
 
 #include "attention/attention_cuda_device.h"
 #include "attention/attention_cuda_ops.h"
@@ -15,8 +14,7 @@
 namespace fastattn::attention {
 namespace {
 
-using at::Tensor;
-using c10::optional;
+using std::optional;
 
 using cuda_impl::launch_for;
 
@@ -27,7 +25,7 @@ std::tuple<Tensor, Tensor> attention_forward_cuda(const Tensor& q, const Tensor&
                                                   double scale, double softcap, int64_t window_lo,
                                                   int64_t window_hi, double dropout_p,
                                                   const optional<Tensor>& seed) {
-  c10::cuda::CUDAGuard guard(q.device());
+  CudaGuard guard(q);
   return cuda_impl::forward(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
                             window_lo, window_hi, dropout_p, seed,
                             launch_for(q, "attention_forward"));
@@ -41,7 +39,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_cuda(
     const optional<Tensor>& seed, bool deterministic, bool mask_grad) {
   // Always deterministic: dK/dV and dQ are reduced in a fixed order by separate kernels.
   (void)deterministic;
-  c10::cuda::CUDAGuard guard(q.device());
+  CudaGuard guard(q);
   return cuda_impl::backward(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask,
                              alibi_slopes, scale, softcap, window_lo, window_hi, dropout_p, seed,
                              mask_grad, launch_for(q, "attention_backward"));
@@ -49,9 +47,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_cuda(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fastattn, CUDA, m) {
-  m.impl("attention_forward", &attention_forward_cuda);
-  m.impl("attention_backward", &attention_backward_cuda);
+STABLE_TORCH_LIBRARY_IMPL(fastattn, CUDA, m) {
+  m.impl("attention_forward", TORCH_BOX(&attention_forward_cuda));
+  m.impl("attention_backward", TORCH_BOX(&attention_backward_cuda));
 }
 
 }  // namespace fastattn::attention

@@ -10,13 +10,14 @@
 #include "attention/attention_cuda_fwd.cuh"
 #include "attention/attention_cuda_params.h"
 #include "attention/attention_cuda_simt.cuh"
+#include "common/check.h"
 
 #if !defined(FASTATTN_CUDA_EMULATION)
 // Raises the block's dynamic shared-memory limit when it needs more than the default 48 KB.
 #define FASTATTN_SET_KERNEL_SMEM(kernel, bytes)                                                  \
   do {                                                                                           \
     if ((bytes) > 48 * 1024) {                                                                   \
-      C10_CUDA_CHECK(                                                                            \
+      FASTATTN_CUDA_CHECK(                                                                       \
           cudaFuncSetAttribute((kernel), cudaFuncAttributeMaxDynamicSharedMemorySize, (bytes))); \
     }                                                                                            \
   } while (0)
@@ -89,14 +90,14 @@ static_assert(mma_bucket_fits_min_optin<128>(), "bucket 128 must run on 99 KB de
 static_assert(mma_bucket_fits_min_optin<256>(), "bucket 256 must run on 99 KB devices");
 
 inline void check_smem(int bytes, const Launch& launch, const char* kernel) {
-  TORCH_CHECK(bytes <= launch.smem_optin, "attention (cuda): kernel ", kernel, " needs ", bytes,
-              " bytes of shared memory per block, the device allows ", launch.smem_optin,
-              " (head dims too large for this GPU)");
+  FASTATTN_CHECK(bytes <= launch.smem_optin, "attention (cuda)", "kernel ", kernel, " needs ",
+                 bytes, " bytes of shared memory per block, the device allows ", launch.smem_optin,
+                 " (head dims too large for this GPU)");
 }
 
 inline unsigned grid_size(int64_t blocks, const char* kernel) {
-  TORCH_CHECK(blocks > 0 && blocks <= INT32_MAX, "attention (cuda): kernel ", kernel,
-              " would need ", blocks, " blocks");
+  FASTATTN_CHECK(blocks > 0 && blocks <= INT32_MAX, "attention (cuda)", "kernel ", kernel,
+                 " would need ", blocks, " blocks");
   return static_cast<unsigned>(blocks);
 }
 

@@ -6,18 +6,8 @@
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/accelerator.h>
 
+#include "common/cuda_utils.cuh"  // FASTATTN_CUDA_CHECK, FASTATTN_CUDA_LAUNCH_CHECK
 #include "common/tensor_api.h"
-
-// A failed CUDA runtime call raises RuntimeError naming the call and CUDA's error.
-#define FASTATTN_CUDA_CHECK(expr)                                                             \
-  do {                                                                                        \
-    const cudaError_t fastattn_cuda_err_ = (expr);                                            \
-    if (fastattn_cuda_err_ != cudaSuccess) {                                                  \
-      throw std::runtime_error(                                                               \
-          ::fastattn::detail::message("CUDA error: ", cudaGetErrorString(fastattn_cuda_err_), \
-                                      " (", #expr, " at ", __FILE__, ":", __LINE__, ")"));    \
-    }                                                                                         \
-  } while (0)
 
 namespace fastattn {
 
@@ -30,8 +20,9 @@ class CudaGuard {
   torch::stable::accelerator::DeviceGuard guard_;
 };
 
-// torch's current stream on device `device_index` (kernels queue there, as torch's own do).
-inline cudaStream_t current_cuda_stream(int32_t device_index) {
+// torch's current stream on device `device_index` (-1: the current device; kernels queue there,
+// as torch's own do).
+inline cudaStream_t current_cuda_stream(int32_t device_index = -1) {
   void* stream = nullptr;
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(device_index, &stream));
   return static_cast<cudaStream_t>(stream);

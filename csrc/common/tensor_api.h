@@ -20,6 +20,7 @@
 #include <torch/headeronly/util/Exception.h>
 #include <torch/headeronly/util/Half.h>
 
+#include "common/check.h"
 #include "common/parallel.h"
 
 #include <array>
@@ -34,24 +35,7 @@
 #include <utility>
 #include <vector>
 
-// Argument checks: every failure names the op, the argument and the rule it broke
-// ("<op>: <rule>"). Raises RuntimeError in Python (a std::runtime_error crossing the stable
-// boundary), with that message alone (STD_TORCH_CHECK would prefix the C++ function and file).
-#define FASTATTN_CHECK(cond, op, ...)                                             \
-  if (__builtin_expect(!(cond), 0)) {                                             \
-    throw std::runtime_error(::fastattn::detail::message(op, ": ", __VA_ARGS__)); \
-  }
-
 namespace fastattn {
-
-namespace detail {
-template <class... Args>
-std::string message(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  return os.str();
-}
-}  // namespace detail
 
 using ScalarType = torch::headeronly::ScalarType;
 constexpr ScalarType kFloat = ScalarType::Float;
@@ -192,6 +176,9 @@ class Tensor : public torch::stable::Tensor {
     return *this;
   }
   const Tensor& add_(const Tensor& other) const { return copy_(add(other)); }
+  // this += a @ b (2-D): a product and an addition (aten::addmm_ takes Scalar arguments, which
+  // the stable dispatcher call cannot pass).
+  const Tensor& addmm_(const Tensor& a, const Tensor& b) const;
   // A CPU copy's element (the tensor is copied to the CPU when it is not there).
   template <class T>
   T item() const;
@@ -261,9 +248,10 @@ inline Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   std::vector<torch::stable::Tensor> list(tensors.begin(), tensors.end());
   return detail::take_tensor(detail::call_aten<1>("aten::cat", "", list, dim)[0]);
 }
-// (values, indices) of t sorted along dim.
-inline std::tuple<Tensor, Tensor> sort(const Tensor& t, int64_t dim, bool descending = false) {
-  auto s = detail::call_aten<2>("aten::sort", "", detail::base(t), dim, descending);
+// (values, indices) of t sorted along dim (stable: equal values keep their order).
+inline std::tuple<Tensor, Tensor> sort(const Tensor& t, std::optional<bool> stable, int64_t dim,
+                                       bool descending) {
+  auto s = detail::call_aten<2>("aten::sort", "stable", detail::base(t), stable, dim, descending);
   return {detail::take_tensor(s[0]), detail::take_tensor(s[1])};
 }
 // (min, max) over all elements, as 0-d tensors.
@@ -275,6 +263,10 @@ inline std::tuple<Tensor, Tensor> aminmax(const Tensor& t) {
 inline Tensor from_blob(void* data, torch::headeronly::IntHeaderOnlyArrayRef sizes,
                         torch::headeronly::IntHeaderOnlyArrayRef strides, const Options& o) {
   return torch::stable::from_blob(data, sizes, strides, o.device_, o.dtype_);
+}
+
+inline const Tensor& Tensor::addmm_(const Tensor& a, const Tensor& b) const {
+  return add_(mm(a, b));
 }
 
 inline Tensor Tensor::view(ScalarType t) const {
