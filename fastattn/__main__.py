@@ -75,6 +75,8 @@ def report() -> str:
             if info["cuda"]
             else "CUDA not built"
         )
+        if info["cuda"] and info.get("cuda_library", "loaded") != "loaded":
+            cuda += f" ({info['cuda_library']})"
         lines.append(
             f"build    {cuda}; {_abi(info)}; "
             f"CPU kernels: {info['cpu_isa']}"

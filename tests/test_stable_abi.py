@@ -1,7 +1,9 @@
-"""fastattn's native library uses libtorch's stable ABI only (docs/stable_abi.md): no C++
-symbol of ATen, c10 or torch is left undefined in the shared object, so it loads into any torch
-from the targeted version (2.11) on; what it calls in libtorch is the stable C shim
-(aoti_torch_*, torch_*). Checked on the built object with nm (binutils)."""
+"""fastattn's native libraries use libtorch's stable ABI only (docs/stable_abi.md): no C++
+symbol of ATen, c10 or torch is left undefined in fastattn._C or in the CUDA kernels' library
+fastattn/_C_cuda.so, so they load into any torch from the targeted version (2.11) on; what they
+call in libtorch is the stable C shim (aoti_torch_*, torch_*). _C needs no CUDA library (it
+loads under a CPU-only torch); _C_cuda.so is loaded only when torch has CUDA. Checked on the
+built objects with nm and readelf (binutils)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 import fastattn
 from fastattn import _native
@@ -26,14 +29,20 @@ UNSTABLE = re.compile(r"\b(at|c10|caffe2|torch|pybind11::detail::type_caster<at)
 # the library; anything else from libtorch would tie it to one torch build.
 C_SHIM = re.compile(r"^(aoti_torch_|torch_)\w+$")
 
-# Libraries of a CUDA torch that a CPU-only torch does not have: the CPU part must not need them.
-CUDA_ONLY_LIBS = ("libtorch_cuda.so", "libc10_cuda.so")
+# Libraries of a CUDA torch (and CUDA's) that a CPU-only torch does not have: _C must not need
+# them.
+CUDA_ONLY_LIBS = ("libtorch_cuda.so", "libc10_cuda.so", "libcudart.so")
 
 
 def _library() -> Path:
     if _native.C is None:
         pytest.skip(f"fastattn._C did not import: {_native.IMPORT_ERROR}")
     return Path(_native.C.__file__)
+
+
+def _libraries() -> list[Path]:
+    """fastattn._C, and the CUDA kernels' library when this build has one."""
+    return [_library()] + ([_native.CUDA_LIBRARY] if _native.CUDA_LIBRARY.exists() else [])
 
 
 def _undefined(path: Path, demangle: bool) -> list[str]:
@@ -49,27 +58,27 @@ def unstable_symbols(path: Path) -> list[str]:
 
 
 def test_no_unstable_torch_symbols():
-    path = _library()
-    found = unstable_symbols(path)
-    assert not found, (
-        f"{path.name} uses {len(found)} symbols of libtorch's C++ API (not the stable ABI); "
-        "the first: " + "; ".join(found[:15])
-    )
+    for path in _libraries():
+        found = unstable_symbols(path)
+        assert not found, (
+            f"{path.name} uses {len(found)} symbols of libtorch's C++ API (not the stable ABI); "
+            "the first: " + "; ".join(found[:15])
+        )
 
 
 def test_torch_calls_are_the_stable_c_shim():
     """Every undefined symbol that is neither the C/C++ runtime's, Python's nor CUDA's is a
     function of the stable C shim."""
-    path = _library()
-    ours = [
-        s.split("@")[0]
-        for s in _undefined(path, demangle=False)
-        if not s.startswith(("_Z", "_Py", "Py", "_ITM_", "__", "_Unwind", "cuda", "_cuda"))
-        and "@" not in s  # versioned: glibc, libstdc++, libgcc
-    ]
-    torch_like = [s for s in ours if "torch" in s or "aoti" in s]
-    assert torch_like, "no stable-shim call found: is this the fastattn library?"
-    assert all(C_SHIM.match(s) for s in torch_like), torch_like
+    for path in _libraries():
+        ours = [
+            s.split("@")[0]
+            for s in _undefined(path, demangle=False)
+            if not s.startswith(("_Z", "_Py", "Py", "_ITM_", "__", "_Unwind", "cuda", "_cuda"))
+            and "@" not in s  # versioned: glibc, libstdc++, libgcc
+        ]
+        torch_like = [s for s in ours if "torch" in s or "aoti" in s]
+        assert torch_like, f"no stable-shim call found in {path.name}"
+        assert all(C_SHIM.match(s) for s in torch_like), (path.name, torch_like)
 
 
 def test_build_info_reports_the_stable_abi():
@@ -78,13 +87,27 @@ def test_build_info_reports_the_stable_abi():
     assert re.fullmatch(r"\d+\.\d+", info["torch_target"]), info["torch_target"]
 
 
-def test_cpu_build_does_not_need_cuda_torch():
-    """A CPU-only build links no CUDA library of torch (it loads under a CPU-only torch)."""
+@pytest.mark.skipif(shutil.which("readelf") is None, reason="needs readelf (binutils)")
+def test_c_does_not_need_cuda():
+    """fastattn._C links no CUDA library, in CUDA builds too (it loads under a CPU-only torch;
+    the CUDA kernels are _C_cuda.so)."""
     path = _library()
-    if fastattn.build_info()["cuda"]:
-        pytest.skip("a CUDA build (the CUDA kernels need torch's CUDA libraries)")
     needed = subprocess.run(
         ["readelf", "-d", str(path)], check=True, capture_output=True, text=True
     ).stdout
     for lib in CUDA_ONLY_LIBS:
         assert lib not in needed, f"{path.name} needs {lib}"
+
+
+def test_cuda_library_loads_only_with_cuda_torch():
+    info = fastattn.build_info()
+    status = info["cuda_library"]
+    if not info["cuda"]:
+        assert status.startswith("not built"), status
+        assert not _native.CUDA_LIBRARY.exists()
+    elif torch.version.cuda is None:
+        assert status == "not loaded: torch has no CUDA", status
+    else:
+        assert status == "loaded", status
+        # its kernels are registered for the CUDA dispatch key of every native op
+        assert torch._C._dispatch_has_kernel_for_dispatch_key("fastattn::attention_forward", "CUDA")

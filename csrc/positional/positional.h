@@ -43,8 +43,10 @@ inline void require_in_range_on_device(const Tensor& t, int64_t lo, int64_t hi, 
 #if defined(FASTATTN_WITH_CUDA)
   device_checks::require_in_range(t, lo, hi, std::string(op) + ": " + rule);
 #else
+  // The CPU op bodies (fastattn._C) are built without the device checks, which live in the
+  // CUDA kernels' library; they never see a CUDA tensor (the dispatcher routes those there).
   FASTATTN_CHECK(false, op, "cannot check ", rule, " for a tensor on ", t.device(),
-                 " (CPU-only build)");
+                 " (a CPU op body)");
 #endif
 }
 
