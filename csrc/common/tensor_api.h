@@ -76,6 +76,15 @@ struct IntArrayRef : torch::headeronly::IntHeaderOnlyArrayRef {
   using torch::headeronly::IntHeaderOnlyArrayRef::IntHeaderOnlyArrayRef;
   IntArrayRef(torch::headeronly::IntHeaderOnlyArrayRef r)  // NOLINT: implicit on purpose
       : torch::headeronly::IntHeaderOnlyArrayRef(r) {}
+  // Elementwise (torch 2.11's HeaderOnlyArrayRef has no operator==).
+  friend bool operator==(const IntArrayRef& a, const IntArrayRef& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i] != b[i]) return false;
+    }
+    return true;
+  }
+  friend bool operator!=(const IntArrayRef& a, const IntArrayRef& b) { return !(a == b); }
   friend std::ostream& operator<<(std::ostream& os, const IntArrayRef& r) {
     os << "[";
     for (size_t i = 0; i < r.size(); ++i) os << (i ? ", " : "") << r[i];
