@@ -133,8 +133,14 @@ class Tensor : public torch::stable::Tensor {
   // Bytes from the first element to the end of the last (a fresh tensor's whole storage).
   size_t nbytes() const { return static_cast<size_t>(numel()) * element_size(); }
 
-  Tensor contiguous() const { return torch::stable::contiguous(*this); }
-  Tensor to(ScalarType t) const { return torch::stable::to(*this, t); }
+  // Both return the tensor itself when there is nothing to do, as at::Tensor's do, without a
+  // dispatcher call.
+  Tensor contiguous() const {
+    return is_contiguous() ? *this : Tensor(torch::stable::contiguous(*this));
+  }
+  Tensor to(ScalarType t) const {
+    return scalar_type() == t ? *this : Tensor(torch::stable::to(*this, t));
+  }
   Tensor clone() const { return torch::stable::clone(*this); }
   Tensor narrow(int64_t dim, int64_t start, int64_t length) const {
     torch::stable::Tensor self = *this;
@@ -214,8 +220,26 @@ inline torch::stable::Tensor base(const Tensor& t) { return t; }
 
 }  // namespace detail
 
+// A new contiguous tensor: the shim's empty_strided (one C call, where torch::stable::empty
+// goes through the boxed dispatcher: a few microseconds per op body's output).
 inline Tensor empty(torch::headeronly::IntHeaderOnlyArrayRef sizes, const Options& o) {
-  return torch::stable::empty(sizes, o.dtype_, std::nullopt, o.device_);
+  constexpr size_t kMaxDims = 8;
+  if (sizes.size() > kMaxDims)
+    return torch::stable::empty(sizes, o.dtype_, std::nullopt, o.device_);
+  int64_t strides[kMaxDims];
+  int64_t stride = 1;
+  for (size_t d = sizes.size(); d-- > 0;) {  // at::empty's strides: sizes of 0 count as 1
+    strides[d] = stride;
+    stride *= sizes[d] > 1 ? sizes[d] : 1;
+  }
+  const auto dtype = torch::stable::detail::to<int32_t>(torch::stable::detail::from(o.dtype_));
+  const auto device_type =
+      torch::stable::detail::to<int32_t>(torch::stable::detail::from(o.device_.type()));
+  AtenTensorHandle handle = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(static_cast<int64_t>(sizes.size()), sizes.data(),
+                                                  strides, dtype, device_type, o.device_.index(),
+                                                  &handle));
+  return Tensor(torch::stable::Tensor(handle));
 }
 inline Tensor empty(std::initializer_list<int64_t> sizes, const Options& o) {
   return empty(torch::headeronly::IntHeaderOnlyArrayRef(sizes), o);
