@@ -18,7 +18,7 @@ PROFILE ?= quick
 export PIP_RESUME_RETRIES ?= 20
 PYTEST_ARGS ?=
 
-.PHONY: bench test build venv clean cpu-torch-check lint format
+.PHONY: bench test build venv clean cpu-torch-check lint format wheel wheel-check
 
 $(VENV)/.installed: requirements/dev.txt requirements/constraints.txt
 	test -x $(PY) || $(PYTHON_BOOTSTRAP) -m venv $(VENV)
@@ -61,5 +61,14 @@ format: $(VENV)/.installed
 cpu-torch-check:
 	bash .ci/cpu_torch_check.sh
 
+# One wheel for every torch (docs/stable_abi.md): built once against torch 2.11.0, the stable
+# ABI's target (CUDA archs 8.0, 9.0, 10.0; FASTATTN_CUDA=0 for a CPU-only wheel), then installed
+# unchanged into a CPU-only torch 2.13.0 venv and a torch 2.14.1 venv and tested there.
+wheel:
+	bash .ci/build_wheel.sh
+
+wheel-check:
+	bash .ci/wheel_check.sh
+
 clean:
-	rm -rf build *.egg-info fastattn/_C*.so
+	rm -rf build *.egg-info fastattn/_C*.so dist

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent
 # 12.0 as well would double that again. Set TORCH_CUDA_ARCH_LIST="8.0;9.0;10.0;12.0" for native
 # Blackwell code (no JIT on first use), or to your GPU's arch alone for the fastest build.
 DEFAULT_CUDA_ARCHS = "8.0;9.0+PTX"
+CUDA_LIBRARY = "_C_cuda.so"  # the CUDA kernels: a second library beside fastattn._C
 
 
 def _load_cuda_toolkit_module():
@@ -141,6 +142,14 @@ class CMakeBuild(build_ext):
         in_tree = ROOT / "fastattn" / target.name
         if in_tree.resolve() != target:
             _replace_file(built, in_tree)
+        # The CUDA kernels' library (loaded by fastattn/_native.py when torch has CUDA) goes
+        # next to _C; a CPU-only build removes one left from an earlier CUDA build.
+        cuda_built = build_dir / "out" / CUDA_LIBRARY
+        for folder in {target.parent, in_tree.parent}:
+            if use_cuda:
+                _replace_file(cuda_built, folder / CUDA_LIBRARY)
+            else:
+                (folder / CUDA_LIBRARY).unlink(missing_ok=True)
 
 
 def _ninja_from_pip() -> str | None:

@@ -1,13 +1,14 @@
 // Every fastattn op schema, declared once, one function per op (csrc/<op>). bindings.cpp
 // declares them all as the library "fastattn"; a second consumer of the schemas (the CUDA
 // emulator of tools/cuda_emu registers the CUDA op bodies compiled for the CPU as the library
-// "fastattn_emu") calls the same functions, so the two can never drift apart.
+// "fastattn_emu") calls the same functions, so the two can never drift apart. Library: the
+// stable API's library (bindings.cpp) or torch::Library (the emulator); both take schema strings.
 #pragma once
-#include <torch/library.h>
 
 namespace fastattn::schemas {
 
-inline void define_attention(torch::Library& m) {
+template <class Library>
+void define_attention(Library& m) {
   // Softmax attention (csrc/attention). Canonical arguments and contract:
   // fastattn/contracts/attention.py. attn_mask is 4-D and broadcasts to (B, Hq, Lq, Lk) (each
   // dim 1 or full). The backward's fourth output is d attn_mask, shaped like attn_mask (summed
@@ -24,7 +25,8 @@ inline void define_attention(torch::Library& m) {
       "-> (Tensor, Tensor, Tensor, Tensor)");
 }
 
-inline void define_varlen_attention(torch::Library& m) {
+template <class Library>
+void define_varlen_attention(Library& m) {
   // Packed variable-length attention (csrc/varlen_attention): q (total_q, Hq, D), k/v
   // (total_k, Hkv, D/Dv), cu_seqlens int32 (B+1,); causal_mode 0 off, 1 top-left,
   // 2 bottom-right; window_left/right -1 = unbounded; lse (Hq, total_q). max_seqlen is a
@@ -42,7 +44,8 @@ inline void define_varlen_attention(torch::Library& m) {
       "Tensor? seed, bool deterministic) -> (Tensor, Tensor, Tensor)");
 }
 
-inline void define_attention_with_kvcache(torch::Library& m) {
+template <class Library>
+void define_attention_with_kvcache(Library& m) {
   // Attention over a KV cache (csrc/attention_with_kvcache): q (B, Hq, Lq, D) at positions
   // q_positions[b] + i against keys [0, k_lengths[b]) of k_cache/v_cache (B, Hkv, Lmax, D/Dv),
   // split over num_splits key ranges merged at the end (flash-decoding). Inference only.
@@ -65,7 +68,8 @@ inline void define_attention_with_kvcache(torch::Library& m) {
       "Tensor? block_table=None) -> (Tensor, Tensor)");
 }
 
-inline void define_additive_attention(torch::Library& m) {
+template <class Library>
+void define_additive_attention(Library& m) {
   // Additive (Bahdanau) attention scores (csrc/additive_attention):
   // S[b, i, j] = sum_a v[a] tanh(qp[b, i, a] + kp[b, j, a]), in float (double for double).
   m.def("additive_scores(Tensor qp, Tensor kp, Tensor v) -> Tensor");
@@ -82,7 +86,8 @@ inline void define_additive_attention(torch::Library& m) {
       "Tensor values) -> (Tensor, Tensor)");
 }
 
-inline void define_positional(torch::Library& m) {
+template <class Library>
+void define_positional(Library& m) {
   // Positional encodings (csrc/positional). Dropout ops take seed = int64 (2,) on the device.
   m.def("sinusoidal_table(Tensor positions, int dim, float base, ScalarType dtype) -> Tensor");
   m.def(
@@ -112,7 +117,8 @@ inline void define_positional(torch::Library& m) {
       "-> ()");
 }
 
-inline void define_lstm(torch::Library& m) {
+template <class Library>
+void define_lstm(Library& m) {
   // LSTM (csrc/lstm). The op contract (shapes, workspace, gate order) is documented at the top
   // of fastattn/contracts/lstm.py. Dropout ops take seed = int64 (2,) on the device.
   m.def(
@@ -140,7 +146,8 @@ inline void define_lstm(torch::Library& m) {
 
 // GRU and Elman RNN layers (csrc/gru, csrc/rnn on the engine of csrc/lstm). The op contract is
 // documented at the top of fastattn/ops/_recurrent.py.
-inline void define_gru_rnn(torch::Library& m) {
+template <class Library>
+void define_gru_rnn(Library& m) {
   m.def(
       "gru_layer(Tensor input, Tensor h0, Tensor w_ih, Tensor w_hh, Tensor? b_ih, "
       "Tensor? b_hh, Tensor? lengths, float dropout_p, Tensor? seed, bool reset_after, "
@@ -165,7 +172,8 @@ inline void define_gru_rnn(torch::Library& m) {
   m.def("recurrent_cuda_path(Tensor input, Tensor w_hh, str cell, bool backward=False) -> int");
 }
 
-inline void define_all(torch::Library& m) {
+template <class Library>
+void define_all(Library& m) {
   define_attention(m);
   define_varlen_attention(m);
   define_attention_with_kvcache(m);

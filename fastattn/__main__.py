@@ -39,6 +39,17 @@ def arch_coverage(archs: str, major: int, minor: int) -> str:
     )
 
 
+def _abi(info: dict) -> str:
+    """'stable ABI, built against torch X (target Y)': the native ops use libtorch's stable ABI
+    only, so they run under torch Y and every later one (docs/stable_abi.md)."""
+    if info.get("abi") != "stable":
+        return f"built against torch {info['torch_version']}"
+    return (
+        f"stable ABI, built against torch {info['torch_version']} "
+        f"(target {info['torch_target']}: runs under torch >= {info['torch_target']})"
+    )
+
+
 def report() -> str:
     import torch
 
@@ -64,8 +75,10 @@ def report() -> str:
             if info["cuda"]
             else "CUDA not built"
         )
+        if info["cuda"] and info.get("cuda_library", "loaded") != "loaded":
+            cuda += f" ({info['cuda_library']})"
         lines.append(
-            f"build    {cuda}; built against torch {info['torch_version']}; "
+            f"build    {cuda}; {_abi(info)}; "
             f"CPU kernels: {info['cpu_isa']}"
             f"{' + AMX (bfloat16 attention)' if info.get('cpu_amx') else ''}; debug checks "
             f"{'on' if info['debug_checks'] else 'off'}"

@@ -100,12 +100,12 @@ def last_backend(op: str) -> str | None:
 
 
 def _native_status() -> tuple[bool, bool, str]:
-    """(cpu_ok, cuda_built, reason) for the compiled extension."""
+    """(cpu_ok, cuda_loaded, why the CUDA kernels are not loaded) for the compiled extension."""
     from . import _native
 
     if _native.C is None:
         return False, False, f"fastattn._C failed to import: {_native.IMPORT_ERROR}"
-    return True, bool(_native.C.build_info()["cuda"]), ""
+    return True, _native.CUDA is not None, _native.CUDA_STATUS
 
 
 TRITON_IMPORT_ERROR: str | None = None  # set by fastattn/__init__.py when the kernels fail
@@ -133,7 +133,7 @@ def available_backends() -> dict[str, str]:
     if not cpu_ok:
         status["cuda"] = f"not available: {reason}"
     elif not cuda_built:
-        status["cuda"] = "not built: fastattn._C was compiled without CUDA"
+        status["cuda"] = f"{reason} (the CUDA kernels, fastattn/_C_cuda.so)"
     elif not torch.cuda.is_available():
         status["cuda"] = "not available: built with CUDA, but no CUDA device is visible"
     else:

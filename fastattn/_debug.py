@@ -20,8 +20,7 @@ _poison = False
 def set_poison(on: bool) -> None:
     global _poison
     _poison = bool(on)
-    if _native.C is not None:
-        _native.C._set_poison(_poison)
+    _native.set_poison(_poison)
 
 
 @contextlib.contextmanager

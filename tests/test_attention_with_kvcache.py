@@ -629,10 +629,15 @@ def test_native_op_checks_before_appending():
     k_before, v_before = d.k_cache.clone(), d.v_cache.clone()
     full = torch.full_like(d.cache_seqlens, 18)
     op = torch.ops.fastattn.attention_with_kvcache
-    with pytest.raises(
-        ValueError,
-        match=r"the cache is too small: cache_seqlens\[0\] = 18 plus "
-        r"3 new tokens exceed Lmax = 20",
+    # fastattn._native.value_errors(): the op's tagged RuntimeError as the Python layer's
+    # ValueError (the stable ABI carries only RuntimeError).
+    with (
+        pytest.raises(
+            ValueError,
+            match=r"the cache is too small: cache_seqlens\[0\] = 18 plus "
+            r"3 new tokens exceed Lmax = 20",
+        ),
+        fastattn._native.value_errors(),
     ):
         op(
             d.q,

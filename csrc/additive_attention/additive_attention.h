@@ -1,17 +1,16 @@
 // Argument checks of the additive-attention score ops, shared by the CPU and CUDA bodies.
 #pragma once
-#include <ATen/core/Tensor.h>
+#include "common/tensor_api.h"
 
 #include "common/checks.h"
 
 namespace fastattn::additive_attention {
 
-inline at::ScalarType compute_dtype(const at::Tensor& t) {
-  return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+inline ScalarType compute_dtype(const Tensor& t) {
+  return t.scalar_type() == kDouble ? kDouble : kFloat;
 }
 
-inline void check_scores_args(const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& v,
-                              const char* op) {
+inline void check_scores_args(const Tensor& qp, const Tensor& kp, const Tensor& v, const char* op) {
   check_float_dtype(qp, op, "qp");
   FASTATTN_CHECK(qp.dim() == 3 && kp.dim() == 3 && v.dim() == 1, op,
                  "expected qp (B, Lq, A), kp (B, Lk, A), v (A,), got ", qp.sizes(), ", ",
@@ -27,8 +26,8 @@ inline void check_scores_args(const at::Tensor& qp, const at::Tensor& kp, const 
 
 // additive_context's arguments: scores (B, Lq, Lk) in the compute type of values (B, Lk, Dv),
 // key_padding_mask bool (B, Lk).
-inline void check_context_args(const at::Tensor& scores, const at::Tensor& values,
-                               const c10::optional<at::Tensor>& key_padding_mask, const char* op) {
+inline void check_context_args(const Tensor& scores, const Tensor& values,
+                               const std::optional<Tensor>& key_padding_mask, const char* op) {
   check_float_dtype(values, op, "values");
   FASTATTN_CHECK(scores.dim() == 3 && values.dim() == 3 && scores.size(0) == values.size(0) &&
                      scores.size(2) == values.size(1),
@@ -39,8 +38,8 @@ inline void check_context_args(const at::Tensor& scores, const at::Tensor& value
                  scores.scalar_type());
   check_same_device(scores, values, op, "scores", "values");
   if (key_padding_mask.has_value()) {
-    const at::Tensor& mask = *key_padding_mask;
-    FASTATTN_CHECK(mask.scalar_type() == at::kBool && mask.dim() == 2 &&
+    const Tensor& mask = *key_padding_mask;
+    FASTATTN_CHECK(mask.scalar_type() == kBool && mask.dim() == 2 &&
                        mask.size(0) == values.size(0) && mask.size(1) == values.size(1),
                    op, "key_padding_mask must be bool (B, Lk) = (", values.size(0), ", ",
                    values.size(1), "), got ", mask.scalar_type(), " ", mask.sizes());

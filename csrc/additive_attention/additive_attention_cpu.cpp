@@ -1,7 +1,5 @@
 // CPU bodies of the additive-attention score ops.
-#include <ATen/Dispatch.h>
-#include <ATen/ops/empty.h>
-#include <torch/library.h>
+#include "common/tensor_api.h"
 
 #include "additive_attention/additive_attention.h"
 #include "additive_attention/additive_attention_cpu_kernel.h"
@@ -11,17 +9,15 @@
 namespace fastattn::additive_attention {
 namespace {
 
-using at::Tensor;
-
 #define FASTATTN_DISPATCH_ADDITIVE(TYPE, ...) \
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, TYPE, "additive_cpu", __VA_ARGS__)
+  FASTATTN_DISPATCH_FLOATING(TYPE, "additive_cpu", __VA_ARGS__)
 
 Tensor additive_scores_cpu(const Tensor& qp_in, const Tensor& kp_in, const Tensor& v_in) {
   constexpr const char* op = "additive_scores";
   check_scores_args(qp_in, kp_in, v_in, op);
   Tensor qp = qp_in.contiguous(), kp = kp_in.contiguous(), v = v_in.contiguous();
   Tensor scores =
-      at::empty({qp.size(0), qp.size(1), kp.size(1)}, qp.options().dtype(compute_dtype(qp)));
+      empty({qp.size(0), qp.size(1), kp.size(1)}, qp.options().dtype(compute_dtype(qp)));
   poison(scores);
   if (scores.numel() == 0) return scores;
   cpu::AdditiveScoresParams p{qp.data_ptr(), kp.data_ptr(), v.data_ptr(), qp.size(0),
@@ -43,9 +39,9 @@ std::tuple<Tensor, Tensor, Tensor> additive_scores_backward_cpu(const Tensor& gr
                  op, "grad must be (B, Lq, Lk), got ", grad_in.sizes());
   Tensor qp = qp_in.contiguous(), kp = kp_in.contiguous(), v = v_in.contiguous();
   Tensor grad = grad_in.to(compute_dtype(qp)).contiguous();
-  Tensor dqp = at::empty(qp.sizes(), qp.options());
-  Tensor dkp = at::empty(kp.sizes(), kp.options());
-  Tensor dv = at::empty(v.sizes(), v.options());
+  Tensor dqp = empty(qp.sizes(), qp.options());
+  Tensor dkp = empty(kp.sizes(), kp.options());
+  Tensor dv = empty(v.sizes(), v.options());
   poison(dqp);
   poison(dkp);
   poison(dv);
@@ -58,14 +54,14 @@ std::tuple<Tensor, Tensor, Tensor> additive_scores_backward_cpu(const Tensor& gr
 }
 
 std::tuple<Tensor, Tensor> additive_context_cpu(const Tensor& scores_in, const Tensor& values_in,
-                                                const c10::optional<Tensor>& key_padding_mask) {
+                                                const std::optional<Tensor>& key_padding_mask) {
   constexpr const char* op = "additive_context";
   check_context_args(scores_in, values_in, key_padding_mask, op);
   Tensor scores = scores_in.contiguous(), values = values_in.contiguous();
   Tensor mask = key_padding_mask.has_value() ? key_padding_mask->contiguous() : Tensor();
   const int64_t B = scores.size(0), Lq = scores.size(1), Lk = scores.size(2);
-  Tensor context = at::empty({B, Lq, values.size(2)}, values.options());
-  Tensor weights = at::empty(scores.sizes(), scores.options());
+  Tensor context = empty({B, Lq, values.size(2)}, values.options());
+  Tensor weights = empty(scores.sizes(), scores.options());
   poison(context);
   poison(weights);
   if (context.numel() == 0 && weights.numel() == 0) return {context, weights};
@@ -80,10 +76,10 @@ std::tuple<Tensor, Tensor> additive_context_cpu(const Tensor& scores_in, const T
 }
 
 std::tuple<Tensor, Tensor> additive_context_backward_cpu(
-    const Tensor& grad_context_in, const c10::optional<Tensor>& grad_weights_in,
+    const Tensor& grad_context_in, const std::optional<Tensor>& grad_weights_in,
     const Tensor& weights_in, const Tensor& values_in) {
   constexpr const char* op = "additive_context_backward";
-  check_context_args(weights_in, values_in, c10::nullopt, op);
+  check_context_args(weights_in, values_in, std::nullopt, op);
   const int64_t B = weights_in.size(0), Lq = weights_in.size(1), Lk = weights_in.size(2);
   FASTATTN_CHECK(grad_context_in.dim() == 3 && grad_context_in.size(0) == B &&
                      grad_context_in.size(1) == Lq && grad_context_in.size(2) == values_in.size(2),
@@ -98,8 +94,8 @@ std::tuple<Tensor, Tensor> additive_context_backward_cpu(
                    grad_weights_in->sizes());
     grad_weights = grad_weights_in->to(weights.scalar_type()).contiguous();
   }
-  Tensor grad_scores = at::empty(weights.sizes(), weights.options());
-  Tensor grad_values = at::empty(values.sizes(), values.options());
+  Tensor grad_scores = empty(weights.sizes(), weights.options());
+  Tensor grad_values = empty(values.sizes(), values.options());
   poison(grad_scores);
   poison(grad_values);
   if (grad_scores.numel() == 0 && grad_values.numel() == 0) return {grad_scores, grad_values};
@@ -116,11 +112,11 @@ std::tuple<Tensor, Tensor> additive_context_backward_cpu(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fastattn, CPU, m) {
-  m.impl("additive_scores", &additive_scores_cpu);
-  m.impl("additive_scores_backward", &additive_scores_backward_cpu);
-  m.impl("additive_context", &additive_context_cpu);
-  m.impl("additive_context_backward", &additive_context_backward_cpu);
+STABLE_TORCH_LIBRARY_IMPL(fastattn, CPU, m) {
+  m.impl("additive_scores", TORCH_BOX(&additive_scores_cpu));
+  m.impl("additive_scores_backward", TORCH_BOX(&additive_scores_backward_cpu));
+  m.impl("additive_context", TORCH_BOX(&additive_context_cpu));
+  m.impl("additive_context_backward", TORCH_BOX(&additive_context_backward_cpu));
 }
 
 }  // namespace fastattn::additive_attention

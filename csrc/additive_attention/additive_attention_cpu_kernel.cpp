@@ -3,7 +3,7 @@
 // 16 lanes of a at a time. Backward: one pass per (b, i) for dQp (and a per-row partial of dv,
 // summed afterwards in row order), one per (b, j) for dKp; both recompute tanh instead of
 // storing (B, Lq, Lk, A) values. Deterministic: every sum runs in a fixed order.
-#include <ATen/Parallel.h>
+#include "common/parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -31,7 +31,7 @@ const acc_t<T>* as_compute(const void* data, int64_t rows, int64_t A, std::vecto
     return x;
   } else {
     buf.resize(rows * A);
-    at::parallel_for(0, rows, 256, [&](int64_t begin, int64_t end) {
+    parallel_for(0, rows, 256, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) load_row<T>(x + r * A, buf.data() + r * A, A);
     });
     return buf.data();
@@ -135,7 +135,7 @@ void additive_scores(const AdditiveScoresParams& p) {
   const acc* v = as_compute<T>(p.v, 1, p.A, vbuf);
   acc* S = static_cast<acc*>(p.scores);
   const int64_t grain = rows_per_task(p.Lk * p.A, kScoreTaskTanh);
-  at::parallel_for(0, p.B * p.Lq, grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, p.B * p.Lq, grain, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / p.Lq;
       const acc* q = qp + row * p.A;
@@ -158,7 +158,7 @@ void additive_scores_backward(const AdditiveScoresParams& p) {
   std::vector<acc> dv_rows(static_cast<size_t>(p.B * p.Lq * A), acc(0));
   // dQp rows (and per-row dv partials): row (b, i) against the keys of batch b.
   const int64_t query_grain = rows_per_task(p.Lk * A, kScoreTaskTanh);
-  at::parallel_for(0, p.B * p.Lq, query_grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, p.B * p.Lq, query_grain, [&](int64_t begin, int64_t end) {
     std::vector<acc> dx(A);
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / p.Lq;
@@ -171,7 +171,7 @@ void additive_scores_backward(const AdditiveScoresParams& p) {
   });
   // dKp rows: key (b, j) against the queries of batch b (column j of G).
   const int64_t key_grain = rows_per_task(p.Lq * A, kScoreTaskTanh);
-  at::parallel_for(0, p.B * p.Lk, key_grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, p.B * p.Lk, key_grain, [&](int64_t begin, int64_t end) {
     std::vector<acc> dx(A);
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / p.Lk, j = row % p.Lk;
@@ -200,7 +200,7 @@ void additive_context(const AdditiveContextParams& p) {
   const acc* S = static_cast<const acc*>(p.scores);
   acc* W = static_cast<acc*>(p.weights);
   const int64_t grain = rows_per_task(Lk * Dv, kContextTaskWork);
-  at::parallel_for(0, p.B * p.Lq, grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, p.B * p.Lq, grain, [&](int64_t begin, int64_t end) {
     std::vector<acc> ctx(Dv);
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / p.Lq;
@@ -248,7 +248,7 @@ void additive_context_backward(const AdditiveContextParams& p) {
   acc* dS = static_cast<acc*>(p.grad_scores);
   // dS rows: query (b, i) against the values of batch b.
   const int64_t query_grain = rows_per_task(Lk * Dv, kContextTaskWork);
-  at::parallel_for(0, p.B * Lq, query_grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, p.B * Lq, query_grain, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / Lq;
       const acc* w = W + row * Lk;
@@ -266,7 +266,7 @@ void additive_context_backward(const AdditiveContextParams& p) {
   });
   // dValues rows: key (b, j) against the queries of batch b (column j of W), in query order.
   const int64_t key_grain = rows_per_task(Lq * Dv, kContextTaskWork);
-  at::parallel_for(0, p.B * Lk, key_grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, p.B * Lk, key_grain, [&](int64_t begin, int64_t end) {
     std::vector<acc> dv(Dv);
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / Lk, j = row % Lk;

@@ -3,8 +3,8 @@
 // Qp = query W_q^T and Kp = keys W_k^T + bias are computed by the caller; the (B, Lq, Lk, A)
 // tensor of tanh arguments is never formed: each score is a fused reduction over a.
 #pragma once
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
 #include <cstdint>
 
 namespace fastattn::cpu {

@@ -4,12 +4,7 @@
 // into grid x (y and z hold only 65535). Backward: one block per query row for dQp (each thread
 // owns features a, looping over keys; per-row dv partials), one per key row for dKp, and a
 // final in-order sum of the dv partials: no atomics, deterministic.
-#include <ATen/Dispatch.h>
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <torch/library.h>
+#include "common/cuda_api.h"
 
 #include "additive_attention/additive_attention.h"
 #include "common/cuda_utils.cuh"
@@ -18,7 +13,6 @@
 namespace fastattn::additive_attention {
 namespace {
 
-using at::Tensor;
 using fastattn::cuda::acc_t;
 using fastattn::cuda::ceil_div;
 using fastattn::cuda::from_acc;
@@ -99,17 +93,17 @@ __global__ void sum_rows_kernel(const acc_t<T>* __restrict__ parts, int64_t rows
 }
 
 #define FASTATTN_DISPATCH_ADDITIVE(TYPE, ...) \
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, TYPE, "additive_cuda", __VA_ARGS__)
+  FASTATTN_DISPATCH_FLOATING(TYPE, "additive_cuda", __VA_ARGS__)
 
 Tensor additive_scores_cuda(const Tensor& qp_in, const Tensor& kp_in, const Tensor& v_in) {
   check_scores_args(qp_in, kp_in, v_in, "additive_scores");
-  c10::cuda::CUDAGuard guard(qp_in.device());
+  CudaGuard guard(qp_in);
   Tensor qp = qp_in.contiguous(), kp = kp_in.contiguous(), v = v_in.contiguous();
   const int64_t B = qp.size(0), Lq = qp.size(1), Lk = kp.size(1), A = qp.size(2);
-  Tensor scores = at::empty({B, Lq, Lk}, qp.options().dtype(compute_dtype(qp)));
+  Tensor scores = empty({B, Lq, Lk}, qp.options().dtype(compute_dtype(qp)));
   poison(scores);
   if (scores.numel() == 0) return scores;
-  auto stream = c10::cuda::getCurrentCUDAStream();
+  auto stream = current_cuda_stream();
   const int64_t lq_tiles = ceil_div(Lq, kTile), lk_tiles = ceil_div(Lk, kTile);
   // (no int64 overflow: the product is at most scores.numel())
   const unsigned blocks =
@@ -132,18 +126,18 @@ std::tuple<Tensor, Tensor, Tensor> additive_scores_backward_cuda(const Tensor& g
   FASTATTN_CHECK(grad_in.dim() == 3 && grad_in.size(0) == qp_in.size(0) &&
                      grad_in.size(1) == qp_in.size(1) && grad_in.size(2) == kp_in.size(1),
                  op, "grad must be (B, Lq, Lk), got ", grad_in.sizes());
-  c10::cuda::CUDAGuard guard(qp_in.device());
+  CudaGuard guard(qp_in);
   Tensor qp = qp_in.contiguous(), kp = kp_in.contiguous(), v = v_in.contiguous();
   Tensor grad = grad_in.to(compute_dtype(qp)).contiguous();
   const int64_t B = qp.size(0), Lq = qp.size(1), Lk = kp.size(1), A = qp.size(2);
-  Tensor dqp = at::empty(qp.sizes(), qp.options());
-  Tensor dkp = at::empty(kp.sizes(), kp.options());
-  Tensor dv = at::empty(v.sizes(), v.options());
-  Tensor dv_part = at::empty({std::max<int64_t>(B * Lq, 1), A}, grad.options());
+  Tensor dqp = empty(qp.sizes(), qp.options());
+  Tensor dkp = empty(kp.sizes(), kp.options());
+  Tensor dv = empty(v.sizes(), v.options());
+  Tensor dv_part = empty({std::max<int64_t>(B * Lq, 1), A}, grad.options());
   poison(dqp);
   poison(dkp);
   poison(dv);
-  auto stream = c10::cuda::getCurrentCUDAStream();
+  auto stream = current_cuda_stream();
   const int threads =
       static_cast<int>(std::min<int64_t>(256, ceil_div(std::max<int64_t>(A, 1), 32) * 32));
   FASTATTN_DISPATCH_ADDITIVE(qp.scalar_type(), [&] {
@@ -172,9 +166,9 @@ std::tuple<Tensor, Tensor, Tensor> additive_scores_backward_cuda(const Tensor& g
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fastattn, CUDA, m) {
-  m.impl("additive_scores", &additive_scores_cuda);
-  m.impl("additive_scores_backward", &additive_scores_backward_cuda);
+STABLE_TORCH_LIBRARY_IMPL(fastattn, CUDA, m) {
+  m.impl("additive_scores", TORCH_BOX(&additive_scores_cuda));
+  m.impl("additive_scores_backward", TORCH_BOX(&additive_scores_backward_cuda));
 }
 
 }  // namespace fastattn::additive_attention

@@ -3,8 +3,7 @@
 // fastattn/ops/attention.py checks the same rules first with friendlier messages and builds the
 // canonical arguments; these guard direct calls of torch.ops.fastattn.*.
 #pragma once
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
+#include "common/tensor_api.h"
 
 #include "common/checks.h"
 
@@ -23,15 +22,15 @@ inline void check_seqlen(int64_t length, const char* op, const char* name) {
                  " (the band's unbounded bound and the GPU kernels' int32 indices), got ", length);
 }
 
-inline at::ScalarType lse_dtype(const at::Tensor& q) {
-  return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+inline ScalarType lse_dtype(const Tensor& q) {
+  return q.scalar_type() == kDouble ? kDouble : kFloat;
 }
 
-inline void check_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const c10::optional<at::Tensor>& attn_mask,
-                          const c10::optional<at::Tensor>& key_padding_mask,
-                          const c10::optional<at::Tensor>& alibi_slopes, double dropout_p,
-                          const c10::optional<at::Tensor>& seed, const char* op) {
+inline void check_problem(const Tensor& q, const Tensor& k, const Tensor& v,
+                          const std::optional<Tensor>& attn_mask,
+                          const std::optional<Tensor>& key_padding_mask,
+                          const std::optional<Tensor>& alibi_slopes, double dropout_p,
+                          const std::optional<Tensor>& seed, const char* op) {
   check_float_dtype(q, op, "q");
   FASTATTN_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, op,
                  "q, k and v must be 4-D (B, H, L, D), got ", q.sizes(), ", ", k.sizes(), ", ",
@@ -59,9 +58,9 @@ inline void check_problem(const at::Tensor& q, const at::Tensor& k, const at::Te
   check_unit_last_stride(v, op, "v");
   if (attn_mask.has_value() && attn_mask->defined()) {
     const auto& m = *attn_mask;
-    FASTATTN_CHECK(m.scalar_type() == at::kBool || m.scalar_type() == at::kFloat ||
-                       m.scalar_type() == q.scalar_type(),
-                   op, "attn_mask must be bool, float32 or q's dtype, got ", m.scalar_type());
+    FASTATTN_CHECK(
+        m.scalar_type() == kBool || m.scalar_type() == kFloat || m.scalar_type() == q.scalar_type(),
+        op, "attn_mask must be bool, float32 or q's dtype, got ", m.scalar_type());
     const auto fits = [&](int64_t d, int64_t full) { return m.size(d) == full || m.size(d) == 1; };
     FASTATTN_CHECK(m.dim() == 4 && fits(0, B) && fits(1, Hq) && fits(2, Lq) && fits(3, Lk), op,
                    "attn_mask must be 4-D and broadcast to (B, Hq, Lq, Lk) = (", B, ", ", Hq, ", ",
@@ -70,18 +69,17 @@ inline void check_problem(const at::Tensor& q, const at::Tensor& k, const at::Te
   }
   if (key_padding_mask.has_value() && key_padding_mask->defined()) {
     const auto& m = *key_padding_mask;
-    FASTATTN_CHECK(m.scalar_type() == at::kBool && m.dim() == 2 && m.size(0) == B &&
-                       m.size(1) == Lk && m.is_contiguous(),
+    FASTATTN_CHECK(m.scalar_type() == kBool && m.dim() == 2 && m.size(0) == B && m.size(1) == Lk &&
+                       m.is_contiguous(),
                    op, "key_padding_mask must be a contiguous bool (B, Lk) = (", B, ", ", Lk,
                    "), got ", m.scalar_type(), " ", m.sizes());
     check_same_device(m, q, op, "key_padding_mask", "q");
   }
   if (alibi_slopes.has_value() && alibi_slopes->defined()) {
     const auto& a = *alibi_slopes;
-    FASTATTN_CHECK(
-        a.scalar_type() == at::kFloat && a.dim() == 2 && a.size(0) == B && a.size(1) == Hq, op,
-        "alibi_slopes must be float32 viewed as (B, Hq) = (", B, ", ", Hq, "), got ",
-        a.scalar_type(), " ", a.sizes());
+    FASTATTN_CHECK(a.scalar_type() == kFloat && a.dim() == 2 && a.size(0) == B && a.size(1) == Hq,
+                   op, "alibi_slopes must be float32 viewed as (B, Hq) = (", B, ", ", Hq, "), got ",
+                   a.scalar_type(), " ", a.sizes());
     check_same_device(a, q, op, "alibi_slopes", "q");
   }
   check_seed(seed, dropout_p, q, op);
@@ -90,13 +88,12 @@ inline void check_problem(const at::Tensor& q, const at::Tensor& k, const at::Te
 // attention_backward's arguments, on every device: the forward's problem (check_problem), then
 // grad_out and out (B, Hq, Lq, Dv) in q's dtype with unit last strides, lse a contiguous
 // (B, Hq, Lq) tensor of lse_dtype, grad_lse (when given) (B, Hq, Lq); all on q's device.
-inline void check_backward(const at::Tensor& grad_out, const c10::optional<at::Tensor>& grad_lse,
-                           const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const at::Tensor& out, const at::Tensor& lse,
-                           const c10::optional<at::Tensor>& attn_mask,
-                           const c10::optional<at::Tensor>& key_padding_mask,
-                           const c10::optional<at::Tensor>& alibi_slopes, double dropout_p,
-                           const c10::optional<at::Tensor>& seed, const char* op) {
+inline void check_backward(const Tensor& grad_out, const std::optional<Tensor>& grad_lse,
+                           const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                           const Tensor& lse, const std::optional<Tensor>& attn_mask,
+                           const std::optional<Tensor>& key_padding_mask,
+                           const std::optional<Tensor>& alibi_slopes, double dropout_p,
+                           const std::optional<Tensor>& seed, const char* op) {
   check_problem(q, k, v, attn_mask, key_padding_mask, alibi_slopes, dropout_p, seed, op);
   FASTATTN_CHECK(
       grad_out.sizes() == out.sizes() && out.dim() == 4 && out.size(0) == q.size(0) &&
@@ -120,28 +117,28 @@ inline void check_backward(const at::Tensor& grad_out, const c10::optional<at::T
 }
 
 // attn_mask viewed as (B, Hq, Lq, Lk): stride 0 along its broadcast (size-1) dims.
-inline at::Tensor expanded_mask(const at::Tensor& mask, const at::Tensor& q, const at::Tensor& k) {
+inline Tensor expanded_mask(const Tensor& mask, const Tensor& q, const Tensor& k) {
   return mask.expand({q.size(0), q.size(1), q.size(2), k.size(2)});
 }
 
 // attention_backward's mask_grad: only a float attn_mask has a gradient.
-inline void check_mask_grad(const c10::optional<at::Tensor>& attn_mask, bool mask_grad,
+inline void check_mask_grad(const std::optional<Tensor>& attn_mask, bool mask_grad,
                             const char* op) {
   if (!mask_grad) return;
   FASTATTN_CHECK(
-      attn_mask.has_value() && attn_mask->defined() && at::isFloatingType(attn_mask->scalar_type()),
+      attn_mask.has_value() && attn_mask->defined() && is_floating_type(attn_mask->scalar_type()),
       op, "mask_grad needs a float attn_mask (a bool mask has no gradient)");
 }
 
 // (B, Hq, Lq, Dv) output following q's layout: (B, Lq, Hq, Dv) in memory when q's heads are
 // inner to its sequence (a transposed (B, L, H, D) input). Same rule as
 // fastattn.contracts.attention.output_like.
-inline at::Tensor output_like(const at::Tensor& q, int64_t Dv) {
+inline Tensor output_like(const Tensor& q, int64_t Dv) {
   const int64_t B = q.size(0), Hq = q.size(1), Lq = q.size(2);
   if (q.stride(1) < q.stride(2)) {
-    return at::empty({B, Lq, Hq, Dv}, q.options()).transpose(1, 2);
+    return empty({B, Lq, Hq, Dv}, q.options()).transpose(1, 2);
   }
-  return at::empty({B, Hq, Lq, Dv}, q.options());
+  return empty({B, Hq, Lq, Dv}, q.options());
 }
 
 }  // namespace fastattn::attention

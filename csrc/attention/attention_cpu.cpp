@@ -1,10 +1,6 @@
 // CPU bodies of the attention ops: checks, allocation, and the ISA-dispatched FlashAttention-2
 // loops of attention_cpu_kernel.cpp.
-#include <ATen/Dispatch.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
-#include <ATen/ops/zeros.h>
-#include <torch/library.h>
+#include "common/tensor_api.h"
 
 #include "attention/attention.h"
 #include "attention/attention_cpu_common.h"
@@ -15,11 +11,10 @@
 namespace fastattn::attention {
 namespace {
 
-using at::Tensor;
-using c10::optional;
+using std::optional;
 
 #define FASTATTN_DISPATCH_ATTENTION(TYPE, ...) \
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, TYPE, "attention_cpu", __VA_ARGS__)
+  FASTATTN_DISPATCH_FLOATING(TYPE, "attention_cpu", __VA_ARGS__)
 
 std::tuple<Tensor, Tensor> attention_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v,
                                                  const optional<Tensor>& attn_mask,
@@ -31,7 +26,7 @@ std::tuple<Tensor, Tensor> attention_forward_cpu(const Tensor& q, const Tensor& 
   constexpr const char* op = "attention_forward";
   check_problem(q, k, v, attn_mask, key_padding_mask, alibi_slopes, dropout_p, seed, op);
   Tensor out = output_like(q, v.size(3));
-  Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(lse_dtype(q)));
+  Tensor lse = empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(lse_dtype(q)));
   poison(out);
   poison(lse);
   if (out.numel() == 0) return {out, lse};
@@ -59,14 +54,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_cpu(
   check_mask_grad(attn_mask, mask_grad, op);
   // d mask accumulates in the compute type (zeros: keys outside the band get no gradient) and
   // is rounded to the mask's dtype at the end; shaped like the mask, never expanded.
-  Tensor dmask_acc = mask_grad ? at::zeros(attn_mask->sizes(), q.options().dtype(lse_dtype(q)))
-                               : at::empty({0}, q.options());
+  Tensor dmask_acc = mask_grad ? zeros(attn_mask->sizes(), q.options().dtype(lse_dtype(q)))
+                               : empty({0}, q.options());
   const auto dmask = [&] { return mask_grad ? dmask_acc.to(attn_mask->scalar_type()) : dmask_acc; };
   Tensor dlse;
   if (grad_lse.has_value() && grad_lse->defined()) dlse = grad_lse->to(lse_dtype(q)).contiguous();
-  Tensor dq = at::empty(q.sizes(), q.options());
-  Tensor dk = at::empty(k.sizes(), k.options());
-  Tensor dv = at::empty(v.sizes(), v.options());
+  Tensor dq = empty(q.sizes(), q.options());
+  Tensor dk = empty(k.sizes(), k.options());
+  Tensor dv = empty(v.sizes(), v.options());
   poison(dq);
   poison(dk);
   poison(dv);
@@ -107,9 +102,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_cpu(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fastattn, CPU, m) {
-  m.impl("attention_forward", &attention_forward_cpu);
-  m.impl("attention_backward", &attention_backward_cpu);
+STABLE_TORCH_LIBRARY_IMPL(fastattn, CPU, m) {
+  m.impl("attention_forward", TORCH_BOX(&attention_forward_cpu));
+  m.impl("attention_backward", TORCH_BOX(&attention_backward_cpu));
 }
 
 }  // namespace fastattn::attention

@@ -1,15 +1,14 @@
 // Helpers of the CPU attention op bodies (dense, varlen, KV cache): tensors to the raw
 // AttentionProblem the kernels of attention_cpu_kernel.cpp take.
 #pragma once
-#include <ATen/core/Tensor.h>
+#include "common/tensor_api.h"
 
 #include "attention/attention.h"
 #include "attention/attention_cpu_kernel.h"
 
 namespace fastattn::attention {
 
-using at::Tensor;
-using c10::optional;
+using std::optional;
 
 inline bool defined(const optional<Tensor>& t) { return t.has_value() && t->defined(); }
 
@@ -18,18 +17,18 @@ inline cpu::Strides4 strides_of(const Tensor& t) { return {t.stride(0), t.stride
 inline cpu::MaskKind mask_kind(const optional<Tensor>& mask) {
   if (!defined(mask)) return cpu::MaskKind::none;
   switch (mask->scalar_type()) {
-    case at::kBool:
+    case kBool:
       return cpu::MaskKind::boolean;
-    case at::kFloat:
+    case kFloat:
       return cpu::MaskKind::float32;
-    case at::kDouble:
+    case kDouble:
       return cpu::MaskKind::float64;
-    case at::kHalf:
+    case kHalf:
       return cpu::MaskKind::float16;
-    case at::kBFloat16:
+    case kBFloat16:
       return cpu::MaskKind::bfloat16;
     default:
-      TORCH_CHECK(false, "attention: unsupported attn_mask dtype ", mask->scalar_type());
+      FASTATTN_CHECK(false, "attention", "unsupported attn_mask dtype ", mask->scalar_type());
   }
 }
 

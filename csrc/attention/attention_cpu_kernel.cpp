@@ -13,7 +13,7 @@
 // Chunks split a head's keys only when there are too few (batch, kv head) pairs to keep the
 // threads busy; their dQ partials are then summed in chunk order. No atomics and no
 // thread-count-dependent order: the backward is bitwise reproducible.
-#include <ATen/Parallel.h>
+#include "common/parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -827,7 +827,7 @@ void merge_splits(const AttentionForwardParams& fp, const std::vector<acc>& part
   const int64_t Dv = p.Dv;
   T* O = static_cast<T*>(fp.out);
   acc* LSE = static_cast<acc*>(fp.lse);
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+  parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     std::vector<acc> o(Dv);
     for (int64_t row_id = begin; row_id < end; ++row_id) {
       const int64_t i = row_id % p.Lq, bh = row_id / p.Lq, b = bh / p.Hq, h = bh % p.Hq;
@@ -890,7 +890,7 @@ void forward_impl(const AttentionForwardParams& fp) {
   const int64_t head_tasks = p.Hq / heads_per_task;
   const int64_t tasks = p.B * head_tasks * q_blocks * splits;
 
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     Tiles tiles(D, Dv);
     std::vector<acc> s(kBlockQ * kBlockK), mult(kBlockQ * kBlockK), o_acc(kBlockQ * Dv);
     std::vector<acc> row(std::max(std::max(D, Dv), kBlockK)), m(kBlockQ), l(kBlockQ);
@@ -1055,7 +1055,7 @@ void plain_bf16_forward(const AttentionForwardParams& fp) {
   const float to_log2 = static_cast<float>(p.scale * 1.4426950408889634);
   const auto bits = [](const T* x) { return reinterpret_cast<const uint16_t*>(x); };
 
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     std::vector<uint32_t> pairs(std::max(kBlockQ, kBlockK) * D2), qT(D2 * kBlockQ),
         k_scratch(D2 * kBlockK), v_scratch(kBlockK / 2 * Dv), pT(kBlockK / 2 * kBlockQ);
     std::vector<float> sT(kBlockK * kBlockQ), oT(Dv * kBlockQ), o(kBlockQ * Dv);
@@ -1195,7 +1195,7 @@ std::vector<acc> row_deltas(const AttentionBackwardParams& bp, int64_t rows, int
   const T* dO = static_cast<const T*>(bp.grad_out);
   const acc* dLSE = static_cast<const acc*>(bp.grad_lse);
   std::vector<acc> delta(rows);
-  at::parallel_for(0, walk, 64, [&](int64_t begin, int64_t end) {
+  parallel_for(0, walk, 64, [&](int64_t begin, int64_t end) {
     std::vector<acc> o(Dv), g_row(Dv);
     for (int64_t w = begin; w < end; ++w) {
       const int64_t i = w % p.Lq, bh = w / p.Lq, b = bh / p.Hq, h = bh % p.Hq;
@@ -1222,7 +1222,7 @@ void sum_dq_chunks(const AttentionBackwardParams& bp, const std::vector<acc>& dq
   const AttentionProblem& p = bp.p;
   const int64_t D = p.D;
   T* dQ = static_cast<T*>(bp.dq);
-  at::parallel_for(0, walk, 64, [&](int64_t begin, int64_t end) {
+  parallel_for(0, walk, 64, [&](int64_t begin, int64_t end) {
     std::vector<acc> sum(D);
     for (int64_t w = begin; w < end; ++w) {
       const int64_t i = w % p.Lq, bh = w / p.Lq, b = bh / p.Hq, h = bh % p.Hq;
@@ -1281,7 +1281,7 @@ void plain_bf16_backward(const AttentionBackwardParams& bp) {
   const int64_t cached_heads = group * q_blocks <= 128 ? group : 1;
   const auto bits = [](const T* x) { return reinterpret_cast<const uint16_t*>(x); };
 
-  at::parallel_for(0, pairs_bh * chunks, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, pairs_bh * chunks, 1, [&](int64_t begin, int64_t end) {
     const int64_t W = std::max({D2, Dv2, kBlockQ / 2});
     std::vector<uint32_t> pairs(std::max(kBlockQ, kBlockK) * W), kT(D2 * kBlockK),
         vT(Dv2 * kBlockK), kR(kBlockK / 2 * D), words(kBlockK * kBlockQ / 2),
@@ -1490,7 +1490,7 @@ void backward_impl(const AttentionBackwardParams& bp) {
   // dQ partial sums in the compute type, one buffer of `rows` rows per chunk.
   std::vector<acc> dq_acc(static_cast<size_t>(chunks * rows * D), acc(0));
 
-  at::parallel_for(0, pairs * chunks, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, pairs * chunks, 1, [&](int64_t begin, int64_t end) {
     Tiles tiles(D, Dv);
     std::vector<acc> s(kBlockQ * kBlockK), pd(kBlockQ * kBlockK), dp(kBlockQ * kBlockK);
     std::vector<acc> th(kBlockQ * kBlockK), mult(kBlockQ * kBlockK);

@@ -7,8 +7,7 @@
 // attention_cuda_{fwd,bwd}_hd*_*.cu; float32/float64 run SIMT kernels with exact FMA arithmetic
 // (attention_cuda_simt.cuh). The backward is deterministic (no atomics) except for d attn_mask
 // of a mask broadcast over batches or kv heads with deterministic=False (atomic adds).
-#include <c10/cuda/CUDAGuard.h>
-#include <torch/library.h>
+#include "common/cuda_api.h"
 
 #include "attention/attention_cuda_device.h"
 #include "attention/attention_cuda_ops.h"
@@ -16,8 +15,7 @@
 namespace fastattn::attention {
 namespace {
 
-using at::Tensor;
-using c10::optional;
+using std::optional;
 
 using cuda_impl::launch_for;
 
@@ -28,7 +26,7 @@ std::tuple<Tensor, Tensor> attention_forward_cuda(const Tensor& q, const Tensor&
                                                   double scale, double softcap, int64_t window_lo,
                                                   int64_t window_hi, double dropout_p,
                                                   const optional<Tensor>& seed) {
-  c10::cuda::CUDAGuard guard(q.device());
+  CudaGuard guard(q);
   return cuda_impl::forward(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
                             window_lo, window_hi, dropout_p, seed,
                             launch_for(q, "attention_forward"));
@@ -42,7 +40,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_cuda(
     const optional<Tensor>& seed, bool deterministic, bool mask_grad) {
   // dQ, dK, dV are always deterministic (reduced in a fixed order by separate kernels);
   // `deterministic` picks how d attn_mask (mask_grad) is summed (cuda_impl::setup_mask_grad).
-  c10::cuda::CUDAGuard guard(q.device());
+  CudaGuard guard(q);
   return cuda_impl::backward(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask,
                              alibi_slopes, scale, softcap, window_lo, window_hi, dropout_p, seed,
                              deterministic, mask_grad, launch_for(q, "attention_backward"));
@@ -50,9 +48,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_cuda(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fastattn, CUDA, m) {
-  m.impl("attention_forward", &attention_forward_cuda);
-  m.impl("attention_backward", &attention_backward_cuda);
+STABLE_TORCH_LIBRARY_IMPL(fastattn, CUDA, m) {
+  m.impl("attention_forward", TORCH_BOX(&attention_forward_cuda));
+  m.impl("attention_backward", TORCH_BOX(&attention_backward_cuda));
 }
 
 }  // namespace fastattn::attention

@@ -4,9 +4,7 @@
 // smem_limit), and the compute capability the tensor-core kernels need. Included by the .cu op
 // bodies only; the CPU emulator (tools/cuda_emu) builds its Launch from the emulated device.
 #pragma once
-#include <ATen/core/Tensor.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAStream.h>
+#include "common/tensor_api.h"
 #include <cuda_runtime_api.h>
 
 #include "attention/attention_cuda_ops.h"
@@ -16,25 +14,26 @@ namespace fastattn::attention::cuda_impl {
 // Streaming multiprocessors of the current device (the split-K decode sizes its splits by it).
 inline int sm_count() {
   int device = 0, sms = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  FASTATTN_CUDA_CHECK(cudaGetDevice(&device));
+  FASTATTN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   return sms;
 }
 
 // Stream and shared-memory limit of the current device (the caller's device guard has made it
 // q's); float16/bfloat16 need sm_80+ (tensor-core mma and cp.async).
-inline Launch launch_for(const at::Tensor& q, const char* op) {
+inline Launch launch_for(const Tensor& q, const char* op) {
   int device = 0, major = 0, smem = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  if (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) {
+  FASTATTN_CUDA_CHECK(cudaGetDevice(&device));
+  FASTATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  FASTATTN_CUDA_CHECK(
+      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (q.scalar_type() == kHalf || q.scalar_type() == kBFloat16) {
     FASTATTN_CHECK(major >= 8, op,
                    "float16/bfloat16 attention on CUDA needs compute capability "
                    "8.0 or newer (tensor-core mma and cp.async), got ",
                    major, ".x");
   }
-  return {static_cast<void*>(c10::cuda::getCurrentCUDAStream().stream()), smem_limit(smem)};
+  return {static_cast<void*>(current_cuda_stream()), smem_limit(smem)};
 }
 
 }  // namespace fastattn::attention::cuda_impl

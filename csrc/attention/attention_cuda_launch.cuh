@@ -10,13 +10,14 @@
 #include "attention/attention_cuda_fwd.cuh"
 #include "attention/attention_cuda_params.h"
 #include "attention/attention_cuda_simt.cuh"
+#include "common/check.h"
 
 #if !defined(FASTATTN_CUDA_EMULATION)
 // Raises the block's dynamic shared-memory limit when it needs more than the default 48 KB.
 #define FASTATTN_SET_KERNEL_SMEM(kernel, bytes)                                                  \
   do {                                                                                           \
     if ((bytes) > 48 * 1024) {                                                                   \
-      C10_CUDA_CHECK(                                                                            \
+      FASTATTN_CUDA_CHECK(                                                                       \
           cudaFuncSetAttribute((kernel), cudaFuncAttributeMaxDynamicSharedMemorySize, (bytes))); \
     }                                                                                            \
   } while (0)
@@ -92,14 +93,14 @@ static_assert(mma_bucket_fits_min_optin<128>(), "bucket 128 must run on 99 KB de
 static_assert(mma_bucket_fits_min_optin<256>(), "bucket 256 must run on 99 KB devices");
 
 inline void check_smem(int bytes, const Launch& launch, const char* kernel) {
-  TORCH_CHECK(bytes <= launch.smem_optin, "attention (cuda): kernel ", kernel, " needs ", bytes,
-              " bytes of shared memory per block, the device allows ", launch.smem_optin,
-              " (head dims too large for this GPU)");
+  FASTATTN_CHECK(bytes <= launch.smem_optin, "attention (cuda)", "kernel ", kernel, " needs ",
+                 bytes, " bytes of shared memory per block, the device allows ", launch.smem_optin,
+                 " (head dims too large for this GPU)");
 }
 
 inline unsigned grid_size(int64_t blocks, const char* kernel) {
-  TORCH_CHECK(blocks > 0 && blocks <= INT32_MAX, "attention (cuda): kernel ", kernel,
-              " would need ", blocks, " blocks");
+  FASTATTN_CHECK(blocks > 0 && blocks <= INT32_MAX, "attention (cuda)", "kernel ", kernel,
+                 " would need ", blocks, " blocks");
   return static_cast<unsigned>(blocks);
 }
 
@@ -133,9 +134,9 @@ void run_bwd_delta(const BwdParams& bp, const Launch& launch) {
 // The (batch, kv head) groups of the dK/dV grid: B * Hkv, fewer when blocks walk the batches or
 // kv heads (loop_b / loop_h of a deterministic d attn_mask; dkdv_pair).
 inline int64_t dkdv_pair_groups(const BwdParams& bp) {
-  TORCH_CHECK(
+  FASTATTN_CHECK(
       bp.loop_b >= 1 && bp.loop_h >= 1 && bp.p.B % bp.loop_b == 0 && bp.p.Hkv % bp.loop_h == 0,
-      "attention (cuda): dK/dV loops must divide B and Hkv");
+      "attention (cuda)", "dK/dV loops must divide B and Hkv");
   return static_cast<int64_t>(bp.p.B / bp.loop_b) * (bp.p.Hkv / bp.loop_h);
 }
 

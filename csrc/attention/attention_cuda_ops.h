@@ -4,9 +4,7 @@
 // bucket). attention_cuda.cu wraps these with the device guard and the current stream; the CPU
 // emulator of tools/cuda_emu calls the very same functions on CPU tensors.
 #pragma once
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
+#include "common/tensor_api.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -20,13 +18,12 @@
 
 namespace fastattn::attention::cuda_impl {
 
-using at::Tensor;
-using c10::optional;
 using fastattn::cuda::attn::BwdParams;
 using fastattn::cuda::attn::Dtype;
 using fastattn::cuda::attn::FwdParams;
 using fastattn::cuda::attn::Launch;
 using fastattn::cuda::attn::Problem;
+using std::optional;
 
 inline bool defined(const optional<Tensor>& t) { return t.has_value() && t->defined(); }
 
@@ -39,8 +36,8 @@ inline int smem_limit(int device_optin) {
   char* end = nullptr;
   errno = 0;
   const long cap = std::strtol(env, &end, 10);
-  TORCH_CHECK(errno == 0 && *end == '\0' && cap > 0 && cap <= (1L << 30),
-              "FASTATTN_CUDA_SMEM_LIMIT must be a positive number of bytes, got '", env, "'");
+  FASTATTN_CHECK(errno == 0 && *end == '\0' && cap > 0 && cap <= (1L << 30),
+                 "FASTATTN_CUDA_SMEM_LIMIT", "must be a positive number of bytes, got '", env, "'");
   return static_cast<int>(std::min<long>(cap, device_optin));
 }
 
@@ -57,16 +54,16 @@ inline bool rows_aligned16(const Tensor& t) {
 
 inline Dtype dtype_of(const Tensor& t) {
   switch (t.scalar_type()) {
-    case at::kHalf:
+    case kHalf:
       return Dtype::f16;
-    case at::kBFloat16:
+    case kBFloat16:
       return Dtype::bf16;
-    case at::kFloat:
+    case kFloat:
       return Dtype::f32;
-    case at::kDouble:
+    case kDouble:
       return Dtype::f64;
     default:
-      TORCH_CHECK(false, "attention (cuda): unsupported dtype ", t.scalar_type());
+      FASTATTN_CHECK(false, "attention (cuda)", "unsupported dtype ", t.scalar_type());
   }
 }
 
@@ -74,18 +71,19 @@ inline int mask_kind_of(const optional<Tensor>& mask) {
   using namespace fastattn::cuda::attn;
   if (!defined(mask)) return kMaskNone;
   switch (mask->scalar_type()) {
-    case at::kBool:
+    case kBool:
       return kMaskBool;
-    case at::kFloat:
+    case kFloat:
       return kMaskF32;
-    case at::kDouble:
+    case kDouble:
       return kMaskF64;
-    case at::kHalf:
+    case kHalf:
       return kMaskF16;
-    case at::kBFloat16:
+    case kBFloat16:
       return kMaskBF16;
     default:
-      TORCH_CHECK(false, "attention (cuda): unsupported attn_mask dtype ", mask->scalar_type());
+      FASTATTN_CHECK(false, "attention (cuda)", "unsupported attn_mask dtype ",
+                     mask->scalar_type());
   }
 }
 
@@ -239,7 +237,7 @@ inline std::tuple<Tensor, Tensor> forward(const Tensor& q, const Tensor& k, cons
   constexpr const char* op = "attention_forward";
   check_problem(q, k, v, attn_mask, key_padding_mask, alibi_slopes, dropout_p, seed, op);
   Tensor out = output_like(q, v.size(3));
-  Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(lse_dtype(q)));
+  Tensor lse = empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(lse_dtype(q)));
   poison(out);
   poison(lse);
   if (out.numel() == 0) return {out, lse};
@@ -277,8 +275,8 @@ inline MaskGrad setup_mask_grad(BwdParams& bp, const Tensor& mask, const Tensor&
   MaskGrad mg;
   mg.sum_k = shape[3] == 1 && Lk > 1;
   if (mg.sum_k) shape[3] = Lk;
-  const auto acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  mg.buffer = at::zeros(shape, q.options().dtype(acc));
+  const auto acc = q.scalar_type() == kDouble ? kDouble : kFloat;
+  mg.buffer = zeros(shape, q.options().dtype(acc));
   const Tensor view = mg.buffer.expand({B, Hq, Lq, Lk});
   bp.dbias = mg.buffer.data_ptr();
   bp.dbias_sb = view.stride(0);
@@ -317,12 +315,12 @@ inline std::tuple<Tensor, Tensor, Tensor, Tensor> backward(
   check_mask_grad(attn_mask, mask_grad, op);
   // d attn_mask where nothing attends (no kernel runs): zero.
   const Tensor none =
-      mask_grad ? at::zeros(attn_mask->sizes(), attn_mask->options()) : at::empty({0}, q.options());
+      mask_grad ? zeros(attn_mask->sizes(), attn_mask->options()) : empty({0}, q.options());
   Tensor dlse;
   if (defined(grad_lse)) dlse = grad_lse->to(lse_dtype(q)).contiguous();
-  Tensor dq = at::empty(q.sizes(), q.options());
-  Tensor dk = at::empty(k.sizes(), k.options());
-  Tensor dv = at::empty(v.sizes(), v.options());
+  Tensor dq = empty(q.sizes(), q.options());
+  Tensor dk = empty(k.sizes(), k.options());
+  Tensor dv = empty(v.sizes(), v.options());
   poison(dq);
   poison(dk);
   poison(dv);
@@ -333,7 +331,7 @@ inline std::tuple<Tensor, Tensor, Tensor, Tensor> backward(
     dv.zero_();
     return {dq, dk, dv, none};
   }
-  Tensor delta = at::empty(lse.sizes(), lse.options());
+  Tensor delta = empty(lse.sizes(), lse.options());
   BwdParams bp{};
   bp.p = make_problem(q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap, window_lo,
                       window_hi, dropout_p, seed, op);

@@ -160,7 +160,7 @@ struct Launch {
 };
 
 // Entry points, one per translation unit. Each launches its kernels on launch.stream and checks
-// every launch; a problem that does not fit the device raises a c10::Error.
+// every launch; a problem that does not fit the device raises a RuntimeError.
 #define FASTATTN_ATTN_ENTRY(DT, HD)                                      \
   void attention_fwd_mma_##DT##_hd##HD(const FwdParams&, const Launch&); \
   void attention_bwd_mma_##DT##_hd##HD(const BwdParams&, const Launch&);

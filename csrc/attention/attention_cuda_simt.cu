@@ -30,7 +30,7 @@ void attention_combine(Dtype dtype, const FwdParams& params, const Launch& launc
       run_combine<prim::F16, float>(params, launch);
       break;  // F16 unused
     default:
-      TORCH_CHECK(false, "attention (cuda): split-K partials are not used for float64");
+      FASTATTN_CHECK(false, "attention (cuda)", "split-K partials are not used for float64");
   }
 }
 }  // namespace fastattn::cuda::attn

@@ -2,9 +2,7 @@
 // CUDA bodies: the argument checks made before the caches are written, and the rotary
 // embedding through fastattn's own apply_rotary op (the device's kernel).
 #pragma once
-#include <ATen/core/LegacyTypeDispatch.h>
-#include <ATen/core/Tensor.h>
-#include <ATen/core/dispatch/Dispatcher.h>
+#include "common/tensor_api.h"
 
 #include <tuple>
 #include <utility>
@@ -16,14 +14,13 @@ namespace fastattn::attention_with_kvcache {
 // Checks cache_seqlens (int32 (B,)), k_new/v_new ((B, Hkv, Lnew, D/Dv), q's dtype and device,
 // unit last strides, given together) and the rotary tables (given together); returns Lnew.
 // The values of cache_seqlens are the caller's to check (reading them is device-specific).
-inline int64_t check_new_tokens(const at::Tensor& q, const at::Tensor& k_cache,
-                                const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
-                                const c10::optional<at::Tensor>& k_new,
-                                const c10::optional<at::Tensor>& v_new,
-                                const c10::optional<at::Tensor>& rotary_cos,
-                                const c10::optional<at::Tensor>& rotary_sin, const char* op) {
+inline int64_t check_new_tokens(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                const Tensor& cache_seqlens, const std::optional<Tensor>& k_new,
+                                const std::optional<Tensor>& v_new,
+                                const std::optional<Tensor>& rotary_cos,
+                                const std::optional<Tensor>& rotary_sin, const char* op) {
   const int64_t B = q.size(0);
-  FASTATTN_CHECK(cache_seqlens.scalar_type() == at::kInt && cache_seqlens.dim() == 1 &&
+  FASTATTN_CHECK(cache_seqlens.scalar_type() == kInt && cache_seqlens.dim() == 1 &&
                      cache_seqlens.numel() == B && cache_seqlens.device() == q.device(),
                  op, "cache_seqlens must be an int32 (B,) = (", B, ",) tensor on ", q.device(),
                  ", got ", cache_seqlens.scalar_type(), " ", cache_seqlens.sizes(), " on ",
@@ -53,36 +50,29 @@ inline int64_t check_new_tokens(const at::Tensor& q, const at::Tensor& k_cache,
 
 // x (B, H, L, D) rotated at positions[b] + l (int64 (B,)) with tables (max_position,
 // rotary_dim / 2) in the compute dtype: fastattn::apply_rotary on x's device.
-inline at::Tensor rotate_at_positions(const at::Tensor& x, const at::Tensor& cos,
-                                      const at::Tensor& sin, const at::Tensor& positions,
-                                      bool interleaved) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("fastattn::apply_rotary", "")
-          .typed<at::Tensor(const at::Tensor&, const c10::optional<at::Tensor>&,
-                            const c10::optional<at::Tensor>&, int64_t,
-                            const c10::optional<at::Tensor>&, const c10::optional<at::Tensor>&,
-                            int64_t, double, bool, bool)>();
-  // Below autograd: the op's autograd kernel is Python's (registered by fastattn), and
-  // decoding is inference.
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return op.call(x, cos, sin, 0, positions, c10::nullopt, 2 * cos.size(1), 10000.0, interleaved,
-                 false);
+inline Tensor rotate_at_positions(const Tensor& x, const Tensor& cos, const Tensor& sin,
+                                  const Tensor& positions, bool interleaved) {
+  // Through the dispatcher's stable entry point: the op's autograd kernel is Python's
+  // (registered by fastattn) and passes straight through for decoding's inputs (no grad).
+  auto stack = detail::call_aten<1>(
+      "fastattn::apply_rotary", "", detail::base(x), std::optional<Tensor>(cos),
+      std::optional<Tensor>(sin), int64_t{0}, std::optional<Tensor>(positions),
+      std::optional<Tensor>(), int64_t{2 * cos.size(1)}, 10000.0, interleaved, false);
+  return detail::take_tensor(stack[0]);
 }
 
 // (q, k_new) rotated at positions seqlens[b] + i when the tables are given, else as given
 // (k_new undefined without new tokens). seqlens: contiguous int32 (B,).
-inline std::pair<at::Tensor, at::Tensor> rotated_new_tokens(const at::Tensor& q,
-                                                            const c10::optional<at::Tensor>& k_new,
-                                                            const c10::optional<at::Tensor>& cos,
-                                                            const c10::optional<at::Tensor>& sin,
-                                                            const at::Tensor& seqlens,
-                                                            bool interleaved) {
+inline std::pair<Tensor, Tensor> rotated_new_tokens(const Tensor& q,
+                                                    const std::optional<Tensor>& k_new,
+                                                    const std::optional<Tensor>& cos,
+                                                    const std::optional<Tensor>& sin,
+                                                    const Tensor& seqlens, bool interleaved) {
   const bool append = k_new.has_value() && k_new->defined();
-  if (!cos.has_value() || !cos->defined()) return {q, append ? *k_new : at::Tensor()};
-  const at::Tensor positions = seqlens.to(at::kLong);
+  if (!cos.has_value() || !cos->defined()) return {q, append ? *k_new : Tensor()};
+  const Tensor positions = seqlens.to(kLong);
   return {rotate_at_positions(q, *cos, *sin, positions, interleaved),
-          append ? rotate_at_positions(*k_new, *cos, *sin, positions, interleaved) : at::Tensor()};
+          append ? rotate_at_positions(*k_new, *cos, *sin, positions, interleaved) : Tensor()};
 }
 
 }  // namespace fastattn::attention_with_kvcache

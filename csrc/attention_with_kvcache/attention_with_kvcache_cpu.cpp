@@ -4,11 +4,7 @@
 // too few (batch, head, query block) tasks to keep the threads busy. attention_with_kvcache:
 // rotary, the in-place append and attention_decode in one call, so a decoding step pays for one
 // op's overhead instead of a handful (at one new token the overhead is most of the step).
-#include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
-#include <ATen/ops/add.h>
-#include <ATen/ops/empty.h>
-#include <torch/library.h>
+#include "common/tensor_api.h"
 
 #include <cstring>
 
@@ -24,8 +20,10 @@ namespace {
 namespace kvcache = fastattn::attention_with_kvcache;
 
 // The rules of a paged cache's values that the Python layer leaves to this op for the cpu
-// backend raise its ValueError (TORCH_CHECK_VALUE), with the same messages.
-#define FASTATTN_CHECK_VALUE(cond, op, ...) TORCH_CHECK_VALUE((cond), op, ": ", __VA_ARGS__)
+// backend raise its ValueError, with the same messages: the stable ABI carries only
+// RuntimeError, so the message is tagged and fastattn._native.value_errors() re-raises it.
+#define FASTATTN_CHECK_VALUE(cond, op, ...) \
+  FASTATTN_CHECK((cond), "[ValueError] " + std::string(op), __VA_ARGS__)
 
 // Paged caches: the (B, Hkv, block_size, W) view of the pool's first block repeated for every
 // sequence, so that check_problem and make_problem see the batch's shapes (the kernels then
@@ -43,7 +41,7 @@ Tensor per_sequence_view(const Tensor& pool, int64_t B, const char* op, const ch
 // first ceil(lengths[b] / block_size) of row b) a block of the pool. Returns the capacity.
 int64_t check_block_table(const Tensor& table, const Tensor& k_pool, const Tensor& v_pool,
                           int64_t B, const int32_t* lengths, const char* op) {
-  FASTATTN_CHECK(table.scalar_type() == at::kInt && table.dim() == 2 && table.size(0) == B &&
+  FASTATTN_CHECK(table.scalar_type() == kInt && table.dim() == 2 && table.size(0) == B &&
                      table.device().is_cpu() && (table.size(1) <= 1 || table.stride(1) == 1),
                  op, "block_table must be an int32 (B, max_blocks_per_seq) = (", B,
                  ", ...) CPU tensor with unit last stride, got ", table.scalar_type(), " ",
@@ -85,9 +83,9 @@ std::tuple<Tensor, Tensor> attention_decode_cpu(const Tensor& q, const Tensor& k
   const bool paged = defined(block_table);
   const Tensor k_view = paged ? per_sequence_view(k_cache, B, op, "k_cache") : k_cache;
   const Tensor v_view = paged ? per_sequence_view(v_cache, B, op, "v_cache") : v_cache;
-  check_problem(q, k_view, v_view, c10::nullopt, c10::nullopt, alibi, 0.0, c10::nullopt, op);
+  check_problem(q, k_view, v_view, std::nullopt, std::nullopt, alibi, 0.0, std::nullopt, op);
   for (const auto* t : {&k_lengths, &q_positions}) {
-    FASTATTN_CHECK(t->scalar_type() == at::kInt && t->dim() == 1 && t->numel() == B &&
+    FASTATTN_CHECK(t->scalar_type() == kInt && t->dim() == 1 && t->numel() == B &&
                        t->is_contiguous() && t->device().is_cpu(),
                    op, "k_lengths and q_positions must be contiguous int32 (B,) CPU tensors");
   }
@@ -99,7 +97,7 @@ std::tuple<Tensor, Tensor> attention_decode_cpu(const Tensor& q, const Tensor& k
                    " is outside [0, ", Lmax, "]");
   }
   Tensor out = output_like(q, v_cache.size(3));
-  Tensor lse = at::empty({B, q.size(1), q.size(2)}, q.options().dtype(lse_dtype(q)));
+  Tensor lse = empty({B, q.size(1), q.size(2)}, q.options().dtype(lse_dtype(q)));
   poison(out);
   poison(lse);
   if (out.numel() == 0) return {out, lse};
@@ -123,8 +121,8 @@ std::tuple<Tensor, Tensor> attention_decode_cpu(const Tensor& q, const Tensor& k
           ? out.as_strided({B, Hkv, group, out.size(3)},
                            {out.stride(0), group * out.stride(1), out.stride(1), out.stride(3)})
           : out;
-  cpu::AttentionProblem p = make_problem(q_rows, k_view, v_view, c10::nullopt, c10::nullopt, alibi,
-                                         scale, softcap, 0, 0, 0.0, c10::nullopt);
+  cpu::AttentionProblem p = make_problem(q_rows, k_view, v_view, std::nullopt, std::nullopt, alibi,
+                                         scale, softcap, 0, 0, 0.0, std::nullopt);
   if (paged) {  // the pools through the table: block strides, the table's capacity
     p.k_s.b = k_cache.stride(0);
     p.v_s.b = v_cache.stride(0);
@@ -142,15 +140,15 @@ std::tuple<Tensor, Tensor> attention_decode_cpu(const Tensor& q, const Tensor& k
   if (num_splits <= 0) {
     // Enough tasks for every thread twice over; each split still gets >= 4 key blocks.
     const int64_t tasks = B * q_rows.size(1) * ((q_rows.size(2) + 63) / 64);
-    const int64_t want = (2 * at::get_num_threads() + tasks - 1) / tasks;
+    const int64_t want = (2 * get_num_threads() + tasks - 1) / tasks;
     const int64_t most = std::max<int64_t>(1, (Lmax + 255) / 256);
     num_splits = std::clamp<int64_t>(want, 1, most);
   }
   p.kv_splits = num_splits;
   // lse (B, Hq, 1) is contiguous: the same memory as (B, Hkv, group).
   cpu::AttentionForwardParams fp{p, out.data_ptr(), strides_of(out_rows), lse.data_ptr()};
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "decode_cpu",
-                                  [&] { FASTATTN_CPU_ISA_CALL(attention_forward<scalar_t>, fp); });
+  FASTATTN_DISPATCH_FLOATING(q.scalar_type(), "decode_cpu",
+                             [&] { FASTATTN_CPU_ISA_CALL(attention_forward<scalar_t>, fp); });
   return {out, lse};
 }
 
@@ -166,7 +164,7 @@ void append_rows(const Tensor& src, const Tensor& cache, const int32_t* position
   const char* from = static_cast<const char*>(src.data_ptr());
   char* to = static_cast<char*>(cache.data_ptr());
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, L * W));
-  at::parallel_for(0, src.size(0) * H, grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, src.size(0) * H, grain, [&](int64_t begin, int64_t end) {
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       for (int64_t l = 0; l < L; ++l) {
@@ -196,7 +194,7 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_cpu(
   const bool paged = defined(block_table);
   const Tensor k_view = paged ? per_sequence_view(k_cache, B, op, "k_cache") : k_cache;
   const Tensor v_view = paged ? per_sequence_view(v_cache, B, op, "v_cache") : v_cache;
-  check_problem(q, k_view, v_view, c10::nullopt, c10::nullopt, alibi, 0.0, c10::nullopt, op);
+  check_problem(q, k_view, v_view, std::nullopt, std::nullopt, alibi, 0.0, std::nullopt, op);
   const int64_t Lnew = kvcache::check_new_tokens(q, k_view, v_view, cache_seqlens, k_new, v_new,
                                                  rotary_cos, rotary_sin, op);
   const bool append = defined(k_new);
@@ -205,7 +203,12 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_cpu(
   for (int64_t b = 0; b < B; ++b) {
     FASTATTN_CHECK(starts[b] >= 0, op, "cache_seqlens must be >= 0, got ", starts[b]);
   }
-  const Tensor k_lengths = Lnew > 0 ? seqlens.add(Lnew).to(at::kInt) : seqlens;
+  Tensor k_lengths = seqlens;
+  if (Lnew > 0) {
+    k_lengths = empty({B}, seqlens.options());
+    int32_t* lengths = k_lengths.data_ptr<int32_t>();
+    for (int64_t b = 0; b < B; ++b) lengths[b] = static_cast<int32_t>(starts[b] + Lnew);
+  }
   const int64_t Lmax = paged ? check_block_table(*block_table, k_cache, v_cache, B,
                                                  k_lengths.data_ptr<int32_t>(), op)
                              : k_cache.size(2);
@@ -228,9 +231,9 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_cpu(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fastattn, CPU, m) {
-  m.impl("attention_decode", &attention_decode_cpu);
-  m.impl("attention_with_kvcache", &attention_with_kvcache_cpu);
+STABLE_TORCH_LIBRARY_IMPL(fastattn, CPU, m) {
+  m.impl("attention_decode", TORCH_BOX(&attention_decode_cpu));
+  m.impl("attention_with_kvcache", TORCH_BOX(&attention_with_kvcache_cpu));
 }
 
 }  // namespace fastattn::attention

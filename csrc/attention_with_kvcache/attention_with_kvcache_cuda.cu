@@ -8,17 +8,8 @@
 // an append kernel that writes the new rows at the positions it reads on the device (no host
 // synchronisation), then attention_decode; one op call instead of the handful a Python
 // composition dispatches.
-#include <ATen/ops/add.h>
-#include <ATen/ops/arange.h>
-#include <ATen/ops/le.h>
-#include <ATen/ops/masked_fill.h>
-#include <ATen/ops/mul.h>
-#include <ATen/ops/view.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
+#include "common/cuda_api.h"
 #include <cuda_runtime_api.h>
-#include <torch/library.h>
 
 #include "attention/attention_cuda_device.h"
 #include "attention_with_kvcache/attention_with_kvcache.h"
@@ -32,8 +23,7 @@
 namespace fastattn::attention_with_kvcache {
 namespace {
 
-using at::Tensor;
-using c10::optional;
+using std::optional;
 
 bool defined(const optional<Tensor>& t) { return t.has_value() && t->defined(); }
 
@@ -46,11 +36,33 @@ std::tuple<Tensor, Tensor> decode(const Tensor& q, const Tensor& k_cache, const 
                                   const optional<Tensor>& block_table) {
   constexpr const char* op = "attention_decode";
   FASTATTN_CHECK(q.is_cuda(), op, "q must be a CUDA tensor, got ", q.device());
-  c10::cuda::CUDAGuard guard(q.device());
+  CudaGuard guard(q);
   const fastattn::cuda::attn::Launch launch = fastattn::attention::cuda_impl::launch_for(q, op);
   const int sms = fastattn::attention::cuda_impl::sm_count();
   return cuda_impl::decode(q, k_cache, v_cache, k_lengths, q_positions, alibi, scale, softcap,
                            causal_mode, wl, wr, num_splits, sms, launch, block_table);
+}
+
+// out[b, j] = table[b, j] for the blocks sequence b reads or writes (j * block_size <
+// lengths[b]), 0 for the others. table: int32 (B, max_blocks) with row stride t_b; out
+// contiguous.
+__global__ void used_blocks_kernel(const int32_t* __restrict__ table, int64_t t_b,
+                                   const int32_t* __restrict__ lengths, int64_t B,
+                                   int64_t max_blocks, int64_t block_size,
+                                   int32_t* __restrict__ out) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < B * max_blocks;
+       i += step) {
+    const int64_t b = i / max_blocks, j = i % max_blocks;
+    out[i] = j * block_size < lengths[b] ? table[b * t_b + j] : 0;
+  }
+}
+
+// out[b] = lengths[b] + add (int32, contiguous).
+__global__ void add_lengths_kernel(const int32_t* __restrict__ lengths, int64_t B, int32_t add,
+                                   int32_t* __restrict__ out) {
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b < B) out[b] = lengths[b] + add;
 }
 
 // Checks on the device (no host read) that the entries of block_table (B, max_blocks) that
@@ -59,9 +71,16 @@ std::tuple<Tensor, Tensor> decode(const Tensor& q, const Tensor& k_cache, const 
 void require_blocks_in_pool(const Tensor& table, const Tensor& lengths, int64_t block_size,
                             int64_t num_blocks, const char* op) {
   if (table.numel() == 0) return;
-  const Tensor first_pos = at::arange(table.size(1), table.options()).mul(block_size);
-  const Tensor unused = lengths.view({-1, 1}).le(first_pos.view({1, -1}));
-  device_checks::require_in_range(table.masked_fill(unused, 0), 0, num_blocks - 1,
+  const int64_t B = table.size(0), max_blocks = table.size(1);
+  const Tensor used = empty({B, max_blocks}, table.options());
+  const Tensor lens = lengths.contiguous();
+  const int64_t n = B * max_blocks;
+  used_blocks_kernel<<<static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 1024)), 256, 0,
+                       current_cuda_stream()>>>(table.data_ptr<int32_t>(), table.stride(0),
+                                                lens.data_ptr<int32_t>(), B, max_blocks, block_size,
+                                                used.data_ptr<int32_t>());
+  FASTATTN_CUDA_LAUNCH_CHECK();
+  device_checks::require_in_range(used, 0, num_blocks - 1,
                                   std::string(op) +
                                       ": block_table entries read or written must be block "
                                       "indices in [0, num_blocks = " +
@@ -81,11 +100,11 @@ std::tuple<Tensor, Tensor> attention_decode_cuda(const Tensor& q, const Tensor& 
   const bool paged = defined(block_table);
   bool well_formed = q.is_cuda() && k_cache.dim() == 4;
   for (const auto* t : {&k_lengths, &q_positions}) {
-    well_formed = well_formed && t->device() == q.device() && t->scalar_type() == at::kInt;
+    well_formed = well_formed && t->device() == q.device() && t->scalar_type() == kInt;
   }
   if (paged) {
     well_formed = well_formed && block_table->device() == q.device() &&
-                  block_table->scalar_type() == at::kInt && block_table->dim() == 2 &&
+                  block_table->scalar_type() == kInt && block_table->dim() == 2 &&
                   k_lengths.dim() == 1 && block_table->size(0) == k_lengths.size(0);
   }
   // Otherwise decode() raises, naming the argument and the rule.
@@ -136,7 +155,7 @@ void append_rows(const Tensor& src, const Tensor& cache, const Tensor& positions
                  const optional<Tensor>& block_table) {
   const int64_t B = src.size(0), H = src.size(1), L = src.size(2), W = src.size(3);
   if (B * H * L == 0 || W == 0) return;
-  const auto stream = c10::cuda::getCurrentCUDAStream().stream();
+  const auto stream = current_cuda_stream();
   const int threads = static_cast<int>(std::min<int64_t>(256, (W + 31) / 32 * 32));
   const unsigned blocks = cuda::grid_x(B * H * L, "attention_with_kvcache", "B * Hkv * Lnew");
   const int32_t* pos = positions.data_ptr<int32_t>();
@@ -163,9 +182,9 @@ void append_rows(const Tensor& src, const Tensor& cache, const Tensor& positions
       launch(uint64_t{});
       break;
     default:
-      TORCH_CHECK(false, "attention_with_kvcache: unsupported element size");
+      FASTATTN_CHECK(false, "attention_with_kvcache", "unsupported element size");
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  FASTATTN_CUDA_LAUNCH_CHECK();
 }
 
 std::tuple<Tensor, Tensor> attention_with_kvcache_cuda(
@@ -176,7 +195,7 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_cuda(
     int64_t wr, int64_t num_splits, const optional<Tensor>& block_table) {
   constexpr const char* op = "attention_with_kvcache";
   FASTATTN_CHECK(q.is_cuda(), op, "q must be a CUDA tensor, got ", q.device());
-  c10::cuda::CUDAGuard guard(q.device());
+  CudaGuard guard(q);
   // Every check before the caches are written. The values of cache_seqlens are checked on the
   // device (reading them here would synchronise the stream, and forbid CUDA-graph capture).
   FASTATTN_CHECK(q.dim() == 4 && k_cache.dim() == 4 && v_cache.dim() == 4, op,
@@ -205,7 +224,13 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_cuda(
           std::to_string(Lmax - Lnew) + "] (the cache is too small otherwise; Lmax: " + capacity +
           std::to_string(Lmax) + "); cache_seqlens");
   const Tensor seqlens = cache_seqlens.contiguous();
-  const Tensor k_lengths = Lnew > 0 ? seqlens.add(Lnew).to(at::kInt) : seqlens;
+  Tensor k_lengths = seqlens;
+  if (Lnew > 0 && B > 0) {
+    k_lengths = empty({B}, seqlens.options());
+    add_lengths_kernel<<<static_cast<unsigned>((B + 255) / 256), 256, 0, current_cuda_stream()>>>(
+        seqlens.data_ptr<int32_t>(), B, static_cast<int32_t>(Lnew), k_lengths.data_ptr<int32_t>());
+    FASTATTN_CUDA_LAUNCH_CHECK();
+  }
   if (paged) require_blocks_in_pool(*block_table, k_lengths, k_cache.size(2), k_cache.size(0), op);
   const auto [q_rot, k_append] =
       rotated_new_tokens(q, k_new, rotary_cos, rotary_sin, seqlens, rotary_interleaved);
@@ -220,9 +245,9 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_cuda(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fastattn, CUDA, m) {
-  m.impl("attention_decode", &attention_decode_cuda);
-  m.impl("attention_with_kvcache", &attention_with_kvcache_cuda);
+STABLE_TORCH_LIBRARY_IMPL(fastattn, CUDA, m) {
+  m.impl("attention_decode", TORCH_BOX(&attention_decode_cuda));
+  m.impl("attention_with_kvcache", TORCH_BOX(&attention_with_kvcache_cuda));
 }
 
 }  // namespace fastattn::attention_with_kvcache

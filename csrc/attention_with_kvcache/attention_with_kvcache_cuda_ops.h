@@ -7,8 +7,7 @@
 // the device: their values are checked by fastattn/ops/attention_with_kvcache.py and, with
 // FASTATTN_DEBUG_CHECKS, inside the kernels.
 #pragma once
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
+#include "common/tensor_api.h"
 
 #include <algorithm>
 #include <tuple>
@@ -19,8 +18,7 @@
 
 namespace fastattn::attention_with_kvcache::cuda_impl {
 
-using at::Tensor;
-using c10::optional;
+using std::optional;
 namespace attn_impl = fastattn::attention::cuda_impl;
 using fastattn::cuda::attn::Dtype;
 using fastattn::cuda::attn::FwdParams;
@@ -59,8 +57,8 @@ inline Tensor per_sequence_view(const Tensor& pool, int64_t B, const char* op, c
 // (attention_with_kvcache_cuda.cu), never read here.
 inline int64_t check_block_table(const Tensor& table, const Tensor& k_pool, const Tensor& v_pool,
                                  const Tensor& q, const char* op) {
-  FASTATTN_CHECK(table.scalar_type() == at::kInt && table.dim() == 2 &&
-                     table.size(0) == q.size(0) && (table.size(1) <= 1 || table.stride(1) == 1),
+  FASTATTN_CHECK(table.scalar_type() == kInt && table.dim() == 2 && table.size(0) == q.size(0) &&
+                     (table.size(1) <= 1 || table.stride(1) == 1),
                  op, "block_table must be an int32 (B, max_blocks_per_seq) = (", q.size(0),
                  ", ...) tensor with unit last stride, got ", table.scalar_type(), " ",
                  table.sizes());
@@ -89,13 +87,13 @@ inline std::tuple<Tensor, Tensor> decode(const Tensor& q, const Tensor& k_cache,
                                          double scale, double softcap, int64_t causal_mode,
                                          int64_t wl, int64_t wr, int64_t num_splits, int sm_count,
                                          const Launch& launch,
-                                         const optional<Tensor>& block_table = c10::nullopt) {
+                                         const optional<Tensor>& block_table = std::nullopt) {
   constexpr const char* op = "attention_decode";
   const int64_t B = q.size(0);
   const bool paged = block_table.has_value() && block_table->defined();
   const Tensor k_view = paged ? per_sequence_view(k_cache, B, op, "k_cache") : k_cache;
   const Tensor v_view = paged ? per_sequence_view(v_cache, B, op, "v_cache") : v_cache;
-  attention::check_problem(q, k_view, v_view, c10::nullopt, c10::nullopt, alibi, 0.0, c10::nullopt,
+  attention::check_problem(q, k_view, v_view, std::nullopt, std::nullopt, alibi, 0.0, std::nullopt,
                            op);
   const int64_t Lmax =
       paged ? check_block_table(*block_table, k_cache, v_cache, q, op) : k_cache.size(2);
@@ -103,7 +101,7 @@ inline std::tuple<Tensor, Tensor> decode(const Tensor& q, const Tensor& k_cache,
        {std::pair<const Tensor*, const char*>{&k_lengths, "k_lengths"},
         std::pair<const Tensor*, const char*>{&q_positions, "q_positions"}}) {
     FASTATTN_CHECK(
-        t->scalar_type() == at::kInt && t->dim() == 1 && t->numel() == B && t->is_contiguous(), op,
+        t->scalar_type() == kInt && t->dim() == 1 && t->numel() == B && t->is_contiguous(), op,
         name, " must be a contiguous int32 (B,) = (", B, ",) tensor, got ", t->scalar_type(), " ",
         t->sizes());
     check_same_device(*t, q, op, name, "q");
@@ -114,13 +112,13 @@ inline std::tuple<Tensor, Tensor> decode(const Tensor& q, const Tensor& k_cache,
   FASTATTN_CHECK(wl >= -1 && wr >= -1, op, "window_left/window_right must be >= -1, got ", wl,
                  " and ", wr);
   Tensor out = attention::output_like(q, v_cache.size(3));
-  Tensor lse = at::empty({B, q.size(1), q.size(2)}, q.options().dtype(attention::lse_dtype(q)));
+  Tensor lse = empty({B, q.size(1), q.size(2)}, q.options().dtype(attention::lse_dtype(q)));
   poison(out);
   poison(lse);
   if (out.numel() == 0) return {out, lse};
   FwdParams fp{};
-  fp.p = attn_impl::make_problem(q, k_view, v_view, c10::nullopt, c10::nullopt, alibi, scale,
-                                 softcap, 0, 0, 0.0, c10::nullopt, op);
+  fp.p = attn_impl::make_problem(q, k_view, v_view, std::nullopt, std::nullopt, alibi, scale,
+                                 softcap, 0, 0, 0.0, std::nullopt, op);
   if (paged) {  // the pools through the table: block strides, the table's capacity
     fp.p.k_sb = k_cache.stride(0);
     fp.p.v_sb = v_cache.stride(0);
@@ -152,9 +150,8 @@ inline std::tuple<Tensor, Tensor> decode(const Tensor& q, const Tensor& k_cache,
   const int64_t splits = choose_splits(num_splits, blocks, Lmax, sm_count, dt == Dtype::f64);
   Tensor part_out, part_lse;
   if (splits > 1) {
-    part_out = at::empty({splits, B, q.size(1), q.size(2), v_cache.size(3)},
-                         q.options().dtype(at::kFloat));
-    part_lse = at::empty({splits, B, q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+    part_out = empty({splits, B, q.size(1), q.size(2), v_cache.size(3)}, q.options().dtype(kFloat));
+    part_lse = empty({splits, B, q.size(1), q.size(2)}, q.options().dtype(kFloat));
     poison(part_out);
     poison(part_lse);
     fp.num_splits = static_cast<int>(splits);

@@ -1,8 +1,8 @@
 // Row conversions between storage dtypes and the compute dtype (float, or double for double),
 // written as plain loops on bits so that every ISA copy vectorises them.
 #pragma once
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
 #include <cstdint>
 #include <cstring>
 #if defined(__F16C__)

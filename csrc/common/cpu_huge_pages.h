@@ -4,7 +4,7 @@
 // as MADV_HUGEPAGE (where the system's THP mode is "madvise" or "always") turns them into one
 // fault per 2 MiB. PyTorch does the same for every CPU allocation when THP_MEM_ALLOC_ENABLE=1.
 #pragma once
-#include <ATen/core/Tensor.h>
+#include "common/tensor_api.h"
 
 #include <cstdint>
 #if defined(__linux__)
@@ -15,14 +15,14 @@ namespace fastattn::cpu {
 
 // out: a freshly allocated CPU tensor (its whole storage is advised). Advice only: errors (no
 // THP support, THP "never") leave the buffer as it was.
-inline void advise_huge_pages(const at::Tensor& out) {
+inline void advise_huge_pages(const Tensor& out) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr uintptr_t kHuge = uintptr_t(1) << 21;
   constexpr size_t kMinBytes = size_t(4) << 20;  // smaller buffers: not worth a system call
-  if (!out.defined() || !out.is_cpu() || !out.has_storage()) return;
-  const size_t bytes = out.storage().nbytes();
+  if (!out.defined() || !out.is_cpu() || out.storage_offset() != 0) return;
+  const size_t bytes = out.nbytes();
   if (bytes < kMinBytes) return;
-  const auto begin = reinterpret_cast<uintptr_t>(out.storage().data());
+  const auto begin = reinterpret_cast<uintptr_t>(out.data_ptr());
   const uintptr_t first = (begin + kHuge - 1) & ~(kHuge - 1);
   const uintptr_t last = (begin + static_cast<uintptr_t>(bytes)) & ~(kHuge - 1);
   if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);

@@ -1,20 +1,50 @@
 // Small helpers shared by the CUDA kernels: dtype conversion, debug bounds checks, launch checks.
 #pragma once
-#include <c10/cuda/CUDAException.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
+
+#include <cassert>
+
+#include "common/check.h"
+
+// A device-side assert that holds in release builds too (assert() is gone under NDEBUG): a
+// failure stops the kernel and leaves the CUDA context in error, as torch's CUDA_KERNEL_ASSERT.
+#define FASTATTN_DEVICE_ASSERT(cond)                                                        \
+  do {                                                                                      \
+    if (!(cond)) __assert_fail(#cond, __FILE__, static_cast<unsigned>(__LINE__), __func__); \
+  } while (0)
 
 // Bounds checks inside kernels, compiled in with FASTATTN_DEBUG_CHECKS=1 (setup.py).
 #if defined(FASTATTN_DEBUG_CHECKS)
-#define FASTATTN_DEVICE_CHECK(cond) CUDA_KERNEL_ASSERT(cond)
+#define FASTATTN_DEVICE_CHECK(cond) FASTATTN_DEVICE_ASSERT(cond)
 #else
 #define FASTATTN_DEVICE_CHECK(cond) ((void)0)
 #endif
 
+// A failed CUDA runtime call raises RuntimeError naming the call and CUDA's error.
+#define FASTATTN_CUDA_CHECK(expr)                                                             \
+  do {                                                                                        \
+    const cudaError_t fastattn_cuda_err_ = (expr);                                            \
+    if (fastattn_cuda_err_ != cudaSuccess) {                                                  \
+      throw std::runtime_error(                                                               \
+          ::fastattn::detail::message("CUDA error: ", cudaGetErrorString(fastattn_cuda_err_), \
+                                      " (", #expr, " at ", __FILE__, ":", __LINE__, ")"));    \
+    }                                                                                         \
+  } while (0)
+
 // Every launch is followed by this: a bad configuration fails at the call, not later.
-#define FASTATTN_CUDA_LAUNCH_CHECK() C10_CUDA_KERNEL_LAUNCH_CHECK()
+#define FASTATTN_CUDA_LAUNCH_CHECK()                                                            \
+  do {                                                                                          \
+    const cudaError_t fastattn_launch_err_ = cudaGetLastError();                                \
+    if (fastattn_launch_err_ != cudaSuccess) {                                                  \
+      throw std::runtime_error(                                                                 \
+          ::fastattn::detail::message("CUDA error: ", cudaGetErrorString(fastattn_launch_err_), \
+                                      " (kernel launch at ", __FILE__, ":", __LINE__, ")"));    \
+    }                                                                                           \
+  } while (0)
 
 namespace fastattn::cuda {
 
@@ -65,8 +95,8 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 constexpr int64_t kMaxGridX = 2147483647;
 
 inline unsigned grid_x(int64_t blocks, const char* op, const char* what) {
-  TORCH_CHECK(blocks >= 1 && blocks <= kMaxGridX, op, ": ", what, " = ", blocks,
-              " CUDA blocks, outside a grid's [1, 2^31 - 1]");
+  FASTATTN_CHECK(blocks >= 1 && blocks <= kMaxGridX, op, what, " = ", blocks,
+                 " CUDA blocks, outside a grid's [1, 2^31 - 1]");
   return static_cast<unsigned>(blocks);
 }
 

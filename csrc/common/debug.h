@@ -2,8 +2,7 @@
 // op fills the outputs it allocates with NaN before its kernel runs, so an element a kernel
 // forgets to write shows up as NaN instead of stale memory that happens to look right.
 #pragma once
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/fill.h>
+#include "common/tensor_api.h"
 
 #include <atomic>
 #include <limits>
@@ -12,7 +11,7 @@ namespace fastattn {
 
 std::atomic<bool>& poison_flag();  // defined in csrc/bindings.cpp
 
-inline void poison(at::Tensor& t) {
+inline void poison(const Tensor& t) {
   if (poison_flag().load(std::memory_order_relaxed) && t.defined() && t.numel() > 0 &&
       t.is_floating_point()) {
     t.fill_(std::numeric_limits<double>::quiet_NaN());

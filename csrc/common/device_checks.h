@@ -7,17 +7,17 @@
 // an out-of-range index in torch's own kernels). CPU bodies check the same rules on the host.
 // Defined in device_checks_cuda.cu: CUDA builds only (FASTATTN_WITH_CUDA).
 #pragma once
-#include <ATen/core/Tensor.h>
+#include "common/tensor_api.h"
 
 #include <string>
 
 namespace fastattn::device_checks {
 
 // Every value v of t (int32 or int64, any shape) satisfies lo <= v <= hi.
-void require_in_range(const at::Tensor& t, int64_t lo, int64_t hi, const std::string& message);
+void require_in_range(const Tensor& t, int64_t lo, int64_t hi, const std::string& message);
 
 // cu: int32 (B+1,) prefix sums: cu[0] == 0, cu[B] == total, 0 <= cu[b+1] - cu[b] <= max_len.
-void require_prefix_sums(const at::Tensor& cu, int64_t total, int64_t max_len,
+void require_prefix_sums(const Tensor& cu, int64_t total, int64_t max_len,
                          const std::string& message);
 
 }  // namespace fastattn::device_checks

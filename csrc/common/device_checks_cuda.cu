@@ -1,7 +1,5 @@
 // Check kernels of common/device_checks.h: argument values validated on the device, no host read.
-#include <ATen/core/Tensor.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
+#include "common/cuda_api.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -41,7 +39,7 @@ __global__ void in_range_kernel(const T* __restrict__ values, int64_t n, int64_t
     if (v < lo || v > hi) {
       printf("fastattn: %s; got %lld at index %lld\n", msg.text, static_cast<long long>(v),
              static_cast<long long>(i));
-      CUDA_KERNEL_ASSERT_MSG(false, "fastattn: argument check failed (message printed above)");
+      FASTATTN_DEVICE_ASSERT(false && "fastattn: argument check failed (message printed above)");
     }
   }
 }
@@ -59,25 +57,26 @@ __global__ void prefix_sums_kernel(const int32_t* __restrict__ cu, int64_t B, in
              static_cast<long long>(i), static_cast<long long>(here),
              static_cast<long long>(i < B ? i + 1 : i), static_cast<long long>(next),
              static_cast<long long>(B));
-      CUDA_KERNEL_ASSERT_MSG(false, "fastattn: argument check failed (message printed above)");
+      FASTATTN_DEVICE_ASSERT(false && "fastattn: argument check failed (message printed above)");
     }
   }
 }
 
 }  // namespace
 
-void require_in_range(const at::Tensor& t, int64_t lo, int64_t hi, const std::string& message) {
-  TORCH_CHECK(t.is_cuda(), "device_checks::require_in_range takes CUDA tensors, got ", t.device());
+void require_in_range(const Tensor& t, int64_t lo, int64_t hi, const std::string& message) {
+  FASTATTN_CHECK(t.is_cuda(), "device_checks::require_in_range", "takes CUDA tensors, got ",
+                 t.device());
   const auto dtype = t.scalar_type();
-  TORCH_CHECK(dtype == at::kInt || dtype == at::kLong,
-              "device_checks::require_in_range takes int32/int64 tensors, got ", dtype);
+  FASTATTN_CHECK(dtype == kInt || dtype == kLong, "device_checks::require_in_range",
+                 "takes int32/int64 tensors, got ", dtype);
   const int64_t n = t.numel();
   if (n == 0) return;
-  c10::cuda::CUDAGuard guard(t.device());
-  const at::Tensor values = t.contiguous();
-  const auto stream = c10::cuda::getCurrentCUDAStream().stream();
+  CudaGuard guard(t);
+  const Tensor values = t.contiguous();
+  const auto stream = current_cuda_stream();
   const Message msg = make_message(message);
-  if (dtype == at::kInt) {
+  if (dtype == kInt) {
     in_range_kernel<int32_t>
         <<<blocks_for(n), kThreads, 0, stream>>>(values.data_ptr<int32_t>(), n, lo, hi, msg);
   } else {
@@ -87,15 +86,15 @@ void require_in_range(const at::Tensor& t, int64_t lo, int64_t hi, const std::st
   FASTATTN_CUDA_LAUNCH_CHECK();
 }
 
-void require_prefix_sums(const at::Tensor& cu, int64_t total, int64_t max_len,
+void require_prefix_sums(const Tensor& cu, int64_t total, int64_t max_len,
                          const std::string& message) {
-  TORCH_CHECK(cu.is_cuda() && cu.scalar_type() == at::kInt && cu.dim() == 1 && cu.numel() >= 1,
-              "device_checks::require_prefix_sums takes a CUDA int32 (B+1,) tensor, got ",
-              cu.scalar_type(), " ", cu.sizes(), " on ", cu.device());
-  c10::cuda::CUDAGuard guard(cu.device());
-  const at::Tensor values = cu.contiguous();
+  FASTATTN_CHECK(cu.is_cuda() && cu.scalar_type() == kInt && cu.dim() == 1 && cu.numel() >= 1,
+                 "device_checks::require_prefix_sums", "takes a CUDA int32 (B+1,) tensor, got ",
+                 cu.scalar_type(), " ", cu.sizes(), " on ", cu.device());
+  CudaGuard guard(cu);
+  const Tensor values = cu.contiguous();
   const int64_t B = cu.numel() - 1;
-  const auto stream = c10::cuda::getCurrentCUDAStream().stream();
+  const auto stream = current_cuda_stream();
   prefix_sums_kernel<<<blocks_for(B + 1), kThreads, 0, stream>>>(
       values.data_ptr<int32_t>(), B, total, max_len, make_message(message));
   FASTATTN_CUDA_LAUNCH_CHECK();

@@ -1,21 +1,16 @@
 // Host-side matrix products (common/gemm_cpu.h).
 #include "common/gemm_cpu.h"
 
-#include <ATen/ops/addmm.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/index_select.h>
-#include <ATen/ops/mm.h>
+#include "common/tensor_api.h"
 
 #include "common/cpu_isa.h"
 #include "common/gemm_cpu_kernel.h"
 
 namespace fastattn::cpu {
 
-using at::Tensor;
-
 void matmul_into(Tensor out, const Tensor& a, const Tensor& b, const Tensor& bias, bool accumulate,
                  const Tensor& b_cols, int64_t k_block) {
-  if (out.scalar_type() == at::kFloat && cpu_isa() >= Isa::avx512 && out.stride(1) == 1) {
+  if (out.scalar_type() == kFloat && cpu_isa() >= Isa::avx512 && out.stride(1) == 1) {
     const int64_t N = out.size(1);
     GemmParams p{a.size(0),
                  N,
@@ -40,12 +35,12 @@ void matmul_into(Tensor out, const Tensor& a, const Tensor& b, const Tensor& bia
     return;
   }
   if (accumulate) {
-    out.addmm_(a, b);
+    out.add_(mm(a, b));
     if (bias.defined()) out.add_(bias);
   } else if (bias.defined()) {
-    at::addmm_out(out, bias, a, b);
+    addmm_out(out, bias, a, b);
   } else {
-    at::mm_out(out, a, b);
+    mm_out(out, a, b);
   }
 }
 
@@ -53,7 +48,7 @@ void mm_into(Tensor out, const Tensor& a, const Tensor& b) {
   if (out.scalar_type() == a.scalar_type()) {
     matmul_into(out, a, b, Tensor(), false, Tensor(), kReductionBlock);
   } else {
-    Tensor tmp = at::empty({a.size(0), b.size(1)}, a.options());  // weight-sized
+    Tensor tmp = empty({a.size(0), b.size(1)}, a.options());  // weight-sized
     matmul_into(tmp, a, b, Tensor(), false, Tensor(), kReductionBlock);
     out.copy_(tmp);
   }

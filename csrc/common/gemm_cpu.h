@@ -1,7 +1,7 @@
 // Host-side matrix products on ATen tensors for the CPU op bodies: fastattn's packed AVX-512
 // GEMM (common/gemm_cpu_kernel.h) for float where that micro-kernel exists, ATen's otherwise.
 #pragma once
-#include <ATen/core/Tensor.h>
+#include "common/tensor_api.h"
 
 namespace fastattn::cpu {
 
@@ -12,12 +12,12 @@ namespace fastattn::cpu {
 // k_block > 0 (float driver only): the products are summed in blocks of k_block terms, then
 // the blocks (for long reductions such as weight gradients over all time steps: the rounding
 // error grows with k_block + K / k_block instead of K).
-void matmul_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
-                 bool accumulate, const at::Tensor& b_cols = at::Tensor(), int64_t k_block = 0);
+void matmul_into(Tensor out, const Tensor& a, const Tensor& b, const Tensor& bias, bool accumulate,
+                 const Tensor& b_cols = Tensor(), int64_t k_block = 0);
 
 // out = a @ b for an output in the storage type (converted when that is not a's type); a
 // reduction over rows (weight gradients), summed in blocks of kReductionBlock.
 constexpr int64_t kReductionBlock = 32;
-void mm_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b);
+void mm_into(Tensor out, const Tensor& a, const Tensor& b);
 
 }  // namespace fastattn::cpu

@@ -1,5 +1,5 @@
 // The large CPU GEMM (common/gemm_cpu_kernel.h). Compiled once per ISA (CMakeLists.txt).
-#include <ATen/Parallel.h>
+#include "common/parallel.h"
 
 #include <algorithm>
 #include <cstring>
@@ -33,7 +33,7 @@ void parallel_or_serial(bool serial, int64_t begin, int64_t end, int64_t grain, 
   if (serial) {
     if (begin < end) f(begin, end);
   } else {
-    at::parallel_for(begin, end, grain, f);
+    parallel_for(begin, end, grain, f);
   }
 }
 
@@ -141,7 +141,7 @@ void pack_b(const GemmParams& p, int64_t k0, int64_t Kc, float* Bp, bool serial)
 void gemm_large(const GemmParams& p) {
   if (p.M <= 0 || p.N <= 0) return;
   const bool serial = static_cast<double>(p.M) * p.N * p.K < kSerialGemmWork;
-  const int64_t threads = serial ? 1 : at::get_num_threads();
+  const int64_t threads = serial ? 1 : get_num_threads();
   // Row blocks of about kGemmMc rows, as many as a multiple of the thread count and equal to
   // within one strip: the static split of the tasks then gives every thread the same work
   // (13 blocks of 64 rows for M = 800 left one of two threads idle a fifth of the time).

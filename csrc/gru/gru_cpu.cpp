@@ -2,7 +2,7 @@
 // recurrent engine shared with the LSTM and the RNN (csrc/lstm/recurrent_cpu.cpp, the cell a
 // template parameter of the kernel: RecurrentCell::gru, or gru_reset_before for the textbook
 // form of Cho et al.).
-#include <torch/library.h>
+#include "common/tensor_api.h"
 
 #include "common/checks.h"
 #include "lstm/lstm.h"
@@ -11,8 +11,7 @@
 namespace fastattn::lstm {
 namespace {
 
-using at::Tensor;
-using c10::optional;
+using std::optional;
 
 cpu::RecurrentCell gru_cell_kind(bool reset_after) {
   return reset_after ? cpu::RecurrentCell::gru : cpu::RecurrentCell::gru_reset_before;
@@ -27,7 +26,7 @@ std::tuple<Tensor, Tensor, Tensor> gru_layer_cpu(
   check_seed(seed, dropout_p, input, op);
   LayerOutputs out =
       layer_forward_cpu(gru_cell_kind(reset_after), d, input, h0, Tensor(), w_ih, w_hh, b_ih, b_hh,
-                        c10::nullopt, lengths, dropout_p, seed, save_workspace, op);
+                        std::nullopt, lengths, dropout_p, seed, save_workspace, op);
   return {out.output, out.h_n, out.workspace};
 }
 
@@ -38,21 +37,21 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> gru_layer_backward_cp
     bool has_bias, bool input_grad, bool weight_grad) {
   constexpr const char* op = "gru_layer_backward";
   const LayerDims d =
-      check_gated_layer(input, h0, w_ih, w_hh, c10::nullopt, c10::nullopt, lengths, 3, 1, op);
+      check_gated_layer(input, h0, w_ih, w_hh, std::nullopt, std::nullopt, lengths, 3, 1, op);
   check_seed(seed, dropout_p, input, op);
   const auto [gout, ghn, gcn] =
-      check_layer_backward(grad_output, grad_h_n, c10::nullopt, input, workspace, d, op);
+      check_layer_backward(grad_output, grad_h_n, std::nullopt, input, workspace, d, op);
   LayerGrads g = layer_backward_cpu(gru_cell_kind(reset_after), d, gout, ghn, Tensor(), input, h0,
-                                    Tensor(), w_ih, w_hh, c10::nullopt, lengths, workspace,
+                                    Tensor(), w_ih, w_hh, std::nullopt, lengths, workspace,
                                     dropout_p, seed, has_bias, input_grad, weight_grad, op);
   return {g.input, g.h0, g.w_ih, g.w_hh, g.b_ih, g.b_hh};
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fastattn, CPU, m) {
-  m.impl("gru_layer", &gru_layer_cpu);
-  m.impl("gru_layer_backward", &gru_layer_backward_cpu);
+STABLE_TORCH_LIBRARY_IMPL(fastattn, CPU, m) {
+  m.impl("gru_layer", TORCH_BOX(&gru_layer_cpu));
+  m.impl("gru_layer_backward", TORCH_BOX(&gru_layer_backward_cpu));
 }
 
 }  // namespace fastattn::lstm

@@ -2,7 +2,7 @@
 // fastattn/ops/lstm.py checks the same rules first with torch.nn.LSTM's messages and documents
 // the op contract; these guard direct calls of torch.ops.fastattn.*.
 #pragma once
-#include <ATen/core/Tensor.h>
+#include "common/tensor_api.h"
 
 #include <tuple>
 #include <utility>
@@ -19,11 +19,9 @@ struct LayerDims {
   int64_t G = 4, E = 1;
 };
 
-inline bool defined(const c10::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
+inline bool defined(const std::optional<Tensor>& t) { return t.has_value() && t->defined(); }
 
-inline at::ScalarType compute_dtype(at::ScalarType t) {
-  return t == at::kDouble ? at::kDouble : at::kFloat;
-}
+inline ScalarType compute_dtype(ScalarType t) { return t == kDouble ? kDouble : kFloat; }
 
 // Elements of the forward workspace of one direction (see fastattn/ops/lstm.py): T * B rows of
 // G H activated gates, E H extra values (the LSTM's cell) and P hidden values.
@@ -31,26 +29,23 @@ inline int64_t workspace_per_direction(const LayerDims& d) {
   return d.T * d.B * ((d.G + d.E) * d.H + d.P);
 }
 
-inline void check_same(const at::Tensor& t, const at::Tensor& input, const char* op,
-                       const char* name) {
+inline void check_same(const Tensor& t, const Tensor& input, const char* op, const char* name) {
   FASTATTN_CHECK(t.scalar_type() == input.scalar_type(), op, name, " must have the input's dtype ",
                  input.scalar_type(), ", got ", t.scalar_type());
   check_same_device(t, input, op, name, "input");
 }
 
-inline void check_shape(const at::Tensor& t, at::IntArrayRef want, const char* op,
-                        const char* name) {
+inline void check_shape(const Tensor& t, IntArrayRef want, const char* op, const char* name) {
   FASTATTN_CHECK(t.sizes() == want, op, name, " must have shape ", want, ", got ", t.sizes());
 }
 
 // input (T, B, I); w_ih (D, 4H, I); w_hh (D, 4H, P); b_ih/b_hh (D, 4H); w_hr (D, P, H);
 // h0 (D, B, P); c0 (D, B, H); lengths int64 (B,).
-inline LayerDims check_layer(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0,
-                             const at::Tensor& w_ih, const at::Tensor& w_hh,
-                             const c10::optional<at::Tensor>& b_ih,
-                             const c10::optional<at::Tensor>& b_hh,
-                             const c10::optional<at::Tensor>& w_hr,
-                             const c10::optional<at::Tensor>& lengths, const char* op) {
+inline LayerDims check_layer(const Tensor& input, const Tensor& h0, const Tensor& c0,
+                             const Tensor& w_ih, const Tensor& w_hh,
+                             const std::optional<Tensor>& b_ih, const std::optional<Tensor>& b_hh,
+                             const std::optional<Tensor>& w_hr,
+                             const std::optional<Tensor>& lengths, const char* op) {
   check_float_dtype(input, op, "input");
   FASTATTN_CHECK(input.dim() == 3, op, "input must be 3-D (T, B, I), got ", input.sizes());
   FASTATTN_CHECK(w_ih.dim() == 3 && (w_ih.size(0) == 1 || w_ih.size(0) == 2), op,
@@ -84,7 +79,7 @@ inline LayerDims check_layer(const at::Tensor& input, const at::Tensor& h0, cons
   check_same(c0, input, op, "c0");
   if (defined(lengths)) {
     FASTATTN_CHECK(
-        lengths->scalar_type() == at::kLong && lengths->dim() == 1 && lengths->size(0) == d.B, op,
+        lengths->scalar_type() == kLong && lengths->dim() == 1 && lengths->size(0) == d.B, op,
         "lengths must be an int64 (B,) = (", d.B, ",) tensor, got ", lengths->scalar_type(), " ",
         lengths->sizes());
     check_same_device(*lengths, input, op, "lengths", "input");
@@ -94,11 +89,10 @@ inline LayerDims check_layer(const at::Tensor& input, const at::Tensor& h0, cons
 
 // The GRU / RNN layer ops (one state, no projection): input (T, B, I); w_ih (D, G H, I);
 // w_hh (D, G H, H); b_ih/b_hh (D, G H); h0 (D, B, H); lengths int64 (B,).
-inline LayerDims check_gated_layer(const at::Tensor& input, const at::Tensor& h0,
-                                   const at::Tensor& w_ih, const at::Tensor& w_hh,
-                                   const c10::optional<at::Tensor>& b_ih,
-                                   const c10::optional<at::Tensor>& b_hh,
-                                   const c10::optional<at::Tensor>& lengths, int64_t G, int64_t E,
+inline LayerDims check_gated_layer(const Tensor& input, const Tensor& h0, const Tensor& w_ih,
+                                   const Tensor& w_hh, const std::optional<Tensor>& b_ih,
+                                   const std::optional<Tensor>& b_hh,
+                                   const std::optional<Tensor>& lengths, int64_t G, int64_t E,
                                    const char* op) {
   check_float_dtype(input, op, "input");
   FASTATTN_CHECK(input.dim() == 3, op, "input must be 3-D (T, B, I), got ", input.sizes());
@@ -123,7 +117,7 @@ inline LayerDims check_gated_layer(const at::Tensor& input, const at::Tensor& h0
   check_same(h0, input, op, "h0");
   if (defined(lengths)) {
     FASTATTN_CHECK(
-        lengths->scalar_type() == at::kLong && lengths->dim() == 1 && lengths->size(0) == d.B, op,
+        lengths->scalar_type() == kLong && lengths->dim() == 1 && lengths->size(0) == d.B, op,
         "lengths must be an int64 (B,) = (", d.B, ",) tensor, got ", lengths->scalar_type(), " ",
         lengths->sizes());
     check_same_device(*lengths, input, op, "lengths", "input");
@@ -132,10 +126,9 @@ inline LayerDims check_gated_layer(const at::Tensor& input, const at::Tensor& h0
 }
 
 // input (B, I); hx, cx (B, H); w_ih (4H, I); w_hh (4H, H); b_ih/b_hh (4H,) (both or none).
-inline void check_cell(const at::Tensor& input, const at::Tensor& hx, const at::Tensor& cx,
-                       const at::Tensor& w_ih, const at::Tensor& w_hh,
-                       const c10::optional<at::Tensor>& b_ih, const c10::optional<at::Tensor>& b_hh,
-                       const char* op) {
+inline void check_cell(const Tensor& input, const Tensor& hx, const Tensor& cx, const Tensor& w_ih,
+                       const Tensor& w_hh, const std::optional<Tensor>& b_ih,
+                       const std::optional<Tensor>& b_hh, const char* op) {
   check_float_dtype(input, op, "input");
   FASTATTN_CHECK(input.dim() == 2, op, "input must be 2-D (B, I), got ", input.sizes());
   FASTATTN_CHECK(w_ih.dim() == 2 && w_ih.size(0) % 4 == 0 && w_ih.size(0) >= 4 &&
@@ -159,9 +152,9 @@ inline void check_cell(const at::Tensor& input, const at::Tensor& hx, const at::
 
 // An incoming gradient of the backward ops: undefined when not given, else checked (shape, the
 // input's dtype and device) and made contiguous.
-inline at::Tensor checked_grad(const c10::optional<at::Tensor>& g, at::IntArrayRef shape,
-                               const at::Tensor& input, const char* op, const char* name) {
-  if (!defined(g)) return at::Tensor();
+inline Tensor checked_grad(const std::optional<Tensor>& g, IntArrayRef shape, const Tensor& input,
+                           const char* op, const char* name) {
+  if (!defined(g)) return Tensor();
   check_shape(*g, shape, op, name);
   check_same(*g, input, op, name);
   return g->contiguous();
@@ -170,12 +163,13 @@ inline at::Tensor checked_grad(const c10::optional<at::Tensor>& g, at::IntArrayR
 // lstm_cell_backward's checks past check_cell: the workspace must be what lstm_cell returned
 // ((B, 5H) contiguous, compute dtype, input's device) and the incoming gradients (B, H).
 // Returns (grad_hy, grad_cy) contiguous, undefined where not given.
-inline std::pair<at::Tensor, at::Tensor> check_cell_backward(
-    const c10::optional<at::Tensor>& grad_hy, const c10::optional<at::Tensor>& grad_cy,
-    const at::Tensor& input, const at::Tensor& workspace, int64_t B, int64_t H, const char* op) {
+inline std::pair<Tensor, Tensor> check_cell_backward(const std::optional<Tensor>& grad_hy,
+                                                     const std::optional<Tensor>& grad_cy,
+                                                     const Tensor& input, const Tensor& workspace,
+                                                     int64_t B, int64_t H, const char* op) {
   const auto acc = compute_dtype(input.scalar_type());
   FASTATTN_CHECK(workspace.scalar_type() == acc && workspace.is_contiguous() &&
-                     workspace.sizes() == at::IntArrayRef({B, 5 * H}),
+                     workspace.sizes() == IntArrayRef({B, 5 * H}),
                  op, "workspace must be the contiguous ", acc, " (", B, ", ", 5 * H,
                  ") tensor lstm_cell returned, got ", workspace.scalar_type(), " ",
                  workspace.sizes());
@@ -188,9 +182,9 @@ inline std::pair<at::Tensor, at::Tensor> check_cell_backward(
 // ((D, workspace_per_direction) contiguous, compute dtype, input's device) and the incoming
 // gradients of output (T, B, D * P), h_n (D, B, P) and c_n (D, B, H). Returns them contiguous,
 // undefined where not given.
-inline std::tuple<at::Tensor, at::Tensor, at::Tensor> check_layer_backward(
-    const c10::optional<at::Tensor>& grad_output, const c10::optional<at::Tensor>& grad_h_n,
-    const c10::optional<at::Tensor>& grad_c_n, const at::Tensor& input, const at::Tensor& workspace,
+inline std::tuple<Tensor, Tensor, Tensor> check_layer_backward(
+    const std::optional<Tensor>& grad_output, const std::optional<Tensor>& grad_h_n,
+    const std::optional<Tensor>& grad_c_n, const Tensor& input, const Tensor& workspace,
     const LayerDims& d, const char* op) {
   const auto acc = compute_dtype(input.scalar_type());
   FASTATTN_CHECK(

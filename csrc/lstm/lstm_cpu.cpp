@@ -1,18 +1,7 @@
 // CPU bodies of the LSTM ops: checks, then the recurrent engine (recurrent_cpu.cpp, generic
 // over the cell) for the layer ops, and the fused cell loops of lstm_cpu_kernel.cpp for the
 // cell ops.
-#include <ATen/Dispatch.h>
-#include <ATen/ops/addmm.h>
-#include <ATen/ops/arange.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
-#include <ATen/ops/from_blob.h>
-#include <ATen/ops/index_select.h>
-#include <ATen/ops/matmul.h>
-#include <ATen/ops/mm.h>
-#include <ATen/ops/sum.h>
-#include <ATen/ops/zeros_like.h>
-#include <torch/library.h>
+#include "common/tensor_api.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -31,11 +20,9 @@
 namespace fastattn::lstm {
 namespace {
 
-using at::Tensor;
-using c10::optional;
+using std::optional;
 
-#define FASTATTN_DISPATCH_LSTM(TYPE, ...) \
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, TYPE, "lstm_cpu", __VA_ARGS__)
+#define FASTATTN_DISPATCH_LSTM(TYPE, ...) FASTATTN_DISPATCH_FLOATING(TYPE, "lstm_cpu", __VA_ARGS__)
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> lstm_layer_cpu(
     const Tensor& input, const Tensor& h0, const Tensor& c0, const Tensor& w_ih, const Tensor& w_hh,
@@ -58,7 +45,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
     const optional<Tensor>& seed, bool has_bias, bool input_grad, bool weight_grad) {
   constexpr const char* op = "lstm_layer_backward";
   const LayerDims d =
-      check_layer(input, h0, c0, w_ih, w_hh, c10::nullopt, c10::nullopt, w_hr, lengths, op);
+      check_layer(input, h0, c0, w_ih, w_hh, std::nullopt, std::nullopt, w_hr, lengths, op);
   check_seed(seed, dropout_p, input, op);
   const auto [gout, ghn, gcn] =
       check_layer_backward(grad_output, grad_h_n, grad_c_n, input, workspace, d, op);
@@ -83,9 +70,9 @@ std::tuple<Tensor, Tensor, Tensor> lstm_cell_cpu(const Tensor& input, const Tens
   check_cell(input, hx, cx, w_ih, w_hh, b_ih, b_hh, op);
   const int64_t B = input.size(0), I = input.size(1), H = w_hh.size(1);
   const auto acc = compute_dtype(input.scalar_type());
-  Tensor hy = at::empty({B, H}, input.options());
-  Tensor cy = at::empty({B, H}, input.options());
-  Tensor workspace = at::empty({B, 5 * H}, input.options().dtype(acc));
+  Tensor hy = empty({B, H}, input.options());
+  Tensor cy = empty({B, H}, input.options());
+  Tensor workspace = empty({B, 5 * H}, input.options().dtype(acc));
   poison(hy);
   poison(cy);
   poison(workspace);
@@ -97,7 +84,7 @@ std::tuple<Tensor, Tensor, Tensor> lstm_cell_cpu(const Tensor& input, const Tens
   Tensor pre, wi, wh;
   if (B > kCellFusedMaxBatch) {
     // fastattn's GEMM (common/gemm_cpu.h: MKL's float path on AMD CPUs is not AVX-512).
-    pre = at::empty({B, 4 * H}, x.options());
+    pre = empty({B, 4 * H}, x.options());
     cpu::matmul_into(pre, x, w_ih.to(acc).t(), bias, false);
     cpu::matmul_into(pre, h, w_hh.to(acc).t(), Tensor(), true);
   } else {
@@ -127,12 +114,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_cell_backward_cp
     const Tensor& hx, const Tensor& cx, const Tensor& w_ih, const Tensor& w_hh,
     const Tensor& workspace, bool has_bias) {
   constexpr const char* op = "lstm_cell_backward";
-  check_cell(input, hx, cx, w_ih, w_hh, c10::nullopt, c10::nullopt, op);
+  check_cell(input, hx, cx, w_ih, w_hh, std::nullopt, std::nullopt, op);
   const int64_t B = input.size(0), H = w_hh.size(1);
   const auto acc = compute_dtype(input.scalar_type());
   const auto [ghy, gcy] = check_cell_backward(grad_hy, grad_cy, input, workspace, B, H, op);
-  Tensor dgates = at::empty({B, 4 * H}, input.options().dtype(acc));
-  Tensor grad_cx = at::empty({B, H}, input.options());
+  Tensor dgates = empty({B, 4 * H}, input.options().dtype(acc));
+  Tensor grad_cx = empty({B, H}, input.options());
   poison(grad_cx);
   const Tensor c = cx.contiguous();
   cpu::LstmCellBackwardParams p{B,
@@ -151,7 +138,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_cell_backward_cp
   const Tensor wi = w_ih.to(acc), wh = w_hh.to(acc);
   // The four products through fastattn's GEMM (see the forward), in the compute type.
   auto product = [&](const Tensor& a, const Tensor& b) {
-    Tensor out = at::empty({a.size(0), b.size(1)}, dgates.options());
+    Tensor out = empty({a.size(0), b.size(1)}, dgates.options());
     cpu::matmul_into(out, a, b, Tensor(), false);
     return out.to(dtype);
   };
@@ -159,17 +146,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_cell_backward_cp
   Tensor grad_hx = product(dgates, wh);
   Tensor grad_w_ih = product(dgates.t(), input.to(acc));
   Tensor grad_w_hh = product(dgates.t(), hx.to(acc));
-  Tensor grad_bias = has_bias ? dgates.sum(0).to(dtype) : at::empty({0}, input.options());
+  Tensor grad_bias = has_bias ? dgates.sum(0).to(dtype) : empty({0}, input.options());
   return {grad_input, grad_hx, grad_cx, grad_w_ih, grad_w_hh, grad_bias};
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fastattn, CPU, m) {
-  m.impl("lstm_cell", &lstm_cell_cpu);
-  m.impl("lstm_cell_backward", &lstm_cell_backward_cpu);
-  m.impl("lstm_layer", &lstm_layer_cpu);
-  m.impl("lstm_layer_backward", &lstm_layer_backward_cpu);
+STABLE_TORCH_LIBRARY_IMPL(fastattn, CPU, m) {
+  m.impl("lstm_cell", TORCH_BOX(&lstm_cell_cpu));
+  m.impl("lstm_cell_backward", TORCH_BOX(&lstm_cell_backward_cpu));
+  m.impl("lstm_layer", TORCH_BOX(&lstm_layer_cpu));
+  m.impl("lstm_layer_backward", TORCH_BOX(&lstm_layer_backward_cpu));
 }
 
 }  // namespace fastattn::lstm

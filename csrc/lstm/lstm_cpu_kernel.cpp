@@ -29,7 +29,7 @@
 // One parallel region per step (two with a projection or for the reset-before GRU); the work
 // is deterministic (fixed task decomposition and summation order, independent of the thread
 // count).
-#include <ATen/Parallel.h>
+#include "common/parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -87,7 +87,7 @@ struct Grid {
 // little work run on the calling thread: a parallel region costs a few microseconds.
 Grid make_grid(int64_t D, int64_t ncols, int64_t width, int64_t B, double flops_per_step) {
   Grid g{D, (ncols + width - 1) / width, 1, std::max<int64_t>(B, 1), true};
-  const int64_t threads = at::get_num_threads();
+  const int64_t threads = get_num_threads();
   const int64_t base = g.D * g.cols;
   if (base < 2 * threads && B > 8) {
     const int64_t want = std::min<int64_t>((B + 7) / 8, (2 * threads + base - 1) / base);
@@ -109,7 +109,7 @@ void run_grid(const Grid& g, const F& task) {
     }
   };
   if (g.parallel) {
-    at::parallel_for(0, g.size(), 1, body);
+    parallel_for(0, g.size(), 1, body);
   } else {
     body(0, g.size());
   }
@@ -146,7 +146,7 @@ template <typename F>
 void for_packed_rows(const RecurrentPacking& pk, int64_t cost_per_row, const F& f) {
   const int64_t total = pk.offsets[pk.T];
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(cost_per_row, 1));
-  at::parallel_for(0, total, grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, total, grain, [&](int64_t begin, int64_t end) {
     int64_t t = std::upper_bound(pk.offsets, pk.offsets + pk.T + 1, begin) - pk.offsets - 1;
     for (int64_t row = begin; row < end; ++row) {
       while (row >= pk.offsets[t + 1]) ++t;
@@ -170,7 +170,7 @@ inline int64_t strips(int64_t m) { return (m + kStrip - 1) / kStrip; }
 // read through map), zero-padded columns: contiguous 32-column copies.
 template <typename acc, typename Map>
 void pack_panels_rows(const acc* src, int64_t K, int64_t N, int64_t ld, const Map& map, acc* dst) {
-  at::parallel_for(0, panels(N), 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, panels(N), 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const int64_t n0 = p * kPanel, w = std::min(kPanel, N - n0);
       acc* out = dst + p * K * kPanel;
@@ -188,7 +188,7 @@ void pack_panels_rows(const acc* src, int64_t K, int64_t N, int64_t ld, const Ma
 template <typename acc, typename Map>
 void pack_panels_transposed(const acc* src, int64_t K, int64_t N, int64_t ld, const Map& map,
                             acc* dst) {
-  at::parallel_for(0, panels(N), 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, panels(N), 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const int64_t n0 = p * kPanel, w = std::min(kPanel, N - n0);
       acc* out = dst + p * K * kPanel;
@@ -358,7 +358,7 @@ void recurrent_scatter_grad_input(const RecurrentScatterParams& p) {
   std::vector<int64_t> rank(pk.B);
   for (int64_t j = 0; j < pk.B; ++j) rank[pk.perm[j]] = j;
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(p.I, 1));
-  at::parallel_for(0, pk.T * pk.B, grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, pk.T * pk.B, grain, [&](int64_t begin, int64_t end) {
     std::vector<acc> row(p.I), mult(p.dropout_p > 0.0 ? p.I : 0);
     std::vector<float> uniform(mult.size());
     for (int64_t tb = begin; tb < end; ++tb) {
@@ -982,7 +982,7 @@ void lstm_cell_forward(const LstmCellParams& p) {
   const int64_t blocks = (H + ub - 1) / ub;
   const double flops = 2.0 * B * G4 * (pre == nullptr ? I + H : 1);
   const int64_t grain = flops > 2.0e5 ? 1 : blocks;
-  at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
     std::vector<acc> gate(static_cast<size_t>(B * 4 * ub)), crow(ub), cnew(ub), hrow(ub);
     for (int64_t k = begin; k < end; ++k) {
       const int64_t u0 = k * ub, hb = std::min(ub, H - u0);
@@ -1030,26 +1030,26 @@ void lstm_cell_backward(const LstmCellBackwardParams& p) {
   const acc* ws = static_cast<const acc*>(p.workspace);
   acc* dg = static_cast<acc*>(p.dgates);
   T* gcx = static_cast<T*>(p.grad_cx);
-  at::parallel_for(
-      0, B, std::max<int64_t>(1, 4096 / std::max<int64_t>(H, 1)), [&](int64_t begin, int64_t end) {
-        std::vector<acc> dh(H), dc(H), c(H), out(H);
-        for (int64_t m = begin; m < end; ++m) {
-          if (ghy)
-            load_row<T>(ghy + m * H, dh.data(), H);
-          else
-            std::fill(dh.begin(), dh.end(), acc(0));
-          if (gcy)
-            load_row<T>(gcy + m * H, dc.data(), H);
-          else
-            std::fill(dc.begin(), dc.end(), acc(0));
-          load_row<T>(cx + m * H, c.data(), H);
-          const acc* w = ws + m * 5 * H;
-          acc* d = dg + m * 4 * H;
-          cell_op_backward(w, w + H, w + 2 * H, w + 3 * H, w + 4 * H, c.data(), dh.data(),
-                           dc.data(), d, d + H, d + 2 * H, d + 3 * H, out.data(), H);
-          store_row<T>(out.data(), gcx + m * H, H);
-        }
-      });
+  parallel_for(0, B, std::max<int64_t>(1, 4096 / std::max<int64_t>(H, 1)),
+               [&](int64_t begin, int64_t end) {
+                 std::vector<acc> dh(H), dc(H), c(H), out(H);
+                 for (int64_t m = begin; m < end; ++m) {
+                   if (ghy)
+                     load_row<T>(ghy + m * H, dh.data(), H);
+                   else
+                     std::fill(dh.begin(), dh.end(), acc(0));
+                   if (gcy)
+                     load_row<T>(gcy + m * H, dc.data(), H);
+                   else
+                     std::fill(dc.begin(), dc.end(), acc(0));
+                   load_row<T>(cx + m * H, c.data(), H);
+                   const acc* w = ws + m * 5 * H;
+                   acc* d = dg + m * 4 * H;
+                   cell_op_backward(w, w + H, w + 2 * H, w + 3 * H, w + 4 * H, c.data(), dh.data(),
+                                    dc.data(), d, d + H, d + 2 * H, d + 3 * H, out.data(), H);
+                   store_row<T>(out.data(), gcx + m * H, H);
+                 }
+               });
 }
 
 #define FASTATTN_INSTANTIATE_LSTM(T)                                            \

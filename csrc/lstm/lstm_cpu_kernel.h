@@ -24,8 +24,8 @@
 //   gate of its units and the pointwise cell runs right after it on the tile it just wrote
 //   (the fused epilogue).
 #pragma once
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
 #include <cstdint>
 
 namespace fastattn::cpu {

@@ -21,23 +21,16 @@
 // FASTATTN_LSTM_CUDA_PATH=per_step in the environment forces the per-step path (tests compare
 // the two).
 // Lengths: per-row masking on the device (no host read of the lengths, no sort).
-#include <ATen/Dispatch.h>
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/addmm.h>
-#include <ATen/ops/bmm.h>
-#include <ATen/ops/cat.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/mm.h>
-#include <ATen/ops/sum.h>
-#include <ATen/ops/zeros.h>
 #if !defined(FASTATTN_CUDA_EMULATION)
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
-#include <torch/library.h>
+
+#include "common/cuda_api.h"
+#else
+#include "common/tensor_api.h"
 #endif
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -46,9 +39,6 @@
 #include <type_traits>
 #include <vector>
 
-#if !defined(FASTATTN_CUDA_EMULATION)
-#include "common/cuda_utils.cuh"
-#endif
 #include "common/debug.h"
 #include "lstm/lstm.h"
 #include "lstm/lstm_cuda_kernels.cuh"
@@ -79,14 +69,13 @@
 namespace fastattn::lstm {
 namespace {
 
-using at::Tensor;
-using c10::optional;
 using fastattn::cuda::acc_t;
 using fastattn::cuda::ceil_div;
+using std::optional;
 namespace k = fastattn::lstm::cuda_kernels;
 
 #define FASTATTN_DISPATCH_LSTM_CUDA(TYPE, ...) \
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, TYPE, "lstm_cuda", __VA_ARGS__)
+  FASTATTN_DISPATCH_FLOATING(TYPE, "lstm_cuda", __VA_ARGS__)
 
 constexpr int kThreads = 256;
 
@@ -160,10 +149,11 @@ DeviceInfo device_info(int device) {
   if (static_cast<int>(cache.size()) <= device) cache.resize(device + 1);
   DeviceInfo& info = cache[device];
   if (info.sms == 0) {
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, device));
-    C10_CUDA_CHECK(
+    FASTATTN_CUDA_CHECK(cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, device));
+    FASTATTN_CUDA_CHECK(
         cudaDeviceGetAttribute(&info.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.cooperative, cudaDevAttrCooperativeLaunch, device));
+    FASTATTN_CUDA_CHECK(
+        cudaDeviceGetAttribute(&info.cooperative, cudaDevAttrCooperativeLaunch, device));
   }
   return info;
 }
@@ -208,11 +198,11 @@ PersistentPlan persistent_plan(const LayerDims& d, int device, Kernel kernel, bo
       break;
     }
     plan.smem = k::persistent_block_smem_bytes<acc>(K, d.B, N, plan.split);
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(plan.smem)));
+    FASTATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(plan.smem)));
     int per_sm = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel,
-                                                                 k::kPersistThreads, plan.smem));
+    FASTATTN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, kernel, k::kPersistThreads, plan.smem));
     const int64_t blocks = d.D * ceil_div(d.H, U);
     if (per_sm <= 0 || blocks > static_cast<int64_t>(per_sm) * info.sms) continue;
     if (blocks <= info.sms) return plan;
@@ -228,21 +218,28 @@ PersistentPlan persistent_plan(const LayerDims& d, int device, Kernel kernel, bo
 bool cooperative_launched(cudaError_t err, const char* op) {
   if (err == cudaErrorCooperativeLaunchTooLarge) {
     (void)cudaGetLastError();  // clear the (non-sticky) launch error
-    TORCH_WARN_ONCE(op,
-                    ": the persistent recurrent kernel's grid did not fit the device at "
-                    "launch (cudaErrorCooperativeLaunchTooLarge; MPS or another context?), so "
-                    "the per-step path ran; fastattn.ops.{lstm,gru,rnn}.cuda_recurrent_path "
-                    "report the occupancy query's prediction, which assumes the whole GPU");
+    // Once per process, on stderr (the stable ABI has no TORCH_WARN; Python's warnings are
+    // out of reach from a kernel's host code).
+    static std::once_flag warned;
+    std::call_once(warned, [op] {
+      std::fprintf(stderr,
+                   "fastattn warning: %s: the persistent recurrent kernel's grid did not fit the "
+                   "device at launch (cudaErrorCooperativeLaunchTooLarge; MPS or another "
+                   "context?), so the per-step path ran; fastattn.ops.{lstm,gru,rnn}."
+                   "cuda_recurrent_path report the occupancy query's prediction, which assumes "
+                   "the whole GPU\n",
+                   op);
+    });
     return false;
   }
-  C10_CUDA_CHECK(err);
+  FASTATTN_CUDA_CHECK(err);
   return true;
 }
 
 // The persistent plan of a layer of `cell` for `dtype` (U == 0: the per-step path). Computed
 // once per layer call: its search sets the kernel's shared-memory attribute and queries the
 // occupancy for every candidate U.
-PersistentPlan plan_for(Cell cell, at::ScalarType dtype, const LayerDims& d, int device,
+PersistentPlan plan_for(Cell cell, ScalarType dtype, const LayerDims& d, int device,
                         bool backward) {
   PersistentPlan plan;
   with_cell(cell, [&](auto cc) {
@@ -258,7 +255,7 @@ PersistentPlan plan_for(Cell cell, at::ScalarType dtype, const LayerDims& d, int
   return plan;
 }
 
-RecurrentPath choose_path(Cell cell, at::ScalarType dtype, const LayerDims& d, int device,
+RecurrentPath choose_path(Cell cell, ScalarType dtype, const LayerDims& d, int device,
                           bool backward = false) {
   return plan_for(cell, dtype, d, device, backward).U > 0 ? RecurrentPath::kPersistent
                                                           : RecurrentPath::kPerStep;
@@ -288,7 +285,7 @@ Tensor gathered_input(const Tensor& input, const Dropout& dr, cudaStream_t strea
   const int64_t T = input.size(0), B = input.size(1), I = input.size(2);
   const auto acc = compute_dtype(input.scalar_type());
   Tensor x = input.size(2) <= 1 || input.stride(2) == 1 ? input : input.contiguous();
-  Tensor xp = at::empty({T * B, I}, input.options().dtype(acc));
+  Tensor xp = empty({T * B, I}, input.options().dtype(acc));
   if (xp.numel() == 0) return xp;
   FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
     using a = acc_t<scalar_t>;
@@ -314,17 +311,17 @@ LayerOutputs layer_forward_cuda(Cell cell, const LayerDims& d, const Tensor& inp
                                 const optional<Tensor>& b_hh, const optional<Tensor>& w_hr,
                                 const optional<Tensor>& lengths, double dropout_p,
                                 const optional<Tensor>& seed, bool save_workspace, const char* op) {
-  c10::cuda::CUDAGuard guard(input.device());
+  CudaGuard guard(input);
   const bool lstm = cell == Cell::lstm;
   const bool two_phase = cell == Cell::gru_reset_before;
   const int64_t G = d.G, GH = d.G * d.H, G1H = (two_phase ? 2 : d.G) * d.H;
   const auto acc = compute_dtype(input.scalar_type());
   const auto opts = input.options();
-  Tensor output = at::empty({d.T, d.B, d.D * d.P}, opts);
-  Tensor h_n = at::empty({d.D, d.B, d.P}, opts);
-  Tensor c_n = lstm ? at::empty({d.D, d.B, d.H}, opts) : Tensor();
+  Tensor output = empty({d.T, d.B, d.D * d.P}, opts);
+  Tensor h_n = empty({d.D, d.B, d.P}, opts);
+  Tensor c_n = lstm ? empty({d.D, d.B, d.H}, opts) : Tensor();
   // Without save_workspace the states go to a call-local buffer and (0,) is returned.
-  Tensor workspace = at::empty({d.D, workspace_per_direction(d)}, opts.dtype(acc));
+  Tensor workspace = empty({d.D, workspace_per_direction(d)}, opts.dtype(acc));
   poison(output);
   poison(h_n);
   if (lstm) poison(c_n);
@@ -333,9 +330,9 @@ LayerOutputs layer_forward_cuda(Cell cell, const LayerDims& d, const Tensor& inp
     h_n.copy_(h0);
     if (lstm) c_n.copy_(c0);
     workspace.zero_();
-    return {output, h_n, c_n, save_workspace ? workspace : at::empty({0}, opts.dtype(acc))};
+    return {output, h_n, c_n, save_workspace ? workspace : empty({0}, opts.dtype(acc))};
   }
-  auto stream = c10::cuda::getCurrentCUDAStream();
+  auto stream = current_cuda_stream();
   const int64_t Bt = d.T * d.B;
   const int64_t* len = lengths_ptr(lengths);
 
@@ -356,9 +353,9 @@ LayerOutputs layer_forward_cuda(Cell cell, const LayerDims& d, const Tensor& inp
   for (int64_t dir = 0; dir < d.D; ++dir) {
     Tensor gates = workspace[dir].narrow(0, 0, Bt * GH).view({Bt, GH});
     if (bias.defined()) {
-      at::addmm_out(gates, bias[dir], xp, w_ih_acc[dir].t());
+      addmm_out(gates, bias[dir], xp, w_ih_acc[dir].t());
     } else {
-      at::mm_out(gates, xp, w_ih_acc[dir].t());
+      mm_out(gates, xp, w_ih_acc[dir].t());
     }
   }
 
@@ -367,12 +364,11 @@ LayerOutputs layer_forward_cuda(Cell cell, const LayerDims& d, const Tensor& inp
   const PersistentPlan plan = plan_for(cell, input.scalar_type(), d, input.get_device(), false);
   bool persistent = plan.U > 0;
   // the LSTM's cell state; the reset-before GRU's r * h_{t-1} (unused by the other cells)
-  Tensor c_state =
-      lstm ? c0.to(acc).contiguous().clone() : at::empty({d.D, d.B, d.H}, opts.dtype(acc));
+  Tensor c_state = lstm ? c0.to(acc).contiguous().clone() : empty({d.D, d.B, d.H}, opts.dtype(acc));
   if (persistent) {
-    Tensor h_state = at::empty({2, d.D, d.B, d.H}, opts.dtype(acc));
+    Tensor h_state = empty({2, d.D, d.B, d.H}, opts.dtype(acc));
     h_state[0].copy_(h0);
-    Tensor rh_state = at::empty({two_phase ? d.D : 0, d.B, d.H}, opts.dtype(acc));
+    Tensor rh_state = empty({two_phase ? d.D : 0, d.B, d.H}, opts.dtype(acc));
     with_cell(cell, [&](auto cc) {
       constexpr Cell C = decltype(cc)::value;
       FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
@@ -380,9 +376,9 @@ LayerOutputs layer_forward_cuda(Cell cell, const LayerDims& d, const Tensor& inp
         k::PersistentParams pp{fp, plan.U, static_cast<int>(ceil_div(d.H, plan.U)), plan.split};
         const size_t smem = plan.smem;
         // the plan's search set the attribute for each candidate; this launch's must be the last
-        C10_CUDA_CHECK(cudaFuncSetAttribute(k::forward_persistent_kernel<scalar_t, C>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(smem)));
+        FASTATTN_CUDA_CHECK(cudaFuncSetAttribute(k::forward_persistent_kernel<scalar_t, C>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(smem)));
         a* ws = workspace.data_ptr<a>();
         const a* whh = w_hh_acc.data_ptr<a>();
         a* hs = h_state.data_ptr<a>();
@@ -406,13 +402,13 @@ LayerOutputs layer_forward_cuda(Cell cell, const LayerDims& d, const Tensor& inp
   if (!persistent) {
     Tensor h_state = h0.to(acc).contiguous().clone();
     if (lstm) c_state.copy_(c0);  // a failed cooperative launch may have left it changed
-    Tensor hw = at::empty({d.D, d.B, G1H}, opts.dtype(acc));
+    Tensor hw = empty({d.D, d.B, G1H}, opts.dtype(acc));
     const Tensor w_hh_t = w_hh_acc.transpose(1, 2);  // (D, P, G H)
     const Tensor w_first_t = w_hh_t.narrow(2, 0, G1H);
     Tensor r_buf, hp, w_hr_t, w_n_t;
     if (fp.proj || two_phase) {
-      r_buf = at::empty({d.D, d.B, d.H}, opts.dtype(acc));
-      hp = at::empty({d.D, d.B, fp.proj ? d.P : d.H}, opts.dtype(acc));
+      r_buf = empty({d.D, d.B, d.H}, opts.dtype(acc));
+      hp = empty({d.D, d.B, fp.proj ? d.P : d.H}, opts.dtype(acc));
     }
     if (fp.proj) w_hr_t = w_hr->to(acc).transpose(1, 2);    // (D, H, P)
     if (two_phase) w_n_t = w_hh_t.narrow(2, 2 * d.H, d.H);  // (D, H, H)
@@ -424,13 +420,13 @@ LayerOutputs layer_forward_cuda(Cell cell, const LayerDims& d, const Tensor& inp
         const a* bhn = b_hn.defined() ? b_hn.data_ptr<a>() : nullptr;
         const auto step_kernel = k::forward_step_cell_kernel<scalar_t, C>;
         for (int64_t s = 0; s < d.T; ++s) {
-          at::bmm_out(hw, h_state, w_first_t);
+          bmm_out(hw, h_state, w_first_t);
           FASTATTN_LSTM_LAUNCH(step_kernel, grid_for(d.D * d.B * d.H), kThreads, 0, stream, fp, s,
                                0, workspace.data_ptr<a>(), hw.data_ptr<a>(), c_state.data_ptr<a>(),
                                h_state.data_ptr<a>(), rb, output.data_ptr<scalar_t>(), bhn);
           FASTATTN_CUDA_LAUNCH_CHECK();
           if (two_phase) {
-            at::bmm_out(hp, r_buf, w_n_t);  // (r * h) W_hn^T
+            bmm_out(hp, r_buf, w_n_t);  // (r * h) W_hn^T
             FASTATTN_LSTM_LAUNCH(step_kernel, grid_for(d.D * d.B * d.H), kThreads, 0, stream, fp, s,
                                  1, workspace.data_ptr<a>(), hp.data_ptr<a>(),
                                  c_state.data_ptr<a>(), h_state.data_ptr<a>(), rb,
@@ -438,7 +434,7 @@ LayerOutputs layer_forward_cuda(Cell cell, const LayerDims& d, const Tensor& inp
             FASTATTN_CUDA_LAUNCH_CHECK();
           }
           if (fp.proj) {
-            at::bmm_out(hp, r_buf, w_hr_t);
+            bmm_out(hp, r_buf, w_hr_t);
             FASTATTN_LSTM_LAUNCH(k::forward_step_proj_kernel<scalar_t>, grid_for(d.D * d.B * d.P),
                                  kThreads, 0, stream, fp, s, workspace.data_ptr<a>(),
                                  hp.data_ptr<a>(), h_state.data_ptr<a>(),
@@ -452,7 +448,7 @@ LayerOutputs layer_forward_cuda(Cell cell, const LayerDims& d, const Tensor& inp
     if (lstm) c_n.copy_(c_state);
   }
   (void)G;
-  return {output, h_n, c_n, save_workspace ? workspace : at::empty({0}, opts.dtype(acc))};
+  return {output, h_n, c_n, save_workspace ? workspace : empty({0}, opts.dtype(acc))};
 }
 
 struct LayerGrads {
@@ -467,7 +463,7 @@ LayerGrads layer_backward_cuda(Cell cell, const LayerDims& d, const Tensor& gout
                                const Tensor& workspace, double dropout_p,
                                const optional<Tensor>& seed, bool has_bias, bool input_grad,
                                bool weight_grad, const char* op) {
-  c10::cuda::CUDAGuard guard(input.device());
+  CudaGuard guard(input);
   const bool lstm = cell == Cell::lstm;
   const bool two_phase = cell == Cell::gru_reset_before;
   const bool gru_after = cell == Cell::gru;
@@ -478,11 +474,11 @@ LayerGrads layer_backward_cuda(Cell cell, const LayerDims& d, const Tensor& gout
   const auto acc_opts = opts.dtype(acc);
   const bool proj = defined(w_hr);
   auto maybe_empty = [&](std::vector<int64_t> shape, bool wanted) {
-    return at::empty(wanted ? shape : std::vector<int64_t>{0}, opts);
+    return empty(wanted ? shape : std::vector<int64_t>{0}, opts);
   };
   LayerGrads g;
-  g.h0 = at::empty({d.D, d.B, d.P}, opts);
-  g.c0 = at::empty({lstm ? d.D : 0, d.B, d.H}, opts);
+  g.h0 = empty({d.D, d.B, d.P}, opts);
+  g.c0 = empty({lstm ? d.D : 0, d.B, d.H}, opts);
   g.input = maybe_empty({d.T, d.B, d.I}, input_grad);
   g.w_ih = maybe_empty({d.D, GH, d.I}, weight_grad);
   g.w_hh = maybe_empty({d.D, GH, d.P}, weight_grad);
@@ -492,21 +488,21 @@ LayerGrads layer_backward_cuda(Cell cell, const LayerDims& d, const Tensor& gout
   for (Tensor* t : {&g.h0, &g.c0, &g.input, &g.w_ih, &g.w_hh, &g.b_ih, &g.b_hh, &g.w_hr}) {
     poison(*t);
   }
-  auto stream = c10::cuda::getCurrentCUDAStream();
+  auto stream = current_cuda_stream();
   const int64_t Bt = d.T * d.B;
   // dL/dh carried backwards through time, and the per-unit carry: the LSTM's dL/dc, the GRU's
   // direct dL/dh_{t-1} part (missing incoming grads are zeros)
   Tensor dh_state =
-      ghn.defined() ? ghn.to(acc).contiguous().clone() : at::zeros({d.D, d.B, d.P}, acc_opts);
-  Tensor dc_state = lstm && gcn.defined() ? gcn.to(acc).contiguous().clone()
-                                          : at::zeros({d.D, d.B, d.H}, acc_opts);
-  Tensor dgates = at::empty({d.D, Bt, GH}, acc_opts);
-  Tensor hprev = at::empty({d.D, Bt, d.P}, acc_opts);
-  Tensor aux = at::empty({gru_after ? d.D : 0, Bt, d.H}, acc_opts);  // the GRU's d_n
+      ghn.defined() ? ghn.to(acc).contiguous().clone() : zeros({d.D, d.B, d.P}, acc_opts);
+  Tensor dc_state =
+      lstm && gcn.defined() ? gcn.to(acc).contiguous().clone() : zeros({d.D, d.B, d.H}, acc_opts);
+  Tensor dgates = empty({d.D, Bt, GH}, acc_opts);
+  Tensor hprev = empty({d.D, Bt, d.P}, acc_opts);
+  Tensor aux = empty({gru_after ? d.D : 0, Bt, d.H}, acc_opts);  // the GRU's d_n
   Tensor dh_all, r_all;
   if (proj) {
-    dh_all = at::empty({d.D, Bt, d.P}, acc_opts);
-    r_all = at::empty({d.D, Bt, d.H}, acc_opts);
+    dh_all = empty({d.D, Bt, d.P}, acc_opts);
+    r_all = empty({d.D, Bt, d.H}, acc_opts);
   }
   const PersistentPlan plan =
       Bt > 0 ? plan_for(cell, input.scalar_type(), d, input.get_device(), true) : PersistentPlan{};
@@ -524,9 +520,9 @@ LayerGrads layer_backward_cuda(Cell cell, const LayerDims& d, const Tensor& gout
         k::PersistentBackwardParams pp{bp, plan.U, static_cast<int>(ceil_div(d.H, plan.U)),
                                        plan.split};
         const size_t smem = plan.smem;
-        C10_CUDA_CHECK(cudaFuncSetAttribute(k::backward_persistent_kernel<scalar_t, C>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(smem)));
+        FASTATTN_CUDA_CHECK(cudaFuncSetAttribute(k::backward_persistent_kernel<scalar_t, C>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(smem)));
         const a* wsp = workspace.data_ptr<a>();
         const a* whh = w_hh_acc.data_ptr<a>();
         const a* h0p = h0a.data_ptr<a>();
@@ -552,16 +548,16 @@ LayerGrads layer_backward_cuda(Cell cell, const LayerDims& d, const Tensor& gout
     Tensor w_hr_acc, dh_step, dr, dq;
     if (proj) {
       w_hr_acc = w_hr->to(acc);  // (D, P, H)
-      dh_step = at::empty({d.D, d.B, d.P}, acc_opts);
-      dr = at::empty({d.D, d.B, d.H}, acc_opts);
+      dh_step = empty({d.D, d.B, d.P}, acc_opts);
+      dr = empty({d.D, d.B, d.H}, acc_opts);
     }
-    Tensor dg_step = at::empty({d.D, d.B, GH}, acc_opts);
-    Tensor dhp = at::empty({d.D, d.B, d.P}, acc_opts);
+    Tensor dg_step = empty({d.D, d.B, GH}, acc_opts);
+    Tensor dhp = empty({d.D, d.B, d.P}, acc_opts);
     const Tensor dg_first = dg_step.narrow(2, 0, G1H);
     const Tensor w_first = w_hh_acc.narrow(1, 0, G1H);
     Tensor dn_step, w_n;
     if (two_phase) {
-      dq = at::empty({d.D, d.B, d.H}, acc_opts);
+      dq = empty({d.D, d.B, d.H}, acc_opts);
       dn_step = dg_step.narrow(2, 2 * H, H);
       w_n = w_hh_acc.narrow(1, 2 * H, H);  // (D, H, H)
     }
@@ -592,14 +588,14 @@ LayerGrads layer_backward_cuda(Cell cell, const LayerDims& d, const Tensor& gout
                                  kThreads, 0, stream, bp, s, dh_state.data_ptr<a>(), go,
                                  dh_all.data_ptr<a>(), dh_step.data_ptr<a>());
             FASTATTN_CUDA_LAUNCH_CHECK();
-            at::bmm_out(dr, dh_step, w_hr_acc);  // (D, B, P) x (D, P, H)
+            bmm_out(dr, dh_step, w_hr_acc);  // (D, B, P) x (D, P, H)
           }
           cell_step(s, 0);
           if (two_phase) {
-            at::bmm_out(dq, dn_step, w_n);  // d_n W_hn = dL/d(r * h)
+            bmm_out(dq, dn_step, w_n);  // d_n W_hn = dL/d(r * h)
             cell_step(s, 1);
           }
-          at::bmm_out(dhp, dg_first, w_first);  // (D, B, G1 H) x (D, G1 H, P)
+          bmm_out(dhp, dg_first, w_first);  // (D, B, G1 H) x (D, G1 H, P)
           if (carry_h) {
             FASTATTN_LSTM_LAUNCH(update_carry, grid_for(d.D * d.B * d.P), kThreads, 0, stream, bp,
                                  s, dhp.data_ptr<a>(), dc_state.data_ptr<a>(),
@@ -620,7 +616,7 @@ LayerGrads layer_backward_cuda(Cell cell, const LayerDims& d, const Tensor& gout
   // which are d_n (aux), not r * d_n.
   Tensor din = dgates;
   if (gru_after && Bt > 0 && (weight_grad || input_grad)) {
-    din = at::cat({dgates.narrow(2, 0, 2 * H), aux}, 2);
+    din = cat({dgates.narrow(2, 0, 2 * H), aux}, 2);
   }
   // Weight gradients: one GEMM over all time steps per direction. The reset-before GRU's W_hn
   // multiplies r * h_{t-1} (the workspace's extra columns), not h_{t-1}.
@@ -634,16 +630,16 @@ LayerGrads layer_backward_cuda(Cell cell, const LayerDims& d, const Tensor& gout
     } else {
       const Tensor xp = gathered_input(input, make_dropout(dropout_p, seed), stream);
       for (int64_t dir = 0; dir < d.D; ++dir) {
-        g.w_ih[dir].copy_(at::mm(din[dir].t(), xp));
+        g.w_ih[dir].copy_(mm(din[dir].t(), xp));
         if (two_phase) {
           const Tensor dg = dgates[dir];
           const Tensor rh = workspace[dir].narrow(0, Bt * GH, Bt * H).view({Bt, H});
-          g.w_hh[dir].narrow(0, 0, 2 * H).copy_(at::mm(dg.narrow(1, 0, 2 * H).t(), hprev[dir]));
-          g.w_hh[dir].narrow(0, 2 * H, H).copy_(at::mm(dg.narrow(1, 2 * H, H).t(), rh));
+          g.w_hh[dir].narrow(0, 0, 2 * H).copy_(mm(dg.narrow(1, 0, 2 * H).t(), hprev[dir]));
+          g.w_hh[dir].narrow(0, 2 * H, H).copy_(mm(dg.narrow(1, 2 * H, H).t(), rh));
         } else {
-          g.w_hh[dir].copy_(at::mm(dgates[dir].t(), hprev[dir]));
+          g.w_hh[dir].copy_(mm(dgates[dir].t(), hprev[dir]));
         }
-        if (proj) g.w_hr[dir].copy_(at::mm(dh_all[dir].t(), r_all[dir]));
+        if (proj) g.w_hr[dir].copy_(mm(dh_all[dir].t(), r_all[dir]));
       }
       if (has_bias) {
         g.b_ih.copy_(din.sum(1));
@@ -654,7 +650,7 @@ LayerGrads layer_backward_cuda(Cell cell, const LayerDims& d, const Tensor& gout
   // Input gradient: one GEMM per direction, summed, then the dropout mask and the lengths.
   if (input_grad && input.numel() > 0) {
     const Tensor w = w_ih.to(acc);
-    Tensor dx = at::mm(din[0], w[0]);
+    Tensor dx = mm(din[0], w[0]);
     if (d.D == 2) dx.addmm_(din[1], w[1]);
     const Dropout dr = make_dropout(dropout_p, seed);
     FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
@@ -693,7 +689,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
     const optional<Tensor>& seed, bool has_bias, bool input_grad, bool weight_grad) {
   constexpr const char* op = "lstm_layer_backward";
   const LayerDims d =
-      check_layer(input, h0, c0, w_ih, w_hh, c10::nullopt, c10::nullopt, w_hr, lengths, op);
+      check_layer(input, h0, c0, w_ih, w_hh, std::nullopt, std::nullopt, w_hr, lengths, op);
   check_seed(seed, dropout_p, input, op);
   const auto [gout, ghn, gcn] =
       check_layer_backward(grad_output, grad_h_n, grad_c_n, input, workspace, d, op);
@@ -705,7 +701,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
 
 Cell gru_cell_kind(bool reset_after) { return reset_after ? Cell::gru : Cell::gru_reset_before; }
 
-Cell rnn_cell_kind(c10::string_view nonlinearity, const char* op) {
+Cell rnn_cell_kind(std::string_view nonlinearity, const char* op) {
   if (nonlinearity == "tanh") return Cell::rnn_tanh;
   FASTATTN_CHECK(nonlinearity == "relu", op, "nonlinearity must be 'tanh' or 'relu', got '",
                  std::string(nonlinearity), "'");
@@ -722,7 +718,7 @@ std::tuple<Tensor, Tensor, Tensor> gated_layer_cuda(
   const LayerDims d = check_gated_layer(input, h0, w_ih, w_hh, b_ih, b_hh, lengths, G, E, op);
   check_seed(seed, dropout_p, input, op);
   LayerOutputs o = layer_forward_cuda(cell, d, input, h0, Tensor(), w_ih, w_hh, b_ih, b_hh,
-                                      c10::nullopt, lengths, dropout_p, seed, save_workspace, op);
+                                      std::nullopt, lengths, dropout_p, seed, save_workspace, op);
   return {o.output, o.h_n, o.workspace};
 }
 
@@ -734,12 +730,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> gated_layer_backward_
     const char* op) {
   const int64_t G = gate_count(cell), E = G == 1 ? 0 : 1;
   const LayerDims d =
-      check_gated_layer(input, h0, w_ih, w_hh, c10::nullopt, c10::nullopt, lengths, G, E, op);
+      check_gated_layer(input, h0, w_ih, w_hh, std::nullopt, std::nullopt, lengths, G, E, op);
   check_seed(seed, dropout_p, input, op);
   const auto [gout, ghn, gcn] =
-      check_layer_backward(grad_output, grad_h_n, c10::nullopt, input, workspace, d, op);
+      check_layer_backward(grad_output, grad_h_n, std::nullopt, input, workspace, d, op);
   LayerGrads g = layer_backward_cuda(cell, d, gout, ghn, Tensor(), input, h0, Tensor(), w_ih, w_hh,
-                                     c10::nullopt, lengths, workspace, dropout_p, seed, has_bias,
+                                     std::nullopt, lengths, workspace, dropout_p, seed, has_bias,
                                      input_grad, weight_grad, op);
   return {g.input, g.h0, g.w_ih, g.w_hh, g.b_ih, g.b_hh};
 }
@@ -765,7 +761,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> gru_layer_backward_cu
 std::tuple<Tensor, Tensor, Tensor> rnn_layer_cuda(
     const Tensor& input, const Tensor& h0, const Tensor& w_ih, const Tensor& w_hh,
     const optional<Tensor>& b_ih, const optional<Tensor>& b_hh, const optional<Tensor>& lengths,
-    double dropout_p, const optional<Tensor>& seed, c10::string_view nonlinearity,
+    double dropout_p, const optional<Tensor>& seed, std::string_view nonlinearity,
     bool save_workspace) {
   constexpr const char* op = "rnn_layer";
   return gated_layer_cuda(rnn_cell_kind(nonlinearity, op), input, h0, w_ih, w_hh, b_ih, b_hh,
@@ -776,7 +772,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> rnn_layer_backward_cu
     const optional<Tensor>& grad_output, const optional<Tensor>& grad_h_n, const Tensor& input,
     const Tensor& h0, const Tensor& w_ih, const Tensor& w_hh, const optional<Tensor>& lengths,
     const Tensor& workspace, double dropout_p, const optional<Tensor>& seed,
-    c10::string_view nonlinearity, bool has_bias, bool input_grad, bool weight_grad) {
+    std::string_view nonlinearity, bool has_bias, bool input_grad, bool weight_grad) {
   constexpr const char* op = "rnn_layer_backward";
   return gated_layer_backward_cuda(rnn_cell_kind(nonlinearity, op), grad_output, grad_h_n, input,
                                    h0, w_ih, w_hh, lengths, workspace, dropout_p, seed, has_bias,
@@ -792,17 +788,17 @@ std::tuple<Tensor, Tensor, Tensor> lstm_cell_cuda(const Tensor& input, const Ten
                                                   const optional<Tensor>& b_hh) {
   constexpr const char* op = "lstm_cell";
   check_cell(input, hx, cx, w_ih, w_hh, b_ih, b_hh, op);
-  c10::cuda::CUDAGuard guard(input.device());
+  CudaGuard guard(input);
   const int64_t B = input.size(0), I = input.size(1), H = w_hh.size(1);
   const auto acc = compute_dtype(input.scalar_type());
-  Tensor hy = at::empty({B, H}, input.options());
-  Tensor cy = at::empty({B, H}, input.options());
-  Tensor workspace = at::empty({B, 5 * H}, input.options().dtype(acc));
+  Tensor hy = empty({B, H}, input.options());
+  Tensor cy = empty({B, H}, input.options());
+  Tensor workspace = empty({B, 5 * H}, input.options().dtype(acc));
   poison(hy);
   poison(cy);
   poison(workspace);
   if (B == 0) return {hy, cy, workspace};
-  auto stream = c10::cuda::getCurrentCUDAStream();
+  auto stream = current_cuda_stream();
   const Tensor x = input.to(acc).contiguous(), h = hx.to(acc).contiguous();
   const Tensor c = cx.contiguous();
   const Tensor wi = w_ih.to(acc).contiguous(), wh = w_hh.to(acc).contiguous();
@@ -819,7 +815,7 @@ std::tuple<Tensor, Tensor, Tensor> lstm_cell_cuda(const Tensor& input, const Ten
           hy.data_ptr<scalar_t>(), cy.data_ptr<scalar_t>());
       FASTATTN_CUDA_LAUNCH_CHECK();
     } else {
-      Tensor pre = bias.defined() ? at::addmm(bias, x, wi.t()) : at::mm(x, wi.t());
+      Tensor pre = bias.defined() ? mm(x, wi.t()).add(bias) : mm(x, wi.t());
       pre.addmm_(h, wh.t());
       FASTATTN_LSTM_LAUNCH(k::cell_pointwise_kernel<scalar_t>, grid_for(B * H), kThreads, 0, stream,
                            B, H, pre.data_ptr<a>(), c.data_ptr<scalar_t>(), workspace.data_ptr<a>(),
@@ -835,17 +831,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_cell_backward_cu
     const Tensor& hx, const Tensor& cx, const Tensor& w_ih, const Tensor& w_hh,
     const Tensor& workspace, bool has_bias) {
   constexpr const char* op = "lstm_cell_backward";
-  check_cell(input, hx, cx, w_ih, w_hh, c10::nullopt, c10::nullopt, op);
-  c10::cuda::CUDAGuard guard(input.device());
+  check_cell(input, hx, cx, w_ih, w_hh, std::nullopt, std::nullopt, op);
+  CudaGuard guard(input);
   const int64_t B = input.size(0), H = w_hh.size(1);
   const auto acc = compute_dtype(input.scalar_type());
   const auto [ghy, gcy] = check_cell_backward(grad_hy, grad_cy, input, workspace, B, H, op);
-  Tensor dgates = at::empty({B, 4 * H}, input.options().dtype(acc));
-  Tensor grad_cx = at::empty({B, H}, input.options());
+  Tensor dgates = empty({B, 4 * H}, input.options().dtype(acc));
+  Tensor grad_cx = empty({B, H}, input.options());
   poison(grad_cx);
   const Tensor c = cx.contiguous();
   if (B > 0) {
-    auto stream = c10::cuda::getCurrentCUDAStream();
+    auto stream = current_cuda_stream();
     FASTATTN_DISPATCH_LSTM_CUDA(input.scalar_type(), [&] {
       using a = acc_t<scalar_t>;
       FASTATTN_LSTM_LAUNCH(k::cell_backward_kernel<scalar_t>, grid_for(B * H), kThreads, 0, stream,
@@ -858,11 +854,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_cell_backward_cu
   }
   const auto dtype = input.scalar_type();
   const Tensor wi = w_ih.to(acc), wh = w_hh.to(acc);
-  Tensor grad_input = at::mm(dgates, wi).to(dtype);
-  Tensor grad_hx = at::mm(dgates, wh).to(dtype);
-  Tensor grad_w_ih = at::mm(dgates.t(), input.to(acc)).to(dtype);
-  Tensor grad_w_hh = at::mm(dgates.t(), hx.to(acc)).to(dtype);
-  Tensor grad_bias = has_bias ? dgates.sum(0).to(dtype) : at::empty({0}, input.options());
+  Tensor grad_input = mm(dgates, wi).to(dtype);
+  Tensor grad_hx = mm(dgates, wh).to(dtype);
+  Tensor grad_w_ih = mm(dgates.t(), input.to(acc)).to(dtype);
+  Tensor grad_w_hh = mm(dgates.t(), hx.to(acc)).to(dtype);
+  Tensor grad_bias = has_bias ? dgates.sum(0).to(dtype) : empty({0}, input.options());
   return {grad_input, grad_hx, grad_cx, grad_w_ih, grad_w_hh, grad_bias};
 }
 
@@ -876,7 +872,7 @@ int64_t lstm_cuda_path(const Tensor& input, const Tensor& w_hh, const optional<T
   FASTATTN_CHECK(input.dim() == 3 && w_hh.dim() == 3 && w_hh.size(1) % 4 == 0, op,
                  "input must be (T, B, I) and w_hh (D, 4H, P), got ", input.sizes(), " and ",
                  w_hh.sizes());
-  c10::cuda::CUDAGuard guard(input.device());
+  CudaGuard guard(input);
   const int64_t H = w_hh.size(1) / 4;
   const LayerDims d{input.size(0),
                     input.size(1),
@@ -890,7 +886,7 @@ int64_t lstm_cuda_path(const Tensor& input, const Tensor& w_hh, const optional<T
 
 // The same for gru_layer / rnn_layer: cell "gru" (reset after), "gru_reset_before",
 // "rnn_tanh" or "rnn_relu"; w_hh (D, G H, H).
-int64_t recurrent_cuda_path(const Tensor& input, const Tensor& w_hh, c10::string_view cell_name,
+int64_t recurrent_cuda_path(const Tensor& input, const Tensor& w_hh, std::string_view cell_name,
                             bool backward) {
   constexpr const char* op = "recurrent_cuda_path";
   check_float_dtype(input, op, "input");
@@ -911,7 +907,7 @@ int64_t recurrent_cuda_path(const Tensor& input, const Tensor& w_hh, c10::string
       input.dim() == 3 && w_hh.dim() == 3 && w_hh.size(2) >= 1 && w_hh.size(1) == G * w_hh.size(2),
       op, "input must be (T, B, I) and w_hh (D, ", G, "H, H), got ", input.sizes(), " and ",
       w_hh.sizes());
-  c10::cuda::CUDAGuard guard(input.device());
+  CudaGuard guard(input);
   const int64_t H = w_hh.size(2);
   const LayerDims d{input.size(0), input.size(1), input.size(2), w_hh.size(0), H, H, G,
                     G == 1 ? 0 : 1};
@@ -922,17 +918,17 @@ int64_t recurrent_cuda_path(const Tensor& input, const Tensor& w_hh, c10::string
 }  // namespace
 
 #if !defined(FASTATTN_CUDA_EMULATION)
-TORCH_LIBRARY_IMPL(fastattn, CUDA, m) {
-  m.impl("lstm_cell", &lstm_cell_cuda);
-  m.impl("lstm_cell_backward", &lstm_cell_backward_cuda);
-  m.impl("lstm_layer", &lstm_layer_cuda);
-  m.impl("lstm_layer_backward", &lstm_layer_backward_cuda);
-  m.impl("lstm_cuda_path", &lstm_cuda_path);
-  m.impl("gru_layer", &gru_layer_cuda);
-  m.impl("gru_layer_backward", &gru_layer_backward_cuda);
-  m.impl("rnn_layer", &rnn_layer_cuda);
-  m.impl("rnn_layer_backward", &rnn_layer_backward_cuda);
-  m.impl("recurrent_cuda_path", &recurrent_cuda_path);
+STABLE_TORCH_LIBRARY_IMPL(fastattn, CUDA, m) {
+  m.impl("lstm_cell", TORCH_BOX(&lstm_cell_cuda));
+  m.impl("lstm_cell_backward", TORCH_BOX(&lstm_cell_backward_cuda));
+  m.impl("lstm_layer", TORCH_BOX(&lstm_layer_cuda));
+  m.impl("lstm_layer_backward", TORCH_BOX(&lstm_layer_backward_cuda));
+  m.impl("lstm_cuda_path", TORCH_BOX(&lstm_cuda_path));
+  m.impl("gru_layer", TORCH_BOX(&gru_layer_cuda));
+  m.impl("gru_layer_backward", TORCH_BOX(&gru_layer_backward_cuda));
+  m.impl("rnn_layer", TORCH_BOX(&rnn_layer_cuda));
+  m.impl("rnn_layer_backward", TORCH_BOX(&rnn_layer_backward_cuda));
+  m.impl("recurrent_cuda_path", TORCH_BOX(&recurrent_cuda_path));
 }
 #endif
 

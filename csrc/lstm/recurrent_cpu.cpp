@@ -2,14 +2,7 @@
 // every cell (LSTM, GRU with either reset placement, tanh / relu RNN).
 #include "lstm/recurrent_cpu.h"
 
-#include <ATen/Dispatch.h>
-#include <ATen/ops/cat.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/from_blob.h>
-#include <ATen/ops/index_select.h>
-#include <ATen/ops/sum.h>
-#include <ATen/ops/zeros.h>
-#include <ATen/ops/zeros_like.h>
+#include "common/tensor_api.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -25,12 +18,11 @@
 namespace fastattn::lstm {
 namespace {
 
-using at::Tensor;
-using c10::optional;
 using cpu::RecurrentCell;
+using std::optional;
 
 #define FASTATTN_DISPATCH_RECURRENT(TYPE, ...) \
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, TYPE, "recurrent_cpu", __VA_ARGS__)
+  FASTATTN_DISPATCH_FLOATING(TYPE, "recurrent_cpu", __VA_ARGS__)
 
 // Host-side sorted/packed description of the batch (see lstm_cpu_kernel.h). Reading lengths
 // here, inside the op, keeps the Python driver free of data-dependent control flow.
@@ -83,16 +75,23 @@ class BlockCache {
     return *cache;
   }
 
-  Tensor empty(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  Tensor empty(IntArrayRef sizes, const Options& options) {
     int64_t numel = 1;
     for (int64_t s : sizes) numel *= s;
-    const size_t bytes =
-        static_cast<size_t>(numel) * c10::elementSize(options.dtype().toScalarType());
-    if (bytes < (size_t(1) << 22) || bytes > kMaxCachedBytes) return at::empty(sizes, options);
+    const size_t bytes = static_cast<size_t>(numel) * element_size(options.dtype());
+    if (bytes < (size_t(1) << 22) || bytes > kMaxCachedBytes) {
+      return fastattn::empty(sizes, options);
+    }
     auto [ptr, capacity] = take(bytes);
-    return at::from_blob(
-        ptr, sizes, [capacity = capacity](void* p) { BlockCache::get().give(p, capacity); },
-        options);
+    std::vector<int64_t> strides(sizes.size());
+    int64_t stride = 1;
+    for (size_t d = sizes.size(); d-- > 0;) {
+      strides[d] = stride;
+      stride *= sizes[d];
+    }
+    return torch::stable::from_blob(
+        ptr, sizes, torch::headeronly::IntHeaderOnlyArrayRef(strides), options.device(),
+        options.dtype(), [capacity = capacity](void* p) { BlockCache::get().give(p, capacity); });
   }
 
  private:
@@ -117,7 +116,7 @@ class BlockCache {
       }
     }
     void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-    TORCH_CHECK(p != nullptr, "lstm: out of memory allocating a ", bytes, "-byte workspace");
+    FASTATTN_CHECK(p != nullptr, "lstm", "out of memory allocating a ", bytes, "-byte workspace");
     return {p, bytes};
   }
 
@@ -159,21 +158,20 @@ enum Scratch : int {
 };
 constexpr int64_t kScratchBytes = int64_t(1) << 29;
 
-Tensor scratch(Scratch slot, at::IntArrayRef sizes, const at::TensorOptions& options) {
+Tensor scratch(Scratch slot, IntArrayRef sizes, const Options& options) {
   thread_local Tensor cache[kSlots];
   int64_t numel = 1;
   for (int64_t s : sizes) numel *= s;
-  const int64_t bytes =
-      numel * static_cast<int64_t>(c10::elementSize(options.dtype().toScalarType()));
+  const int64_t bytes = numel * static_cast<int64_t>(element_size(options.dtype()));
   int64_t held = 0;
   for (const Tensor& t : cache) held += t.defined() && &t != &cache[slot] ? t.nbytes() : 0;
-  if (held + bytes > kScratchBytes) return at::empty(sizes, options);
+  if (held + bytes > kScratchBytes) return empty(sizes, options);
   Tensor& buf = cache[slot];
   if (!buf.defined() || static_cast<int64_t>(buf.nbytes()) < bytes) {
     buf = Tensor();  // free first
-    buf = at::empty({std::max<int64_t>(bytes, 1)}, options.dtype(at::kByte));
+    buf = empty({std::max<int64_t>(bytes, 1)}, options.dtype(kByte));
   }
-  return buf.narrow(0, 0, bytes).view(options.dtype().toScalarType()).view(sizes);
+  return buf.narrow(0, 0, bytes).view(options.dtype()).view(sizes);
 }
 
 std::pair<uint64_t, uint64_t> read_seed(const optional<Tensor>& seed, double p) {
@@ -203,7 +201,7 @@ Tensor packed_input(const Tensor& input, const Packing& pk, double dropout_p,
 
 // Row order of the blocked gate layout of G gates: blocked row G*u0 + g*hb + u is natural row
 // g*H + u0 + u for the unit block starting at u0 with hb units.
-Tensor blocked_gate_order(int64_t H, int64_t G, const at::TensorOptions& options) {
+Tensor blocked_gate_order(int64_t H, int64_t G, const Options& options) {
   std::vector<int64_t> order(G * H);
   for (int64_t u0 = 0; u0 < H; u0 += cpu::kRecurrentUnitBlock) {
     const int64_t hb = std::min(cpu::kRecurrentUnitBlock, H - u0);
@@ -211,7 +209,7 @@ Tensor blocked_gate_order(int64_t H, int64_t G, const at::TensorOptions& options
       for (int64_t u = 0; u < hb; ++u) order[G * u0 + g * hb + u] = g * H + u0 + u;
     }
   }
-  Tensor t = at::empty({G * H}, options.dtype(at::kLong));
+  Tensor t = empty({G * H}, options.dtype(kLong));
   std::copy(order.begin(), order.end(), t.data_ptr<int64_t>());
   return t;
 }
@@ -220,7 +218,7 @@ Tensor blocked_gate_order(int64_t H, int64_t G, const at::TensorOptions& options
 // float64 parameters), kept alive while the kernel reads them.
 struct LayerWeights {
   Tensor w_hh, w_hr, b_hn;
-  LayerWeights(const Tensor& hh, const optional<Tensor>& hr, at::ScalarType acc)
+  LayerWeights(const Tensor& hh, const optional<Tensor>& hr, ScalarType acc)
       : w_hh(hh.to(acc).contiguous()) {
     if (defined(hr)) w_hr = hr->to(acc).contiguous();
   }
@@ -247,14 +245,14 @@ LayerOutputs layer_forward_cpu(RecurrentCell cell, const LayerDims& d, const Ten
   const int64_t GH = d.G * d.H;
   const auto acc = compute_dtype(input.scalar_type());
   const auto opts = input.options();
-  Tensor output = at::empty({d.T, d.B, d.D * d.P}, opts);
-  Tensor h_n = at::empty({d.D, d.B, d.P}, opts);
-  Tensor c_n = lstm ? at::empty({d.D, d.B, d.H}, opts) : Tensor();
+  Tensor output = empty({d.T, d.B, d.D * d.P}, opts);
+  Tensor h_n = empty({d.D, d.B, d.P}, opts);
+  Tensor c_n = lstm ? empty({d.D, d.B, d.H}, opts) : Tensor();
   // Without save_workspace (inference) the kernel's states live in a reused scratch buffer and
   // an empty workspace is returned.
   Tensor saved = save_workspace
                      ? BlockCache::get().empty({d.D, workspace_per_direction(d)}, opts.dtype(acc))
-                     : at::empty({0}, opts.dtype(acc));
+                     : empty({0}, opts.dtype(acc));
   Tensor workspace = save_workspace
                          ? saved
                          : scratch(kWorkspace, {d.D, workspace_per_direction(d)}, opts.dtype(acc));
@@ -287,7 +285,7 @@ LayerOutputs layer_forward_cpu(RecurrentCell cell, const LayerDims& d, const Ten
     Tensor hh = b_hh->to(acc);
     if (cell == RecurrentCell::gru) {
       pw.b_hn = hh.narrow(1, 2 * d.H, d.H).contiguous();
-      hh = at::cat({hh.narrow(1, 0, 2 * d.H), at::zeros({d.D, d.H}, hh.options())}, 1);
+      hh = cat({hh.narrow(1, 0, 2 * d.H), zeros({d.D, d.H}, hh.options())}, 1);
     }
     bias_blk = b_ih->to(acc).add(hh).index_select(1, order);
   }
@@ -320,11 +318,11 @@ LayerGrads layer_backward_cpu(RecurrentCell cell, const LayerDims& d, const Tens
   const auto acc = compute_dtype(input.scalar_type());
   const auto opts = input.options();
   LayerGrads g;
-  g.h0 = at::empty({d.D, d.B, d.P}, opts);
-  g.c0 = at::empty({lstm ? d.D : 0, d.B, d.H}, opts);
+  g.h0 = empty({d.D, d.B, d.P}, opts);
+  g.c0 = empty({lstm ? d.D : 0, d.B, d.H}, opts);
   // Gradients that were not asked for are returned as empty (0,) tensors.
   auto maybe_empty = [&](std::vector<int64_t> shape, bool wanted) {
-    return at::empty(wanted ? shape : std::vector<int64_t>{0}, opts);
+    return empty(wanted ? shape : std::vector<int64_t>{0}, opts);
   };
   g.input = maybe_empty({d.T, d.B, d.I}, input_grad);
   const bool proj = defined(w_hr);
@@ -366,8 +364,8 @@ LayerGrads layer_backward_cpu(RecurrentCell cell, const LayerDims& d, const Tens
     FASTATTN_DISPATCH_RECURRENT(
         input.scalar_type(), [&] { FASTATTN_CPU_ISA_CALL(recurrent_layer_backward<scalar_t>, p); });
   } else {
-    g.h0.copy_(ghn.defined() ? ghn : at::zeros_like(h0));
-    if (lstm) g.c0.copy_(gcn.defined() ? gcn : at::zeros_like(c0));
+    g.h0.copy_(ghn.defined() ? ghn : zeros_like(h0));
+    if (lstm) g.c0.copy_(gcn.defined() ? gcn : zeros_like(c0));
   }
 
   // Weight gradients: GEMMs over all time steps per direction. The GRU's n rows of W_hh read
@@ -396,7 +394,7 @@ LayerGrads layer_backward_cpu(RecurrentCell cell, const LayerDims& d, const Tens
     if (has_bias) {
       g.b_ih.copy_(dgates.sum(1));
       if (cell == RecurrentCell::gru) {
-        g.b_hh = at::cat({g.b_ih.narrow(1, 0, 2 * H), aux.sum(1).to(g.b_ih.scalar_type())}, 1);
+        g.b_hh = cat({g.b_ih.narrow(1, 0, 2 * H), aux.sum(1).to(g.b_ih.scalar_type())}, 1);
       } else {
         g.b_hh = g.b_ih.clone();
       }

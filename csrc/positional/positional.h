@@ -2,8 +2,7 @@
 // The Python layer (fastattn/ops/positional.py) checks the same rules first with friendlier
 // messages; these guard direct calls of torch.ops.fastattn.*.
 #pragma once
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/aminmax.h>
+#include "common/tensor_api.h"
 
 #include <limits>
 #include <string>
@@ -16,10 +15,10 @@
 namespace fastattn::positional {
 
 // offsets: optional int64 (N,) per-sequence start positions.
-inline void check_offsets(const c10::optional<at::Tensor>& offsets, int64_t N,
-                          const at::Tensor& like, const char* op) {
+inline void check_offsets(const std::optional<Tensor>& offsets, int64_t N, const Tensor& like,
+                          const char* op) {
   if (!offsets.has_value() || !offsets->defined()) return;
-  FASTATTN_CHECK(offsets->scalar_type() == at::kLong, op, "offsets must be int64, got ",
+  FASTATTN_CHECK(offsets->scalar_type() == kLong, op, "offsets must be int64, got ",
                  offsets->scalar_type());
   FASTATTN_CHECK(offsets->dim() == 1 && offsets->size(0) == N && offsets->is_contiguous(), op,
                  "offsets must be a contiguous (", N, ",) tensor, got ", offsets->sizes());
@@ -32,26 +31,28 @@ inline void check_offsets(const c10::optional<at::Tensor>& offsets, int64_t N,
 // host synchronisation and capturable in CUDA graphs.
 
 // [min, max] of an integer CPU tensor.
-inline std::pair<int64_t, int64_t> host_value_range(const at::Tensor& t) {
-  TORCH_INTERNAL_ASSERT(t.is_cpu(), "host_value_range reads CPU tensors only");
-  auto [lo, hi] = at::aminmax(t);
+inline std::pair<int64_t, int64_t> host_value_range(const Tensor& t) {
+  FASTATTN_CHECK(t.is_cpu(), "host_value_range", "reads CPU tensors only");
+  auto [lo, hi] = aminmax(t);
   return {lo.item<int64_t>(), hi.item<int64_t>()};
 }
 
 // Every value of the non-CPU tensor t lies in [lo, hi], checked on its device.
-inline void require_in_range_on_device(const at::Tensor& t, int64_t lo, int64_t hi, const char* op,
+inline void require_in_range_on_device(const Tensor& t, int64_t lo, int64_t hi, const char* op,
                                        const std::string& rule) {
 #if defined(FASTATTN_WITH_CUDA)
   device_checks::require_in_range(t, lo, hi, std::string(op) + ": " + rule);
 #else
-  TORCH_CHECK(false, op, ": cannot check ", rule, " for a tensor on ", t.device(),
-              " (CPU-only build)");
+  // The CPU op bodies (fastattn._C) are built without the device checks, which live in the
+  // CUDA kernels' library; they never see a CUDA tensor (the dispatcher routes those there).
+  FASTATTN_CHECK(false, op, "cannot check ", rule, " for a tensor on ", t.device(),
+                 " (a CPU op body)");
 #endif
 }
 
 // Every position offset + offsets[n] + l (l < L) must be >= 0, and < rows when rows >= 0.
-inline void check_position_range(int64_t offset, const c10::optional<at::Tensor>& offsets,
-                                 int64_t L, int64_t rows, const char* op, const char* what) {
+inline void check_position_range(int64_t offset, const std::optional<Tensor>& offsets, int64_t L,
+                                 int64_t rows, const char* op, const char* what) {
   const bool per_sequence = offsets.has_value() && offsets->defined() && offsets->numel() > 0;
   if (per_sequence && !offsets->is_cpu()) {
     FASTATTN_CHECK(rows < 0 || L <= rows, op, "positions reach at least ", L - 1, " but ", what,
@@ -78,9 +79,9 @@ inline void check_position_range(int64_t offset, const c10::optional<at::Tensor>
   }
 }
 
-inline void check_add_sinusoidal(const at::Tensor& x, const c10::optional<at::Tensor>& offsets,
-                                 double base, double dropout_p,
-                                 const c10::optional<at::Tensor>& seed, const char* op) {
+inline void check_add_sinusoidal(const Tensor& x, const std::optional<Tensor>& offsets, double base,
+                                 double dropout_p, const std::optional<Tensor>& seed,
+                                 const char* op) {
   check_float_dtype(x, op, "x");
   FASTATTN_CHECK(x.dim() == 3, op, "x must be 3-D (N, L, D), got ", x.sizes());
   check_unit_last_stride(x, op, "x");
@@ -89,11 +90,11 @@ inline void check_add_sinusoidal(const at::Tensor& x, const c10::optional<at::Te
   check_seed(seed, dropout_p, x, op);
 }
 
-inline void check_embed(const at::Tensor& tokens, const at::Tensor& weight,
-                        const c10::optional<at::Tensor>& table, int64_t offset,
-                        const c10::optional<at::Tensor>& offsets, double dropout_p,
-                        const c10::optional<at::Tensor>& seed, const char* op) {
-  FASTATTN_CHECK(tokens.scalar_type() == at::kLong, op, "tokens must be int64, got ",
+inline void check_embed(const Tensor& tokens, const Tensor& weight,
+                        const std::optional<Tensor>& table, int64_t offset,
+                        const std::optional<Tensor>& offsets, double dropout_p,
+                        const std::optional<Tensor>& seed, const char* op) {
+  FASTATTN_CHECK(tokens.scalar_type() == kLong, op, "tokens must be int64, got ",
                  tokens.scalar_type());
   FASTATTN_CHECK(tokens.dim() == 2, op, "tokens must be 2-D (N, L), got ", tokens.sizes());
   check_float_dtype(weight, op, "weight");
@@ -130,11 +131,11 @@ inline void check_embed(const at::Tensor& tokens, const at::Tensor& weight,
 }
 
 // cos/sin: (P, rotary_dim / 2) tables in the compute type; position_ids (B, L) int64.
-inline void check_rotary(const at::Tensor& x, const c10::optional<at::Tensor>& cos,
-                         const c10::optional<at::Tensor>& sin, int64_t offset,
-                         const c10::optional<at::Tensor>& offsets,
-                         const c10::optional<at::Tensor>& position_ids, int64_t rotary_dim,
-                         double base, const char* op) {
+inline void check_rotary(const Tensor& x, const std::optional<Tensor>& cos,
+                         const std::optional<Tensor>& sin, int64_t offset,
+                         const std::optional<Tensor>& offsets,
+                         const std::optional<Tensor>& position_ids, int64_t rotary_dim, double base,
+                         const char* op) {
   check_float_dtype(x, op, "x");
   FASTATTN_CHECK(x.dim() == 4, op, "x must be 4-D (B, H, L, D), got ", x.sizes());
   check_unit_last_stride(x, op, "x");
@@ -144,7 +145,7 @@ inline void check_rotary(const at::Tensor& x, const c10::optional<at::Tensor>& c
   const bool has_cos = cos.has_value() && cos->defined();
   const bool has_sin = sin.has_value() && sin->defined();
   FASTATTN_CHECK(has_cos == has_sin, op, "cos and sin must be given together");
-  const auto compute = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const auto compute = x.scalar_type() == kDouble ? kDouble : kFloat;
   int64_t rows = -1;
   if (has_cos) {
     for (const auto* t : {&*cos, &*sin}) {
@@ -163,7 +164,7 @@ inline void check_rotary(const at::Tensor& x, const c10::optional<at::Tensor>& c
   }
   if (position_ids.has_value() && position_ids->defined()) {
     const auto& ids = *position_ids;
-    FASTATTN_CHECK(ids.scalar_type() == at::kLong, op, "position_ids must be int64, got ",
+    FASTATTN_CHECK(ids.scalar_type() == kLong, op, "position_ids must be int64, got ",
                    ids.scalar_type());
     FASTATTN_CHECK(ids.dim() == 2 && ids.size(0) == x.size(0) && ids.size(1) == x.size(2) &&
                        ids.is_contiguous(),

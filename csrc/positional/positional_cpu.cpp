@@ -1,9 +1,6 @@
 // CPU bodies of the positional-encoding ops: checks, allocation, and the ISA-dispatched loops of
 // positional_cpu_kernel.cpp.
-#include <ATen/Dispatch.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
-#include <torch/library.h>
+#include "common/tensor_api.h"
 
 #include "common/cpu_huge_pages.h"
 #include "common/cpu_isa.h"
@@ -14,8 +11,7 @@
 namespace fastattn::positional {
 namespace {
 
-using at::Tensor;
-using c10::optional;
+using std::optional;
 
 const int64_t* optional_ptr(const optional<Tensor>& t) {
   return t.has_value() && t->defined() ? t->data_ptr<int64_t>() : nullptr;
@@ -28,18 +24,17 @@ std::pair<uint64_t, uint64_t> read_seed(const optional<Tensor>& seed, double p) 
 }
 
 #define FASTATTN_DISPATCH_FLOATS(TYPE, NAME, ...) \
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, TYPE, NAME, __VA_ARGS__)
+  FASTATTN_DISPATCH_FLOATING(TYPE, NAME, __VA_ARGS__)
 
-Tensor sinusoidal_table_cpu(const Tensor& positions, int64_t dim, double base,
-                            at::ScalarType dtype) {
+Tensor sinusoidal_table_cpu(const Tensor& positions, int64_t dim, double base, ScalarType dtype) {
   constexpr const char* op = "sinusoidal_table";
-  FASTATTN_CHECK(positions.scalar_type() == at::kLong, op, "positions must be int64, got ",
+  FASTATTN_CHECK(positions.scalar_type() == kLong, op, "positions must be int64, got ",
                  positions.scalar_type());
   FASTATTN_CHECK(dim >= 1, op, "dim must be >= 1, got ", dim);
   FASTATTN_CHECK(base > 0.0, op, "base must be > 0, got ", base);
   auto sizes = positions.sizes().vec();
   sizes.push_back(dim);
-  Tensor out = at::empty(sizes, positions.options().dtype(dtype));
+  Tensor out = empty(sizes, positions.options().dtype(dtype));
   cpu::advise_huge_pages(out);
   poison(out);
   Tensor flat = positions.contiguous();
@@ -81,7 +76,7 @@ void add_sinusoidal_into(const Tensor& x, const Tensor& out, int64_t offset,
 Tensor add_sinusoidal_cpu(const Tensor& x, int64_t offset, const optional<Tensor>& offsets,
                           double scale, double base, double dropout_p,
                           const optional<Tensor>& seed) {
-  Tensor out = at::empty_like(x);  // keeps x's layout: (L, B, D) input viewed as (B, L, D)
+  Tensor out = empty_like(x);  // keeps x's layout: (L, B, D) input viewed as (B, L, D)
   cpu::advise_huge_pages(out);
   poison(out);
   add_sinusoidal_into(x, out, offset, offsets, scale, base, dropout_p, seed, true,
@@ -98,10 +93,10 @@ void add_sinusoidal_inplace_cpu(const Tensor& x, int64_t offset, const optional<
 
 Tensor add_sinusoidal_backward_cpu(const Tensor& grad, double scale, double dropout_p,
                                    const optional<Tensor>& seed) {
-  Tensor out = at::empty_like(grad);
+  Tensor out = empty_like(grad);
   cpu::advise_huge_pages(out);
   poison(out);
-  add_sinusoidal_into(grad, out, 0, c10::nullopt, scale, 10000.0, dropout_p, seed, false,
+  add_sinusoidal_into(grad, out, 0, std::nullopt, scale, 10000.0, dropout_p, seed, false,
                       "add_sinusoidal_backward");
   return out;
 }
@@ -117,7 +112,7 @@ Tensor embed_with_positions_cpu(const Tensor& tokens, const Tensor& weight,
   constexpr const char* op = "embed_with_positions";
   check_embed(tokens, weight, table, offset, offsets, dropout_p, seed, op);
   const int64_t N = tokens.size(0), L = tokens.size(1), D = weight.size(1);
-  Tensor out = at::empty({N, L, D}, weight.options());
+  Tensor out = empty({N, L, D}, weight.options());
   cpu::advise_huge_pages(out);
   poison(out);
   if (out.numel() == 0) return out;
@@ -157,12 +152,12 @@ std::tuple<Tensor, Tensor> embed_with_positions_backward_cpu(
                      grad.size(1) == tokens.size(1),
                  op, "grad must be (N, L, D) matching tokens (N, L), got ", grad.sizes(), " and ",
                  tokens.sizes());
-  FASTATTN_CHECK(tokens.scalar_type() == at::kLong, op, "tokens must be int64");
+  FASTATTN_CHECK(tokens.scalar_type() == kLong, op, "tokens must be int64");
   check_offsets(offsets, tokens.size(0), grad, op);
   check_seed(seed, dropout_p, grad, op);
   const int64_t N = grad.size(0), L = grad.size(1), D = grad.size(2);
-  Tensor grad_weight = at::empty({num_weights, D}, grad.options());
-  Tensor grad_table = at::empty({std::max<int64_t>(table_rows, 0), D}, grad.options());
+  Tensor grad_weight = empty({num_weights, D}, grad.options());
+  Tensor grad_table = empty({std::max<int64_t>(table_rows, 0), D}, grad.options());
   poison(grad_weight);
   poison(grad_table);
   Tensor g = grad.contiguous();
@@ -228,7 +223,7 @@ Tensor apply_rotary_cpu(const Tensor& x, const optional<Tensor>& cos, const opti
                         int64_t offset, const optional<Tensor>& offsets,
                         const optional<Tensor>& position_ids, int64_t rotary_dim, double base,
                         bool interleaved, bool conjugate) {
-  Tensor out = at::empty_like(x);
+  Tensor out = empty_like(x);
   cpu::advise_huge_pages(out);
   poison(out);
   apply_rotary_into(x, out, cos, sin, offset, offsets, position_ids, rotary_dim, base, interleaved,
@@ -246,15 +241,15 @@ void apply_rotary_inplace_cpu(const Tensor& x, const optional<Tensor>& cos,
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fastattn, CPU, m) {
-  m.impl("sinusoidal_table", &sinusoidal_table_cpu);
-  m.impl("add_sinusoidal", &add_sinusoidal_cpu);
-  m.impl("add_sinusoidal_", &add_sinusoidal_inplace_cpu);
-  m.impl("add_sinusoidal_backward", &add_sinusoidal_backward_cpu);
-  m.impl("embed_with_positions", &embed_with_positions_cpu);
-  m.impl("embed_with_positions_backward", &embed_with_positions_backward_cpu);
-  m.impl("apply_rotary", &apply_rotary_cpu);
-  m.impl("apply_rotary_", &apply_rotary_inplace_cpu);
+STABLE_TORCH_LIBRARY_IMPL(fastattn, CPU, m) {
+  m.impl("sinusoidal_table", TORCH_BOX(&sinusoidal_table_cpu));
+  m.impl("add_sinusoidal", TORCH_BOX(&add_sinusoidal_cpu));
+  m.impl("add_sinusoidal_", TORCH_BOX(&add_sinusoidal_inplace_cpu));
+  m.impl("add_sinusoidal_backward", TORCH_BOX(&add_sinusoidal_backward_cpu));
+  m.impl("embed_with_positions", TORCH_BOX(&embed_with_positions_cpu));
+  m.impl("embed_with_positions_backward", TORCH_BOX(&embed_with_positions_backward_cpu));
+  m.impl("apply_rotary", TORCH_BOX(&apply_rotary_cpu));
+  m.impl("apply_rotary_", TORCH_BOX(&apply_rotary_inplace_cpu));
 }
 
 }  // namespace fastattn::positional

@@ -1,7 +1,7 @@
 // Positional-encoding CPU loops. Compiled once per ISA (see CMakeLists.txt), which defines
 // FASTATTN_ISA to the namespace of this copy. Rows of the compute type are transformed in place
 // with vectorisable loops; other storage types are converted through a small row buffer.
-#include <ATen/Parallel.h>
+#include "common/parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -160,13 +160,13 @@ std::shared_ptr<const std::vector<acc>> cached_sinusoid_rows(int64_t rows_needed
   while (rows < rows_needed) rows *= 2;
   rows = std::max(rows_needed, std::min(rows, kMaxCachedBytes / row_bytes));
   auto table = std::make_shared<std::vector<acc>>(static_cast<size_t>(rows * D));
-  at::parallel_for(0, rows, std::max<int64_t>(1, 2048 / std::max<int64_t>(D, 1)),
-                   [&](int64_t begin, int64_t end) {
-                     std::vector<acc> trig(2 * ((D + 1) / 2));
-                     for (int64_t r = begin; r < end; ++r) {
-                       sinusoid_row<acc>(r, inv, D, table->data() + r * D, trig.data());
-                     }
-                   });
+  parallel_for(0, rows, std::max<int64_t>(1, 2048 / std::max<int64_t>(D, 1)),
+               [&](int64_t begin, int64_t end) {
+                 std::vector<acc> trig(2 * ((D + 1) / 2));
+                 for (int64_t r = begin; r < end; ++r) {
+                   sinusoid_row<acc>(r, inv, D, table->data() + r * D, trig.data());
+                 }
+               });
   entries.erase(std::remove_if(entries.begin(), entries.end(),
                                [&](const Entry& e) { return e.dim == D && e.base == base; }),
                 entries.end());
@@ -197,13 +197,13 @@ SharedSinusoid<acc> shared_sinusoid(int64_t lo, int64_t hi, int64_t uses, const 
   if (out.rows != nullptr) return out;
   if (rows * D * static_cast<int64_t>(sizeof(acc)) > kMaxTableBytes) return out;
   auto table = std::make_shared<std::vector<acc>>(static_cast<size_t>(rows * D));
-  at::parallel_for(0, rows, std::max<int64_t>(1, 2048 / std::max<int64_t>(D, 1)),
-                   [&](int64_t begin, int64_t end) {
-                     std::vector<acc> trig(2 * ((D + 1) / 2));
-                     for (int64_t r = begin; r < end; ++r) {
-                       sinusoid_row<acc>(lo + r, inv, D, table->data() + r * D, trig.data());
-                     }
-                   });
+  parallel_for(0, rows, std::max<int64_t>(1, 2048 / std::max<int64_t>(D, 1)),
+               [&](int64_t begin, int64_t end) {
+                 std::vector<acc> trig(2 * ((D + 1) / 2));
+                 for (int64_t r = begin; r < end; ++r) {
+                   sinusoid_row<acc>(lo + r, inv, D, table->data() + r * D, trig.data());
+                 }
+               });
   out.rows = table;
   out.first = lo;
   return out;
@@ -260,7 +260,7 @@ void sinusoidal_table(const SinusoidTableParams& p) {
   using acc = acc_t<T>;
   const auto inv = inverse_frequencies<acc>(p.dim, p.base);
   T* out = static_cast<T*>(p.out);
-  at::parallel_for(0, p.count, 16, [&](int64_t begin, int64_t end) {
+  parallel_for(0, p.count, 16, [&](int64_t begin, int64_t end) {
     std::vector<acc> pe(p.dim), trig(2 * ((p.dim + 1) / 2));
     for (int64_t r = begin; r < end; ++r) {
       sinusoid_row<acc>(p.positions[r], inv.data(), p.dim, pe.data(), trig.data());
@@ -283,37 +283,36 @@ void add_sinusoidal(const AddSinusoidalParams& p) {
       p.add_pe ? shared_sinusoid<acc>(lo, hi, p.N * p.L, inv.data(), p.D, p.base)
                : SharedSinusoid<acc>();
   const acc* table = shared.rows != nullptr ? shared.row(lo, p.D) : nullptr;  // PE[lo]
-  at::parallel_for(
-      0, p.N * p.L, std::max<int64_t>(1, 4096 / std::max<int64_t>(p.D, 1)),
-      [&](int64_t begin, int64_t end) {
-        RowBuffers<acc> buf(p.D);
-        int64_t pe_position = -1;
-        for (int64_t r = begin; r < end; ++r) {
-          const int64_t n = r / p.L, l = r % p.L;
-          const acc* pe = nullptr;
-          if (p.add_pe) {
-            const int64_t pos = p.offset + (p.offsets ? p.offsets[n] : 0) + l;
-            if (table != nullptr) {
-              pe = table + (pos - lo) * p.D;
-            } else {
-              if (pos != pe_position) {
-                sinusoid_row<acc>(pos, inv.data(), p.D, buf.pe.data(), buf.trig.data());
-                pe_position = pos;
-              }
-              pe = buf.pe.data();
-            }
-          }
-          const acc* mult = nullptr;
-          if (p.dropout_p > 0.0) {
-            dropout_multipliers<acc>(p.seed, p.stream, static_cast<uint64_t>(r * p.D), p.D,
-                                     p.dropout_p, buf.uniform.data(), buf.mult.data());
-            mult = buf.mult.data();
-          }
-          combine_row<T, acc>(x + n * p.x_stride_n + l * p.x_stride_l,
-                              out + n * p.out_stride_n + l * p.out_stride_l, p.D, scale, pe, mult,
-                              buf.value.data());
-        }
-      });
+  parallel_for(0, p.N * p.L, std::max<int64_t>(1, 4096 / std::max<int64_t>(p.D, 1)),
+               [&](int64_t begin, int64_t end) {
+                 RowBuffers<acc> buf(p.D);
+                 int64_t pe_position = -1;
+                 for (int64_t r = begin; r < end; ++r) {
+                   const int64_t n = r / p.L, l = r % p.L;
+                   const acc* pe = nullptr;
+                   if (p.add_pe) {
+                     const int64_t pos = p.offset + (p.offsets ? p.offsets[n] : 0) + l;
+                     if (table != nullptr) {
+                       pe = table + (pos - lo) * p.D;
+                     } else {
+                       if (pos != pe_position) {
+                         sinusoid_row<acc>(pos, inv.data(), p.D, buf.pe.data(), buf.trig.data());
+                         pe_position = pos;
+                       }
+                       pe = buf.pe.data();
+                     }
+                   }
+                   const acc* mult = nullptr;
+                   if (p.dropout_p > 0.0) {
+                     dropout_multipliers<acc>(p.seed, p.stream, static_cast<uint64_t>(r * p.D), p.D,
+                                              p.dropout_p, buf.uniform.data(), buf.mult.data());
+                     mult = buf.mult.data();
+                   }
+                   combine_row<T, acc>(x + n * p.x_stride_n + l * p.x_stride_l,
+                                       out + n * p.out_stride_n + l * p.out_stride_l, p.D, scale,
+                                       pe, mult, buf.value.data());
+                 }
+               });
 }
 
 template <typename T>
@@ -332,41 +331,40 @@ void embed_with_positions(const EmbedParams& p) {
   const acc* sinusoid = shared.rows != nullptr ? shared.row(lo, p.D) : nullptr;  // PE[lo]
   // A learned table in the compute type is read in place; others are converted per row.
   constexpr bool kDirectTable = std::is_same_v<T, acc>;
-  at::parallel_for(0, p.N * p.L, std::max<int64_t>(1, 4096 / std::max<int64_t>(p.D, 1)),
-                   [&](int64_t begin, int64_t end) {
-                     RowBuffers<acc> buf(p.D);
-                     int64_t pe_position = -1;
-                     for (int64_t r = begin; r < end; ++r) {
-                       const int64_t n = r / p.L, l = r % p.L;
-                       const int64_t pos = p.offset + (p.offsets ? p.offsets[n] : 0) + l;
-                       const acc* pe;
-                       if (table != nullptr) {
-                         if constexpr (kDirectTable) {
-                           pe = reinterpret_cast<const acc*>(table + pos * p.table_stride);
-                         } else {
-                           load_row<T>(table + pos * p.table_stride, buf.pe.data(), p.D);
-                           pe = buf.pe.data();
-                         }
-                       } else if (sinusoid != nullptr) {
-                         pe = sinusoid + (pos - lo) * p.D;
-                       } else {
-                         if (pos != pe_position) {
-                           sinusoid_row<acc>(pos, inv.data(), p.D, buf.pe.data(), buf.trig.data());
-                           pe_position = pos;
-                         }
-                         pe = buf.pe.data();
-                       }
-                       const acc* mult = nullptr;
-                       if (p.dropout_p > 0.0) {
-                         dropout_multipliers<acc>(p.seed, p.stream, static_cast<uint64_t>(r * p.D),
-                                                  p.D, p.dropout_p, buf.uniform.data(),
-                                                  buf.mult.data());
-                         mult = buf.mult.data();
-                       }
-                       combine_row<T, acc>(weight + p.tokens[r] * p.weight_stride, out + r * p.D,
-                                           p.D, scale, pe, mult, buf.value.data());
+  parallel_for(0, p.N * p.L, std::max<int64_t>(1, 4096 / std::max<int64_t>(p.D, 1)),
+               [&](int64_t begin, int64_t end) {
+                 RowBuffers<acc> buf(p.D);
+                 int64_t pe_position = -1;
+                 for (int64_t r = begin; r < end; ++r) {
+                   const int64_t n = r / p.L, l = r % p.L;
+                   const int64_t pos = p.offset + (p.offsets ? p.offsets[n] : 0) + l;
+                   const acc* pe;
+                   if (table != nullptr) {
+                     if constexpr (kDirectTable) {
+                       pe = reinterpret_cast<const acc*>(table + pos * p.table_stride);
+                     } else {
+                       load_row<T>(table + pos * p.table_stride, buf.pe.data(), p.D);
+                       pe = buf.pe.data();
                      }
-                   });
+                   } else if (sinusoid != nullptr) {
+                     pe = sinusoid + (pos - lo) * p.D;
+                   } else {
+                     if (pos != pe_position) {
+                       sinusoid_row<acc>(pos, inv.data(), p.D, buf.pe.data(), buf.trig.data());
+                       pe_position = pos;
+                     }
+                     pe = buf.pe.data();
+                   }
+                   const acc* mult = nullptr;
+                   if (p.dropout_p > 0.0) {
+                     dropout_multipliers<acc>(p.seed, p.stream, static_cast<uint64_t>(r * p.D), p.D,
+                                              p.dropout_p, buf.uniform.data(), buf.mult.data());
+                     mult = buf.mult.data();
+                   }
+                   combine_row<T, acc>(weight + p.tokens[r] * p.weight_stride, out + r * p.D, p.D,
+                                       scale, pe, mult, buf.value.data());
+                 }
+               });
 }
 
 namespace {
@@ -390,13 +388,13 @@ void sorted_segment_sum(const acc* rows, const std::vector<int64_t>& keys, int64
   // Zero the rows no segment writes (all rows when there is no segment).
   std::vector<char> touched(num_keys, 0);
   for (int64_t s = 0; s < segments; ++s) touched[keys[order[starts[s]]]] = 1;
-  at::parallel_for(0, num_keys, 64, [&](int64_t begin, int64_t end) {
+  parallel_for(0, num_keys, 64, [&](int64_t begin, int64_t end) {
     std::vector<acc> zeros(D, acc(0));
     for (int64_t k = begin; k < end; ++k) {
       if (!touched[k]) store_row<T>(zeros.data(), out + k * D, D);
     }
   });
-  at::parallel_for(0, segments, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, segments, 1, [&](int64_t begin, int64_t end) {
     std::vector<acc> sum(D);
     for (int64_t s = begin; s < end; ++s) {
       const size_t first = starts[s];
@@ -421,20 +419,19 @@ void embed_with_positions_backward(const EmbedBackwardParams& p) {
   const T* grad = static_cast<const T*>(p.grad);
   // The dropped-out gradient of every (n, l) row, in the compute type.
   std::vector<acc> dropped(static_cast<size_t>(rows * p.D));
-  at::parallel_for(0, rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(p.D, 1)),
-                   [&](int64_t begin, int64_t end) {
-                     RowBuffers<acc> buf(p.D);
-                     for (int64_t r = begin; r < end; ++r) {
-                       acc* g = dropped.data() + r * p.D;
-                       load_row<T>(grad + r * p.D, g, p.D);
-                       if (p.dropout_p > 0.0) {
-                         dropout_multipliers<acc>(p.seed, p.stream, static_cast<uint64_t>(r * p.D),
-                                                  p.D, p.dropout_p, buf.uniform.data(),
-                                                  buf.mult.data());
-                         for (int64_t d = 0; d < p.D; ++d) g[d] *= buf.mult[d];
-                       }
-                     }
-                   });
+  parallel_for(0, rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(p.D, 1)),
+               [&](int64_t begin, int64_t end) {
+                 RowBuffers<acc> buf(p.D);
+                 for (int64_t r = begin; r < end; ++r) {
+                   acc* g = dropped.data() + r * p.D;
+                   load_row<T>(grad + r * p.D, g, p.D);
+                   if (p.dropout_p > 0.0) {
+                     dropout_multipliers<acc>(p.seed, p.stream, static_cast<uint64_t>(r * p.D), p.D,
+                                              p.dropout_p, buf.uniform.data(), buf.mult.data());
+                     for (int64_t d = 0; d < p.D; ++d) g[d] *= buf.mult[d];
+                   }
+                 }
+               });
   std::vector<int64_t> keys(rows);
   for (int64_t r = 0; r < rows; ++r) {
     keys[r] = p.tokens[r] == p.padding_idx ? -1 : p.tokens[r];
@@ -462,49 +459,49 @@ void apply_rotary(const RotaryParams& p) {
   const acc* sin_table = static_cast<const acc*>(p.sin);
   const acc sign = p.conjugate ? acc(-1) : acc(1);
   // One (b, l) pair per task: its cos/sin row is computed once and used for all H heads.
-  at::parallel_for(
-      0, p.B * p.L, std::max<int64_t>(1, 2048 / std::max<int64_t>(p.H * p.D, 1)),
-      [&](int64_t begin, int64_t end) {
-        std::vector<acc> c(half), s(half), v(p.rotary_dim), r(p.rotary_dim);
-        for (int64_t task = begin; task < end; ++task) {
-          const int64_t b = task / p.L, l = task % p.L;
-          const int64_t pos = p.position_ids ? p.position_ids[b * p.L + l]
-                                             : p.offset + (p.offsets ? p.offsets[b] : 0) + l;
-          if (cos_table != nullptr) {
-            for (int64_t i = 0; i < half; ++i) {
-              c[i] = cos_table[pos * p.table_stride + i];
-              s[i] = sign * sin_table[pos * p.table_stride + i];
-            }
-          } else {
-            const acc fp = static_cast<acc>(pos);
-            for (int64_t i = 0; i < half; ++i) {
-              const double angle = static_cast<double>(fp * inv[i]);
-              c[i] = static_cast<acc>(std::cos(angle));
-              s[i] = sign * static_cast<acc>(std::sin(angle));
-            }
-          }
-          for (int64_t h = 0; h < p.H; ++h) {
-            const T* src = x + b * p.x_stride_b + h * p.x_stride_h + l * p.x_stride_l;
-            T* dst = out + b * p.out_stride_b + h * p.out_stride_h + l * p.out_stride_l;
-            load_row<T>(src, v.data(), p.rotary_dim);
-            if (p.interleaved) {  // GPT-J: pairs (2i, 2i+1)
-              for (int64_t i = 0; i < half; ++i) {
-                const acc x1 = v[2 * i], x2 = v[2 * i + 1];
-                r[2 * i] = x1 * c[i] - x2 * s[i];
-                r[2 * i + 1] = x2 * c[i] + x1 * s[i];
-              }
-            } else {  // GPT-NeoX: halves (i, i + rotary_dim/2)
-              for (int64_t i = 0; i < half; ++i) {
-                const acc x1 = v[i], x2 = v[i + half];
-                r[i] = x1 * c[i] - x2 * s[i];
-                r[i + half] = x2 * c[i] + x1 * s[i];
-              }
-            }
-            store_row<T>(r.data(), dst, p.rotary_dim);
-            if (p.copy_tail) std::copy(src + p.rotary_dim, src + p.D, dst + p.rotary_dim);
-          }
-        }
-      });
+  parallel_for(0, p.B * p.L, std::max<int64_t>(1, 2048 / std::max<int64_t>(p.H * p.D, 1)),
+               [&](int64_t begin, int64_t end) {
+                 std::vector<acc> c(half), s(half), v(p.rotary_dim), r(p.rotary_dim);
+                 for (int64_t task = begin; task < end; ++task) {
+                   const int64_t b = task / p.L, l = task % p.L;
+                   const int64_t pos = p.position_ids
+                                           ? p.position_ids[b * p.L + l]
+                                           : p.offset + (p.offsets ? p.offsets[b] : 0) + l;
+                   if (cos_table != nullptr) {
+                     for (int64_t i = 0; i < half; ++i) {
+                       c[i] = cos_table[pos * p.table_stride + i];
+                       s[i] = sign * sin_table[pos * p.table_stride + i];
+                     }
+                   } else {
+                     const acc fp = static_cast<acc>(pos);
+                     for (int64_t i = 0; i < half; ++i) {
+                       const double angle = static_cast<double>(fp * inv[i]);
+                       c[i] = static_cast<acc>(std::cos(angle));
+                       s[i] = sign * static_cast<acc>(std::sin(angle));
+                     }
+                   }
+                   for (int64_t h = 0; h < p.H; ++h) {
+                     const T* src = x + b * p.x_stride_b + h * p.x_stride_h + l * p.x_stride_l;
+                     T* dst = out + b * p.out_stride_b + h * p.out_stride_h + l * p.out_stride_l;
+                     load_row<T>(src, v.data(), p.rotary_dim);
+                     if (p.interleaved) {  // GPT-J: pairs (2i, 2i+1)
+                       for (int64_t i = 0; i < half; ++i) {
+                         const acc x1 = v[2 * i], x2 = v[2 * i + 1];
+                         r[2 * i] = x1 * c[i] - x2 * s[i];
+                         r[2 * i + 1] = x2 * c[i] + x1 * s[i];
+                       }
+                     } else {  // GPT-NeoX: halves (i, i + rotary_dim/2)
+                       for (int64_t i = 0; i < half; ++i) {
+                         const acc x1 = v[i], x2 = v[i + half];
+                         r[i] = x1 * c[i] - x2 * s[i];
+                         r[i + half] = x2 * c[i] + x1 * s[i];
+                       }
+                     }
+                     store_row<T>(r.data(), dst, p.rotary_dim);
+                     if (p.copy_tail) std::copy(src + p.rotary_dim, src + p.D, dst + p.rotary_dim);
+                   }
+                 }
+               });
 }
 
 #define FASTATTN_INSTANTIATE_POSITIONAL(T)                                    \

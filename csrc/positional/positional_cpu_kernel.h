@@ -1,8 +1,8 @@
 // Positional-encoding loops on raw pointers (no ATen), compiled once per x86 ISA.
 // positional_cpu.cpp checks the arguments, allocates, and calls these through cpu_isa.h.
 #pragma once
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
 #include <cstdint>
 
 namespace fastattn::cpu {

@@ -2,16 +2,7 @@
 // pos * inv_freq rounded to the compute type with inv_freq = base^(-2i/dim) computed in double,
 // dropout from the shared Philox stream (common/philox.h). Each thread owns 4 consecutive
 // columns of one row (one 16-byte load for float32 when the row is aligned).
-#include <ATen/Dispatch.h>
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/arange.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
-#include <ATen/ops/sort.h>
-#include <ATen/ops/zeros.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <torch/library.h>
+#include "common/cuda_api.h"
 
 #include "common/cuda_utils.cuh"
 #include "common/philox.h"
@@ -21,14 +12,32 @@
 namespace fastattn::positional {
 namespace {
 
-using at::Tensor;
-using c10::optional;
 using fastattn::cuda::acc_t;
 using fastattn::cuda::ceil_div;
 using fastattn::cuda::from_acc;
 using fastattn::cuda::to_acc;
+using std::optional;
 
 constexpr int kColsPerThread = 4;
+
+// The sort keys of embed_with_positions_backward's deterministic path (int64, rows of them):
+// keys[i] = tokens[i], or -1 for padding tokens (padding_idx >= 0), when positions is null;
+// else positions[n * L + l] = offset + offsets[n] (0 without offsets) + l.
+__global__ void sort_keys_kernel(const int64_t* __restrict__ tokens, int64_t padding_idx,
+                                 const int64_t* __restrict__ offsets, int64_t offset, int64_t L,
+                                 int64_t rows, int64_t* __restrict__ keys,
+                                 int64_t* __restrict__ positions) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < rows;
+       i += step) {
+    if (positions == nullptr) {
+      const int64_t t = tokens[i];
+      keys[i] = padding_idx >= 0 && t == padding_idx ? -1 : t;
+    } else {
+      positions[i] = offset + (offsets != nullptr ? offsets[i / L] : 0) + i % L;
+    }
+  }
+}
 
 const int64_t* optional_ptr(const optional<Tensor>& t) {
   return t.has_value() && t->defined() ? t->data_ptr<int64_t>() : nullptr;
@@ -321,26 +330,25 @@ __global__ void rotary_kernel(const T* x, T* out, int64_t H, int64_t L, int64_t 
 }
 
 #define FASTATTN_DISPATCH_FLOATS(TYPE, ...) \
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, TYPE, "positional_cuda", __VA_ARGS__)
+  FASTATTN_DISPATCH_FLOATING(TYPE, "positional_cuda", __VA_ARGS__)
 
 // ---------------------------------------------------------------------------------------------
 
-Tensor sinusoidal_table_cuda(const Tensor& positions, int64_t dim, double base,
-                             at::ScalarType dtype) {
+Tensor sinusoidal_table_cuda(const Tensor& positions, int64_t dim, double base, ScalarType dtype) {
   constexpr const char* op = "sinusoidal_table";
-  FASTATTN_CHECK(positions.scalar_type() == at::kLong, op, "positions must be int64, got ",
+  FASTATTN_CHECK(positions.scalar_type() == kLong, op, "positions must be int64, got ",
                  positions.scalar_type());
   FASTATTN_CHECK(dim >= 1, op, "dim must be >= 1, got ", dim);
   FASTATTN_CHECK(base > 0.0, op, "base must be > 0, got ", base);
-  c10::cuda::CUDAGuard guard(positions.device());
+  CudaGuard guard(positions);
   auto sizes = positions.sizes().vec();
   sizes.push_back(dim);
-  Tensor out = at::empty(sizes, positions.options().dtype(dtype));
+  Tensor out = empty(sizes, positions.options().dtype(dtype));
   poison(out);
   if (out.numel() == 0) return out;
   Tensor flat = positions.contiguous();
   const auto launch = row_launch(flat.numel(), dim);
-  auto stream = c10::cuda::getCurrentCUDAStream();
+  auto stream = current_cuda_stream();
   FASTATTN_DISPATCH_FLOATS(dtype, [&] {
     sinusoidal_table_kernel<scalar_t><<<launch.grid, launch.block, 0, stream>>>(
         flat.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), dim, std::log2(base));
@@ -356,11 +364,11 @@ void add_sinusoidal_into(const Tensor& x, const Tensor& out, int64_t offset,
                          double dropout_p, const optional<Tensor>& seed, bool add_pe,
                          const char* op) {
   check_add_sinusoidal(x, offsets, base, dropout_p, seed, op);
-  c10::cuda::CUDAGuard guard(x.device());
+  CudaGuard guard(x);
   if (x.numel() == 0) return;
   const int64_t N = x.size(0), L = x.size(1), D = x.size(2);
   const auto launch = row_launch(N * L, D);
-  auto stream = c10::cuda::getCurrentCUDAStream();
+  auto stream = current_cuda_stream();
   FASTATTN_DISPATCH_FLOATS(x.scalar_type(), [&] {
     using acc = acc_t<scalar_t>;
     const auto drop = make_dropout<acc>(dropout_p, seed);
@@ -380,7 +388,7 @@ void add_sinusoidal_into(const Tensor& x, const Tensor& out, int64_t offset,
 Tensor add_sinusoidal_cuda(const Tensor& x, int64_t offset, const optional<Tensor>& offsets,
                            double scale, double base, double dropout_p,
                            const optional<Tensor>& seed) {
-  Tensor out = at::empty_like(x);
+  Tensor out = empty_like(x);
   poison(out);
   add_sinusoidal_into(x, out, offset, offsets, scale, base, dropout_p, seed, true,
                       "add_sinusoidal");
@@ -395,9 +403,9 @@ void add_sinusoidal_inplace_cuda(const Tensor& x, int64_t offset, const optional
 
 Tensor add_sinusoidal_backward_cuda(const Tensor& grad, double scale, double dropout_p,
                                     const optional<Tensor>& seed) {
-  Tensor out = at::empty_like(grad);
+  Tensor out = empty_like(grad);
   poison(out);
-  add_sinusoidal_into(grad, out, 0, c10::nullopt, scale, 10000.0, dropout_p, seed, false,
+  add_sinusoidal_into(grad, out, 0, std::nullopt, scale, 10000.0, dropout_p, seed, false,
                       "add_sinusoidal_backward");
   return out;
 }
@@ -412,15 +420,15 @@ Tensor embed_with_positions_cuda(const Tensor& tokens, const Tensor& weight,
   (void)deterministic;
   constexpr const char* op = "embed_with_positions";
   check_embed(tokens, weight, table, offset, offsets, dropout_p, seed, op);
-  c10::cuda::CUDAGuard guard(weight.device());
+  CudaGuard guard(weight);
   const int64_t N = tokens.size(0), L = tokens.size(1), D = weight.size(1);
-  Tensor out = at::empty({N, L, D}, weight.options());
+  Tensor out = empty({N, L, D}, weight.options());
   poison(out);
   if (out.numel() == 0) return out;
   Tensor tok = tokens.contiguous();
   const bool has_table = table.has_value() && table->defined();
   const auto launch = row_launch(N * L, D);
-  auto stream = c10::cuda::getCurrentCUDAStream();
+  auto stream = current_cuda_stream();
   FASTATTN_DISPATCH_FLOATS(weight.scalar_type(), [&] {
     using acc = acc_t<scalar_t>;
     const auto drop = make_dropout<acc>(dropout_p, seed);
@@ -443,7 +451,7 @@ Tensor embed_with_positions_cuda(const Tensor& tokens, const Tensor& weight,
 template <typename T>
 Tensor finish_accumulator(const Tensor& accum, const Tensor& like, cudaStream_t stream) {
   if (accum.scalar_type() == like.scalar_type()) return accum;
-  Tensor out = at::empty(accum.sizes(), like.options());
+  Tensor out = empty(accum.sizes(), like.options());
   poison(out);
   const int64_t n = accum.numel();
   if (n > 0) {
@@ -464,19 +472,19 @@ std::tuple<Tensor, Tensor> embed_with_positions_backward_cuda(
                      grad.size(1) == tokens.size(1),
                  op, "grad must be (N, L, D) matching tokens (N, L), got ", grad.sizes(), " and ",
                  tokens.sizes());
-  FASTATTN_CHECK(tokens.scalar_type() == at::kLong, op, "tokens must be int64");
+  FASTATTN_CHECK(tokens.scalar_type() == kLong, op, "tokens must be int64");
   check_same_device(grad, tokens, op, "grad", "tokens");
   check_offsets(offsets, tokens.size(0), grad, op);
   check_seed(seed, dropout_p, grad, op);
-  c10::cuda::CUDAGuard guard(grad.device());
+  CudaGuard guard(grad);
   const int64_t N = grad.size(0), L = grad.size(1), D = grad.size(2), rows = N * L;
-  const auto acc_dtype = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const auto acc_dtype = grad.scalar_type() == kDouble ? kDouble : kFloat;
   const bool has_table = table_rows >= 0;
-  Tensor weight_acc = at::zeros({num_weights, D}, grad.options().dtype(acc_dtype));
-  Tensor table_acc = at::zeros({has_table ? table_rows : 0, D}, grad.options().dtype(acc_dtype));
+  Tensor weight_acc = zeros({num_weights, D}, grad.options().dtype(acc_dtype));
+  Tensor table_acc = zeros({has_table ? table_rows : 0, D}, grad.options().dtype(acc_dtype));
   Tensor g = grad.contiguous();
   Tensor tok = tokens.contiguous();
-  auto stream = c10::cuda::getCurrentCUDAStream();
+  auto stream = current_cuda_stream();
   Tensor grad_weight, grad_table;
   FASTATTN_DISPATCH_FLOATS(grad.scalar_type(), [&] {
     using acc = acc_t<scalar_t>;
@@ -491,18 +499,29 @@ std::tuple<Tensor, Tensor> embed_with_positions_backward_cuda(
         FASTATTN_CUDA_LAUNCH_CHECK();
       } else {
         // Weight rows keyed by token (padding rows keyed -1 are skipped).
-        Tensor keys = padding_idx >= 0 ? tok.masked_fill(tok.eq(padding_idx), -1) : tok;
-        auto [sorted, order] = at::sort(keys.reshape({rows}), /*stable=*/true, 0, false);
+        const unsigned key_blocks =
+            static_cast<unsigned>(std::min<int64_t>((rows + 255) / 256, 4096));
+        Tensor keys = tok;
+        if (padding_idx >= 0) {
+          keys = empty({N, L}, tok.options());
+          sort_keys_kernel<<<key_blocks, 256, 0, stream>>>(tok.data_ptr<int64_t>(), padding_idx,
+                                                           nullptr, 0, L, rows,
+                                                           keys.data_ptr<int64_t>(), nullptr);
+          FASTATTN_CUDA_LAUNCH_CHECK();
+        }
+        auto [sorted, order] = sort(keys.view({rows}), /*stable=*/true, 0, false);
         embed_backward_sorted_kernel<scalar_t><<<launch.grid, launch.block, 0, stream>>>(
             g.data_ptr<scalar_t>(), sorted.data_ptr<int64_t>(), order.data_ptr<int64_t>(), rows, D,
             static_cast<acc>(scale), drop, weight_acc.data_ptr<acc>());
         FASTATTN_CUDA_LAUNCH_CHECK();
         if (has_table) {
           // Position of row (n, l) is offset + offsets[n] + l.
-          Tensor pos = at::empty({N, L}, tok.options());
-          pos.copy_(at::arange(L, tok.options()).add(offset).expand({N, L}));
-          if (offsets.has_value() && offsets->defined()) pos.add_(offsets->unsqueeze(1));
-          auto [psorted, porder] = at::sort(pos.reshape({rows}), /*stable=*/true, 0, false);
+          Tensor pos = empty({N, L}, tok.options());
+          sort_keys_kernel<<<key_blocks, 256, 0, stream>>>(nullptr, -1, optional_ptr(offsets),
+                                                           offset, L, rows, nullptr,
+                                                           pos.data_ptr<int64_t>());
+          FASTATTN_CUDA_LAUNCH_CHECK();
+          auto [psorted, porder] = sort(pos.view({rows}), /*stable=*/true, 0, false);
           embed_backward_sorted_kernel<scalar_t><<<launch.grid, launch.block, 0, stream>>>(
               g.data_ptr<scalar_t>(), psorted.data_ptr<int64_t>(), porder.data_ptr<int64_t>(), rows,
               D, acc(1), drop, table_acc.data_ptr<acc>());
@@ -522,14 +541,14 @@ void apply_rotary_into(const Tensor& x, const Tensor& out, const optional<Tensor
                        bool interleaved, bool conjugate, const char* op) {
   check_rotary(x, cos, sin, offset, offsets, position_ids, rotary_dim, base, op);
   if (x.numel() == 0) return;
-  c10::cuda::CUDAGuard guard(x.device());
+  CudaGuard guard(x);
   const int64_t B = x.size(0), H = x.size(1), L = x.size(2), D = x.size(3);
   const bool has_table = cos.has_value() && cos->defined();
   const int64_t half = rotary_dim / 2;
   const int threads_x = static_cast<int>(std::min<int64_t>(128, ceil_div(half, 32) * 32));
   const int threads_y =
       static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(H, 256 / threads_x)));
-  auto stream = c10::cuda::getCurrentCUDAStream();
+  auto stream = current_cuda_stream();
   FASTATTN_DISPATCH_FLOATS(x.scalar_type(), [&] {
     using acc = acc_t<scalar_t>;
     rotary_kernel<scalar_t>
@@ -547,7 +566,7 @@ Tensor apply_rotary_cuda(const Tensor& x, const optional<Tensor>& cos, const opt
                          int64_t offset, const optional<Tensor>& offsets,
                          const optional<Tensor>& position_ids, int64_t rotary_dim, double base,
                          bool interleaved, bool conjugate) {
-  Tensor out = at::empty_like(x);
+  Tensor out = empty_like(x);
   poison(out);
   apply_rotary_into(x, out, cos, sin, offset, offsets, position_ids, rotary_dim, base, interleaved,
                     conjugate, "apply_rotary");
@@ -565,15 +584,15 @@ void apply_rotary_inplace_cuda(const Tensor& x, const optional<Tensor>& cos,
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fastattn, CUDA, m) {
-  m.impl("sinusoidal_table", &sinusoidal_table_cuda);
-  m.impl("add_sinusoidal", &add_sinusoidal_cuda);
-  m.impl("add_sinusoidal_", &add_sinusoidal_inplace_cuda);
-  m.impl("add_sinusoidal_backward", &add_sinusoidal_backward_cuda);
-  m.impl("embed_with_positions", &embed_with_positions_cuda);
-  m.impl("embed_with_positions_backward", &embed_with_positions_backward_cuda);
-  m.impl("apply_rotary", &apply_rotary_cuda);
-  m.impl("apply_rotary_", &apply_rotary_inplace_cuda);
+STABLE_TORCH_LIBRARY_IMPL(fastattn, CUDA, m) {
+  m.impl("sinusoidal_table", TORCH_BOX(&sinusoidal_table_cuda));
+  m.impl("add_sinusoidal", TORCH_BOX(&add_sinusoidal_cuda));
+  m.impl("add_sinusoidal_", TORCH_BOX(&add_sinusoidal_inplace_cuda));
+  m.impl("add_sinusoidal_backward", TORCH_BOX(&add_sinusoidal_backward_cuda));
+  m.impl("embed_with_positions", TORCH_BOX(&embed_with_positions_cuda));
+  m.impl("embed_with_positions_backward", TORCH_BOX(&embed_with_positions_backward_cuda));
+  m.impl("apply_rotary", TORCH_BOX(&apply_rotary_cuda));
+  m.impl("apply_rotary_", TORCH_BOX(&apply_rotary_inplace_cuda));
 }
 
 }  // namespace fastattn::positional

@@ -3,7 +3,7 @@
 // cu_seqlens are checked where they live: on the host by the CPU bodies
 // (check_cu_seqlens_on_host), on the device by the CUDA ones (common/device_checks.h).
 #pragma once
-#include <ATen/core/Tensor.h>
+#include "common/tensor_api.h"
 
 #include <utility>
 
@@ -12,8 +12,7 @@
 
 namespace fastattn::varlen_attention {
 
-using at::Tensor;
-using c10::optional;
+using std::optional;
 
 // q (total_q, Hq, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv) of one dtype and device with
 // unit last strides; cu_seqlens contiguous int32 (B+1,) on q's device; max_seqlen in
@@ -48,7 +47,7 @@ inline void check_varlen(const Tensor& q, const Tensor& k, const Tensor& v, cons
   for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&cu_q, "cu_seqlens_q"},
                                 std::pair<const Tensor*, const char*>{&cu_k, "cu_seqlens_k"}}) {
     FASTATTN_CHECK(
-        t->scalar_type() == at::kInt && t->dim() == 1 && t->numel() >= 1 && t->is_contiguous(), op,
+        t->scalar_type() == kInt && t->dim() == 1 && t->numel() >= 1 && t->is_contiguous(), op,
         name, " must be a contiguous int32 (B+1,) tensor, got ", t->scalar_type(), " ", t->sizes());
     check_same_device(*t, q, op, name, "q");
   }
@@ -65,7 +64,7 @@ inline void check_varlen(const Tensor& q, const Tensor& k, const Tensor& v, cons
                  "max_seqlen_q/max_seqlen_k must be >= 1 when q/k have rows, got ", max_q, " and ",
                  max_k);
   if (alibi.has_value() && alibi->defined()) {
-    FASTATTN_CHECK(alibi->scalar_type() == at::kFloat && alibi->dim() == 2 &&
+    FASTATTN_CHECK(alibi->scalar_type() == kFloat && alibi->dim() == 2 &&
                        alibi->size(0) == cu_q.numel() - 1 && alibi->size(1) == q.size(1),
                    op, "alibi_slopes must be float32 (B, Hq) = (", cu_q.numel() - 1, ", ",
                    q.size(1), "), got ", alibi->scalar_type(), " ", alibi->sizes());

@@ -1,9 +1,7 @@
 // CPU bodies of packed variable-length attention: the tiled kernels of
 // csrc/attention/attention_cpu_kernel.cpp with per-sequence geometry (cu_seqlens), so no work
 // is spent on padding.
-#include <ATen/Dispatch.h>
-#include <ATen/ops/empty.h>
-#include <torch/library.h>
+#include "common/tensor_api.h"
 
 #include "attention/attention.h"
 #include "attention/attention_cpu_common.h"
@@ -60,7 +58,7 @@ cpu::AttentionProblem varlen_problem(const Tensor& q, const Tensor& k, const Ten
 }
 
 #define FASTATTN_DISPATCH_VARLEN(TYPE, ...) \
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, TYPE, "varlen_cpu", __VA_ARGS__)
+  FASTATTN_DISPATCH_FLOATING(TYPE, "varlen_cpu", __VA_ARGS__)
 
 std::tuple<Tensor, Tensor> varlen_attention_forward_cpu(
     const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_q, const Tensor& cu_k,
@@ -69,8 +67,8 @@ std::tuple<Tensor, Tensor> varlen_attention_forward_cpu(
   constexpr const char* op = "varlen_attention_forward";
   varlen_attention::check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, alibi, dropout_p, seed, op);
   varlen_attention::check_cu_seqlens_on_host(q, k, cu_q, cu_k, max_q, max_k, op);
-  Tensor out = at::empty({q.size(0), q.size(1), v.size(2)}, q.options());
-  Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(lse_dtype(q)));
+  Tensor out = empty({q.size(0), q.size(1), v.size(2)}, q.options());
+  Tensor lse = empty({q.size(1), q.size(0)}, q.options().dtype(lse_dtype(q)));
   poison(out);
   poison(lse);
   if (out.numel() == 0 && lse.numel() == 0) return {out, lse};
@@ -95,9 +93,9 @@ std::tuple<Tensor, Tensor, Tensor> varlen_attention_backward_cpu(
   varlen_attention::check_cu_seqlens_on_host(q, k, cu_q, cu_k, max_q, max_k, op);
   Tensor dlse;
   if (defined(grad_lse)) dlse = grad_lse->to(lse_dtype(q)).contiguous();
-  Tensor dq = at::empty(q.sizes(), q.options());
-  Tensor dk = at::empty(k.sizes(), k.options());
-  Tensor dv = at::empty(v.sizes(), v.options());
+  Tensor dq = empty(q.sizes(), q.options());
+  Tensor dk = empty(k.sizes(), k.options());
+  Tensor dv = empty(v.sizes(), v.options());
   poison(dq);
   poison(dk);
   poison(dv);
@@ -128,9 +126,9 @@ std::tuple<Tensor, Tensor, Tensor> varlen_attention_backward_cpu(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fastattn, CPU, m) {
-  m.impl("varlen_attention_forward", &varlen_attention_forward_cpu);
-  m.impl("varlen_attention_backward", &varlen_attention_backward_cpu);
+STABLE_TORCH_LIBRARY_IMPL(fastattn, CPU, m) {
+  m.impl("varlen_attention_forward", TORCH_BOX(&varlen_attention_forward_cpu));
+  m.impl("varlen_attention_backward", TORCH_BOX(&varlen_attention_backward_cpu));
 }
 
 }  // namespace fastattn::attention

@@ -4,8 +4,7 @@
 // cu_seqlens on the device (one grid over max_seqlen query tiles x B x H; tiles past the end
 // of their sequence exit at once). This file adds the device guard and the device preamble
 // (attention/attention_cuda_device.h), and registers the ops. The backward is always deterministic.
-#include <c10/cuda/CUDAGuard.h>
-#include <torch/library.h>
+#include "common/cuda_api.h"
 
 #include "attention/attention_cuda_device.h"
 #include "common/device_checks.h"
@@ -16,8 +15,7 @@
 namespace fastattn::varlen_attention {
 namespace {
 
-using at::Tensor;
-using c10::optional;
+using std::optional;
 
 using fastattn::attention::cuda_impl::launch_for;
 
@@ -40,7 +38,7 @@ std::tuple<Tensor, Tensor> varlen_attention_forward_cuda(
     int64_t causal_mode, int64_t wl, int64_t wr, double dropout_p, const optional<Tensor>& seed) {
   FASTATTN_CHECK(q.is_cuda(), "varlen_attention_forward", "q must be a CUDA tensor, got ",
                  q.device());
-  c10::cuda::CUDAGuard guard(q.device());
+  CudaGuard guard(q);
   check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, alibi, dropout_p, seed,
                "varlen_attention_forward");
   check_cu_seqlens_on_device(q, k, cu_q, cu_k, max_q, max_k, "varlen_attention_forward");
@@ -58,7 +56,7 @@ std::tuple<Tensor, Tensor, Tensor> varlen_attention_backward_cuda(
   (void)deterministic;
   FASTATTN_CHECK(q.is_cuda(), "varlen_attention_backward", "q must be a CUDA tensor, got ",
                  q.device());
-  c10::cuda::CUDAGuard guard(q.device());
+  CudaGuard guard(q);
   check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, alibi, dropout_p, seed,
                "varlen_attention_backward");
   check_cu_seqlens_on_device(q, k, cu_q, cu_k, max_q, max_k, "varlen_attention_backward");
@@ -69,9 +67,9 @@ std::tuple<Tensor, Tensor, Tensor> varlen_attention_backward_cuda(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fastattn, CUDA, m) {
-  m.impl("varlen_attention_forward", &varlen_attention_forward_cuda);
-  m.impl("varlen_attention_backward", &varlen_attention_backward_cuda);
+STABLE_TORCH_LIBRARY_IMPL(fastattn, CUDA, m) {
+  m.impl("varlen_attention_forward", TORCH_BOX(&varlen_attention_forward_cuda));
+  m.impl("varlen_attention_backward", TORCH_BOX(&varlen_attention_backward_cuda));
 }
 
 }  // namespace fastattn::varlen_attention

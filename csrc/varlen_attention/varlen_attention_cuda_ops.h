@@ -6,8 +6,7 @@
 // tensors. cu_seqlens live on the device, so their values are checked by the Python wrapper
 // (fastattn/ops/varlen_attention.py) and, with FASTATTN_DEBUG_CHECKS, inside the kernels.
 #pragma once
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
+#include "common/tensor_api.h"
 
 #include <tuple>
 
@@ -18,8 +17,7 @@
 
 namespace fastattn::varlen_attention::cuda_impl {
 
-using at::Tensor;
-using c10::optional;
+using std::optional;
 namespace attn_impl = fastattn::attention::cuda_impl;
 using fastattn::cuda::attn::BwdParams;
 using fastattn::cuda::attn::FwdParams;
@@ -62,7 +60,7 @@ inline Problem varlen_problem(const Tensor& q, const Tensor& k, const Tensor& v,
   if (alibi.has_value() && alibi->defined()) alibi4 = *alibi;
   // make_problem checks the batch of its views against nothing but q's: pass the alibi only
   // through its pointer and strides.
-  Problem p = attn_impl::make_problem(q4, k4, v4, c10::nullopt, c10::nullopt, alibi4, scale,
+  Problem p = attn_impl::make_problem(q4, k4, v4, std::nullopt, std::nullopt, alibi4, scale,
                                       softcap, 0, 0, dropout_p, seed, op);
   p.q_sb = p.k_sb = p.v_sb = 0;
   p.B = B;
@@ -96,8 +94,8 @@ inline std::tuple<Tensor, Tensor> forward(const Tensor& q, const Tensor& k, cons
   constexpr const char* op = "varlen_attention_forward";
   check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, alibi, dropout_p, seed, op);
   check_cuda_limits(q, k, cu_q, op);
-  Tensor out = at::empty({q.size(0), q.size(1), v.size(2)}, q.options());
-  Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(attention::lse_dtype(q)));
+  Tensor out = empty({q.size(0), q.size(1), v.size(2)}, q.options());
+  Tensor lse = empty({q.size(1), q.size(0)}, q.options().dtype(attention::lse_dtype(q)));
   poison(out);
   poison(lse);
   if (out.numel() == 0 || cu_q.numel() == 1) return {out, lse};
@@ -127,9 +125,9 @@ inline std::tuple<Tensor, Tensor, Tensor> backward(
   if (grad_lse.has_value() && grad_lse->defined()) {
     dlse = grad_lse->to(attention::lse_dtype(q)).contiguous();
   }
-  Tensor dq = at::empty(q.sizes(), q.options());
-  Tensor dk = at::empty(k.sizes(), k.options());
-  Tensor dv = at::empty(v.sizes(), v.options());
+  Tensor dq = empty(q.sizes(), q.options());
+  Tensor dk = empty(k.sizes(), k.options());
+  Tensor dv = empty(v.sizes(), v.options());
   poison(dq);
   poison(dk);
   poison(dv);
@@ -139,7 +137,7 @@ inline std::tuple<Tensor, Tensor, Tensor> backward(
     dv.zero_();
     return {dq, dk, dv};
   }
-  Tensor delta = at::empty(lse.sizes(), lse.options());
+  Tensor delta = empty(lse.sizes(), lse.options());
   BwdParams bp{};
   bp.p = varlen_problem(q, k, v, cu_q, cu_k, max_q, max_k, alibi, scale, softcap, causal_mode, wl,
                         wr, dropout_p, seed, op);

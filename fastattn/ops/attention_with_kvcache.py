@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from .. import _backend
+from .. import _backend, _native
 from ..contracts import attention_with_kvcache as contract
 from ..contracts.attention import MAX_HEAD_DIM, check_seqlen
 from ..reference import attention_with_kvcache as ref
@@ -266,25 +266,26 @@ def attention_with_kvcache(
             if chosen == "triton"
             else torch.ops.fastattn.attention_with_kvcache
         )
-        out, lse = fused(
-            q,
-            k_cache,
-            v_cache,
-            cache_seqlens,
-            k_new,
-            v_new,
-            rotary_cos,
-            rotary_sin,
-            bool(rotary_interleaved),
-            alibi,
-            scale,
-            float(softcap),
-            mode,
-            left,
-            right,
-            int(num_splits),
-            block_table,
-        )
+        with _native.value_errors():  # the native op's paged-cache value checks
+            out, lse = fused(
+                q,
+                k_cache,
+                v_cache,
+                cache_seqlens,
+                k_new,
+                v_new,
+                rotary_cos,
+                rotary_sin,
+                bool(rotary_interleaved),
+                alibi,
+                scale,
+                float(softcap),
+                mode,
+                left,
+                right,
+                int(num_splits),
+                block_table,
+            )
         if sinks is not None:
             out, _ = apply_sinks(out, lse, sinks, head_dim=1)
         _backend._record(op, chosen)
@@ -326,7 +327,8 @@ def attention_with_kvcache(
     if chosen == "reference":
         out, _ = ref.attention_decode(*args, sinks=sinks, block_table=block_table)
     else:
-        out, lse = torch.ops.fastattn.attention_decode(*args, int(num_splits), block_table)
+        with _native.value_errors():  # the native op's paged-cache value checks
+            out, lse = torch.ops.fastattn.attention_decode(*args, int(num_splits), block_table)
         if sinks is not None:
             out, _ = apply_sinks(out, lse, sinks, head_dim=1)
     _backend._record(op, chosen)

@@ -166,8 +166,8 @@ std::atomic<bool>& poison_flag() {
 
 namespace {
 
-using at::Tensor;
-using c10::optional;
+using fastattn::Tensor;
+using std::optional;
 namespace impl = fastattn::attention::cuda_impl;
 
 // The emulated device: the shared memory a block may opt in to (the launchers pick their tile
@@ -247,18 +247,18 @@ std::tuple<Tensor, Tensor> attention_decode(const Tensor& q, const Tensor& k_cac
 // The schemas of the native ops (csrc/op_schemas.h, as csrc/bindings.cpp declares them) under
 // the library fastattn_emu_attention, so that the emulated ops sit next to the real ones.
 // attention_with_kvcache is declared with the rest of its op's schemas but not emulated.
-TORCH_LIBRARY(fastattn_emu_attention, m) {
+STABLE_TORCH_LIBRARY(fastattn_emu_attention, m) {
   fastattn::schemas::define_attention(m);
   fastattn::schemas::define_varlen_attention(m);
   fastattn::schemas::define_attention_with_kvcache(m);
 }
 
-TORCH_LIBRARY_IMPL(fastattn_emu_attention, CPU, m) {
-  m.impl("attention_forward", &attention_forward);
-  m.impl("attention_backward", &attention_backward);
-  m.impl("varlen_attention_forward", &varlen_attention_forward);
-  m.impl("varlen_attention_backward", &varlen_attention_backward);
-  m.impl("attention_decode", &attention_decode);
+STABLE_TORCH_LIBRARY_IMPL(fastattn_emu_attention, CPU, m) {
+  m.impl("attention_forward", TORCH_BOX(&attention_forward));
+  m.impl("attention_backward", TORCH_BOX(&attention_backward));
+  m.impl("varlen_attention_forward", TORCH_BOX(&varlen_attention_forward));
+  m.impl("varlen_attention_backward", TORCH_BOX(&varlen_attention_backward));
+  m.impl("attention_decode", TORCH_BOX(&attention_decode));
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

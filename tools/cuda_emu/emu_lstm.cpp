@@ -17,23 +17,23 @@ std::atomic<bool>& poison_flag() {
 }  // namespace fastattn
 
 // The same schemas as fastattn::lstm_* (csrc/op_schemas.h), under another library name so that
-// the emulated ops sit next to the real ones.
-TORCH_LIBRARY(fastattn_emu, m) {
+// the emulated ops sit next to the real ones; registered on the stable ABI as the real ones.
+STABLE_TORCH_LIBRARY(fastattn_emu, m) {
   fastattn::schemas::define_lstm(m);
   fastattn::schemas::define_gru_rnn(m);
 }
 
-TORCH_LIBRARY_IMPL(fastattn_emu, CPU, m) {
-  m.impl("lstm_cell", &fastattn::lstm::lstm_cell_cuda);
-  m.impl("lstm_cell_backward", &fastattn::lstm::lstm_cell_backward_cuda);
-  m.impl("lstm_layer", &fastattn::lstm::lstm_layer_cuda);
-  m.impl("lstm_layer_backward", &fastattn::lstm::lstm_layer_backward_cuda);
-  m.impl("lstm_cuda_path", &fastattn::lstm::lstm_cuda_path);
-  m.impl("gru_layer", &fastattn::lstm::gru_layer_cuda);
-  m.impl("gru_layer_backward", &fastattn::lstm::gru_layer_backward_cuda);
-  m.impl("rnn_layer", &fastattn::lstm::rnn_layer_cuda);
-  m.impl("rnn_layer_backward", &fastattn::lstm::rnn_layer_backward_cuda);
-  m.impl("recurrent_cuda_path", &fastattn::lstm::recurrent_cuda_path);
+STABLE_TORCH_LIBRARY_IMPL(fastattn_emu, CPU, m) {
+  m.impl("lstm_cell", TORCH_BOX(&fastattn::lstm::lstm_cell_cuda));
+  m.impl("lstm_cell_backward", TORCH_BOX(&fastattn::lstm::lstm_cell_backward_cuda));
+  m.impl("lstm_layer", TORCH_BOX(&fastattn::lstm::lstm_layer_cuda));
+  m.impl("lstm_layer_backward", TORCH_BOX(&fastattn::lstm::lstm_layer_backward_cuda));
+  m.impl("lstm_cuda_path", TORCH_BOX(&fastattn::lstm::lstm_cuda_path));
+  m.impl("gru_layer", TORCH_BOX(&fastattn::lstm::gru_layer_cuda));
+  m.impl("gru_layer_backward", TORCH_BOX(&fastattn::lstm::gru_layer_backward_cuda));
+  m.impl("rnn_layer", TORCH_BOX(&fastattn::lstm::rnn_layer_cuda));
+  m.impl("rnn_layer_backward", TORCH_BOX(&fastattn::lstm::rnn_layer_backward_cuda));
+  m.impl("recurrent_cuda_path", TORCH_BOX(&fastattn::lstm::recurrent_cuda_path));
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

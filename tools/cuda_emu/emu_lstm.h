@@ -54,7 +54,7 @@ enum cudaDeviceAttr {
   cudaDevAttrCooperativeLaunch
 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
-#define C10_CUDA_CHECK(expr) TORCH_CHECK((expr) == 0, "emulated CUDA call failed: " #expr)
+#define FASTATTN_CUDA_CHECK(expr) TORCH_CHECK((expr) == 0, "emulated CUDA call failed: " #expr)
 
 namespace emu_lstm {
 
@@ -249,12 +249,14 @@ inline grid_group this_grid() { return {}; }
 #define FASTATTN_LSTM_LAUNCH_COOPERATIVE(err, kernel, grid, block, smem, stream, ...) \
   err = ::emu_lstm::launch(dim3(grid), dim3(block), smem, true, true, [&] { kernel(__VA_ARGS__); })
 
-namespace c10::cuda {
-struct CUDAGuard {
-  explicit CUDAGuard(c10::Device) {}
+// common/cuda_api.h's device guard and current stream (one emulated device, no streams).
+namespace fastattn {
+struct CudaGuard {
+  template <class T>
+  explicit CudaGuard(const T&) {}
 };
-inline cudaStream_t getCurrentCUDAStream() { return nullptr; }
-}  // namespace c10::cuda
+inline cudaStream_t current_cuda_stream(int = -1) { return nullptr; }
+}  // namespace fastattn
 
 inline int cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
   const emu_lstm::Config& c = emu_lstm::config();

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One wheel for every torch: installs the wheel `make wheel` built (the newest dist/*.whl, or
+# WHEEL=path) without rebuilding it (--no-deps) into a venv with the CPU-only torch 2.13.0 and
+# one with torch 2.14.1 (CUDA 13.0 build), and runs the environment report and the fast tests
+# in each, from a copy of tests/ (so the installed package is imported, not the source tree).
+# Under the CPU-only torch the CUDA kernels' library must report "not loaded: torch has no
+# CUDA". Venvs: .venv-wheel-213cpu and .venv-wheel-2141, or WHEEL_VENV_213CPU and
+# WHEEL_VENV_2141 (created when absent).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+WHEEL=${WHEEL:-$(ls -t dist/fastattn-*.whl | head -n 1)}
+WHEEL=$(realpath "$WHEEL")
+PYTHON_BOOTSTRAP=$(command -v python3.11 || command -v python3)
+FAST_TESTS="tests/test_stable_abi.py tests/test_backends.py tests/test_positional.py
+  tests/test_additive_attention.py tests/test_paged_kvcache.py tests/test_attention_with_kvcache.py"
+for spec in "213cpu torch==2.13.0+cpu" "2141 torch==2.14.1"; do
+  name=${spec%% *}
+  torch_req=${spec#* }
+  if [ "$name" = 213cpu ]; then venv=${WHEEL_VENV_213CPU:-$ROOT/.venv-wheel-$name}; else
+    venv=${WHEEL_VENV_2141:-$ROOT/.venv-wheel-$name}; fi
+  [ -x "$venv/bin/python" ] || "$PYTHON_BOOTSTRAP" -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --upgrade pip
+  "$venv/bin/python" -m pip install --quiet "$torch_req" triton==3.8.0 numpy pytest \
+    pytest-timeout hypothesis expecttest
+  "$venv/bin/python" -m pip install --quiet --no-deps --force-reinstall "$WHEEL"
+  work=$(mktemp -d)
+  cp -r tests "$work/tests"
+  (
+    cd "$work"
+    report=$(TRITON_INTERPRET=1 "$venv/bin/python" -m fastattn)
+    echo "$report"
+    echo "$report" | grep -q "stable ABI, built against torch 2.11" ||
+      { echo "$name: expected a stable-ABI build against torch 2.11"; exit 1; }
+    if [ "$name" = 213cpu ] && "$venv/bin/python" -c "import fastattn, sys; sys.exit(not fastattn.build_info()['cuda'])"; then
+      echo "$report" | grep -qE "^  cuda +not loaded: torch has no CUDA" ||
+        { echo "$name: expected cuda 'not loaded: torch has no CUDA'"; exit 1; }
+    fi
+    # shellcheck disable=SC2086
+    "$venv/bin/python" -m pytest $FAST_TESTS -q -x -p no:cacheprovider --timeout=900
+  )
+  rm -rf "$work"
+  echo "wheel under $torch_req: ok"
+done
