@@ -62,7 +62,9 @@ def _cuda_enabled(torch_cuda: str | None, cuda_home: str | None) -> bool:
 
 class CMakeExtension(Extension):
     def __init__(self, name: str):
-        super().__init__(name, sources=[])
+        # py_limited_api: the module is built against CPython's limited API (csrc/bindings.cpp),
+        # so setuptools names it _C.abi3.so, and the wheel is tagged cp310-abi3 below.
+        super().__init__(name, sources=[], py_limited_api=True)
 
 
 def _replace_file(src: Path, dst: Path) -> None:
@@ -142,6 +144,11 @@ class CMakeBuild(build_ext):
         in_tree = ROOT / "fastattn" / target.name
         if in_tree.resolve() != target:
             _replace_file(built, in_tree)
+        # A per-Python _C.cpython-*.so from an older build would be imported ahead of
+        # _C.abi3.so (Python tries the specific suffix first).
+        for folder in {target.parent, in_tree.parent}:
+            for stale in folder.glob("_C.cpython-*.so"):
+                stale.unlink()
         # The CUDA kernels' library (loaded by fastattn/_native.py when torch has CUDA) goes
         # next to _C; a CPU-only build removes one left from an earlier CUDA build.
         cuda_built = build_dir / "out" / CUDA_LIBRARY
@@ -178,4 +185,7 @@ setup(
     packages=find_packages(include=["fastattn", "fastattn.*"]),
     ext_modules=[CMakeExtension("fastattn._C")],
     cmdclass={"build_ext": CMakeBuild},
+    # One wheel for every CPython from 3.10 on (the limited API) and every torch from the stable
+    # ABI's target on (docs/stable_abi.md).
+    options={"bdist_wheel": {"py_limited_api": "cp310"}},
 )

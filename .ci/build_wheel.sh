@@ -16,7 +16,7 @@ fi
 VENV=$(cd "$VENV" && pwd)
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 "$VENV/bin/python" -m pip install --quiet -c requirements/constraints.txt torch==2.11.0 numpy \
-  pybind11 ninja "cmake>=3.21,<4" "setuptools>=77" wheel
+  ninja "cmake>=3.21,<4" "setuptools>=77" wheel
 src=$(mktemp -d)
 git ls-files -z | xargs -0 -I{} cp --parents {} "$src/"  # a clean tree: no build/, no _C*.so
 mkdir -p dist

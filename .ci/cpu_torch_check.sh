@@ -14,7 +14,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 "$VENV/bin/python" -m pip install --quiet -c requirements/constraints.txt torch==2.13.0 \
-  triton==3.8.0 numpy pybind11 ninja "cmake>=3.21,<4" setuptools wheel pytest pytest-timeout \
+  triton==3.8.0 numpy ninja "cmake>=3.21,<4" setuptools wheel pytest pytest-timeout \
   hypothesis expecttest
 FASTATTN_CUDA=auto "$VENV/bin/python" -m pip install --quiet --no-build-isolation --no-deps \
   --force-reinstall .

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# The GPU machine's software, checked here without its GPU. The lent H100/H200 builds fastattn
-# from source with its own Python 3.12, torch 2.11.0 (CUDA 13.0) and triton 3.6.0 and reaches
-# no package registry: a header or API that those versions lack would fail a GPU session at
-# its first step. This check installs the same versions in .venv-gpu-env, builds fastattn
-# against them with the CUDA sources compiled for sm_90, prints the environment report,
-# compiles every Triton kernel variant the launchers would launch on an H100 with triton 3.6
-# (tests/triton_aot.py: ptxas, no GPU), and runs the test suite against that installation with
-# the machine's transformers 5.17.0 (Triton's interpreter off, as there: the CPU, reference and
-# native tests run, the Triton and CUDA ones skip).
+# The GPU machine's software, checked here without its GPU. The lent H100/H200 has Python 3.12,
+# torch 2.11.0 (CUDA 13.0) and triton 3.6.0 and reaches no package registry: a header, API or
+# kernel variant that those versions lack would fail a GPU session at its first step. This
+# check installs the same versions in .venv-gpu-env and, into it, the wheel `make wheel` built
+# against torch 2.11.0 with Python 3.11 (WHEEL=path, or the newest dist/*.whl; built first when
+# there is none), unchanged: the build against torch 2.11's headers with the CUDA sources is
+# the wheel's, and this proves the same file imports under another Python (abi3). It prints
+# the environment report, compiles every Triton kernel variant the launchers would launch on
+# an H100 with triton 3.6 (tests/triton_aot.py: ptxas, no GPU), and runs the test suite
+# against that installation with the machine's transformers 5.17.0 (Triton's interpreter off,
+# as there: the CPU, reference and native tests run, the Triton and CUDA ones skip).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -24,15 +26,15 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 "$VENV/bin/python" -m pip install --quiet -c requirements/constraints.txt torch==2.11.0 \
-  triton==3.6.0 numpy pybind11 ninja "cmake>=3.21,<4" setuptools wheel pytest pytest-xdist \
-  pytest-timeout hypothesis
+  triton==3.6.0 numpy ninja setuptools wheel pytest pytest-xdist pytest-timeout hypothesis
 # The GPU machine's own transformers, not the constraints' pin: this check mirrors that machine.
 "$VENV/bin/python" -m pip install --quiet transformers==5.17.0
-start=$(date +%s)
-FASTATTN_CUDA=1 TORCH_CUDA_ARCH_LIST=9.0 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} \
-  flock ${BUILD_LOCK:-/tmp/fastattn-build.lock} \
-  "$VENV/bin/python" -m pip install --quiet --no-build-isolation --no-deps --force-reinstall .
-echo "build against torch 2.11.0: $(( $(date +%s) - start )) s"
+if [ -z "${WHEEL:-}" ] && ! ls dist/fastattn-*.whl > /dev/null 2>&1; then
+  bash .ci/build_wheel.sh
+fi
+WHEEL=$(realpath "${WHEEL:-$(ls -t dist/fastattn-*.whl | head -n 1)}")
+echo "gpu machine check: installing $WHEEL ($(date -r "$WHEEL" '+%F %T'))"
+"$VENV/bin/python" -m pip install --quiet --no-deps --force-reinstall "$WHEEL"
 work=$(mktemp -d)
 cp -r tests examples benchmarks tools README.md pyproject.toml LICENSE "$work/"
 cd "$work"  # import the installed package, not the source tree (built for another torch)

@@ -32,9 +32,14 @@ for spec in "213cpu torch==2.13.0+cpu" "2141 torch==2.14.1"; do
     echo "$report"
     echo "$report" | grep -q "stable ABI, built against torch 2.11" ||
       { echo "$name: expected a stable-ABI build against torch 2.11"; exit 1; }
-    if [ "$name" = 213cpu ] && "$venv/bin/python" -c "import fastattn, sys; sys.exit(not fastattn.build_info()['cuda'])"; then
-      echo "$report" | grep -qE "^  cuda +not loaded: torch has no CUDA" ||
-        { echo "$name: expected cuda 'not loaded: torch has no CUDA'"; exit 1; }
+    if [ "$name" = 213cpu ]; then
+      if "$venv/bin/python" -c "import fastattn, sys; sys.exit(not fastattn.build_info()['cuda'])"; then
+        echo "$report" | grep -qE "^  cuda +not loaded: torch has no CUDA" ||
+          { echo "$name: expected cuda 'not loaded: torch has no CUDA'"; exit 1; }
+      fi
+      for b in cpu reference triton; do
+        echo "$report" | grep -qE "^  $b +available" || { echo "$name: expected $b available"; exit 1; }
+      done
     fi
     # shellcheck disable=SC2086
     "$venv/bin/python" -m pytest $FAST_TESTS -q -x -p no:cacheprovider --timeout=900

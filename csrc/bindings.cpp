@@ -1,12 +1,13 @@
-// The pybind11 module fastattn._C: how the extension was built, and the tests' poisoning
-// switch. pybind11 alone, no torch header (the op library is declared in
-// common/library_cpu.cpp): this file is the one compiled without TORCH_TARGET_VERSION, under
-// which torch's own copy of pybind11 refuses to compile (CMakeLists.txt).
-#include <pybind11/pybind11.h>
+// The Python module fastattn._C: how the extension was built, and the tests' poisoning switch.
+// Written against CPython's limited API (Py_LIMITED_API, Python 3.10 on, as pyproject.toml requires), so one compiled
+// object, _C.abi3.so, imports under every CPython 3 from 3.10, as the ops (libtorch's stable ABI)
+// load under every torch from the targeted one: a wheel is tagged cp310-abi3. No torch header but
+// torch/headeronly (the op library is declared in common/library_cpu.cpp).
+#define Py_LIMITED_API 0x030A0000
+#include <Python.h>
 #include <torch/headeronly/version.h>
 
 #include <atomic>
-#include <string>
 
 #include "common/cpu_amx.h"
 #include "common/cpu_isa.h"
@@ -18,49 +19,95 @@ std::atomic<bool>& poison_flag();  // common/library_cpu.cpp
 
 namespace {
 
-pybind11::dict build_info() {
-  pybind11::dict info;
+// info[key] = value, stealing the reference to value; false (a Python error set) on failure.
+bool set_item(PyObject* info, const char* key, PyObject* value) {
+  if (value == nullptr) return false;
+  const int rc = PyDict_SetItemString(info, key, value);
+  Py_DECREF(value);
+  return rc == 0;
+}
+
+PyObject* py_bool(bool value) { return PyBool_FromLong(value ? 1 : 0); }
+
+PyObject* py_none() {
+  Py_INCREF(Py_None);
+  return Py_None;
+}
+
+PyObject* build_info(PyObject* /*self*/, PyObject* /*unused*/) {
+  PyObject* info = PyDict_New();
+  if (info == nullptr) return nullptr;
   // The CUDA kernels are a second library, fastattn/_C_cuda.so (loaded by fastattn._native
   // when torch has CUDA); these describe how it was built.
 #if FASTATTN_CUDA_BUILT
-  info["cuda"] = true;
-  info["cuda_archs"] = std::string(FASTATTN_CUDA_ARCHS);
-  info["cuda_home"] = std::string(FASTATTN_CUDA_HOME);
-  info["cuda_version"] = std::string(FASTATTN_CUDA_VERSION);
+  const bool cuda = true;
+  PyObject* cuda_version = PyUnicode_FromString(FASTATTN_CUDA_VERSION);
+  const char* archs = FASTATTN_CUDA_ARCHS;
+  const char* cuda_home = FASTATTN_CUDA_HOME;
 #else
-  info["cuda"] = false;
-  info["cuda_archs"] = std::string();
-  info["cuda_home"] = std::string();
-  info["cuda_version"] = pybind11::none();
+  const bool cuda = false;
+  PyObject* cuda_version = py_none();
+  const char* archs = "";
+  const char* cuda_home = "";
 #endif
-  info["torch_version"] = std::string(TORCH_VERSION);  // the torch whose headers built it
-  // The native ops use libtorch's stable ABI only, targeting this torch and later ones.
-  info["abi"] = std::string("stable");
-  info["torch_target"] = std::string(FASTATTN_TORCH_TARGET);
-  info["cpu_isa"] = std::string(fastattn::cpu::isa_name(fastattn::cpu::cpu_isa()));
-  // bfloat16 attention with head dims that are multiples of 32 runs its tile products on AMX.
-  info["cpu_amx"] = fastattn::cpu::cpu_isa() == fastattn::cpu::Isa::avx512bf16 &&
-                    fastattn::cpu::amx_bf16_usable();
 #if defined(FASTATTN_DEBUG_CHECKS)
-  info["debug_checks"] = true;
+  const bool debug_checks = true;
 #else
-  info["debug_checks"] = false;
+  const bool debug_checks = false;
 #endif
+  // bfloat16 attention with head dims that are multiples of 32 runs its tile products on AMX.
+  const bool amx = fastattn::cpu::cpu_isa() == fastattn::cpu::Isa::avx512bf16 &&
+                   fastattn::cpu::amx_bf16_usable();
+  const bool ok =
+      set_item(info, "cuda", py_bool(cuda)) &&
+      set_item(info, "cuda_archs", PyUnicode_FromString(archs)) &&
+      set_item(info, "cuda_home", PyUnicode_FromString(cuda_home)) &&
+      set_item(info, "cuda_version", cuda_version) &&
+      // the torch whose headers built it
+      set_item(info, "torch_version", PyUnicode_FromString(TORCH_VERSION)) &&
+      // The native ops use libtorch's stable ABI only, targeting this torch and later ones.
+      set_item(info, "abi", PyUnicode_FromString("stable")) &&
+      set_item(info, "torch_target", PyUnicode_FromString(FASTATTN_TORCH_TARGET)) &&
+      set_item(info, "python_abi", PyUnicode_FromString("abi3 (CPython >= 3.10)")) &&
+      set_item(info, "cpu_isa",
+               PyUnicode_FromString(fastattn::cpu::isa_name(fastattn::cpu::cpu_isa()))) &&
+      set_item(info, "cpu_amx", py_bool(amx)) &&
+      set_item(info, "debug_checks", py_bool(debug_checks));
+  if (!ok) {
+    Py_DECREF(info);
+    return nullptr;
+  }
   return info;
 }
 
+PyObject* set_poison(PyObject* /*self*/, PyObject* on) {
+  const int value = PyObject_IsTrue(on);
+  if (value < 0) return nullptr;
+  fastattn::poison_flag().store(value != 0);
+  return py_none();
+}
+
+PyMethodDef methods[] = {
+    {"build_info", build_info, METH_NOARGS,
+     "How this extension was built: cuda (bool), cuda_archs, cuda_home (the toolkit), "
+     "cuda_version, torch_version (the headers it was built with), abi ('stable': libtorch's "
+     "stable ABI), torch_target (the oldest torch it runs on), python_abi (CPython's limited "
+     "API), cpu_isa (the x86 kernel copy chosen at run time), cpu_amx (bfloat16 attention uses "
+     "AMX tiles where head dims are multiples of 32), debug_checks"},
+    {"_set_poison", set_poison, METH_O,
+     "Tests: fill every output an op allocates with NaN before its kernel runs"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef module = {PyModuleDef_HEAD_INIT,
+                      "_C",
+                      "fastattn native kernels (ops are registered under torch.ops.fastattn)",
+                      -1,
+                      methods,
+                      nullptr,
+                      nullptr,
+                      nullptr,
+                      nullptr};
+
 }  // namespace
 
-PYBIND11_MODULE(_C, m) {
-  m.doc() = "fastattn native kernels (ops are registered under torch.ops.fastattn)";
-  m.def("build_info", &build_info,
-        "How this extension was built: cuda (bool), cuda_archs, cuda_home (the toolkit), "
-        "cuda_version, torch_version (the headers it was built with), abi ('stable': libtorch's "
-        "stable ABI), torch_target (the oldest torch it runs on), cpu_isa (the x86 kernel copy "
-        "chosen at run time), "
-        "cpu_amx (bfloat16 attention uses AMX tiles where head dims are multiples of 32), "
-        "debug_checks");
-  m.def(
-      "_set_poison", [](bool on) { fastattn::poison_flag().store(on); },
-      "Tests: fill every output an op allocates with NaN before its kernel runs");
-}
+PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&module); }

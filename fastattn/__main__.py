@@ -47,6 +47,7 @@ def _abi(info: dict) -> str:
     return (
         f"stable ABI, built against torch {info['torch_version']} "
         f"(target {info['torch_target']}: runs under torch >= {info['torch_target']})"
+        + (f", Python {info['python_abi']}" if info.get("python_abi") else "")
     )
 
 

@@ -148,7 +148,7 @@ _availability_cache: dict[str, str] | None = None
 
 
 # Evaluated eagerly even while torch.compile traces: the first fastattn call of a process may
-# be a compiled one, and available_backends() calls into the pybind11 module (build_info),
+# be a compiled one, and available_backends() calls into the extension module (build_info),
 # which Dynamo cannot trace (a graph break under fullgraph=True).
 @torch.compiler.assume_constant_result
 def _availability() -> dict[str, str]:

@@ -111,3 +111,13 @@ def test_cuda_library_loads_only_with_cuda_torch():
         assert status == "loaded", status
         # its kernels are registered for the CUDA dispatch key of every native op
         assert torch._C._dispatch_has_kernel_for_dispatch_key("fastattn::attention_forward", "CUDA")
+
+
+def test_c_is_a_limited_api_module():
+    """fastattn._C is built against CPython's limited API (csrc/bindings.cpp), as _C.abi3.so:
+    the same object imports under every CPython from 3.10 on (the wheel is tagged abi3)."""
+    path = _library()
+    assert path.name == "_C.abi3.so", path.name
+    assert fastattn.build_info()["python_abi"].startswith("abi3"), fastattn.build_info()
+    # No per-version copy beside it: Python would import that one first.
+    assert not list(path.parent.glob("_C.cpython-*.so")), list(path.parent.glob("_C.*.so"))
