@@ -1,8 +1,9 @@
 // The Python module fastattn._C: how the extension was built, and the tests' poisoning switch.
-// Written against CPython's limited API (Py_LIMITED_API, Python 3.10 on, as pyproject.toml requires), so one compiled
-// object, _C.abi3.so, imports under every CPython 3 from 3.10, as the ops (libtorch's stable ABI)
-// load under every torch from the targeted one: a wheel is tagged cp310-abi3. No torch header but
-// torch/headeronly (the op library is declared in common/library_cpu.cpp).
+// Written against CPython's limited API (Py_LIMITED_API: Python 3.10 on, as pyproject.toml
+// requires), so one compiled object, _C.abi3.so, imports under every CPython from 3.10, as the
+// ops (libtorch's stable ABI) load under every torch from the targeted one: a wheel is tagged
+// cp310-abi3. No torch header but torch/headeronly (the op library is declared in
+// common/library_cpu.cpp).
 #define Py_LIMITED_API 0x030A0000
 #include <Python.h>
 #include <torch/headeronly/version.h>
