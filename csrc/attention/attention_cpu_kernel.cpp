@@ -291,6 +291,44 @@ struct RowRuns {
   int64_t count = 0, stride = 0;
 };
 
+#if defined(__AVX512F__)
+// O (MR x Dv, ld Dv) += P V over a tile's block runs of V rows (row stride `stride`), P k-major
+// (a[k * a_k + m]): each 32-column block of O stays in registers across the runs, one load and
+// one store per tile instead of one per run.
+template <int MR>
+void pv_runs_avx512(int64_t Dv, const float* a, int64_t a_k, const float* const* rows,
+                    const int64_t* n, int64_t count, int64_t stride, float* o) {
+  for (int64_t c = 0; c < Dv; c += 32) {
+    const __mmask16 mask0 = detail::tail_mask(Dv - c), mask1 = detail::tail_mask(Dv - c - 16);
+    __m512 c0[MR], c1[MR];
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      c0[r] = _mm512_maskz_loadu_ps(mask0, o + r * Dv + c);
+      c1[r] = _mm512_maskz_loadu_ps(mask1, o + r * Dv + c + 16);
+    }
+    const float* ak = a;
+    for (int64_t run = 0; run < count; ++run) {
+      const float* b = rows[run] + c;
+      for (int64_t k = 0; k < n[run]; ++k, b += stride, ak += a_k) {
+        const __m512 b0 = _mm512_maskz_loadu_ps(mask0, b);
+        const __m512 b1 = _mm512_maskz_loadu_ps(mask1, b + 16);
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r) {
+          const __m512 ar = _mm512_set1_ps(ak[r]);
+          c0[r] = _mm512_fmadd_ps(ar, b0, c0[r]);
+          c1[r] = _mm512_fmadd_ps(ar, b1, c1[r]);
+        }
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      _mm512_mask_storeu_ps(o + r * Dv + c, mask0, c0[r]);
+      _mm512_mask_storeu_ps(o + r * Dv + c + 16, mask1, c1[r]);
+    }
+  }
+}
+#endif
+
 template <typename T>
 struct FloatTiles {
   using acc = acc_t<T>;
@@ -370,6 +408,32 @@ struct FloatTiles {
     int64_t N = 0;
     for (int64_t r = 0; r < runs.count; ++r) N += runs.n[r];
     transpose(p, kBlockK, pt.data(), M, M, N);
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<acc, float>) {
+      for (int64_t m0 = 0; m0 < M; m0 += 8) {  // rows of O eight at a time
+        const float* a = pt.data() + m0;
+        float* om = o + m0 * Dv;
+        switch (std::min<int64_t>(M - m0, 8)) {
+#define FASTATTN_PV_RUNS(R)                                                      \
+  case R:                                                                        \
+    pv_runs_avx512<R>(Dv, a, M, runs.rows, runs.n, runs.count, runs.stride, om); \
+    break;
+          FASTATTN_PV_RUNS(8)
+          FASTATTN_PV_RUNS(7)
+          FASTATTN_PV_RUNS(6)
+          FASTATTN_PV_RUNS(5)
+          FASTATTN_PV_RUNS(4)
+          FASTATTN_PV_RUNS(3)
+          FASTATTN_PV_RUNS(2)
+          FASTATTN_PV_RUNS(1)
+#undef FASTATTN_PV_RUNS
+          default:
+            break;
+        }
+      }
+      return;
+    }
+#endif
     for (int64_t r = 0, off = 0; r < runs.count; off += runs.n[r], ++r) {
       gemm(M, Dv, runs.n[r], acc(1), pt.data() + off * M, 1, M, runs.rows[r], runs.stride, o, Dv,
            true);
