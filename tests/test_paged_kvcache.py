@@ -120,6 +120,10 @@ CASES = [
     (32, [5, 33, 100], 3, 2),
     (48, [47, 1, 130], 2, 3),
     (48, [95, 200, 0], 1, 1),
+    # one sequence: the CPU kernel's tasks (every head of the sequence, whole blocks) split
+    # its keys to keep two tasks
+    (16, [150], 1, 0),
+    (32, [77], 2, 0),
 ]
 
 

@@ -291,6 +291,44 @@ struct RowRuns {
   int64_t count = 0, stride = 0;
 };
 
+#if defined(__AVX512F__)
+// O (MR x Dv, ld Dv) += P V over a tile's block runs of V rows (row stride `stride`), P k-major
+// (a[k * a_k + m]): each 32-column block of O stays in registers across the runs, one load and
+// one store per tile instead of one per run.
+template <int MR>
+void pv_runs_avx512(int64_t Dv, const float* a, int64_t a_k, const float* const* rows,
+                    const int64_t* n, int64_t count, int64_t stride, float* o) {
+  for (int64_t c = 0; c < Dv; c += 32) {
+    const __mmask16 mask0 = detail::tail_mask(Dv - c), mask1 = detail::tail_mask(Dv - c - 16);
+    __m512 c0[MR], c1[MR];
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      c0[r] = _mm512_maskz_loadu_ps(mask0, o + r * Dv + c);
+      c1[r] = _mm512_maskz_loadu_ps(mask1, o + r * Dv + c + 16);
+    }
+    const float* ak = a;
+    for (int64_t run = 0; run < count; ++run) {
+      const float* b = rows[run] + c;
+      for (int64_t k = 0; k < n[run]; ++k, b += stride, ak += a_k) {
+        const __m512 b0 = _mm512_maskz_loadu_ps(mask0, b);
+        const __m512 b1 = _mm512_maskz_loadu_ps(mask1, b + 16);
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r) {
+          const __m512 ar = _mm512_set1_ps(ak[r]);
+          c0[r] = _mm512_fmadd_ps(ar, b0, c0[r]);
+          c1[r] = _mm512_fmadd_ps(ar, b1, c1[r]);
+        }
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      _mm512_mask_storeu_ps(o + r * Dv + c, mask0, c0[r]);
+      _mm512_mask_storeu_ps(o + r * Dv + c + 16, mask1, c1[r]);
+    }
+  }
+}
+#endif
+
 template <typename T>
 struct FloatTiles {
   using acc = acc_t<T>;
@@ -298,8 +336,10 @@ struct FloatTiles {
   // Reads paged K/V tiles block run by block run in place (load_k_runs /
   // pv_runs) when the rows need no conversion; the other tiles stage a straddling tile.
   static constexpr bool kRowRuns = std::is_same_v<T, acc>;
+  // load_q_rows / scores_rows: the forward's tiles hold several heads' rows (forward_impl)
+  static constexpr bool kRowOffsets = true;
   int64_t D, Dv;
-  std::vector<acc> q_buf, qT, k_buf, kt, v_buf, vt, do_buf;
+  std::vector<acc> q_buf, qT, k_buf, kt, v_buf, vt, do_buf, pt;
   const acc *q_rows = nullptr, *k_rows = nullptr, *v_rows = nullptr, *do_rows = nullptr;
   int64_t ldq = 0, ldk = 0, ldv = 0, lddo = 0;
 
@@ -312,13 +352,24 @@ struct FloatTiles {
         kt(D_ * kBlockK),
         v_buf(kBlockK * Dv_),
         vt(Dv_ * kBlockK),
-        do_buf(kBlockQ * Dv_) {}
+        do_buf(kBlockQ * Dv_),
+        pt(kBlockK * kBlockQ) {}
 
   // The forward loads Q once per task and transposes it to the k-major layout the
   // micro-kernel broadcasts from; the backward uses Q rows in place.
   void load_q(const T* base, int64_t stride, int64_t i0, int64_t M, bool backward) {
     q_rows = rows_view<T>(base, stride, i0, M, D, q_buf.data(), ldq);
     if (!backward) transpose(q_rows, ldq, qT.data(), kBlockQ, M, D);
+  }
+  // The forward's Q of rows [r0, r0 + M) of the tiles (several heads in one task: kRowRuns).
+  void load_q_rows(const T* base, int64_t stride, int64_t M, int64_t r0) {
+    const acc* rows = rows_view<T>(base, stride, 0, M, D, q_buf.data(), ldq);
+    transpose(rows, ldq, qT.data() + r0, kBlockQ, M, D);
+  }
+  // S rows [r0, r0 + M) (ld kBlockK, from s) = scale * Q K^T of those rows (forward).
+  void scores_rows(int64_t r0, int64_t M, int64_t N, acc scale, acc* s) {
+    gemm(M, N, D, scale, qT.data() + r0, 1, kBlockQ, kt.data(), kBlockK, s + r0 * kBlockK, kBlockK,
+         false);
   }
   void load_k(const T* base, int64_t stride, int64_t j0, int64_t N, bool /*backward*/) {
     k_rows = rows_view<T>(base, stride, j0, N, D, k_buf.data(), ldk);
@@ -351,8 +402,41 @@ struct FloatTiles {
     }
   }
   void pv_runs(int64_t M, const RowRuns<T>& runs, const acc* p, acc* o) {
+    // P k-major once for the tile (pt[n * M + m]): handed row-major, each run's gemm would
+    // transpose its columns of P again (decode at 4k keys, 16-row blocks: 0.83 -> 0.93 of
+    // dense on one thread)
+    int64_t N = 0;
+    for (int64_t r = 0; r < runs.count; ++r) N += runs.n[r];
+    transpose(p, kBlockK, pt.data(), M, M, N);
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<acc, float>) {
+      for (int64_t m0 = 0; m0 < M; m0 += 8) {  // rows of O eight at a time
+        const float* a = pt.data() + m0;
+        float* om = o + m0 * Dv;
+        switch (std::min<int64_t>(M - m0, 8)) {
+#define FASTATTN_PV_RUNS(R)                                                      \
+  case R:                                                                        \
+    pv_runs_avx512<R>(Dv, a, M, runs.rows, runs.n, runs.count, runs.stride, om); \
+    break;
+          FASTATTN_PV_RUNS(8)
+          FASTATTN_PV_RUNS(7)
+          FASTATTN_PV_RUNS(6)
+          FASTATTN_PV_RUNS(5)
+          FASTATTN_PV_RUNS(4)
+          FASTATTN_PV_RUNS(3)
+          FASTATTN_PV_RUNS(2)
+          FASTATTN_PV_RUNS(1)
+#undef FASTATTN_PV_RUNS
+          default:
+            break;
+        }
+      }
+      return;
+    }
+#endif
     for (int64_t r = 0, off = 0; r < runs.count; off += runs.n[r], ++r) {
-      gemm(M, Dv, runs.n[r], acc(1), p + off, kBlockK, 1, runs.rows[r], runs.stride, o, Dv, true);
+      gemm(M, Dv, runs.n[r], acc(1), pt.data() + off * M, 1, M, runs.rows[r], runs.stride, o, Dv,
+           true);
     }
   }
   // dV (N x Dv) += P^T dO.
@@ -376,6 +460,7 @@ struct Bf16Tiles {
   using acc = float;
   static constexpr bool kProbabilitiesInBf16 = true;
   static constexpr bool kRowRuns = false;
+  static constexpr bool kRowOffsets = true;
   int64_t D, Dv, D2, Dv2;
   // k-major pair matrices (A operands) and VNNI pair matrices (B operands), see cpu_gemm_bf16.h
   std::vector<uint32_t> pairs, qA, qB, kA, kB, vA, vB, doA, doB, pA;
@@ -436,6 +521,15 @@ struct Bf16Tiles {
   }
   void scores(int64_t M, int64_t N, float scale, bool /*backward*/, float* s) {
     gemm_bf16(M, N, D2, scale, qA.data(), kBlockQ, kB.data(), kBlockK, s, kBlockK, false);
+  }
+  // The forward's Q of rows [r0, r0 + M) of the tiles, and their scores (several heads in one
+  // task: kRowOffsets).
+  void load_q_rows(const c10::BFloat16* base, int64_t stride, int64_t M, int64_t r0) {
+    pairs_transposed(bits(base), stride, M, D, qA.data() + r0, kBlockQ);
+  }
+  void scores_rows(int64_t r0, int64_t M, int64_t N, float scale, float* s) {
+    gemm_bf16(M, N, D2, scale, qA.data() + r0, kBlockQ, kB.data(), kBlockK, s + r0 * kBlockK,
+              kBlockK, false);
   }
   // x (M x N float, ld kBlockK) rounded; as A of x @ B: pairs along N, k-major.
   const uint32_t* round_as_a(int64_t M, int64_t N, const float* x) {
@@ -522,6 +616,7 @@ struct AmxTiles {
   using acc = float;
   static constexpr bool kProbabilitiesInBf16 = true;
   static constexpr bool kRowRuns = false;
+  static constexpr bool kRowOffsets = false;
   int64_t D, Dv;
   AmxTileScope tile_scope;
   std::vector<uint32_t> pairs, kA, kB, vA, vB, b_pairs;  // VNNI pair layouts (B operands)
@@ -859,8 +954,6 @@ void forward_impl(const AttentionForwardParams& fp) {
   const AttentionProblem& p = fp.p;
   const int64_t q_blocks = (p.Lq + kBlockQ - 1) / kBlockQ;
   const int64_t k_blocks = (p.Lk + kBlockK - 1) / kBlockK;
-  const int64_t splits = std::clamp<int64_t>(p.kv_splits, 1, std::max<int64_t>(k_blocks, 1));
-  const int64_t blocks_per_split = (k_blocks + splits - 1) / splits;
   const int64_t group = p.Hq / p.Hkv;
   const T* Q = static_cast<const T*>(p.q);
   const T* K = static_cast<const T*>(p.k);
@@ -868,11 +961,7 @@ void forward_impl(const AttentionForwardParams& fp) {
   T* O = static_cast<T*>(fp.out);
   acc* LSE = static_cast<acc*>(fp.lse);
   const int64_t D = p.D, Dv = p.Dv;
-  // With splits, every (split, row) writes its normalised partial output and lse here; a final
-  // pass merges them (merge_attention's formula). Rows are (b, h, i) of the dense layout.
-  const int64_t rows = p.B * p.Hq * p.Lq;
-  std::vector<acc> part_o(splits > 1 ? splits * rows * Dv : 0),
-      part_lse(splits > 1 ? splits * rows : 0);
+  const bool paged = p.block_table != nullptr;
   // Decoding one token with GQA: the query heads of a KV group share every key and value tile
   // (its loads and transposes, a paged cache's staging copies), so one task takes the group's
   // heads as the rows of its tiles instead of one task per head reading each tile `group`
@@ -887,104 +976,160 @@ void forward_impl(const AttentionForwardParams& fp) {
   const bool pack_heads = tiles_pack_heads && p.Lq == 1 && group > 1 && group <= kBlockQ &&
                           p.alibi == nullptr && p.mask_kind == MaskKind::none && p.dropout_p <= 0.0;
   const int64_t heads_per_task = pack_heads ? group : 1;
-  const int64_t head_tasks = p.Hq / heads_per_task;
-  const int64_t tasks = p.B * head_tasks * q_blocks * splits;
+  // A unit: one head (or, pack_heads, one KV group's heads) of one query block.
+  const int64_t head_units = p.Hq / heads_per_task;
+  const int64_t unit_rows = pack_heads ? group : std::min(p.Lq, kBlockQ);
+  // A paged cache block holds every KV head's rows of its positions back to back (the pool is
+  // (num_blocks, Hkv, block_size, D)). A task that reads one head's rows of each block skips the
+  // other heads' rows between its runs, which the hardware prefetcher fetches anyway: reading
+  // one head's 16-row runs streamed at about 0.65 of a dense cache's rate even with the blocks
+  // in order, whole blocks at the dense rate (one thread on the project's CPU), and the wasted
+  // lines cost bandwidth two threads share. Decoding from a pool with one query block, a task
+  // therefore takes every unit of its sequence (unit u0 + v in rows [v * M, (v + 1) * M) of the
+  // tiles) over a range of keys, reading whole blocks; the key ranges become splits where the
+  // threads would otherwise run short of tasks.
+  const int64_t units = paged && Tiles::kRowOffsets && q_blocks == 1 && head_units > 1 &&
+                                p.dropout_p <= 0.0 && head_units * unit_rows <= kBlockQ
+                            ? head_units
+                            : 1;
+  const int64_t unit_tasks = head_units / units;
+  // The splits: at least the requested ones, more only while there are fewer tasks than twice
+  // the threads (and than before), since every split is merged in a second parallel pass.
+  const int64_t threads = at::get_num_threads();
+  const int64_t want = std::min(p.B * head_units * q_blocks * p.kv_splits, 2 * threads);
+  const int64_t per_seq = p.B * unit_tasks * q_blocks;
+  const int64_t splits = std::clamp<int64_t>(
+      std::clamp<int64_t>((want + per_seq - 1) / per_seq, p.kv_splits, p.kv_splits * units), 1,
+      std::max<int64_t>(k_blocks, 1));
+  const int64_t blocks_per_split = (k_blocks + splits - 1) / splits;
+  // With splits, every (split, row) writes its normalised partial output and lse here; a final
+  // pass merges them (merge_attention's formula). Rows are (b, h, i) of the dense layout.
+  const int64_t rows = p.B * p.Hq * p.Lq;
+  std::vector<acc> part_o(splits > 1 ? splits * rows * Dv : 0),
+      part_lse(splits > 1 ? splits * rows : 0);
+  const int64_t tasks = p.B * unit_tasks * q_blocks * splits;
 
   parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     Tiles tiles(D, Dv);
     std::vector<acc> s(kBlockQ * kBlockK), mult(kBlockQ * kBlockK), o_acc(kBlockQ * Dv);
     std::vector<acc> row(std::max(std::max(D, Dv), kBlockK)), m(kBlockQ), l(kBlockQ);
     std::vector<float> scratch(kBlockK);
-    const bool paged = p.block_table != nullptr;
     std::vector<T> k_stage(paged ? kBlockK * D : 0), v_stage(paged ? kBlockK * Dv : 0);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t split = task % splits, rest = task / splits;
-      const int64_t qb = rest % q_blocks, bh = rest / q_blocks;
-      // h: the task's head, or (pack_heads) the first of its KV group's heads
-      const int64_t b = bh / head_tasks, h = bh % head_tasks * heads_per_task, hk = h / group;
+      const int64_t qb = rest % q_blocks, bu = rest / q_blocks;
+      // the task's units u0 .. u0 + units - 1 (unit u: head u * heads_per_task, or the KV group
+      // that starts there); unit u0 + v owns rows [v * M, (v + 1) * M) of the tiles
+      const int64_t b = bu / unit_tasks, u0 = bu % unit_tasks * units;
       const Geometry g = geometry(p, b);
       const int64_t i0 = qb * kBlockQ;
-      // rows of the tiles: M query positions of head h, or the group's heads at position 0
+      // rows of a unit: M query positions of head h, or the group's heads at position 0
       const int64_t positions = std::min(kBlockQ, g.Lq - i0);
       const int64_t M = pack_heads ? (positions > 0 ? group : 0) : positions;
       if (M <= 0) continue;  // a shorter sequence of a varlen batch
-      const ScoreContext<acc> ctx(p, g, b, h);
-      // (paged: rows are addressed through the block table, paged_rows)
-      const T* k_base = paged ? K : K + b * p.k_s.b + hk * p.k_s.h + g.k_row0 * p.k_s.l;
-      const T* v_base = paged ? V : V + b * p.v_s.b + hk * p.v_s.h + g.k_row0 * p.v_s.l;
-      if (pack_heads) {  // row r: head h + r
-        tiles.load_q(Q + b * p.q_s.b + h * p.q_s.h + g.q_row0 * p.q_s.l, p.q_s.h, 0, M, false);
-      } else {
-        tiles.load_q(Q + b * p.q_s.b + h * p.q_s.h + g.q_row0 * p.q_s.l, p.q_s.l, i0, M, false);
+      for (int64_t v = 0; v < units; ++v) {
+        const int64_t h = (u0 + v) * heads_per_task;
+        const T* q = Q + b * p.q_s.b + h * p.q_s.h + g.q_row0 * p.q_s.l;
+        if (units > 1) {
+          if constexpr (Tiles::kRowOffsets) {
+            tiles.load_q_rows(pack_heads ? q : q + i0 * p.q_s.l, pack_heads ? p.q_s.h : p.q_s.l, M,
+                              v * M);
+          }
+        } else if (pack_heads) {  // row r: head h + r
+          tiles.load_q(q, p.q_s.h, 0, M, false);
+        } else {
+          tiles.load_q(q, p.q_s.l, i0, M, false);
+        }
       }
-      std::fill(o_acc.begin(), o_acc.begin() + M * Dv, acc(0));
-      std::fill(m.begin(), m.begin() + M, neg_inf<acc>());
-      std::fill(l.begin(), l.begin() + M, acc(0));
+      std::fill(o_acc.begin(), o_acc.begin() + units * M * Dv, acc(0));
+      std::fill(m.begin(), m.begin() + units * M, neg_inf<acc>());
+      std::fill(l.begin(), l.begin() + units * M, acc(0));
       auto [kb_first, kb_last] = visible_key_blocks(g, i0, pack_heads ? 1 : M);
       kb_first = std::max(kb_first, split * blocks_per_split);
       kb_last = std::min(kb_last, (split + 1) * blocks_per_split);
       for (int64_t kb = kb_first; kb < kb_last; ++kb) {
         const int64_t j0 = kb * kBlockK, N = std::min(kBlockK, g.Lk - j0);
-        if (paged && kb + 1 < kb_last) {
-          const int64_t next = std::min(kBlockK, g.Lk - j0 - kBlockK);
-          prefetch_paged_rows<T>(p, K, p.k_s, b, hk, j0 + kBlockK, next, D);
-          prefetch_paged_rows<T>(p, V, p.v_s, b, hk, j0 + kBlockK, next, Dv);
-        }
-        // (RowRuns tiles read a paged tile's K and V in place, block run by block run)
-        if (!paged) {
-          tiles.load_k(k_base, p.k_s.l, j0, N, false);
-        } else if constexpr (Tiles::kRowRuns) {
-          tiles.load_k_runs(paged_runs<T>(p, K, p.k_s, b, hk, j0, N));
-        } else {
-          int64_t stride;
-          const T* rows = paged_rows<T>(p, K, p.k_s, b, hk, j0, N, D, k_stage.data(), stride);
-          tiles.load_k(rows, stride, 0, N, false);
-        }
-        tiles.scores(M, N, static_cast<acc>(p.scale), false, s.data());
-        if (pack_heads) {  // every row is query position i0 (of another head)
-          for (int64_t r = 0; r < M; ++r) {
-            ctx.apply(s.data() + r * kBlockK, kBlockK, i0, 1, j0, N, nullptr, row.data());
+        if (paged && kb + 1 < kb_last) {  // the next tile of every KV head the task reads
+          const int64_t jn = j0 + kBlockK, next = std::min(kBlockK, g.Lk - jn);
+          for (int64_t v = 0; v < units; ++v) {
+            const int64_t hk = (u0 + v) * heads_per_task / group;
+            if (v > 0 && hk == (u0 + v - 1) * heads_per_task / group) continue;  // same K, V
+            prefetch_paged_rows<T>(p, K, p.k_s, b, hk, jn, next, D);
+            prefetch_paged_rows<T>(p, V, p.v_s, b, hk, jn, next, Dv);
           }
-        } else {
-          ctx.apply(s.data(), kBlockK, i0, M, j0, N, nullptr, row.data());
         }
-        const bool dropout = p.dropout_p > 0.0;
-        if (dropout) {
-          dropout_tile<acc>(p, g, b, h, i0, M, j0, N, mult.data(), kBlockK, scratch.data());
-        }
-        online_softmax<Tiles, acc>(s.data(), M, N, m.data(), l.data(), o_acc.data(), Dv,
-                                   dropout ? mult.data() : nullptr);
-        if (!paged) {
-          tiles.load_v(v_base, p.v_s.l, j0, N, false);
-          tiles.pv(M, N, s.data(), o_acc.data());
-        } else if constexpr (Tiles::kRowRuns) {
-          tiles.pv_runs(M, paged_runs<T>(p, V, p.v_s, b, hk, j0, N), s.data(), o_acc.data());
-        } else {
-          int64_t stride;
-          const T* rows = paged_rows<T>(p, V, p.v_s, b, hk, j0, N, Dv, v_stage.data(), stride);
-          tiles.load_v(rows, stride, 0, N, false);
-          tiles.pv(M, N, s.data(), o_acc.data());
+        for (int64_t v = 0; v < units; ++v) {
+          const int64_t h = (u0 + v) * heads_per_task, hk = h / group, r0 = v * M;
+          const ScoreContext<acc> ctx(p, g, b, h);
+          acc* sv = s.data() + r0 * kBlockK;
+          // (RowRuns tiles read a paged tile's K and V in place, block run by block run)
+          if (!paged) {
+            tiles.load_k(K + b * p.k_s.b + hk * p.k_s.h + g.k_row0 * p.k_s.l, p.k_s.l, j0, N,
+                         false);
+          } else if constexpr (Tiles::kRowRuns) {
+            tiles.load_k_runs(paged_runs<T>(p, K, p.k_s, b, hk, j0, N));
+          } else {
+            int64_t stride;
+            const T* rows = paged_rows<T>(p, K, p.k_s, b, hk, j0, N, D, k_stage.data(), stride);
+            tiles.load_k(rows, stride, 0, N, false);
+          }
+          if (units > 1) {
+            if constexpr (Tiles::kRowOffsets)
+              tiles.scores_rows(r0, M, N, static_cast<acc>(p.scale), s.data());
+          } else {
+            tiles.scores(M, N, static_cast<acc>(p.scale), false, s.data());
+          }
+          if (pack_heads) {  // every row is query position i0 (of another head)
+            for (int64_t r = 0; r < M; ++r) {
+              ctx.apply(sv + r * kBlockK, kBlockK, i0, 1, j0, N, nullptr, row.data());
+            }
+          } else {
+            ctx.apply(sv, kBlockK, i0, M, j0, N, nullptr, row.data());
+          }
+          const bool dropout = p.dropout_p > 0.0;  // (units == 1)
+          if (dropout) {
+            dropout_tile<acc>(p, g, b, h, i0, M, j0, N, mult.data(), kBlockK, scratch.data());
+          }
+          online_softmax<Tiles, acc>(sv, M, N, m.data() + r0, l.data() + r0, o_acc.data() + r0 * Dv,
+                                     Dv, dropout ? mult.data() : nullptr);
+          if (!paged) {
+            tiles.load_v(V + b * p.v_s.b + hk * p.v_s.h + g.k_row0 * p.v_s.l, p.v_s.l, j0, N,
+                         false);
+            tiles.pv(M, N, sv, o_acc.data() + r0 * Dv);
+          } else if constexpr (Tiles::kRowRuns) {
+            tiles.pv_runs(M, paged_runs<T>(p, V, p.v_s, b, hk, j0, N), sv, o_acc.data() + r0 * Dv);
+          } else {
+            int64_t stride;
+            const T* rows = paged_rows<T>(p, V, p.v_s, b, hk, j0, N, Dv, v_stage.data(), stride);
+            tiles.load_v(rows, stride, 0, N, false);
+            tiles.pv(M, N, sv, o_acc.data() + r0 * Dv);
+          }
         }
       }
-      for (int64_t r = 0; r < M; ++r) {
-        acc* o = o_acc.data() + r * Dv;
-        acc lse;
-        if (l[r] > acc(0)) {
-          const acc inv = acc(1) / l[r];
-          for (int64_t d = 0; d < Dv; ++d) o[d] *= inv;
-          lse = m[r] + std::log(l[r]);
-        } else {  // no visible key: output 0, lse -inf
-          std::fill(o, o + Dv, acc(0));
-          lse = neg_inf<acc>();
-        }
-        const int64_t head = pack_heads ? h + r : h, i = pack_heads ? i0 : i0 + r;
-        if (splits > 1) {
-          const int64_t row_id = (b * p.Hq + head) * p.Lq + i;
-          std::copy(o, o + Dv, part_o.data() + (split * rows + row_id) * Dv);
-          part_lse[split * rows + row_id] = lse;
-        } else {
-          LSE[lse_offset(p, g, b, head) + i] = lse;
-          store_row<T>(o, O + b * fp.out_s.b + head * fp.out_s.h + (g.q_row0 + i) * fp.out_s.l, Dv);
+      for (int64_t v = 0; v < units; ++v) {
+        const int64_t h = (u0 + v) * heads_per_task;
+        for (int64_t r = 0; r < M; ++r) {
+          acc* o = o_acc.data() + (v * M + r) * Dv;
+          const acc lr = l[v * M + r];
+          acc lse;
+          if (lr > acc(0)) {
+            const acc inv = acc(1) / lr;
+            for (int64_t d = 0; d < Dv; ++d) o[d] *= inv;
+            lse = m[v * M + r] + std::log(lr);
+          } else {  // no visible key: output 0, lse -inf
+            std::fill(o, o + Dv, acc(0));
+            lse = neg_inf<acc>();
+          }
+          const int64_t head = pack_heads ? h + r : h, i = pack_heads ? i0 : i0 + r;
+          if (splits > 1) {
+            const int64_t row_id = (b * p.Hq + head) * p.Lq + i;
+            std::copy(o, o + Dv, part_o.data() + (split * rows + row_id) * Dv);
+            part_lse[split * rows + row_id] = lse;
+          } else {
+            LSE[lse_offset(p, g, b, head) + i] = lse;
+            store_row<T>(o, O + b * fp.out_s.b + head * fp.out_s.h + (g.q_row0 + i) * fp.out_s.l,
+                         Dv);
+          }
         }
       }
     }
