@@ -995,7 +995,7 @@ void forward_impl(const AttentionForwardParams& fp) {
   const int64_t unit_tasks = head_units / units;
   // The splits: at least the requested ones, more only while there are fewer tasks than twice
   // the threads (and than before), since every split is merged in a second parallel pass.
-  const int64_t threads = at::get_num_threads();
+  const int64_t threads = get_num_threads();
   const int64_t want = std::min(p.B * head_units * q_blocks * p.kv_splits, 2 * threads);
   const int64_t per_seq = p.B * unit_tasks * q_blocks;
   const int64_t splits = std::clamp<int64_t>(
