@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "common/cpu_convert.h"
@@ -224,6 +225,59 @@ inline int64_t strip_index(int64_t j, int64_t k, int64_t K) {
   return ((j / kStrip) * K + k) * kStrip + (j % kStrip);
 }
 
+#if defined(__AVX512F__)
+// The float tile of gemm_packed: MR (<= 8) rows x one 32-column panel (zero-padded, so its
+// loads need no mask), K terms. The panel streams from L3 (W_hh^T, 4 MB at H = 512, is read
+// once per step): the prefetcher does not run ahead of a 4 KB page, so the loop prefetches
+// kAhead panel rows (2 KB) ahead itself.
+template <int MR>
+__attribute__((always_inline)) inline void panel_tile(int64_t K, const float* a, const float* b,
+                                                      float* C, int64_t ldc, bool accumulate,
+                                                      int64_t n) {
+  constexpr int64_t kAhead = 16;
+  __m512 c0[MR], c1[MR];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) c0[r] = c1[r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    const float* bk = b + k * kPanel;
+    __builtin_prefetch(bk + kAhead * kPanel, 0, 3);
+    __builtin_prefetch(bk + kAhead * kPanel + 16, 0, 3);
+    const __m512 b0 = _mm512_loadu_ps(bk), b1 = _mm512_loadu_ps(bk + 16);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m512 ar = _mm512_set1_ps(a[k * kStrip + r]);
+      c0[r] = _mm512_fmadd_ps(ar, b0, c0[r]);
+      c1[r] = _mm512_fmadd_ps(ar, b1, c1[r]);
+    }
+  }
+  const __mmask16 m0 = n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u);
+  const __mmask16 m1 = n >= 32 ? __mmask16(0xFFFF) : __mmask16(n > 16 ? (1u << (n - 16)) - 1u : 0u);
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    float* dst = C + r * ldc;
+    __m512 x0 = c0[r], x1 = c1[r];
+    if (accumulate) {
+      x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, dst));
+      x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, dst + 16));
+    }
+    _mm512_mask_storeu_ps(dst, m0, x0);
+    _mm512_mask_storeu_ps(dst + 16, m1, x1);
+  }
+}
+
+template <int MR>
+void panel_tile_rows(int64_t M, int64_t K, const float* a, const float* b, float* C, int64_t ldc,
+                     bool accumulate, int64_t n) {
+  if constexpr (MR > 0) {
+    if (M == MR) {
+      panel_tile<MR>(K, a, b, C, ldc, accumulate, n);
+    } else {
+      panel_tile_rows<MR - 1>(M, K, a, b, C, ldc, accumulate, n);
+    }
+  }
+}
+#endif
+
 // C[r, n] (+)= sum_k A[r0 + r, k] * B[k, c0 + n] for r < r1 - r0, n < N: A in strips (r0 a
 // multiple of 8), B in panels (c0 a multiple of 32), C row-major (leading dimension ldc).
 // K runs in chunks of 512 so that an 8-row strip of A (16 KB) stays in L1 across the panels
@@ -252,9 +306,16 @@ void gemm_packed(int64_t r0, int64_t r1, int64_t c0, int64_t N, int64_t K, const
     for (int64_t k0 = 0; k0 < K; k0 += kKc) {
       const int64_t Kc = std::min(kKc, K - k0);
       for (int64_t n = 0; n < N; n += kPanel) {
-        gemm(M, std::min(kPanel, N - n), Kc, acc(1), a + k0 * kStrip, 1, kStrip,
-             B + ((c0 + n) / kPanel) * K * kPanel + k0 * kPanel, kPanel, C + (m - r0) * ldc + n,
-             ldc, accumulate || k0 > 0);
+        const acc* b = B + ((c0 + n) / kPanel) * K * kPanel + k0 * kPanel;
+#if defined(__AVX512F__)
+        if constexpr (std::is_same_v<acc, float>) {
+          panel_tile_rows<kStrip>(M, Kc, a + k0 * kStrip, b, C + (m - r0) * ldc + n, ldc,
+                                  accumulate || k0 > 0, std::min(kPanel, N - n));
+          continue;
+        }
+#endif
+        gemm(M, std::min(kPanel, N - n), Kc, acc(1), a + k0 * kStrip, 1, kStrip, b, kPanel,
+             C + (m - r0) * ldc + n, ldc, accumulate || k0 > 0);
       }
     }
   }
