@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "common/cpu_convert.h"
@@ -98,10 +99,17 @@ Grid make_grid(int64_t D, int64_t ncols, int64_t width, int64_t B, double flops_
   return g;
 }
 
+// Every step splits the grid between the threads the same way (parallel_for's static split),
+// so a thread sees the same weight columns each step; `reverse` (odd steps) walks its range
+// backwards, so the weights it read last, still in its L2, are the first it reads next (a
+// thread's share of W_hh, 2 MB at H = 512 on 2 threads, does not fit a 1 MB L2: in order,
+// LRU keeps none of it; back and forth, about half. GEMV over a 4 MB panel set here,
+// 1 thread: 62 -> 76-84 GB/s).
 template <typename F>
-void run_grid(const Grid& g, const F& task) {
+void run_grid(const Grid& g, const F& task, bool reverse = false) {
   auto body = [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
+    for (int64_t n = begin; n < end; ++n) {
+      const int64_t i = reverse ? end - 1 - (n - begin) : n;
       const int64_t r = i % g.rows;
       const int64_t c = (i / g.rows) % g.cols;
       const int64_t d = i / (g.rows * g.cols);
@@ -217,6 +225,59 @@ inline int64_t strip_index(int64_t j, int64_t k, int64_t K) {
   return ((j / kStrip) * K + k) * kStrip + (j % kStrip);
 }
 
+#if defined(__AVX512F__)
+// The float tile of gemm_packed: MR (<= 8) rows x one 32-column panel (zero-padded, so its
+// loads need no mask), K terms. The panel streams from L3 (W_hh^T, 4 MB at H = 512, is read
+// once per step): the prefetcher does not run ahead of a 4 KB page, so the loop prefetches
+// kAhead panel rows (2 KB) ahead itself.
+template <int MR>
+__attribute__((always_inline)) inline void panel_tile(int64_t K, const float* a, const float* b,
+                                                      float* C, int64_t ldc, bool accumulate,
+                                                      int64_t n) {
+  constexpr int64_t kAhead = 16;
+  __m512 c0[MR], c1[MR];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) c0[r] = c1[r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    const float* bk = b + k * kPanel;
+    __builtin_prefetch(bk + kAhead * kPanel, 0, 3);
+    __builtin_prefetch(bk + kAhead * kPanel + 16, 0, 3);
+    const __m512 b0 = _mm512_loadu_ps(bk), b1 = _mm512_loadu_ps(bk + 16);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m512 ar = _mm512_set1_ps(a[k * kStrip + r]);
+      c0[r] = _mm512_fmadd_ps(ar, b0, c0[r]);
+      c1[r] = _mm512_fmadd_ps(ar, b1, c1[r]);
+    }
+  }
+  const __mmask16 m0 = n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u);
+  const __mmask16 m1 = n >= 32 ? __mmask16(0xFFFF) : __mmask16(n > 16 ? (1u << (n - 16)) - 1u : 0u);
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    float* dst = C + r * ldc;
+    __m512 x0 = c0[r], x1 = c1[r];
+    if (accumulate) {
+      x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, dst));
+      x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, dst + 16));
+    }
+    _mm512_mask_storeu_ps(dst, m0, x0);
+    _mm512_mask_storeu_ps(dst + 16, m1, x1);
+  }
+}
+
+template <int MR>
+void panel_tile_rows(int64_t M, int64_t K, const float* a, const float* b, float* C, int64_t ldc,
+                     bool accumulate, int64_t n) {
+  if constexpr (MR > 0) {
+    if (M == MR) {
+      panel_tile<MR>(K, a, b, C, ldc, accumulate, n);
+    } else {
+      panel_tile_rows<MR - 1>(M, K, a, b, C, ldc, accumulate, n);
+    }
+  }
+}
+#endif
+
 // C[r, n] (+)= sum_k A[r0 + r, k] * B[k, c0 + n] for r < r1 - r0, n < N: A in strips (r0 a
 // multiple of 8), B in panels (c0 a multiple of 32), C row-major (leading dimension ldc).
 // K runs in chunks of 512 so that an 8-row strip of A (16 KB) stays in L1 across the panels
@@ -225,15 +286,36 @@ template <typename acc>
 void gemm_packed(int64_t r0, int64_t r1, int64_t c0, int64_t N, int64_t K, const acc* A,
                  const acc* B, acc* C, int64_t ldc, bool accumulate) {
   constexpr int64_t kKc = 512;
+  // With accumulate, the tiles read C back after their products: in the forward, the input
+  // projection of this step, written by the large GEMM long before (from DRAM at B = 64: T B
+  // 4H floats do not fit L3). Each strip's C rows are prefetched one strip ahead, behind the
+  // current strip's products (the first strip's before its own).
+  auto prefetch_rows = [&](int64_t m) {
+    if (!accumulate) return;
+    for (int64_t r = m; r < std::min(r1, m + kStrip); ++r) {
+      for (int64_t n = 0; n < N; n += 64 / static_cast<int64_t>(sizeof(acc))) {
+        __builtin_prefetch(C + (r - r0) * ldc + n, 1, 3);
+      }
+    }
+  };
+  prefetch_rows(r0);
   for (int64_t m = r0; m < r1; m += kStrip) {
     const int64_t M = std::min(kStrip, r1 - m);
+    prefetch_rows(m + kStrip);
     const acc* a = A + (m / kStrip) * K * kStrip;
     for (int64_t k0 = 0; k0 < K; k0 += kKc) {
       const int64_t Kc = std::min(kKc, K - k0);
       for (int64_t n = 0; n < N; n += kPanel) {
-        gemm(M, std::min(kPanel, N - n), Kc, acc(1), a + k0 * kStrip, 1, kStrip,
-             B + ((c0 + n) / kPanel) * K * kPanel + k0 * kPanel, kPanel, C + (m - r0) * ldc + n,
-             ldc, accumulate || k0 > 0);
+        const acc* b = B + ((c0 + n) / kPanel) * K * kPanel + k0 * kPanel;
+#if defined(__AVX512F__)
+        if constexpr (std::is_same_v<acc, float>) {
+          panel_tile_rows<kStrip>(M, Kc, a + k0 * kStrip, b, C + (m - r0) * ldc + n, ldc,
+                                  accumulate || k0 > 0, std::min(kPanel, N - n));
+          continue;
+        }
+#endif
+        gemm(M, std::min(kPanel, N - n), Kc, acc(1), a + k0 * kStrip, 1, kStrip, b, kPanel,
+             C + (m - r0) * ldc + n, ldc, accumulate || k0 > 0);
       }
     }
   }
@@ -587,87 +669,97 @@ void layer_forward(const RecurrentForwardParams& p) {
   };
 
   for (int64_t s = 0; s < T_; ++s) {
-    run_grid(cell_grid, [&](int64_t d, int64_t k, int64_t r0, int64_t r1) {
-      const int64_t t = time_of(pk, d, s);
-      r1 = std::min(r1, pk.batch_sizes[t]);
-      if (r0 >= r1) return;
-      const int64_t u0 = k * kUB, hb = std::min(kUB, H - u0);
-      acc* Gt = gates(d) + pk.offsets[t] * GH;
-      // The recurrent products of the block's gates: accumulated onto the input projection,
-      // except for the reset-after GRU, whose n gate needs W_hn h + b_hn apart (r * (.)).
-      thread_local std::vector<acc> hp;
-      if constexpr (Cell::kGru) {
-        hp.resize((r1 - r0) * G * kUB);
-        gemm_packed(r0, r1, G * u0, G * hb, P, h_strips(d, s & 1), w_pk + d * w_size, hp.data(),
-                    G * hb, /*accumulate=*/false);
-      } else {
-        gemm_packed(r0, r1, G1 * u0, G1 * hb, P, h_strips(d, s & 1), w_pk + d * w_size,
-                    Gt + r0 * GH + G * u0, GH, /*accumulate=*/true);
-      }
-      acc* h_next = h_strips(d, (s & 1) ^ 1);
-      acc hrow[kUB];
-      for (int64_t j = r0; j < r1; ++j) {
-        acc* g = Gt + j * GH + G * u0;
-        const int64_t row = pk.offsets[t] + j;
-        if constexpr (Cell::kLstm) {
-          const int64_t prev = previous_row(pk, d, t, j);
-          const acc* cp = (prev >= 0 ? extra(d) + prev * H : c0s.data() + (d * B + j) * H) + u0;
-          cell_forward(g, g + hb, g + 2 * hb, g + 3 * hb, cp, extra(d) + row * H + u0, hrow, hb);
-          if (proj) {
-            acc* r = rS + d * SB * H;
-            for (int64_t u = 0; u < hb; ++u) r[strip_index(j, u0 + u, H)] = hrow[u];
-            continue;
+    run_grid(
+        cell_grid,
+        [&](int64_t d, int64_t k, int64_t r0, int64_t r1) {
+          const int64_t t = time_of(pk, d, s);
+          r1 = std::min(r1, pk.batch_sizes[t]);
+          if (r0 >= r1) return;
+          const int64_t u0 = k * kUB, hb = std::min(kUB, H - u0);
+          acc* Gt = gates(d) + pk.offsets[t] * GH;
+          // The recurrent products of the block's gates: accumulated onto the input projection,
+          // except for the reset-after GRU, whose n gate needs W_hn h + b_hn apart (r * (.)).
+          thread_local std::vector<acc> hp;
+          if constexpr (Cell::kGru) {
+            hp.resize((r1 - r0) * G * kUB);
+            gemm_packed(r0, r1, G * u0, G * hb, P, h_strips(d, s & 1), w_pk + d * w_size, hp.data(),
+                        G * hb, /*accumulate=*/false);
+          } else {
+            gemm_packed(r0, r1, G1 * u0, G1 * hb, P, h_strips(d, s & 1), w_pk + d * w_size,
+                        Gt + r0 * GH + G * u0, GH, /*accumulate=*/true);
           }
-        } else if constexpr (Cell::kGru) {
-          gru_forward(g, hp.data() + (j - r0) * G * hb,
-                      b_hn != nullptr ? b_hn + d * H + u0 : nullptr, h_prev(d, t, j, u0),
-                      extra(d) + row * H + u0, hrow, hb);
-        } else if constexpr (Cell::kGruBefore) {
-          acc* rh = extra(d) + row * H + u0;
-          gru_reset_gates(g, h_prev(d, t, j, u0), rh, hb);
-          acc* r = rS + d * SB * H;
-          for (int64_t u = 0; u < hb; ++u) r[strip_index(j, u0 + u, H)] = rh[u];
-          continue;
-        } else {
-          rnn_forward<acc, Cell::kRelu>(g, hrow, hb);
-        }
-        emit(d, t, j, u0, hb, hrow, h_next);
-      }
-    });
+          acc* h_next = h_strips(d, (s & 1) ^ 1);
+          acc hrow[kUB];
+          for (int64_t j = r0; j < r1; ++j) {
+            acc* g = Gt + j * GH + G * u0;
+            const int64_t row = pk.offsets[t] + j;
+            if constexpr (Cell::kLstm) {
+              const int64_t prev = previous_row(pk, d, t, j);
+              const acc* cp = (prev >= 0 ? extra(d) + prev * H : c0s.data() + (d * B + j) * H) + u0;
+              cell_forward(g, g + hb, g + 2 * hb, g + 3 * hb, cp, extra(d) + row * H + u0, hrow,
+                           hb);
+              if (proj) {
+                acc* r = rS + d * SB * H;
+                for (int64_t u = 0; u < hb; ++u) r[strip_index(j, u0 + u, H)] = hrow[u];
+                continue;
+              }
+            } else if constexpr (Cell::kGru) {
+              gru_forward(g, hp.data() + (j - r0) * G * hb,
+                          b_hn != nullptr ? b_hn + d * H + u0 : nullptr, h_prev(d, t, j, u0),
+                          extra(d) + row * H + u0, hrow, hb);
+            } else if constexpr (Cell::kGruBefore) {
+              acc* rh = extra(d) + row * H + u0;
+              gru_reset_gates(g, h_prev(d, t, j, u0), rh, hb);
+              acc* r = rS + d * SB * H;
+              for (int64_t u = 0; u < hb; ++u) r[strip_index(j, u0 + u, H)] = rh[u];
+              continue;
+            } else {
+              rnn_forward<acc, Cell::kRelu>(g, hrow, hb);
+            }
+            emit(d, t, j, u0, hb, hrow, h_next);
+          }
+        },
+        s & 1);
     if constexpr (Cell::kGruBefore) {
       // n = tanh(x W_in^T + b_in + b_hn + (r * h) W_hn^T) and h_t, once every r is known.
-      run_grid(cell_grid, [&](int64_t d, int64_t k, int64_t r0, int64_t r1) {
-        const int64_t t = time_of(pk, d, s);
-        r1 = std::min(r1, pk.batch_sizes[t]);
-        if (r0 >= r1) return;
-        const int64_t u0 = k * kUB, hb = std::min(kUB, H - u0);
-        acc* Gt = gates(d) + pk.offsets[t] * GH;
-        gemm_packed(r0, r1, u0, hb, H, rS + d * SB * H, n_pk + d * n_size,
-                    Gt + r0 * GH + G * u0 + 2 * hb, GH, /*accumulate=*/true);
-        acc* h_next = h_strips(d, (s & 1) ^ 1);
-        acc hrow[kUB];
-        for (int64_t j = r0; j < r1; ++j) {
-          gru_new_state(Gt + j * GH + G * u0, h_prev(d, t, j, u0), hrow, hb);
-          emit(d, t, j, u0, hb, hrow, h_next);
-        }
-      });
+      run_grid(
+          cell_grid,
+          [&](int64_t d, int64_t k, int64_t r0, int64_t r1) {
+            const int64_t t = time_of(pk, d, s);
+            r1 = std::min(r1, pk.batch_sizes[t]);
+            if (r0 >= r1) return;
+            const int64_t u0 = k * kUB, hb = std::min(kUB, H - u0);
+            acc* Gt = gates(d) + pk.offsets[t] * GH;
+            gemm_packed(r0, r1, u0, hb, H, rS + d * SB * H, n_pk + d * n_size,
+                        Gt + r0 * GH + G * u0 + 2 * hb, GH, /*accumulate=*/true);
+            acc* h_next = h_strips(d, (s & 1) ^ 1);
+            acc hrow[kUB];
+            for (int64_t j = r0; j < r1; ++j) {
+              gru_new_state(Gt + j * GH + G * u0, h_prev(d, t, j, u0), hrow, hb);
+              emit(d, t, j, u0, hb, hrow, h_next);
+            }
+          },
+          s & 1);
     }
     if (!proj) continue;
-    run_grid(proj_grid, [&](int64_t d, int64_t k, int64_t r0, int64_t r1) {
-      const int64_t t = time_of(pk, d, s);
-      r1 = std::min(r1, pk.batch_sizes[t]);
-      if (r0 >= r1) return;
-      const int64_t c0 = k * kPanel, pc = std::min(kPanel, P - c0);
-      acc* h_next = h_strips(d, (s & 1) ^ 1);
-      acc* Hd = hidden(d) + pk.offsets[t] * P;
-      gemm_packed(r0, r1, c0, pc, H, rS + d * SB * H, hr_pk + d * hr_size, Hd + r0 * P + c0, P,
-                  /*accumulate=*/false);
-      for (int64_t j = r0; j < r1; ++j) {
-        const acc* row = Hd + j * P + c0;
-        for (int64_t u = 0; u < pc; ++u) h_next[strip_index(j, c0 + u, P)] = row[u];
-        store_row<T>(row, out + (t * B + pk.perm[j]) * D * P + d * P + c0, pc);
-      }
-    });
+    run_grid(
+        proj_grid,
+        [&](int64_t d, int64_t k, int64_t r0, int64_t r1) {
+          const int64_t t = time_of(pk, d, s);
+          r1 = std::min(r1, pk.batch_sizes[t]);
+          if (r0 >= r1) return;
+          const int64_t c0 = k * kPanel, pc = std::min(kPanel, P - c0);
+          acc* h_next = h_strips(d, (s & 1) ^ 1);
+          acc* Hd = hidden(d) + pk.offsets[t] * P;
+          gemm_packed(r0, r1, c0, pc, H, rS + d * SB * H, hr_pk + d * hr_size, Hd + r0 * P + c0, P,
+                      /*accumulate=*/false);
+          for (int64_t j = r0; j < r1; ++j) {
+            const acc* row = Hd + j * P + c0;
+            for (int64_t u = 0; u < pc; ++u) h_next[strip_index(j, c0 + u, P)] = row[u];
+            store_row<T>(row, out + (t * B + pk.perm[j]) * D * P + d * P + c0, pc);
+          }
+        },
+        s & 1);
   }
 
   // h_n (and c_n): the state at each sequence's last step (time len - 1 forward, 0 reverse).
@@ -836,71 +928,84 @@ void layer_backward(const RecurrentBackwardParams& p) {
 
   for (int64_t s = T_ - 1; s >= -1; --s) {
     if (!proj) {
-      run_grid(cell_grid, [&](int64_t d, int64_t k, int64_t r0, int64_t r1) {
-        const int64_t u0 = k * kUB, hb = std::min(kUB, H - u0);
-        recurrent_gemm(d, s, u0, hb, r0, r1);
-        if (s < 0) return;
-        const int64_t t = time_of(pk, d, s);
-        r1 = std::min(r1, pk.batch_sizes[t]);
-        if (r0 >= r1) return;
-        thread_local std::vector<acc> dh;
-        dh.resize((r1 - r0) * kUB);
-        gather_dh(d, t, r0, r1, u0, hb, dh.data(), kUB);
-        backward_rows(d, s, k, r0, r1, dh.data(), kUB);
-      });
+      run_grid(
+          cell_grid,
+          [&](int64_t d, int64_t k, int64_t r0, int64_t r1) {
+            const int64_t u0 = k * kUB, hb = std::min(kUB, H - u0);
+            recurrent_gemm(d, s, u0, hb, r0, r1);
+            if (s < 0) return;
+            const int64_t t = time_of(pk, d, s);
+            r1 = std::min(r1, pk.batch_sizes[t]);
+            if (r0 >= r1) return;
+            thread_local std::vector<acc> dh;
+            dh.resize((r1 - r0) * kUB);
+            gather_dh(d, t, r0, r1, u0, hb, dh.data(), kUB);
+            backward_rows(d, s, k, r0, r1, dh.data(), kUB);
+          },
+          s & 1);
       if constexpr (Cell::kGruBefore) {
         if (s < 0) break;
         // dq = d_n W_hn (the gradient of r * h_{t-1}), then d_r, once every d_n is known.
-        run_grid(cell_grid, [&](int64_t d, int64_t k, int64_t r0, int64_t r1) {
-          const int64_t t = time_of(pk, d, s);
-          r1 = std::min(r1, pk.batch_sizes[t]);
-          if (r0 >= r1) return;
-          const int64_t u0 = k * kUB, hb = std::min(kUB, H - u0);
-          thread_local std::vector<acc> dq;
-          dq.resize((r1 - r0) * kUB);
-          gemm_packed(r0, r1, u0, hb, H, dhS + d * SB * H, n_pk + d * n_size, dq.data(), kUB,
-                      /*accumulate=*/false);
-          acc* dg_cur = dg_strips(d, s & 1);
-          for (int64_t j = r0; j < r1; ++j) {
-            const int64_t row = pk.offsets[t] + j;
-            acc* d_r = dgates + (d * total + row) * GH + u0;
-            gru_reset_before_backward_b(gates(d) + row * GH + G * u0, h_prev(d, t, j, u0),
-                                        dq.data() + (j - r0) * kUB,
-                                        carry.data() + (d * B + j) * H + u0, d_r, hb);
-            for (int64_t u = 0; u < hb; ++u) {
-              dg_cur[strip_index(j, G1 * u0 + u, G1 * H)] = d_r[u];
-            }
-          }
-        });
+        run_grid(
+            cell_grid,
+            [&](int64_t d, int64_t k, int64_t r0, int64_t r1) {
+              const int64_t t = time_of(pk, d, s);
+              r1 = std::min(r1, pk.batch_sizes[t]);
+              if (r0 >= r1) return;
+              const int64_t u0 = k * kUB, hb = std::min(kUB, H - u0);
+              thread_local std::vector<acc> dq;
+              dq.resize((r1 - r0) * kUB);
+              gemm_packed(r0, r1, u0, hb, H, dhS + d * SB * H, n_pk + d * n_size, dq.data(), kUB,
+                          /*accumulate=*/false);
+              acc* dg_cur = dg_strips(d, s & 1);
+              for (int64_t j = r0; j < r1; ++j) {
+                const int64_t row = pk.offsets[t] + j;
+                acc* d_r = dgates + (d * total + row) * GH + u0;
+                gru_reset_before_backward_b(gates(d) + row * GH + G * u0, h_prev(d, t, j, u0),
+                                            dq.data() + (j - r0) * kUB,
+                                            carry.data() + (d * B + j) * H + u0, d_r, hb);
+                for (int64_t u = 0; u < hb; ++u) {
+                  dg_cur[strip_index(j, G1 * u0 + u, G1 * H)] = d_r[u];
+                }
+              }
+            },
+            s & 1);
       }
       continue;
     }
     // With a projection: dh_t (P columns) first, then dr_t = dh_t W_hr and the cell.
-    run_grid(proj_grid, [&](int64_t d, int64_t k, int64_t r0, int64_t r1) {
-      const int64_t c0 = k * kPanel, pc = std::min(kPanel, P - c0);
-      recurrent_gemm(d, s, c0, pc, r0, r1);
-      if (s < 0) return;
-      const int64_t t = time_of(pk, d, s);
-      r1 = std::min(r1, pk.batch_sizes[t]);
-      if (r0 >= r1) return;
-      acc* dst = dh_out + (d * total + pk.offsets[t] + r0) * P + c0;
-      gather_dh(d, t, r0, r1, c0, pc, dst, P);
-      acc* strip = dhS + d * SB * P;
-      for (int64_t j = r0; j < r1; ++j) {
-        for (int64_t u = 0; u < pc; ++u) strip[strip_index(j, c0 + u, P)] = dst[(j - r0) * P + u];
-      }
-    });
+    run_grid(
+        proj_grid,
+        [&](int64_t d, int64_t k, int64_t r0, int64_t r1) {
+          const int64_t c0 = k * kPanel, pc = std::min(kPanel, P - c0);
+          recurrent_gemm(d, s, c0, pc, r0, r1);
+          if (s < 0) return;
+          const int64_t t = time_of(pk, d, s);
+          r1 = std::min(r1, pk.batch_sizes[t]);
+          if (r0 >= r1) return;
+          acc* dst = dh_out + (d * total + pk.offsets[t] + r0) * P + c0;
+          gather_dh(d, t, r0, r1, c0, pc, dst, P);
+          acc* strip = dhS + d * SB * P;
+          for (int64_t j = r0; j < r1; ++j) {
+            for (int64_t u = 0; u < pc; ++u)
+              strip[strip_index(j, c0 + u, P)] = dst[(j - r0) * P + u];
+          }
+        },
+        s & 1);
     if (s < 0) break;
-    run_grid(cell_grid, [&](int64_t d, int64_t k, int64_t r0, int64_t r1) {
-      const int64_t t = time_of(pk, d, s);
-      r1 = std::min(r1, pk.batch_sizes[t]);
-      if (r0 >= r1) return;
-      const int64_t u0 = k * kUB, hb = std::min(kUB, H - u0);
-      acc* drk = dr + (d * B + r0) * H + u0;
-      gemm_packed(r0, r1, u0, hb, P, dhS + d * SB * P, hr_pk + d * hr_size, drk, H,
-                  /*accumulate=*/false);
-      backward_rows(d, s, k, r0, r1, drk, H);
-    });
+    run_grid(
+        cell_grid,
+        [&](int64_t d, int64_t k, int64_t r0, int64_t r1) {
+          const int64_t t = time_of(pk, d, s);
+          r1 = std::min(r1, pk.batch_sizes[t]);
+          if (r0 >= r1) return;
+          const int64_t u0 = k * kUB, hb = std::min(kUB, H - u0);
+          acc* drk = dr + (d * B + r0) * H + u0;
+          gemm_packed(r0, r1, u0, hb, P, dhS + d * SB * P, hr_pk + d * hr_size, drk, H,
+                      /*accumulate=*/false);
+          backward_rows(d, s, k, r0, r1, drk, H);
+        },
+        s & 1);
   }
 
   T* gh0 = static_cast<T*>(p.grad_h0);
