@@ -29,7 +29,7 @@ inline int64_t strips(int64_t m) { return (m + kStrip - 1) / kStrip; }
 // than the split saves (a decoder step's LSTM cell at B=16 is four products of ~1.5M).
 constexpr double kSerialGemmWork = 2.0e6;
 
-// at::parallel_for, or the whole range on the calling thread when `serial`.
+// fastattn::parallel_for, or the whole range on the calling thread when `serial`.
 template <typename F>
 void parallel_or_serial(bool serial, int64_t begin, int64_t end, int64_t grain, const F& f) {
   if (serial) {
