@@ -142,7 +142,7 @@ def paged_cases(profile: str, device: torch.device) -> list[Case]:
             for b, n in shapes
             for bs in (16, 64)
         ]
-    shapes = [(2, 1024)] if profile == "quick" else [(8, 4096), (8, 1024)]
+    shapes = [(8, 4096)] if profile == "quick" else [(8, 4096), (8, 1024)]
     return [
         paged_case(b, n, 8, 2, 64, bs, torch.float32, device) for b, n in shapes for bs in (16, 64)
     ]
