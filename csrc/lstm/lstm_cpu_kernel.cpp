@@ -250,8 +250,7 @@ __attribute__((always_inline)) inline void panel_tile(int64_t K, const float* a,
       c1[r] = _mm512_fmadd_ps(ar, b1, c1[r]);
     }
   }
-  const __mmask16 m0 = n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u);
-  const __mmask16 m1 = n >= 32 ? __mmask16(0xFFFF) : __mmask16(n > 16 ? (1u << (n - 16)) - 1u : 0u);
+  const __mmask16 m0 = detail::tail_mask(n), m1 = detail::tail_mask(n - 16);
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
     float* dst = C + r * ldc;
