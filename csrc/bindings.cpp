@@ -42,12 +42,12 @@ PyObject* build_info(PyObject* /*self*/, PyObject* /*unused*/) {
   // when torch has CUDA); these describe how it was built.
 #if FASTATTN_CUDA_BUILT
   const bool cuda = true;
-  PyObject* cuda_version = PyUnicode_FromString(FASTATTN_CUDA_VERSION);
+  const char* cuda_version = FASTATTN_CUDA_VERSION;
   const char* archs = FASTATTN_CUDA_ARCHS;
   const char* cuda_home = FASTATTN_CUDA_HOME;
 #else
   const bool cuda = false;
-  PyObject* cuda_version = py_none();
+  const char* cuda_version = nullptr;  // None
   const char* archs = "";
   const char* cuda_home = "";
 #endif
@@ -63,7 +63,8 @@ PyObject* build_info(PyObject* /*self*/, PyObject* /*unused*/) {
       set_item(info, "cuda", py_bool(cuda)) &&
       set_item(info, "cuda_archs", PyUnicode_FromString(archs)) &&
       set_item(info, "cuda_home", PyUnicode_FromString(cuda_home)) &&
-      set_item(info, "cuda_version", cuda_version) &&
+      set_item(info, "cuda_version",
+               cuda_version != nullptr ? PyUnicode_FromString(cuda_version) : py_none()) &&
       // the torch whose headers built it
       set_item(info, "torch_version", PyUnicode_FromString(TORCH_VERSION)) &&
       // The native ops use libtorch's stable ABI only, targeting this torch and later ones.
