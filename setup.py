@@ -144,15 +144,14 @@ class CMakeBuild(build_ext):
         in_tree = ROOT / "fastattn" / target.name
         if in_tree.resolve() != target:
             _replace_file(built, in_tree)
-        # A per-Python _C.cpython-*.so from an older build would be imported ahead of
-        # _C.abi3.so (Python tries the specific suffix first).
+        # The CUDA kernels' library (loaded by fastattn/_native.py when torch has CUDA) goes
+        # next to _C; a CPU-only build removes one left from an earlier CUDA build. A
+        # per-Python _C.cpython-*.so from an older build goes too: Python would import it
+        # ahead of _C.abi3.so (it tries the specific suffix first).
+        cuda_built = build_dir / "out" / CUDA_LIBRARY
         for folder in {target.parent, in_tree.parent}:
             for stale in folder.glob("_C.cpython-*.so"):
                 stale.unlink()
-        # The CUDA kernels' library (loaded by fastattn/_native.py when torch has CUDA) goes
-        # next to _C; a CPU-only build removes one left from an earlier CUDA build.
-        cuda_built = build_dir / "out" / CUDA_LIBRARY
-        for folder in {target.parent, in_tree.parent}:
             if use_cuda:
                 _replace_file(cuda_built, folder / CUDA_LIBRARY)
             else:
