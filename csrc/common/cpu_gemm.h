@@ -123,10 +123,12 @@ inline void gemm_generic(int64_t M, int64_t N, int64_t K, acc alpha, const acc* 
 #if defined(__AVX512F__)
 namespace detail {
 
-// One MR x 32 block of C (columns masked by mask0/mask1 at the right edge); A is k-major:
-// A(m, k) = A[m + k * a_k]. Every loop over MR is unrolled so the accumulators stay in
-// registers.
-template <int MR>
+// One MR x 32 block of C (columns masked by mask0/mask1 at the right edge, kFull: all 32
+// columns, plain loads and stores); A is k-major: A(m, k) = A[m + k * a_k]. Every loop over MR
+// is unrolled so the accumulators stay in registers. Only the right edge takes masked loads
+// and stores: on Zen 5 they cost more than plain ones even with all-ones masks (the recurrent
+// step's tile, same shape, lost a seventh of its rate to its masked epilogue).
+template <int MR, bool kFull>
 __attribute__((always_inline)) inline void gemm_block_avx512(int64_t K, float alpha, const float* A,
                                                              int64_t a_k, const float* B,
                                                              int64_t ldb, float* C, int64_t ldc,
@@ -140,8 +142,8 @@ __attribute__((always_inline)) inline void gemm_block_avx512(int64_t K, float al
   }
   for (int64_t k = 0; k < K; ++k) {
     const float* b = B + k * ldb;
-    const __m512 b0 = _mm512_maskz_loadu_ps(mask0, b);
-    const __m512 b1 = _mm512_maskz_loadu_ps(mask1, b + 16);
+    const __m512 b0 = kFull ? _mm512_loadu_ps(b) : _mm512_maskz_loadu_ps(mask0, b);
+    const __m512 b1 = kFull ? _mm512_loadu_ps(b + 16) : _mm512_maskz_loadu_ps(mask1, b + 16);
     const float* a = A + k * a_k;
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
@@ -155,6 +157,15 @@ __attribute__((always_inline)) inline void gemm_block_avx512(int64_t K, float al
   for (int r = 0; r < MR; ++r) {
     float* c = C + r * ldc;
     __m512 r0 = _mm512_mul_ps(c0[r], va), r1 = _mm512_mul_ps(c1[r], va);
+    if (kFull) {
+      if (accumulate) {
+        r0 = _mm512_add_ps(r0, _mm512_loadu_ps(c));
+        r1 = _mm512_add_ps(r1, _mm512_loadu_ps(c + 16));
+      }
+      _mm512_storeu_ps(c, r0);
+      _mm512_storeu_ps(c + 16, r1);
+      continue;
+    }
     if (accumulate) {
       r0 = _mm512_add_ps(r0, _mm512_maskz_loadu_ps(mask0, c));
       r1 = _mm512_add_ps(r1, _mm512_maskz_loadu_ps(mask1, c + 16));
@@ -172,9 +183,13 @@ inline __mmask16 tail_mask(int64_t remaining) {
 template <int MR>
 inline void gemm_rows_avx512(int64_t N, int64_t K, float alpha, const float* A, int64_t a_k,
                              const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
-  for (int64_t n0 = 0; n0 < N; n0 += 32) {
-    gemm_block_avx512<MR>(K, alpha, A, a_k, B + n0, ldb, C + n0, ldc, accumulate, tail_mask(N - n0),
-                          tail_mask(N - n0 - 16));
+  int64_t n0 = 0;
+  for (; n0 + 32 <= N; n0 += 32) {
+    gemm_block_avx512<MR, true>(K, alpha, A, a_k, B + n0, ldb, C + n0, ldc, accumulate, 0, 0);
+  }
+  if (n0 < N) {
+    gemm_block_avx512<MR, false>(K, alpha, A, a_k, B + n0, ldb, C + n0, ldc, accumulate,
+                                 tail_mask(N - n0), tail_mask(N - n0 - 16));
   }
 }
 
