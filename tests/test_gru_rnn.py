@@ -1490,3 +1490,48 @@ def test_cuda_backend_runs_the_modules(kind):
     out_t, h_t = theirs(x)
     close64("output", out, out_t)
     close64("h_n", h, h_t)
+
+
+@pytest.mark.parametrize("kind", ("lstm", "lstm-proj") + KINDS)
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64), ids=("fp32", "fp64"))
+def test_cpu_inference_states_match_training_path(kind, dtype):
+    """The CPU kernels keep only the last two steps' states under no_grad (a ring in the
+    workspace) and every step's when the workspace is saved: both give the same outputs and
+    final states, and match the reference, with lengths (sequences ending and, in reverse,
+    starting at different steps; an empty one), two bidirectional layers, and T = 1."""
+    lstm = kind.startswith("lstm")
+    op = "lstm" if lstm else family(kind)
+    fn = getattr(fastattn, op)
+    extra = dict(proj_size=5 if kind == "lstm-proj" else 0) if lstm else variant_kw(kind)
+    g = torch.Generator().manual_seed(5)
+    for T, lengths in ((9, [9, 3, 7, 1, 9, 4]), (1, [1, 1, 1, 1, 1, 1]), (6, [6, 0, 2, 6, 5, 1])):
+        torch.manual_seed(1)
+        if lstm:
+            module = fastattn.nn.LSTM(7, 12, num_layers=2, bidirectional=True, **extra)
+        else:
+            module = make_pair(kind, 7, 12, device="cpu", num_layers=2, bidirectional=True)[1]
+        weights = [w.detach().to(dtype) for w in module._flat_weights]
+        x = torch.randn(T, 6, 7, generator=g, dtype=dtype)
+        runs = {}
+        for label, backend, grad in (
+            ("ring", "cpu", False),
+            ("saved", "cpu", True),
+            ("reference", "reference", False),
+        ):
+            leaves = [w.clone().requires_grad_(grad) for w in weights]
+            with torch.set_grad_enabled(grad):
+                out, h = fn(
+                    x,
+                    None,
+                    leaves,
+                    num_layers=2,
+                    bidirectional=True,
+                    lengths=torch.tensor(lengths),
+                    backend=backend,
+                    **extra,
+                )
+            assert fastattn.last_backend(op) == backend
+            runs[label] = [t.detach() for t in (out,) + (h if isinstance(h, tuple) else (h,))]
+        for a, b, c in zip(runs["ring"], runs["saved"], runs["reference"]):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+            torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-6)

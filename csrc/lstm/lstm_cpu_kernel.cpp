@@ -670,15 +670,29 @@ void layer_forward(const RecurrentForwardParams& p) {
   const Grid cell_grid = make_grid(D, H, kUB, B, step_flops);
   const Grid proj_grid = make_grid(D, P, kPanel, B, step_flops);
 
+  // Row of the extra and hidden states of sorted row j at time t: its packed row when the
+  // workspace is saved for the backward; otherwise (inference) a ring of the last two steps,
+  // row (s & 1) * B + j at step s, that stays in cache instead of streaming T B states to
+  // memory (the ring's 2 B rows fit the workspace: a single step uses B).
+  const bool ring = !p.save_states;
+  auto state_row = [&](int64_t d, int64_t t, int64_t j) {
+    return ring ? (time_of(pk, d, t) & 1) * B + j : pk.offsets[t] + j;
+  };
+  // The row sorted row j's state at time t starts from (the previous step's), or -1 for h0/c0.
+  auto prev_state_row = [&](int64_t d, int64_t t, int64_t j) -> int64_t {
+    const int64_t prev = previous_row(pk, d, t, j);
+    if (prev < 0 || !ring) return prev;
+    return state_row(d, d == 0 ? t - 1 : t + 1, j);
+  };
   // h_{t-1} of units [u0, u0 + hb) of sorted row j at time t (P = H: no projection).
   auto h_prev = [&](int64_t d, int64_t t, int64_t j, int64_t u0) {
-    const int64_t prev = previous_row(pk, d, t, j);
+    const int64_t prev = prev_state_row(d, t, j);
     return (prev >= 0 ? hidden(d) + prev * P : h0s.data() + (d * B + j) * P) + u0;
   };
   // h_t of units [u0, u0 + hb) of row j into the workspace, the next step's strips, the output.
   auto emit = [&](int64_t d, int64_t t, int64_t j, int64_t u0, int64_t hb, const acc* h,
                   acc* h_next) {
-    std::copy(h, h + hb, hidden(d) + (pk.offsets[t] + j) * P + u0);
+    std::copy(h, h + hb, hidden(d) + state_row(d, t, j) * P + u0);
     for (int64_t u = 0; u < hb; ++u) h_next[strip_index(j, u0 + u, P)] = h[u];
     store_row<T>(h, out + (t * B + pk.perm[j]) * D * P + d * P + u0, hb);
   };
@@ -707,9 +721,9 @@ void layer_forward(const RecurrentForwardParams& p) {
           acc hrow[kUB];
           for (int64_t j = r0; j < r1; ++j) {
             acc* g = Gt + j * GH + G * u0;
-            const int64_t row = pk.offsets[t] + j;
+            const int64_t row = state_row(d, t, j);
             if constexpr (Cell::kLstm) {
-              const int64_t prev = previous_row(pk, d, t, j);
+              const int64_t prev = prev_state_row(d, t, j);
               const acc* cp = (prev >= 0 ? extra(d) + prev * H : c0s.data() + (d * B + j) * H) + u0;
               cell_forward(g, g + hb, g + 2 * hb, g + 3 * hb, cp, extra(d) + row * H + u0, hrow,
                            hb);
@@ -765,7 +779,7 @@ void layer_forward(const RecurrentForwardParams& p) {
           if (r0 >= r1) return;
           const int64_t c0 = k * kPanel, pc = std::min(kPanel, P - c0);
           acc* h_next = h_strips(d, (s & 1) ^ 1);
-          acc* Hd = hidden(d) + pk.offsets[t] * P;
+          acc* Hd = hidden(d) + state_row(d, t, 0) * P;
           gemm_packed(r0, r1, c0, pc, H, rS + d * SB * H, hr_pk + d * hr_size, Hd + r0 * P + c0, P,
                       /*accumulate=*/false);
           for (int64_t j = r0; j < r1; ++j) {
@@ -786,7 +800,7 @@ void layer_forward(const RecurrentForwardParams& p) {
       const acc* hs = h0s.data() + (d * B + j) * P;
       const acc* cs = Cell::kLstm ? c0s.data() + (d * B + j) * H : nullptr;
       if (len > 0) {
-        const int64_t row = pk.offsets[d == 0 ? len - 1 : 0] + j;
+        const int64_t row = state_row(d, d == 0 ? len - 1 : 0, j);
         hs = hidden(d) + row * P;
         cs = extra(d) + row * H;
       }

@@ -122,9 +122,12 @@ struct RecurrentForwardParams {
   const void* h0;   // (D, B, P) storage type, contiguous
   const void* c0;   // (D, B, H) storage type, contiguous (LSTM only, else nullptr)
   void* workspace;  // acc, see above
-  void* output;     // (T, B, D * P) storage type, contiguous; inactive rows left untouched
-  void* h_n;        // (D, B, P) storage type
-  void* c_n;        // (D, B, H) storage type (LSTM only)
+  // false (inference): the extra and hidden parts of the workspace hold the last two steps
+  // only, row (s & 1) * B + j at step s (the backward cannot run from it)
+  bool save_states;
+  void* output;  // (T, B, D * P) storage type, contiguous; inactive rows left untouched
+  void* h_n;     // (D, B, P) storage type
+  void* c_n;     // (D, B, H) storage type (LSTM only)
 };
 
 // Backward through time. Reads the forward workspace; writes, per direction d:

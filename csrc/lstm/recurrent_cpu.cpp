@@ -298,9 +298,15 @@ LayerOutputs layer_forward_cpu(RecurrentCell cell, const LayerDims& d, const Ten
   // The kernel packs W_hh^T (blocked gate columns) into the panels its per-step GEMM streams.
   const Tensor h0c = h0.contiguous();
   const Tensor c0c = lstm ? c0.contiguous() : Tensor();
-  cpu::RecurrentForwardParams p{
-      pk.view(d.T, d.B),    pw.view(cell, d),  h0c.data_ptr(), lstm ? c0c.data_ptr() : nullptr,
-      workspace.data_ptr(), output.data_ptr(), h_n.data_ptr(), lstm ? c_n.data_ptr() : nullptr};
+  cpu::RecurrentForwardParams p{pk.view(d.T, d.B),
+                                pw.view(cell, d),
+                                h0c.data_ptr(),
+                                lstm ? c0c.data_ptr() : nullptr,
+                                workspace.data_ptr(),
+                                save_workspace,
+                                output.data_ptr(),
+                                h_n.data_ptr(),
+                                lstm ? c_n.data_ptr() : nullptr};
   FASTATTN_DISPATCH_RECURRENT(input.scalar_type(),
                               [&] { FASTATTN_CPU_ISA_CALL(recurrent_layer_forward<scalar_t>, p); });
   return {output, h_n, c_n, saved};
