@@ -123,11 +123,25 @@ inline void gemm_generic(int64_t M, int64_t N, int64_t K, acc alpha, const acc* 
 #if defined(__AVX512F__)
 namespace detail {
 
+// dst[0, 16) = x, or += x with accumulate, through the lanes of mask: plain loads and stores
+// when it has all 16 (every full tile), masked ones only at a right edge. On Zen 5 masked
+// loads and stores cost more than plain ones even with all-ones masks (the recurrent step's
+// 8 x 32 tile lost a seventh of its rate to a masked epilogue).
+__attribute__((always_inline)) inline void store_or_add(float* dst, __m512 x, bool accumulate,
+                                                        __mmask16 mask) {
+  if (mask == static_cast<__mmask16>(0xFFFF)) {
+    if (accumulate) x = _mm512_add_ps(x, _mm512_loadu_ps(dst));
+    _mm512_storeu_ps(dst, x);
+  } else {
+    if (accumulate) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mask, dst));
+    _mm512_mask_storeu_ps(dst, mask, x);
+  }
+}
+
 // One MR x 32 block of C (columns masked by mask0/mask1 at the right edge, kFull: all 32
 // columns, plain loads and stores); A is k-major: A(m, k) = A[m + k * a_k]. Every loop over MR
 // is unrolled so the accumulators stay in registers. Only the right edge takes masked loads
-// and stores: on Zen 5 they cost more than plain ones even with all-ones masks (the recurrent
-// step's tile, same shape, lost a seventh of its rate to its masked epilogue).
+// (store_or_add).
 template <int MR, bool kFull>
 __attribute__((always_inline)) inline void gemm_block_avx512(int64_t K, float alpha, const float* A,
                                                              int64_t a_k, const float* B,
@@ -156,22 +170,8 @@ __attribute__((always_inline)) inline void gemm_block_avx512(int64_t K, float al
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {
     float* c = C + r * ldc;
-    __m512 r0 = _mm512_mul_ps(c0[r], va), r1 = _mm512_mul_ps(c1[r], va);
-    if (kFull) {
-      if (accumulate) {
-        r0 = _mm512_add_ps(r0, _mm512_loadu_ps(c));
-        r1 = _mm512_add_ps(r1, _mm512_loadu_ps(c + 16));
-      }
-      _mm512_storeu_ps(c, r0);
-      _mm512_storeu_ps(c + 16, r1);
-      continue;
-    }
-    if (accumulate) {
-      r0 = _mm512_add_ps(r0, _mm512_maskz_loadu_ps(mask0, c));
-      r1 = _mm512_add_ps(r1, _mm512_maskz_loadu_ps(mask1, c + 16));
-    }
-    _mm512_mask_storeu_ps(c, mask0, r0);
-    _mm512_mask_storeu_ps(c + 16, mask1, r1);
+    store_or_add(c, _mm512_mul_ps(c0[r], va), accumulate, mask0);
+    store_or_add(c + 16, _mm512_mul_ps(c1[r], va), accumulate, mask1);
   }
 }
 
@@ -185,7 +185,8 @@ inline void gemm_rows_avx512(int64_t N, int64_t K, float alpha, const float* A, 
                              const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   int64_t n0 = 0;
   for (; n0 + 32 <= N; n0 += 32) {
-    gemm_block_avx512<MR, true>(K, alpha, A, a_k, B + n0, ldb, C + n0, ldc, accumulate, 0, 0);
+    gemm_block_avx512<MR, true>(K, alpha, A, a_k, B + n0, ldb, C + n0, ldc, accumulate, 0xFFFF,
+                                0xFFFF);
   }
   if (n0 < N) {
     gemm_block_avx512<MR, false>(K, alpha, A, a_k, B + n0, ldb, C + n0, ldc, accumulate,

@@ -84,29 +84,11 @@ __attribute__((always_inline)) inline void tile_kernel(int64_t K, int64_t kb, co
       }
     }
     const bool add = accumulate || k0 > 0;
-    // Plain loads and stores for a full tile: masked ones are slow on this CPU (Zen 5).
-    if (n >= 16 * NV) {
-#pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) {
-          float* dst = C + r * ldc + 16 * v;
-          __m512 x = c[r][v];
-          if (add) x = _mm512_add_ps(x, _mm512_loadu_ps(dst));
-          _mm512_storeu_ps(dst, x);
-        }
-      }
-      continue;
-    }
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
 #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) {
-        float* dst = C + r * ldc + 16 * v;
-        __m512 x = c[r][v];
-        if (add) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mask[v], dst));
-        _mm512_mask_storeu_ps(dst, mask[v], x);
-      }
+      for (int v = 0; v < NV; ++v)
+        detail::store_or_add(C + r * ldc + 16 * v, c[r][v], add, mask[v]);
     }
   }
 }

@@ -250,33 +250,11 @@ __attribute__((always_inline)) inline void panel_tile(int64_t K, const float* a,
       c1[r] = _mm512_fmadd_ps(ar, b1, c1[r]);
     }
   }
-  // Full panels take plain loads and stores: masked ones cost this CPU (Zen 5) a seventh of the
-  // recurrence's time at B = 64 (the tile's 32 of them against its 8 x 32 x K products).
-  if (n >= kPanel) {
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      float* dst = C + r * ldc;
-      __m512 x0 = c0[r], x1 = c1[r];
-      if (accumulate) {
-        x0 = _mm512_add_ps(x0, _mm512_loadu_ps(dst));
-        x1 = _mm512_add_ps(x1, _mm512_loadu_ps(dst + 16));
-      }
-      _mm512_storeu_ps(dst, x0);
-      _mm512_storeu_ps(dst + 16, x1);
-    }
-    return;
-  }
   const __mmask16 m0 = detail::tail_mask(n), m1 = detail::tail_mask(n - 16);
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
-    float* dst = C + r * ldc;
-    __m512 x0 = c0[r], x1 = c1[r];
-    if (accumulate) {
-      x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, dst));
-      x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, dst + 16));
-    }
-    _mm512_mask_storeu_ps(dst, m0, x0);
-    _mm512_mask_storeu_ps(dst + 16, m1, x1);
+    detail::store_or_add(C + r * ldc, c0[r], accumulate, m0);
+    detail::store_or_add(C + r * ldc + 16, c1[r], accumulate, m1);
   }
 }
 
