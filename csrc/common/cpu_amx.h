@@ -11,6 +11,7 @@
 //   tiles 0-3: a 32 x 32 float block of C, tiles 4-5: 16 x 32 bfloat16 rows of A,
 //   tiles 6-7: 16 pair rows x 16 columns of B in the VNNI layout of cpu_gemm_bf16.h.
 #pragma once
+#include "common/cpu_target.h"
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -24,6 +25,7 @@
 #endif
 
 namespace fastattn::cpu {
+inline namespace FASTATTN_TARGET_NAMESPACE {  // common/cpu_target.h
 
 inline bool detect_amx_bf16() {
 #if defined(__x86_64__) && defined(__linux__)
@@ -119,4 +121,5 @@ inline void amx_gemm_bf16(int64_t rows, int64_t cols, int64_t K, const uint16_t*
 
 #endif  // __AMX_TILE__ && __AMX_BF16__
 
+}  // namespace FASTATTN_TARGET_NAMESPACE
 }  // namespace fastattn::cpu

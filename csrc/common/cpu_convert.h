@@ -1,6 +1,7 @@
 // Row conversions between storage dtypes and the compute dtype (float, or double for double),
 // written as plain loops on bits so that every ISA copy vectorises them.
 #pragma once
+#include "common/cpu_target.h"
 #include <torch/headeronly/util/BFloat16.h>
 #include <torch/headeronly/util/Half.h>
 #include <cstdint>
@@ -10,6 +11,7 @@
 #endif
 
 namespace fastattn::cpu {
+inline namespace FASTATTN_TARGET_NAMESPACE {  // common/cpu_target.h
 
 // Compute type: double for double storage, float otherwise.
 template <typename T>
@@ -79,4 +81,5 @@ inline void store_row<c10::Half>(const float* src, c10::Half* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = static_cast<c10::Half>(src[i]);
 }
 
+}  // namespace FASTATTN_TARGET_NAMESPACE
 }  // namespace fastattn::cpu

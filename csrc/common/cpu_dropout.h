@@ -1,11 +1,13 @@
 // Philox uniforms for a run of consecutive logical elements, 16 counter blocks at a time so that
 // the compiler turns the rounds into vector multiplies (vpmuludq) in every ISA copy.
 #pragma once
+#include "common/cpu_target.h"
 #include <cstdint>
 
 #include "common/philox.h"
 
 namespace fastattn::cpu {
+inline namespace FASTATTN_TARGET_NAMESPACE {  // common/cpu_target.h
 
 // u[i] = uniform of logical element e0 + i, for i in [0, n).
 inline void philox_uniforms(uint64_t seed, uint64_t stream, uint64_t e0, int64_t n, float* u) {
@@ -59,4 +61,5 @@ inline void dropout_multipliers(uint64_t seed, uint64_t stream, uint64_t e0, int
     mult[i] = scratch[i] >= threshold ? keep_scale : static_cast<acc>(0);
 }
 
+}  // namespace FASTATTN_TARGET_NAMESPACE
 }  // namespace fastattn::cpu

@@ -9,6 +9,7 @@
 // memory, B loaded as two vectors per k); everything else is plain loops the compiler
 // vectorises. Every call is deterministic: the k-sum runs in order.
 #pragma once
+#include "common/cpu_target.h"
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -18,6 +19,7 @@
 #endif
 
 namespace fastattn::cpu {
+inline namespace FASTATTN_TARGET_NAMESPACE {  // common/cpu_target.h
 
 // dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols.
 template <typename acc>
@@ -260,4 +262,5 @@ inline void gemm(int64_t M, int64_t N, int64_t K, double alpha, const double* A,
   gemm_generic<double>(M, N, K, alpha, A, a_m, a_k, B, ldb, C, ldc, accumulate);
 }
 
+}  // namespace FASTATTN_TARGET_NAMESPACE
 }  // namespace fastattn::cpu

@@ -9,6 +9,7 @@
 // Odd k is padded with a zero bfloat16. Helpers below build these layouts from row-major
 // bfloat16 tiles or float tiles (rounded to nearest even, as the GPU kernels round P and dS).
 #pragma once
+#include "common/cpu_target.h"
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 
@@ -20,6 +21,7 @@
 #include "common/cpu_gemm.h"
 
 namespace fastattn::cpu {
+inline namespace FASTATTN_TARGET_NAMESPACE {  // common/cpu_target.h
 
 namespace detail {
 
@@ -180,5 +182,6 @@ inline void transpose_words(const uint32_t* src, int64_t lds, uint32_t* dst, int
             cols);
 }
 
+}  // namespace FASTATTN_TARGET_NAMESPACE
 }  // namespace fastattn::cpu
 #endif  // __AVX512BF16__

@@ -1,6 +1,7 @@
 // Branch-free exp and tanh for float that every ISA copy vectorises (the softmax and softcap
 // of the CPU attention kernel); double keeps std::exp / std::tanh (gradcheck precision).
 #pragma once
+#include "common/cpu_target.h"
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -10,6 +11,7 @@
 #endif
 
 namespace fastattn::cpu {
+inline namespace FASTATTN_TARGET_NAMESPACE {  // common/cpu_target.h
 
 // exp(x) with about 2 ulp of relative error for x in [-87, 88]; 0 below -87.3 and for -inf.
 inline float exp_approx(float x) {
@@ -254,4 +256,5 @@ inline double exp_shift_sum(double* x, int64_t n, double shift) {
   return sum;
 }
 
+}  // namespace FASTATTN_TARGET_NAMESPACE
 }  // namespace fastattn::cpu
