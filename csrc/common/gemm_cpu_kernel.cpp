@@ -145,27 +145,15 @@ void pack_a(const GemmParams& p, int64_t k0, int64_t Kc, float* Ap, bool serial)
     return;
   }
   parallel_or_serial(serial, 0, ns, 4, [&](int64_t begin, int64_t end) {
-    if (p.a_m == 1) {
-      // k-major A (A = X^T, a weight gradient's dgates^T): kStrip contiguous values per k and
-      // strip. Eight strips at a time, so that each k reads 48 contiguous values (whole cache
-      // lines) instead of 6 from every line, three times over.
-      constexpr int64_t kGroup = 8;
-      const int64_t full_end = std::min(end, p.M / kStrip);
-      for (int64_t s0 = begin; s0 < full_end; s0 += kGroup) {
-        const int64_t s1 = std::min(full_end, s0 + kGroup);
-        for (int64_t k = 0; k < Kc; ++k) {
-          const float* src = p.A + s0 * kStrip + (k0 + k) * p.a_k;
-          for (int64_t s = s0; s < s1; ++s) {
-            std::memcpy(Ap + (s * Kc + k) * kStrip, src + (s - s0) * kStrip,
-                        kStrip * sizeof(float));
-          }
-        }
-      }
-      begin = std::max(begin, full_end);
-    }
     for (int64_t s = begin; s < end; ++s) {
       const int64_t m0 = s * kStrip, rows = std::min(kStrip, p.M - m0);
       float* dst = Ap + s * Kc * kStrip;
+      if (p.a_m == 1 && rows == kStrip) {  // k-major A (A = X^T): kStrip contiguous values per k
+        for (int64_t k = 0; k < Kc; ++k) {
+          std::memcpy(dst + k * kStrip, p.A + m0 + (k0 + k) * p.a_k, kStrip * sizeof(float));
+        }
+        continue;
+      }
       for (int64_t k = 0; k < Kc; ++k) {
         const float* src = p.A + m0 * p.a_m + (k0 + k) * p.a_k;
         for (int64_t r = 0; r < kStrip; ++r) dst[k * kStrip + r] = r < rows ? src[r * p.a_m] : 0.0f;
