@@ -4,7 +4,7 @@
 // ISA, the linker keeps one copy of each (the first it meets) for every copy of the kernels,
 // so a baseline or AVX2 kernel could call a helper compiled with AVX-512 (an illegal
 // instruction on a CPU without it) and an AVX-512 kernel the baseline helper (slow).
-// tests/test_build_config.py checks the built library: AVX-512 code only in AVX-512 namespaces.
+// tests/test_isa_dispatch.py checks the built library: AVX-512 code only in AVX-512 namespaces.
 #pragma once
 
 #if defined(__AVX512BF16__)

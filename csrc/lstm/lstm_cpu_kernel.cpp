@@ -651,7 +651,8 @@ void layer_forward(const RecurrentForwardParams& p) {
   // Row of the extra and hidden states of sorted row j at time t: its packed row when the
   // workspace is saved for the backward; otherwise (inference) a ring of the last two steps,
   // row (s & 1) * B + j at step s, that stays in cache instead of streaming T B states to
-  // memory (the ring's 2 B rows fit the workspace: a single step uses B).
+  // memory (the ring's 2 B rows fit the workspace: a single step uses B). time_of(pk, d, t) is
+  // also the step at which direction d reaches time t.
   const bool ring = !p.save_states;
   auto state_row = [&](int64_t d, int64_t t, int64_t j) {
     return ring ? (time_of(pk, d, t) & 1) * B + j : pk.offsets[t] + j;
