@@ -128,7 +128,24 @@ template <typename acc>
 struct RowBuffers {
   std::vector<acc> value, pe, mult, trig;
   std::vector<float> uniform;
+  int64_t pe_position = -1;  // the position pe holds, -1: none yet
   explicit RowBuffers(int64_t d) : value(d), pe(d), mult(d), trig(2 * ((d + 1) / 2)), uniform(d) {}
+
+  // PE[pos] computed on the fly into pe; consecutive rows of one position reuse it.
+  const acc* sinusoid(int64_t pos, const acc* inv) {
+    if (pos != pe_position) {
+      sinusoid_row<acc>(pos, inv, static_cast<int64_t>(pe.size()), pe.data(), trig.data());
+      pe_position = pos;
+    }
+    return pe.data();
+  }
+  // The dropout multipliers of flat row r (logical elements r * D + d) into mult.
+  const acc* dropout(uint64_t seed, uint64_t stream, int64_t r, double p) {
+    const int64_t D = static_cast<int64_t>(mult.size());
+    dropout_multipliers<acc>(seed, stream, static_cast<uint64_t>(r * D), D, p, uniform.data(),
+                             mult.data());
+    return mult.data();
+  }
 };
 
 // Sinusoid rows PE[0 : rows) of one (dim, base), computed once and kept for later calls (a
@@ -286,28 +303,16 @@ void add_sinusoidal(const AddSinusoidalParams& p) {
   parallel_for(0, p.N * p.L, std::max<int64_t>(1, 4096 / std::max<int64_t>(p.D, 1)),
                [&](int64_t begin, int64_t end) {
                  RowBuffers<acc> buf(p.D);
-                 int64_t pe_position = -1;
                  for (int64_t r = begin; r < end; ++r) {
                    const int64_t n = r / p.L, l = r % p.L;
                    const acc* pe = nullptr;
                    if (p.add_pe) {
                      const int64_t pos = p.offset + (p.offsets ? p.offsets[n] : 0) + l;
-                     if (table != nullptr) {
-                       pe = table + (pos - lo) * p.D;
-                     } else {
-                       if (pos != pe_position) {
-                         sinusoid_row<acc>(pos, inv.data(), p.D, buf.pe.data(), buf.trig.data());
-                         pe_position = pos;
-                       }
-                       pe = buf.pe.data();
-                     }
+                     pe = table != nullptr ? table + (pos - lo) * p.D
+                                           : buf.sinusoid(pos, inv.data());
                    }
-                   const acc* mult = nullptr;
-                   if (p.dropout_p > 0.0) {
-                     dropout_multipliers<acc>(p.seed, p.stream, static_cast<uint64_t>(r * p.D), p.D,
-                                              p.dropout_p, buf.uniform.data(), buf.mult.data());
-                     mult = buf.mult.data();
-                   }
+                   const acc* mult =
+                       p.dropout_p > 0.0 ? buf.dropout(p.seed, p.stream, r, p.dropout_p) : nullptr;
                    combine_row<T, acc>(x + n * p.x_stride_n + l * p.x_stride_l,
                                        out + n * p.out_stride_n + l * p.out_stride_l, p.D, scale,
                                        pe, mult, buf.value.data());
@@ -334,7 +339,6 @@ void embed_with_positions(const EmbedParams& p) {
   parallel_for(0, p.N * p.L, std::max<int64_t>(1, 4096 / std::max<int64_t>(p.D, 1)),
                [&](int64_t begin, int64_t end) {
                  RowBuffers<acc> buf(p.D);
-                 int64_t pe_position = -1;
                  for (int64_t r = begin; r < end; ++r) {
                    const int64_t n = r / p.L, l = r % p.L;
                    const int64_t pos = p.offset + (p.offsets ? p.offsets[n] : 0) + l;
@@ -349,18 +353,10 @@ void embed_with_positions(const EmbedParams& p) {
                    } else if (sinusoid != nullptr) {
                      pe = sinusoid + (pos - lo) * p.D;
                    } else {
-                     if (pos != pe_position) {
-                       sinusoid_row<acc>(pos, inv.data(), p.D, buf.pe.data(), buf.trig.data());
-                       pe_position = pos;
-                     }
-                     pe = buf.pe.data();
+                     pe = buf.sinusoid(pos, inv.data());
                    }
-                   const acc* mult = nullptr;
-                   if (p.dropout_p > 0.0) {
-                     dropout_multipliers<acc>(p.seed, p.stream, static_cast<uint64_t>(r * p.D), p.D,
-                                              p.dropout_p, buf.uniform.data(), buf.mult.data());
-                     mult = buf.mult.data();
-                   }
+                   const acc* mult =
+                       p.dropout_p > 0.0 ? buf.dropout(p.seed, p.stream, r, p.dropout_p) : nullptr;
                    combine_row<T, acc>(weight + p.tokens[r] * p.weight_stride, out + r * p.D, p.D,
                                        scale, pe, mult, buf.value.data());
                  }
@@ -426,9 +422,8 @@ void embed_with_positions_backward(const EmbedBackwardParams& p) {
                    acc* g = dropped.data() + r * p.D;
                    load_row<T>(grad + r * p.D, g, p.D);
                    if (p.dropout_p > 0.0) {
-                     dropout_multipliers<acc>(p.seed, p.stream, static_cast<uint64_t>(r * p.D), p.D,
-                                              p.dropout_p, buf.uniform.data(), buf.mult.data());
-                     for (int64_t d = 0; d < p.D; ++d) g[d] *= buf.mult[d];
+                     const acc* mult = buf.dropout(p.seed, p.stream, r, p.dropout_p);
+                     for (int64_t d = 0; d < p.D; ++d) g[d] *= mult[d];
                    }
                  }
                });
