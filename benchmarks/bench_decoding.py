@@ -5,10 +5,14 @@ token per sequence, GQA 32/8 heads (GPU) or 8/2 (CPU), head dim 128 (GPU) or 64 
 Bytes: the cache read once (keys and values) per token.
 
 "decoding paged" rows: the same decode step over a paged cache (fastattn.PagedKVCache's
-layout: pools of 16- or 64-token blocks, each sequence's blocks scattered through the pool by a
-random block table) against the dense cache holding the same rows, both through fastattn on the
-same backend; speedup = dense time / paged time, target 0.9 (the paged cache within 10% of
-the dense one, issue 12).
+layout: pools of 16- or 64-token blocks) against the dense cache holding the same rows, both
+through fastattn on the same backend; speedup = dense time / paged time, target 0.9 (the paged
+cache within 10% of the dense one, issue 12). Two block placements: "random" scatters each
+sequence's blocks through the pool by a random permutation (a long-running server's fragmented
+pool, the worst case for the memory system: no two consecutive blocks of a sequence are
+neighbours), "lockstep" takes the table from fastattn.PagedKVCache after the batch's
+sequences grew together one block at a time (decoding in lockstep: sequence b's blocks lie B
+blocks apart).
 """
 
 from __future__ import annotations
@@ -81,11 +85,39 @@ def decoding_case(batch, cache_len, hq, hkv, head_dim, dtype, device) -> Case:
     )
 
 
-def paged_case(batch, cache_len, hq, hkv, head_dim, block_size, dtype, device) -> Case:
+def paged_table(batch, blocks_per_seq, block_size, placement, device) -> torch.Tensor:
+    """int32 (batch, blocks_per_seq): the block table of `placement` ("random" or "lockstep",
+    the module docstring)."""
+    num_blocks = batch * blocks_per_seq
+    if placement == "random":
+        g = torch.Generator().manual_seed(0)
+        return torch.randperm(num_blocks, generator=g).view(batch, blocks_per_seq).int().to(device)
+    if placement != "lockstep":
+        raise ValueError(f"placement must be 'random' or 'lockstep', got {placement!r}")
+    # the allocator's own order: every sequence takes its next block in turn
+    cache = fastattn.PagedKVCache(
+        num_layers=1,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        num_kv_heads=1,
+        head_dim=16,
+        max_blocks_per_seq=blocks_per_seq,
+        device=device,
+    )
+    for _ in range(batch):
+        cache.allocate()
+    for _ in range(blocks_per_seq):
+        cache.append(block_size)
+        cache.advance(block_size)
+    return cache.block_table_of().contiguous()
+
+
+def paged_case(
+    batch, cache_len, hq, hkv, head_dim, block_size, dtype, device, placement="random"
+) -> Case:
     blocks_per_seq = -(-(cache_len + 8) // block_size)
     num_blocks = batch * blocks_per_seq
-    g = torch.Generator().manual_seed(0)
-    table = torch.randperm(num_blocks, generator=g).view(batch, blocks_per_seq).int().to(device)
+    table = paged_table(batch, blocks_per_seq, block_size, placement, device)
     k_pool = torch.randn(num_blocks, hkv, block_size, head_dim, device=device, dtype=dtype)
     v_pool = torch.randn_like(k_pool)
     k_dense = (
@@ -113,7 +145,8 @@ def paged_case(batch, cache_len, hq, hkv, head_dim, block_size, dtype, device) -
     size = torch.tensor([], dtype=dtype).element_size()
     return Case(
         op="decoding paged",
-        name=f"B={batch} cache={cache_len} hq={hq} hkv={hkv} d={head_dim} block={block_size}",
+        name=f"B={batch} cache={cache_len} hq={hq} hkv={hkv} d={head_dim} block={block_size} "
+        f"{placement}",
         providers=providers,
         reference=dense[0],
         baselines=tuple(dense),
@@ -138,13 +171,17 @@ def paged_cases(profile: str, device: torch.device) -> list[Case]:
     if device.type == "cuda":
         shapes = [(8, 4096)] if profile == "quick" else [(8, 4096), (64, 4096), (8, 32768)]
         return [
-            paged_case(b, n, 32, 8, 128, bs, torch.bfloat16, device)
+            paged_case(b, n, 32, 8, 128, bs, torch.bfloat16, device, placement)
             for b, n in shapes
             for bs in (16, 64)
+            for placement in ("random", "lockstep")
         ]
     shapes = [(8, 4096)] if profile == "quick" else [(8, 4096), (8, 1024)]
     return [
-        paged_case(b, n, 8, 2, 64, bs, torch.float32, device) for b, n in shapes for bs in (16, 64)
+        paged_case(b, n, 8, 2, 64, bs, torch.float32, device, placement)
+        for b, n in shapes
+        for bs in (16, 64)
+        for placement in ("random", "lockstep")
     ]
 
 

@@ -291,13 +291,83 @@ struct RowRuns {
   int64_t count = 0, stride = 0;
 };
 
+// Rows [j0, j0 + N) of a dense head (row 0 at `head`, row stride `stride`) as one RowRuns run.
+template <typename T>
+RowRuns<T> dense_runs(const T* head, int64_t stride, int64_t j0, int64_t N) {
+  RowRuns<T> runs;
+  runs.stride = stride;
+  runs.rows[0] = head + j0 * stride;
+  runs.n[0] = N;
+  runs.count = 1;
+  return runs;
+}
+
+// The cache lines of the next key tile, prefetched a few at a time while the current tile
+// computes: its K transposes and P V products issue one prefetch per cache line they read
+// (`issue`). On this project's Zen 5 CPU a tile's lines requested at once (the 512-1024
+// prefetches of a decoding tile) stall the loads queued behind them, and a paged cache's block
+// jumps then cost most of a memory latency each; spread out, the same prefetches hide them (a
+// scratch read loop over 8 KiB blocks in random order with a decoder's work per line: 1220 us
+// with the prefetches at each tile's start, 720 us spread out, 980 us reading the blocks in
+// order with no prefetch at all).
+class LineStream {
+ public:
+  void clear() {
+    spans_.clear();
+    span_ = 0;
+    line_ = 0;
+  }
+  // Appends rows [0, runs.count) of `runs`, each row `row_bytes` long, to the lines to fetch.
+  template <typename T>
+  void add(const RowRuns<T>& runs, int64_t row_bytes) {
+    const int64_t stride = runs.stride * static_cast<int64_t>(sizeof(T));
+    for (int64_t r = 0; r < runs.count; ++r) {
+      const char* first = reinterpret_cast<const char*>(runs.rows[r]);
+      if (stride == row_bytes) {  // back-to-back rows: one span of lines
+        add_span(first, runs.n[r] * row_bytes);
+      } else {
+        for (int64_t i = 0; i < runs.n[r]; ++i) add_span(first + i * stride, row_bytes);
+      }
+    }
+  }
+  // Prefetches the next `lines` cache lines of the stream (none once it is exhausted).
+  void issue(int64_t lines) {
+    while (lines-- > 0 && span_ < spans_.size()) {
+      const Span& sp = spans_[span_];
+      __builtin_prefetch(sp.first + line_ * 64);
+      if (++line_ == sp.lines) {
+        line_ = 0;
+        ++span_;
+      }
+    }
+  }
+
+ private:
+  struct Span {
+    const char* first;  // 64-byte aligned
+    int64_t lines;
+  };
+  void add_span(const char* begin, int64_t bytes) {
+    const auto lo = reinterpret_cast<uintptr_t>(begin) & ~uintptr_t(63);
+    const auto hi = reinterpret_cast<uintptr_t>(begin) + static_cast<uintptr_t>(bytes);
+    spans_.push_back(
+        {reinterpret_cast<const char*>(lo), static_cast<int64_t>((hi - lo + 63) / 64)});
+  }
+  std::vector<Span> spans_;
+  size_t span_ = 0;
+  int64_t line_ = 0;
+};
+
+// Cache lines a row of `bytes` bytes reads (at least; one more where it straddles a line).
+inline int64_t lines_of(int64_t bytes) { return (bytes + 63) / 64; }
+
 #if defined(__AVX512F__)
 // One 32-column block of pv_runs_avx512 (below). Full 32-column blocks (kFull) load V with plain
 // loads: masked ones, even with all-ones masks, cost more on Zen 5 (common/cpu_gemm.h's
 // store_or_add).
 template <int MR, bool kFull>
 void pv_runs_block(int64_t Dv, int64_t c, const float* a, int64_t a_k, const float* const* rows,
-                   const int64_t* n, int64_t count, int64_t stride, float* o) {
+                   const int64_t* n, int64_t count, int64_t stride, float* o, LineStream* next) {
   const __mmask16 mask0 = detail::tail_mask(Dv - c), mask1 = detail::tail_mask(Dv - c - 16);
   __m512 c0[MR], c1[MR];
 #pragma GCC unroll 16
@@ -310,6 +380,7 @@ void pv_runs_block(int64_t Dv, int64_t c, const float* a, int64_t a_k, const flo
   for (int64_t run = 0; run < count; ++run) {
     const float* b = rows[run] + c;
     for (int64_t k = 0; k < n[run]; ++k, b += stride, ak += a_k) {
+      if (next != nullptr) next->issue(2);  // the two lines this row's 32 columns read
       const __m512 b0 = kFull ? _mm512_loadu_ps(b) : _mm512_maskz_loadu_ps(mask0, b);
       const __m512 b1 = kFull ? _mm512_loadu_ps(b + 16) : _mm512_maskz_loadu_ps(mask1, b + 16);
 #pragma GCC unroll 16
@@ -332,10 +403,26 @@ void pv_runs_block(int64_t Dv, int64_t c, const float* a, int64_t a_k, const flo
 // one store per tile instead of one per run.
 template <int MR>
 void pv_runs_avx512(int64_t Dv, const float* a, int64_t a_k, const float* const* rows,
-                    const int64_t* n, int64_t count, int64_t stride, float* o) {
+                    const int64_t* n, int64_t count, int64_t stride, float* o, LineStream* next) {
   int64_t c = 0;
-  for (; c + 32 <= Dv; c += 32) pv_runs_block<MR, true>(Dv, c, a, a_k, rows, n, count, stride, o);
-  if (c < Dv) pv_runs_block<MR, false>(Dv, c, a, a_k, rows, n, count, stride, o);
+  for (; c + 32 <= Dv; c += 32) {
+    pv_runs_block<MR, true>(Dv, c, a, a_k, rows, n, count, stride, o, next);
+  }
+  if (c < Dv) pv_runs_block<MR, false>(Dv, c, a, a_k, rows, n, count, stride, o, next);
+}
+
+// transpose() (dst (cols x rows, ld ldd) = src^T) that prefetches a line of `next` per source
+// line it reads, 16 after each 16 x 16 block.
+inline void transpose_streaming(const float* src, int64_t lds, float* dst, int64_t ldd,
+                                int64_t rows, int64_t cols, LineStream* next) {
+  for (int64_t r = 0; r < rows; r += 16) {
+    const int rows_here = static_cast<int>(std::min<int64_t>(16, rows - r));
+    for (int64_t c = 0; c < cols; c += 16) {
+      const int cols_here = static_cast<int>(std::min<int64_t>(16, cols - c));
+      detail::transpose16x16(src + r * lds + c, lds, dst + c * ldd + r, ldd, rows_here, cols_here);
+      if (next != nullptr) next->issue(rows_here);
+    }
+  }
 }
 #endif
 
@@ -404,14 +491,23 @@ struct FloatTiles {
   void pv(int64_t M, int64_t N, const acc* p, acc* o) {
     gemm(M, Dv, N, acc(1), p, kBlockK, 1, v_rows, ldv, o, Dv, true);
   }
-  // A paged tile as runs of rows (RowRuns: one per cache block the tile touches, rows of one
-  // stride): K transposed run by run into kt, V's runs read in place by pv_runs.
-  void load_k_runs(const RowRuns<T>& runs) {
+  // A tile as runs of rows (RowRuns: one per cache block a paged tile touches, one for a dense
+  // tile; rows of one stride): K transposed run by run into kt, V's runs read in place by
+  // pv_runs. `next` (or nullptr): the next tile's lines, one prefetched per line these read.
+  void load_k_runs(const RowRuns<T>& runs, LineStream* next) {
     for (int64_t r = 0, off = 0; r < runs.count; off += runs.n[r], ++r) {
+#if defined(__AVX512F__)
+      if constexpr (std::is_same_v<acc, float>) {
+        transpose_streaming(runs.rows[r], runs.stride, kt.data() + off, kBlockK, runs.n[r], D,
+                            next);
+        continue;
+      }
+#endif
       transpose(runs.rows[r], runs.stride, kt.data() + off, kBlockK, runs.n[r], D);
+      if (next != nullptr) next->issue(runs.n[r] * lines_of(D * sizeof(acc)));
     }
   }
-  void pv_runs(int64_t M, const RowRuns<T>& runs, const acc* p, acc* o) {
+  void pv_runs(int64_t M, const RowRuns<T>& runs, const acc* p, acc* o, LineStream* next) {
     // P k-major once for the tile (pt[n * M + m]): handed row-major, each run's gemm would
     // transpose its columns of P again (decode at 4k keys, 16-row blocks: 0.83 -> 0.93 of
     // dense on one thread)
@@ -424,9 +520,9 @@ struct FloatTiles {
         const float* a = pt.data() + m0;
         float* om = o + m0 * Dv;
         switch (std::min<int64_t>(M - m0, 8)) {
-#define FASTATTN_PV_RUNS(R)                                                      \
-  case R:                                                                        \
-    pv_runs_avx512<R>(Dv, a, M, runs.rows, runs.n, runs.count, runs.stride, om); \
+#define FASTATTN_PV_RUNS(R)                                                            \
+  case R:                                                                              \
+    pv_runs_avx512<R>(Dv, a, M, runs.rows, runs.n, runs.count, runs.stride, om, next); \
     break;
           FASTATTN_PV_RUNS(8)
           FASTATTN_PV_RUNS(7)
@@ -447,6 +543,7 @@ struct FloatTiles {
     for (int64_t r = 0, off = 0; r < runs.count; off += runs.n[r], ++r) {
       gemm(M, Dv, runs.n[r], acc(1), pt.data() + off * M, 1, M, runs.rows[r], runs.stride, o, Dv,
            true);
+      if (next != nullptr) next->issue(runs.n[r] * lines_of(Dv * sizeof(acc)));
     }
   }
   // dV (N x Dv) += P^T dO.
@@ -1018,6 +1115,11 @@ void forward_impl(const AttentionForwardParams& fp) {
   std::vector<acc> part_o(splits > 1 ? splits * rows * Dv : 0),
       part_lse(splits > 1 ? splits * rows : 0);
   const int64_t tasks = p.B * unit_tasks * q_blocks * splits;
+  // Tiles that read K and V as block runs in place (float, double) stream them: every task
+  // with one query block (decoding, short prompts) reads each K / V tile once, from memory, so
+  // it prefetches the next tile's lines while it computes this one (LineStream). Longer
+  // queries' tasks share their head's tiles through the caches and keep the tile loads.
+  const bool streamed = Tiles::kRowRuns && (paged || q_blocks == 1);
 
   parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     Tiles tiles(D, Dv);
@@ -1025,6 +1127,7 @@ void forward_impl(const AttentionForwardParams& fp) {
     std::vector<acc> row(std::max(std::max(D, Dv), kBlockK)), m(kBlockQ), l(kBlockQ);
     std::vector<float> scratch(kBlockK);
     std::vector<T> k_stage(paged ? kBlockK * D : 0), v_stage(paged ? kBlockK * Dv : 0);
+    LineStream stream;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t split = task % splits, rest = task / splits;
       const int64_t qb = rest % q_blocks, bu = rest / q_blocks;
@@ -1054,30 +1157,49 @@ void forward_impl(const AttentionForwardParams& fp) {
       std::fill(o_acc.begin(), o_acc.begin() + units * M * Dv, acc(0));
       std::fill(m.begin(), m.begin() + units * M, neg_inf<acc>());
       std::fill(l.begin(), l.begin() + units * M, acc(0));
+      // a K / V tile of KV head hk as block runs (a dense cache's: one run)
+      auto k_runs = [&](int64_t hk, int64_t j0, int64_t N) {
+        return paged ? paged_runs<T>(p, K, p.k_s, b, hk, j0, N)
+                     : dense_runs<T>(K + b * p.k_s.b + hk * p.k_s.h + g.k_row0 * p.k_s.l, p.k_s.l,
+                                     j0, N);
+      };
+      auto v_runs = [&](int64_t hk, int64_t j0, int64_t N) {
+        return paged ? paged_runs<T>(p, V, p.v_s, b, hk, j0, N)
+                     : dense_runs<T>(V + b * p.v_s.b + hk * p.v_s.h + g.k_row0 * p.v_s.l, p.v_s.l,
+                                     j0, N);
+      };
       auto [kb_first, kb_last] = visible_key_blocks(g, i0, pack_heads ? 1 : M);
       kb_first = std::max(kb_first, split * blocks_per_split);
       kb_last = std::min(kb_last, (split + 1) * blocks_per_split);
       for (int64_t kb = kb_first; kb < kb_last; ++kb) {
         const int64_t j0 = kb * kBlockK, N = std::min(kBlockK, g.Lk - j0);
-        if (paged && kb + 1 < kb_last) {  // the next tile of every KV head the task reads
-          const int64_t jn = j0 + kBlockK, next = std::min(kBlockK, g.Lk - jn);
+        LineStream* next_lines = nullptr;
+        if (kb + 1 < kb_last && (streamed || paged)) {  // the next tile of every KV head read
+          const int64_t jn = j0 + kBlockK, n_next = std::min(kBlockK, g.Lk - jn);
+          if (streamed) stream.clear();
           for (int64_t v = 0; v < units; ++v) {
             const int64_t hk = (u0 + v) * heads_per_task / group;
             if (v > 0 && hk == (u0 + v - 1) * heads_per_task / group) continue;  // same K, V
-            prefetch_paged_rows<T>(p, K, p.k_s, b, hk, jn, next, D);
-            prefetch_paged_rows<T>(p, V, p.v_s, b, hk, jn, next, Dv);
+            if (streamed) {  // K then V of each head: the order the tile reads them
+              stream.add(k_runs(hk, jn, n_next), D * static_cast<int64_t>(sizeof(T)));
+              stream.add(v_runs(hk, jn, n_next), Dv * static_cast<int64_t>(sizeof(T)));
+            } else {
+              prefetch_paged_rows<T>(p, K, p.k_s, b, hk, jn, n_next, D);
+              prefetch_paged_rows<T>(p, V, p.v_s, b, hk, jn, n_next, Dv);
+            }
           }
+          if (streamed) next_lines = &stream;
         }
         for (int64_t v = 0; v < units; ++v) {
           const int64_t h = (u0 + v) * heads_per_task, hk = h / group, r0 = v * M;
           const ScoreContext<acc> ctx(p, g, b, h);
           acc* sv = s.data() + r0 * kBlockK;
           // (RowRuns tiles read a paged tile's K and V in place, block run by block run)
-          if (!paged) {
+          if (streamed) {
+            if constexpr (Tiles::kRowRuns) tiles.load_k_runs(k_runs(hk, j0, N), next_lines);
+          } else if (!paged) {
             tiles.load_k(K + b * p.k_s.b + hk * p.k_s.h + g.k_row0 * p.k_s.l, p.k_s.l, j0, N,
                          false);
-          } else if constexpr (Tiles::kRowRuns) {
-            tiles.load_k_runs(paged_runs<T>(p, K, p.k_s, b, hk, j0, N));
           } else {
             int64_t stride;
             const T* rows = paged_rows<T>(p, K, p.k_s, b, hk, j0, N, D, k_stage.data(), stride);
@@ -1102,12 +1224,14 @@ void forward_impl(const AttentionForwardParams& fp) {
           }
           online_softmax<Tiles, acc>(sv, M, N, m.data() + r0, l.data() + r0, o_acc.data() + r0 * Dv,
                                      Dv, dropout ? mult.data() : nullptr);
-          if (!paged) {
+          if (streamed) {
+            if constexpr (Tiles::kRowRuns) {
+              tiles.pv_runs(M, v_runs(hk, j0, N), sv, o_acc.data() + r0 * Dv, next_lines);
+            }
+          } else if (!paged) {
             tiles.load_v(V + b * p.v_s.b + hk * p.v_s.h + g.k_row0 * p.v_s.l, p.v_s.l, j0, N,
                          false);
             tiles.pv(M, N, sv, o_acc.data() + r0 * Dv);
-          } else if constexpr (Tiles::kRowRuns) {
-            tiles.pv_runs(M, paged_runs<T>(p, V, p.v_s, b, hk, j0, N), sv, o_acc.data() + r0 * Dv);
           } else {
             int64_t stride;
             const T* rows = paged_rows<T>(p, V, p.v_s, b, hk, j0, N, Dv, v_stage.data(), stride);
