@@ -455,6 +455,21 @@ def test_strided_inputs(backend, Lq):
     check_against_reference(backend, q, k, v, kw)
 
 
+def test_long_keys_stream_with_prefetches(backend, one_thread):
+    """Keys and values larger than a CPU core's L2 cache (20 MiB of float32 here, one thread)
+    with one query block: the CPU forward prefetches the next key tile's cache lines while it
+    computes the current one, row by row for these strided (B, L, H, D) tensors. Forward and
+    backward match the reference, GQA and causal included."""
+    device = attention_device(backend)
+    B, Hq, Hkv, Lq, Lk, D, Dv = 1, 4, 2, 3, 20000, 64, 64
+    g = torch.Generator().manual_seed(12)
+    q = torch.randn(B, Lq, Hq, D, generator=g).to(device).transpose(1, 2)
+    k = torch.randn(B, Lk, Hkv, D, generator=g).to(device).transpose(1, 2)
+    v = torch.randn(B, Lk, Hkv, Dv, generator=g).to(device).transpose(1, 2)
+    for kw in ({}, dict(causal=True)):
+        check_against_reference(backend, q, k, v, kw)
+
+
 # ---------------------------------------------------------------------------------------------
 # Dropout
 

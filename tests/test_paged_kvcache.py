@@ -127,6 +127,23 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64))
+@pytest.mark.parametrize("block_size", (16, 48))
+def test_long_caches_stream_with_prefetches(dtype, block_size):
+    """Caches larger than a CPU core's L2 (K and V: 12 MiB of float32, one thread): the CPU
+    kernel prefetches the next key tile's cache lines while it computes the current one, a
+    paged cache's block run by block run (48-row blocks: tiles straddle blocks). The same
+    numbers as the dense cache and the reference."""
+    device = paged_device("cpu")
+    c = paged_case(dtype, device, block_size=block_size, lengths=[9000, 5003], Lnew=1, D=64, Dv=48)
+    out, _, _ = run_paged(c, "cpu")
+    dense, _, _ = run_dense(c, "cpu")
+    ref, _, _ = run_dense(c, "reference")
+    tol = {torch.float64: 1e-12, torch.float32: 2e-6}[dtype]
+    torch.testing.assert_close(out, dense, rtol=tol, atol=tol)
+    torch.testing.assert_close(out, ref, rtol=3 * tol, atol=3 * tol)
+
+
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16, torch.float64))
 @pytest.mark.parametrize("block_size,lengths,Lnew,num_splits", CASES)
 def test_paged_matches_dense(backend, dtype, block_size, lengths, Lnew, num_splits):
