@@ -1022,28 +1022,6 @@ const T* paged_rows(const AttentionProblem& p, const T* pool, const Strides4& s,
   return stage;
 }
 
-// Prefetches rows [j0, j0 + N) of a paged head (paged_rows' addressing): a dense cache's rows
-// stream through the hardware prefetcher, a paged cache's jump from block to block wherever the
-// table puts them, so the next tile's rows are requested while this tile computes.
-template <typename T>
-void prefetch_paged_rows(const AttentionProblem& p, const T* pool, const Strides4& s, int64_t b,
-                         int64_t hk, int64_t j0, int64_t N, int64_t W) {
-  // block run by block run (paged_runs): one table lookup per run, and a run of rows that lie
-  // back to back (row stride W) as one span of cache lines
-  const RowRuns<T> runs = paged_runs<T>(p, pool, s, b, hk, j0, N);
-  const int64_t row_bytes = W * static_cast<int64_t>(sizeof(T));
-  for (int64_t r = 0; r < runs.count; ++r) {
-    const char* first = reinterpret_cast<const char*>(runs.rows[r]);
-    const bool packed = runs.stride == W;
-    const int64_t spans = packed ? 1 : runs.n[r];
-    const int64_t bytes = packed ? runs.n[r] * row_bytes : row_bytes;
-    for (int64_t k = 0; k < spans; ++k) {
-      const char* row = first + k * runs.stride * static_cast<int64_t>(sizeof(T));
-      for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off);
-    }
-  }
-}
-
 // Merges the kv splits of a forward: out = sum_s exp(lse_s - lse) out_s, lse = log sum_s
 // exp(lse_s), from part_o (splits x rows x Dv) and part_lse (splits x rows), rows (b, h, i).
 template <typename T, typename acc>
@@ -1205,25 +1183,28 @@ void forward_impl(const AttentionForwardParams& fp) {
         LineStream* next_lines = nullptr;
         if (kb + 1 < kb_last && (prefetch_next || (paged && !streamed))) {  // the next tile
           const int64_t jn = j0 + kBlockK, n_next = std::min(kBlockK, g.Lk - jn);
-          if (streamed) stream.clear();
+          stream.clear();
           for (int64_t v = 0; v < units; ++v) {
             const int64_t hk = (u0 + v) * heads_per_task / group;
             if (v > 0 && hk == (u0 + v - 1) * heads_per_task / group) continue;  // same K, V
-            if (streamed) {  // K then V of each head: the order the tile reads them
-              stream.add(k_runs(hk, jn, n_next), D * static_cast<int64_t>(sizeof(T)));
-              stream.add(v_runs(hk, jn, n_next), Dv * static_cast<int64_t>(sizeof(T)));
-            } else {
-              prefetch_paged_rows<T>(p, K, p.k_s, b, hk, jn, n_next, D);
-              prefetch_paged_rows<T>(p, V, p.v_s, b, hk, jn, n_next, Dv);
-            }
+            // K then V of each head: the order the tile reads them
+            stream.add(k_runs(hk, jn, n_next), D * static_cast<int64_t>(sizeof(T)));
+            stream.add(v_runs(hk, jn, n_next), Dv * static_cast<int64_t>(sizeof(T)));
           }
-          if (prefetch_next) next_lines = &stream;
+          // Tiles that convert or stage a paged tile's rows (not streamed) take the lines all at
+          // once, here: a paged cache's rows jump from block to block, beyond the hardware
+          // prefetcher.
+          if (prefetch_next) {
+            next_lines = &stream;
+          } else {
+            stream.issue(std::numeric_limits<int64_t>::max());
+          }
         }
         for (int64_t v = 0; v < units; ++v) {
           const int64_t h = (u0 + v) * heads_per_task, hk = h / group, r0 = v * M;
           const ScoreContext<acc> ctx(p, g, b, h);
           acc* sv = s.data() + r0 * kBlockK;
-          // (RowRuns tiles read a paged tile's K and V in place, block run by block run)
+          // (streamed: RowRuns tiles read K and V in place, a paged tile block run by block run)
           if (streamed) {
             if constexpr (Tiles::kRowRuns) tiles.load_k_runs(k_runs(hk, j0, N), next_lines);
           } else if (!paged) {
