@@ -6,7 +6,9 @@ PyTorch providers to compare with (`baselines`), and the work it does (bytes or 
 which throughput is reported. Providers' outputs are compared with the reference before they
 are timed; a provider whose check fails is reported and never timed. The providers of a case
 are timed in interleaved rounds (measure_interleaved), so that the machine's drift does not
-bias their ratios.
+bias their ratios. On a CPU the times are read from a clock (`clock`, time.perf_counter unless
+a caller passes its own: the harness's tests pass a fake one that each provider advances by a
+known cost, so their speedups are exact and no test depends on the machine's speed).
 
 Which providers a check judges: fastattn's (`judged`, by default the providers whose name
 starts with "fastattn"). A baseline (a PyTorch provider) whose own error exceeds the tolerance
@@ -123,6 +125,9 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+Clock = Callable[[], float]  # seconds, monotonic (time.perf_counter)
+
+
 def measure(
     fn: Callable[[], object],
     device: torch.device,
@@ -130,15 +135,16 @@ def measure(
     min_time: float,
     max_reps: int = 1000,
     warmup: int = 2,
+    clock: Clock = time.perf_counter,
 ) -> list[float]:
-    """Per-call times in seconds: warm up, then repeat until min_time has passed."""
+    """Per-call times in seconds: warm up, then repeat until min_time has passed on `clock`."""
     for _ in range(warmup):
         fn()
     synchronize(device)
     times: list[float] = []
-    start_all = time.perf_counter()
-    while len(times) < max_reps and (len(times) < 5 or time.perf_counter() - start_all < min_time):
-        times.append(_timed_call(fn, device))
+    start_all = clock()
+    while len(times) < max_reps and (len(times) < 5 or clock() - start_all < min_time):
+        times.append(_timed_call(fn, device, clock))
     return times
 
 
@@ -190,7 +196,8 @@ def _error_status(exc: Exception) -> str:
     return f"ERROR {type(exc).__name__}: {lines[0][:120]}"
 
 
-def _timed_call(fn: Callable[[], object], device: torch.device) -> float:
+def _timed_call(fn: Callable[[], object], device: torch.device, clock: Clock) -> float:
+    """Seconds of one call: CUDA events on a GPU (the kernels' time), else `clock`."""
     if device.type == "cuda":
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record()
@@ -198,9 +205,9 @@ def _timed_call(fn: Callable[[], object], device: torch.device) -> float:
         end.record()
         end.synchronize()
         return begin.elapsed_time(end) / 1e3
-    t0 = time.perf_counter()
+    t0 = clock()
     fn()
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
 def measure_interleaved(
@@ -212,6 +219,7 @@ def measure_interleaved(
     max_rounds: int = 200,
     warmup: int = 2,
     block: int = 2,
+    clock: Clock = time.perf_counter,
 ) -> tuple[dict, dict]:
     """Per-call times (seconds) of several providers, measured in rounds: a round runs every
     provider block + 1 times in a row, the first call untimed (it pays for taking over the
@@ -219,7 +227,7 @@ def measure_interleaved(
     the machine's speed while a case is measured (clock changes, other tenants: this CPU's
     timings wander by 10-20% over minutes) then reaches every provider alike; timing all of one
     provider and then all of the next turned such drift into ratios. Rounds repeat until
-    min_time per provider has passed (at least min_rounds).
+    min_time per provider has passed on `clock` (at least min_rounds).
 
     Returns (times per provider, error message per provider that raised; it leaves the
     rotation)."""
@@ -236,11 +244,9 @@ def measure_interleaved(
     for name, fn in fns.items():
         guarded(name, lambda fn=fn: [fn() for _ in range(warmup)])
     synchronize(device)
-    start = time.perf_counter()
+    start = clock()
     rounds = 0
-    while rounds < max_rounds and (
-        rounds < min_rounds or time.perf_counter() - start < min_time * len(fns)
-    ):
+    while rounds < max_rounds and (rounds < min_rounds or clock() - start < min_time * len(fns)):
         live = [name for name in fns if name not in errors]
         if not live:
             break
@@ -251,7 +257,7 @@ def measure_interleaved(
             def one_block(fn=fn):
                 fn()
                 synchronize(device)
-                return [_timed_call(fn, device) for _ in range(block)]
+                return [_timed_call(fn, device, clock) for _ in range(block)]
 
             got = guarded(name, one_block)
             if got is not None:
@@ -260,7 +266,9 @@ def measure_interleaved(
     return times, errors
 
 
-def run_case(case: Case, device: torch.device, *, min_time: float) -> list[dict]:
+def run_case(
+    case: Case, device: torch.device, *, min_time: float, clock: Clock = time.perf_counter
+) -> list[dict]:
     """Check every provider of a case, then time those that passed, interleaved
     (measure_interleaved); one result row per provider. A judged provider (case.is_judged)
     that fails its check is not timed; a baseline over the tolerance is timed, with a note."""
@@ -314,7 +322,7 @@ def run_case(case: Case, device: torch.device, *, min_time: float) -> list[dict]
             continue
         to_time[name] = fn
     del ref_out, truth, out  # the checks' outputs can be large (GPU memory)
-    all_times, errors = measure_interleaved(to_time, device, min_time=min_time)
+    all_times, errors = measure_interleaved(to_time, device, min_time=min_time, clock=clock)
     timed: dict[str, float] = {}
     for name in to_time:
         row = rows[name]
@@ -331,9 +339,9 @@ def run_case(case: Case, device: torch.device, *, min_time: float) -> list[dict]
         if case.flops:
             row["TFLOP/s"] = case.flops / median / 1e12
     best_baseline = min((timed[b] for b in case.baselines if b in timed), default=None)
-    for row in rows.values():
+    for name, row in rows.items():
         if best_baseline and row.get("status") == "ok":
-            row["speedup"] = best_baseline / (row["median_ms"] / 1e3)
+            row["speedup"] = best_baseline / timed[name]
     return list(rows.values())
 
 

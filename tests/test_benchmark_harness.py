@@ -1,8 +1,9 @@
 """The benchmark harness (benchmarks/common.py) on toy providers: checks before timing, wrong
-and raising providers reported without hiding the others, interleaved rounds, speedups."""
+and raising providers reported without hiding the others, interleaved rounds, speedups. Timings
+come from a fake clock that each provider advances by a known cost, so speedups are exact and
+nothing depends on the machine's speed or load."""
 
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,24 +15,36 @@ import common  # noqa: E402
 CPU = torch.device("cpu")
 
 
-def _sleeper(seconds, calls, name, value):
-    def fn():
-        calls.append(name)
-        time.sleep(seconds)
-        return torch.tensor([value])
+class FakeClock:
+    """Seconds that pass only when a provider made by `provider` runs: each call advances the
+    clock by that provider's cost. Costs in whole or binary-fraction seconds keep every
+    difference, median and ratio exact in floating point."""
 
-    return fn
+    def __init__(self):
+        self.now = 0.0
+        self.calls: list[str] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def provider(self, name: str, cost: float, value: float = 1.0):
+        def fn():
+            self.calls.append(name)
+            self.now += cost
+            return torch.tensor([value])
+
+        return fn
 
 
 def test_run_case_checks_times_and_ranks():
-    calls = []
+    clock = FakeClock()
     case = common.Case(
         op="toy",
         name="n=1",
         providers={
-            "fast": _sleeper(0.002, calls, "fast", 1.0),
-            "slow": _sleeper(0.008, calls, "slow", 1.0),
-            "wrong": _sleeper(0.001, calls, "wrong", 2.0),
+            "fast": clock.provider("fast", 1.0),
+            "slow": clock.provider("slow", 4.0),
+            "wrong": clock.provider("wrong", 0.5, value=2.0),
             "broken": lambda: (_ for _ in ()).throw(RuntimeError("no kernel\nmore")),
         },
         reference="slow",
@@ -40,36 +53,45 @@ def test_run_case_checks_times_and_ranks():
         flops=1e6,
         judged=("fast", "wrong", "broken"),
     )
-    rows = {r["provider"]: r for r in common.run_case(case, CPU, min_time=0.05)}
+    rows = {r["provider"]: r for r in common.run_case(case, CPU, min_time=50.0, clock=clock)}
     assert list(rows) == ["fast", "slow", "wrong", "broken"]  # the providers' order
     assert rows["wrong"]["status"].startswith("FAIL")
     assert "median_ms" not in rows["wrong"]
+    assert clock.calls.count("wrong") == 1  # checked, never timed
     assert rows["broken"]["status"] == "ERROR RuntimeError: no kernel"
     assert rows["fast"]["status"] == rows["slow"]["status"] == "ok"
-    assert rows["slow"]["speedup"] == pytest.approx(1.0)
-    assert 2.0 < rows["fast"]["speedup"] < 6.0
-    assert rows["fast"]["reps"] >= 6 and rows["fast"]["TFLOP/s"] > 0
+    assert rows["fast"]["median_ms"] == 1000.0 and rows["slow"]["median_ms"] == 4000.0
+    assert rows["fast"]["spread"] == 0.0
+    assert rows["slow"]["speedup"] == 1.0
+    assert rows["fast"]["speedup"] == 4.0
+    assert rows["fast"]["TFLOP/s"] == 1e6 / 1.0 / 1e12
+    # rounds go on until min_time per provider has passed on the clock: a round (3 calls each)
+    # costs 3 + 12 = 15 s, the two timed providers need 2 x 50 s, so 7 rounds of 2 timed calls
+    assert rows["fast"]["reps"] == rows["slow"]["reps"] == 14
     # timed in interleaved blocks: the timed calls of "fast" are not all before "slow"'s
-    timed = [c for c in calls if c in ("fast", "slow")]
+    timed = [c for c in clock.calls if c in ("fast", "slow")]
     first_slow = timed.index("slow")
     assert "fast" in timed[first_slow:]
 
 
 def test_measure_interleaved_rotates_and_drops_a_provider_that_raises():
-    calls = []
+    clock = FakeClock()
     state = {"n": 0}
 
     def flaky():
         state["n"] += 1
         if state["n"] > 4:
             raise ValueError("gave up")
-        calls.append("flaky")
+        clock.calls.append("flaky")
 
-    fns = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b"), "flaky": flaky}
-    times, errors = common.measure_interleaved(fns, CPU, min_time=0.0, min_rounds=4, warmup=1)
+    fns = {"a": clock.provider("a", 1.0), "b": clock.provider("b", 2.0), "flaky": flaky}
+    times, errors = common.measure_interleaved(
+        fns, CPU, min_time=0.0, min_rounds=4, warmup=1, clock=clock
+    )
     assert errors == {"flaky": "ERROR ValueError: gave up"}
-    assert len(times["a"]) == len(times["b"]) == 8  # 4 rounds x 2 timed calls
+    assert times["a"] == [1.0] * 8 and times["b"] == [2.0] * 8  # 4 rounds x 2 timed calls
     # the order rotates: "b" runs first in some round
+    calls = clock.calls
     blocks = [calls[i] for i in range(len(calls)) if i == 0 or calls[i] != calls[i - 1]]
     assert any(blocks[i] == "b" and blocks[i + 1] == "a" for i in range(len(blocks) - 1))
 
