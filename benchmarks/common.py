@@ -2,8 +2,13 @@
 
 Each bench_<op>.py defines `cases(profile, device)` returning a list of `Case`s. A Case holds
 providers (name -> zero-argument callable), the one to check against (`reference`), the
-PyTorch providers to compare with (`baselines`), and the work it does (bytes or FLOPs), from
-which throughput is reported. Providers' outputs are compared with the reference before they
+PyTorch providers to compare with (`baselines`), which providers write their result into an
+input (`inplace`), and the work it does (bytes or FLOPs), from which throughput is reported.
+A row's speedup is over the fastest baseline of its own kind: an in-place provider's over the
+in-place baselines, any other's over the out-of-place ones (an in-place call allocates no
+output, so comparing it with an out-of-place one measures the allocation, not the kernel); a
+provider with no timed baseline of its kind has no speedup. The row names that baseline
+("against") and its kind ("inplace"). Providers' outputs are compared with the reference before they
 are timed; a provider whose check fails is reported and never timed. The providers of a case
 are timed in interleaved rounds (measure_interleaved), so that the machine's drift does not
 bias their ratios. On a CPU the times are read from a clock (`clock`, time.perf_counter unless
@@ -70,11 +75,33 @@ class Case:
     # error + tolerance, per output tensor (see the module docstring).
     ground_truth: Callable[[], object] | None = None
     factor: float = 2.0
+    # Providers (fastattn's and baselines alike) that write their result into an input: their
+    # speedups are over the in-place baselines, the others' over the out-of-place ones.
+    inplace: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        unknown = [name for name in self.inplace if name not in self.providers]
+        if unknown:
+            raise ValueError(
+                f"Case {self.op} {self.name}: inplace names {unknown}, which are not among "
+                f"its providers {list(self.providers)}"
+            )
+
+    def is_inplace(self, provider: str) -> bool:
+        return provider in self.inplace
 
     def is_judged(self, provider: str) -> bool:
         if self.judged is not None:
             return provider in self.judged
         return provider.startswith("fastattn")
+
+
+def op_family(row: dict) -> str:
+    """The family a result row is summarized in: "<op> (<dtype>)", or "<op> in-place (<dtype>)"
+    for an in-place provider's row, so that a summary compares like with like. Takes run_case's
+    rows and the CSV's (where "inplace" is the text "True")."""
+    inplace = row.get("inplace") in (True, "True")
+    return f"{row['op']}{' in-place' if inplace else ''} ({row['dtype']})"
 
 
 def max_abs_error(out, ref) -> float:
@@ -286,6 +313,7 @@ def run_case(
             "provider": name,
             "dtype": case.dtype,
             "judged": case.is_judged(name),
+            "inplace": case.is_inplace(name),
         }
         rows[name] = row
         try:
@@ -338,10 +366,17 @@ def run_case(
                 row["of_copy_bw"] = row["GB/s"] / float(case.notes["copy_GB/s"])
         if case.flops:
             row["TFLOP/s"] = case.flops / median / 1e12
-    best_baseline = min((timed[b] for b in case.baselines if b in timed), default=None)
+    # like with like: the fastest timed baseline of each kind (in-place or not)
+    best_baseline: dict[bool, str] = {}
+    for b in case.baselines:
+        kind = case.is_inplace(b)
+        if b in timed and (kind not in best_baseline or timed[b] < timed[best_baseline[kind]]):
+            best_baseline[kind] = b
     for name, row in rows.items():
-        if best_baseline and row.get("status") == "ok":
-            row["speedup"] = best_baseline / timed[name]
+        against = best_baseline.get(case.is_inplace(name))
+        if against is not None and row.get("status") == "ok":
+            row["speedup"] = timed[against] / timed[name]
+            row["against"] = against
     return list(rows.values())
 
 
@@ -358,6 +393,7 @@ def format_table(rows: list[dict]) -> str:
         "of_copy_bw",
         "TFLOP/s",
         "speedup",
+        "against",
         "status",
         "note",
     ]
@@ -417,6 +453,8 @@ CSV_FIELDS = [
     "of_copy_bw",
     "TFLOP/s",
     "speedup",
+    "against",
+    "inplace",
     "error",
     "status",
     "note",

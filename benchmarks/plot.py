@@ -4,8 +4,9 @@
 
 Uses the newest run in the CSV (the rows sharing the newest time stamp and its device) and
 writes, in OUTDIR:
-- summary.png: per op family, the median and worst speedup of fastattn's best provider per
-  case over the best PyTorch provider, with the 1.0x line;
+- summary.png: per op family (in-place rows a family of their own), the median and worst
+  speedup of fastattn's best provider per case over the best PyTorch provider of its kind,
+  with the 1.0x line;
 - <op family>.png: per case, the speedup of every fastattn provider (left) and the throughput
   (TFLOP/s or GB/s) of every provider against the machine's measured ceiling (right: the
   measured matmul TFLOP/s of the dtype, or the measured copy bandwidth; run.py measures both
@@ -64,7 +65,9 @@ def plot_run(csv_path: Path, out_dir: Path, targets: dict[str, float] | None = N
     device = ok[0]["device"]
     families: dict[str, list[dict]] = defaultdict(list)
     for r in ok:
-        families[f"{r['op']} ({r['dtype']})"].append(r)
+        # common.op_family's key (in-place rows a family of their own, as run.py's summary)
+        inplace = " in-place" if r.get("inplace") == "True" else ""
+        families[f"{r['op']}{inplace} ({r['dtype']})"].append(r)
     paths = []
 
     headline = {}  # family -> (median, worst) of the best fastattn provider per case

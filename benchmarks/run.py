@@ -5,7 +5,8 @@
 
 Runs each op's cases (benchmarks/bench_<op>.py), checks every provider's output against the
 reference provider (or a higher-precision ground truth) before timing it, prints a table
-(median, spread, throughput, speedup over the best PyTorch provider) and appends the rows, with
+(median, spread, throughput, speedup over the best PyTorch provider of the same kind: in-place
+over in-place, out-of-place over out-of-place; see common.py) and appends the rows, with
 device, versions and time, to a CSV (default benchmarks/results/<device kind>.csv). Shows
 progress per case, ends with a summary of the headline speedups per op family against their
 targets, and writes PNG plots of the run beside the CSV (benchmarks/plot.py). Exits non-zero
@@ -99,20 +100,21 @@ class Progress:
 
 
 def summary_table(results: list[tuple[object, list[dict]]]) -> str:
-    """One line per op family (a row's "op"): median and worst speedup over the best PyTorch
-    provider of fastattn's best provider per case, the family's target (the bench module's
-    target(op), default 1.0: at least as fast as the best PyTorch provider) and whether every
-    case meets it."""
+    """One line per op family (common.op_family: the row's op and dtype, in-place rows a family
+    of their own): median and worst speedup of fastattn's best provider per case over the best
+    PyTorch provider of its kind (the rows' speedups: in-place over in-place, out-of-place over
+    out-of-place), the family's target (the bench module's target(op), default 1.0: at least
+    as fast as the best PyTorch provider) and whether every case meets it."""
     families: dict[str, dict] = {}
     for module, rows in results:
         by_case: dict[tuple, list[dict]] = {}
         for r in rows:
             if r.get("judged") and "speedup" in r:
-                by_case.setdefault((r["op"], r["case"], r["dtype"]), []).append(r)
-        for (op, _, dtype), case_rows in by_case.items():
+                by_case.setdefault((common.op_family(r), r["op"], r["case"]), []).append(r)
+        for (name, op, _), case_rows in by_case.items():
             best = max(case_rows, key=lambda r: r["speedup"])
             family = families.setdefault(
-                f"{op} ({dtype})",
+                name,
                 {
                     "speedups": [],
                     "providers": set(),
@@ -145,9 +147,9 @@ def summary_table(results: list[tuple[object, list[dict]]]) -> str:
 
 
 def family_targets(results: list[tuple[object, list[dict]]]) -> dict[str, float]:
-    """op family ("<op> (<dtype>)") -> target speedup (the bench module's target(op), else 1)."""
+    """op family (common.op_family) -> target speedup (the bench module's target(op), else 1)."""
     return {
-        f"{r['op']} ({r['dtype']})": module.target(r["op"]) if hasattr(module, "target") else 1.0
+        common.op_family(r): module.target(r["op"]) if hasattr(module, "target") else 1.0
         for module, rows in results
         for r in rows
     }
@@ -223,7 +225,7 @@ def main(argv=None) -> int:
                 (failures if r.get("judged") else baseline_errors).append(entry)
     print(
         f"\nsummary ({progress.elapsed()}): fastattn's best provider per case against the "
-        "best PyTorch provider"
+        "best PyTorch provider of its kind (in-place rows against in-place ones)"
     )
     print(summary_table(results))
     print(f"\nrows appended to {csv_path}")

@@ -1,9 +1,10 @@
 """The benchmark harness (benchmarks/common.py) on toy providers: checks before timing, wrong
-and raising providers reported without hiding the others, interleaved rounds, speedups. Timings
-come from a fake clock that each provider advances by a known cost, so speedups are exact and
-nothing depends on the machine's speed or load."""
+and raising providers reported without hiding the others, interleaved rounds, speedups (in-place
+over in-place only). Timings come from a fake clock that each provider advances by a known cost,
+so speedups are exact and nothing depends on the machine's speed or load."""
 
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -62,8 +63,8 @@ def test_run_case_checks_times_and_ranks():
     assert rows["fast"]["status"] == rows["slow"]["status"] == "ok"
     assert rows["fast"]["median_ms"] == 1000.0 and rows["slow"]["median_ms"] == 4000.0
     assert rows["fast"]["spread"] == 0.0
-    assert rows["slow"]["speedup"] == 1.0
-    assert rows["fast"]["speedup"] == 4.0
+    assert rows["slow"]["speedup"] == 1.0 and rows["slow"]["against"] == "slow"
+    assert rows["fast"]["speedup"] == 4.0 and rows["fast"]["against"] == "slow"
     assert rows["fast"]["TFLOP/s"] == 1e6 / 1.0 / 1e12
     # rounds go on until min_time per provider has passed on the clock: a round (3 calls each)
     # costs 3 + 12 = 15 s, the two timed providers need 2 x 50 s, so 7 rounds of 2 timed calls
@@ -94,6 +95,59 @@ def test_measure_interleaved_rotates_and_drops_a_provider_that_raises():
     calls = clock.calls
     blocks = [calls[i] for i in range(len(calls)) if i == 0 or calls[i] != calls[i - 1]]
     assert any(blocks[i] == "b" and blocks[i + 1] == "a" for i in range(len(blocks) - 1))
+
+
+def _inplace_case(clock, costs: dict[str, float], inplace: tuple[str, ...]):
+    return common.Case(
+        op="toy",
+        name="n=1",
+        providers={name: clock.provider(name, cost) for name, cost in costs.items()},
+        reference="torch",
+        baselines=tuple(name for name in costs if name.startswith("torch")),
+        inplace=inplace,
+        check=common.relative_error,
+    )
+
+
+def test_in_place_rows_are_compared_with_in_place_baselines_only():
+    """fastattn's in-place row is the fastest of all (1 s) but is timed against PyTorch's
+    in-place row (1.5 s), not its out-of-place one (8 s); the out-of-place fastattn row (2 s)
+    against the out-of-place baseline. Pairing across kinds would read 8x."""
+    import run
+
+    clock = FakeClock()
+    costs = {"fastattn": 2.0, "fastattn inplace": 1.0, "torch": 8.0, "torch inplace": 1.5}
+    case = _inplace_case(clock, costs, inplace=("fastattn inplace", "torch inplace"))
+    rows = common.run_case(case, CPU, min_time=0.0, clock=clock)
+    got = {r["provider"]: (r["inplace"], r["speedup"], r["against"]) for r in rows}
+    assert got == {
+        "fastattn": (False, 4.0, "torch"),
+        "fastattn inplace": (True, 1.5, "torch inplace"),
+        "torch": (False, 1.0, "torch"),
+        "torch inplace": (True, 1.0, "torch inplace"),
+    }
+    assert "against" in common.format_table(rows)
+    # the summary: in-place rows are a family of their own, each with its own pairing
+    lines = run.summary_table([(types.SimpleNamespace(), rows)]).splitlines()
+    assert [line.split()[:5] for line in lines[2:]] == [
+        ["toy", "(float32)", "1", "4.00x", "4.00x"],
+        ["toy", "in-place", "(float32)", "1", "1.50x"],
+    ]
+    assert "8.00x" not in "\n".join(lines)
+
+
+def test_an_in_place_row_without_an_in_place_baseline_has_no_speedup():
+    clock = FakeClock()
+    case = _inplace_case(clock, {"fastattn inplace": 1.0, "torch": 8.0}, ("fastattn inplace",))
+    rows = {r["provider"]: r for r in common.run_case(case, CPU, min_time=0.0, clock=clock)}
+    assert rows["fastattn inplace"]["status"] == "ok"
+    assert "speedup" not in rows["fastattn inplace"] and "against" not in rows["fastattn inplace"]
+    assert rows["torch"]["speedup"] == 1.0
+
+
+def test_a_case_naming_an_unknown_in_place_provider_is_refused():
+    with pytest.raises(ValueError, match=r"inplace names \['torch inplace'\]"):
+        _inplace_case(FakeClock(), {"fastattn": 1.0, "torch": 2.0}, ("torch inplace",))
 
 
 def test_a_baseline_over_the_tolerance_is_timed_with_a_note_not_failed():
