@@ -6,6 +6,10 @@
   before their kernels run, so an unwritten element fails the comparison.
 - `backend_device` maps each backend to the device its tests use; CUDA-only cases skip with a
   reason per test, never at import.
+- The run ends with the number of passed tests per backend that made at least one passing
+  comparison with an independent oracle (tolerance.assert_fa_close and the asserts built on
+  it), and how many such comparisons they made; under pytest-xdist the workers send their
+  counts to the controller in the reports' user_properties.
 """
 
 import os
@@ -16,6 +20,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+import tolerance  # noqa: E402
 
 import fastattn  # noqa: E402
 from fastattn import _debug  # noqa: E402
@@ -72,3 +77,51 @@ def device(backend) -> torch.device:
 
 def requires_cuda():
     return pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+# ---------------------------------------------------------------------------------------------
+# The oracle summary: passing tolerance.assert_fa_close comparisons per backend.
+
+_ORACLE_PROPERTY = "oracle_comparisons"  # user_properties entry: (backend, comparisons)
+# backend -> [passed tests, passed tests with an oracle comparison, comparisons]
+_oracle_counts: dict[str, list[int]] = {}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    before = tolerance.passed_comparisons
+    try:
+        return (yield)
+    finally:
+        callspec = getattr(item, "callspec", None)
+        backend = callspec.params.get("backend", "other") if callspec else "other"
+        # user_properties travel with the call phase's report (xdist sends them to the
+        # controller)
+        item.user_properties.append(
+            (_ORACLE_PROPERTY, (str(backend), tolerance.passed_comparisons - before))
+        )
+
+
+def pytest_runtest_logreport(report):
+    if report.when != "call" or not report.passed:
+        return
+    for name, value in report.user_properties:
+        if name == _ORACLE_PROPERTY:
+            backend, comparisons = value
+            counts = _oracle_counts.setdefault(backend, [0, 0, 0])
+            counts[0] += 1
+            counts[1] += comparisons > 0
+            counts[2] += comparisons
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if hasattr(config, "workerinput") or not _oracle_counts:
+        return  # an xdist worker: the controller prints the whole run's counts
+    order = [b for b in ALL_BACKENDS if b in _oracle_counts]
+    order += sorted(b for b in _oracle_counts if b not in ALL_BACKENDS)
+    table = [("backend", "passed tests", "with an oracle comparison", "oracle comparisons")]
+    table += [(b, *(str(n) for n in _oracle_counts[b])) for b in order]
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+    terminalreporter.write_sep("-", "independent-oracle comparisons (tests/tolerance.py)")
+    for line in table:
+        terminalreporter.write_line("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import torch
 
+# Comparisons that passed in this process so far (conftest.py attributes them to each test's
+# backend and prints the count per backend at the end of the run).
+passed_comparisons = 0
+
 
 def rounding_floor(ref64: torch.Tensor, dtype: torch.dtype) -> float:
     """Twice the representation error of dtype at the reference's values shifted by 0.3 (the
@@ -49,6 +53,8 @@ def assert_fa_close(
     )
     assert err == err, f"{name}: NaN in the output (an element was not written?)"
     assert err <= bound, f"{name}: max error {err:.3e} > bound {bound:.3e} (baseline {base:.3e})"
+    global passed_comparisons
+    passed_comparisons += 1
 
 
 def assert_grad_close(
