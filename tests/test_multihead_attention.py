@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import io
 import math
+import re
 
 import pytest
 import torch
@@ -952,3 +953,55 @@ def test_autocast_dtypes_like_torch(need_weights):
     torch.testing.assert_close(got[0].float(), want[0].float(), atol=2e-2, rtol=2e-2)
     if need_weights:
         assert got[1].dtype == want[1].dtype
+
+
+# ---------------------------------------------------------------------------------------------
+# An in_proj_bias of another dtype (torch's test_multihead_attn_fast_path_query_and_bias_have_
+# different_dtypes: a float64 module given a float16 in_proj_bias, called in eval mode)
+
+
+@pytest.mark.parametrize("need_weights", (True, False), ids=("weights", "no-weights"))
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(
+    "cname,kind", [("plain", "self"), ("plain", "kv-shared"), ("kdim-vdim", "cross")]
+)
+def test_in_proj_bias_of_another_dtype_like_torch(cname, kind, layout, need_weights):
+    """Batch-first batched inputs: torch runs, adding the float16 bias converted to float64
+    (its F.linear of the transposed input adds the bias after the matmul), so fastattn gives
+    the same float64 output and weights, and the same gradients (the bias's in float16).
+    Other layouts: torch's addmm refuses the bias, and fastattn raises torch's error."""
+    config = CONFIGS[cname]
+    ref, fast = make_pair(config, batch_first=layout == "batch-first")
+    g = torch.Generator().manual_seed(5)
+    bias = (0.5 * torch.randn(3 * E, generator=g, dtype=F64)).half()
+    for module in (ref, fast):
+        module.eval()
+        module.in_proj_bias = nn.Parameter(bias.clone())
+    q, k, v = make_inputs(kind, layout, config)
+    if layout != "batch-first":
+        with pytest.raises(RuntimeError) as theirs:
+            ref(q, k, v, need_weights=need_weights)
+        with pytest.raises(RuntimeError, match=re.escape(str(theirs.value))):
+            fast(q, k, v, need_weights=need_weights)
+        return
+    (o_r, w_r, g_r), (o_f, w_f, g_f) = (
+        run(ref, q, k, v, need_weights=need_weights),
+        run(fast, *clone_inputs(q, k, v), need_weights=need_weights),
+    )
+    assert o_f.dtype == o_r.dtype == F64
+    assert_same("output", o_f, o_r)
+    assert (w_f is None) == (w_r is None) == (not need_weights)
+    if need_weights:
+        assert w_f.dtype == w_r.dtype == F64
+        assert_same("weights", w_f, w_r)
+    assert g_f.keys() == g_r.keys()
+    for name in g_r:
+        assert g_f[name].dtype == g_r[name].dtype, name
+        # the float16 bias's gradient is a float64 sum rounded to float16: one rounding apart
+        tol = dict(rtol=2e-3, atol=1e-6) if g_r[name].dtype == torch.float16 else {}
+        assert_same(f"grad {name}", g_f[name], g_r[name], **tol)
+    with torch.no_grad():  # torch's test case as it runs it: no gradients, eval mode
+        for module in (ref, fast):
+            out, _ = module(q, k, v, need_weights=need_weights)
+            assert out.dtype == F64
+            assert_same("no-grad output", out, o_r)

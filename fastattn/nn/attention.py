@@ -195,6 +195,37 @@ class MultiheadAttention(nn.MultiheadAttention):
                         f"Expected key_padded_mask.shape[{i}] to be {want}, but got {got}"
                     )
 
+    def _in_projections(self, query, key, value, self_attention, *, convert_bias):
+        """(q, k, v) = the in-projections of query (.., L, E), key (.., S, kdim) and value
+        (.., S, vdim), in the inputs' layout.
+
+        convert_bias: an in_proj_bias of another dtype than an input is converted to the
+        input's, as torch does for a batched batch_first input: torch projects its transpose,
+        and F.linear of a non-contiguous 3-D input adds the bias after the matmul, in the
+        matmul's dtype. Elsewhere torch's F.linear runs addmm, which refuses such a bias with
+        "self and mat2 must have the same dtype", and so does this module's."""
+
+        def bias_for(bias, x):
+            if bias is None or not convert_bias or bias.dtype == x.dtype:
+                return bias
+            return bias.to(x.dtype)
+
+        if self_attention and self._qkv_same_embed_dim:
+            bias = bias_for(self.in_proj_bias, query)
+            return F.linear(query, self.in_proj_weight, bias).chunk(3, dim=-1)
+        if self._qkv_same_embed_dim:
+            w_q, w_k, w_v = self.in_proj_weight.chunk(3)
+        else:
+            w_q, w_k, w_v = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
+        b_q = b_k = b_v = None
+        if self.in_proj_bias is not None:
+            b_q, b_k, b_v = self.in_proj_bias.chunk(3)
+        return (
+            F.linear(query, w_q, bias_for(b_q, query)),
+            F.linear(key, w_k, bias_for(b_k, key)),
+            F.linear(value, w_v, bias_for(b_v, value)),
+        )
+
     def _forward(
         self,
         query,
@@ -240,17 +271,9 @@ class MultiheadAttention(nn.MultiheadAttention):
         H, Dh = self.num_heads, self.head_dim
 
         # In-projections in the input's layout, then (N, H, L, Dh) views (no copies).
-        if self_attention and self._qkv_same_embed_dim:
-            q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
-        else:
-            if self._qkv_same_embed_dim:
-                w_q, w_k, w_v = self.in_proj_weight.chunk(3)
-            else:
-                w_q, w_k, w_v = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
-            b_q = b_k = b_v = None
-            if self.in_proj_bias is not None:
-                b_q, b_k, b_v = self.in_proj_bias.chunk(3)
-            q, k, v = F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
+        q, k, v = self._in_projections(
+            query, key, value, self_attention, convert_bias=self.batch_first and is_batched
+        )
 
         # Masks in fastattn's terms: a bool attn_mask means "may attend" there.
         mask = self._canonical_attn_mask(attn_mask, bsz, tgt_len, src_len, query.dtype)
@@ -405,17 +428,9 @@ class MultiheadAttention(nn.MultiheadAttention):
                 )
         H, Dh, E = self.num_heads, self.head_dim, self.embed_dim
         self_attention = query is key and key is value
-        if self_attention and self._qkv_same_embed_dim:
-            q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
-        else:
-            if self._qkv_same_embed_dim:
-                w_q, w_k, w_v = self.in_proj_weight.chunk(3)
-            else:
-                w_q, w_k, w_v = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
-            b_q = b_k = b_v = None
-            if self.in_proj_bias is not None:
-                b_q, b_k, b_v = self.in_proj_bias.chunk(3)
-            q, k, v = F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
+        q, k, v = self._in_projections(
+            query, key, value, self_attention, convert_bias=self.batch_first and is_batched
+        )
 
         def heads(x):  # -> (N, H, L_local, Dh)
             if batch_first:
