@@ -269,6 +269,9 @@ QUICK_CASES = _quick_cases()
     QUICK_CASES,
     ids=[f"{f}-D{d}-{lq}x{lk}-{_DT[t]}" for f, d, (lq, lk), t in QUICK_CASES],
 )
+# Kernel backends only: the reference is the definition compared with (its own checks against
+# SDPA and a textbook loop: test_reference_oracles.py).
+@pytest.mark.parametrize("backend", ["cpu", "cuda", "triton"])
 def test_attention_matches_reference(backend, feature, D, lengths, dtype):
     device = attention_device(backend)
     q, k, v, kw = make_case(feature, D, *lengths, dtype, device)
