@@ -12,16 +12,15 @@ features x dtypes) is marked slow and runs with FASTATTN_SLOW=1.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 import types
 
 import pytest
 import torch
+from attention_floors import assert_floor_is_small, gradient_floors
 from conftest import backend_device
 from tolerance import (
-    F32_ULP,
     assert_fa_close,
     assert_grad_close,
     assert_lse_close,
@@ -152,43 +151,11 @@ def run_attention(backend, q, k, v, kw, grad_out=None, grad_lse=None, seed=1234,
     return out.detach(), lse.detach(), dq, dk, dv
 
 
-def cancellation_floors(q, k, v, kw, grad_out, col_sums) -> tuple[float, float]:
-    """Extra float32 floors of dq and dk for the cancellation in dS = P * (dP - delta).
-
-    Kernels compute dP = dO . v in one float32 dot product and delta = rowsum(dO * O) in
-    another: the difference keeps a residue of a few ulps of sum_d |dO_d v_d|, however small
-    the gradient.
-    The reference's softmax backward cancels exactly where a row sees a single key (P = 1), so
-    its baseline error is then ~0. The residue reaches dq through scale * P * k (P sums to 1
-    over a row), and dk through scale * P * q summed over the queries (and GQA heads) that see
-    a key: residues of independent rows add up like a random walk, sqrt(sum_i P_ij) at most.
-    col_sums: sum_i P_ij of each key (dv of the float64 reference for dO = 1).
-    """
-    B, Hq, Lq, D = q.shape
-    group = Hq // k.shape[1]
-    if q.numel() == 0 or k.numel() == 0:
-        return 0.0, 0.0
-    scale = kw.get("scale", 1.0 / math.sqrt(D))
-    keep = 1.0 / (1.0 - kw.get("dropout_p", 0.0))
-    # A float32 dot product's rounding error is a few ulps of sum_d |dO_d v_d|.
-    vv = v.double().cpu().abs().repeat_interleave(group, dim=1)
-    dp_abs = torch.matmul(grad_out.double().cpu().abs(), vv.transpose(-1, -2))
-    residue = 2 * F32_ULP * keep * scale * float(dp_abs.max())
-    # 16-bit outputs: delta reads O rounded to the input's dtype (half an ulp of each |O_d|,
-    # and |O_d| <= keep * max_j |v_jd|), where the reference (float32 inside) cancels exactly.
-    half_ulp = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}.get(q.dtype, 0.0)
-    if half_ulp:
-        v_max = vv.amax(dim=2, keepdim=True)  # (B, Hq, 1, Dv)
-        do_o = (grad_out.double().cpu().abs() * v_max).sum(dim=-1)
-        residue += half_ulp * keep * scale * float(do_o.max())
-    dq_floor = residue * float(k.abs().max())
-    dk_floor = residue * float(q.abs().max()) * math.sqrt(max(1.0, float(col_sums.max())))
-    return dq_floor, dk_floor
-
-
-def check_against_reference(backend, q, k, v, kw, grads=True, lse_grad=True):
-    """Compare `backend` with the float64 reference (and the reference in q's dtype as the
-    baseline): out, lse, and the gradients of q, k, v."""
+def compare_with_reference(backend, q, k, v, kw, grads=True, lse_grad=True) -> dict:
+    """Run `backend`, the float64 reference and the reference in q's dtype (the rule's
+    baseline) on the same inputs and output gradients. Returns what assert_matches_reference
+    checks: {"got", "ref64", "low"} as (out, lse, dq, dk, dv), the inputs and the extra floors
+    of tests/attention_floors.py."""
     g = torch.Generator().manual_seed(99)
     B, Hq, Lq, _ = q.shape
     Dv = v.shape[3]
@@ -209,6 +176,20 @@ def check_against_reference(backend, q, k, v, kw, grads=True, lse_grad=True):
         cast=torch.float64,
     )
     low = run_attention("reference", q, k, v, kw, grad_out, grad_lse)
+    extras = gradient_floors(q, k, v, kw, grad_out, ref64[0], got[0]) if grads else None
+    return {"got": got, "ref64": ref64, "low": low, "inputs": (q, k, v), "extras": extras}
+
+
+def assert_matches_reference(results: dict, tamper: dict | None = None) -> None:
+    """FlashAttention's rule on compare_with_reference's results: out and lse (2x), dq, dk, dv
+    (3x) with the rule's rounding floor plus the one derived extra term of
+    tests/attention_floors.py (the residue of Delta read from the saved output), which must
+    stay below 5% of the gradient's largest magnitude in 16-bit. tamper: {"dq": factor, ...}
+    scales the backend's gradients first (tests of this check: tests/test_check_teeth.py)."""
+    got, ref64, low = results["got"], results["ref64"], results["low"]
+    q, k, v = results["inputs"]
+    B, Hq, Lq, _ = q.shape
+    Dv = v.shape[3]
     out, lse = got[0], got[1]
     assert out.dtype == q.dtype and out.shape == (B, Hq, Lq, Dv)
     assert lse.dtype == torch.float32 and lse.shape == (B, Hq, Lq)
@@ -216,20 +197,23 @@ def check_against_reference(backend, q, k, v, kw, grads=True, lse_grad=True):
     assert_lse_close(lse, ref64[1], low[1])
     empty = torch.isneginf(ref64[1])
     assert torch.all(out[empty] == 0), "rows without a visible key must give out 0"
-    if grads:
-        ones = torch.ones(B, Hq, Lq, Dv, dtype=torch.float64, device=q.device)
-        col_sums = run_attention("reference", q, k, v, kw, ones, cast=torch.float64)[4]
-        dq_floor, dk_floor = cancellation_floors(q, k, v, kw, grad_out, col_sums)
-        for name, i, x, extra in (
-            ("dq", 2, q, dq_floor),
-            ("dk", 3, k, dk_floor),
-            ("dv", 4, v, 0.0),
-        ):
-            assert got[i].shape == x.shape and got[i].dtype == x.dtype, name
-            floor = float32_floor(ref64[i], x.dtype, extra)
-            if floor is None:  # 16-bit: the rule's rounding floor plus the delta residue
-                floor = rounding_floor(ref64[i], x.dtype) + extra
-            assert_grad_close(name, got[i], ref64[i], low[i], floor=floor)
+    if results["extras"] is None:
+        return
+    for name, i, x in (("dq", 2, q), ("dk", 3, k), ("dv", 4, v)):
+        extra = results["extras"][name]
+        assert got[i].shape == x.shape and got[i].dtype == x.dtype, name
+        assert_floor_is_small(name, extra, ref64[i], x.dtype)
+        floor = float32_floor(ref64[i], x.dtype, extra)
+        if floor is None:  # 16-bit: the rule's rounding floor plus the Delta residue
+            floor = rounding_floor(ref64[i], x.dtype) + extra
+        grad = got[i] * (tamper or {}).get(name, 1.0)
+        assert_grad_close(name, grad, ref64[i], low[i], floor=floor)
+
+
+def check_against_reference(backend, q, k, v, kw, grads=True, lse_grad=True):
+    """`backend` against the float64 reference under FlashAttention's rule (out, lse, and the
+    gradients of q, k, v): compare_with_reference, then assert_matches_reference."""
+    assert_matches_reference(compare_with_reference(backend, q, k, v, kw, grads, lse_grad))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,8 +16,9 @@ import math
 
 import pytest
 import torch
+from attention_floors import assert_floor_is_small, gradient_floors
 from conftest import backend_device
-from tolerance import F32_ULP, assert_fa_close, assert_grad_close, float32_floor, rounding_floor
+from tolerance import assert_fa_close, assert_grad_close, float32_floor, rounding_floor
 
 import fastattn
 from fastattn._backend import missing_kernel
@@ -71,63 +72,68 @@ def make(case, dtype, device, D=32, seed=0):
     return q, k, v, bias.to(dtype=mask_dtype, device=device), dict(kw)
 
 
-def run(backend, q, k, v, bias, kw, grad_out, cast=None, seed=1234):
-    """(out, dq, dk, dv, dbias) of `backend` on leaf copies (cast to `cast` if given)."""
+def run(backend, q, k, v, bias, kw, grad_out, grad_lse=None, cast=None, seed=1234):
+    """(out, dq, dk, dv, dbias) of `backend` on leaf copies (cast to `cast` if given):
+    gradients of <out, grad_out> (+ <lse, grad_lse> when given)."""
     leaves = [t.detach().to(cast or t.dtype).requires_grad_() for t in (q, k, v, bias)]
     torch.manual_seed(seed)
-    out = fastattn.attention(*leaves[:3], attn_mask=leaves[3], backend=backend, **kw)
+    out, lse = fastattn.attention(
+        *leaves[:3], attn_mask=leaves[3], backend=backend, return_lse=True, **kw
+    )
     assert fastattn.last_backend("attention") == backend
-    grads = torch.autograd.grad(out, leaves, grad_out.to(out.dtype))
-    return (out.detach(), *grads)
+    outputs, grads = [out], [grad_out.to(out.dtype)]
+    if grad_lse is not None:
+        outputs.append(lse)
+        grads.append(grad_lse.to(lse.dtype))
+    return (out.detach(), *torch.autograd.grad(outputs, leaves, grads))
 
 
-def bias_floor(q, v, bias, kw, grad_out, summed: int) -> float:
-    """Extra floor of d bias: dS = P * (dP - delta) keeps a residue of a few float32 ulps of
-    sum_d |dO_d v_d| (dP and delta are separate float32 dot products; see test_attention's
-    cancellation_floors), and d bias sums `summed` such terms per element. 16-bit outputs add
-    delta's reading of the rounded O."""
-    group = q.shape[1] // v.shape[1]
-    keep = 1.0 / (1.0 - kw.get("dropout_p", 0.0))
-    vv = v.double().cpu().abs().repeat_interleave(group, dim=1)
-    dp_abs = torch.matmul(grad_out.double().cpu().abs(), vv.transpose(-1, -2))
-    residue = 4 * F32_ULP * keep * float(dp_abs.max())
-    half_ulp = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}.get(q.dtype, 0.0)
-    if half_ulp:
-        v_max = vv.amax(dim=2, keepdim=True)
-        residue += half_ulp * keep * float((grad_out.double().cpu().abs() * v_max).sum(-1).max())
-    return residue * summed
+def compare_bias_gradients(backend, case, dtype) -> dict:
+    """Run `backend`, the float64 reference and the reference in the input's dtype (the
+    rule's baseline) on `case` with gradients of out and lse (without the lse gradient, a bias
+    broadcast over keys has a gradient of exactly 0 and only rounding would be compared).
+    Returns {"got", "ref64", "low"} as (out, dq, dk, dv, dbias), the inputs and the extra
+    floors of tests/attention_floors.py."""
+    device = kernel_device(backend)
+    q, k, v, bias, kw = make(case, dtype, device)
+    g = torch.Generator().manual_seed(5)
+    grad_out = torch.randn(q.shape[:3] + (v.shape[3],), generator=g).to(dtype).to(device)
+    grad_lse = (0.5 * torch.randn(q.shape[:3], generator=g)).to(device)
+    got = run(backend, q, k, v, bias, kw, grad_out, grad_lse)
+    ref64 = run(
+        "reference", q, k, v, bias, kw, grad_out.double(), grad_lse.double(), cast=torch.float64
+    )
+    low = run("reference", q, k, v, bias, kw, grad_out, grad_lse)
+    extras = gradient_floors(q, k, v, kw, grad_out, ref64[0], got[0], attn_mask=bias)
+    return {"got": got, "ref64": ref64, "low": low, "inputs": (q, k, v, bias), "extras": extras}
+
+
+def assert_bias_gradients_match(results: dict, tamper: dict | None = None) -> None:
+    """FlashAttention's rule on compare_bias_gradients' results: out (2x), dq, dk, dv, d bias
+    (3x), with the rule's floor plus the derived Delta residue (below 5% of each gradient's
+    largest magnitude in 16-bit). tamper: {"dbias": factor, ...} scales the backend's
+    gradients first (tests of this check: tests/test_check_teeth.py)."""
+    got, ref64, low = results["got"], results["ref64"], results["low"]
+    q, k, v, bias = results["inputs"]
+    assert_fa_close("out", got[0], ref64[0], low[0], floor=float32_floor(ref64[0], q.dtype))
+    for name, i, x in (("dq", 1, q), ("dk", 2, k), ("dv", 3, v), ("dbias", 4, bias)):
+        extra = results["extras"][name]
+        assert got[i].shape == x.shape and got[i].dtype == x.dtype, name
+        assert_floor_is_small(name, extra, ref64[i], x.dtype)
+        floor = float32_floor(ref64[i], x.dtype, extra)
+        if floor is None:
+            floor = rounding_floor(ref64[i], x.dtype) + extra
+        grad = got[i] * (tamper or {}).get(name, 1.0)
+        assert_grad_close(name, grad, ref64[i], low[i], floor=floor)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f16", "bf16"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 @pytest.mark.parametrize("backend", KERNELS)
 def test_bias_gradient_matches_reference(backend, case, dtype):
-    device = kernel_device(backend)
     if backend == "triton" and dtype != torch.float32 and case[0] not in ("t5_shared_by_batch",):
         pytest.skip("interpreter time: 16-bit triton runs the T5 case only")
-    q, k, v, bias, kw = make(case, dtype, device)
-    g = torch.Generator().manual_seed(5)
-    grad_out = torch.randn(q.shape[:3] + (v.shape[3],), generator=g).to(dtype).to(device)
-    got = run(backend, q, k, v, bias, kw, grad_out)
-    ref64 = run("reference", q, k, v, bias, kw, grad_out.double(), cast=torch.float64)
-    low = run("reference", q, k, v, bias, kw, grad_out)
-    assert_fa_close("out", got[0], ref64[0], low[0], floor=float32_floor(ref64[0], dtype))
-    B, Hq, Lq, _ = q.shape
-    full = B * Hq * Lq * k.shape[2]
-    summed = full // math.prod(bias.shape)
-    for name, i, x in (("dq", 1, q), ("dk", 2, k), ("dv", 3, v), ("dbias", 4, bias)):
-        assert got[i].shape == x.shape and got[i].dtype == x.dtype, name
-        extra = 0.0
-        if name == "dbias":
-            extra = bias_floor(q, v, bias, kw, grad_out, summed)
-        elif name in ("dq", "dk"):  # the same residue through scale * P * k (or q)
-            other = k if name == "dq" else q
-            n = q.shape[2] if name == "dk" else 1
-            extra = bias_floor(q, v, bias, kw, grad_out, 1) * float(other.abs().max()) * n**0.5
-        floor = float32_floor(ref64[i], x.dtype, extra)
-        if floor is None:
-            floor = rounding_floor(ref64[i], x.dtype) + extra
-        assert_grad_close(name, got[i], ref64[i], low[i], floor=floor)
+    assert_bias_gradients_match(compare_bias_gradients(backend, case, dtype))
 
 
 @pytest.mark.parametrize("backend", ("cpu", "cuda", "reference"))
