@@ -1,9 +1,12 @@
-"""The README's Python examples run as written.
+"""The README's Python examples run as written, and show what their prose says.
 
-Every ```python block of README.md is executed. Blocks may use names defined by earlier blocks
-(they are run first, in order, in the same namespace) and the input tensors the prose
-describes, which PRELUDE supplies: q, k, v, x, x_lbd, tokens, emb_weight, learned_table, cos,
-sin, pos, pad, out1/lse1, out2/lse2. A block's traceback points at its README line numbers.
+Every ```python block of README.md is executed. The blocks assert what the text around them
+documents (shapes, values against torch, errors), so a block whose example stopped doing what
+the README says fails here, not only one that raises. Blocks may use names defined by earlier
+blocks (they are run first, in order, in the same namespace: a failing earlier block fails the
+later blocks' tests too, naming it) and the input tensors the prose describes, which PRELUDE
+supplies: B, H, L, D, q, k, v, x, x_lbd, tokens, emb_weight, learned_table, cos, sin, pos, pad.
+A block's traceback points at its README line numbers.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 import pytest
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+README_LINES = README.read_text().splitlines()
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -34,15 +38,13 @@ cos, sin = torch.randn(32, 32).cos(), torch.randn(32, 32).sin()  # (max_pos, rot
 pos = torch.randint(0, 32, (B, L))                     # position ids
 pad = torch.rand(B, L) > 0.7                           # (B, Lk) True = padding
 pad[:, 0] = False
-out1, lse1 = fastattn.attention(q, k[:, :, :8], v[:, :, :8], return_lse=True)
-out2, lse2 = fastattn.attention(q, k[:, :, 8:], v[:, :, 8:], return_lse=True)
 """
 
 
 def python_blocks() -> list[tuple[int, str, str]]:
     """(first code line number, section heading, code) of every ```python block."""
     blocks, section, code, start = [], "top", None, 0
-    for number, line in enumerate(README.read_text().splitlines(), start=1):
+    for number, line in enumerate(README_LINES, start=1):
         if code is None:
             if re.match(r"^#{1,6} ", line):
                 section = line.lstrip("#").strip()
@@ -63,9 +65,24 @@ def _slug(text: str) -> str:
 BLOCKS = python_blocks()
 
 
-def run_block(namespace: dict, start: int, code: str) -> None:
-    # Pad so that tracebacks show README.md's own line numbers.
-    exec(compile("\n" * (start - 1) + code, str(README), "exec"), namespace)
+def run_block(namespace: dict, start: int, section: str, code: str, what: str) -> None:
+    """Runs one block; a failure (an exception or a failed assert) fails the test, naming the
+    README line. what: how the message names the block (its own, or an earlier one's)."""
+    try:
+        # Pad so that tracebacks show README.md's own line numbers.
+        exec(compile("\n" * (start - 1) + code, str(README), "exec"), namespace)
+    except Exception as exc:
+        lines = [
+            f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(README)
+        ]
+        where = f"the block at line {start}"
+        if lines:  # a bare assert has no message: quote the line
+            text = README_LINES[lines[-1] - 1].strip()
+            where = f"README.md line {lines[-1]} ({text})"
+        pytest.fail(
+            f"{what} README.md block at line {start} ({section}) fails: {where}: "
+            f"{type(exc).__name__}: {exc}"
+        )
 
 
 def test_readme_has_python_examples():
@@ -78,20 +95,7 @@ def test_readme_has_python_examples():
 def test_readme_block_runs(index):
     namespace: dict = {"__name__": "readme"}
     exec(PRELUDE, namespace)
-    for start, _, code in BLOCKS[:index]:
-        try:  # earlier blocks define names; their own failures are their own tests'
-            run_block(namespace, start, code)
-        except Exception:
-            pass
+    for start, section, code in BLOCKS[:index]:  # earlier blocks define names a reader has
+        run_block(namespace, start, section, code, "an earlier")
     start, section, code = BLOCKS[index]
-    try:
-        run_block(namespace, start, code)
-    except Exception as exc:
-        lines = [
-            f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(README)
-        ]
-        where = f"README.md line {lines[-1]}" if lines else f"the block at line {start}"
-        pytest.fail(
-            f"README.md block at line {start} ({section}) does not run: {where}: "
-            f"{type(exc).__name__}: {exc}"
-        )
+    run_block(namespace, start, section, code, "the")
