@@ -16,19 +16,17 @@ import math
 
 import pytest
 import torch
-from attention_floors import assert_floor_is_small, gradient_floors
-from conftest import backend_device
-from tolerance import assert_fa_close, assert_grad_close, float32_floor, rounding_floor
+from attention_floors import assert_gradient_close, delta_model
+from conftest import backend_device, require_kernel
+from tolerance import assert_fa_close, float32_floor
 
 import fastattn
-from fastattn._backend import missing_kernel
 
 KERNELS = ("cpu", "triton", "cuda")
 
 
 def kernel_device(backend: str) -> torch.device:
-    if backend == "cpu" and missing_kernel("attention_forward", "cpu"):
-        pytest.skip("fastattn._C was built without its attention kernels")
+    require_kernel("attention_forward", backend)  # fails if the build lost it
     return backend_device(backend)
 
 
@@ -104,8 +102,8 @@ def compare_bias_gradients(backend, case, dtype) -> dict:
         "reference", q, k, v, bias, kw, grad_out.double(), grad_lse.double(), cast=torch.float64
     )
     low = run("reference", q, k, v, bias, kw, grad_out, grad_lse)
-    extras = gradient_floors(q, k, v, kw, grad_out, ref64[0], got[0], attn_mask=bias)
-    return {"got": got, "ref64": ref64, "low": low, "inputs": (q, k, v, bias), "extras": extras}
+    model = delta_model(q, k, v, kw, grad_out, ref64[0], got[0], attn_mask=bias)
+    return {"got": got, "ref64": ref64, "low": low, "inputs": (q, k, v, bias), "model": model}
 
 
 def assert_bias_gradients_match(results: dict, tamper: dict | None = None) -> None:
@@ -117,14 +115,8 @@ def assert_bias_gradients_match(results: dict, tamper: dict | None = None) -> No
     q, k, v, bias = results["inputs"]
     assert_fa_close("out", got[0], ref64[0], low[0], floor=float32_floor(ref64[0], q.dtype))
     for name, i, x in (("dq", 1, q), ("dk", 2, k), ("dv", 3, v), ("dbias", 4, bias)):
-        extra = results["extras"][name]
-        assert got[i].shape == x.shape and got[i].dtype == x.dtype, name
-        assert_floor_is_small(name, extra, ref64[i], x.dtype)
-        floor = float32_floor(ref64[i], x.dtype, extra)
-        if floor is None:
-            floor = rounding_floor(ref64[i], x.dtype) + extra
-        grad = got[i] * (tamper or {}).get(name, 1.0)
-        assert_grad_close(name, grad, ref64[i], low[i], floor=floor)
+        assert got[i].dtype == x.dtype, name
+        assert_gradient_close(name, got[i], ref64[i], low[i], results["model"], tamper)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f16", "bf16"])

@@ -28,8 +28,8 @@ import sys
 
 import pytest
 import torch
-from conftest import backend_device
-from test_lstm import CONFIGS, REPO, RUN_SLOW, close64, grads_of, slow
+from conftest import backend_device, require_kernel
+from test_lstm import CONFIGS, REPO, close64, grads_of, slow
 from tolerance import assert_fa_close, assert_grad_close, float32_floor, rounding_floor
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
@@ -56,7 +56,9 @@ def variant_kw(kind: str) -> dict:
 
 
 def kind_device(backend: str, kind: str, dtype: torch.dtype = torch.float32) -> torch.device:
-    """The device `backend`'s tests use; skips when it has no kernel for the family here."""
+    """The device `backend`'s tests use; skips when it has no kernel for the family here
+    (fails when the build claims one but lost it: require_kernel)."""
+    require_kernel(f"{family(kind)}_layer", backend)
     device = backend_device(backend)
     reason = _recurrent.unsupported_backends(family(kind), dtype).get(backend)
     if reason is not None:
@@ -385,12 +387,12 @@ def _run_functional(kind, backend, dtype, inputs, params, *, lengths=None, **kw)
         ),
     ],
 )
-def test_low_precision_fa_rule(backend, kind, dtype, case):
+def test_low_precision_fa_rule(backend, kind, dtype, case, run_all_slow):
     device = kind_device(backend, kind, dtype)
     if (
         backend == "triton"
         and device.type == "cpu"
-        and not RUN_SLOW
+        and not run_all_slow
         and (dtype != torch.float32 or case.get("num_layers", 1) > 1)
     ):
         pytest.skip(

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import backend_device
+from conftest import backend_device, require_kernel
 from host_reads import (
     assert_no_device_sync,
     assert_no_host_reads,
@@ -47,12 +47,13 @@ REPO = Path(__file__).resolve().parents[1]
 F64 = torch.float64
 # The slow grids only on request: on a GPU machine the lent time is too short for them (the
 # first H100 run spent its whole test budget on the attention grid at ~23 s per test).
-RUN_SLOW = os.environ.get("FASTATTN_SLOW", "") not in ("", "0")
-slow = [pytest.mark.slow, pytest.mark.skipif(not RUN_SLOW, reason="slow grid: set FASTATTN_SLOW=1")]
+slow = [pytest.mark.slow]  # tests/conftest.py runs them on request
 
 
 def lstm_device(backend: str, dtype: torch.dtype = torch.float32) -> torch.device:
-    """The device `backend`'s LSTM tests use; skips when it has no LSTM kernel here."""
+    """The device `backend`'s LSTM tests use; skips when it has no LSTM kernel here (fails
+    when the build claims one but lost it: require_kernel)."""
+    require_kernel("lstm_layer", backend)
     device = backend_device(backend)
     reason = unsupported_backends(dtype).get(backend)
     if reason is not None:
@@ -329,12 +330,12 @@ def _run_functional(backend, dtype, inputs, params, *, lengths=None, **kw):
         ),
     ],
 )
-def test_low_precision_fa_rule(backend, dtype, case):
+def test_low_precision_fa_rule(backend, dtype, case, run_all_slow):
     device = lstm_device(backend, dtype)
     if (
         backend == "triton"
         and device.type == "cpu"
-        and not RUN_SLOW
+        and not run_all_slow
         and (dtype != torch.float32 or case.get("num_layers", 1) > 1)
     ):
         pytest.skip(

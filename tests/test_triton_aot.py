@@ -4,8 +4,8 @@ recorded instead of run, each variant goes through Triton's whole pipeline to a 
 the shared memory of every device it was planned for (an H100, an A100, a 99 KB sm_86/89/120
 card).
 
-Slow (about five minutes on two idle cores): runs with FASTATTN_SLOW=1. CI runs the same script
-with the GPU machine's triton 3.6 (.ci/gpu_machine_check.sh)."""
+Slow (about five minutes on two idle cores): runs with FASTATTN_SLOW=1 or -m slow. CI runs the
+same script with the GPU machine's triton 3.6 (.ci/gpu_machine_check.sh)."""
 
 import os
 import subprocess
@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-RUN_SLOW = os.environ.get("FASTATTN_SLOW", "") not in ("", "0")
 
 
-@pytest.mark.skipif(not RUN_SLOW, reason="slow: set FASTATTN_SLOW=1 to run it")
+@pytest.mark.slow
 def test_every_triton_kernel_variant_compiles_for_sm90():
     pytest.importorskip("triton")
     env = dict(os.environ)

@@ -1,7 +1,11 @@
 """Runs the CUDA attention kernels on the CPU emulator (cuda_emu.h) and checks them against the
 float64 reference under FlashAttention's tolerance rule (tests/tolerance.py).
 
-    PYTHONPATH=. /work/main/.venv/bin/python tools/cuda_emu/run.py [--only SUBSTRING] [--list]
+    PYTHONPATH=. /work/main/.venv/bin/python tools/cuda_emu/run.py [--only SUBSTRING]
+        [--shard I/N] [--list]
+
+--shard I/N runs every N-th case from the I-th (0-based), so that N processes share the cases
+(tests/test_cuda_emulator.py runs them as N tests).
 
 The emulator compiles csrc/attention's host bodies, launchers and kernels unchanged for the CPU
 (FASTATTN_CUDA_EMULATION), runs each CUDA thread as a fiber and checks shared-memory races,
@@ -1338,10 +1342,15 @@ def decode_cases():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="")
+    ap.add_argument("--shard", default="0/1", help="I/N: every N-th case from the I-th")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("-v", action="store_true")
     a = ap.parse_args()
+    index, count = (int(x) for x in a.shard.split("/"))
+    if not 0 <= index < count:
+        ap.error(f"--shard I/N needs 0 <= I < N, got {a.shard}")
     todo = [c for c in cases() + varlen_cases() + decode_cases() if a.only in c.name]
+    todo = todo[index::count]
     if a.list:
         print("\n".join(c.name for c in todo))
         return 0
