@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import backend_device, requires_cuda
+from conftest import backend_device, require_kernel, requires_cuda
 from tolerance import assert_fa_close, assert_grad_close, rounding_floor
 from torch.profiler import ProfilerActivity, profile
 
 import fastattn
-from fastattn._backend import missing_kernel
 from fastattn.nn import AdditiveAttention
 from fastattn.reference.additive_attention import additive_context as ref_additive_context
 
@@ -98,11 +97,10 @@ CASES = {
 
 
 def skip_unavailable(backend: str, dtype: torch.dtype) -> torch.device:
+    require_kernel("additive_scores", backend)  # fails if the build lost it
     device = backend_device(backend)
     if backend == "triton" and dtype == F64:
         pytest.skip("the triton backend refuses float64 (test_triton_refuses_float64)")
-    if backend in ("cpu", "cuda") and missing_kernel("additive_scores", backend):
-        pytest.skip(f"fastattn._C has no {backend} additive attention kernel")
     return device
 
 
@@ -292,13 +290,11 @@ def test_backends_agree_on_scores():
     """cpu and reference compute the same float64 scores to a few ulps (and triton the same
     float32 scores within float32 rounding), the op every backend fuses."""
     inputs, mask = make_inputs(CASES["larger"], F64, "cpu")
+    require_kernel("additive_scores", "cpu")
     got = {}
     for backend in ("cpu", "reference"):
-        if backend == "cpu" and missing_kernel("additive_scores", "cpu"):
-            continue
         got[backend] = run_fastattn(inputs, mask, backend, grads=False)[1]
-    if "cpu" in got:
-        torch.testing.assert_close(got["cpu"], got["reference"], rtol=1e-13, atol=1e-14)
+    torch.testing.assert_close(got["cpu"], got["reference"], rtol=1e-13, atol=1e-14)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -556,8 +552,7 @@ class _Seq2SeqStep(torch.nn.Module):
 
 
 def test_compile_fullgraph_module():
-    if missing_kernel("additive_scores", "cpu"):
-        pytest.skip("fastattn._C has no CPU additive attention kernel")
+    require_kernel("additive_scores", "cpu")
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = _Seq2SeqStep()
@@ -587,9 +582,10 @@ def test_last_backend_names_the_backend_that_ran(backend):
 
 
 def test_default_backend_on_cpu_is_cpu():
+    require_kernel("additive_scores", "cpu")
     inputs, mask = make_inputs(CASES["odd"], torch.float32, "cpu")
     run_fastattn(inputs, mask, None, grads=False)
-    expected = "cpu" if not missing_kernel("additive_scores", "cpu") else "reference"
+    expected = "cpu"
     assert fastattn.last_backend("additive_attention") == expected
     run_fastattn(
         {n: (t.double() if t is not None else None) for n, t in inputs.items()},
@@ -695,8 +691,7 @@ def largest_allocation(backend: str) -> tuple[int, int]:
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_cpu_backend_never_allocates_the_4d_tensor():
-    if missing_kernel("additive_scores", "cpu"):
-        pytest.skip("fastattn._C has no CPU additive attention kernel")
+    require_kernel("additive_scores", "cpu")
     s = MEM_SHAPE
     four_d = s["B"] * s["Lq"] * s["Lk"] * s["A"] * 4
     cpu_self, cpu_incl = largest_allocation("cpu")
@@ -711,8 +706,7 @@ def test_cpu_backend_never_allocates_the_4d_tensor():
 
 @requires_cuda()
 def test_cuda_backend_never_allocates_the_4d_tensor():
-    if missing_kernel("additive_scores", "cuda"):
-        pytest.skip("fastattn._C has no CUDA additive attention kernel")
+    require_kernel("additive_scores", "cuda")
     s = dict(MEM_SHAPE, B=32, Lq=400, Lk=400)
     four_d = s["B"] * s["Lq"] * s["Lk"] * s["A"] * 4
     peaks = {}

@@ -18,11 +18,10 @@ import math
 
 import pytest
 import torch
-from conftest import backend_device
+from conftest import backend_device, require_kernel
 from tolerance import assert_fa_close, assert_grad_close, rounding_floor
 
 import fastattn
-from fastattn._backend import missing_kernel
 from fastattn.reference.random import dropout_keep_mask
 
 F32_ULP = 2.0**-23
@@ -31,10 +30,8 @@ UNBOUNDED = 1 << 30
 
 @pytest.fixture
 def cuda() -> torch.device:
-    device = backend_device("cuda")  # skips with the reason when the backend is unavailable
-    if missing_kernel("attention_forward", "cuda"):
-        pytest.skip("fastattn._C has no CUDA attention kernel in this build")
-    return device
+    require_kernel("attention_forward", "cuda")  # fails if a CUDA build lost it
+    return backend_device("cuda")  # skips with the reason when the backend is unavailable
 
 
 def _gen(seed: int) -> torch.Generator:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 import torch
-from conftest import backend_device
+from conftest import backend_device, require_kernel
 from host_reads import (
     ValueReadError,
     assert_no_host_reads,
@@ -55,18 +55,10 @@ DTYPES = [F64, F32, F16, BF16]
 
 
 def kvcache_device(backend: str) -> torch.device:
-    """The device for `backend`'s tests; skips when it cannot run attention_with_kvcache."""
-    device = backend_device(backend)
-    if backend == "triton" and missing_kernel("attention_with_kvcache", "triton"):
-        pytest.skip(
-            "backend triton: attention_with_kvcache has no Triton implementation in "
-            "this version (test_triton_request_raises_backend_error checks the error)"
-        )
-    if backend in ("cpu", "cuda") and missing_kernel("attention_decode", backend):
-        pytest.skip(
-            f"backend {backend}: fastattn._C has no {backend.upper()} decoding kernel in this build"
-        )
-    return device
+    """The device for `backend`'s tests; skips when it cannot run attention_with_kvcache
+    (fails when the build claims the kernel but lost it: require_kernel)."""
+    require_kernel("attention_with_kvcache" if backend == "triton" else "attention_decode", backend)
+    return backend_device(backend)
 
 
 def skip_unsupported_dtype(backend: str, dtype: torch.dtype) -> None:
@@ -552,8 +544,7 @@ def test_opcheck_triton():
 def test_opcheck_native_cpu():
     """The native ops as opcheck sees them: attention_with_kvcache (rotary, append and decode in
     one call, the caches declared as written in place) and attention_decode."""
-    if missing_kernel("attention_with_kvcache", "cpu"):
-        pytest.skip("fastattn._C has no CPU attention_with_kvcache kernel in this build")
+    require_kernel("attention_with_kvcache", "cpu")
     d = make_decode(Lq=2, Lnew=2, Lmax=20, rotary="gptj", dtype=F32, seed=7)
     alibi = torch.rand(3, 6)
     args = [
@@ -586,8 +577,7 @@ def test_opcheck_native_cpu():
 def test_opcheck_native_cuda():
     """The CUDA registration of the one-call op: opcheck, and the same output and caches as the
     CPU op in float32."""
-    if missing_kernel("attention_with_kvcache", "cuda"):
-        pytest.skip("fastattn._C has no CUDA attention_with_kvcache kernel in this build")
+    require_kernel("attention_with_kvcache", "cuda")
     d = make_decode(Lq=2, Lnew=2, Lmax=20, rotary="gptj", dtype=F32, seed=7)
     alibi = torch.rand(3, 6)
     cpu_args = [
@@ -623,8 +613,7 @@ def test_opcheck_native_cuda():
 def test_native_op_checks_before_appending():
     """Called directly (no Python checks), the CPU op refuses a cache too small for the new
     tokens, and a k_new of the wrong dtype, before writing anything."""
-    if missing_kernel("attention_with_kvcache", "cpu"):
-        pytest.skip("fastattn._C has no CPU attention_with_kvcache kernel in this build")
+    require_kernel("attention_with_kvcache", "cpu")
     d = make_decode(Lnew=3, Lmax=20, dtype=F32, seed=3)
     k_before, v_before = d.k_cache.clone(), d.v_cache.clone()
     full = torch.full_like(d.cache_seqlens, 18)

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import backend_device
+from conftest import backend_device, require_kernel
 from host_reads import assert_no_host_reads, device_checks, fake_cuda, force_device_checks
 
 import fastattn
-from fastattn._backend import missing_kernel
 from fastattn.reference.attention_with_kvcache import gather_paged
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -24,8 +23,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def paged_device(backend: str) -> torch.device:
     kernel = "attention_with_kvcache" if backend == "triton" else "attention_decode"
-    if backend in ("cpu", "cuda", "triton") and missing_kernel(kernel, backend):
-        pytest.skip(f"backend {backend}: no {kernel} kernel in this build")
+    require_kernel(kernel, backend)  # fails if the build lost it
     return backend_device(backend)
 
 

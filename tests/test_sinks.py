@@ -16,11 +16,10 @@ import math
 
 import pytest
 import torch
-from conftest import backend_device
+from conftest import backend_device, require_kernel
 from tolerance import assert_fa_close, assert_grad_close, float32_floor, rounding_floor
 
 import fastattn
-from fastattn._backend import missing_kernel
 
 F64 = torch.float64
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -30,8 +29,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def sinks_device(backend: str, kernel: str = "attention_forward") -> torch.device:
-    if backend in ("cpu", "cuda") and missing_kernel(kernel, backend):
-        pytest.skip(f"backend {backend}: fastattn._C was built without {kernel}")
+    require_kernel(kernel, backend)  # fails if the build lost it
     return backend_device(backend)
 
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 import torch
-from conftest import backend_device
+from conftest import backend_device, require_kernel
 from host_reads import (
     assert_no_device_sync,
     assert_no_host_reads,
@@ -99,18 +99,10 @@ FEATURES = (
 
 def varlen_device(backend: str) -> torch.device:
     """The device for `backend`'s varlen tests; skips when the backend or its varlen kernel is
-    missing (the limits varlen_attention itself applies)."""
-    device = backend_device(backend)
-    if backend == "cpu" and not varlen_ops.kernel_available(torch.device("cpu")):
-        pytest.skip("backend cpu: fastattn._C has no CPU varlen attention kernel in this build")
-    if backend == "cuda" and missing_kernel("varlen_attention_forward", "cuda"):
-        pytest.skip("backend cuda: fastattn._C has no CUDA varlen attention kernel in this build")
-    if backend == "triton" and missing_kernel("varlen_attention_forward", "triton"):
-        pytest.skip(
-            "backend triton: no Triton varlen attention kernel in this version "
-            "(test_triton_request_raises_backend_error checks the error)"
-        )
-    return device
+    missing (the limits varlen_attention itself applies; fails when the build claims the
+    kernel but lost it: require_kernel)."""
+    require_kernel("varlen_attention_forward", backend)
+    return backend_device(backend)
 
 
 def pack_lengths(backend: str, lengths=LENGTHS):
