@@ -18,7 +18,7 @@ PROFILE ?= quick
 export PIP_RESUME_RETRIES ?= 20
 PYTEST_ARGS ?=
 
-.PHONY: bench test build venv clean cpu-torch-check lint format wheel wheel-check
+.PHONY: bench test build venv clean cpu-torch-check lint format wheel wheel-check fuzz
 
 $(VENV)/.installed: requirements/dev.txt requirements/constraints.txt
 	test -x $(PY) || $(PYTHON_BOOTSTRAP) -m venv $(VENV)
@@ -38,6 +38,12 @@ build: $(VENV)/.installed
 test: build
 	$(PY) -m fastattn
 	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+# Long differential fuzzing (tests/test_fuzz.py): 5000 examples per property with a random seed
+# (CI runs 200, derandomized; FASTATTN_FUZZ_EXAMPLES=N sets another count). Failures are kept
+# in .hypothesis/ and replayed first on the next run. Hours on a 2-core machine.
+fuzz: build
+	FASTATTN_FUZZ=long $(PY) -m pytest tests/test_fuzz.py -p no:cacheprovider -n $(MAX_JOBS) $(PYTEST_ARGS)
 
 bench: build
 	$(PY) -m fastattn
