@@ -157,7 +157,8 @@ def test_paged_matches_dense(backend, dtype, block_size, lengths, Lnew, num_spli
     # split or block boundary moves, so within rounding).
     tol = {torch.float64: 1e-12, torch.float32: 2e-6}.get(dtype, 2e-3)
     torch.testing.assert_close(out, dense, rtol=tol, atol=tol)
-    torch.testing.assert_close(out.double(), ref.double(), rtol=3 * tol, atol=3 * tol)
+    if backend != "reference":  # for the reference, dense is ref
+        torch.testing.assert_close(out.double(), ref.double(), rtol=3 * tol, atol=3 * tol)
     # The appended rows sit where the table says, identical to the dense append.
     used = [(b, p) for b in range(len(lengths)) for p in range(lengths[b] + Lnew)]
     k_read, v_read = gather_paged(k_pool, c["table"]), gather_paged(v_pool, c["table"])
