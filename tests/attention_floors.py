@@ -39,7 +39,7 @@ from tolerance import F32_ULP, assert_grad_close, float32_floor, rounding_floor
 import fastattn
 from fastattn.ops.attention import attention_with_weights
 
-UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 MAX_SHARE = 0.05
 
 
@@ -134,7 +134,7 @@ def assert_gradient_close(name, got, ref64, low, model, tamper=None) -> None:
 def assert_floor_is_small(name: str, extra: float, ref64: torch.Tensor, dtype) -> None:
     """The extra floor of a 16-bit gradient stays below MAX_SHARE of its largest magnitude, so
     that it cannot hide a gradient scaled by 0 or 1.25."""
-    if dtype not in UNIT_ROUNDOFF or ref64.numel() == 0:
+    if dtype not in SIXTEEN_BIT or ref64.numel() == 0:
         return
     largest = float(ref64.abs().max())
     if largest == 0.0:

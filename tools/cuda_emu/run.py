@@ -222,8 +222,8 @@ def ref_run(q, k, v, kw, dtype, grad_out=None, grad_lse=None, mask_grad=False):
 def cancellation_floors(q, k, v, kw, grad_out):
     """Floors of dq and dk for the cancellation in dS = P (dP - Delta): dP and Delta are two
     float32 dot products rounded differently, so rows that see a single key (P = 1), where the
-    exact dS is 0, keep a residue of a few float32 ulps of |dP| (tests/test_attention.py has
-    the same floors)."""
+    exact dS is 0, keep a residue of a few float32 ulps of |dP| (tests/attention_floors.py
+    derives the same bound)."""
     if q.numel() == 0 or k.numel() == 0:
         return 0.0, 0.0
     group = q.shape[1] // k.shape[1]
