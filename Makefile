@@ -18,7 +18,7 @@ PROFILE ?= quick
 export PIP_RESUME_RETRIES ?= 20
 PYTEST_ARGS ?=
 
-.PHONY: bench test build venv clean cpu-torch-check lint format wheel wheel-check fuzz
+.PHONY: bench test test-extended build venv clean cpu-torch-check lint format wheel wheel-check fuzz
 
 $(VENV)/.installed: requirements/dev.txt requirements/constraints.txt
 	test -x $(PY) || $(PYTHON_BOOTSTRAP) -m venv $(VENV)
@@ -38,6 +38,12 @@ build: $(VENV)/.installed
 test: build
 	$(PY) -m fastattn
 	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+# The checks `make test` leaves out (.ci/extended.sh: lower CPU ISA copies, the CUDA emulators,
+# a sixteenth of the slow grids, the Triton sm_90 compile with the GPU machine's triton); CI runs
+# one of them per commit, in turn. About half an hour on a 2-core machine.
+test-extended: build
+	bash .ci/extended.sh all
 
 # Long differential fuzzing (tests/test_fuzz.py): 5000 examples per property with a random seed
 # (CI runs 200, derandomized; FASTATTN_FUZZ_EXAMPLES=N sets another count). Failures are kept
@@ -67,9 +73,9 @@ format: $(VENV)/.installed
 cpu-torch-check:
 	bash .ci/cpu_torch_check.sh
 
-# One wheel for every torch (docs/stable_abi.md): built once against torch 2.11.0, the stable
-# ABI's target (CUDA archs 8.0, 9.0, 10.0; FASTATTN_CUDA=0 for a CPU-only wheel), then installed
-# unchanged into a CPU-only torch 2.13.0 venv and a torch 2.14.1 venv and tested there.
+# One wheel for every torch (docs/stable_abi.md): the build of .venv (the same CMake folder as
+# `make build`), compiled for the stable ABI of torch 2.11, packaged; then installed unchanged
+# into a CPU-only torch 2.13.0 venv and a torch 2.14.1 venv and tested there.
 wheel:
 	bash .ci/build_wheel.sh
 

@@ -1,34 +1,32 @@
 #!/usr/bin/env bash
-# `make wheel`: builds dist/fastattn-<version>-<tags>.whl from a clean copy of the tree (the
-# files git tracks) against torch 2.11.0, the stable ABI's target (docs/stable_abi.md), so the
-# one wheel runs under every torch from 2.11 on. CUDA kernels (the second library _C_cuda.so)
-# for archs 8.0, 9.0 and 10.0 with the CUDA 13.0 toolkit; FASTATTN_CUDA=0 builds a CPU-only
-# wheel. The CPU kernels carry the ISA dispatch as always. Prints the wheel's size and the
-# build time. WHEEL_VENV: the build venv (Python 3.11, torch 2.11.0; created when absent).
+# `make wheel`: builds dist/fastattn-<version>-<tags>.whl from this checkout with the torch of
+# the dev venv (.venv, `make venv`: the pinned torch 2.14.1, a CUDA 13.0 build), through the
+# same CMake build folder as `make build` and the README's `pip install .`: after those, only
+# the packaging runs. Every source is compiled under TORCH_TARGET_VERSION = 2.11 (the stable
+# ABI's target, docs/stable_abi.md), so the wheel runs under every torch from 2.11 on whichever
+# torch's headers built it; CI installs it into torch 2.11.0 (.ci/gpu_machine_check.sh), 2.13.0
+# CPU-only and 2.14.1 (.ci/wheel_check.sh). CUDA archs: setup.py's (TORCH_CUDA_ARCH_LIST, by
+# default DEFAULT_CUDA_ARCHS); FASTATTN_CUDA=0 builds a CPU-only wheel. The CPU kernels carry
+# the ISA dispatch as always. Prints the wheel's size and the time it took.
+# The package's files are what git tracks: a file under fastattn/ that git does not know stops
+# the build (it would be packaged), and setuptools' staging folders are cleared first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-VENV=${WHEEL_VENV:-.venv-wheel}
-PYTHON_BOOTSTRAP=$(command -v python3.11 || command -v python3)
-if [ ! -x "$VENV/bin/python" ]; then
-  "$PYTHON_BOOTSTRAP" -m venv "$VENV"
+VENV=${WHEEL_VENV:-.venv}
+[ -x "$VENV/bin/python" ] || make venv VENV="$VENV"
+untracked=$(git ls-files --others --exclude-standard -- fastattn)
+if [ -n "$untracked" ]; then
+  echo "make wheel: files under fastattn/ that git does not track would be packaged:"
+  echo "$untracked"
+  exit 1
 fi
-VENV=$(cd "$VENV" && pwd)
-"$VENV/bin/python" -m pip install --quiet --upgrade pip
-"$VENV/bin/python" -m pip install --quiet -c requirements/constraints.txt torch==2.11.0 numpy \
-  ninja "cmake>=3.21,<4" "setuptools>=77" wheel
-src=$(mktemp -d)
-git ls-files -z | xargs -0 -I{} cp --parents {} "$src/"  # a clean tree: no build/, no _C*.so
+rm -rf build/lib build/lib.* build/bdist.* ./*.egg-info
 mkdir -p dist
 start=$(date +%s)
-(
-  cd "$src"
-  FASTATTN_CUDA=${FASTATTN_CUDA:-1} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-8.0;9.0;10.0} \
-    CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} MAX_JOBS=${MAX_JOBS:-$(nproc)} \
-    flock ${BUILD_LOCK:-/tmp/fastattn-build.lock} \
-    "$VENV/bin/python" -m pip wheel --quiet --no-build-isolation --no-deps -w "$ROOT/dist" .
-)
-rm -rf "$src"
+FASTATTN_CUDA=${FASTATTN_CUDA:-auto} MAX_JOBS=${MAX_JOBS:-$(nproc)} \
+  flock ${BUILD_LOCK:-/tmp/fastattn-build.lock} \
+  "$VENV/bin/python" -m pip wheel --quiet --no-build-isolation --no-deps -w "$ROOT/dist" .
 wheel=$(ls -t dist/fastattn-*.whl | head -n 1)
 echo "wheel: $wheel ($(du -h "$wheel" | cut -f1)), built in $(( $(date +%s) - start )) s"
 "$VENV/bin/python" -m zipfile -l "$wheel" | grep -E "\.so" || true

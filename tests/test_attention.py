@@ -430,7 +430,11 @@ def test_strided_inputs(backend, Lq):
     check_against_reference(backend, q, k, v, kw)
 
 
-@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+# Under Triton's interpreter the 20000 keys take a minute: a slow case there.
+@pytest.mark.parametrize(
+    "backend",
+    [pytest.param(b, marks=pytest.mark.slow) if b == "triton" else b for b in KERNEL_BACKENDS],
+)
 def test_long_keys_stream_with_prefetches(backend, one_thread):
     """Keys and values larger than a CPU core's L2 cache (20 MiB of float32 here, one thread)
     with one query block: the CPU forward prefetches the next key tile's cache lines while it

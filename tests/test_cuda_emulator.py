@@ -3,11 +3,11 @@ CPU under tools/cuda_emu (emu_lstm.h): every op body and kernel of csrc/lstm/lst
 two cooperative persistent kernels (their split-K block product, multi-chunk and many-split
 plans, 1 and 132 emulated SMs) and the per-step fallback, against the float64 reference and
 against fastattn's CPU kernels. This is what stands between a change to those kernels and a GPU
-run; it builds the emulator (about a minute) and runs every case (a few minutes). Also the
+run; it builds the emulator (about a minute) and runs every case (about five minutes). Also the
 CUDA attention backward's learned-bias gradient (d attn_mask) on the attention emulator
-(tools/cuda_emu/run.py --only dbias, about two minutes). CI runs every attention emulator case
-after `make test`, in one process of its own (.ci/cpu_paths.sh: the emulators' threads would
-otherwise compete with the test workers)."""
+(tools/cuda_emu/run.py --only dbias, about three minutes). Both are slow tests: `make
+test-extended` runs them (.ci/extended.sh emulator-recurrent, also CI's part for one commit in
+five), with every attention emulator case (emulator-attention) in a process of its own."""
 
 import os
 import subprocess
@@ -19,6 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_lstm_cuda_kernels_on_the_emulator():
     if not (ROOT / "csrc" / "lstm" / "lstm_cuda.cu").exists():
@@ -43,6 +44,7 @@ def test_lstm_cuda_kernels_on_the_emulator():
     assert "[persistent, 132 SM]" in proc.stdout and "multi-chunk" in proc.stdout, report
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_attention_bias_gradient_cuda_kernels_on_the_emulator():
     """d attn_mask (a learned bias's gradient) of the CUDA attention backward, run on the CPU

@@ -5,7 +5,8 @@ the shared memory of every device it was planned for (an H100, an A100, a 99 KB 
 card).
 
 Slow (about five minutes on two idle cores): runs with FASTATTN_SLOW=1 or -m slow. CI runs the
-same script with the GPU machine's triton 3.6 (.ci/gpu_machine_check.sh)."""
+same script with the GPU machine's triton 3.6 for one commit in five (.ci/extended.sh
+triton-aot)."""
 
 import os
 import subprocess
