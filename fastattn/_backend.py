@@ -1,11 +1,15 @@
 """Backend choice: which implementation of an op runs a call.
 
-Four backends: "cuda" (CUDA C++ kernels in fastattn._C), "triton" (Triton kernels; CPU tensors
-only under TRITON_INTERPRET=1), "cpu" (C++ kernels in fastattn._C) and "reference" (plain
-PyTorch, the definition of correct). The choice for a call is, in order: the op's `backend=`
-argument, the innermost `use_backend` context, `set_backend`, the FASTATTN_BACKEND environment
-variable (read at import), then the automatic default for the tensors' device:
-CUDA tensors -> cuda, else triton, else reference; CPU tensors -> cpu, else reference.
+Five backends: "cuda" (CUDA C++ kernels in fastattn._C), "triton" (Triton kernels; CPU tensors
+only under TRITON_INTERPRET=1), "cpu" (C++ kernels in fastattn._C), "torch" (torch's own fused
+kernels, SDPA's and cuDNN's / oneDNN's, for the calls they compute exactly as fastattn defines
+them: fastattn/aten) and "reference" (plain PyTorch, the definition of correct). The choice for
+a call is, in order: the op's `backend=` argument, the innermost `use_backend` context,
+`set_backend`, the FASTATTN_BACKEND environment variable (read at import), then the automatic
+choice for the tensors' device: its kernel backend (CUDA tensors -> cuda or triton, else
+reference; CPU tensors -> cpu, else reference), or torch's kernel where the speed table
+(fastattn/speed_table.py) measured it faster for the call's key on this class of device.
+FASTATTN_AUTO=kernels (read at import) leaves the table out: fastattn's own kernels always.
 
 An explicitly requested backend that cannot run a call raises BackendError. The automatic
 choice never falls back silently from a kernel that exists to a slower one: when the default
@@ -22,7 +26,31 @@ from collections.abc import Iterator
 
 import torch
 
-BACKENDS = ("cuda", "triton", "cpu", "reference")
+BACKENDS = ("cuda", "triton", "cpu", "torch", "reference")
+# The backends every op implements (the torch backend only the ops in _TORCH_OPS).
+KERNEL_BACKENDS = ("cuda", "triton", "cpu", "reference")
+_TORCH_OPS: set[str] = set()
+
+
+def register_torch_op(op: str) -> None:
+    """Declare that public op `op` has a torch-backend implementation (fastattn/aten)."""
+    _TORCH_OPS.add(op)
+
+
+def torch_implements(op: str) -> bool:
+    return op in _TORCH_OPS
+
+
+def _auto_mode(value: str | None) -> str:
+    if value in (None, "", "table"):
+        return "table"
+    if value == "kernels":
+        return "kernels"
+    raise ValueError(f"FASTATTN_AUTO must be 'table' or 'kernels', got {value!r}")
+
+
+# "table": the automatic choice reads the speed table; "kernels": fastattn's kernels always.
+AUTO_MODE = _auto_mode(os.environ.get("FASTATTN_AUTO"))
 
 
 class BackendError(RuntimeError):
@@ -140,6 +168,7 @@ def available_backends() -> dict[str, str]:
         status["cuda"] = "available"
     status["triton"] = triton_status()
     status["cpu"] = "available" if cpu_ok else f"not available: {reason}"
+    status["torch"] = "available"
     status["reference"] = "available"
     return status
 
@@ -167,6 +196,8 @@ def _can_run_device(backend: str, device: torch.device) -> str | None:
         return f"the cuda backend runs CUDA tensors, got tensors on {device}"
     if backend == "cpu" and device.type != "cpu":
         return f"the cpu backend runs CPU tensors, got tensors on {device}"
+    if backend == "torch" and device.type not in ("cpu", "cuda"):
+        return f"the torch backend runs CPU and CUDA tensors, got tensors on {device}"
     if backend == "triton":
         if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
             return "the triton backend runs CPU tensors only under TRITON_INTERPRET=1"
@@ -266,7 +297,7 @@ def cannot_run(
     `device`, else the reason it cannot (backend not available, wrong device, no kernel in
     this build, float64 on triton)."""
     why = _can_run_device(backend, device)
-    if why is None and kernel is not None and backend != "reference":
+    if why is None and kernel is not None and backend not in ("reference", "torch"):
         why = missing_kernel(kernel, backend) or None
     if why is None and backend == "triton" and dtype == torch.float64:
         why = TRITON_NO_FLOAT64
@@ -282,19 +313,25 @@ def select_backend(
     *,
     kernel: str | None = None,
     dtype: torch.dtype | None = None,
+    speed_key: dict | None = None,
 ) -> str:
     """The backend that runs this call of `op` on `device`.
 
     backend: the op's own `backend=` argument (wins over everything else).
-    supported: the backends that implement this op.
+    supported: the backends that implement this op ("torch" counts only for an op that
+        registered a torch implementation: register_torch_op).
     kernel, dtype: the torch op fastattn::<kernel> that the call runs and its tensors' dtype:
         a backend without that kernel in this build, or refusing the dtype, cannot run it
         (`cannot_run`).
     limits: backend -> why it cannot run this particular call (a feature it lacks). The
         automatic choice skips such a backend (last_backend shows what ran instead); an
         explicit request for it raises BackendError with the reason.
+    speed_key: the call's key in the speed table (fastattn/speed_table.py: dtype, head-dim
+        and length classes, features, whether a gradient is needed), from static properties
+        only; None: the op is not in the table (the automatic choice is the kernel backend).
     """
     limits = limits or {}
+    supported = tuple(b for b in supported if b != "torch" or op in _TORCH_OPS)
     requested = _validate(backend, "backend") or requested_backend()
     if requested is not None:
         if requested not in supported:
@@ -306,11 +343,25 @@ def select_backend(
         if why is not None:
             raise BackendError(f"{op}: backend {requested!r} cannot run this call: {why}")
         return requested
+    chosen = "reference"
     for candidate in automatic_order(op, device.type):
         if (
             candidate in supported
             and cannot_run(candidate, device, kernel, dtype) is None
             and candidate not in limits
         ):
-            return candidate
-    return "reference"
+            chosen = candidate
+            break
+    if (
+        chosen != "reference"
+        and speed_key is not None
+        and AUTO_MODE == "table"
+        and "torch" in supported
+        and "torch" not in limits
+        and _can_run_device("torch", device) is None
+    ):
+        from . import speed_table
+
+        if speed_table.faster(op, device, speed_key, chosen) == "torch":
+            return "torch"
+    return chosen

@@ -21,7 +21,7 @@ import torch
 import fastattn
 
 REPO = Path(__file__).resolve().parents[1]
-BACKENDS = ("cuda", "triton", "cpu", "reference")
+BACKENDS = ("cuda", "triton", "cpu", "torch", "reference")
 
 
 def python_env(set_vars: dict[str, str] | None = None, unset=()) -> dict[str, str]:
@@ -154,7 +154,7 @@ def test_set_backend_and_none_restores_automatic_choice():
 
 @pytest.mark.parametrize("name", ("tpu", "CPU", "", 3, "cuda ", "triton_"))
 def test_invalid_backend_names_raise_value_error(name):
-    with pytest.raises(ValueError, match="backend must be one of cuda, triton, cpu, reference"):
+    with pytest.raises(ValueError, match="backend must be one of cuda, triton, cpu, torch, reference"):
         fastattn.set_backend(name)
     with pytest.raises(ValueError, match="backend must be one of"):
         with fastattn.use_backend(name):
