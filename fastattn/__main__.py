@@ -105,6 +105,13 @@ def report() -> str:
     from ._backend import requested_backend
 
     lines.append(f"default  {requested_backend() or 'automatic per device'}")
+    from . import speed_table
+
+    devices = [torch.device("cpu")]
+    if torch.cuda.is_available():
+        devices += [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    for device in devices:
+        lines.append(f"speed table ({device}): {speed_table.describe(device)}")
     return "\n".join(lines)
 
 

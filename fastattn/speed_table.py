@@ -27,7 +27,6 @@ under torch.compile it is evaluated while tracing (sizes become guards on their 
 from __future__ import annotations
 
 import importlib
-import os
 import pkgutil
 import platform
 
@@ -222,7 +221,9 @@ def reset() -> None:
 def describe(device: torch.device) -> str:
     """One line for `python -m fastattn`: which table applies to `device` and where it came
     from."""
-    if os.environ.get("FASTATTN_AUTO") == "kernels":
+    from . import _backend
+
+    if _backend.AUTO_MODE == "kernels":
         return "off (FASTATTN_AUTO=kernels): fastattn's kernels always"
     cls = device_class(device)
     table, how = table_for(cls)

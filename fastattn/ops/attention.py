@@ -11,6 +11,7 @@ alibi_slopes float32 (B, Hq); causal alignment and the sliding window folded int
 
 Backends: "cpu"/"cuda" run torch.ops.fastattn.attention_forward / attention_backward
 (csrc/attention), "triton" runs the same ops suffixed _triton (fastattn/triton/attention.py),
+"torch" runs torch's SDPA for the calls it computes exactly (fastattn/aten/attention.py),
 "reference" runs fastattn/reference/attention.py under torch autograd.
 """
 
@@ -21,7 +22,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .. import _backend
+from .. import _backend, speed_table
+from ..aten import attention as aten_attention
 from ..contracts import attention as contract
 from ..contracts.attention import MAX_HEAD_DIM, WINDOW_UNBOUNDED, check_seqlen
 from ..reference import attention as ref
@@ -231,6 +233,7 @@ def attention(
         softcap=softcap,
         sinks=sinks,
         backend=backend,
+        lse_needed=return_lse,
     )
     return (out, lse) if return_lse else out
 
@@ -348,6 +351,7 @@ def attention_band(
     band: tuple[int, int] | None = None,
     keep: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    lse_needed: bool = True,
 ):
     """`attention` that also returns the canonical arguments every backend received and the
     backend that ran: (out, lse, args, backend), args = (q, k, v, attn_mask, key_padding_mask,
@@ -367,6 +371,8 @@ def attention_band(
     sinks: `attention`'s; (out, lse) then include them (the reference computes them in its
         math, the kernels' results go through `apply_sinks`), so a backward from the returned
         (out, lse) by `attention_backward_canonical` treats the sink as one more key block.
+    lse_needed: whether the caller uses lse (False: `attention` without return_lse). The torch
+        backend returns no lse (lse is then None), so it runs only calls that need none.
     `attention_backward_canonical(..., args, backend, keep=keep)` runs the matching backward.
     """
     op = "attention"
@@ -422,12 +428,28 @@ def attention_band(
             limits[name] = (
                 "gradients with respect to alibi_slopes are computed by the reference backend only"
             )
+    unsupported = aten_attention.unsupported(
+        (q, k, v, mask, padding, alibi, scale, softcap, window_lo, window_hi, p, None),
+        lse_needed=lse_needed,
+        sinks=sinks is not None,
+    )
+    if unsupported is not None:
+        limits["torch"] = unsupported
     chosen = _backend.select_backend(
-        op, q.device, backend, limits=limits, kernel="attention_forward", dtype=q.dtype
+        op,
+        q.device,
+        backend,
+        limits=limits,
+        kernel="attention_forward",
+        dtype=q.dtype,
+        speed_key=attention_speed_key(q, k, v, mask, padding, window_lo, window_hi),
     )
     if seed is None:
         seed = dropout_seed(p, q.device)
     args = (q, k, v, mask, padding, alibi, scale, softcap, window_lo, window_hi, p, seed)
+    if chosen == "torch":
+        _backend._record(op, chosen)
+        return aten_attention.attention(args), None, args, chosen
     if chosen == "reference":
         out, lse = ref.attention(*args, keep=keep, sinks=sinks)
     else:
@@ -436,6 +458,36 @@ def attention_band(
             out, lse = apply_sinks(out, lse, sinks, head_dim=1)
     _backend._record(op, chosen)
     return out, lse, args, chosen
+
+
+def attention_speed_key(q, k, v, mask, padding, window_lo, window_hi) -> tuple:
+    """The call's key in the speed table (fastattn/speed_table.py), from canonical arguments:
+    features "causal" (the top-left causal band alone), "band" (any other band: bottom-right
+    causal, a window), "bool_mask" or "bias" (attn_mask), "padding", "gqa" (Hkv < Hq), "dv"
+    (Dv != D); a gradient is needed when one of q, k, v requires grad under grad mode."""
+    features = []
+    unbounded_lo = window_lo <= -WINDOW_UNBOUNDED
+    if unbounded_lo and window_hi == 0:
+        features.append("causal")
+    elif not (unbounded_lo and window_hi >= WINDOW_UNBOUNDED):
+        features.append("band")
+    if mask is not None:
+        features.append("bool_mask" if mask.dtype == torch.bool else "bias")
+    if padding is not None:
+        features.append("padding")
+    if k.shape[1] != q.shape[1]:
+        features.append("gqa")
+    if v.shape[3] != q.shape[3]:
+        features.append("dv")
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return speed_table.key(
+        "attention",
+        q.dtype,
+        length=max(q.shape[2], k.shape[2]),
+        head_dim=max(q.shape[3], v.shape[3]),
+        features=tuple(features),
+        grad=grad,
+    )
 
 
 def attention_backward_canonical(
@@ -551,6 +603,7 @@ def merge_attention(
 
 
 def _register() -> None:
+    _backend.register_torch_op("attention")
     register_forward_backward(
         "attention_forward",
         "attention_backward",
