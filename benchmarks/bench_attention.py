@@ -4,9 +4,11 @@
 benchmark; 4K on this CPU, whose profile caps tokens), model width 2048 on GPU (512 on CPU) so
 heads = width / head_dim, head dims 64 and 128, causal and not, forward and forward+backward.
 FLOPs: 4 * b * h * s^2 * d (half when causal); backward 2.5x forward, so forward+backward is
-3.5x. Providers: each fastattn backend, torch SDPA with each backend it has on the device
-(flash, efficient, math, cuDNN on GPU; flash and math on CPU), and the eager reference
-(materialised softmax) where it fits.
+3.5x. Providers: each fastattn kernel backend, torch's SDPA through fastattn's torch backend
+(fastattn:torch), the automatic choice (fastattn (auto), speed table included), torch SDPA
+with each backend it has on the device (flash, efficient, math, cuDNN on GPU; flash and math on
+CPU), and the eager reference (materialised softmax) where it fits. Each case carries its speed
+key, so `--write-speed-table` records which of fastattn's kernel and torch's was faster.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ import math
 
 import torch
 import torch.nn.functional as F
-from common import Case, fastattn_backends, relative_error
+from common import AUTO, Case, automatic_kernel, fastattn_backends, relative_error
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fastattn
+from fastattn.contracts.attention import WINDOW_UNBOUNDED
+from fastattn.ops.attention import attention_speed_key
 
 
 def eager_attention(q, k, v, causal):
@@ -64,8 +68,9 @@ def attention_case(
 
     providers = {
         f"fastattn:{b}": wrap(lambda b=b: fastattn.attention(q, k, v, causal=causal, backend=b))
-        for b in fastattn_backends(device)
+        for b in [*fastattn_backends(device), "torch"]
     }
+    providers[AUTO] = wrap(lambda: fastattn.attention(q, k, v, causal=causal))
     for name, sdp in sdpa_backends(device).items():
         if name == "sdpa:math" and not with_math:
             continue
@@ -90,6 +95,10 @@ def attention_case(
         check=relative_error,
         tolerance=2e-5 if dtype == torch.float32 else 3e-2,
         dtype=str(dtype)[6:],
+        speed_key=attention_speed_key(
+            q, k, v, None, None, -WINDOW_UNBOUNDED, 0 if causal else WINDOW_UNBOUNDED
+        ),
+        kernel=automatic_kernel("attention", device),
     )
 
 

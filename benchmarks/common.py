@@ -78,6 +78,11 @@ class Case:
     # Providers (fastattn's and baselines alike) that write their result into an input: their
     # speedups are over the in-place baselines, the others' over the out-of-place ones.
     inplace: tuple[str, ...] = ()
+    # The call's key in fastattn's speed table (fastattn/speed_table.py) and the kernel backend
+    # the automatic choice uses without a table: with a "fastattn:torch" provider, the case
+    # measures an entry (benchmarks/speed_table_writer.py).
+    speed_key: tuple | None = None
+    kernel: str | None = None
 
     def __post_init__(self):
         unknown = [name for name in self.inplace if name not in self.providers]
@@ -314,6 +319,8 @@ def run_case(
             "dtype": case.dtype,
             "judged": case.is_judged(name),
             "inplace": case.is_inplace(name),
+            "speed_key": case.speed_key,
+            "kernel": case.kernel,
         }
         rows[name] = row
         try:
@@ -488,6 +495,28 @@ def append_csv(path: Path, rows: list[dict], env: dict[str, str]) -> None:
 
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+AUTO = "fastattn (auto)"  # the automatic choice, speed table included
+TORCH_BACKEND = "fastattn:torch"  # torch's kernel through fastattn's torch backend
+
+
+def own_kernel(provider: str) -> bool:
+    """Whether `provider` is one of fastattn's own kernels (not its torch backend, not the
+    automatic choice): the rows the kernels' targets are judged on."""
+    return provider.startswith("fastattn:") and provider != TORCH_BACKEND
+
+
+def automatic_kernel(op: str, device: torch.device) -> str | None:
+    """The kernel backend fastattn's automatic choice runs for `op` on `device` without a
+    speed table (the first of _backend.automatic_order that is available), or None."""
+    from fastattn import _backend
+
+    status = _backend.available_backends()
+    for backend in _backend.automatic_order(op, device.type):
+        if backend != "reference" and status.get(backend) == "available":
+            return backend
+    return None
 
 
 def fastattn_backends(device: torch.device) -> list[str]:

@@ -101,7 +101,8 @@ class Progress:
 
 def summary_table(results: list[tuple[object, list[dict]]]) -> str:
     """One line per op family (common.op_family: the row's op and dtype, in-place rows a family
-    of their own): median and worst speedup of fastattn's best provider per case over the best
+    of their own): median and worst speedup of fastattn's best own kernel per case (its torch
+    backend and automatic choice are not kernels of its own: auto_summary) over the best
     PyTorch provider of its kind (the rows' speedups: in-place over in-place, out-of-place over
     out-of-place), the family's target (the bench module's target(op), default 1.0: at least
     as fast as the best PyTorch provider) and whether every case meets it."""
@@ -109,7 +110,7 @@ def summary_table(results: list[tuple[object, list[dict]]]) -> str:
     for module, rows in results:
         by_case: dict[tuple, list[dict]] = {}
         for r in rows:
-            if r.get("judged") and "speedup" in r:
+            if r.get("judged") and common.own_kernel(r["provider"]) and "speedup" in r:
                 by_case.setdefault((common.op_family(r), r["op"], r["case"]), []).append(r)
         for (name, op, _), case_rows in by_case.items():
             best = max(case_rows, key=lambda r: r["speedup"])
@@ -146,6 +147,41 @@ def summary_table(results: list[tuple[object, list[dict]]]) -> str:
     return "\n".join(lines)
 
 
+AUTO_TARGET = 0.97  # fastattn (auto) against the faster of fastattn's kernel and torch's
+
+
+def auto_summary(results: list[tuple[object, list[dict]]]) -> str:
+    """One line per op family with a `fastattn (auto)` row: the worst ratio of its time to the
+    faster of fastattn's kernel (the one the automatic choice would run) and torch's kernel
+    through fastattn's torch backend, per case, against AUTO_TARGET."""
+    families: dict[str, list[float]] = {}
+    for _, rows in results:
+        by_case: dict[tuple, dict[str, float]] = {}
+        for r in rows:
+            if "median_ms" in r and r.get("status") == "ok":
+                by_case.setdefault((common.op_family(r), r["case"]), {})[r["provider"]] = r[
+                    "median_ms"
+                ]
+                by_case[(common.op_family(r), r["case"])]["kernel"] = r.get("kernel")
+        for (family, _), times in by_case.items():
+            kernel = times.get(f"fastattn:{times.get('kernel')}")
+            torch_time = times.get(common.TORCH_BACKEND)
+            if common.AUTO not in times or kernel is None or torch_time is None:
+                continue
+            families.setdefault(family, []).append(min(kernel, torch_time) / times[common.AUTO])
+    if not families:
+        return "no fastattn (auto) row beside a kernel and a torch-backend row"
+    lines = []
+    for family, ratios in families.items():
+        worst = min(ratios)
+        lines.append(
+            f"{family}: fastattn (auto) at {statistics.median(ratios):.2f}x (worst "
+            f"{worst:.2f}x) the faster of fastattn's kernel and torch's over {len(ratios)} "
+            f"cases; target >= {AUTO_TARGET:.2f}x: {'met' if worst >= AUTO_TARGET else 'not met'}"
+        )
+    return "\n".join(lines)
+
+
 def family_targets(results: list[tuple[object, list[dict]]]) -> dict[str, float]:
     """op family (common.op_family) -> target speedup (the bench module's target(op), else 1)."""
     return {
@@ -179,6 +215,12 @@ def main(argv=None) -> int:
         "<device kind>_plots subfolder)",
     )
     parser.add_argument("--no-plots", action="store_true", help="write no plots")
+    parser.add_argument(
+        "--write-speed-table",
+        action="store_true",
+        help="write this device class's speed table (fastattn/speed_tables/) from the run's "
+        "kernel and torch-backend rows",
+    )
     args = parser.parse_args(argv)
 
     device = common.default_device() if args.device == "auto" else torch.device(args.device)
@@ -228,7 +270,16 @@ def main(argv=None) -> int:
         "best PyTorch provider of its kind (in-place rows against in-place ones)"
     )
     print(summary_table(results))
+    print("\nthe automatic choice (speed table included):")
+    print(auto_summary(results))
     print(f"\nrows appended to {csv_path}")
+    if args.write_speed_table:
+        import speed_table_writer
+
+        path = speed_table_writer.write(
+            device, [r for _, rows in results for r in rows], source=str(csv_path)
+        )
+        print(f"speed table written: {path}")
     if not args.no_plots:
         import plot
 

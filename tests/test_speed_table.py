@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -180,3 +181,62 @@ def test_the_choice_is_traced_by_torch_compile(tables):
     out = compiled(q, k, v)
     assert fastattn.last_backend("attention") == "torch"
     torch.testing.assert_close(out, 2 * fastattn.attention(q, k, v, backend="reference"))
+
+
+def test_shipped_tables_are_well_formed():
+    speed_table.reset()
+    assert speed_table.tables(), "no speed table shipped"
+    for table in speed_table.tables():
+        cls = table["device_class"]
+        assert cls["kind"] in ("cpu", "cuda"), table["module"]
+        fields = ("vendor", "isa", "threads") if cls["kind"] == "cpu" else ("capability", "name")
+        assert all(cls.get(f) for f in fields), table["module"]
+        assert table["measured"] and table["source"], table["module"]
+        keys = set()
+        for entry in table["entries"]:
+            assert all(entry.get(f) for f in speed_table.KEY_FIELDS), entry
+            assert entry["faster"] in ("torch", "kernel") and entry["kernel"] in (
+                "cuda",
+                "triton",
+                "cpu",
+            )
+            assert (entry["faster"] == "torch") == (entry["ratio"] > 1.0), entry
+            key = tuple(entry[f] for f in speed_table.KEY_FIELDS) + (entry["kernel"],)
+            assert key not in keys, f"{table['module']}: two entries for {key}"
+            keys.add(key)
+
+
+def test_the_writer_pools_cases_of_one_key(tmp_path, monkeypatch):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import speed_table_writer
+
+    monkeypatch.setattr(speed_table_writer, "TABLES_DIR", tmp_path)
+    q, k, v = _qkv()
+    key = attention_speed_key(q, k, v, None, None, -(2**30), 2**30)
+    rows = []
+    # two cases of one key: kernel/torch time ratios 2 and 0.5 pool to 1 (geometric mean) ...
+    for case, (kernel_ms, torch_ms) in {"a": (2.0, 1.0), "b": (1.0, 2.0), "c": (3.0, 1.0)}.items():
+        the_key = key if case != "c" else attention_speed_key(q, k, v, None, None, -(2**30), 0)
+        for provider, ms in (("fastattn:cpu", kernel_ms), ("fastattn:torch", torch_ms)):
+            rows.append(
+                dict(
+                    op="attention fwd",
+                    case=case,
+                    dtype="float32",
+                    provider=provider,
+                    median_ms=ms,
+                    status="ok",
+                    speed_key=the_key,
+                    kernel="cpu",
+                )
+            )
+    entries = speed_table_writer.entries_from_rows(rows)
+    by_features = {e["features"]: e for e in entries}
+    assert by_features["plain"]["ratio"] == 1.0 and by_features["plain"]["faster"] == "kernel"
+    assert by_features["causal"]["ratio"] == 3.0 and by_features["causal"]["faster"] == "torch"
+    cls = {"kind": "cpu", "vendor": "GenuineIntel", "isa": "avx512", "threads": "5-16"}
+    path = speed_table_writer.write(None, rows, source="test", measured="today", cls=cls)
+    assert path.name == "cpu_genuineintel_avx512_t5_16.py"
+    scope: dict = {}
+    exec(path.read_text(), scope)
+    assert scope["TABLE"]["device_class"] == cls and len(scope["TABLE"]["entries"]) == 2
