@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The checks `make test` leaves out, run against the same build (.venv), by part:
 #   bash .ci/extended.sh PART...      PART: isa, emulator-attention, emulator-recurrent,
-#                                     slow-grids, triton-aot, or all (`make test-extended`)
+#                                     slow-grids, triton-aot, torch-2.11, or all
+#                                     (`make test-extended`)
 # isa                 every CPU ISA copy below the one this host runs by default
 #                     (FASTATTN_CPU_ISA forces each: avx512bf16 -> avx512, avx2, base;
 #                     avx512 -> avx2, base; avx2 -> base) on the cpu backend's quick tests of
@@ -17,13 +18,16 @@
 #                     sixteenth, so a red run is reproducible, and successive commits go
 #                     round the others);
 # triton-aot          every Triton kernel variant compiled for sm_90 with the GPU machine's
-#                     triton (.ci/gpu_machine_check.sh with GPU_CHECK_AOT=1, its tests off).
-# CI runs one part per commit, in turn (.ci/run); each takes 5-7 minutes on a 2-core machine.
+#                     triton (.ci/gpu_machine_check.sh with GPU_CHECK_AOT=1);
+# torch-2.11          the wheel under the GPU machine's torch 2.11.0 and Python 3.12: the build,
+#                     backend, compile and transformers tests and the cpu backend's quick
+#                     attention and LSTM tests (.ci/gpu_machine_check.sh, GPU_CHECK_TESTS=1).
+# CI runs one part per commit, in turn (.ci/run); each takes 3-7 minutes on a 2-core machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 PYTEST_OPTS=(-q -p no:cacheprovider -n 2 --timeout=1200)
-PARTS=(isa emulator-attention emulator-recurrent slow-grids triton-aot)
+PARTS=(isa emulator-attention emulator-recurrent slow-grids triton-aot torch-2.11)
 [ $# -gt 0 ] || { echo "usage: extended.sh PART... (${PARTS[*]} or all)"; exit 2; }
 [ "$1" = all ] && set -- "${PARTS[@]}"
 
@@ -74,7 +78,8 @@ for part in "$@"; do
     emulator-attention) emulator_attention ;;
     emulator-recurrent) emulator_recurrent ;;
     slow-grids) slow_grids ;;
-    triton-aot) GPU_CHECK_AOT=1 GPU_CHECK_TESTS=0 bash .ci/gpu_machine_check.sh ;;
+    triton-aot) GPU_CHECK_AOT=1 bash .ci/gpu_machine_check.sh ;;
+    torch-2.11) GPU_CHECK_TESTS=1 bash .ci/gpu_machine_check.sh ;;
     *) echo "extended: no part $part (${PARTS[*]})"; exit 2 ;;
   esac
   echo "extended: $part: $(( $(date +%s) - start )) s"

@@ -7,12 +7,14 @@
 # 2.11: WHEEL=path, or the newest dist/*.whl; built first when there is none), unchanged: that
 # the file imports and runs under torch 2.11 itself, the target, and another Python (abi3) is
 # what this proves. It prints the environment report and runs, against that installation with
-# the machine's transformers 5.17.0 and Triton's interpreter off (as there: the CPU, reference
-# and native tests run, the Triton and CUDA ones skip), the tests of the build, the backends,
+# the machine's transformers 5.17.0 and Triton's interpreter off, one call of each native op
+# family (attention forward and backward, LSTM, positional) on the CPU kernels; with
+# GPU_CHECK_TESTS=1 (.ci/extended.sh torch-2.11) the tests of the build, the backends,
 # torch.compile, the transformers integration and the cpu backend's quick attention and LSTM
-# tests (GPU_CHECK_TESTS=0: none). GPU_CHECK_AOT=1 (CI's part for one commit in five,
-# .ci/extended.sh triton-aot) also compiles every Triton kernel variant the launchers would
-# launch on an H100 with triton 3.6 (tests/triton_aot.py: ptxas, no GPU).
+# tests as well (as there: the CPU, reference and native tests run, the Triton and CUDA ones
+# skip). GPU_CHECK_AOT=1 (.ci/extended.sh triton-aot) also compiles every Triton kernel
+# variant the launchers would launch on an H100 with triton 3.6 (tests/triton_aot.py: ptxas,
+# no GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -43,6 +45,19 @@ cp -r tests examples benchmarks tools README.md pyproject.toml LICENSE "$work/"
 cd "$work"  # import the installed package, not the source tree (built for another torch)
 "$ROOT/$VENV/bin/python" -m fastattn
 "$ROOT/$VENV/bin/python" -c "import fastattn, sys; info = fastattn.build_info(); print(info); sys.exit(not info.get('cuda'))"
+TRITON_INTERPRET=0 "$ROOT/$VENV/bin/python" - <<'SMOKE'
+import torch, fastattn
+q, k, v = (torch.randn(2, 4, 33, 64, requires_grad=True) for _ in range(3))
+out = fastattn.attention(q, k, v, causal=True, backend="cpu")
+ref = fastattn.attention(q, k, v, causal=True, backend="reference")
+torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+assert all(torch.isfinite(g).all() for g in torch.autograd.grad(out.sum(), (q, k, v)))
+x = torch.randn(7, 3, 16)
+layer = fastattn.nn.LSTM(16, 32)
+torch.testing.assert_close(layer(x)[0], torch.nn.LSTM.forward(layer, x)[0], rtol=1e-4, atol=1e-5)
+fastattn.add_sinusoidal(torch.randn(2, 5, 8), backend="cpu")
+print("native ops under this torch: ok")
+SMOKE
 if [ "${GPU_CHECK_AOT:-0}" = 1 ]; then
   start=$(date +%s)
   "$ROOT/$VENV/bin/python" tests/triton_aot.py --jobs "$(nproc)" > aot.log 2>&1 || {
@@ -50,7 +65,7 @@ if [ "${GPU_CHECK_AOT:-0}" = 1 ]; then
   tail -n 1 aot.log
   echo "triton 3.6 sm_90 compile of every kernel variant: $(( $(date +%s) - start )) s"
 fi
-if [ "${GPU_CHECK_TESTS:-1}" = 1 ]; then
+if [ "${GPU_CHECK_TESTS:-0}" = 1 ]; then
   start=$(date +%s)
   opts=(-q -n "$(nproc)" -p no:cacheprovider --timeout=900 -m "not slow")
   TRITON_INTERPRET=0 "$ROOT/$VENV/bin/python" -m pytest "${opts[@]}" tests/test_stable_abi.py \

@@ -15,7 +15,7 @@ head dims small batches and head counts, so that a property costs a minute or tw
 examples on a 2-core machine. CI runs FASTATTN_FUZZ_EXAMPLES per property (default 200),
 derandomized so that a run is reproducible; `make fuzz` (FASTATTN_FUZZ=long) runs 5000 per
 property with a random seed. Triton under the CPU interpreter costs seconds per example: its
-properties run an eighth of the examples, on small sizes whose interpreter tiles are lowered to
+properties run a sixteenth of the examples, on small sizes whose interpreter tiles are lowered to
 16 and 32 so that they still cross tile edges (on a GPU: the full count and the CPU's sizes).
 A failure prints the drawn arguments (hypothesis shrinks them): each becomes a regression test.
 """
@@ -50,7 +50,7 @@ FUZZ = settings(
 )
 INTERPRETED = not torch.cuda.is_available()  # triton runs under its CPU interpreter
 # Triton's interpreter runs every tile operation as a numpy call: an example takes seconds.
-TRITON_FUZZ = settings(FUZZ, max_examples=max(10, EXAMPLES // 8)) if INTERPRETED else FUZZ
+TRITON_FUZZ = settings(FUZZ, max_examples=max(10, EXAMPLES // 16)) if INTERPRETED else FUZZ
 
 _DTYPES = {
     "cpu": (torch.float32, torch.float16, torch.bfloat16, torch.float64),
