@@ -37,7 +37,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .. import _backend, _native
+from .. import _backend, _native, speed_table
+from ..aten import gru as aten_gru
+from ..aten import rnn as aten_rnn
+from ..aten._recurrent import host_lengths
 from ..contracts import backward_through_reference
 from ._common import (
     FLOAT_DTYPES,
@@ -235,6 +238,53 @@ def check_lengths(op: str, lengths, B: int, T: int, device: torch.device):
     return lengths
 
 
+def needs_grad(*tensors) -> bool:
+    """Whether autograd will differentiate a call on `tensors` (flags only, no values)."""
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors
+    )
+
+
+def speed_key(
+    op: str,
+    dtype: torch.dtype,
+    seq_len: int,
+    *,
+    grad: bool,
+    bidirectional: bool = False,
+    num_layers: int = 1,
+    projection: bool = False,
+    lengths: bool = False,
+    dropout: bool = False,
+    variant: str | None = None,
+) -> tuple:
+    """The speed-table key of a recurrent call (fastattn/speed_table.py), from its static
+    properties: no head dim; the length class of T (1 for a cell); the features "bidirectional",
+    "multilayer", "projection", "lengths", "dropout" and the cell variant ("reset_before" for
+    the textbook GRU, "relu" for the ReLU RNN; the default variants add no word)."""
+    features = [
+        name
+        for name, present in (
+            ("bidirectional", bidirectional),
+            ("multilayer", num_layers > 1),
+            ("projection", projection),
+            ("lengths", lengths),
+            ("dropout", dropout),
+        )
+        if present
+    ]
+    if variant is not None:
+        features.append(variant)
+    return speed_table.key(op, dtype, length=seq_len, features=tuple(features), grad=grad)
+
+
+def _variant_word(family: str, variant) -> str | None:
+    """The speed-key word of a cell variant (None for torch's defaults)."""
+    if family == "gru":
+        return None if variant else "reset_before"
+    return None if variant == "tanh" else variant
+
+
 def layer_op(family: str, backend: str):
     name = f"{family}_layer"
     return kernel_op(name + "_triton" if backend == "triton" else name)
@@ -337,11 +387,41 @@ def run_layers(
         h0 = hx if batched else hx.unsqueeze(1)
         if tuple(h0.shape) != (L, B, H):
             raise ValueError(f"{op}: Expected hidden size {(L, B, H)}, got {list(h0.shape)}")
+    given_lengths = lengths
     lengths = check_lengths(op, lengths, B, T, device)
     p = float(dropout) if training and num_layers > 1 else 0.0
-    chosen = _backend.select_backend(
-        op, device, backend, limits=unsupported_backends(family, dtype)
+    limits = unsupported_backends(family, dtype)
+    refusal = _torch_refusal(family, variant, device, dtype, T, p, given_lengths)
+    if refusal is not None:
+        limits["torch"] = refusal
+    key = speed_key(
+        op,
+        dtype,
+        T,
+        grad=needs_grad(input, hx, *weights),
+        bidirectional=bidirectional,
+        num_layers=num_layers,
+        lengths=lengths is not None,
+        dropout=p > 0.0,
+        variant=_variant_word(family, variant),
     )
+    chosen = _backend.select_backend(op, device, backend, limits=limits, speed_key=key)
+    if chosen == "torch":
+        x, h_n = _torch_layers(
+            family,
+            variant,
+            x,
+            h0,
+            weights,
+            has_bias=has_bias,
+            num_layers=num_layers,
+            bidirectional=bidirectional,
+            lengths=host_lengths(given_lengths),
+        )
+        _backend._record(op, chosen)
+        if not batched:
+            return x[:, 0], h_n[:, 0]
+        return (x.transpose(0, 1) if batch_first else x), h_n
     h_n = []
     for layer in range(num_layers):
         per_dir = groups[layer * D : (layer + 1) * D]
@@ -400,10 +480,23 @@ def run_cell(
     """One step of the GRU / RNN cell: the layer op with T = 1 and one direction."""
     G = GATES[family]
     x, h, batched = check_cell_args(op, G, input, hx, w_ih, w_hh, b_ih, b_hh)
-    chosen = _backend.select_backend(
-        op, x.device, backend, limits=unsupported_backends(family, x.dtype)
+    limits = unsupported_backends(family, x.dtype)
+    if family == "gru" and aten_gru.cell_refusal(variant) is not None:
+        limits["torch"] = aten_gru.cell_refusal(variant)
+    key = speed_key(
+        op,
+        x.dtype,
+        1,
+        grad=needs_grad(x, h, w_ih, w_hh, b_ih, b_hh),
+        variant=_variant_word(family, variant),
     )
-    if chosen == "reference":
+    chosen = _backend.select_backend(op, x.device, backend, limits=limits, speed_key=key)
+    if chosen == "torch":
+        if family == "gru":
+            hy = aten_gru.gru_cell(x, h, w_ih, w_hh, b_ih, b_hh)
+        else:
+            hy = aten_rnn.rnn_cell(x, h, w_ih, w_hh, b_ih, b_hh, nonlinearity=variant)
+    elif chosen == "reference":
         hy = reference_cell(x, h, w_ih, w_hh, b_ih, b_hh, variant)
     else:
         ws = [None if w is None else w.unsqueeze(0) for w in (w_ih, w_hh, b_ih, b_hh)]
@@ -415,6 +508,27 @@ def run_cell(
         hy = out[0]
     _backend._record(op, chosen)
     return hy if batched else hy[0]
+
+
+def _torch_refusal(family, variant, device, dtype, seq_len, dropout_p, lengths) -> str | None:
+    """Why the torch backend cannot run this `family` layers call (fastattn/aten), or None."""
+    if family == "gru":
+        return aten_gru.refusal(
+            device,
+            dtype,
+            reset_after=variant,
+            seq_len=seq_len,
+            dropout_p=dropout_p,
+            lengths=lengths,
+        )
+    return aten_rnn.refusal(device, dtype, seq_len=seq_len, dropout_p=dropout_p, lengths=lengths)
+
+
+def _torch_layers(family, variant, x, h0, weights, **kw):
+    """The `family` layers on the torch backend (fastattn/aten): (output, h_n)."""
+    if family == "gru":
+        return aten_gru.gru(x, h0, weights, **kw)
+    return aten_rnn.rnn(x, h0, weights, nonlinearity=variant, **kw)
 
 
 # ---------------------------------------------------------------------------------------------

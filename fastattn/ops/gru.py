@@ -9,7 +9,9 @@ cell; `cuda_recurrent_path` says which path a layer takes), "triton" the same op
 (fastattn/triton/gru.py on the LSTM's Triton engine, generic over the cell), "reference" runs
 fastattn/reference/gru.py under torch autograd. A backend without GRU kernels is reported by
 `unsupported_backends` and refused with its reason when asked for explicitly. `gru_cell` runs
-the layer op with T = 1.
+the layer op with T = 1. "torch" runs torch's own GRU and GRU cell (fastattn/aten/gru.py) for
+the calls they compute as fastattn defines them (not the reset-before form, not dropout; see
+there); the automatic choice takes it only where a speed table measured it faster.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .. import _backend
 from ..reference import gru as ref
 from . import _recurrent
 
@@ -131,3 +134,5 @@ def gru(
 if _recurrent.has_op("gru_layer"):
     _recurrent.register("gru", "", ref.gru_layer, fakes=True)
 _recurrent.register_triton("gru", ref.gru_layer)
+_backend.register_torch_op("gru")
+_backend.register_torch_op("gru_cell")

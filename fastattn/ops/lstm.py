@@ -6,7 +6,10 @@ batch_first, unbatched input): it calls one op per layer, which runs every direc
 layer, and stays torch.compile(fullgraph=True)-traceable (no host reads of tensor values:
 lengths are read inside the op). Backends: "cpu"/"cuda" run the native ops below
 (csrc/lstm), "triton" runs the same ops suffixed _triton (fastattn/triton/lstm.py),
-"reference" runs fastattn/reference/lstm.py (a per-step loop) under torch autograd.
+"reference" runs fastattn/reference/lstm.py (a per-step loop) under torch autograd, "torch"
+torch's own LSTM and LSTM cell (fastattn/aten/lstm.py) for the calls they compute as fastattn
+defines them (not dropout; see there), chosen automatically only where a speed table measured
+them faster.
 
 The ops' contract (schemas, shapes, workspaces, fakes, backward formulas) is
 fastattn/contracts/lstm.py.
@@ -19,6 +22,8 @@ from collections.abc import Sequence
 import torch
 
 from .. import _backend
+from ..aten import lstm as aten_lstm
+from ..aten._recurrent import host_lengths
 from ..contracts import lstm as contract
 from ..reference import lstm as ref
 from ._common import (
@@ -34,6 +39,7 @@ from ._common import (
     register_triton_op,
     triton_kernels,
 )
+from ._recurrent import needs_grad, speed_key
 
 
 def unsupported_backends(dtype: torch.dtype = torch.float32) -> dict[str, str]:
@@ -169,10 +175,13 @@ def lstm_cell(
     if b_ih is not None:
         _check_shape(op, "b_ih", b_ih, (4 * H,))
         _check_shape(op, "b_hh", b_hh, (4 * H,))
+    key = speed_key(op, x.dtype, 1, grad=needs_grad(x, h, c, w_ih, w_hh, b_ih, b_hh))
     chosen = _backend.select_backend(
-        op, input.device, backend, limits=unsupported_backends(input.dtype)
+        op, input.device, backend, limits=unsupported_backends(input.dtype), speed_key=key
     )
-    if chosen == "reference":
+    if chosen == "torch":
+        hy, cy = aten_lstm.lstm_cell(x, h, c, w_ih, w_hh, b_ih, b_hh)
+    elif chosen == "reference":
         hy, cy = ref.lstm_cell(x, h, c, w_ih, w_hh, b_ih, b_hh)
     else:
         hy, cy, _ = _op("lstm_cell", chosen)(x, h, c, w_ih, w_hh, b_ih, b_hh)
@@ -343,6 +352,7 @@ def lstm(
             raise ValueError(f"{op}: Expected hidden[0] size {(L, B, P)}, got {list(h0.shape)}")
         if tuple(c0.shape) != (L, B, H):
             raise ValueError(f"{op}: Expected hidden[1] size {(L, B, H)}, got {list(c0.shape)}")
+    given_lengths = lengths
     if lengths is not None:
         if (
             not isinstance(lengths, torch.Tensor)
@@ -374,7 +384,37 @@ def lstm(
             # so nothing is read or written out of bounds even without this check.
             device_check_range(op, lengths, 0, T, f"lengths must be in [0, T] = [0, {T}]")
     p = float(dropout) if training and num_layers > 1 else 0.0
-    chosen = _backend.select_backend(op, device, backend, limits=unsupported_backends(dtype))
+    limits = unsupported_backends(dtype)
+    refusal = aten_lstm.refusal(device, dtype, seq_len=T, dropout_p=p, lengths=given_lengths)
+    if refusal is not None:
+        limits["torch"] = refusal
+    key = speed_key(
+        op,
+        dtype,
+        T,
+        grad=needs_grad(input, h0, c0, *weights),
+        bidirectional=bidirectional,
+        num_layers=num_layers,
+        projection=proj_size > 0,
+        lengths=lengths is not None,
+        dropout=p > 0.0,
+    )
+    chosen = _backend.select_backend(op, device, backend, limits=limits, speed_key=key)
+    if chosen == "torch":
+        x, h_n, c_n = aten_lstm.lstm(
+            x,
+            h0,
+            c0,
+            weights,
+            has_bias=has_bias,
+            num_layers=num_layers,
+            bidirectional=bidirectional,
+            lengths=host_lengths(given_lengths),
+        )
+        _backend._record(op, chosen)
+        if not batched:
+            return x[:, 0], (h_n[:, 0], c_n[:, 0])
+        return (x.transpose(0, 1) if batch_first else x), (h_n, c_n)
     h_n, c_n = [], []
     for layer in range(num_layers):
         per_dir = groups[layer * D : (layer + 1) * D]
@@ -434,3 +474,5 @@ def _register() -> None:
 
 
 _register()
+_backend.register_torch_op("lstm")
+_backend.register_torch_op("lstm_cell")

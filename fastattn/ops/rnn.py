@@ -7,7 +7,9 @@ csrc/lstm, generic over the cell), "cuda" their CUDA bodies (csrc/lstm/lstm_cuda
 LSTM's CUDA engine; `cuda_recurrent_path` says which path a layer takes), "triton" the same ops
 suffixed _triton
 (fastattn/triton/rnn.py on the LSTM's Triton engine), "reference" runs
-fastattn/reference/rnn.py.
+fastattn/reference/rnn.py, "torch" torch's own RNN and cells (fastattn/aten/rnn.py) for the
+calls they compute as fastattn defines them (not dropout; see there), chosen automatically only
+where a speed table measured them faster.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .. import _backend
 from ..reference import rnn as ref
 from . import _recurrent
 
@@ -119,3 +122,5 @@ def rnn(
 if _recurrent.has_op("rnn_layer"):
     _recurrent.register("rnn", "", ref.rnn_layer, fakes=True)
 _recurrent.register_triton("rnn", ref.rnn_layer)
+_backend.register_torch_op("rnn")
+_backend.register_torch_op("rnn_cell")
