@@ -81,7 +81,12 @@ def reduced_precision(device_type: str, cudnn_layers: bool, onednn_layers: bool)
                 "(torch.backends.cudnn.rnn.fp32_precision is 'tf32', torch's default), "
                 "fastattn's kernels in float32; set it to 'ieee' to use the torch backend"
             )
-    if device_type == "cpu" and onednn_layers and torch.backends.mkldnn.is_available():
+    if (
+        device_type == "cpu"
+        and onednn_layers
+        and torch.backends.mkldnn.enabled
+        and torch.backends.mkldnn.is_available()
+    ):
         precision = _fp32_precision("mkldnn", "rnn")
         if precision in ("bf16", "tf32"):
             return (
