@@ -16,12 +16,13 @@ The table for a device is its exact class's; else the nearest measured class of 
 (CPU: the same ISA copy, preferring the same vendor, then the nearest thread class; CUDA: the
 same compute capability, else the same major version); else none, and fastattn's kernels run.
 
-A key (`key`): the op, the dtype, a head-dim class and a length class (classes of the largest
-dimension, so that a lookup depends on no exact size), the feature set (op-specific words, in
-a fixed order, e.g. "causal+padding"), and whether a gradient is needed ("fwd" or
-"fwd+bwd"). An entry matches a key field by field. Keys are computed from static properties
-(shapes, dtypes, flags), never tensor values: the lookup costs no host synchronization, and
-under torch.compile it is evaluated while tracing (sizes become guards on their class).
+A key (`key`): the op, the dtype, a head-dim (or hidden-size) class and a length class
+(classes of the largest dimension, so that a lookup depends on no exact size), the feature set
+(op-specific words, in a fixed order, e.g. "causal+padding"), and whether a gradient is needed
+("fwd" or "fwd+bwd"). An entry matches a key field by field. Keys are computed from static
+properties (shapes, dtypes, flags), never tensor values: the lookup costs no host
+synchronization, and under torch.compile it is evaluated while tracing (sizes become guards
+on their class).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ import platform
 
 import torch
 
-HEAD_DIM_CLASSES = (64, 128, 256)  # <=64, <=128, <=256
+# Head dims (attention) or hidden sizes (recurrent layers): <=64, <=128, ..., <=1024, >1024.
+HEAD_DIM_CLASSES = (64, 128, 256, 512, 1024)
 LENGTH_CLASSES = (256, 1024, 4096)  # <=256, <=1024, <=4096, >4096
 THREAD_CLASSES = ((1, "1"), (4, "2-4"), (16, "5-16"))  # else "17+"
 KEY_FIELDS = ("op", "dtype", "head_dim", "length", "features", "pass")

@@ -2,6 +2,10 @@
 
 - Without a CUDA device the Triton backend runs under Triton's interpreter: TRITON_INTERPRET=1
   must be set before triton is imported, so it is set here, before fastattn is imported.
+- The automatic choice ignores the shipped speed tables (FASTATTN_AUTO=kernels, read at
+  import): the tests of fastattn's kernels then run them whatever machine the suite runs on.
+  The tests of the choice itself install synthetic tables and switch the table back on
+  (tests/test_speed_table.py).
 - Every test runs with output poisoning on (fastattn._debug): ops fill their outputs with NaN
   before their kernels run, so an unwritten element fails the comparison.
 - `backend_device` maps each backend to the device its tests use; CUDA-only cases skip with a
@@ -20,6 +24,7 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("FASTATTN_AUTO", "kernels")
 
 import pytest  # noqa: E402
 import tolerance  # noqa: E402

@@ -25,7 +25,9 @@ def _entry(call_key, faster, kernel="cpu", ratio=2.0):
 
 @pytest.fixture
 def tables(monkeypatch):
-    """Install synthetic tables: tables(list of TABLE dicts)."""
+    """Install synthetic tables: tables(list of TABLE dicts); the table is on for the test
+    (tests/conftest.py turns it off for the rest of the suite)."""
+    monkeypatch.setattr(_backend, "AUTO_MODE", "table")
 
     def install(found):
         monkeypatch.setattr(

@@ -250,6 +250,7 @@ def speed_key(
     dtype: torch.dtype,
     seq_len: int,
     *,
+    hidden: int,
     grad: bool,
     bidirectional: bool = False,
     num_layers: int = 1,
@@ -259,7 +260,8 @@ def speed_key(
     variant: str | None = None,
 ) -> tuple:
     """The speed-table key of a recurrent call (fastattn/speed_table.py), from its static
-    properties: no head dim; the length class of T (1 for a cell); the features "bidirectional",
+    properties: the hidden size's class in the head-dim field; the length class of T (1 for a
+    cell); the features "bidirectional",
     "multilayer", "projection", "lengths", "dropout" and the cell variant ("reset_before" for
     the textbook GRU, "relu" for the ReLU RNN; the default variants add no word)."""
     features = [
@@ -275,7 +277,9 @@ def speed_key(
     ]
     if variant is not None:
         features.append(variant)
-    return speed_table.key(op, dtype, length=seq_len, features=tuple(features), grad=grad)
+    return speed_table.key(
+        op, dtype, length=seq_len, head_dim=hidden, features=tuple(features), grad=grad
+    )
 
 
 def _variant_word(family: str, variant) -> str | None:
@@ -398,6 +402,7 @@ def run_layers(
         op,
         dtype,
         T,
+        hidden=H,
         grad=needs_grad(input, hx, *weights),
         bidirectional=bidirectional,
         num_layers=num_layers,
@@ -487,6 +492,7 @@ def run_cell(
         op,
         x.dtype,
         1,
+        hidden=h.shape[-1],
         grad=needs_grad(x, h, w_ih, w_hh, b_ih, b_hh),
         variant=_variant_word(family, variant),
     )

@@ -175,7 +175,7 @@ def lstm_cell(
     if b_ih is not None:
         _check_shape(op, "b_ih", b_ih, (4 * H,))
         _check_shape(op, "b_hh", b_hh, (4 * H,))
-    key = speed_key(op, x.dtype, 1, grad=needs_grad(x, h, c, w_ih, w_hh, b_ih, b_hh))
+    key = speed_key(op, x.dtype, 1, hidden=H, grad=needs_grad(x, h, c, w_ih, w_hh, b_ih, b_hh))
     chosen = _backend.select_backend(
         op, input.device, backend, limits=unsupported_backends(input.dtype), speed_key=key
     )
@@ -392,6 +392,7 @@ def lstm(
         op,
         dtype,
         T,
+        hidden=H,
         grad=needs_grad(input, h0, c0, *weights),
         bidirectional=bidirectional,
         num_layers=num_layers,
