@@ -2,18 +2,21 @@
 and rotary embeddings (public functions, backend choice, registration with the contract).
 
 Backends: "cpu" and "cuda" run the native ops torch.ops.fastattn.<name> (csrc/positional),
-"triton" runs torch.ops.fastattn.<name>_triton (fastattn/triton/positional.py), "reference"
-runs fastattn/reference/positional.py. All four compute the same numbers: angles
+"triton" runs torch.ops.fastattn.<name>_triton (fastattn/triton/positional.py), "torch" runs
+torch's own elementwise kernels over a cached table (fastattn/aten/positional.py), "reference"
+runs fastattn/reference/positional.py. All compute the same numbers: angles
 pos * base^(-2i/dim) (inverse frequencies from float64, rounded once), arithmetic in float32
 (float64 for float64 inputs), and dropout from fastattn's Philox stream, so a seeded call gives
-the same mask on every backend.
+the same mask on every backend (the torch backend refuses dropout: torch's dropout draws
+another mask).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .. import _backend
+from .. import _backend, speed_table
+from ..aten import positional as aten
 from ..contracts import positional as contract
 from ..contracts import unit_last_stride
 from ..reference import positional as ref
@@ -34,6 +37,93 @@ from ._common import (
 )
 
 Offset = int | torch.Tensor
+
+# Why the torch backend refuses a call with dropout (fastattn/aten/positional.py).
+TORCH_NO_DROPOUT = (
+    "dropout_p > 0: fastattn draws its dropout mask from its Philox stream (the same mask on "
+    "every backend), which torch's dropout does not reproduce"
+)
+
+
+def _torch_limits(dropout_p: float) -> dict[str, str]:
+    """The `limits` of a call with dropout probability dropout_p (select_backend)."""
+    return {"torch": TORCH_NO_DROPOUT} if dropout_p > 0 else {}
+
+
+def _features(*named: tuple[str, bool]) -> tuple[str, ...]:
+    """The speed-table feature words of a call: the names whose flag is set."""
+    return tuple(name for name, present in named if present)
+
+
+def _needs_grad(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd will record this call (a gradient pass follows, for the speed key)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+# The calls' keys in the speed table (fastattn/speed_table.py), from the canonical arguments the
+# public functions build (the benchmarks compute theirs with these): static properties only.
+
+
+def sinusoidal_table_speed_key(num_positions: int, dtype: torch.dtype) -> tuple:
+    return speed_table.key("sinusoidal_table", dtype, length=num_positions)
+
+
+def add_sinusoidal_speed_key(
+    x3: torch.Tensor, offsets: torch.Tensor | None, inplace: bool, dropout_p: float
+) -> tuple:
+    """x3 (N, L, D); features "offsets" (per-sequence starts), "inplace", "dropout"."""
+    features = _features(
+        ("offsets", offsets is not None), ("inplace", inplace), ("dropout", dropout_p > 0)
+    )
+    return speed_table.key(
+        "add_sinusoidal", x3.dtype, length=x3.shape[1], features=features, grad=_needs_grad(x3)
+    )
+
+
+def embed_with_positions_speed_key(
+    tokens: torch.Tensor,
+    weight: torch.Tensor,
+    table: torch.Tensor | None,
+    offsets: torch.Tensor | None,
+    dropout_p: float,
+) -> tuple:
+    """tokens (N, L); features "learned" (a positions table), "offsets", "dropout"."""
+    features = _features(
+        ("learned", table is not None), ("offsets", offsets is not None), ("dropout", dropout_p > 0)
+    )
+    grad = _needs_grad(weight, table)
+    return speed_table.key(
+        "embed_with_positions", weight.dtype, length=tokens.shape[1], features=features, grad=grad
+    )
+
+
+def apply_rotary_speed_key(
+    x: torch.Tensor,
+    cos: torch.Tensor | None,
+    offsets: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    rotary_dim: int,
+    interleaved: bool,
+    inplace: bool,
+) -> tuple:
+    """x (B, H, L, D); features "tables" (cos/sin given), "offsets", "position_ids",
+    "interleaved" (GPT-J pairs), "partial" (rotary_dim < D), "inplace"."""
+    features = _features(
+        ("tables", cos is not None),
+        ("offsets", offsets is not None),
+        ("position_ids", position_ids is not None),
+        ("interleaved", interleaved),
+        ("partial", rotary_dim < x.shape[3]),
+        ("inplace", inplace),
+    )
+    return speed_table.key(
+        "apply_rotary",
+        x.dtype,
+        length=x.shape[2],
+        head_dim=x.shape[3],
+        features=features,
+        grad=_needs_grad(x),
+    )
 
 
 def _native_op(name: str, backend: str):
@@ -144,9 +234,14 @@ def sinusoidal_table(
     if dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
         raise TypeError(f"{op}: dtype must be a floating dtype, got {dtype}")
     device = torch.device("cpu") if device is None else torch.device(device)
-    positions = torch.arange(offset, offset + num_positions, dtype=torch.int64, device=device)
-    chosen = _backend.select_backend(op, device, backend, kernel=op, dtype=dtype)
+    speed_key = sinusoidal_table_speed_key(num_positions, dtype)
+    chosen = _backend.select_backend(
+        op, device, backend, kernel=op, dtype=dtype, speed_key=speed_key
+    )
     _backend._record(op, chosen)
+    if chosen == "torch":
+        return aten.sinusoidal_table(offset, num_positions, dim, float(base), dtype, device)
+    positions = torch.arange(offset, offset + num_positions, dtype=torch.int64, device=device)
     if chosen == "reference":
         return ref.sinusoidal_table(positions, dim, float(base), dtype)
     return _native_op(op, chosen)(positions, dim, float(base), dtype)
@@ -237,7 +332,16 @@ def add_sinusoidal(
         # In place needs x3 to be a view of x; otherwise the result is copied back into x.
         viewed = not inplace or _is_view_of(x3, x)
     off, offsets = _split_offset(op, offset, x3.shape[0], x.device)
-    chosen = _backend.select_backend(op, x.device, backend, kernel=op, dtype=x.dtype)
+    speed_key = add_sinusoidal_speed_key(x3, offsets, inplace, p)
+    chosen = _backend.select_backend(
+        op,
+        x.device,
+        backend,
+        limits=_torch_limits(p),
+        kernel=op,
+        dtype=x.dtype,
+        speed_key=speed_key,
+    )
     seed = dropout_seed(p, x.device)
     args = (x3, off, offsets, float(scale), float(base), p, seed)
     # Every backend rejects per-sequence starts below 0 (the native kernels read no table, so
@@ -248,6 +352,8 @@ def add_sinusoidal(
         _backend._record(op, chosen)
         if chosen == "reference":
             x3.copy_(ref.add_sinusoidal(*args))
+        elif chosen == "torch":
+            aten.add_sinusoidal(*args[:5], out=x3)
         elif x.requires_grad and torch.is_grad_enabled():
             _InplaceAddSinusoidal.apply(x3, chosen, *args[1:])
         else:
@@ -255,6 +361,8 @@ def add_sinusoidal(
         return x
     if chosen == "reference":
         out3 = ref.add_sinusoidal(*args)
+    elif chosen == "torch":
+        out3 = aten.add_sinusoidal(*args[:5])
     else:
         out3 = _native_op(op, chosen)(*args)
     _backend._record(op, chosen)
@@ -330,7 +438,27 @@ def embed_with_positions(
     unbatched = tokens.dim() == 1
     tok = (tokens.unsqueeze(0) if unbatched else tokens).to(torch.int64)
     off, offsets = _split_offset(op, offset, tok.shape[0], weight.device)
-    chosen = _backend.select_backend(op, weight.device, backend, kernel=op, dtype=weight.dtype)
+    limits = _torch_limits(p)
+    if (
+        deterministic
+        and _needs_grad(weight, table)
+        and weight.device.type == "cuda"
+        and not torch.are_deterministic_algorithms_enabled()
+    ):
+        limits["torch"] = (
+            "deterministic=True on CUDA: torch's embedding backward is deterministic only "
+            "under torch.use_deterministic_algorithms(True)"
+        )
+    speed_key = embed_with_positions_speed_key(tok, weight, table, offsets, p)
+    chosen = _backend.select_backend(
+        op,
+        weight.device,
+        backend,
+        limits=limits,
+        kernel=op,
+        dtype=weight.dtype,
+        speed_key=speed_key,
+    )
     seed = dropout_seed(p, weight.device)
     args = (
         tok,
@@ -347,7 +475,8 @@ def embed_with_positions(
     )
     # The native ops check ranges themselves (on the host for CPU tensors, in a check kernel
     # for CUDA ones); FASTATTN_HOST_CHECKS=1 also checks CUDA tensors here, with Python errors.
-    if chosen in ("triton", "reference") or (chosen == "cuda" and host_checks_enabled(tok)):
+    checked_here = ("triton", "torch", "reference")
+    if chosen in checked_here or (chosen == "cuda" and host_checks_enabled(tok)):
         if tok.numel() > 0 and host_checks_enabled(tok):
             lo, hi = (int(v) for v in torch.aminmax(tok))
             if lo < 0 or hi >= V:
@@ -364,6 +493,8 @@ def embed_with_positions(
         )
     if chosen == "reference":
         out = ref.embed_with_positions(*args)
+    elif chosen == "torch":
+        out = aten.embed_with_positions(tok, weight, table, off, offsets, *args[5:7], pad)
     else:
         out = _native_op(op, chosen)(*args)
     _backend._record(op, chosen)
@@ -521,10 +652,17 @@ def apply_rotary(
         off, offsets = 0, None
     else:
         off, offsets = _split_offset(op, offset, B, x.device)
-    chosen = _backend.select_backend(op, x.device, backend, kernel=op, dtype=x.dtype)
+    speed_key = apply_rotary_speed_key(
+        x, cos, offsets, position_ids, rotary_dim, interleaved, inplace
+    )
+    chosen = _backend.select_backend(
+        op, x.device, backend, kernel=op, dtype=x.dtype, speed_key=speed_key
+    )
     # As in embed_with_positions: the native ops check positions themselves.
     ids_or_x = x if position_ids is None else position_ids
-    if chosen in ("triton", "reference") or (chosen == "cuda" and host_checks_enabled(ids_or_x)):
+    if chosen in ("triton", "torch", "reference") or (
+        chosen == "cuda" and host_checks_enabled(ids_or_x)
+    ):
         if position_ids is not None:
             allowed = "be >= 0" if rows is None else f"be in [0, {rows}) (cos/sin rows)"
             if position_ids.numel() == 0:
@@ -547,8 +685,10 @@ def apply_rotary(
             _check_position_range(op, off, offsets, L, rows, "cos/sin")
     args = (cos, sin, off, offsets, position_ids, rotary_dim, float(base), bool(interleaved))
     _backend._record(op, chosen)
-    if chosen == "reference":
-        out = ref.apply_rotary(x, *args)
+    if chosen in ("reference", "torch"):
+        # Both compute a new tensor; in place, it is copied into x (differentiable).
+        rotary = ref.apply_rotary if chosen == "reference" else aten.apply_rotary
+        out = rotary(x, *args)
         if inplace:
             return x.copy_(out)
         return out
@@ -571,6 +711,8 @@ def _triton_name(name: str) -> str:
 
 
 def _register() -> None:
+    for name in ("sinusoidal_table", "add_sinusoidal", "embed_with_positions", "apply_rotary"):
+        _backend.register_torch_op(name)
     register_native_fakes(contract.FAKES)
     if _backend.has_op("apply_rotary"):
         formulas = contract.autograd_formulas(
