@@ -7,7 +7,9 @@ Backends: "cpu"/"cuda" run torch.ops.fastattn.attention_decode (the attention pa
 rotation and append run through fastattn's fused rotary kernel and one scatter), "triton"
 torch.ops.fastattn.attention_with_kvcache_triton (fastattn/triton/attention_with_kvcache.py:
 rotation and append in one kernel, q rotated inside the split-K attention kernel, splits merged
-by a third), "reference" fastattn/reference/attention_with_kvcache.py.
+by a third), "torch" torch's scaled_dot_product_attention over the cache
+(fastattn/aten/attention_with_kvcache.py; no softcap, sinks, or ALiBi in 16-bit), "reference"
+fastattn/reference/attention_with_kvcache.py.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import math
 
 import torch
 
-from .. import _backend, _native
+from .. import _backend, _native, speed_table
+from ..aten import attention_with_kvcache as aten
 from ..contracts import attention_with_kvcache as contract
 from ..contracts.attention import MAX_HEAD_DIM, check_seqlen
 from ..reference import attention_with_kvcache as ref
@@ -187,8 +190,10 @@ def attention_with_kvcache(
 
     if B > 0 and Lnew > Lmax:  # known without reading cache_seqlens
         raise ValueError(f"{op}: the cache is too small: {Lnew} new tokens exceed {capacity()}")
+    key_bound = Lmax  # no sequence has more keys (less when cache_seqlens is read below)
     if B > 0 and host_checks_enabled(cache_seqlens):
         lo, hi = (int(x) for x in torch.aminmax(cache_seqlens))
+        key_bound = min(max(hi + Lnew, 0), Lmax)
         if lo < 0:
             raise ValueError(f"{op}: cache_seqlens must be >= 0, got {lo}")
         if hi + Lnew > Lmax:
@@ -220,7 +225,21 @@ def attention_with_kvcache(
         why = _backend.missing_kernel(kernel, name)
         if why:
             limits[name] = why
-    chosen = _backend.select_backend(op, q.device, backend, limits=limits, dtype=q.dtype)
+    if softcap > 0:
+        limits["torch"] = "softcap: torch's SDPA has no score capping"
+    elif sinks is not None:
+        limits["torch"] = "sinks: torch's SDPA returns no log-sum-exp to fold attention sinks into"
+    elif alibi is not None and q.dtype in (torch.float16, torch.bfloat16):
+        limits["torch"] = (
+            f"alibi_slopes with {q.dtype} inputs: SDPA adds a float mask in q's dtype, which "
+            f"would round the ALiBi bias (fastattn adds it in float32)"
+        )
+    speed_key = attention_with_kvcache_speed_key(
+        q, k_cache, Lmax, mode, left, right, alibi, softcap, sinks, rotary_cos, block_table
+    )
+    chosen = _backend.select_backend(
+        op, q.device, backend, limits=limits, dtype=q.dtype, speed_key=speed_key
+    )
     # CUDA values are checked on the device, before anything is appended: by the native CUDA
     # op itself (a check kernel), here for the other backends.
     device_side = chosen != "cuda" and device_checks_enabled(cache_seqlens)
@@ -252,6 +271,31 @@ def attention_with_kvcache(
     # One op for rotary, append and attention where the backend has it (triton; a native
     # build's attention_with_kvcache): a decoding step is short enough that a handful of ops'
     # dispatch and checks would cost more than the attention itself.
+    if chosen == "torch":
+        if rotary_cos is not None:  # before anything is appended
+            _check_rotary_tables(
+                op, D, rotary_cos, rotary_sin, positions, max(Lq, Lnew), on_device=True
+            )
+        out = aten.attention_with_kvcache(
+            q,
+            k_cache,
+            v_cache,
+            cache_seqlens,
+            k_new,
+            v_new,
+            rotary_cos,
+            rotary_sin,
+            bool(rotary_interleaved),
+            alibi,
+            scale,
+            mode != 0,
+            left,
+            right,
+            block_table,
+            key_bound,
+        )
+        _backend._record(op, chosen)
+        return out
     if chosen != "reference" and not _backend.missing_kernel("attention_with_kvcache", chosen):
         if rotary_cos is not None:
             _check_rotary_tables(
@@ -335,6 +379,38 @@ def attention_with_kvcache(
     return out
 
 
+def attention_with_kvcache_speed_key(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    capacity: int,
+    causal_mode: int,
+    window_left: int,
+    window_right: int,
+    alibi_slopes: torch.Tensor | None,
+    softcap: float,
+    sinks: torch.Tensor | None,
+    rotary_cos: torch.Tensor | None,
+    block_table: torch.Tensor | None,
+) -> tuple:
+    """The call's key in the speed table (fastattn/speed_table.py), from static properties: the
+    length class of the caches' capacity (Lmax; the lengths in use are tensor values), q's head
+    dim, features "alibi", "causal", "gqa" (fewer cache heads than q's), "paged", "rotary",
+    "sinks", "softcap", "window". Inference only: never a gradient."""
+    features = (
+        ("alibi",) * (alibi_slopes is not None)
+        + ("causal",) * (causal_mode != 0)
+        + ("gqa",) * (k_cache.shape[1] != q.shape[1])
+        + ("paged",) * (block_table is not None)
+        + ("rotary",) * (rotary_cos is not None)
+        + ("sinks",) * (sinks is not None)
+        + ("softcap",) * (softcap > 0)
+        + ("window",) * (window_left >= 0 or window_right >= 0)
+    )
+    return speed_table.key(
+        "attention_with_kvcache", q.dtype, length=capacity, head_dim=q.shape[3], features=features
+    )
+
+
 def _check_block_table(op, block_table, q, k_cache, v_cache) -> int:
     """Checks a paged call's block_table and pools; returns the table's capacity
     max_blocks_per_seq * block_size (the paged cache's Lmax)."""
@@ -385,6 +461,7 @@ def _host_check_blocks(op, block_table, cache_seqlens, Lnew, block_size, num_blo
 def _register() -> None:
     """Fakes of the native ops and the Triton op, from the contract
     (fastattn/contracts/attention_with_kvcache.py)."""
+    _backend.register_torch_op("attention_with_kvcache")
     register_native_fakes(
         {
             "attention_decode": contract.decode_fake,
