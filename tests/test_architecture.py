@@ -27,19 +27,26 @@ ALLOWED = {
     "fastattn.contracts": {"fastattn.contracts"},
     "fastattn.reference": {"fastattn.reference", "fastattn.contracts"},
     "fastattn.triton": {"fastattn.triton", "fastattn.contracts", "fastattn._debug"},
+    # the torch backend: torch's own kernels, beside the kernel layers
+    "fastattn.aten": {"fastattn.aten", "fastattn.contracts"},
     "fastattn.ops": {
         "fastattn.ops",
         "fastattn.contracts",
         "fastattn.reference",
         "fastattn.triton",
+        "fastattn.aten",
         "fastattn._backend",
+        "fastattn.speed_table",
         "fastattn._native",
         "fastattn._debug",
     },
     "fastattn.nn": {"fastattn.nn", "fastattn.ops", "fastattn.distributed", "fastattn._backend"},
     # context parallelism: modules-level code built on the ops and torch.distributed
     "fastattn.distributed": {"fastattn.distributed", "fastattn.ops", "fastattn._backend"},
-    "fastattn._backend": {"fastattn._native"},
+    "fastattn._backend": {"fastattn._native", "fastattn.speed_table"},
+    # the measured tables and their lookup, read by the automatic choice (_backend)
+    "fastattn.speed_table": {"fastattn._native", "fastattn._backend", "fastattn.speed_tables"},
+    "fastattn.speed_tables": set(),
     "fastattn._native": {"fastattn._C"},
     "fastattn._debug": {"fastattn._native"},
 }
