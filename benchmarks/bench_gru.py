@@ -8,16 +8,38 @@ Throughput counts the GEMM work: 2 * rows * G H * (I + H) per layer and directio
 bench_rnn.py. Every fastattn backend that runs the family on the device gets a row: cpu on the
 CPU; on a GPU triton (the LSTM's Triton engine, generic over the cell) and cuda (the LSTM's
 CUDA engine, generic over the cell; the row names its recurrent path, persistent or per_step).
+Beside them: torch's kernel through fastattn's torch backend (fastattn:torch, where that backend
+takes the call: on CUDA it refuses float32 while cuDNN's RNNs run in TF32, torch's default) and
+the automatic choice (fastattn (auto), speed table included). Each case carries the call's speed
+key, so `--write-speed-table` records which of the two kernels was faster.
 """
 
 from __future__ import annotations
 
 import torch
-from common import Case, fastattn_backends, relative_error
+from common import AUTO, TORCH_BACKEND, Case, automatic_kernel, fastattn_backends, relative_error
 from torch.nn.utils.rnn import pack_padded_sequence
 
 import fastattn
+from fastattn import _backend
+from fastattn.aten import gru as aten_gru
+from fastattn.aten import rnn as aten_rnn
 from fastattn.ops import _recurrent
+
+
+def torch_refusal(
+    family: str, variant, device: torch.device, T: int, lengths: torch.Tensor | None
+) -> str | None:
+    """Why fastattn's torch backend refuses a benchmarked `family` call, as the op reads it
+    (the module passes the unpacked lengths, on the host; no dropout: one layer, or not
+    training), or None."""
+    why = _backend.cannot_run("torch", device)
+    if why is not None:
+        return why
+    kw = dict(seq_len=T, dropout_p=0.0, lengths=lengths)
+    if family == "gru":
+        return aten_gru.refusal(device, torch.float32, reset_after=variant, **kw)
+    return aten_rnn.refusal(device, torch.float32, **kw)
 
 
 def recurrent_case(
@@ -56,7 +78,7 @@ def recurrent_case(
         inp = pack_padded_sequence(x, lengths, enforce_sorted=False)
         rows = int(lengths.sum())
     else:
-        inp, rows = x, T * B
+        lengths, inp, rows = None, x, T * B
 
     def run(module, backend=None):
         def fwd():
@@ -84,6 +106,8 @@ def recurrent_case(
 
         return call
 
+    # the cell's variant as the op takes it: reset_after (nn.GRU's) or the nonlinearity
+    variant = True if family == "gru" else kind.split("_")[1]
     limits = _recurrent.unsupported_backends(family, torch.float32)
     providers = {}
     for b in fastattn_backends(device):
@@ -91,12 +115,14 @@ def recurrent_case(
             continue
         label_b = f"fastattn:{b}"
         if b == "cuda":  # which recurrent path the cuda backend takes (layer 0)
-            variant = True if family == "gru" else kind.split("_")[1]
             path = _recurrent.cuda_recurrent_path(
                 family, x, ours.weight_hh_l0, variant, backward=backward
             )
             label_b += f" ({path})"
         providers[label_b] = run(ours, b)
+    if torch_refusal(family, variant, device, T, lengths) is None:
+        providers[TORCH_BACKEND] = run(ours, "torch")
+    providers[AUTO] = run(ours)
     providers[f"torch.nn.{label}"] = run(theirs)
     if reference:
         providers["reference loop"] = run(ours, "reference")
@@ -120,6 +146,20 @@ def recurrent_case(
         check=relative_error,
         tolerance=2e-3,
         dtype="float32",
+        # fastattn.gru's / fastattn.rnn's key for this call: forward cases run under no_grad,
+        # forward+backward ones with parameters that need gradients
+        speed_key=_recurrent.speed_key(
+            family,
+            torch.float32,
+            T,
+            hidden=H,
+            grad=backward,
+            bidirectional=bidirectional,
+            num_layers=layers,
+            lengths=varlen,
+            variant=_recurrent._variant_word(family, variant),
+        ),
+        kernel=automatic_kernel(family, device),
     )
 
 

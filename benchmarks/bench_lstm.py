@@ -10,15 +10,22 @@ which recurrent path it takes (fastattn.ops.lstm.cuda_recurrent_path). "fwd" is 
 the inputs and initial states need no gradient, the parameters do (their gradients are
 returned and checked). Throughput counts the GEMM work: 2 * rows * 4H * (I + P) per layer
 and direction forward (rows = sum of the lengths), three times that for forward+backward.
+Beside the kernels: torch's LSTM through fastattn's torch backend (fastattn:torch, where that
+backend takes the call: on CUDA it refuses float32 while cuDNN's RNNs run in TF32, torch's
+default) and the automatic choice (fastattn (auto), speed table included). Each case carries
+the call's speed key, so `--write-speed-table` records which of the two kernels was faster.
 """
 
 from __future__ import annotations
 
 import torch
-from common import Case, fastattn_backends, relative_error
+from common import AUTO, TORCH_BACKEND, Case, automatic_kernel, fastattn_backends, relative_error
 from torch.nn.utils.rnn import pack_padded_sequence
 
 import fastattn
+from fastattn import _backend
+from fastattn.aten import lstm as aten_lstm
+from fastattn.ops._recurrent import speed_key
 from fastattn.ops.lstm import cuda_recurrent_path, unsupported_backends
 
 
@@ -96,6 +103,13 @@ def lstm_case(
             )
             label += f" ({cuda_recurrent_path(x, w_hh)})"
         providers[label] = run(ours, b)
+    # The torch backend's refusal as fastattn.lstm reads it (the module passes the unpacked
+    # lengths, on the host; no dropout: one layer, or not training).
+    if _backend.cannot_run("torch", device) is None and (
+        aten_lstm.refusal(device, torch.float32, seq_len=T, dropout_p=0.0, lengths=lengths) is None
+    ):
+        providers[TORCH_BACKEND] = run(ours, "torch")
+    providers[AUTO] = run(ours)
     providers["torch.nn.LSTM"] = run(theirs)
     if reference:
         providers["reference loop"] = run(ours, "reference")
@@ -118,6 +132,19 @@ def lstm_case(
         check=relative_error,
         tolerance=2e-3,
         dtype="float32",
+        # fastattn.lstm's key for this call: forward cases run under no_grad, forward+backward
+        # ones with parameters that need gradients
+        speed_key=speed_key(
+            "lstm",
+            torch.float32,
+            T,
+            hidden=H,
+            grad=backward,
+            bidirectional=bidirectional,
+            num_layers=layers,
+            lengths=varlen,
+        ),
+        kernel=automatic_kernel("lstm", device),
     )
 
 
