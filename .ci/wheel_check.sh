@@ -45,7 +45,8 @@ for spec in "213cpu torch==2.13.0+cpu" "2141 torch==2.14.1"; do
       done
     fi
     # shellcheck disable=SC2086
-    "$venv/bin/python" -m pytest $FAST_TESTS -q -x -n 2 -p no:cacheprovider --timeout=900
+    # Triton is pure Python (the interpreter here): the native build under this torch is what counts.
+    "$venv/bin/python" -m pytest $FAST_TESTS -q -x -n 2 -p no:cacheprovider --timeout=900 -k "not triton"
   )
   rm -rf "$work"
   echo "wheel under $torch_req: ok"
