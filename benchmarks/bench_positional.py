@@ -11,6 +11,13 @@ torch.compile of the one-pass form). The in-place rows (fastattn's inplace=True 
 one-pass add written into x, marked in Case.inplace) do the same work without allocating an
 output, so fastattn's in-place row is compared with PyTorch's in-place row only (common.py),
 and run.py's summary shows them as their own family ("add_sinusoidal in-place").
+
+Beside fastattn's kernels, each case times the out-of-place call through fastattn's torch
+backend (fastattn:torch; left out where that backend refuses the call: dropout_p > 0, whose
+mask is fastattn's Philox stream) and the automatic choice (fastattn (auto), speed table
+included), and carries that call's speed key, so `--write-speed-table` records which of
+fastattn's kernel and torch's was faster (the in-place rows' key, with "inplace", is not
+measured: they share a case with the out-of-place call).
 """
 
 from __future__ import annotations
@@ -20,9 +27,22 @@ import math
 
 import torch
 import torch.nn.functional as F
-from common import Case, copy_bandwidth, fastattn_backends, relative_error
+from common import (
+    AUTO,
+    TORCH_BACKEND,
+    Case,
+    automatic_kernel,
+    copy_bandwidth,
+    fastattn_backends,
+    relative_error,
+)
 
 import fastattn
+from fastattn.ops.positional import (
+    add_sinusoidal_speed_key,
+    apply_rotary_speed_key,
+    embed_with_positions_speed_key,
+)
 
 # ---------------------------------------------------------------------------------------------
 # The PyTorch implementations users write today
@@ -122,6 +142,11 @@ def add_sinusoidal_case(B, L, D, dtype, p, device, backward=False, copy_gbs=None
                 providers[f"fastattn:{b} inplace"] = lambda b=b: fastattn.add_sinusoidal(
                     buf(), scale=scale, dropout_p=p_, inplace=True, backend=b
                 )
+        if p == 0:  # the torch backend refuses dropout (the timed call's p)
+            providers[TORCH_BACKEND] = wrap(
+                lambda: fastattn.add_sinusoidal(x, scale=scale, dropout_p=p_, backend="torch")
+            )
+        providers[AUTO] = wrap(lambda: fastattn.add_sinusoidal(x, scale=scale, dropout_p=p_))
         providers["torch one-pass table"] = wrap(lambda: one_pass_add_sinusoidal(x, pe, scale, p_))
         providers["torch two-pass"] = wrap(lambda: two_pass_add_sinusoidal(x, pe, scale, p_))
         providers["torch.compile one-pass"] = wrap(
@@ -146,6 +171,9 @@ def add_sinusoidal_case(B, L, D, dtype, p, device, backward=False, copy_gbs=None
         tolerance=1e-5 if dtype == torch.float32 else 2e-2,
         dtype=str(dtype)[6:],
         notes=_notes(copy_gbs),
+        # the out-of-place call's key (x is already the op's canonical (N, L, D))
+        speed_key=add_sinusoidal_speed_key(x, None, False, p),
+        kernel=automatic_kernel("add_sinusoidal", device),
     )
 
 
@@ -174,6 +202,17 @@ def embed_case(B, L, D, V, dtype, p, device, learned=False, backward=False, copy
             )
             for b in fastattn_backends(device)
         }
+        if p == 0:  # the torch backend refuses dropout (the timed call's p)
+            providers[TORCH_BACKEND] = wrap(
+                lambda: fastattn.embed_with_positions(
+                    tokens, weight, positions=positions, scale=scale, dropout_p=p_, backend="torch"
+                )
+            )
+        providers[AUTO] = wrap(
+            lambda: fastattn.embed_with_positions(
+                tokens, weight, positions=positions, scale=scale, dropout_p=p_
+            )
+        )
         providers["torch one-pass table"] = wrap(
             lambda: one_pass_embed(tokens, weight, pe, scale, p_)
         )
@@ -199,6 +238,8 @@ def embed_case(B, L, D, V, dtype, p, device, learned=False, backward=False, copy
         tolerance=1e-5 if dtype == torch.float32 else 2e-2,
         dtype=str(dtype)[6:],
         notes=_notes(copy_gbs),
+        speed_key=embed_with_positions_speed_key(tokens, weight, pe if learned else None, None, p),
+        kernel=automatic_kernel("embed_with_positions", device),
     )
 
 
@@ -215,6 +256,10 @@ def rotary_case(B, H, L, D, dtype, device, copy_gbs=None) -> Case:
         )
         for b in fastattn_backends(device)
     }
+    providers[TORCH_BACKEND] = lambda: fastattn.apply_rotary(
+        x, cos=cos_half, sin=sin_half, backend="torch"
+    )
+    providers[AUTO] = lambda: fastattn.apply_rotary(x, cos=cos_half, sin=sin_half)
     providers["torch eager (HF rotate_half)"] = lambda: eager_rotary(x, cos_full, sin_full)
     providers["torch.compile"] = lambda: compiled(eager_rotary)(x, cos_full, sin_full)
     return Case(
@@ -228,6 +273,9 @@ def rotary_case(B, H, L, D, dtype, device, copy_gbs=None) -> Case:
         tolerance=1e-5 if dtype == torch.float32 else 2e-2,
         dtype=str(dtype)[6:],
         notes=_notes(copy_gbs),
+        # cos/sin tables given, rotary_dim = D (2 * cos_half.shape[1]), NeoX layout
+        speed_key=apply_rotary_speed_key(x, cos_half, None, None, D, False, False),
+        kernel=automatic_kernel("apply_rotary", device),
     )
 
 
