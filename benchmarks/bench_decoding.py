@@ -13,15 +13,42 @@ pool, the worst case for the memory system: no two consecutive blocks of a seque
 neighbours), "lockstep" takes the table from fastattn.PagedKVCache after the batch's
 sequences grew together one block at a time (decoding in lockstep: sequence b's blocks lie B
 blocks apart).
+
+Beside fastattn's kernels, each case times the same call through fastattn's torch backend
+(fastattn:torch: the append and rotation with torch ops, SDPA over the cache; on a paged case
+the cache gathered into a dense copy first) and the automatic choice (fastattn (auto), speed
+table included), and carries the call's speed key: a dense case, where fastattn's kernel row is
+named after its backend alone, gives `--write-speed-table` an entry.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from common import Case, fastattn_backends
+from common import AUTO, TORCH_BACKEND, Case, automatic_kernel, fastattn_backends
 
 import fastattn
+from fastattn.ops.attention_with_kvcache import attention_with_kvcache_speed_key
+from fastattn.ops.varlen_attention import causal_mode, window_sides
+
+OP = "attention_with_kvcache"
+
+
+def speed_key(q, k_cache, capacity, *, rotary_cos=None, block_table=None) -> tuple:
+    """fastattn.attention_with_kvcache's speed key for the benchmarked calls: causal (the
+    default), no window, ALiBi, softcap or sinks."""
+    return attention_with_kvcache_speed_key(
+        q,
+        k_cache,
+        capacity,
+        causal_mode(True),
+        *window_sides(OP, None),
+        None,
+        0.0,
+        None,
+        rotary_cos,
+        block_table,
+    )
 
 
 def rotate_half(x):
@@ -42,22 +69,22 @@ def decoding_case(batch, cache_len, hq, hkv, head_dim, dtype, device) -> Case:
     cos_full = torch.cat((cos, cos), -1).to(dtype)
     sin_full = torch.cat((sin, sin), -1).to(dtype)
 
-    providers = {
-        f"fastattn:{b}": (
-            lambda b=b: fastattn.attention_with_kvcache(
-                q,
-                k_cache,
-                v_cache,
-                cache_seqlens=seqlens,
-                k_new=k_new,
-                v_new=v_new,
-                rotary_cos=cos,
-                rotary_sin=sin,
-                backend=b,
-            )
+    def call(backend=None):
+        return fastattn.attention_with_kvcache(
+            q,
+            k_cache,
+            v_cache,
+            cache_seqlens=seqlens,
+            k_new=k_new,
+            v_new=v_new,
+            rotary_cos=cos,
+            rotary_sin=sin,
+            backend=backend,
         )
-        for b in fastattn_backends(device)
-    }
+
+    providers = {f"fastattn:{b}": (lambda b=b: call(b)) for b in fastattn_backends(device)}
+    providers[TORCH_BACKEND] = lambda: call("torch")
+    providers[AUTO] = call
 
     def sdpa():
         pos = cache_len
@@ -82,6 +109,8 @@ def decoding_case(batch, cache_len, hq, hkv, head_dim, dtype, device) -> Case:
         check=lambda o, r: float((o.double() - r.double()).abs().max()),
         tolerance=1e-4 if dtype == torch.float32 else 3e-2,
         dtype=str(dtype)[6:],
+        speed_key=speed_key(q, k_cache, Lmax, rotary_cos=cos),
+        kernel=automatic_kernel(OP, device),
     )
 
 
@@ -141,6 +170,14 @@ def paged_case(
         providers[f"fastattn:{b} paged"] = lambda kw=kw: fastattn.attention_with_kvcache(
             q, k_pool, v_pool, block_table=table, **kw
         )
+    # The paged call through the torch backend (the pool gathered into a dense copy, then
+    # SDPA) and the automatic choice. No fastattn row is named after its backend alone, so
+    # these cases give the speed table no entry (speed_table_writer.py).
+    paged_kw = dict(cache_seqlens=seqlens, k_new=k_new, v_new=v_new, block_table=table)
+    providers[TORCH_BACKEND] = lambda: fastattn.attention_with_kvcache(
+        q, k_pool, v_pool, backend="torch", **paged_kw
+    )
+    providers[AUTO] = lambda: fastattn.attention_with_kvcache(q, k_pool, v_pool, **paged_kw)
     dense = [n for n in providers if n.endswith("dense")]
     size = torch.tensor([], dtype=dtype).element_size()
     return Case(
@@ -150,11 +187,13 @@ def paged_case(
         providers=providers,
         reference=dense[0],
         baselines=tuple(dense),
-        judged=tuple(n for n in providers if n.endswith("paged")),
+        judged=tuple(n for n in providers if n.endswith("paged") or n in (TORCH_BACKEND, AUTO)),
         bytes=2 * batch * hkv * (cache_len + 1) * head_dim * size,
         check=lambda o, r: float((o.double() - r.double()).abs().max()),
         tolerance=1e-5 if dtype == torch.float32 else 3e-2,
         dtype=str(dtype)[6:],
+        speed_key=speed_key(q, k_pool, blocks_per_seq * block_size, block_table=table),
+        kernel=automatic_kernel(OP, device),
     )
 
 
