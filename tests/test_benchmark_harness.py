@@ -112,17 +112,18 @@ def _inplace_case(clock, costs: dict[str, float], inplace: tuple[str, ...]):
 def test_in_place_rows_are_compared_with_in_place_baselines_only():
     """fastattn's in-place row is the fastest of all (1 s) but is timed against PyTorch's
     in-place row (1.5 s), not its out-of-place one (8 s); the out-of-place fastattn row (2 s)
-    against the out-of-place baseline. Pairing across kinds would read 8x."""
+    against the out-of-place baseline. Pairing across kinds would read 8x. (The rows are named
+    as the bench modules name fastattn's own kernels, which the summary judges: own_kernel.)"""
     import run
 
     clock = FakeClock()
-    costs = {"fastattn": 2.0, "fastattn inplace": 1.0, "torch": 8.0, "torch inplace": 1.5}
-    case = _inplace_case(clock, costs, inplace=("fastattn inplace", "torch inplace"))
+    costs = {"fastattn:cpu": 2.0, "fastattn:cpu inplace": 1.0, "torch": 8.0, "torch inplace": 1.5}
+    case = _inplace_case(clock, costs, inplace=("fastattn:cpu inplace", "torch inplace"))
     rows = common.run_case(case, CPU, min_time=0.0, clock=clock)
     got = {r["provider"]: (r["inplace"], r["speedup"], r["against"]) for r in rows}
     assert got == {
-        "fastattn": (False, 4.0, "torch"),
-        "fastattn inplace": (True, 1.5, "torch inplace"),
+        "fastattn:cpu": (False, 4.0, "torch"),
+        "fastattn:cpu inplace": (True, 1.5, "torch inplace"),
         "torch": (False, 1.0, "torch"),
         "torch inplace": (True, 1.0, "torch inplace"),
     }
@@ -299,3 +300,60 @@ def test_progress_draws_a_bar_on_a_terminal_and_plain_lines_otherwise():
     run.Progress(2, stream=log).case(2, "lstm", 1, 5, "lstm fwd T=100")
     assert log.getvalue().startswith("[op 2/2 lstm] case 1/5, 5 left in this op, 0s elapsed:")
     assert log.getvalue().count("\n") == 1
+
+
+def test_a_case_with_a_speed_key_measures_an_entry_and_feeds_the_auto_summary():
+    """A case with a speed key, fastattn's kernel row (Case.kernel), a torch-backend row and an
+    automatic-choice row (bench_lstm.py and the others): the writer turns the kernel's and
+    torch's times into an entry, the kernels' summary judges the kernel row only (torch's row,
+    2x faster than the kernel, does not stand in for it) and the auto summary compares the
+    auto row with the faster of the two. A case whose torch backend refused the call (no
+    torch row, e.g. dropout) measures no entry."""
+    import run
+    import speed_table_writer
+
+    from fastattn import speed_table
+
+    clock = FakeClock()
+    rows = []
+    for name, features, costs in (
+        ("n=1", (), {"fastattn:cpu": 2.0, "fastattn:torch": 1.0, "fastattn (auto)": 1.0}),
+        ("n=1 p=0.1", ("dropout",), {"fastattn:cpu": 2.0, "fastattn (auto)": 2.0}),
+    ):
+        costs = {**costs, "torch": 4.0}
+        case = common.Case(
+            op="toy",
+            name=name,
+            providers={p: clock.provider(p, cost) for p, cost in costs.items()},
+            reference="torch",
+            baselines=("torch",),
+            check=common.relative_error,
+            speed_key=speed_table.key(
+                "lstm", torch.float32, length=100, head_dim=512, features=features
+            ),
+            kernel="cpu",
+        )
+        rows += common.run_case(case, CPU, min_time=0.0, clock=clock)
+    assert all(r["status"] == "ok" for r in rows)
+    entries = speed_table_writer.entries_from_rows(rows)
+    assert entries == [
+        dict(
+            op="lstm",
+            dtype="float32",
+            head_dim="<=512",
+            length="<=256",
+            features="plain",
+            **{"pass": "fwd"},
+            kernel="cpu",
+            faster="torch",
+            ratio=2.0,
+            cases=1,
+        )
+    ]
+    results = [(types.SimpleNamespace(), rows)]
+    summary = run.summary_table(results).splitlines()[2].split()
+    assert summary[:5] == ["toy", "(float32)", "2", "2.00x", "2.00x"]
+    assert summary[-1] == "fastattn:cpu"
+    auto = run.auto_summary(results)
+    assert auto.startswith("toy (float32): fastattn (auto) at 1.00x (worst 1.00x)")
+    assert "over 1 cases" in auto and auto.endswith("target >= 0.97x: met")
