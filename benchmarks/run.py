@@ -156,19 +156,21 @@ def auto_summary(results: list[tuple[object, list[dict]]]) -> str:
     through fastattn's torch backend, per case, against AUTO_TARGET."""
     families: dict[str, list[float]] = {}
     for _, rows in results:
-        by_case: dict[tuple, dict[str, float]] = {}
+        times: dict[tuple, dict[str, float]] = {}
+        kernels: dict[tuple, str | None] = {}
         for r in rows:
             if "median_ms" in r and r.get("status") == "ok":
-                by_case.setdefault((common.op_family(r), r["case"]), {})[r["provider"]] = r[
-                    "median_ms"
-                ]
-                by_case[(common.op_family(r), r["case"])]["kernel"] = r.get("kernel")
-        for (family, _), times in by_case.items():
-            kernel = times.get(f"fastattn:{times.get('kernel')}")
-            torch_time = times.get(common.TORCH_BACKEND)
-            if common.AUTO not in times or kernel is None or torch_time is None:
+                case = (common.op_family(r), r["case"])
+                times.setdefault(case, {})[r["provider"]] = r["median_ms"]
+                kernels[case] = r.get("kernel")
+        for (family, case_name), case_times in times.items():
+            kernel = case_times.get(f"fastattn:{kernels[(family, case_name)]}")
+            torch_time = case_times.get(common.TORCH_BACKEND)
+            if common.AUTO not in case_times or kernel is None or torch_time is None:
                 continue
-            families.setdefault(family, []).append(min(kernel, torch_time) / times[common.AUTO])
+            families.setdefault(family, []).append(
+                min(kernel, torch_time) / case_times[common.AUTO]
+            )
     if not families:
         return "no fastattn (auto) row beside a kernel and a torch-backend row"
     lines = []
