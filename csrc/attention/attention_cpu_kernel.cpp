@@ -448,6 +448,93 @@ inline void transpose_streaming(const float* src, int64_t lds, float* dst, int64
     }
   }
 }
+#elif defined(FASTATTN_CPU_VEC)
+// pv_runs_block on the vectors of common/cpu_vec.h: an MR x (NV kWidth) block of O from column
+// c (kFull: all its columns inside Dv, plain loads).
+template <int MR, int NV, bool kFull>
+void pv_runs_block(int64_t Dv, int64_t c, const float* a, int64_t a_k, const float* const* rows,
+                   const int64_t* n, int64_t count, int64_t stride, float* o, LineStream* next) {
+  constexpr int W = VecF::kWidth;
+  constexpr int64_t kLines = (NV * W * sizeof(float) + 63) / 64;  // lines a V row's block reads
+  TailF tail[NV];
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) tail[v] = VecF::tail(Dv - c - W * v);
+  VecF acc[MR][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const float* orow = o + r * Dv + c + W * v;
+      acc[r][v] = kFull ? VecF::load(orow) : VecF::load(orow, tail[v]);
+    }
+  }
+  const float* ak = a;
+  for (int64_t run = 0; run < count; ++run) {
+    const float* b = rows[run] + c;
+    for (int64_t k = 0; k < n[run]; ++k, b += stride, ak += a_k) {
+      if (next != nullptr) next->issue(kLines);
+      VecF bv[NV];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v)
+        bv[v] = kFull ? VecF::load(b + W * v) : VecF::load(b + W * v, tail[v]);
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        const VecF ar = VecF::set1(ak[r]);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[r][v] = fma(ar, bv[v], acc[r][v]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[r][v].store(o + r * Dv + c + W * v, tail[v]);
+  }
+}
+
+// O (MR x Dv, ld Dv) += P V over a tile's block runs (as pv_runs_avx512), two vectors of
+// columns at a time.
+template <int MR>
+void pv_runs_vec(int64_t Dv, const float* a, int64_t a_k, const float* const* rows,
+                 const int64_t* n, int64_t count, int64_t stride, float* o, LineStream* next) {
+  constexpr int W = VecF::kWidth;
+  int64_t c = 0;
+  for (; c + 2 * W <= Dv; c += 2 * W) {
+    pv_runs_block<MR, 2, true>(Dv, c, a, a_k, rows, n, count, stride, o, next);
+  }
+  if (c + W < Dv) {
+    pv_runs_block<MR, 2, false>(Dv, c, a, a_k, rows, n, count, stride, o, next);
+  } else if (c < Dv) {
+    pv_runs_block<MR, 1, false>(Dv, c, a, a_k, rows, n, count, stride, o, next);
+  }
+}
+
+// pv_runs_vec for M rows (1 <= M <= MR).
+template <int MR>
+void pv_runs_vec_rows(int64_t M, int64_t Dv, const float* a, int64_t a_k, const float* const* rows,
+                      const int64_t* n, int64_t count, int64_t stride, float* o, LineStream* next) {
+  if constexpr (MR > 0) {
+    if (M == MR) {
+      pv_runs_vec<MR>(Dv, a, a_k, rows, n, count, stride, o, next);
+    } else {
+      pv_runs_vec_rows<MR - 1>(M, Dv, a, a_k, rows, n, count, stride, o, next);
+    }
+  }
+}
+
+// transpose() that prefetches a line of `next` per source line it reads.
+inline void transpose_streaming(const float* src, int64_t lds, float* dst, int64_t ldd,
+                                int64_t rows, int64_t cols, LineStream* next) {
+  constexpr int W = VecF::kWidth;
+  for (int64_t r = 0; r < rows; r += W) {
+    const int rows_here = static_cast<int>(std::min<int64_t>(W, rows - r));
+    for (int64_t c = 0; c < cols; c += W) {
+      const int cols_here = static_cast<int>(std::min<int64_t>(W, cols - c));
+      transpose_block(src + r * lds + c, lds, dst + c * ldd + r, ldd, rows_here, cols_here);
+      if (next != nullptr) next->issue((rows_here * W * sizeof(float) + 63) / 64);
+    }
+  }
+}
 #endif
 
 template <typename T>
@@ -520,7 +607,7 @@ struct FloatTiles {
   // pv_runs. `next` (or nullptr): the next tile's lines, one prefetched per line these read.
   void load_k_runs(const RowRuns<T>& runs, LineStream* next) {
     for (int64_t r = 0, off = 0; r < runs.count; off += runs.n[r], ++r) {
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(FASTATTN_CPU_VEC)
       if constexpr (std::is_same_v<acc, float>) {
         transpose_streaming(runs.rows[r], runs.stride, kt.data() + off, kBlockK, runs.n[r], D,
                             next);
@@ -560,6 +647,15 @@ struct FloatTiles {
           default:
             break;
         }
+      }
+      return;
+    }
+#elif defined(FASTATTN_CPU_VEC)
+    if constexpr (std::is_same_v<acc, float>) {
+      for (int64_t m0 = 0; m0 < M; m0 += kGemmRowsVec) {
+        pv_runs_vec_rows<kGemmRowsVec>(std::min<int64_t>(M - m0, kGemmRowsVec), Dv, pt.data() + m0,
+                                       M, runs.rows, runs.n, runs.count, runs.stride, o + m0 * Dv,
+                                       next);
       }
       return;
     }

@@ -6,10 +6,13 @@
 // work without copies; B is row-major with leading dimension ldb (the operand the vector
 // lanes run along); C is row-major with leading dimension ldc. With AVX-512 the float product
 // is a register-blocked micro-kernel (8 rows x 32 columns of accumulators, A broadcast from
-// memory, B loaded as two vectors per k); everything else is plain loops the compiler
-// vectorises. Every call is deterministic: the k-sum runs in order.
+// memory, B loaded as two vectors per k); with AVX2 the same blocking on the width-generic
+// vector of common/cpu_vec.h (6 rows x 16 columns: 12 of the 16 ymm registers accumulate);
+// everything else is plain loops the compiler vectorises. Every call is deterministic: the k-sum
+// runs in order.
 #pragma once
 #include "common/cpu_target.h"
+#include "common/cpu_vec.h"
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -92,6 +95,18 @@ inline void transpose(const float* src, int64_t lds, float* dst, int64_t ldd, in
     for (int64_t c = 0; c < cols; c += 16) {
       const int cols_here = static_cast<int>(std::min<int64_t>(16, cols - c));
       detail::transpose16x16(src + r * lds + c, lds, dst + c * ldd + r, ldd, rows_here, cols_here);
+    }
+  }
+}
+#elif defined(FASTATTN_CPU_VEC)
+inline void transpose(const float* src, int64_t lds, float* dst, int64_t ldd, int64_t rows,
+                      int64_t cols) {
+  constexpr int W = VecF::kWidth;
+  for (int64_t r = 0; r < rows; r += W) {
+    const int rows_here = static_cast<int>(std::min<int64_t>(W, rows - r));
+    for (int64_t c = 0; c < cols; c += W) {
+      const int cols_here = static_cast<int>(std::min<int64_t>(W, cols - c));
+      transpose_block(src + r * lds + c, lds, dst + c * ldd + r, ldd, rows_here, cols_here);
     }
   }
 }
@@ -244,6 +259,121 @@ inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, i
       break;
     case 1:
       detail::gemm_rows_avx512<1>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate);
+      break;
+    default:
+      break;
+  }
+}
+#elif defined(FASTATTN_CPU_VEC)
+namespace detail {
+
+// dst = x, or += x with accumulate, through the lanes of tail.
+__attribute__((always_inline)) inline void store_or_add(float* dst, VecF x, bool accumulate,
+                                                        TailF tail) {
+  if (accumulate) x = x + VecF::load(dst, tail);
+  x.store(dst, tail);
+}
+
+// One MR x (NV kWidth) block of C; A k-major (A(m, k) = A[m + k * a_k]); columns past `n`
+// masked (kFull: n >= NV kWidth, plain loads). The loops over MR and NV are unrolled so the
+// accumulators stay in registers.
+template <int MR, int NV, bool kFull>
+__attribute__((always_inline)) inline void gemm_block_vec(int64_t K, float alpha, const float* A,
+                                                          int64_t a_k, const float* B, int64_t ldb,
+                                                          float* C, int64_t ldc, bool accumulate,
+                                                          int64_t n) {
+  constexpr int W = VecF::kWidth;
+  TailF tail[NV];
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) tail[v] = VecF::tail(n - W * v);
+  VecF c[MR][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) c[r][v] = VecF::zero();
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    const float* b = B + k * ldb;
+    VecF bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v)
+      bv[v] = kFull ? VecF::load(b + W * v) : VecF::load(b + W * v, tail[v]);
+    const float* a = A + k * a_k;
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const VecF ar = VecF::set1(a[r]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) c[r][v] = fma(ar, bv[v], c[r][v]);
+    }
+  }
+  const VecF va = VecF::set1(alpha);
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v)
+      store_or_add(C + r * ldc + W * v, c[r][v] * va, accumulate, tail[v]);
+  }
+}
+
+template <int MR>
+inline void gemm_rows_vec(int64_t N, int64_t K, float alpha, const float* A, int64_t a_k,
+                          const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  constexpr int W = VecF::kWidth;
+  int64_t n0 = 0;
+  for (; n0 + 2 * W <= N; n0 += 2 * W) {
+    gemm_block_vec<MR, 2, true>(K, alpha, A, a_k, B + n0, ldb, C + n0, ldc, accumulate, 2 * W);
+  }
+  if (n0 + W < N) {
+    gemm_block_vec<MR, 2, false>(K, alpha, A, a_k, B + n0, ldb, C + n0, ldc, accumulate, N - n0);
+  } else if (n0 < N) {
+    gemm_block_vec<MR, 1, false>(K, alpha, A, a_k, B + n0, ldb, C + n0, ldc, accumulate, N - n0);
+  }
+}
+
+}  // namespace detail
+
+// Rows of C per micro-kernel block: 6 x 2 accumulators, 2 B vectors and a broadcast fill 15 of
+// the 16 ymm registers.
+constexpr int kGemmRowsVec = 6;
+
+inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t a_m,
+                 int64_t a_k, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  // As the AVX-512 gemm: A made k-major once (register transposes) when it is not.
+  if (a_m != 1) {
+    static thread_local std::vector<float> buffer;
+    if (static_cast<int64_t>(buffer.size()) < M * K) buffer.resize(M * K);
+    if (a_k == 1) {
+      transpose(A, a_m, buffer.data(), M, M, K);
+    } else {
+      for (int64_t k = 0; k < K; ++k) {
+        for (int64_t m = 0; m < M; ++m) buffer[k * M + m] = A[m * a_m + k * a_k];
+      }
+    }
+    A = buffer.data();
+    a_k = M;
+  }
+  constexpr int MR = kGemmRowsVec;
+  int64_t m0 = 0;
+  for (; m0 + MR <= M; m0 += MR) {
+    detail::gemm_rows_vec<MR>(N, K, alpha, A + m0, a_k, B, ldb, C + m0 * ldc, ldc, accumulate);
+  }
+  const float* Ar = A + m0;
+  float* Cr = C + m0 * ldc;
+  switch (M - m0) {  // remaining rows
+    case 5:
+      detail::gemm_rows_vec<5>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate);
+      break;
+    case 4:
+      detail::gemm_rows_vec<4>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate);
+      break;
+    case 3:
+      detail::gemm_rows_vec<3>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate);
+      break;
+    case 2:
+      detail::gemm_rows_vec<2>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate);
+      break;
+    case 1:
+      detail::gemm_rows_vec<1>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate);
       break;
     default:
       break;

@@ -2,6 +2,7 @@
 // of the CPU attention kernel); double keeps std::exp / std::tanh (gradcheck precision).
 #pragma once
 #include "common/cpu_target.h"
+#include "common/cpu_vec.h"
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -105,6 +106,44 @@ inline __m512 tanh_approx(__m512 x) {
 }
 #endif
 
+#if defined(FASTATTN_CPU_VEC)
+// 2^f for f in [-0.5, 0.5]: the degree-7 polynomial of exp_approx.
+inline VecF exp2_fraction(VecF f) {
+  VecF p = VecF::set1(1.525273380405984e-05f);
+  p = fma(p, f, VecF::set1(1.5403530393381606e-04f));
+  p = fma(p, f, VecF::set1(1.3333558146428443e-03f));
+  p = fma(p, f, VecF::set1(9.6181291076284772e-03f));
+  p = fma(p, f, VecF::set1(5.5504108664821580e-02f));
+  p = fma(p, f, VecF::set1(2.4022650695910071e-01f));
+  p = fma(p, f, VecF::set1(6.9314718055994531e-01f));
+  return fma(p, f, VecF::set1(1.0f));
+}
+
+// exp_approx on every lane (same algorithm and constants).
+inline VecF exp_approx(VecF x) {
+  const VecF t = x * VecF::set1(1.44269504088896341f);
+  const VecF clamped = min(max(t, VecF::set1(-126.0f)), VecF::set1(127.0f));
+  const VecF n = round_nearest(clamped);
+  const VecF result = scale_by_pow2(exp2_fraction(clamped - n), n);
+  return select_less(x, VecF::set1(-87.3f), VecF::zero(), result);
+}
+
+// tanh_approx on every lane (same algorithm: odd series below 0.3, exp formula above).
+inline VecF tanh_approx(VecF x) {
+  const VecF ax = abs(x);
+  const VecF x2 = x * x;
+  VecF small = VecF::set1(62.0f / 2835.0f);
+  small = fma(small, x2, VecF::set1(-17.0f / 315.0f));
+  small = fma(small, x2, VecF::set1(2.0f / 15.0f));
+  small = fma(small, x2, VecF::set1(-1.0f / 3.0f));
+  small = fma(x * x2, small, x);
+  const VecF e = exp_approx(VecF::set1(-2.0f) * ax);
+  const VecF one = VecF::set1(1.0f);
+  const VecF large = copysign((one - e) / (one + e), x);
+  return select_less(ax, VecF::set1(0.3f), small, large);
+}
+#endif
+
 // max over x[0, n) (-inf when n == 0).
 inline float row_max(const float* x, int64_t n) {
 #if defined(__AVX512F__)
@@ -116,6 +155,15 @@ inline float row_max(const float* x, int64_t n) {
     m = _mm512_mask_max_ps(m, k, m, _mm512_maskz_loadu_ps(k, x + i));
   }
   return _mm512_reduce_max_ps(m);
+#elif defined(FASTATTN_CPU_VEC)
+  constexpr int W = VecF::kWidth;
+  VecF m = VecF::set1(-std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + W <= n; i += W) m = max(m, VecF::load(x + i));
+  if (i < n) {
+    m = max(m, VecF::load(x + i, VecF::tail(n - i), -std::numeric_limits<float>::infinity()));
+  }
+  return reduce_max(m);
 #else
   float m = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
@@ -202,6 +250,16 @@ inline float dot(const float* x, const float* y, int64_t n) {
     sum = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, x + i), _mm512_maskz_loadu_ps(k, y + i), sum);
   }
   return _mm512_reduce_add_ps(sum);
+#elif defined(FASTATTN_CPU_VEC)
+  constexpr int W = VecF::kWidth;
+  VecF sum = VecF::zero();
+  int64_t i = 0;
+  for (; i + W <= n; i += W) sum = fma(VecF::load(x + i), VecF::load(y + i), sum);
+  if (i < n) {
+    const TailF t = VecF::tail(n - i);
+    sum = fma(VecF::load(x + i, t), VecF::load(y + i, t), sum);
+  }
+  return reduce_add(sum);
 #else
   float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
@@ -237,6 +295,24 @@ inline float exp_shift_sum(float* x, int64_t n, float shift) {
     sum = _mm512_mask_add_ps(sum, k, sum, e);
   }
   return _mm512_reduce_add_ps(sum);
+#elif defined(FASTATTN_CPU_VEC)
+  constexpr int W = VecF::kWidth;
+  const VecF s = VecF::set1(shift);
+  VecF sum = VecF::zero();
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    const VecF e = exp_approx(VecF::load(x + i) - s);
+    e.store(x + i);
+    sum = sum + e;
+  }
+  if (i < n) {
+    const TailF t = VecF::tail(n - i);
+    // masked lanes load 0 and give exp(-shift): only the stored lanes are summed
+    const VecF e = exp_approx(VecF::load(x + i, t) - s);
+    e.store(x + i, t);
+    sum = sum + keep(e, t);
+  }
+  return reduce_add(sum);
 #else
   float sum = 0.0f;
   for (int64_t i = 0; i < n; ++i) {
