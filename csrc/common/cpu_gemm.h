@@ -315,18 +315,42 @@ __attribute__((always_inline)) inline void gemm_block_vec(int64_t K, float alpha
   }
 }
 
+// Columns NV vectors at a time: 2 for 3..6 rows; 4 for one or two rows (a matrix-vector
+// product such as a recurrent step at batch 1), whose few accumulators would otherwise wait on
+// the FMA latency.
 template <int MR>
 inline void gemm_rows_vec(int64_t N, int64_t K, float alpha, const float* A, int64_t a_k,
                           const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   constexpr int W = VecF::kWidth;
+  constexpr int NV = MR <= 2 ? 4 : 2;
   int64_t n0 = 0;
-  for (; n0 + 2 * W <= N; n0 += 2 * W) {
-    gemm_block_vec<MR, 2, true>(K, alpha, A, a_k, B + n0, ldb, C + n0, ldc, accumulate, 2 * W);
+  for (; n0 + NV * W <= N; n0 += NV * W) {
+    gemm_block_vec<MR, NV, true>(K, alpha, A, a_k, B + n0, ldb, C + n0, ldc, accumulate, NV * W);
   }
-  if (n0 + W < N) {
-    gemm_block_vec<MR, 2, false>(K, alpha, A, a_k, B + n0, ldb, C + n0, ldc, accumulate, N - n0);
+  if (N - n0 > W) {
+    gemm_block_vec<MR, NV, false>(K, alpha, A, a_k, B + n0, ldb, C + n0, ldc, accumulate, N - n0);
   } else if (n0 < N) {
     gemm_block_vec<MR, 1, false>(K, alpha, A, a_k, B + n0, ldb, C + n0, ldc, accumulate, N - n0);
+  }
+}
+
+// gemm_rows_vec for `rows` rows (1 to 6).
+inline void gemm_rows_of(int64_t rows, int64_t N, int64_t K, float alpha, const float* A,
+                         int64_t a_k, const float* B, int64_t ldb, float* C, int64_t ldc,
+                         bool accumulate) {
+  switch (rows) {
+    case 6:
+      return gemm_rows_vec<6>(N, K, alpha, A, a_k, B, ldb, C, ldc, accumulate);
+    case 5:
+      return gemm_rows_vec<5>(N, K, alpha, A, a_k, B, ldb, C, ldc, accumulate);
+    case 4:
+      return gemm_rows_vec<4>(N, K, alpha, A, a_k, B, ldb, C, ldc, accumulate);
+    case 3:
+      return gemm_rows_vec<3>(N, K, alpha, A, a_k, B, ldb, C, ldc, accumulate);
+    case 2:
+      return gemm_rows_vec<2>(N, K, alpha, A, a_k, B, ldb, C, ldc, accumulate);
+    default:
+      return gemm_rows_vec<1>(N, K, alpha, A, a_k, B, ldb, C, ldc, accumulate);
   }
 }
 
@@ -352,31 +376,13 @@ inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, i
     A = buffer.data();
     a_k = M;
   }
-  constexpr int MR = kGemmRowsVec;
-  int64_t m0 = 0;
-  for (; m0 + MR <= M; m0 += MR) {
-    detail::gemm_rows_vec<MR>(N, K, alpha, A + m0, a_k, B, ldb, C + m0 * ldc, ldc, accumulate);
-  }
-  const float* Ar = A + m0;
-  float* Cr = C + m0 * ldc;
-  switch (M - m0) {  // remaining rows
-    case 5:
-      detail::gemm_rows_vec<5>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate);
-      break;
-    case 4:
-      detail::gemm_rows_vec<4>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate);
-      break;
-    case 3:
-      detail::gemm_rows_vec<3>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate);
-      break;
-    case 2:
-      detail::gemm_rows_vec<2>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate);
-      break;
-    case 1:
-      detail::gemm_rows_vec<1>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate);
-      break;
-    default:
-      break;
+  for (int64_t m0 = 0; m0 < M;) {
+    // Blocks of 6 rows; 7 or 8 left run as 4 + 3 or 4 + 4 (8 accumulators each keep both FMA
+    // pipes busy, a 2-row block would not).
+    const int64_t left = M - m0;
+    const int64_t rows = left == 7 || left == 8 ? 4 : std::min<int64_t>(left, kGemmRowsVec);
+    detail::gemm_rows_of(rows, N, K, alpha, A + m0, a_k, B, ldb, C + m0 * ldc, ldc, accumulate);
+    m0 += rows;
   }
 }
 #else

@@ -8,6 +8,7 @@
 #pragma once
 #include "common/cpu_target.h"
 #include <cstdint>
+#include <type_traits>
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 #include <immintrin.h>
 #define FASTATTN_CPU_VEC 1
@@ -26,6 +27,10 @@ struct TailF {
 struct VecF {
   static constexpr int kWidth = 8;
   __m256 v;
+
+  VecF() = default;
+  VecF(__m256 x) : v(x) {}                 // NOLINT: implicit, as the intrinsics' results
+  VecF(float x) : v(_mm256_set1_ps(x)) {}  // NOLINT: a scalar broadcast to every lane
 
   static VecF zero() { return {_mm256_setzero_ps()}; }
   static VecF set1(float x) { return {_mm256_set1_ps(x)}; }
@@ -54,6 +59,7 @@ struct VecF {
     }
   }
 
+  friend VecF operator-(VecF a) { return {_mm256_xor_ps(a.v, _mm256_set1_ps(-0.0f))}; }
   friend VecF operator+(VecF a, VecF b) { return {_mm256_add_ps(a.v, b.v)}; }
   friend VecF operator-(VecF a, VecF b) { return {_mm256_sub_ps(a.v, b.v)}; }
   friend VecF operator*(VecF a, VecF b) { return {_mm256_mul_ps(a.v, b.v)}; }
@@ -101,6 +107,9 @@ struct VecF {
   }
 };
 
+inline VecF load_lanes(const float* p, TailF t) { return VecF::load(p, t); }
+inline void store_lanes(float* p, VecF x, TailF t) { x.store(p, t); }
+
 // dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols (both at most kWidth): one
 // kWidth x kWidth block through registers, masked loads and stores at the edges.
 inline void transpose_block(const float* src, int64_t lds, float* dst, int64_t ldd, int rows,
@@ -135,6 +144,35 @@ inline void transpose_block(const float* src, int64_t lds, float* dst, int64_t l
   }
 }
 #endif
+
+// Element loops written once for every width: for_lanes<T>(n, f) calls f(L{}, u, tail) for
+// chunks of [0, n), L the chunk's lane type: VecF over kWidth floats where the copy has it
+// (the last chunk masked by tail), else T one element at a time. The body reads and writes
+// through load_lanes(p + u, tail) and store_lanes(p + u, x, tail), and builds constants as L(c).
+struct OneLane {};
+template <typename T>
+inline T load_lanes(const T* p, OneLane) {
+  return *p;
+}
+template <typename T>
+inline void store_lanes(T* p, T x, OneLane) {
+  *p = x;
+}
+
+template <typename T, typename F>
+inline void for_lanes(int64_t n, F&& f) {
+#if defined(FASTATTN_CPU_VEC)
+  if constexpr (std::is_same_v<T, float>) {
+    constexpr int W = VecF::kWidth;
+    const TailF full = VecF::tail(W);
+    int64_t u = 0;
+    for (; u + W <= n; u += W) f(VecF{}, u, full);
+    if (u < n) f(VecF{}, u, VecF::tail(n - u));
+    return;
+  }
+#endif
+  for (int64_t u = 0; u < n; ++u) f(T{}, u, OneLane{});
+}
 
 }  // namespace FASTATTN_TARGET_NAMESPACE
 }  // namespace fastattn::cpu

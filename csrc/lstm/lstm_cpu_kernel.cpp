@@ -320,16 +320,18 @@ template <typename acc>
 void cell_forward(acc* __restrict__ gi, acc* __restrict__ gf, acc* __restrict__ gg,
                   acc* __restrict__ go, const acc* __restrict__ cp, acc* __restrict__ c,
                   acc* __restrict__ h, int64_t n) {
-  for (int64_t u = 0; u < n; ++u) {
-    const acc i = sigmoid(gi[u]), f = sigmoid(gf[u]), g = tanh_approx(gg[u]), o = sigmoid(go[u]);
-    gi[u] = i;
-    gf[u] = f;
-    gg[u] = g;
-    go[u] = o;
-    const acc cn = f * cp[u] + i * g;
-    c[u] = cn;
-    h[u] = o * tanh_approx(cn);
-  }
+  for_lanes<acc>(n, [&](auto lane, int64_t u, auto t) {
+    using L = decltype(lane);
+    const L i = sigmoid(load_lanes(gi + u, t)), f = sigmoid(load_lanes(gf + u, t));
+    const L g = tanh_approx(load_lanes(gg + u, t)), o = sigmoid(load_lanes(go + u, t));
+    store_lanes(gi + u, i, t);
+    store_lanes(gf + u, f, t);
+    store_lanes(gg + u, g, t);
+    store_lanes(go + u, o, t);
+    const L cn = f * load_lanes(cp + u, t) + i * g;
+    store_lanes(c + u, cn, t);
+    store_lanes(h + u, o * tanh_approx(cn), t);
+  });
 }
 
 // The cell's derivative on one row of a unit block, from the activations gi..go, c_t, c_{t-1}
@@ -342,22 +344,26 @@ void cell_backward(const acc* __restrict__ gi, const acc* __restrict__ gf,
                    const acc* __restrict__ dh, acc* __restrict__ dc, acc* __restrict__ d_i,
                    acc* __restrict__ d_f, acc* __restrict__ d_g, acc* __restrict__ d_o,
                    acc* __restrict__ r, int64_t n) {
-  for (int64_t u = 0; u < n; ++u) {
-    const acc i = gi[u], f = gf[u], g = gg[u], o = go[u];
-    const acc tc = tanh_approx(c[u]);
-    const acc dct = dc[u] + dh[u] * o * (acc(1) - tc * tc);
-    d_o[u] = dh[u] * tc * o * (acc(1) - o);
-    d_i[u] = dct * g * i * (acc(1) - i);
-    d_f[u] = dct * cp[u] * f * (acc(1) - f);
-    d_g[u] = dct * i * (acc(1) - g * g);
-    dc[u] = dct * f;
-    r[u] = o * tc;
-  }
+  for_lanes<acc>(n, [&](auto lane, int64_t u, auto t) {
+    using L = decltype(lane);
+    const L i = load_lanes(gi + u, t), f = load_lanes(gf + u, t);
+    const L g = load_lanes(gg + u, t), o = load_lanes(go + u, t);
+    const L tc = tanh_approx(load_lanes(c + u, t)), dhu = load_lanes(dh + u, t);
+    const L dct = load_lanes(dc + u, t) + dhu * o * (L(1) - tc * tc);
+    store_lanes(d_o + u, dhu * tc * o * (L(1) - o), t);
+    store_lanes(d_i + u, dct * g * i * (L(1) - i), t);
+    store_lanes(d_f + u, dct * load_lanes(cp + u, t) * f * (L(1) - f), t);
+    store_lanes(d_g + u, dct * i * (L(1) - g * g), t);
+    store_lanes(dc + u, dct * f, t);
+    store_lanes(r + u, o * tc, t);
+  });
 }
 
 template <typename acc>
 void tanh_row(const acc* __restrict__ x, acc* __restrict__ y, int64_t n) {
-  for (int64_t u = 0; u < n; ++u) y[u] = tanh_approx(x[u]);
+  for_lanes<acc>(n, [&](auto, int64_t u, auto t) {
+    store_lanes(y + u, tanh_approx(load_lanes(x + u, t)), t);
+  });
 }
 
 // The lstm_cell op's derivative on one row: activations gi..go and tc = tanh(c'), c = c_{t-1},
@@ -468,17 +474,18 @@ template <typename acc>
 void gru_forward(acc* __restrict__ g, const acc* __restrict__ hp, const acc* __restrict__ bhn,
                  const acc* __restrict__ hprev, acc* __restrict__ hn, acc* __restrict__ h,
                  int64_t hb) {
-  for (int64_t u = 0; u < hb; ++u) {
-    const acc r = sigmoid(g[u] + hp[u]);
-    const acc z = sigmoid(g[hb + u] + hp[hb + u]);
-    const acc a = hp[2 * hb + u] + (bhn != nullptr ? bhn[u] : acc(0));
-    const acc n = tanh_approx(g[2 * hb + u] + r * a);
-    g[u] = r;
-    g[hb + u] = z;
-    g[2 * hb + u] = n;
-    hn[u] = a;
-    h[u] = (acc(1) - z) * n + z * hprev[u];
-  }
+  for_lanes<acc>(hb, [&](auto lane, int64_t u, auto t) {
+    using L = decltype(lane);
+    const L r = sigmoid(load_lanes(g + u, t) + load_lanes(hp + u, t));
+    const L z = sigmoid(load_lanes(g + hb + u, t) + load_lanes(hp + hb + u, t));
+    const L a = load_lanes(hp + 2 * hb + u, t) + (bhn != nullptr ? load_lanes(bhn + u, t) : L(0));
+    const L n = tanh_approx(load_lanes(g + 2 * hb + u, t) + r * a);
+    store_lanes(g + u, r, t);
+    store_lanes(g + hb + u, z, t);
+    store_lanes(g + 2 * hb + u, n, t);
+    store_lanes(hn + u, a, t);
+    store_lanes(h + u, (L(1) - z) * n + z * load_lanes(hprev + u, t), t);
+  });
 }
 
 // Its derivative: dh = dL/dh_t from the output and the recurrent GEMM; carry = dL/dh_t through
@@ -506,23 +513,24 @@ void gru_backward(const acc* __restrict__ g, const acc* __restrict__ hn,
 template <typename acc>
 void gru_reset_gates(acc* __restrict__ g, const acc* __restrict__ hprev, acc* __restrict__ rh,
                      int64_t hb) {
-  for (int64_t u = 0; u < hb; ++u) {
-    const acc r = sigmoid(g[u]), z = sigmoid(g[hb + u]);
-    g[u] = r;
-    g[hb + u] = z;
-    rh[u] = r * hprev[u];
-  }
+  for_lanes<acc>(hb, [&](auto, int64_t u, auto t) {
+    const auto r = sigmoid(load_lanes(g + u, t)), z = sigmoid(load_lanes(g + hb + u, t));
+    store_lanes(g + u, r, t);
+    store_lanes(g + hb + u, z, t);
+    store_lanes(rh + u, r * load_lanes(hprev + u, t), t);
+  });
 }
 
 // Second half: g's n holds x W_in^T + b_in + (r * h) W_hn^T + b_hn; writes n and h_t.
 template <typename acc>
 void gru_new_state(acc* __restrict__ g, const acc* __restrict__ hprev, acc* __restrict__ h,
                    int64_t hb) {
-  for (int64_t u = 0; u < hb; ++u) {
-    const acc z = g[hb + u], n = tanh_approx(g[2 * hb + u]);
-    g[2 * hb + u] = n;
-    h[u] = (acc(1) - z) * n + z * hprev[u];
-  }
+  for_lanes<acc>(hb, [&](auto lane, int64_t u, auto t) {
+    using L = decltype(lane);
+    const L z = load_lanes(g + hb + u, t), n = tanh_approx(load_lanes(g + 2 * hb + u, t));
+    store_lanes(g + 2 * hb + u, n, t);
+    store_lanes(h + u, (L(1) - z) * n + z * load_lanes(hprev + u, t), t);
+  });
 }
 
 // Reset-before derivative, first half (needs only dL/dh_t): d_z, d_n; carry as gru_backward
@@ -555,10 +563,18 @@ void gru_reset_before_backward_b(const acc* __restrict__ g, const acc* __restric
 // Elman RNN: g holds the pre-activation, receives h_t = act(g).
 template <typename acc, bool kRelu>
 void rnn_forward(acc* __restrict__ g, acc* __restrict__ h, int64_t hb) {
-  for (int64_t u = 0; u < hb; ++u) {
-    const acc y = kRelu ? (g[u] > acc(0) ? g[u] : acc(0)) : tanh_approx(g[u]);
-    g[u] = y;
-    h[u] = y;
+  if constexpr (kRelu) {
+    for (int64_t u = 0; u < hb; ++u) {
+      const acc y = g[u] > acc(0) ? g[u] : acc(0);
+      g[u] = y;
+      h[u] = y;
+    }
+  } else {
+    for_lanes<acc>(hb, [&](auto, int64_t u, auto t) {
+      const auto y = tanh_approx(load_lanes(g + u, t));
+      store_lanes(g + u, y, t);
+      store_lanes(h + u, y, t);
+    });
   }
 }
 
