@@ -189,10 +189,31 @@ def summarize(times: list[float]) -> tuple[float, float]:
     return median, (p90 - p10) / median if median > 0 else 0.0
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else the platform's machine name."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_kernel_isa() -> str:
+    """The x86 copy of fastattn's CPU kernels that runs here (build_info's cpu_isa)."""
+    import fastattn
+
+    return str(fastattn.build_info().get("cpu_isa", "not built"))
+
+
 def device_name(device: torch.device) -> str:
+    """The device column: the GPU's name, or the CPU's model, kernel ISA copy and threads
+    ("cpu: AMD EPYC, avx2, 2 threads")."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
+    return f"cpu: {cpu_model()}, {cpu_kernel_isa()}, {torch.get_num_threads()} threads"
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 1 << 28) -> float:
@@ -219,7 +240,20 @@ def machine_ceilings(device: torch.device) -> dict[str, float]:
     out = {"copy_GB/s": copy_bandwidth(device, 1 << 26) / 1e9}
     for dtype in dtypes:
         out[f"{str(dtype)[6:]}_TFLOP/s"] = matmul_throughput(device, dtype) / 1e12
+    if device.type == "cpu":
+        out["fma_peak_TFLOP/s"] = cpu_fma_peak() / 1e3
     return out
+
+
+def cpu_fma_peak(repeats: int = 5) -> float:
+    """The CPU's measured float32 multiply-add peak in GFLOP/s on torch's threads (fastattn's
+    own measurement, csrc/common/fma_peak_cpu_kernel.cpp: independent FMA chains in the
+    registers of the kernel copy that runs), or nan without the extension."""
+    from fastattn import _native
+
+    if _native.C is None:
+        return float("nan")
+    return float(_native.C.cpu_fma_peak(repeats))
 
 
 def _error_status(exc: Exception) -> str:

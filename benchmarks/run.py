@@ -241,6 +241,12 @@ def main(argv=None) -> int:
         flush=True,
     )
     ceilings = common.machine_ceilings(device)
+    if device.type == "cpu":
+        print(
+            f"measured float32 FMA peak: {ceilings['fma_peak_TFLOP/s'] * 1e3:.1f} GFLOP/s "
+            f"({torch.get_num_threads()} threads); matmul {ceilings['float32_TFLOP/s'] * 1e3:.1f}",
+            flush=True,
+        )
     progress = Progress(len(ops))
     failures: list[str] = []
     baseline_errors: list[str] = []
@@ -279,7 +285,10 @@ def main(argv=None) -> int:
         import speed_table_writer
 
         path = speed_table_writer.write(
-            device, [r for _, rows in results for r in rows], source=str(csv_path)
+            device,
+            [r for _, rows in results for r in rows],
+            source=str(csv_path),
+            measured=f"{time.strftime('%Y-%m-%d')}, {env['device']}, torch {env['torch']}",
         )
         print(f"speed table written: {path}")
     if not args.no_plots:

@@ -357,3 +357,21 @@ def test_a_case_with_a_speed_key_measures_an_entry_and_feeds_the_auto_summary():
     auto = run.auto_summary(results)
     assert auto.startswith("toy (float32): fastattn (auto) at 1.00x (worst 1.00x)")
     assert "over 1 cases" in auto and auto.endswith("target >= 0.97x: met")
+
+
+def test_the_cpu_device_column_names_the_model_the_kernel_copy_and_the_threads():
+    import fastattn
+
+    name = common.device_name(torch.device("cpu"))
+    isa = fastattn.build_info()["cpu_isa"]
+    assert name == f"cpu: {common.cpu_model()}, {isa}, {torch.get_num_threads()} threads"
+    assert common.cpu_model()  # never empty: /proc/cpuinfo's model name or the platform's
+
+
+def test_the_fma_peak_is_a_positive_rate_of_the_copy_that_runs():
+    # A measured rate: only its being a finite positive number is checked (no wall-clock
+    # comparison: the suite runs under load).
+    import math
+
+    peak = common.cpu_fma_peak(repeats=1)
+    assert math.isfinite(peak) and peak > 0

@@ -456,16 +456,14 @@ void pv_runs_block(int64_t Dv, int64_t c, const float* a, int64_t a_k, const flo
                    const int64_t* n, int64_t count, int64_t stride, float* o, LineStream* next) {
   constexpr int W = VecF::kWidth;
   constexpr int64_t kLines = (NV * W * sizeof(float) + 63) / 64;  // lines a V row's block reads
-  TailF tail[NV];
-#pragma GCC unroll 4
-  for (int v = 0; v < NV; ++v) tail[v] = VecF::tail(Dv - c - W * v);
+  // tail masks built where used (common/cpu_gemm.h's gemm_block_vec says why)
   VecF acc[MR][NV];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
       const float* orow = o + r * Dv + c + W * v;
-      acc[r][v] = kFull ? VecF::load(orow) : VecF::load(orow, tail[v]);
+      acc[r][v] = kFull ? VecF::load(orow) : VecF::load(orow, VecF::tail(Dv - c - W * v));
     }
   }
   const float* ak = a;
@@ -476,7 +474,7 @@ void pv_runs_block(int64_t Dv, int64_t c, const float* a, int64_t a_k, const flo
       VecF bv[NV];
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v)
-        bv[v] = kFull ? VecF::load(b + W * v) : VecF::load(b + W * v, tail[v]);
+        bv[v] = kFull ? VecF::load(b + W * v) : VecF::load(b + W * v, VecF::tail(Dv - c - W * v));
 #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
         const VecF ar = VecF::set1(ak[r]);
@@ -488,7 +486,8 @@ void pv_runs_block(int64_t Dv, int64_t c, const float* a, int64_t a_k, const flo
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) acc[r][v].store(o + r * Dv + c + W * v, tail[v]);
+    for (int v = 0; v < NV; ++v)
+      detail::store_or_add<kFull>(o + r * Dv + c + W * v, acc[r][v], false, Dv - c - W * v);
   }
 }
 

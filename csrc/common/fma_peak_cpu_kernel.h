@@ -1,0 +1,20 @@
+// The machine's measured float32 multiply-add peak, for the benchmarks' "of peak" column
+// (`make bench` prints it beside the CPU rows; docs/cpu_kernels.md).
+#pragma once
+#include <cstdint>
+
+namespace fastattn::cpu {
+
+#define FASTATTN_DECLARE_FMA_PEAK(ISA)                       \
+  namespace ISA {                                            \
+  /* GFLOP/s of independent multiply-add chains on torch's   \
+     intra-op threads, the best of `repeats` timed passes */ \
+  double fma_peak_gflops(int64_t repeats);                   \
+  }
+
+FASTATTN_DECLARE_FMA_PEAK(avx512bf16)
+FASTATTN_DECLARE_FMA_PEAK(avx512)
+FASTATTN_DECLARE_FMA_PEAK(avx2)
+FASTATTN_DECLARE_FMA_PEAK(base)
+
+}  // namespace fastattn::cpu
