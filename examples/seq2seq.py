@@ -14,7 +14,7 @@ and the step times compare the two.
     python examples/seq2seq.py                 # train (a few minutes), curve, accuracies
     python examples/seq2seq.py --torch         # the same with torch's modules
     python examples/seq2seq.py --check         # short schedule; exit 1 unless held-out
-                                               # exact match >= 95% with beam search and
+                                               # exact match >= 98% with beam search and
                                                # beam search >= greedy
 """
 
@@ -218,6 +218,14 @@ def train(args) -> dict:
     torch.manual_seed(args.seed)
     model = Seq2Seq(args.emb, args.hidden, use_torch=args.torch)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    # --check decays the learning rate to 0 over its short schedule: at a constant 3e-3 the
+    # held-out accuracy after 400 steps swung by +-3% with a 0.03% change of the rate, for
+    # torch's modules and fastattn's alike (94-99.6%); decayed, every run reached 99.6-100%.
+    schedule = (
+        torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / args.steps)
+        if args.check
+        else None
+    )
     data = torch.Generator().manual_seed(args.seed + 1)
     loss_fn = nn.CrossEntropyLoss(ignore_index=PAD)
     curve = []
@@ -232,6 +240,8 @@ def train(args) -> dict:
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        if schedule is not None:
+            schedule.step()
         step_time += time.perf_counter() - t0
         if step % args.log_every == 0 or step == args.steps:
             loss_value = float(loss.detach())
@@ -291,8 +301,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     result = train(args)
     if args.check:
-        ok = result["beam"] >= 0.95 and result["beam"] >= result["greedy"]
-        print("check:", "passed" if ok else "FAILED (need beam >= 95% and beam >= greedy)")
+        ok = result["beam"] >= 0.98 and result["beam"] >= result["greedy"]
+        print("check:", "passed" if ok else "FAILED (need beam >= 98% and beam >= greedy)")
         return 0 if ok else 1
     return 0
 

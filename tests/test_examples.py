@@ -91,8 +91,11 @@ def test_context_parallel_example_matches_one_process():
 
 
 def test_seq2seq_example_learns_to_reverse():
-    """examples/seq2seq.py --check: the GRU encoder-decoder with Luong attention reaches 95%
-    held-out exact match with beam search (and beam >= greedy), on fastattn's kernels."""
+    """examples/seq2seq.py --check: the GRU encoder-decoder with Luong attention reaches 98%
+    held-out exact match with beam search (and beam >= greedy), on fastattn's kernels. With
+    the check's decaying learning rate, ten runs (seeds 0-3, rates 3e-3 +- 0.03%; torch's
+    modules, fastattn's avx2 and base copies; AMD Zen 3, 2026-11-28) reached 99.6-100%; a
+    model that does not learn the reversal stays far below."""
     import os
 
     env = dict(os.environ, OMP_NUM_THREADS="1")
