@@ -362,6 +362,6 @@ def select_backend(
     ):
         from . import speed_table
 
-        if speed_table.faster(op, device, speed_key, chosen) == "torch":
+        if speed_table.faster(device, speed_key, chosen) == "torch":
             return "torch"
     return chosen

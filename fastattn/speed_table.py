@@ -205,10 +205,10 @@ def _verdict(device_type: str, device_index: int, call_key: tuple, kernel: str) 
     return _verdicts[cache_key]
 
 
-def faster(op: str, device: torch.device, call_key: tuple, kernel: str) -> str:
+def faster(device: torch.device, call_key: tuple, kernel: str) -> str:
     """ "torch" when the table for `device`'s class measured torch's kernel faster than
-    fastattn's `kernel` backend for `call_key` (from `key`), else `kernel`."""
-    del op  # the key names it
+    fastattn's `kernel` backend for `call_key` (from `key`, which names the op), else
+    `kernel`."""
     index = -1 if device.index is None else int(device.index)
     return _verdict(device.type, index, call_key, kernel)
 

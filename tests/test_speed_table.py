@@ -165,8 +165,8 @@ def test_cuda_classes_use_the_same_capability_then_major(tables, monkeypatch):
     assert speed_table.table_for(h200) == (speed_table.tables()[1], "nearest")
     monkeypatch.setattr(speed_table, "device_class", lambda device: h200)
     cuda = torch.device("cuda", 0)
-    assert speed_table.faster("attention", cuda, key, "triton") == "torch"
-    assert speed_table.faster("attention", cuda, key, "cuda") == "cuda"  # measured vs triton
+    assert speed_table.faster(cuda, key, "triton") == "torch"
+    assert speed_table.faster(cuda, key, "cuda") == "cuda"  # measured vs triton
     sm86 = {"kind": "cuda", "capability": "8.6", "name": "RTX 3090"}
     assert speed_table.table_for(sm86)[0]["device_class"]["capability"] == "8.0"
     assert speed_table.table_for({"kind": "cuda", "capability": "10.0", "name": "B200"}) == (
