@@ -88,16 +88,21 @@ def write(
     path."""
     cls = cls or speed_table.device_class(device)
     path = TABLES_DIR / f"{module_name(cls)}.py"
-    entries = {speed_key(e): e for e in existing_entries(path)}
-    for entry in entries_from_rows(rows):
+    old = existing_table(path)
+    entries = {}
+    for entry in old.get("entries", []):
+        entry.setdefault("source", old.get("source", "unknown"))  # tables written before
         entries[speed_key(entry)] = entry
+    for entry in entries_from_rows(rows):
+        entries[speed_key(entry)] = {**entry, "source": source}
     if measured is None:
         today = _dt.date.today().isoformat()
         measured = f"{today}, {platform.node()} ({cls_summary(cls)})"
     table = {
         "device_class": cls,
         "measured": measured,
-        "source": source,
+        # every run whose entries the table still holds (each entry names its own)
+        "source": "; ".join(sorted({e["source"] for e in entries.values()})),
         "entries": [entries[k] for k in sorted(entries)],
     }
     path.write_text(render(table))
@@ -113,12 +118,12 @@ def cls_summary(cls: dict[str, str]) -> str:
     return ", ".join(f"{k} {v}" for k, v in cls.items() if k != "kind")
 
 
-def existing_entries(path: Path) -> list[dict]:
+def existing_table(path: Path) -> dict:
     if not path.exists():
-        return []
+        return {}
     scope: dict = {}
     exec(compile(path.read_text(), str(path), "exec"), scope)
-    return list(scope.get("TABLE", {}).get("entries", []))
+    return dict(scope.get("TABLE", {}))
 
 
 def attention_rows_from_csv(path: Path, kernel: str, torch_providers: tuple[str, ...]) -> list:

@@ -242,3 +242,13 @@ def test_the_writer_pools_cases_of_one_key(tmp_path, monkeypatch):
     scope: dict = {}
     exec(path.read_text(), scope)
     assert scope["TABLE"]["device_class"] == cls and len(scope["TABLE"]["entries"]) == 2
+    # A second run that measures one of the keys again: that entry is replaced and names the
+    # new run; the other keeps its own; the table lists both runs.
+    causal_rows = [r for r in rows if r["case"] == "c"]
+    speed_table_writer.write(None, causal_rows, source="second", measured="later", cls=cls)
+    scope = {}
+    exec(path.read_text(), scope)
+    sources = {e["features"]: e["source"] for e in scope["TABLE"]["entries"]}
+    assert sources == {"plain": "test", "causal": "second"}
+    assert scope["TABLE"]["source"] == "second; test"
+    assert scope["TABLE"]["measured"] == "later"

@@ -9,7 +9,7 @@ TABLE = {
         "threads": "2-4"
     },
     "measured": "2026-11-28, cpu: AMD EPYC, avx2, 2 threads, torch 2.14.1+cu130",
-    "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv",
+    "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv; benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/lstm.csv",
     "entries": [
         {
             "op": "attention",
@@ -21,7 +21,8 @@ TABLE = {
             "kernel": "cpu",
             "faster": "kernel",
             "ratio": 0.812,
-            "cases": 2
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
         },
         {
             "op": "attention",
@@ -33,7 +34,8 @@ TABLE = {
             "kernel": "cpu",
             "faster": "kernel",
             "ratio": 0.709,
-            "cases": 2
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
         },
         {
             "op": "attention",
@@ -45,7 +47,8 @@ TABLE = {
             "kernel": "cpu",
             "faster": "torch",
             "ratio": 1.258,
-            "cases": 2
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
         },
         {
             "op": "attention",
@@ -57,7 +60,8 @@ TABLE = {
             "kernel": "cpu",
             "faster": "torch",
             "ratio": 1.069,
-            "cases": 2
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
         },
         {
             "op": "attention",
@@ -69,7 +73,8 @@ TABLE = {
             "kernel": "cpu",
             "faster": "torch",
             "ratio": 1.035,
-            "cases": 1
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
         },
         {
             "op": "attention",
@@ -81,7 +86,8 @@ TABLE = {
             "kernel": "cpu",
             "faster": "kernel",
             "ratio": 0.948,
-            "cases": 1
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
         },
         {
             "op": "attention",
@@ -93,7 +99,8 @@ TABLE = {
             "kernel": "cpu",
             "faster": "torch",
             "ratio": 1.318,
-            "cases": 1
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
         },
         {
             "op": "attention",
@@ -105,7 +112,8 @@ TABLE = {
             "kernel": "cpu",
             "faster": "torch",
             "ratio": 1.29,
-            "cases": 1
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
         },
         {
             "op": "attention",
@@ -117,7 +125,8 @@ TABLE = {
             "kernel": "cpu",
             "faster": "kernel",
             "ratio": 0.752,
-            "cases": 2
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
         },
         {
             "op": "attention",
@@ -129,7 +138,8 @@ TABLE = {
             "kernel": "cpu",
             "faster": "kernel",
             "ratio": 0.672,
-            "cases": 2
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
         },
         {
             "op": "attention",
@@ -141,7 +151,8 @@ TABLE = {
             "kernel": "cpu",
             "faster": "torch",
             "ratio": 1.139,
-            "cases": 2
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
         },
         {
             "op": "attention",
@@ -153,7 +164,8 @@ TABLE = {
             "kernel": "cpu",
             "faster": "kernel",
             "ratio": 0.935,
-            "cases": 2
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
         },
         {
             "op": "attention",
@@ -165,7 +177,8 @@ TABLE = {
             "kernel": "cpu",
             "faster": "kernel",
             "ratio": 0.991,
-            "cases": 1
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
         },
         {
             "op": "attention",
@@ -177,7 +190,8 @@ TABLE = {
             "kernel": "cpu",
             "faster": "kernel",
             "ratio": 0.845,
-            "cases": 1
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
         },
         {
             "op": "attention",
@@ -189,7 +203,8 @@ TABLE = {
             "kernel": "cpu",
             "faster": "torch",
             "ratio": 1.155,
-            "cases": 1
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
         },
         {
             "op": "attention",
@@ -201,7 +216,112 @@ TABLE = {
             "kernel": "cpu",
             "faster": "torch",
             "ratio": 1.029,
-            "cases": 1
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
+        },
+        {
+            "op": "lstm",
+            "dtype": "float32",
+            "head_dim": "<=1024",
+            "length": "<=256",
+            "features": "plain",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "torch",
+            "ratio": 1.118,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/lstm.csv"
+        },
+        {
+            "op": "lstm",
+            "dtype": "float32",
+            "head_dim": "<=1024",
+            "length": "<=256",
+            "features": "plain",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "torch",
+            "ratio": 1.112,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/lstm.csv"
+        },
+        {
+            "op": "lstm",
+            "dtype": "float32",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "bidirectional+multilayer",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "torch",
+            "ratio": 1.286,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/lstm.csv"
+        },
+        {
+            "op": "lstm",
+            "dtype": "float32",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "bidirectional+multilayer",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "torch",
+            "ratio": 1.063,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/lstm.csv"
+        },
+        {
+            "op": "lstm",
+            "dtype": "float32",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "lengths",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.609,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/lstm.csv"
+        },
+        {
+            "op": "lstm",
+            "dtype": "float32",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "lengths",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.245,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/lstm.csv"
+        },
+        {
+            "op": "lstm",
+            "dtype": "float32",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "plain",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "torch",
+            "ratio": 1.146,
+            "cases": 4,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/lstm.csv"
+        },
+        {
+            "op": "lstm",
+            "dtype": "float32",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "plain",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.923,
+            "cases": 3,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/lstm.csv"
         }
     ]
 }
