@@ -191,14 +191,9 @@ def summarize(times: list[float]) -> tuple[float, float]:
 
 def cpu_model() -> str:
     """The CPU's model name (/proc/cpuinfo), else the platform's machine name."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from fastattn import speed_table
+
+    return speed_table.cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 
 def cpu_kernel_isa() -> str:

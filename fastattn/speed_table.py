@@ -88,15 +88,20 @@ def key(
 # Device classes
 
 
-def _cpu_vendor() -> str:
+def cpuinfo_field(name: str) -> str | None:
+    """The first `name` field of /proc/cpuinfo ("vendor_id", "model name"), or None."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("vendor_id"):
+                if line.split(":", 1)[0].strip() == name:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown"
+    return None
+
+
+def _cpu_vendor() -> str:
+    return cpuinfo_field("vendor_id") or platform.processor() or platform.machine() or "unknown"
 
 
 def device_class(device: torch.device) -> dict[str, str]:

@@ -524,15 +524,9 @@ void pv_runs_vec_rows(int64_t M, int64_t Dv, const float* a, int64_t a_k, const 
 // transpose() that prefetches a line of `next` per source line it reads.
 inline void transpose_streaming(const float* src, int64_t lds, float* dst, int64_t ldd,
                                 int64_t rows, int64_t cols, LineStream* next) {
-  constexpr int W = VecF::kWidth;
-  for (int64_t r = 0; r < rows; r += W) {
-    const int rows_here = static_cast<int>(std::min<int64_t>(W, rows - r));
-    for (int64_t c = 0; c < cols; c += W) {
-      const int cols_here = static_cast<int>(std::min<int64_t>(W, cols - c));
-      transpose_block(src + r * lds + c, lds, dst + c * ldd + r, ldd, rows_here, cols_here);
-      if (next != nullptr) next->issue((rows_here * W * sizeof(float) + 63) / 64);
-    }
-  }
+  transpose_blocks(src, lds, dst, ldd, rows, cols, [next](int rows_here) {
+    if (next != nullptr) next->issue((rows_here * VecF::kWidth * sizeof(float) + 63) / 64);
+  });
 }
 #endif
 

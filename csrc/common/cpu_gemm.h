@@ -99,16 +99,25 @@ inline void transpose(const float* src, int64_t lds, float* dst, int64_t ldd, in
   }
 }
 #elif defined(FASTATTN_CPU_VEC)
-inline void transpose(const float* src, int64_t lds, float* dst, int64_t ldd, int64_t rows,
-                      int64_t cols) {
+// transpose() in kWidth x kWidth register blocks; after_block(rows_here) runs after each block
+// (the attention tiles prefetch the next tile's lines there).
+template <typename AfterBlock>
+inline void transpose_blocks(const float* src, int64_t lds, float* dst, int64_t ldd, int64_t rows,
+                             int64_t cols, const AfterBlock& after_block) {
   constexpr int W = VecF::kWidth;
   for (int64_t r = 0; r < rows; r += W) {
     const int rows_here = static_cast<int>(std::min<int64_t>(W, rows - r));
     for (int64_t c = 0; c < cols; c += W) {
       const int cols_here = static_cast<int>(std::min<int64_t>(W, cols - c));
       transpose_block(src + r * lds + c, lds, dst + c * ldd + r, ldd, rows_here, cols_here);
+      after_block(rows_here);
     }
   }
+}
+
+inline void transpose(const float* src, int64_t lds, float* dst, int64_t ldd, int64_t rows,
+                      int64_t cols) {
+  transpose_blocks(src, lds, dst, ldd, rows, cols, [](int) {});
 }
 #else
 inline void transpose(const float* src, int64_t lds, float* dst, int64_t ldd, int64_t rows,
@@ -120,6 +129,23 @@ inline void transpose(const float* src, int64_t lds, float* dst, int64_t ldd, in
 inline void transpose(const double* src, int64_t lds, double* dst, int64_t ldd, int64_t rows,
                       int64_t cols) {
   transpose_generic<double>(src, lds, dst, ldd, rows, cols);
+}
+
+// A (M x K, A(m, k) = A[m * a_m + k * a_k]) as a k-major matrix: A itself when a_m == 1, else
+// a per-thread copy (register transposes when a_k == 1), with a_k set to its stride (M).
+inline const float* k_major(const float* A, int64_t a_m, int64_t& a_k, int64_t M, int64_t K) {
+  if (a_m == 1) return A;
+  static thread_local std::vector<float> buffer;
+  if (static_cast<int64_t>(buffer.size()) < M * K) buffer.resize(M * K);
+  if (a_k == 1) {
+    transpose(A, a_m, buffer.data(), M, M, K);
+  } else {
+    for (int64_t k = 0; k < K; ++k) {
+      for (int64_t m = 0; m < M; ++m) buffer[k * M + m] = A[m * a_m + k * a_k];
+    }
+  }
+  a_k = M;
+  return buffer.data();
 }
 
 template <typename acc>
@@ -216,21 +242,9 @@ inline void gemm_rows_avx512(int64_t N, int64_t K, float alpha, const float* A, 
 inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t a_m,
                  int64_t a_k, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   // The micro-kernel broadcasts A(m, k) for MR consecutive m: it runs at the FMA rate when A
-  // is k-major (a_m == 1). Otherwise A is transposed once into a k-major buffer (16 x 16
-  // register transposes) and reused for every column block.
-  if (a_m != 1) {
-    static thread_local std::vector<float> buffer;
-    if (static_cast<int64_t>(buffer.size()) < M * K) buffer.resize(M * K);
-    if (a_k == 1) {
-      transpose(A, a_m, buffer.data(), M, M, K);
-    } else {
-      for (int64_t k = 0; k < K; ++k) {
-        for (int64_t m = 0; m < M; ++m) buffer[k * M + m] = A[m * a_m + k * a_k];
-      }
-    }
-    A = buffer.data();
-    a_k = M;
-  }
+  // is k-major (a_m == 1). Otherwise A is transposed once (k_major) and reused for every
+  // column block.
+  A = k_major(A, a_m, a_k, M, K);
   constexpr int MR = 8;
   int64_t m0 = 0;
   for (; m0 + MR <= M; m0 += MR) {
@@ -369,20 +383,7 @@ constexpr int kGemmRowsVec = 6;
 
 inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t a_m,
                  int64_t a_k, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
-  // As the AVX-512 gemm: A made k-major once (register transposes) when it is not.
-  if (a_m != 1) {
-    static thread_local std::vector<float> buffer;
-    if (static_cast<int64_t>(buffer.size()) < M * K) buffer.resize(M * K);
-    if (a_k == 1) {
-      transpose(A, a_m, buffer.data(), M, M, K);
-    } else {
-      for (int64_t k = 0; k < K; ++k) {
-        for (int64_t m = 0; m < M; ++m) buffer[k * M + m] = A[m * a_m + k * a_k];
-      }
-    }
-    A = buffer.data();
-    a_k = M;
-  }
+  A = k_major(A, a_m, a_k, M, K);  // as the AVX-512 gemm
   for (int64_t m0 = 0; m0 < M;) {
     // Blocks of 6 rows; 7 or 8 left run as 4 + 3 or 4 + 4 (8 accumulators each keep both FMA
     // pipes busy, a 2-row block would not).
