@@ -9,7 +9,7 @@ TABLE = {
         "threads": "2-4"
     },
     "measured": "2026-11-28, cpu: AMD EPYC, avx2, 2 threads, torch 2.14.1+cu130",
-    "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv; benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/lstm.csv",
+    "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv; benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/gru.csv; benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/lstm.csv",
     "entries": [
         {
             "op": "attention",
@@ -218,6 +218,58 @@ TABLE = {
             "ratio": 1.029,
             "cases": 1,
             "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
+        },
+        {
+            "op": "gru",
+            "dtype": "float32",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "bidirectional+lengths+multilayer",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "torch",
+            "ratio": 1.072,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/gru.csv"
+        },
+        {
+            "op": "gru",
+            "dtype": "float32",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "bidirectional+lengths+multilayer",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.487,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/gru.csv"
+        },
+        {
+            "op": "gru",
+            "dtype": "float32",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "plain",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.667,
+            "cases": 3,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/gru.csv"
+        },
+        {
+            "op": "gru",
+            "dtype": "float32",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "plain",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.284,
+            "cases": 3,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/gru.csv"
         },
         {
             "op": "lstm",
