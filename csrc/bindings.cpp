@@ -87,20 +87,7 @@ PyObject* cpu_fma_peak(PyObject* /*self*/, PyObject* repeats_obj) {
   const long long repeats = PyLong_AsLongLong(repeats_obj);
   if (repeats == -1 && PyErr_Occurred() != nullptr) return nullptr;
   double gflops = 0.0;
-  Py_BEGIN_ALLOW_THREADS switch (fastattn::cpu::cpu_isa()) {
-    case fastattn::cpu::Isa::avx512bf16:
-      gflops = fastattn::cpu::avx512bf16::fma_peak_gflops(repeats);
-      break;
-    case fastattn::cpu::Isa::avx512:
-      gflops = fastattn::cpu::avx512::fma_peak_gflops(repeats);
-      break;
-    case fastattn::cpu::Isa::avx2:
-      gflops = fastattn::cpu::avx2::fma_peak_gflops(repeats);
-      break;
-    default:
-      gflops = fastattn::cpu::base::fma_peak_gflops(repeats);
-      break;
-  }
+  Py_BEGIN_ALLOW_THREADS FASTATTN_CPU_ISA_CALL(fma_peak_gflops, repeats, &gflops);
   Py_END_ALLOW_THREADS return PyFloat_FromDouble(gflops);
 }
 

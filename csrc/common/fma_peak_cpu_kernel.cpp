@@ -60,7 +60,7 @@ float chains(float seed) {
 
 }  // namespace
 
-double fma_peak_gflops(int64_t repeats) {
+void fma_peak_gflops(int64_t repeats, double* gflops) {
   const int64_t threads = get_num_threads();
   double best = 0.0;
   std::vector<float> sinks(threads);  // the chains' results, so that they are computed
@@ -76,7 +76,7 @@ double fma_peak_gflops(int64_t repeats) {
   }
   volatile float sink = 0.0f;
   for (float v : sinks) sink = sink + v;
-  return best;
+  *gflops = best;
 }
 
 }  // namespace fastattn::cpu::FASTATTN_ISA

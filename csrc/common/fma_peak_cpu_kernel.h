@@ -5,11 +5,12 @@
 
 namespace fastattn::cpu {
 
-#define FASTATTN_DECLARE_FMA_PEAK(ISA)                       \
-  namespace ISA {                                            \
-  /* GFLOP/s of independent multiply-add chains on torch's   \
-     intra-op threads, the best of `repeats` timed passes */ \
-  double fma_peak_gflops(int64_t repeats);                   \
+#define FASTATTN_DECLARE_FMA_PEAK(ISA)                               \
+  namespace ISA {                                                    \
+  /* *gflops = GFLOP/s of independent multiply-add chains on torch's \
+     intra-op threads, the best of `repeats` timed passes (an out    \
+     argument: FASTATTN_CPU_ISA_CALL calls it, common/cpu_isa.h) */  \
+  void fma_peak_gflops(int64_t repeats, double* gflops);             \
   }
 
 FASTATTN_DECLARE_FMA_PEAK(avx512bf16)
