@@ -18,7 +18,7 @@ PROFILE ?= quick
 export PIP_RESUME_RETRIES ?= 20
 PYTEST_ARGS ?=
 
-.PHONY: bench test test-extended build venv clean cpu-torch-check lint format wheel wheel-check fuzz
+.PHONY: bench test test-extended build venv clean cpu-torch-check lint format wheel wheel-check fuzz sdist
 
 $(VENV)/.installed: requirements/dev.txt requirements/constraints.txt
 	test -x $(PY) || $(PYTHON_BOOTSTRAP) -m venv $(VENV)
@@ -81,6 +81,12 @@ wheel:
 
 wheel-check:
 	bash .ci/wheel_check.sh
+
+# The source distribution (MANIFEST.in: csrc/, CMakeLists.txt, the build's tools), from which
+# the README's source install builds; CI builds it so against the CPU-only torch 2.13.0
+# (.ci/cpu_torch_check.sh).
+sdist: $(VENV)/.installed
+	$(PY) -m build --sdist --no-isolation --outdir dist .
 
 clean:
 	rm -rf build *.egg-info fastattn/_C*.so dist

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # One wheel for every torch: installs the wheel `make wheel` built (the newest dist/*.whl, or
-# WHEEL=path) without rebuilding it (--no-deps) into a venv with the CPU-only torch 2.13.0 and
-# one with torch 2.14.1 (CUDA 13.0 build), and runs the environment report and the fast tests
-# in each, from a copy of tests/ (so the installed package is imported, not the source tree).
-# Under the CPU-only torch the CUDA kernels' library must report "not loaded: torch has no
-# CUDA". Venvs: .venv-wheel-213cpu and .venv-wheel-2141, or WHEEL_VENV_213CPU and
-# WHEEL_VENV_2141 (created when absent).
+# WHEEL=path) as from an index (pip install fastattn --no-index --find-links dist/, no rebuild)
+# into a venv with the CPU-only torch 2.13.0 and one with torch 2.14.1 (CUDA 13.0 build), and
+# runs the environment report and the fast tests in each, from a copy of tests/ (so the
+# installed package is imported, not the source tree). Under the CPU-only torch the CUDA
+# kernels' library must report "not loaded: torch has no CUDA". Venvs: .venv-wheel-213cpu and
+# .venv-wheel-2141, or WHEEL_VENV_213CPU and WHEEL_VENV_2141 (created when absent).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -26,7 +26,11 @@ for spec in "213cpu torch==2.13.0+cpu" "2141 torch==2.14.1"; do
   "$venv/bin/python" -m pip install --quiet --upgrade pip
   "$venv/bin/python" -m pip install --quiet "$torch_req" triton==3.8.0 numpy pytest pytest-xdist \
     pytest-timeout hypothesis expecttest
-  "$venv/bin/python" -m pip install --quiet --no-deps --force-reinstall "$WHEEL"
+  # As a user installs from an index, next to the torch already there: by name, from the
+  # folder that holds the wheel.
+  "$venv/bin/python" -m pip uninstall --quiet --yes fastattn 2>/dev/null || true
+  "$venv/bin/python" -m pip install --quiet --no-index --find-links "$(dirname "$WHEEL")" \
+    "fastattn==$(basename "$WHEEL" | cut -d- -f2)"
   work=$(mktemp -d)
   cp -r tests "$work/tests"
   (

@@ -121,3 +121,57 @@ def test_c_is_a_limited_api_module():
     assert fastattn.build_info()["python_abi"].startswith("abi3"), fastattn.build_info()
     # No per-version copy beside it: Python would import that one first.
     assert not list(path.parent.glob("_C.cpython-*.so")), list(path.parent.glob("_C.*.so"))
+
+
+# The newest symbol versions a manylinux_2_28 library may need (auditwheel's policy for that
+# tag: glibc 2.28 and the libstdc++ of GCC 8), the floor torch's own wheels hold to.
+MANYLINUX_2_28 = {"GLIBC": (2, 28), "GLIBCXX": (3, 4, 24), "CXXABI": (1, 3, 11), "GCC": (7, 0, 0)}
+
+
+def _needed_versions(path: Path) -> dict[str, tuple[int, ...]]:
+    """The newest version of each versioned family (GLIBC, GLIBCXX, ...) the object needs."""
+    out = subprocess.run(
+        ["readelf", "--version-info", "-W", str(path)], check=True, capture_output=True, text=True
+    ).stdout
+    needs = out.split("Version needs section", 1)[-1]
+    newest: dict[str, tuple[int, ...]] = {}
+    for family, number in re.findall(r"Name: ([A-Z]+)_([0-9.]+)\b", needs):
+        version = tuple(int(part) for part in number.split("."))
+        newest[family] = max(newest.get(family, version), version)
+    return newest
+
+
+@pytest.mark.skipif(shutil.which("readelf") is None, reason="needs readelf (binutils)")
+def test_symbol_versions_fit_manylinux_2_28():
+    """csrc/common/manylinux_compat.{h,cpp}: built on any newer Linux, the libraries need no
+    glibc or libstdc++ symbol newer than manylinux_2_28 allows, so the wheel's tag holds."""
+    for path in _libraries():
+        newest = _needed_versions(path)
+        assert "GLIBC" in newest, f"no glibc version needs read from {path.name}: {newest}"
+        for family, limit in MANYLINUX_2_28.items():
+            if family in newest:
+                assert newest[family] <= limit, (path.name, family, newest[family], limit)
+
+
+def test_only_the_entry_points_are_exported():
+    """The version script exports PyInit__C from _C and the fastattn_cuda_* functions from the
+    CUDA library; everything else, the libstdc++ pieces compiled in among it, stays local."""
+    for path in _libraries():
+        out = subprocess.run(
+            [NM, "-D", "--defined-only", str(path)], check=True, capture_output=True, text=True
+        ).stdout
+        names = [line.split()[-1] for line in out.splitlines() if line.strip()]
+        prefix = "PyInit_" if path.name.startswith("_C.") else "fastattn_cuda_"
+        assert names and all(name.startswith(prefix) for name in names), (path.name, names)
+
+
+@pytest.mark.skipif(shutil.which("readelf") is None, reason="needs readelf (binutils)")
+def test_torch_is_found_beside_the_package():
+    """The run path names torch's libraries relative to the library itself (site-packages/
+    torch/lib in an installed wheel), never the build machine's folders."""
+    for path in _libraries():
+        dynamic = subprocess.run(
+            ["readelf", "-d", str(path)], check=True, capture_output=True, text=True
+        ).stdout
+        paths = re.findall(r"\((?:RUNPATH|RPATH)\)\s+Library r(?:un)?path: \[(.*)\]", dynamic)
+        assert paths == ["$ORIGIN/../torch/lib"], (path.name, paths)
