@@ -70,7 +70,7 @@ __all__ = [
 
 def build_info() -> dict:
     """How fastattn._C was built (cuda, cuda_archs, cuda_home, cuda_version, torch_version: the
-    torch whose headers built it, abi: "stable" (libtorch's stable ABI, docs/stable_abi.md),
+    torch whose headers built it, abi: "stable" (libtorch's stable ABI, docs/design/stable_abi.md),
     torch_target: the oldest torch it runs under, python_abi: "abi3 (CPython >= 3.10)" (one
     object for every such Python), cpu_isa, cpu_amx: whether bfloat16 attention
     runs its tile products on AMX, debug_checks, cuda_library: "loaded" or why the CUDA kernels'
