@@ -74,7 +74,7 @@ format: $(VENV)/.installed
 # build: docs/conf.py imports the checkout's fastattn, whose Python parts import without the
 # compiled extension). The docs tools (requirements/docs.txt) go into the same venv. The pages'
 # Python examples run as tests (tests/test_docs.py), not here.
-$(VENV)/.docs-installed: $(VENV)/.installed requirements/docs.txt requirements/constraints.txt
+$(VENV)/.docs-installed: $(VENV)/.installed requirements/docs.txt
 	$(PY) -m pip install --quiet -r requirements/docs.txt
 	touch $@
 
