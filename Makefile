@@ -69,6 +69,19 @@ format: $(VENV)/.installed
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/clang-format -i $(CXX_SOURCES)
 
+# The documentation site (docs/: Sphinx with MyST pages and the API reference from the
+# docstrings), built into build/docs with every warning an error (CI runs it, before any
+# build: docs/conf.py imports the checkout's fastattn, whose Python parts import without the
+# compiled extension). The docs tools (requirements/docs.txt) go into the same venv. The pages'
+# Python examples run as tests (tests/test_docs.py), not here.
+$(VENV)/.docs-installed: $(VENV)/.installed requirements/docs.txt
+	$(PY) -m pip install --quiet -r requirements/docs.txt
+	touch $@
+
+.PHONY: docs
+docs: $(VENV)/.docs-installed
+	$(PY) -m sphinx -W --keep-going -q -b html docs build/docs
+
 # Builds against the CPU-only torch 2.13.0 in a second venv and runs the CPU-side smoke tests.
 cpu-torch-check:
 	bash .ci/cpu_torch_check.sh

@@ -13,7 +13,7 @@ once by tensors allocated during one call above what was held before it:
   held back (common.without_profiler_logs); anything else written meanwhile still shows.
 The peaks are in the case names ("peak MiB fastattn / eager") and in summary().
 
-Shapes: the issue's B=32, Lq=Lk=400, A=128 (quick profile on CPU: B=4, the straightforward
+Shapes: the target's B=32, Lq=Lk=400, A=128 (quick profile on CPU: B=4, the straightforward
 forward+backward at B=32 takes ~25 s a call and ~8 GB there); a teacher-forced seq2seq
 decoder over a bidirectional encoder (Lq=40 targets, Lk=50 sources, Dk=2x512); and one
 decoding step (a (B, Dq) query) per call.

@@ -7,7 +7,7 @@ Bytes: the cache read once (keys and values) per token.
 "decoding paged" rows: the same decode step over a paged cache (fastattn.PagedKVCache's
 layout: pools of 16- or 64-token blocks) against the dense cache holding the same rows, both
 through fastattn on the same backend; speedup = dense time / paged time, target 0.9 (the paged
-cache within 10% of the dense one, issue 12). Two block placements: "random" scatters each
+cache within 10% of the dense one). Two block placements: "random" scatters each
 sequence's blocks through the pool by a random permutation (a long-running server's fragmented
 pool, the worst case for the memory system: no two consecutive blocks of a sequence are
 neighbours), "lockstep" takes the table from fastattn.PagedKVCache after the batch's

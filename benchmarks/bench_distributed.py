@@ -8,7 +8,7 @@ K/V, and how much of the ring's communication hides behind its attention.
 
 Without torchrun it spawns the processes itself (CPU, gloo); under torchrun (WORLD_SIZE set)
 each launched process is one rank (--device cuda: NCCL, one GPU per rank, CUDA-synchronised
-timing), which is the GPU check of benchmarks/notes/context_parallel.md's model.
+timing), which is the GPU check of docs/design/context_parallel.md's model.
 
 For each world size W, W processes (one thread each, gloo, file rendezvous) hold zigzag
 shards of one causal self-attention problem of seq-len tokens and time, in interleaved
@@ -25,7 +25,7 @@ the backward adds the travelling dK/dV accumulators (reported as times only).
 
 This machine shows no scale: W processes share its 2 cores (4 processes oversubscribe them),
 and gloo's transfers are memory copies through loopback that also need those cores. It is
-shared with other work and noisy. benchmarks/notes/context_parallel.md models the GPU case.
+shared with other work and noisy. docs/design/context_parallel.md models the GPU case.
 """
 
 from __future__ import annotations

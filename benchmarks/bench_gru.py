@@ -1,5 +1,5 @@
 """GRU benchmarks: fastattn's fused GRU (the CPU recurrent engine shared with the LSTM) against
-torch.nn.GRU (oneDNN on CPU, cuDNN on GPU), the issue's target grid: T=100, I=H=512, B = 1, 8
+torch.nn.GRU (oneDNN on CPU, cuDNN on GPU), the target grid: T=100, I=H=512, B = 1, 8
 and 64, inference (torch.no_grad) and forward+backward (fastrnns' convention, as
 bench_lstm.py: parameters need gradients, inputs and states do not), plus a 2-layer
 bidirectional case with lengths ~ U[30, 100) (PackedSequence in and out).

@@ -51,7 +51,7 @@ warnings.filterwarnings("ignore", message="nested_from_padded CUDA kernels only 
 
 
 def target(op: str) -> float:
-    """Issue 15: every model row at least 1.1x torch, the seq2seq training step 1.3x."""
+    """The targets: every model row at least 1.1x torch, the seq2seq training step 1.3x."""
     return 1.3 if op.startswith("model seq2seq") else 1.1
 
 

@@ -303,7 +303,7 @@ def cases(profile: str, device: torch.device) -> list[Case]:
                 rotary_case(16, 32, 2048, 64, f32, device, copy_gbs=copy_gbs),
             ]
         return out
-    # CPU: the case (B=32, L=512, D=512, fp32), inference (p=0) and training (p=0.1).
+    # CPU: the target case (B=32, L=512, D=512, fp32), inference (p=0) and training (p=0.1).
     out = []
     for p in (0.0, 0.1):
         out += [

@@ -1,4 +1,4 @@
-"""The ring-attention scaling model of benchmarks/notes/context_parallel.md, as arithmetic.
+"""The ring-attention scaling model of docs/design/context_parallel.md, as arithmetic.
 
     python benchmarks/cp_scaling_model.py          # prints the notes' tables
 

@@ -219,8 +219,8 @@ def train(args) -> dict:
     model = Seq2Seq(args.emb, args.hidden, use_torch=args.torch)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     # --check decays the learning rate to 0 over its short schedule: at a constant rate its
-    # held-out accuracy depends on where the last steps happen to land (README, the seq2seq
-    # example's section), for torch's modules and fastattn's alike.
+    # held-out accuracy depends on where the last steps happen to land (docs/guides/recurrent.md,
+    # the seq2seq example's section), for torch's modules and fastattn's alike.
     schedule = (
         torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / args.steps)
         if args.check

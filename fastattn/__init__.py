@@ -1,13 +1,16 @@
 """fastattn: fused CUDA, Triton and C++ CPU kernels for softmax attention, LSTMs and positional
 encodings, with drop-in PyTorch modules.
 
-Public API (see README.md and the docstrings):
-  backends:   available_backends, use_backend, set_backend, last_backend
-  attention:  attention, merge_attention, additive_attention, varlen_attention,
-              pack_padded, unpack_padded, attention_with_kvcache, PagedKVCache
-  recurrent:  lstm_cell, lstm, gru_cell, gru, rnn_cell, rnn
-  positional: sinusoidal_table, add_sinusoidal, embed_with_positions, apply_rotary
-  modules:    fastattn.nn, swap_modules, restore_modules, swap_summary
+The public API, documented in the docstrings and the docs/ pages:
+
+- backends: `available_backends`, `use_backend`, `set_backend`, `last_backend`,
+  `BackendError`;
+- attention: `attention`, `merge_attention`, `additive_attention`, `varlen_attention`,
+  `pack_padded`, `unpack_padded`, `attention_with_kvcache`, `PagedKVCache`;
+- recurrent: `lstm_cell`, `lstm`, `gru_cell`, `gru`, `rnn_cell`, `rnn`;
+- positional: `sinusoidal_table`, `add_sinusoidal`, `embed_with_positions`, `apply_rotary`;
+- modules: `fastattn.nn`, `swap_modules`, `restore_modules`, `swap_summary`;
+- the build: `build_info`.
 """
 
 from __future__ import annotations
@@ -69,13 +72,17 @@ __all__ = [
 
 
 def build_info() -> dict:
-    """How fastattn._C was built (cuda, cuda_archs, cuda_home, cuda_version, torch_version: the
-    torch whose headers built it, abi: "stable" (libtorch's stable ABI, docs/stable_abi.md),
-    torch_target: the oldest torch it runs under, python_abi: "abi3 (CPython >= 3.10)" (one
-    object for every such Python), cpu_isa, cpu_amx: whether bfloat16 attention
-    runs its tile products on AMX, debug_checks, cuda_library: "loaded" or why the CUDA kernels'
-    library is not, e.g. "not loaded: torch has no CUDA"), or {'error': ...} when the extension
-    failed to import."""
+    """How the native extension `fastattn._C` was built.
+
+    Returns:
+        A dict with the keys cuda, cuda_archs, cuda_home, cuda_version, torch_version (the torch
+        whose headers built it), abi ("stable": libtorch's stable ABI, docs/design/stable_abi.md),
+        torch_target (the oldest torch it runs under), python_abi ("abi3 (CPython >= 3.10)": one
+        object for every such Python), cpu_isa, cpu_amx (whether bfloat16 attention runs its tile
+        products on AMX), debug_checks and cuda_library ("loaded" or why the CUDA kernels' library
+        is not, e.g. "not loaded: torch has no CUDA"); or `{"error": ...}` when the extension
+        failed to import.
+    """
     if _native.C is None:
         return {"error": _native.IMPORT_ERROR}
     info = dict(_native.C.build_info())

@@ -41,7 +41,7 @@ def arch_coverage(archs: str, major: int, minor: int) -> str:
 
 def _abi(info: dict) -> str:
     """'stable ABI, built against torch X (target Y)': the native ops use libtorch's stable ABI
-    only, so they run under torch Y and every later one (docs/stable_abi.md)."""
+    only, so they run under torch Y and every later one (docs/design/stable_abi.md)."""
     if info.get("abi") != "stable":
         return f"built against torch {info['torch_version']}"
     return (

@@ -54,7 +54,9 @@ AUTO_MODE = _auto_mode(os.environ.get("FASTATTN_AUTO"))
 
 
 class BackendError(RuntimeError):
-    """A backend was asked for that cannot run the call (not built, wrong device, feature)."""
+    """A backend was asked for that cannot run the call (not built, wrong device, or a feature it
+    does not implement); the message says which and why. A subclass of RuntimeError.
+    """
 
 
 # Per-thread state: `stack` (use_backend contexts) and `last` (op name -> backend that ran its
@@ -88,14 +90,32 @@ if _env_backend is not None:
 
 
 def set_backend(name: str | None) -> None:
-    """Set the process-wide backend (None restores the automatic choice per device)."""
+    """Set the process-wide backend.
+
+    Args:
+        name: "cuda", "triton", "cpu", "torch" or "reference"; None restores the automatic choice
+            per device. `use_backend` and an op's `backend=` argument take precedence.
+
+    Raises:
+        ValueError: An unknown backend name.
+    """
     global _global_backend
     _global_backend = _validate(name, "backend")
 
 
 @contextlib.contextmanager
 def use_backend(name: str | None) -> Iterator[None]:
-    """Run the enclosed fastattn calls on backend `name` (None: automatic), on this thread."""
+    """Run the enclosed fastattn calls on a backend, on this thread (a context manager).
+
+    Args:
+        name: "cuda", "triton", "cpu", "torch" or "reference"; None: the automatic choice.
+
+    Yields:
+        None; the backend applies until the block ends (blocks nest).
+
+    Raises:
+        ValueError: An unknown backend name.
+    """
     _validate(name, "backend")
     stack = _state.stack
     stack.append(name)
@@ -119,7 +139,15 @@ def _record(op: str, backend: str) -> None:
 
 
 def last_backend(op: str) -> str | None:
-    """Backend that ran the last call of public op `op` (e.g. "attention") on this thread."""
+    """The backend that ran the last call of a public op on this thread.
+
+    Args:
+        op: The op's name, e.g. "attention", "lstm", "gru_cell".
+
+    Returns:
+        The backend's name ("torch" when torch's kernel ran), or None when the op has not run on
+        this thread.
+    """
     return _state.last.get(op)
 
 
@@ -155,7 +183,12 @@ def triton_status() -> str:
 
 
 def available_backends() -> dict[str, str]:
-    """Each backend mapped to "available" or the reason it is not."""
+    """Which backends can run in this process.
+
+    Returns:
+        A dict mapping each backend ("cuda", "triton", "cpu", "torch", "reference") to
+        "available" or the reason it is not (e.g. "not built: ...").
+    """
     cpu_ok, cuda_built, reason = _native_status()
     status: dict[str, str] = {}
     if not cpu_ok:

@@ -1,7 +1,8 @@
 """Loads the compiled extension: fastattn._C (the op library, the CPU kernels and the build
 report; torch must be imported first: libtorch_cpu.so) and, when torch has CUDA, the CUDA
 kernels' library fastattn/_C_cuda.so, which registers their CUDA kernels with the ops. Both are
-on libtorch's stable ABI (docs/stable_abi.md), so one build serves CPU-only and CUDA torch."""
+on libtorch's stable ABI (docs/design/stable_abi.md), so one build serves CPU-only and CUDA
+torch."""
 
 from __future__ import annotations
 

@@ -44,13 +44,25 @@ def swap_modules(
     rnn: bool = True,
     backend: str | None = None,
 ) -> nn.Module:
-    """Replace, in place, every torch.nn.MultiheadAttention (attention=True), nn.LSTM and
-    nn.LSTMCell (lstm=True), nn.GRU and nn.GRUCell (gru=True), nn.RNN and nn.RNNCell (rnn=True)
-    of `model` (exact classes, the model itself included) with the
-    fastattn module, sharing the same Parameter objects. Outputs, gradients and state_dict
-    keys stay the same. backend: the fastattn backend the swapped modules use (None: the
-    automatic choice). Swapping twice is harmless. Returns the model; `swap_summary(model)`
-    lists what was swapped (also logged at INFO on the "fastattn" logger).
+    """Swap torch's attention and recurrent modules of a model for fastattn's, in place.
+
+    Changes the class of every `torch.nn.MultiheadAttention` (attention=True), `nn.LSTM` and
+    `nn.LSTMCell` (lstm=True), `nn.GRU` and `nn.GRUCell` (gru=True), `nn.RNN` and `nn.RNNCell`
+    (rnn=True) of the model, the model itself included (exact classes only), to fastattn's. The
+    module objects, their Parameters and buffers stay the same, so outputs, gradients,
+    optimisers built earlier and state_dict keys keep working. Swapping twice is harmless; the
+    swapped modules are logged at INFO on the "fastattn" logger.
+
+    Args:
+        model: The model, changed in place.
+        attention: Swap `nn.MultiheadAttention`.
+        lstm: Swap `nn.LSTM` and `nn.LSTMCell`.
+        gru: Swap `nn.GRU` and `nn.GRUCell`.
+        rnn: Swap `nn.RNN` and `nn.RNNCell`.
+        backend: The fastattn backend the swapped modules use; None: the automatic choice.
+
+    Returns:
+        The model. `swap_summary(model)` lists what was swapped.
     """
     families = {"attention": attention, "lstm": lstm, "gru": gru, "rnn": rnn}
     plan = []
@@ -97,7 +109,14 @@ def _disable_nested_tensor_encoders(model: nn.Module) -> None:
 
 
 def restore_modules(model: nn.Module) -> nn.Module:
-    """Undo swap_modules: every swapped module becomes its torch class again. Returns model."""
+    """Undo `swap_modules`: every swapped module becomes its torch class again, in place.
+
+    Args:
+        model: A model `swap_modules` changed.
+
+    Returns:
+        The model.
+    """
     for module in model.modules():
         original = getattr(module, _ORIGINAL, None)
         if original is not None:
@@ -119,7 +138,15 @@ def restore_modules(model: nn.Module) -> nn.Module:
 
 
 def swap_summary(model: nn.Module) -> list[tuple[str, str, str]]:
-    """(qualified name, torch class, fastattn class) of every currently swapped module."""
+    """The modules of a model that are currently swapped.
+
+    Args:
+        model: A model.
+
+    Returns:
+        A list of (qualified name, torch class name, fastattn class name), one per swapped module
+        ("<model>" names the model itself).
+    """
     out = []
     for name, module in model.named_modules():
         original = getattr(module, _ORIGINAL, None)

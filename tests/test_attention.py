@@ -6,8 +6,8 @@ lse) or 3x (gradients) the error of the reference run in the input's dtype, plus
 floor. Every test asserts `fastattn.last_backend("attention")` so it is known which kernel ran.
 
 The Triton backend runs under Triton's CPU interpreter here (slow), so the quick tests use a
-representative subset of the issue's grid; the full cross-product (head dims x lengths x
-features x dtypes) is marked slow (tests/conftest.py: FASTATTN_SLOW=1 or -m slow runs it).
+representative subset of the grid; the full cross-product (HEAD_DIMS x LENGTHS x FEATURES x
+dtypes) is marked slow (tests/conftest.py: FASTATTN_SLOW=1 or -m slow runs it).
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def check_against_reference(backend, q, k, v, kw, grads=True, lse_grad=True):
 
 
 def _quick_cases():
-    """Every feature in every dtype (45 cases), head dims and lengths spread over the issue's
+    """Every feature in every dtype (45 cases), head dims and lengths spread over the
     grid so that each appears about four times, plus a few hand-picked cases."""
     cases = []
     for f, feature in enumerate(FEATURES):
@@ -255,7 +255,7 @@ def test_attention_matches_reference(backend, feature, D, lengths, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=[_DT[t] for t in DTYPES])
 @pytest.mark.parametrize("feature", FEATURES)
 def test_attention_grid(backend, feature, dtype, D):
-    """The issue's full grid: every (Lq, Lk) of LENGTHS for this feature, dtype and head dim."""
+    """The full grid: every (Lq, Lk) of LENGTHS for this feature, dtype and head dim."""
     device = attention_device(backend)
     failures = []
     for Lq, Lk in LENGTHS:
@@ -289,9 +289,9 @@ def test_forward_without_gradients(backend):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=[_DT[t] for t in DTYPES])
 def test_causal_worked_example(backend, dtype):
-    """shared/BACKGROUND.md: the 4-token causal example. With keys k_j = e_j and scale 1,
-    q_i . k_j is the j-th score of row i; with v = identity the output rows are the
-    probabilities."""
+    """A worked causal example of 4 tokens, its scores and probabilities written out by hand.
+    With keys k_j = e_j and scale 1, q_i . k_j is the j-th score of row i; with v = identity
+    the output rows are the probabilities."""
     device = attention_device(backend)
     scores = torch.tensor(
         [[0.7, 0.0, 0.0, 0.0], [0.1, 0.6, 0.0, 0.0], [0.1, 0.3, 0.6, 0.0], [0.1, 0.3, 0.3, 0.3]]
@@ -805,7 +805,7 @@ def test_rows_hidden_by_a_float_mask_of_minus_inf_have_finite_gradients(backend)
 
 
 # ---------------------------------------------------------------------------------------------
-# Sizes beyond the kernels' index types are refused before any work (issue 16, item 6)
+# Sizes beyond the kernels' index types are refused before any work
 
 # A key longer than int32 indices hold, in no memory: a stride-0 expansion of one row.
 _HUGE = 2**31 + 5
@@ -877,7 +877,7 @@ def test_sequence_length_limit_is_2_pow_30():
 
 
 # ---------------------------------------------------------------------------------------------
-# Triton tiles against the device's shared memory (issue 16, item 4)
+# Triton tiles against the device's shared memory
 
 # Opt-in shared memory a block of an sm_86/89/120 card, an A100 and an H100.
 _SHARED_MEMORY = {"99KB": 101376, "163KB": 166912, "227KB": 232448}

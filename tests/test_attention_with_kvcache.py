@@ -1057,7 +1057,7 @@ def test_cuda_bad_cache_seqlens_fail_on_the_device(backend_name):
 
 
 # ---------------------------------------------------------------------------------------------
-# Limits (issue 16, items 4 and 6)
+# Limits: shared memory per device and sizes beyond the kernels' index types
 
 
 @pytest.mark.parametrize("backend_name", ["cpu", "triton"])

@@ -86,7 +86,7 @@ def test_build_info():
     assert not info["cpu_amx"] or info["cpu_isa"] == "avx512bf16"
 
     # Built on the stable ABI against torch torch_version, targeting torch_target: it runs under
-    # any torch from the target on (docs/stable_abi.md), not only the one it was built with.
+    # any torch from the target on (docs/design/stable_abi.md), not only the one it was built with.
     def version(text):
         return tuple(int(part) for part in text.split("+")[0].split(".")[:2])
 

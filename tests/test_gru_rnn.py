@@ -84,8 +84,8 @@ def make_pair(kind, I, H, *, device, dtype=F64, seed=0, **kw):
 
 
 # An independent float64 definition of the textbook GRU (Cho et al. 2014, in torch's gate
-# order and h' = (1 - z) n + z h), written with the concatenated [x; h] matrices of
-# ../shared/BACKGROUND.md rather than the reference's code.
+# order and h' = (1 - z) n + z h), written as textbooks write it, with the concatenated
+# [x; h] input and one weight matrix per gate, rather than with the reference's code.
 def _textbook_step(x, h, w_ih, w_hh, b_ih, b_hh):
     H = h.shape[-1]
     W = torch.cat([w_ih, w_hh], dim=1)  # (3H, I + H)

@@ -68,7 +68,7 @@ to_fastattn = models.to_fastattn
 
 def require(name: str) -> None:
     if name in NEEDS_LSTM and not (HAS_LSTM and HAS_LSTM_CELL):
-        pytest.skip("fastattn.nn.LSTM / LSTMCell do not exist yet (the LSTM issue adds them)")
+        pytest.skip("fastattn.nn.LSTM / LSTMCell are not available")
 
 
 def build(name: str, dtype=F64, seed=0):

@@ -1,4 +1,4 @@
-"""fastattn's native libraries use libtorch's stable ABI only (docs/stable_abi.md): no C++
+"""fastattn's native libraries use libtorch's stable ABI only (docs/design/stable_abi.md): no C++
 symbol of ATen, c10 or torch is left undefined in fastattn._C or in the CUDA kernels' library
 fastattn/_C_cuda.so, so they load into any torch from the targeted version (2.11) on; what they
 call in libtorch is the stable C shim (aoti_torch_*, torch_*). _C needs no CUDA library (it

@@ -31,12 +31,10 @@ F64 = torch.float64
 TOL = dict(rtol=1e-12, atol=1e-12)
 HAS_LSTM = hasattr(fnn, "LSTM")
 HAS_LSTM_CELL = hasattr(fnn, "LSTMCell")
-needs_lstm = pytest.mark.skipif(
-    not HAS_LSTM, reason="fastattn.nn.LSTM does not exist yet (being added in the LSTM issue)"
-)
+needs_lstm = pytest.mark.skipif(not HAS_LSTM, reason="fastattn.nn.LSTM is not available")
 needs_lstm_cell = pytest.mark.skipif(
     not HAS_LSTM_CELL,
-    reason="fastattn.nn.LSTMCell does not exist yet (being added in the LSTM issue)",
+    reason="fastattn.nn.LSTMCell is not available",
 )
 
 

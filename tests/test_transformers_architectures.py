@@ -1,4 +1,4 @@
-"""fastattn across Hugging Face architectures (issue 12, item 4): small randomly initialised
+"""fastattn across Hugging Face architectures: small randomly initialised
 models built offline, each run with attn_implementation="eager" and "fastattn" on the same
 weights. Per architecture: logits at the valid positions with left and with right padding,
 the gradient of every parameter, and greedy `generate()` tokens with the dynamic and the

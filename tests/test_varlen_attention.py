@@ -1381,7 +1381,7 @@ def test_cuda_op_errors_name_the_argument():
 
 
 # ---------------------------------------------------------------------------------------------
-# Limits (issue 16, item 6)
+# Limits: sizes beyond the kernels' index types
 
 
 @pytest.mark.parametrize("backend", ["cpu", "triton", "reference"])

@@ -1,4 +1,4 @@
-"""FlashAttention's tolerance rule (shared/STYLE.md).
+"""FlashAttention's tolerance rule.
 
 A kernel's result passes when its error against a float64 reference is at most `factor` times
 the error of the same reference run in the input's precision, plus a rounding floor:

@@ -1,7 +1,7 @@
 // Plain kernel arguments of the CUDA attention kernels and the entry points of the kernel
 // translation units (attention_cuda_{fwd,bwd}_hd*_{f16,bf16}.cu, attention_cuda_simt.cu).
 // No torch and no CUDA headers: the kernel TUs include only this and the .cuh bodies, which
-// keeps each of them quick to compile (shared/TOOLCHAIN.md). attention_cuda.cu fills these
+// keeps each of them quick to compile (no torch header is parsed). attention_cuda.cu fills these
 // from tensors (attention_cuda_ops.h) and calls the entry points.
 #pragma once
 #include <cstdint>

@@ -4,10 +4,13 @@ Each rank of a process group holds a shard of the sequence. Works with any torch
 backend that has point-to-point (ring) or all-to-all (Ulysses): gloo on CPU, NCCL on GPU,
 launched the usual way (torchrun).
 
-  sequence.py           shard_sequence, gather_sequence (differentiable), shard_positions
-  ring_attention.py     ring_attention: K/V blocks travel around the ring, lse merge
-  ulysses_attention.py  ulysses_attention: all-to-all sequence shards <-> head shards
-  context_parallel.py   context_parallel: fastattn.nn.MultiheadAttention on sequence shards
+- `shard_sequence`, `gather_sequence` (differentiable), `shard_positions` (sequence.py);
+- `ring_attention`: K/V blocks travel around the ring, merged by their log-sum-exp
+  (ring_attention.py);
+- `ulysses_attention`: all-to-all from sequence shards to head shards and back
+  (ulysses_attention.py);
+- `context_parallel`: `fastattn.nn.MultiheadAttention` on sequence shards
+  (context_parallel.py).
 
 Layouts: "zigzag" splits the sequence into 2W chunks and gives rank r chunks r and 2W-1-r
 (equal causal work per rank); "contiguous" gives rank r chunk r of W.

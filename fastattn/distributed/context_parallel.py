@@ -67,26 +67,39 @@ class ContextParallel:
 
 
 def current_context() -> ContextParallel | None:
-    """The innermost active context_parallel on this thread, or None."""
+    """The innermost active `context_parallel` on this thread.
+
+    Returns:
+        Its settings, or None outside any.
+    """
     stack = getattr(_state, "stack", None)
     return stack[-1] if stack else None
 
 
 @contextlib.contextmanager
 def context_parallel(group=None, *, method: str = "ring", layout: str = "zigzag"):
-    """Context manager: inside it, fastattn.nn.MultiheadAttention treats query, key and value
-    as this rank's sequence shards (self-attention; shard_sequence with the same layout) and
-    attends over the whole sequence of the group.
+    """A context in which `fastattn.nn.MultiheadAttention` attends over the group's whole sequence.
 
-    method: "ring" (ring_attention: any number of heads; no mask but causal; dropout with
-        the one-process mask, on the reference math) or "ulysses" (ulysses_attention: heads
-        divisible by the world size; a full-sequence (B, L) key_padding_mask works).
-    layout: "zigzag" or "contiguous", as the shards were made.
-    Module rules inside: is_causal=True means causal over global positions (torch asks for a
-    causal attn_mask beside that hint; one of the full sequence's shape (L, L) is accepted as
-    such, and its values are not read); need_weights must be False; any other attn_mask, and
-    bias_k/add_zero_attn, raise a clear error. Parameter gradients are per-rank partial sums:
-    DDP's all-reduce (or FSDP's reduce-scatter) over the context ranks completes them.
+    Inside it, the module treats query, key and value as this rank's sequence shards
+    (self-attention; `shard_sequence` with the same layout). `is_causal=True` means causal over
+    global positions (torch asks for a causal attn_mask beside that hint; one of the full
+    sequence's shape (L, L) is accepted as such, and its values are not read); need_weights must
+    be False. Parameter gradients are per-rank partial sums: DDP's all-reduce (or FSDP's
+    reduce-scatter) over the context ranks completes them.
+
+    Args:
+        group: The process group; default: the default group (its size is W).
+        method: "ring" (`ring_attention`: any number of heads; no mask but causal; dropout with
+            the one-process mask, on the reference math) or "ulysses" (`ulysses_attention`: heads
+            divisible by the world size; a full-sequence (B, L) key_padding_mask works).
+        layout: "zigzag" or "contiguous", as the shards were made.
+
+    Yields:
+        The context's settings, a `ContextParallel` (also `current_context()` inside it).
+
+    Raises:
+        ValueError: An unknown method or layout. Inside, the module raises on an attn_mask other
+            than the causal one, on need_weights, and on bias_k or add_zero_attn.
     """
     op = "context_parallel"
     group_info(op, group)

@@ -329,27 +329,42 @@ def ring_attention(
     return_lse: bool = False,
     backend: str | None = None,
 ):
-    """Self-attention over a sequence sharded across the ranks of `group` (ring attention).
+    """Self-attention over a sequence sharded across the ranks of a group (ring attention).
 
-    q: (B, Hq, L_local, D); k: (B, Hkv, L_local, D); v: (B, Hkv, L_local, Dv): this rank's
-        shards (shard_sequence(..., dim=2, layout=layout) of the full tensors), the same shape
-        on every rank; Hq a multiple of Hkv (GQA/MQA). L = W * L_local is the full length.
-    layout: "zigzag" (rank r holds chunks r and 2W-1-r of 2W; L_local must be even) or
-        "contiguous" (rank r holds chunk r of W).
-    causal: False, True / "top_left" / "bottom_right" (the same for self-attention): query at
-        global position i sees keys at global positions j <= i.
-    scale: default 1/sqrt(D). softcap: > 0 caps the scores (softcap * tanh(s / softcap)).
-    alibi_slopes: (Hq,) or (B, Hq): adds -slope * |i - j| on global positions (no gradient).
-    window: (left, right) on global positions: i - left <= j <= i + right (-1 unbounded).
-    dropout_p: dropout on the probabilities, with the one-process call's mask (the same
-        torch.manual_seed state gives the same mask); the blocks then run the reference math
-        (see the module docstring), so backend must be None or "reference".
-    return_lse: also return lse (B, Hq, L_local) (float32, float64 for float64 inputs).
-    backend: the fastattn backend for the blocks (None: the usual choice).
-    Returns this rank's shard of what fastattn.attention gives on the full sequence,
-    (B, Hq, L_local, Dv) in q's dtype (and lse). Differentiable in q, k and v: the gradients
-    are this rank's shards of the one-process gradients (a second ring in the backward).
-    Collective: every rank of the group must call it with the same shapes and arguments.
+    K/V shards travel around the ring (each step's transfer posted before the block's attention)
+    and the blocks' results merge by their log-sum-exp. Collective: every rank of the group must
+    call it with the same shapes and arguments.
+
+    Args:
+        q: (B, Hq, L_local, D), this rank's shard (`shard_sequence(..., dim=2, layout=layout)`
+            of the full tensor), the same shape on every rank; L = W * L_local.
+        k: (B, Hkv, L_local, D); Hq a multiple of Hkv (GQA/MQA).
+        v: (B, Hkv, L_local, Dv).
+        group: The process group; default: the default group (its size is W).
+        layout: "zigzag" (rank r holds chunks r and 2W-1-r of 2W; L_local must be even) or
+            "contiguous" (rank r holds chunk r of W).
+        causal: False, or True / "top_left" / "bottom_right" (the same for self-attention): the
+            query at global position i sees keys at global positions `j <= i`.
+        scale: Multiplies `q.k`; default `1 / sqrt(D)`.
+        softcap: If > 0, caps the scores: `softcap * tanh(s / softcap)`.
+        alibi_slopes: (Hq,) or (B, Hq): adds `-slope * abs(i - j)` on global positions (no
+            gradient).
+        window: (left, right) on global positions: `i - left <= j <= i + right` (-1 unbounded).
+        dropout_p: Dropout on the probabilities with the one-process call's mask (the same
+            `torch.manual_seed` state gives the same mask); the blocks then run the reference
+            math, so backend must be None or "reference".
+        return_lse: Also return the log-sum-exp of each row.
+        backend: The fastattn backend for the blocks; None: the usual choice.
+
+    Returns:
+        This rank's shard of what `fastattn.attention` gives on the full sequence,
+        (B, Hq, L_local, Dv) in q's dtype; with `return_lse`, (out, lse), lse (B, Hq, L_local)
+        float32 (float64 for float64 inputs). Differentiable in q, k and v: the gradients are
+        this rank's shards of the one-process gradients (a second ring in the backward).
+
+    Raises:
+        ValueError: Shapes that differ across ranks or do not fit the layout, or dropout with a
+            kernel backend; raised on every rank alike, before any transfer.
     """
     op = "ring_attention"
     rank, world = group_info(op, group)

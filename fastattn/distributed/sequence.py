@@ -20,14 +20,22 @@ from ._group import (
 def shard_sequence(
     x: torch.Tensor, *, dim: int, group=None, layout: str = "zigzag"
 ) -> torch.Tensor:
-    """This rank's shard of the full sequence `x` (the same x on every rank).
+    """This rank's shard of the full sequence x (the same x on every rank). No communication.
 
-    x: any tensor whose dimension `dim` is the sequence, of length L divisible into 2W
-        chunks ("zigzag") or W chunks ("contiguous"), W the group's size.
-    layout: "zigzag": rank r gets chunks r and 2W-1-r, concatenated (balances causal work);
-        "contiguous": rank r gets chunk r.
-    Returns x with dimension `dim` of length L/W: a copy for zigzag, a view for contiguous.
-    Differentiable (the gradient lands in this rank's rows of x). No communication.
+    Args:
+        x: Any tensor whose dimension `dim` is the sequence, of length L divisible into 2W chunks
+            ("zigzag") or W chunks ("contiguous").
+        dim: The sequence dimension.
+        group: The process group; default: the default group (its size is W).
+        layout: "zigzag": rank r gets chunks r and 2W-1-r, concatenated (balances causal work);
+            "contiguous": rank r gets chunk r.
+
+    Returns:
+        x with dimension `dim` of length L / W: a copy for zigzag, a view for contiguous.
+        Differentiable (the gradient lands in this rank's rows of x).
+
+    Raises:
+        ValueError: A length that does not divide into the layout's chunks, or an unknown layout.
     """
     op = "shard_sequence"
     rank, world = group_info(op, group)
@@ -82,12 +90,21 @@ def gather_sequence(
 ) -> torch.Tensor:
     """The full sequence from every rank's shard (the inverse of `shard_sequence`).
 
-    x_local: this rank's shard, dimension `dim` of length L/W (even for "zigzag"); every rank's
-        shard must have the same shape.
-    Returns the full tensor with dimension `dim` of length L, the same on every rank.
-    Differentiable: the loss is taken as the sum of the ranks' losses, so the gradient of
-    x_local is the sum over ranks of the gradients each rank's loss gives this rank's rows
-    (an all-reduce in the backward).
+    Args:
+        x_local: This rank's shard, dimension `dim` of length L / W (even for "zigzag"); every
+            rank's shard must have the same shape.
+        dim: The sequence dimension.
+        group: The process group; default: the default group (its size is W).
+        layout: "zigzag" or "contiguous", as the shards were made.
+
+    Returns:
+        The full tensor, dimension `dim` of length L, the same on every rank. Differentiable: the
+        loss is taken as the sum of the ranks' losses, so the gradient of x_local is the sum over
+        ranks of the gradients each rank's loss gives this rank's rows (an all-reduce in the
+        backward).
+
+    Raises:
+        ValueError: Shards of different shapes on different ranks, or an unknown layout.
     """
     op = "gather_sequence"
     rank, world = group_info(op, group)
@@ -110,9 +127,23 @@ def gather_sequence(
 def shard_positions(
     seq_len: int, *, group=None, layout: str = "zigzag", device: torch.device | str | None = None
 ) -> torch.Tensor:
-    """int64 (seq_len / W,) global positions of this rank's rows, in the order of its shard
-    (what shard_sequence(torch.arange(seq_len), dim=0) gives): feed them to positional
-    encodings (apply_rotary's position_ids, a learned table's index)."""
+    """The global positions of this rank's rows, in the order of its shard.
+
+    What `shard_sequence(torch.arange(seq_len), dim=0)` gives: feed them to positional encodings
+    (`apply_rotary`'s position_ids, a learned table's index).
+
+    Args:
+        seq_len: The full sequence's length L.
+        group: The process group; default: the default group (its size is W).
+        layout: "zigzag" or "contiguous".
+        device: The result's device.
+
+    Returns:
+        Int64 (L / W,).
+
+    Raises:
+        ValueError: A length that does not divide into the layout's chunks.
+    """
     op = "shard_positions"
     rank, world = group_info(op, group)
     check_layout(op, layout)

@@ -98,21 +98,32 @@ def ulysses_attention(
     layout: str = "zigzag",
     **attention_kwargs,
 ):
-    """Self-attention over a sequence sharded across the ranks of `group`, by all-to-all.
+    """Self-attention over a sequence sharded across the ranks of a group, by all-to-all.
 
-    q: (B, Hq, L_local, D); k: (B, Hkv, L_local, D); v: (B, Hkv, L_local, Dv): this rank's
-        shards (layout as shard_sequence), the same shape on every rank. Hq and Hkv must be
-        divisible by W (ValueError otherwise).
-    attention_kwargs: every keyword of fastattn.attention, on the full sequence: causal,
-        window, alibi_slopes ((Hq,) or (B, Hq)), softcap, scale, attn_mask
-        (broadcastable to (B, Hq, L, L), full sequence), key_padding_mask ((B, L) bool, full
-        sequence), dropout_p, return_lse, deterministic, backend. Per-head arguments are
-        sliced to this rank's heads. Dropout draws a valid mask (each rank its own Philox
-        seed for its heads), not the one-process call's bit for bit.
-    Returns this rank's shard (B, Hq, L_local, Dv) of the full-sequence attention (and lse
-    (B, Hq, L_local) with return_lse). Differentiable in q, k, v and the tensors the
-    attention call differentiates (a float attn_mask: each rank's share of its gradient).
-    Collective: every rank of the group must call it with the same shapes and arguments.
+    Two all-to-alls turn sequence shards into head shards and back. Collective: every rank of the
+    group must call it with the same shapes and arguments.
+
+    Args:
+        q: (B, Hq, L_local, D), this rank's shard (layout as `shard_sequence`), the same shape on
+            every rank.
+        k: (B, Hkv, L_local, D); Hq and Hkv must be divisible by W.
+        v: (B, Hkv, L_local, Dv).
+        group: The process group; default: the default group (its size is W).
+        layout: "zigzag" or "contiguous", as the shards were made.
+        **attention_kwargs: Every keyword of `fastattn.attention`, on the full sequence: causal,
+            window, alibi_slopes ((Hq,) or (B, Hq)), softcap, scale, attn_mask (broadcastable to
+            (B, Hq, L, L)), key_padding_mask ((B, L) bool), dropout_p, return_lse, deterministic,
+            backend. Per-head arguments are sliced to this rank's heads. Dropout draws a valid
+            mask (each rank its own Philox seed for its heads), not the one-process call's bit for
+            bit.
+
+    Returns:
+        This rank's shard (B, Hq, L_local, Dv) of the full-sequence attention; with return_lse,
+        also lse (B, Hq, L_local). Differentiable in q, k, v and the tensors the attention call
+        differentiates (a float attn_mask: each rank's share of its gradient).
+
+    Raises:
+        ValueError: Heads not divisible by W, or shapes that differ across ranks.
     """
     op = "ulysses_attention"
     rank, world = group_info(op, group)

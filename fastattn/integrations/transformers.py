@@ -1,15 +1,18 @@
 """Hugging Face transformers integration: attn_implementation="fastattn".
 
+Usage::
+
     import fastattn.integrations.transformers as fa_hf
     fa_hf.register()
     model = AutoModelForCausalLM.from_config(config, attn_implementation="fastattn")
 
-register() adds "fastattn" to transformers' AttentionInterface (the attention computation of
-every model that uses the interface: BERT, GPT-2, Llama, Mistral, T5, ...) and to its
-AttentionMaskInterface with the "sdpa" mask format (boolean, True = may attend, or no mask when
-the attention is plainly causal). The function mirrors transformers' sdpa integration —
-causal hint, masks, GQA (handled natively, keys are never repeated), dropout, scaling — with
-fastattn.attention doing the work, and goes beyond it where sdpa cannot:
+`register()` adds "fastattn" to transformers' AttentionInterface (the attention computation
+of every model that uses the interface: BERT, GPT-2, Llama, Mistral, T5, ...) and to its
+AttentionMaskInterface with the "sdpa" mask format (boolean, True = may attend, or no mask
+when the attention is plainly causal). The function mirrors transformers' sdpa integration
+(causal hint, masks, GQA handled natively without repeating keys, dropout, scaling) with
+`fastattn.attention` doing the work, and goes beyond it where sdpa cannot:
+
 - `softcap` (Gemma 2) is applied in the kernels;
 - `position_bias` (T5's relative position bias, or any additive bias a model passes) joins
   the float mask, and its gradient flows back to the bias parameters;
@@ -17,9 +20,10 @@ fastattn.attention doing the work, and goes beyond it where sdpa cannot:
 - `indices` (DeepSeek-V3.2's top-k key selection, (B, Lq, topk)) is folded into the boolean
   mask: each query sees only its selected keys (and what the mask allows);
 - `sliding_window` is already part of the sdpa-format mask transformers builds (as for sdpa).
+
 Any other keyword that could change the result and that fastattn does not understand raises
 a ValueError naming it, instead of being dropped. Models whose attention layers do not call
-transformers' interface never reach fastattn: register() makes building one with
+transformers' interface never reach fastattn: `register()` makes building one with
 attn_implementation="fastattn" warn once per architecture.
 """
 
@@ -130,9 +134,30 @@ def fastattn_attention_forward(
     is_causal: bool | None = None,
     **kwargs,
 ):
-    """transformers attention function: query (B, H, Lq, D), key (B, Hkv, Lk, D), value
-    (B, Hkv, Lk, Dv) -> (attn_output (B, Lq, H, Dv), None). Attention weights are not
-    returned (as with "sdpa"). Keywords: see the module docstring."""
+    """The attention function transformers calls for attn_implementation="fastattn".
+
+    Args:
+        module: The model's attention module (its `is_causal`, when the call gives none, and
+            `training`, for dropout, are read).
+        query: (B, H, Lq, D).
+        key: (B, Hkv, Lk, D).
+        value: (B, Hkv, Lk, Dv).
+        attention_mask: The sdpa-format mask (bool, True = may attend, or float), or None.
+        dropout: Dropout on the probabilities.
+        scaling: The score scale; default `1 / sqrt(D)`.
+        is_causal: The causal hint; None reads the module's. As in transformers, it stands
+            in for a mask only when no mask was built and there is more than one query.
+        **kwargs: `softcap`, `position_bias`, `s_aux` / `sinks`, `indices` (the module
+            docstring), `deterministic`, and the keywords transformers passes that do not
+            change the result.
+
+    Returns:
+        (attn_output (B, Lq, H, Dv), None): attention weights are not returned (as with "sdpa").
+
+    Raises:
+        ValueError: A keyword that could change the result and that fastattn does not
+            understand, naming it.
+    """
     _refuse_unknown(kwargs)
     batch, q_length, kv_length = query.shape[0], query.shape[2], key.shape[2]
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
@@ -177,11 +202,18 @@ _warned_classes: set[str] = set()
 
 
 def routes_attention_through_interface(model_class: type) -> bool:
-    """Whether the attention layers of `model_class`'s module call transformers'
-    AttentionInterface (ALL_ATTENTION_FUNCTIONS), so that attn_implementation="fastattn"
-    reaches fastattn. The same source heuristic transformers uses for
-    set_attn_implementation: a module with `*Attention*(nn.Module)` classes must look the
-    interface up; one without attention classes (a wrapper of other models) counts as routing."""
+    """Whether a model class's attention layers call transformers' AttentionInterface.
+
+    The same source heuristic transformers uses for set_attn_implementation: a module with
+    `*Attention*(nn.Module)` classes must look the interface up (ALL_ATTENTION_FUNCTIONS); one
+    without attention classes (a wrapper of other models) counts as routing.
+
+    Args:
+        model_class: A transformers model class.
+
+    Returns:
+        True when attn_implementation="fastattn" reaches fastattn in that model.
+    """
     module = sys.modules.get(model_class.__module__)
     if module is None:
         return True
@@ -231,7 +263,10 @@ def _install_build_warning(pretrained_model_class) -> None:
 
 
 def register() -> None:
-    """Register "fastattn" with transformers (idempotent)."""
+    """Register "fastattn" with transformers' attention and mask interfaces (idempotent).
+
+    After it, `attn_implementation="fastattn"` selects `fastattn_attention_forward`.
+    """
     try:
         from transformers import AttentionInterface, PreTrainedModel
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask

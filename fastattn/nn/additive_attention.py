@@ -12,21 +12,23 @@ from ..ops.additive_attention import additive_attention
 
 
 class AdditiveAttention(nn.Module):
-    """score(q_i, k_j) = v . tanh(W_q q_i + W_k k_j + b);
-    context_i = sum_j softmax_j(score) values_j.
+    """Bahdanau (additive) attention as a module, fused (`fastattn.additive_attention`).
 
-    Parameters: query_proj.weight (attn_dim, query_dim), key_proj.weight (attn_dim, key_dim),
-    key_proj.bias (attn_dim,) — the b of the formula — and v (attn_dim,).
-    forward(query, keys, values=None, key_padding_mask=None, need_weights=False):
-    query (B, Lq, query_dim) or (B, query_dim) (one decoder step), keys (B, Lk, key_dim),
-    values (B, Lk, value_dim) (default keys), key_padding_mask (B, Lk) bool (True = ignore),
-    projected_keys: project_keys(keys), reused across decoder steps.
-    Returns the context, or (context, weights) with need_weights.
+    `score(q_i, k_j) = v . tanh(W_q q_i + W_k k_j + b)`, `context_i = sum_j softmax_j(score)
+    values_j`. Parameters: `query_proj.weight` (attn_dim, query_dim), `key_proj.weight`
+    (attn_dim, key_dim), `key_proj.bias` (attn_dim,) (the b of the formula) and `v` (attn_dim,).
 
     A decoder calls forward once per step with the same keys (the encoder states): without
-    projected_keys, the key projection of the previous call is reused while it is still valid
-    (see _reusable_key_projection), so a decoder written for torch's straightforward module
-    projects its keys once per sequence instead of once per step, forward and backward.
+    `projected_keys`, the key projection of the previous call is reused while it is still valid
+    (the keys and the projection's parameters unchanged, the same grad, inference and autocast
+    modes), so a decoder written for torch's straightforward module projects its keys once per
+    sequence instead of once per step, forward and backward.
+
+    Args:
+        query_dim: Features of the queries (decoder states).
+        key_dim: Features of the keys (encoder states).
+        attn_dim: Features of the projections, A.
+        value_dim: Features of the values; default key_dim.
     """
 
     def __init__(
@@ -41,8 +43,14 @@ class AdditiveAttention(nn.Module):
         nn.init.uniform_(self.v, -1.0 / math.sqrt(attn_dim), 1.0 / math.sqrt(attn_dim))
 
     def project_keys(self, keys: torch.Tensor) -> torch.Tensor:
-        """keys W_k^T + b (B, Lk, attn_dim): compute once per source sequence and pass as
-        forward(..., projected_keys=...) at every decoder step."""
+        """Project the keys once per source sequence, for `forward(..., projected_keys=...)`.
+
+        Args:
+            keys: (B, Lk, key_dim).
+
+        Returns:
+            `keys W_k^T + b`, (B, Lk, attn_dim).
+        """
         return self.key_proj(keys)
 
     def forward(
@@ -54,6 +62,24 @@ class AdditiveAttention(nn.Module):
         need_weights: bool = False,
         projected_keys: torch.Tensor | None = None,
     ):
+        """Attend from the queries over the keys.
+
+        Args:
+            query: (B, Lq, query_dim), or (B, query_dim) for one decoder step.
+            keys: (B, Lk, key_dim).
+            values: (B, Lk, value_dim); default: keys.
+            key_padding_mask: Bool (B, Lk), True = ignore that key.
+            need_weights: Also return the attention weights.
+            projected_keys: `project_keys(keys)`, computed once and reused across decoder steps.
+
+        Returns:
+            The context (B, Lq, value_dim) (or (B, value_dim)); with `need_weights`, the pair
+            (context, weights), weights (B, Lq, Lk) (or (B, Lk)). Queries whose keys are all masked
+            get a zero context and zero weights.
+
+        Raises:
+            ValueError: Inputs whose shapes do not match the module's dims.
+        """
         if values is not None and values.shape[-1] != self.value_dim:
             raise ValueError(
                 f"AdditiveAttention: values must have {self.value_dim} features, "

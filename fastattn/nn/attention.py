@@ -21,17 +21,22 @@ def _disable_torch_fast_paths(module: nn.Module, *args) -> None:
 
 
 class MultiheadAttention(nn.MultiheadAttention):
-    """Drop-in torch.nn.MultiheadAttention routed through fastattn.attention.
+    """Drop-in `torch.nn.MultiheadAttention`, computed by `fastattn.attention`.
 
-    Same constructor, forward(query, key, value, key_padding_mask=None, need_weights=True,
-    attn_mask=None, average_attn_weights=True, is_causal=False), returns, parameter names and
-    state_dict as torch's. Masks keep torch's meaning (a bool attn_mask or key_padding_mask is
-    True where attention is NOT allowed; float masks are added). The attention weights, when
-    need_weights=True, come from a second pass that recomputes the probabilities (with the
-    same dropout mask) from the fused kernel's log-sum-exp; with need_weights=False (what
-    nn.Transformer layers ask for) nothing of size (L, S) is allocated.
+    The same constructor, `forward(query, key, value, key_padding_mask=None, need_weights=True,
+    attn_mask=None, average_attn_weights=True, is_causal=False)`, returns, parameter names and
+    state_dict as torch's (see `torch.nn.MultiheadAttention`). Masks keep torch's meaning (a bool
+    attn_mask or key_padding_mask is True where attention is NOT allowed; float masks are added).
+    The attention weights, when `need_weights=True`, come from a second pass that recomputes the
+    probabilities (with the same dropout mask) from the fused kernel's log-sum-exp; with
+    `need_weights=False` (what `nn.Transformer` layers ask for) nothing of size (L, S) is
+    allocated.
 
-    backend: the fastattn backend for this module's calls (None: the usual automatic choice).
+    Args:
+        *args: `torch.nn.MultiheadAttention`'s arguments (embed_dim, num_heads, dropout, bias,
+            add_bias_kv, add_zero_attn, kdim, vdim, batch_first, device, dtype).
+        backend: The fastattn backend for this module's calls; None: the automatic choice.
+        **kwargs: `torch.nn.MultiheadAttention`'s keyword arguments.
     """
 
     def __init__(self, *args, backend: str | None = None, **kwargs):

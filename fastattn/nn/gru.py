@@ -25,12 +25,20 @@ def _reset_after(value) -> bool:
 
 
 class GRU(SingleStateRNNBase):
-    """torch.nn.GRU, fused: GRU(input_size, hidden_size, num_layers=1, bias=True,
-    batch_first=False, dropout=0.0, bidirectional=False, device=None, dtype=None, *,
-    reset_after=True); forward(input, hx=None) with input (T, B, I) / batch-first (B, T, I) /
-    unbatched (T, I) or a PackedSequence, hx h_0 (num_layers * D, B, H) or None; returns
-    (output, h_n) as torch.nn.GRU (a PackedSequence output for a PackedSequence input, run
-    with lengths: no work past any sequence's end)."""
+    """Drop-in `torch.nn.GRU`, computed by `fastattn.gru`.
+
+    The same constructor, `forward(input, hx=None) -> (output, h_n)`, parameter names and
+    state_dict as torch's (see `torch.nn.GRU`); input (T, B, I), batch-first (B, T, I), unbatched
+    (T, I) or a PackedSequence (then run with lengths: no work past any sequence's end, and the
+    output is a PackedSequence), hx h_0 (num_layers * D, B, H) or None.
+
+    Args:
+        *args: `torch.nn.GRU`'s arguments: input_size, hidden_size, num_layers=1, bias=True,
+            batch_first=False, dropout=0.0, bidirectional=False, device=None, dtype=None.
+        reset_after: True: torch's and cuDNN's GRU; False: the textbook GRU of Cho et al. 2014
+            (`fastattn.gru_cell`). Both take the same parameters.
+        **kwargs: The same, by keyword.
+    """
 
     _name = "GRU"
 
@@ -61,8 +69,14 @@ class GRU(SingleStateRNNBase):
 
 
 class GRUCell(nn.GRUCell):
-    """torch.nn.GRUCell, fused: GRUCell(input_size, hidden_size, bias=True, device=None,
-    dtype=None, *, reset_after=True); forward(input, hx=None) -> h' for input (B, I) or (I,)."""
+    """Drop-in `torch.nn.GRUCell` (a subclass), computed by `fastattn.gru_cell`.
+
+    Args:
+        *args: `torch.nn.GRUCell`'s arguments: input_size, hidden_size, bias=True, device=None,
+            dtype=None.
+        reset_after: As in `GRU`.
+        **kwargs: The same, by keyword.
+    """
 
     def __init__(self, *args, reset_after: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
@@ -73,6 +87,15 @@ class GRUCell(nn.GRUCell):
         return s if getattr(self, "reset_after", True) else s + ", reset_after=False"
 
     def forward(self, input: torch.Tensor, hx: torch.Tensor | None = None) -> torch.Tensor:
+        """One step, as `torch.nn.GRUCell.forward`.
+
+        Args:
+            input: (B, I) or (I,).
+            hx: (B, H) or (H,), or None (zeros).
+
+        Returns:
+            h_1, (B, H) or (H,).
+        """
         x, h, batched = _cell_inputs("GRUCell", self, input, hx)
         weights = (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
         hy = gru_cell(

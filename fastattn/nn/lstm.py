@@ -21,15 +21,20 @@ from ..ops.lstm import lstm, lstm_cell
 
 
 class LSTM(nn.RNNBase):
-    """torch.nn.LSTM, fused: see torch.nn.LSTM for the arguments, inputs and outputs.
+    """Drop-in `torch.nn.LSTM`, computed by `fastattn.lstm`.
 
-    LSTM(input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
-    bidirectional=False, proj_size=0, device=None, dtype=None); forward(input, hx=None) with
-    input a (T, B, I) / batch-first (B, T, I) / unbatched (T, I) tensor or a PackedSequence,
-    hx = (h_0, c_0) or None; returns (output, (h_n, c_n)), output a PackedSequence when the
-    input is one. A PackedSequence is unpacked to a padded batch and its lengths, run with
-    fastattn.lstm(lengths=...) (no work past any sequence's end) and packed again with the
-    input's batch_sizes, sorted_indices and unsorted_indices.
+    The same constructor, forward, returns, parameter names and state_dict as torch's (see
+    `torch.nn.LSTM`). A PackedSequence input is unpacked to a padded batch and its lengths, run
+    with `fastattn.lstm(lengths=...)` (no work past any sequence's end) and packed again with the
+    input's batch_sizes, sorted_indices and unsorted_indices. It derives from
+    `torch.nn.RNNBase`, not from `torch.nn.LSTM`, so that `torch.compile(fullgraph=True)` traces
+    models that use it.
+
+    Args:
+        *args: `torch.nn.LSTM`'s arguments: input_size, hidden_size, num_layers=1, bias=True,
+            batch_first=False, dropout=0.0, bidirectional=False, proj_size=0, device=None,
+            dtype=None.
+        **kwargs: The same, by keyword.
     """
 
     # torch.nn.LSTM's own checks and hidden-state permutation (they only read the attributes
@@ -99,6 +104,15 @@ class LSTM(nn.RNNBase):
         )
 
     def forward(self, input, hx=None):  # noqa: C901 (mirrors torch.nn.LSTM.forward)
+        """Run the layers over whole sequences, as `torch.nn.LSTM.forward`.
+
+        Args:
+            input: (T, B, I), (B, T, I) with batch_first, unbatched (T, I), or a PackedSequence.
+            hx: (h_0, c_0) or None (zeros).
+
+        Returns:
+            (output, (h_n, c_n)); output is a PackedSequence when the input is one.
+        """
         if isinstance(input, PackedSequence):
             data, batch_sizes, sorted_indices, unsorted_indices = input
             if hx is None:
@@ -171,12 +185,28 @@ def _pack(output, lengths):
 
 
 class LSTMCell(nn.LSTMCell):
-    """torch.nn.LSTMCell, fused: LSTMCell(input_size, hidden_size, bias=True, device=None,
-    dtype=None); forward(input, hx=None) -> (h_1, c_1) for input (B, I) or (I,)."""
+    """Drop-in `torch.nn.LSTMCell` (a subclass), computed by `fastattn.lstm_cell`.
+
+    Args:
+        input_size: Features of the input, I.
+        hidden_size: Features of the state, H.
+        bias: Use b_ih and b_hh.
+        device: The parameters' device.
+        dtype: The parameters' dtype.
+    """
 
     def forward(
         self, input: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step, as `torch.nn.LSTMCell.forward`.
+
+        Args:
+            input: (B, I) or (I,).
+            hx: (h_0, c_0), each (B, H) or (H,), or None (zeros).
+
+        Returns:
+            (h_1, c_1), each (B, H) or (H,).
+        """
         if input.dim() not in (1, 2):
             raise ValueError(f"LSTMCell: Expected input to be 1D or 2D, got {input.dim()}D instead")
         if hx is not None:

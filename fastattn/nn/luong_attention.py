@@ -14,25 +14,26 @@ _SCORES = ("dot", "general", "concat")
 
 
 class LuongAttention(nn.Module):
-    """Luong et al. 2015 attention between decoder states (queries) and encoder states (keys):
+    """Luong et al. (2015) attention between decoder states (queries) and encoder states (keys).
 
-        "dot":     score(q_i, k_j) = q_i . k_j                      (query_dim == key_dim)
-        "general": score(q_i, k_j) = q_i^T W k_j   = (W^T q_i) . k_j  W: linear.weight
-                   (key_dim, query_dim)
-        "concat":  score(q_i, k_j) = v . tanh(W_a [q_i; k_j])       the additive form, W_a split
-                   into query_proj.weight (key_dim, query_dim) and key_proj.weight
-                   (key_dim, key_dim), v (key_dim,)
-        context_i = sum_j softmax_j(score) values_j                 (values default: keys)
+    The scores:
 
-    "dot" and "general" run fastattn.attention (scale 1; key_dim and value_dim in [1, 256]),
-    "concat" runs fastattn.additive_attention: no (B, Lq, Lk) scores are formed unless
-    need_weights asks for the weights (then recomputed from the attention's log-sum-exp).
-    forward(query, keys, values=None, key_padding_mask=None, need_weights=False): query
-    (B, Lq, query_dim) or (B, query_dim) (one decoder step), keys (B, Lk, key_dim), values
-    (B, Lk, value_dim), key_padding_mask (B, Lk) bool (True = ignore). Returns the context
-    (B, Lq, value_dim) (or (B, value_dim)), or (context, weights (B, Lq, Lk) / (B, Lk)) with
-    need_weights. Queries whose keys are all masked get a zero context and zero weights.
-    Luong's attentional state tanh(W_c [context; h_t]) is left to the model.
+    - "dot": `q_i . k_j` (query_dim == key_dim);
+    - "general": `q_i^T W k_j`, W the `linear.weight` (key_dim, query_dim);
+    - "concat": `v . tanh(W_a [q_i; k_j])`, the additive form, W_a split into
+      `query_proj.weight` (key_dim, query_dim) and `key_proj.weight` (key_dim, key_dim), and
+      `v` (key_dim,).
+
+    Then `context_i = sum_j softmax_j(score) values_j`. "dot" and "general" run
+    `fastattn.attention` (scale 1; key_dim and value_dim in [1, 256]), "concat" runs
+    `fastattn.additive_attention`: no (B, Lq, Lk) scores are formed unless the weights are asked
+    for. Luong's attentional state `tanh(W_c [context; h_t])` is left to the model.
+
+    Args:
+        query_dim: Features of the decoder states.
+        key_dim: Features of the encoder states.
+        score: "dot", "general" or "concat".
+        value_dim: Features of the values; default key_dim.
     """
 
     def __init__(
@@ -64,6 +65,24 @@ class LuongAttention(nn.Module):
         key_padding_mask: torch.Tensor | None = None,
         need_weights: bool = False,
     ):
+        """Attend from the decoder states over the encoder states.
+
+        Args:
+            query: (B, Lq, query_dim), or (B, query_dim) for one decoder step.
+            keys: (B, Lk, key_dim).
+            values: (B, Lk, value_dim); default: keys.
+            key_padding_mask: Bool (B, Lk), True = ignore that key.
+            need_weights: Also return the attention weights (recomputed from the attention's
+                log-sum-exp).
+
+        Returns:
+            The context (B, Lq, value_dim) (or (B, value_dim)); with `need_weights`, the pair
+            (context, weights), weights (B, Lq, Lk) (or (B, Lk)). Queries whose keys are all masked
+            get a zero context and zero weights.
+
+        Raises:
+            ValueError: Inputs whose shapes do not match the module's dims.
+        """
         name = "LuongAttention"
         if query.dim() not in (2, 3) or query.shape[-1] != self.query_dim:
             raise ValueError(

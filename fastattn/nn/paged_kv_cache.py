@@ -25,17 +25,28 @@ from ..ops.attention_with_kvcache import attention_with_kvcache
 
 
 class PagedKVCache:
-    """Block allocator and pools of a paged KV cache (not an nn.Module: it holds state, no
-    parameters).
+    """Block allocator and pools of a paged KV cache, for `attention_with_kvcache(block_table=...)`.
 
-    num_layers: pools per layer (one (k, v) pair each), all sharing the block table.
-    num_blocks: blocks in each pool; block_size: tokens a block holds (a multiple of 16).
-    num_kv_heads, head_dim (head_dim_v: the values' head dim, default head_dim).
-    max_blocks_per_seq: the block table's width (a sequence holds at most
-        max_blocks_per_seq * block_size tokens); max_sequences: its rows (default num_blocks).
-    Attributes: k_pools[layer] / v_pools[layer] (num_blocks, num_kv_heads, block_size, D/Dv);
-    block_table int32 (max_sequences, max_blocks_per_seq), -1 where no block is assigned;
-    lengths int32 (max_sequences,), tokens held per row.
+    Not an nn.Module: it holds state, no parameters. Attributes: `k_pools[layer]` and
+    `v_pools[layer]`, (num_blocks, num_kv_heads, block_size, head_dim) and (..., head_dim_v);
+    `block_table`, int32 (max_sequences, max_blocks_per_seq), -1 where no block is assigned;
+    `lengths`, int32 (max_sequences,), the tokens each row holds.
+
+    Args:
+        num_layers: Pools per layer (one (k, v) pair each), all sharing the block table.
+        num_blocks: Blocks in each pool.
+        block_size: Tokens a block holds, a multiple of 16.
+        num_kv_heads: Key/value heads, Hkv.
+        head_dim: The keys' head dim, D.
+        max_blocks_per_seq: The block table's width: a sequence holds at most
+            `max_blocks_per_seq * block_size` tokens.
+        head_dim_v: The values' head dim, Dv; default head_dim.
+        max_sequences: The block table's rows; default num_blocks.
+        dtype: The pools' dtype.
+        device: The pools' device.
+
+    Raises:
+        ValueError: A block size that is not a positive multiple of 16, or non-positive sizes.
     """
 
     def __init__(
@@ -97,16 +108,25 @@ class PagedKVCache:
 
     @property
     def sequences(self) -> list[int]:
-        """The active sequences (rows of block_table), in allocation order: the batch order of
-        `attention`, `block_table_of` and `seqlens`."""
+        """The active sequences (rows of `block_table`), in allocation order: the batch order of
+        `attention`, `block_table_of` and `seqlens`.
+        """
         return list(self._order)
 
     @property
     def free_blocks(self) -> int:
+        """The blocks of the pool not held by any sequence."""
         return len(self._free_blocks)
 
     def allocate(self) -> int:
-        """A new empty sequence; returns its id (its row of the block table)."""
+        """Start a new, empty sequence.
+
+        Returns:
+            Its id, its row of the block table.
+
+        Raises:
+            RuntimeError: Every row of the block table is in use.
+        """
         if not self._free_rows:
             raise RuntimeError("PagedKVCache: every row of the block table is in use")
         row = self._free_rows.pop()
@@ -115,7 +135,14 @@ class PagedKVCache:
         return row
 
     def free(self, seq: int) -> None:
-        """Releases sequence `seq`: its blocks return to the pool, its row to the table."""
+        """Release a sequence: its blocks return to the pool, its row to the table.
+
+        Args:
+            seq: A sequence id from `allocate`.
+
+        Raises:
+            ValueError: The sequence is not allocated.
+        """
         self._check_active(seq)
         self._free_blocks.extend(reversed(self._blocks.pop(seq)))
         del self._length[seq]
@@ -125,9 +152,20 @@ class PagedKVCache:
         self.lengths[seq] = 0
 
     def append(self, num_tokens: int, seqs: list[int] | None = None) -> None:
-        """Makes room for `num_tokens` more tokens in each of `seqs` (default: every active
-        sequence), taking blocks from the pool as needed. Call it before the attention calls
-        that append those tokens, and `advance` after them."""
+        """Make room for more tokens, taking blocks from the pool as needed.
+
+        Call it before the attention calls that append those tokens, and `advance` after them.
+        Nothing changes when it raises.
+
+        Args:
+            num_tokens: The tokens each sequence will append.
+            seqs: Sequence ids; default: every active sequence.
+
+        Raises:
+            ValueError: A sequence would hold more than `max_blocks_per_seq * block_size` tokens, or
+                is not allocated.
+            RuntimeError: The pool is out of blocks.
+        """
         seqs = self._order if seqs is None else seqs
         needs = []
         for seq in seqs:
@@ -154,8 +192,15 @@ class PagedKVCache:
                 blocks.append(block)
 
     def advance(self, num_tokens: int, seqs: list[int] | None = None) -> None:
-        """Counts `num_tokens` more tokens in each of `seqs` (default: every active sequence),
-        after attention_with_kvcache appended them."""
+        """Count tokens that `attention_with_kvcache` appended.
+
+        Args:
+            num_tokens: The tokens each sequence appended.
+            seqs: Sequence ids; default: every active sequence.
+
+        Raises:
+            ValueError: More tokens than `append` made room for, or a sequence not allocated.
+        """
         seqs = self._order if seqs is None else seqs
         for seq in seqs:
             self._check_active(seq)
@@ -168,9 +213,19 @@ class PagedKVCache:
             self.lengths[seq] = self._length[seq]
 
     def copy_sequences(self, dst: list[int], src: list[int]) -> None:
-        """Sequence dst[i] takes the contents (every layer's keys and values) and length of
-        sequence src[i] (beam search reordering its beams); the sources are read before any
-        destination is written. Blocks are copied, never shared."""
+        """Copy sequences onto others (beam search reordering its beams).
+
+        Sequence `dst[i]` takes the contents (every layer's keys and values) and length of
+        sequence `src[i]`; the sources are read before any destination is written. Blocks are
+        copied, never shared.
+
+        Args:
+            dst: Destination sequence ids.
+            src: Source sequence ids, as many.
+
+        Raises:
+            ValueError: A sequence that is not allocated.
+        """
         for seq in (*dst, *src):
             self._check_active(seq)
         lengths = [self._length[s] for s in src]
@@ -195,12 +250,26 @@ class PagedKVCache:
     # Attention
 
     def block_table_of(self, seqs: list[int] | None = None) -> torch.Tensor:
-        """int32 (len(seqs), max_blocks_per_seq): the rows of `seqs` (default: the active
-        sequences), the `block_table` argument of attention_with_kvcache."""
+        """The block table rows of some sequences, the `block_table` argument of
+        `attention_with_kvcache`.
+
+        Args:
+            seqs: Sequence ids; default: the active sequences.
+
+        Returns:
+            Int32 (len(seqs), max_blocks_per_seq).
+        """
         return self.block_table[self._rows(seqs)]
 
     def seqlens(self, seqs: list[int] | None = None) -> torch.Tensor:
-        """int32 (len(seqs),): tokens held by `seqs`, the `cache_seqlens` argument."""
+        """The tokens some sequences hold, the `cache_seqlens` argument of `attention_with_kvcache`.
+
+        Args:
+            seqs: Sequence ids; default: the active sequences.
+
+        Returns:
+            Int32 (len(seqs),).
+        """
         return self.lengths[self._rows(seqs)]
 
     def _rows(self, seqs):
@@ -217,11 +286,22 @@ class PagedKVCache:
         seqs: list[int] | None = None,
         **kwargs,
     ) -> torch.Tensor:
-        """fastattn.attention_with_kvcache over layer `layer`'s pools for the sequences `seqs`
-        (default: every active one, in allocation order; q (len(seqs), Hq, Lq, D), k_new/v_new
-        (len(seqs), Hkv, Lnew, D/Dv)); kwargs as attention_with_kvcache's (rotary tables,
-        causal, window, softcap, scale, alibi_slopes, sinks, num_splits, backend). Call
-        `append(Lnew)` before and `advance(Lnew)` after the layers' calls of a step."""
+        """`fastattn.attention_with_kvcache` over one layer's pools.
+
+        Call `append(Lnew)` before and `advance(Lnew)` after the layers' calls of a step.
+
+        Args:
+            layer: The layer whose pools to use.
+            q: (len(seqs), Hq, Lq, D).
+            k_new: (len(seqs), Hkv, Lnew, D) or None.
+            v_new: (len(seqs), Hkv, Lnew, Dv) or None.
+            seqs: Sequence ids; default: every active one, in allocation order.
+            **kwargs: As `attention_with_kvcache`'s (rotary tables, causal, window, softcap, scale,
+                alibi_slopes, sinks, num_splits, backend).
+
+        Returns:
+            out, (len(seqs), Hq, Lq, Dv).
+        """
         return attention_with_kvcache(
             q,
             self.k_pools[layer],

@@ -15,15 +15,23 @@ from ..ops.positional import (
 
 
 class SinusoidalPositionalEncoding(nn.Module):
-    """x * scale + PE, then dropout, in one fused pass ("Attention Is All You Need").
+    """`x * scale + PE`, then dropout, in one fused pass ("Attention Is All You Need").
 
-    forward(x, offset=0): x (B, L, d_model) when batch_first else (L, B, d_model); offset an
-    int or an integer (B,) tensor of start positions (for decoding with a cache). Dropout
-    applies in training mode only.
-    inplace: when no gradient is needed (eval under torch.no_grad / inference_mode, or x not
-    requiring grad), write the result into x itself, as nn.ReLU(inplace=True) does: the caller
-    must not need x afterwards. No output is allocated (on CPU this saves the page faults of a
-    fresh output). With gradients the module computes out of place.
+    Dropout applies in training mode only.
+
+    Args:
+        d_model: Features of x.
+        dropout: Dropout probability, in [0, 1).
+        scale: Multiplies x first.
+        base: The sinusoid's wavelength base.
+        batch_first: x is (B, L, d_model); otherwise (L, B, d_model).
+        inplace: When no gradient is needed (eval under `torch.no_grad` or `inference_mode`, or
+            x not requiring grad), write the result into x itself, as `nn.ReLU(inplace=True)`
+            does: the caller must not need x afterwards. No output is allocated. With gradients
+            the module computes out of place.
+
+    Raises:
+        ValueError: A dropout probability outside [0, 1).
     """
 
     def __init__(
@@ -45,6 +53,18 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.base, self.batch_first, self.inplace = base, batch_first, inplace
 
     def forward(self, x: torch.Tensor, offset: Offset = 0) -> torch.Tensor:
+        """Add the positions (and drop out, in training).
+
+        Args:
+            x: (B, L, d_model) when batch_first, else (L, B, d_model).
+            offset: An int or an integer (B,) tensor of start positions (decoding with a cache).
+
+        Returns:
+            A tensor shaped like x (x itself when written in place).
+
+        Raises:
+            ValueError: x's last dim is not d_model.
+        """
         if x.shape[-1] != self.d_model:
             raise ValueError(
                 f"SinusoidalPositionalEncoding: expected x with {self.d_model} "
@@ -69,10 +89,14 @@ class SinusoidalPositionalEncoding(nn.Module):
 
 
 class LearnedPositionalEmbedding(nn.Module):
-    """x + weight[offset : offset + L] for batch-first x (B, L, d_model), then dropout.
+    """A learned position table added to batch-first x, then dropout.
 
-    weight: (max_len, d_model), initialised N(0, 0.02) as in BERT and GPT-2.
-    offset: int or integer (B,) tensor of per-sequence start positions.
+    The parameter `weight` (max_len, d_model) is initialised N(0, 0.02) as in BERT and GPT-2.
+
+    Args:
+        max_len: The positions the table holds.
+        d_model: Features of x.
+        dropout: Dropout probability.
     """
 
     def __init__(self, max_len: int, d_model: int, *, dropout: float = 0.0):
@@ -82,6 +106,15 @@ class LearnedPositionalEmbedding(nn.Module):
         nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, x: torch.Tensor, offset: Offset = 0) -> torch.Tensor:
+        """`x + weight[offset : offset + L]`, then dropout.
+
+        Args:
+            x: (B, L, d_model).
+            offset: An int or an integer (B,) tensor of per-sequence start positions.
+
+        Returns:
+            (B, L, d_model).
+        """
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(
                 f"LearnedPositionalEmbedding: expected x (B, L, {self.d_model}), "
@@ -97,11 +130,19 @@ class LearnedPositionalEmbedding(nn.Module):
 
 
 class PositionalEmbedding(nn.Module):
-    """Token embedding * scale + positions (sinusoidal or learned), then dropout, fused.
+    """Token embedding times scale, plus positions (sinusoidal or learned), then dropout, fused.
 
-    Parameters: weight (num_embeddings, d_model), initialised N(0, 1) as nn.Embedding with the
-    padding_idx row zeroed; position_weight (max_len, d_model) when positions="learned".
-    forward(tokens, offset=0): tokens (B, L) or (L,) -> (B, L, d_model) or (L, d_model).
+    Parameters: `weight` (num_embeddings, d_model), initialised N(0, 1) as `nn.Embedding` with
+    the padding_idx row zeroed; `position_weight` (max_len, d_model) when positions="learned".
+
+    Args:
+        num_embeddings: The vocabulary size.
+        d_model: The embedding features.
+        positions: "sinusoidal" or "learned".
+        max_len: The positions a learned table holds (required with "learned").
+        scale: Multiplies the token embeddings.
+        dropout: Dropout probability.
+        padding_idx: A token id whose row gets no gradient, as in `nn.Embedding`.
     """
 
     def __init__(
@@ -142,6 +183,15 @@ class PositionalEmbedding(nn.Module):
             self.register_parameter("position_weight", None)
 
     def forward(self, tokens: torch.Tensor, offset: Offset = 0) -> torch.Tensor:
+        """Embed the tokens with their positions.
+
+        Args:
+            tokens: (B, L) or (L,) integer ids.
+            offset: An int or an integer (B,) tensor of start positions.
+
+        Returns:
+            (B, L, d_model), or (L, d_model) for (L,) tokens.
+        """
         return embed_with_positions(
             tokens,
             self.weight,
@@ -161,11 +211,14 @@ class PositionalEmbedding(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotary position embedding of queries and keys (RoPE).
+    """Rotary position embedding (RoPE) of queries and keys, angles computed in the kernel.
 
-    dim: the number of features rotated (rotary_dim, even, <= head dim).
-    forward(q, k, offset=0): q (B, Hq, L, D), k (B, Hk, L, D) -> rotated (q, k); angles
-    pos * base^(-2i/dim), computed in the kernel. interleaved: GPT-J pairs instead of NeoX halves.
+    The angles are `pos * base^(-2i / dim)`.
+
+    Args:
+        dim: The features rotated (rotary_dim: even, at most the head dim).
+        base: The wavelength base.
+        interleaved: GPT-J pairs (2i, 2i + 1) instead of GPT-NeoX halves.
     """
 
     def __init__(self, dim: int, *, base: float = 10000.0, interleaved: bool = False):
@@ -177,6 +230,16 @@ class RotaryEmbedding(nn.Module):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, offset: Offset = 0
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate queries and keys by their positions.
+
+        Args:
+            q: (B, Hq, L, D).
+            k: (B, Hk, L, D).
+            offset: An int or an integer (B,) tensor of start positions.
+
+        Returns:
+            The rotated (q, k), shaped as given.
+        """
         kwargs = dict(
             base=self.base, interleaved=self.interleaved, offset=offset, rotary_dim=self.dim
         )

@@ -17,9 +17,17 @@ from .gru import _cell_inputs
 
 
 class RNN(SingleStateRNNBase):
-    """torch.nn.RNN, fused: RNN(input_size, hidden_size, num_layers=1, nonlinearity="tanh",
-    bias=True, batch_first=False, dropout=0.0, bidirectional=False, device=None, dtype=None);
-    forward(input, hx=None) -> (output, h_n) as torch.nn.RNN (PackedSequence included)."""
+    """Drop-in `torch.nn.RNN`, computed by `fastattn.rnn`.
+
+    The same constructor, `forward(input, hx=None) -> (output, h_n)` (PackedSequence included),
+    parameter names and state_dict as torch's (see `torch.nn.RNN`).
+
+    Args:
+        *args: `torch.nn.RNN`'s arguments: input_size, hidden_size, num_layers=1,
+            nonlinearity="tanh", bias=True, batch_first=False, dropout=0.0, bidirectional=False,
+            device=None, dtype=None.
+        **kwargs: The same, by keyword.
+    """
 
     _name = "RNN"
     _dims_word = " tensor"
@@ -59,10 +67,27 @@ class RNN(SingleStateRNNBase):
 
 
 class RNNCell(nn.RNNCell):
-    """torch.nn.RNNCell, fused: RNNCell(input_size, hidden_size, bias=True, nonlinearity="tanh",
-    device=None, dtype=None); forward(input, hx=None) -> h' for input (B, I) or (I,)."""
+    """Drop-in `torch.nn.RNNCell` (a subclass), computed by `fastattn.rnn_cell`.
+
+    Args:
+        input_size: Features of the input, I.
+        hidden_size: Features of the state, H.
+        bias: Use b_ih and b_hh.
+        nonlinearity: "tanh" or "relu".
+        device: The parameters' device.
+        dtype: The parameters' dtype.
+    """
 
     def forward(self, input: torch.Tensor, hx: torch.Tensor | None = None) -> torch.Tensor:
+        """One step, as `torch.nn.RNNCell.forward`.
+
+        Args:
+            input: (B, I) or (I,).
+            hx: (B, H) or (H,), or None (zeros).
+
+        Returns:
+            h_1, (B, H) or (H,).
+        """
         x, h, batched = _cell_inputs("RNNCell", self, input, hx)
         if self.nonlinearity not in ("tanh", "relu"):  # torch.nn.RNNCell's error
             raise RuntimeError(f"Unknown nonlinearity: {self.nonlinearity}")

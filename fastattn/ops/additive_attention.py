@@ -41,16 +41,34 @@ def additive_attention(
     projected_keys: torch.Tensor | None = None,
     backend: str | None = None,
 ):
-    """Bahdanau attention, fused: no (B, Lq, Lk, A) tensor is allocated.
+    """Bahdanau (additive) attention, fused: no (B, Lq, Lk, A) tensor is allocated.
 
-    query: (B, Lq, Dq), or (B, Dq) for one decoder step; keys: (B, Lk, Dk);
-    values: (B, Lk, Dv) (default: keys); w_query: (A, Dq); w_keys: (A, Dk); v: (A,);
-    bias: (A,) or None; key_padding_mask: (B, Lk) bool, True = ignore that key.
-    projected_keys: (B, Lk, A) = keys W_k^T + bias, computed once per source sequence and
-        reused at every decoder step (then w_keys and bias are not applied again).
-    Returns context (B, Lq, Dv) (or (B, Dv)), and with return_weights also the attention
-    weights (B, Lq, Lk) (or (B, Lk)) in the compute type (float32; float64 for float64).
-    Queries whose keys are all masked get a zero context and zero weights.
+    `score(q_i, k_j) = v . tanh(W_q q_i + W_k k_j + bias)`, then a softmax over the keys and the
+    weighted sum of the values. Queries whose keys are all masked get a zero context and zero
+    weights.
+
+    Args:
+        query: (B, Lq, Dq), or (B, Dq) for one decoder step.
+        keys: (B, Lk, Dk).
+        values: (B, Lk, Dv); default: keys.
+        w_query: (A, Dq), the query projection.
+        w_keys: (A, Dk), the key projection.
+        v: (A,), the scoring vector.
+        bias: (A,) or None.
+        key_padding_mask: Bool (B, Lk), True = ignore that key.
+        return_weights: Also return the attention weights.
+        projected_keys: (B, Lk, A) = `keys W_k^T + bias`, computed once per source sequence and
+            reused at every decoder step (then `w_keys` and `bias` are not applied again).
+        backend: The backend for this call; None chooses automatically.
+
+    Returns:
+        The context, (B, Lq, Dv) (or (B, Dv) for a one-step query); with `return_weights`, the
+        pair (context, weights), weights (B, Lq, Lk) (or (B, Lk)) in the compute type (float32;
+        float64 for float64 inputs).
+
+    Raises:
+        ValueError: Shapes, dtypes or devices that do not fit together.
+        BackendError: The backend asked for cannot run this call.
     """
     op = "additive_attention"
     check_tensor(op, "query", query, dims=(2, 3), float_dtype=True)

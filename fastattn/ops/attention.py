@@ -179,45 +179,64 @@ def attention(
     deterministic: bool = False,
     backend: str | None = None,
 ):
-    """Softmax attention softmax(q k^T * scale + bias) v, fused and tiled (FlashAttention-2
-    style): no (Lq, Lk) tensor is allocated, forward or backward.
+    """Softmax attention, fused and tiled (FlashAttention-2 style).
 
-    q: (B, Hq, Lq, D); k: (B, Hkv, Lk, D); v: (B, Hkv, Lk, Dv). Hq must be a multiple of Hkv
-        (grouped-query / multi-query attention); D, Dv in [1, 256]; any strides with a unit
-        last stride (a (B, L, H, D) tensor transposed to (B, H, L, D) needs no copy).
-    causal: False; True or "top_left" (query i sees keys j <= i, torch SDPA's is_causal);
-        "bottom_right" (query i sees keys j <= i + Lk - Lq: the last query sees every key, as
-        in decoding with a cache). With Lq=2, Lk=5 ("x" = visible):
-            top_left      bottom_right
-            x . . . .     x x x x .
-            x x . . .     x x x x x
-    attn_mask: bool (True = may attend) or float (added to the scores), broadcastable to
-        (B, Hq, Lq, Lk); read through its strides, never expanded in memory. A float mask
-        that requires grad is a learned bias (T5's relative position bias, Swin's relative
-        bias, AlphaFold's pair bias): it receives dS, the gradient of the biased scores,
-        summed over its broadcast dims, from the cpu, triton and cuda kernels (the backward
-        allocates only the mask-shaped gradient, summed in a fixed order: reproducible).
-    key_padding_mask: bool (B, Lk), True = padding to ignore (nn.MultiheadAttention's rule).
-    dropout_p: dropout on the attention probabilities (training); reproducible under
-        torch.manual_seed; the backward regenerates the same mask.
-    scale: multiplies q.k (default 1/sqrt(D)).
-    alibi_slopes: float (Hq,) or (B, Hq): adds -slope * |i + Lk - Lq - j| to the scores
-        (slopes that require grad run on the reference backend).
-    window: (left, right) sliding window; query i sees keys j with
-        i + Lk - Lq - left <= j <= i + Lk - Lq + right; -1 leaves a side unbounded.
-    softcap: > 0 replaces scores s by softcap * tanh(s / softcap) (Gemma 2).
-    sinks: float (Hq,) attention sinks (GPT-OSS): a learned logit per query head that joins
-        every row's softmax denominator with no value, p_j = exp(s_j) / (sum_j exp(s_j) +
-        exp(sinks[h])); lse includes it; differentiable (a gradient reaches `sinks`); any float
-        dtype (float32 sinks beside bf16 q are computed in float32).
-    return_lse: also return lse (B, Hq, Lq) float32 (float64 for float64 inputs), the natural
-        log of each row's sum of exp(scores) (plus exp(sink)); -inf for rows with no visible
-        key (the sink with sinks).
-    deterministic: a bitwise reproducible backward (fastattn's kernels always are: dQ and
-        dK/dV are reduced in fixed order, without atomics).
-    Score pipeline: s = scale * q.k; softcap; + ALiBi; + float attn_mask; then the boolean
-    masks. Rows with no visible key give output 0 (and lse -inf), never NaN.
-    Returns out (B, Hq, Lq, Dv) in q's dtype, or (out, lse) with return_lse.
+    Computes `softmax(q k^T * scale + bias) v` without allocating an (Lq, Lk) tensor, forward or
+    backward. The score pipeline is: `s = scale * q.k`; softcap; plus ALiBi; plus a float
+    `attn_mask`; then the boolean masks. Rows with no visible key give output 0 (and lse -inf),
+    never NaN.
+
+    With Lq = 2 and Lk = 5, the two causal alignments (x = visible)::
+
+        top_left       bottom_right
+        x . . . .      x x x x .
+        x x . . .      x x x x x
+
+    Args:
+        q: Queries, (B, Hq, Lq, D). Any strides with a unit last stride (a (B, L, H, D) tensor
+            transposed to (B, H, L, D) needs no copy); float32, float16, bfloat16 (float64 on the
+            cpu and reference backends).
+        k: Keys, (B, Hkv, Lk, D); Hq must be a multiple of Hkv (grouped-query or multi-query
+            attention). D and Dv in [1, 256]; Lq and Lk below 2^30.
+        v: Values, (B, Hkv, Lk, Dv).
+        causal: False; True or "top_left": query i sees keys `j <= i` (SDPA's `is_causal`);
+            "bottom_right": query i sees keys `j <= i + Lk - Lq` (the last query sees every key,
+            as in decoding with a cache).
+        attn_mask: Bool (True = may attend) or float (added to the scores), broadcastable to
+            (B, Hq, Lq, Lk); read through its strides, never expanded in memory. A float mask
+            that requires grad is a learned bias (T5's relative position bias, Swin's relative
+            bias, AlphaFold's pair bias): it receives the gradient of the biased scores, summed
+            over its broadcast dims in a fixed order (reproducible), from the cpu, triton and cuda
+            kernels.
+        key_padding_mask: Bool (B, Lk), True = padding to ignore (`nn.MultiheadAttention`'s rule).
+        dropout_p: Dropout on the attention probabilities (training). Reproducible under
+            `torch.manual_seed`; the backward regenerates the same mask.
+        scale: Multiplies `q.k`; default `1 / sqrt(D)`.
+        alibi_slopes: Float (Hq,) or (B, Hq): adds `-slope * abs(i + Lk - Lq - j)` to the scores
+            (slopes that require grad run on the reference backend).
+        window: (left, right) sliding window: query i sees keys j with
+            `i + Lk - Lq - left <= j <= i + Lk - Lq + right`; -1 leaves a side unbounded.
+        softcap: If > 0, replaces scores s by `softcap * tanh(s / softcap)` (Gemma 2).
+        sinks: Float (Hq,) attention sinks (GPT-OSS): a learned logit per query head that joins
+            every row's softmax denominator with no value,
+            `p_j = exp(s_j) / (sum_j exp(s_j) + exp(sinks[h]))`. Differentiable; float32 sinks
+            beside bfloat16 queries are computed in float32.
+        return_lse: Also return the log-sum-exp of each row's scores.
+        deterministic: Ask for a bitwise reproducible backward (fastattn's kernels always are:
+            dQ and dK/dV are reduced in a fixed order, without atomics).
+        backend: The backend for this call ("cpu", "triton", "cuda", "torch", "reference");
+            None chooses automatically.
+
+    Returns:
+        out, (B, Hq, Lq, Dv) in q's dtype; with `return_lse`, the pair (out, lse), lse
+        (B, Hq, Lq) float32 (float64 for float64 inputs): the natural log of each row's sum of
+        `exp(scores)` (plus `exp(sink)` with sinks), -inf for rows with no visible key.
+
+    Raises:
+        ValueError: Shapes, dtypes or devices that do not fit together, or values out of range
+            (head dims, lengths, window, dropout probability).
+        BackendError: The backend asked for cannot run this call (not built, wrong device, or a
+            feature it does not implement); the message says why.
     """
     out, lse, _, _ = attention_band(
         q,
@@ -565,14 +584,23 @@ def dropout_keep(seed: torch.Tensor, element: torch.Tensor, p: float) -> torch.T
 def merge_attention(
     outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Combine attentions of the same queries over disjoint key sets (split-K decoding, context
-    parallelism): out = sum_i exp(lse_i - lse) out_i with lse = logsumexp_i lse_i.
+    """Combine attentions of the same queries over disjoint key sets.
 
-    outs: sequence of (..., Lq, Dv) partial outputs (same shape and dtype);
-    lses: sequence of (..., Lq) float lse of each part (attention(..., return_lse=True)).
-    Parts with lse -inf (no visible key) contribute nothing; if all are -inf the result is
-    0 with lse -inf. Differentiable with respect to every out and lse.
-    Returns (out in outs[0]'s dtype, lse float32, float64 for float64 outs).
+    Used for split-K decoding and context parallelism: `out = sum_i exp(lse_i - lse) out_i` with
+    `lse = logsumexp_i lse_i`. Parts with lse -inf (no visible key) contribute nothing; if all are
+    -inf the result is 0 with lse -inf. Differentiable with respect to every out and lse.
+
+    Args:
+        outs: Partial outputs, each (..., Lq, Dv), of the same shape and dtype.
+        lses: The log-sum-exp of each part, each (..., Lq), float (what
+            `attention(..., return_lse=True)` returns).
+
+    Returns:
+        (out, lse): out (..., Lq, Dv) in `outs[0]`'s dtype; lse (..., Lq) float32 (float64 for
+        float64 outs).
+
+    Raises:
+        ValueError: No parts, or parts whose shapes, dtypes or devices differ.
     """
     op = "merge_attention"
     if len(outs) == 0 or len(outs) != len(lses):

@@ -92,27 +92,49 @@ def attention_with_kvcache(
 ) -> torch.Tensor:
     """Attention of new tokens over a KV cache, appending them first (inference only).
 
-    q: (B, Hq, Lq, D), the queries of tokens at positions cache_seqlens[b] + i.
-    k_cache, v_cache: (B, Hkv, Lmax, D) / (B, Hkv, Lmax, Dv) preallocated caches; sequence b
-        holds cache_seqlens[b] valid entries.
-    cache_seqlens: int32 (B,); not modified (the caller advances it by Lnew).
-    k_new, v_new: (B, Hkv, Lnew, D/Dv) or None: written, rotated when rotary tables are given,
-        into the caches at [cache_seqlens[b], cache_seqlens[b] + Lnew) (in place).
-    rotary_cos, rotary_sin: (Lmax, rotary_dim / 2) tables indexed by absolute position; q and
-        k_new are rotated (GPT-NeoX halves, or GPT-J pairs with rotary_interleaved=True).
-    causal: True (default) — query i sees cache positions <= cache_seqlens[b] + i (bottom-right
-        alignment for Lq == Lnew: speculative decoding / chunked prefill); False sees the whole
-        valid cache. window: (left, right) around the query position (-1 = unbounded).
-    sinks: float (Hq,) attention sinks, as in fastattn.attention.
-    num_splits: key ranges computed in parallel and merged (0 = choose automatically).
-    block_table: int32 (B, max_blocks_per_seq) or None: a paged cache. k_cache/v_cache are then
-        pools (num_blocks, Hkv, block_size, D/Dv) shared by the batch, block_size a multiple of
-        16; sequence b's position p lives in block block_table[b, p // block_size] at row
-        p % block_size. The kernels read (and the append writes) through the table; its capacity
-        max_blocks_per_seq * block_size plays Lmax's part. Entries the call reads or writes (the
-        first ceil((cache_seqlens[b] + Lnew) / block_size) of row b) must be in [0, num_blocks);
-        the others are ignored. fastattn.nn.PagedKVCache allocates the blocks.
-    Returns out (B, Hq, Lq, Dv).
+    Query i of sequence b sits at position `cache_seqlens[b] + i`. The new keys and values are
+    written into the caches in place (rotated first when rotary tables are given), then the
+    queries attend over the valid cache. The keys are split into `num_splits` ranges computed in
+    parallel and merged (flash-decoding).
+
+    Args:
+        q: (B, Hq, Lq, D), the queries of the new tokens.
+        k_cache: (B, Hkv, Lmax, D), a preallocated cache (or, with `block_table`, a pool
+            (num_blocks, Hkv, block_size, D) shared by the batch); written in place.
+        v_cache: (B, Hkv, Lmax, Dv), or a pool (num_blocks, Hkv, block_size, Dv).
+        cache_seqlens: Int32 (B,), the valid entries per sequence; not modified (the caller
+            advances it by Lnew).
+        k_new: (B, Hkv, Lnew, D) or None: written into the cache at
+            `[cache_seqlens[b], cache_seqlens[b] + Lnew)`.
+        v_new: (B, Hkv, Lnew, Dv) or None, written likewise.
+        rotary_cos: (Lmax, rotary_dim / 2) table indexed by absolute position, or None; q and
+            k_new are rotated.
+        rotary_sin: (Lmax, rotary_dim / 2), with `rotary_cos`.
+        rotary_interleaved: GPT-J pairs (2i, 2i + 1) instead of GPT-NeoX halves.
+        causal: True (default): query i sees cache positions `<= cache_seqlens[b] + i`
+            (speculative decoding, chunked prefill); False: the whole valid cache.
+        window: (left, right) around the query's position; -1 = unbounded.
+        softcap: As in `fastattn.attention`.
+        scale: As in `fastattn.attention`.
+        alibi_slopes: (Hq,) or (B, Hq), as in `fastattn.attention`.
+        sinks: Float (Hq,) attention sinks, as in `fastattn.attention`.
+        num_splits: Key ranges computed in parallel and merged; 0 chooses.
+        block_table: Int32 (B, max_blocks_per_seq) or None: a paged cache. Position p of
+            sequence b lives in block `block_table[b, p // block_size]` at row `p % block_size`;
+            block_size is a multiple of 16 and the table's capacity
+            `max_blocks_per_seq * block_size` plays Lmax's part. The entries a call reads or
+            writes must be blocks of the pool; the others are ignored (-1 is customary).
+            `fastattn.PagedKVCache` allocates the blocks.
+        backend: The backend for this call; None chooses automatically.
+
+    Returns:
+        out, (B, Hq, Lq, Dv) in q's dtype.
+
+    Raises:
+        ValueError: A cache too small for the new tokens, a block index outside the pool, a block
+            size that is not a multiple of 16, or shapes and dtypes that do not fit together. On
+            CUDA the values in tensors are checked on the device instead (a device-side assert).
+        BackendError: The backend asked for cannot run this call.
     """
     op = "attention_with_kvcache"
     check_tensor(op, "q", q, dims=4, float_dtype=True)

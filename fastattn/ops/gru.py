@@ -56,14 +56,31 @@ def gru_cell(
     reset_after: bool = True,
     backend: str | None = None,
 ) -> torch.Tensor:
-    """One GRU step (torch.nn.GRUCell's math and gate order r, z, n).
+    """One GRU step (`torch.nn.GRUCell`'s math and gate order r, z, n).
 
-    input: (B, I) or unbatched (I,); hx: (B, H) / (H,) or None (zeros); w_ih: (3H, I);
-    w_hh: (3H, H); b_ih, b_hh: (3H,) or None (both or neither). Same dtype and device.
-    r = sigmoid(W_ir x + b_ir + W_hr h + b_hr), z = sigmoid(W_iz x + b_iz + W_hz h + b_hz),
-    n = tanh(W_in x + b_in + r * (W_hn h + b_hn)) with reset_after=True (torch, cuDNN) or
-    tanh(W_in x + b_in + W_hn (r * h) + b_hn) with reset_after=False (Cho et al. 2014).
-    Returns hy = (1 - z) * n + z * h, shaped like hx.
+    `r = sigmoid(W_ir x + b_ir + W_hr h + b_hr)`, `z = sigmoid(W_iz x + b_iz + W_hz h + b_hz)`,
+    `n = tanh(W_in x + b_in + r * (W_hn h + b_hn))` with `reset_after=True` (torch, cuDNN) or
+    `n = tanh(W_in x + b_in + W_hn (r * h) + b_hn)` with `reset_after=False` (Cho et al. 2014),
+    and `hy = (1 - z) * n + z * h`.
+
+    Args:
+        input: (B, I), or unbatched (I,).
+        hx: (B, H) or (H,), or None (zeros).
+        w_ih: (3H, I).
+        w_hh: (3H, H).
+        b_ih: (3H,) or None (both biases or neither).
+        b_hh: (3H,) or None.
+        reset_after: Where the reset gate applies (above).
+        backend: The backend for this call ("cpu", "triton", "cuda", "torch", "reference");
+            None chooses automatically.
+
+    Returns:
+        hy, shaped like hx.
+
+    Raises:
+        ValueError: Shapes, sizes, dtypes or devices that do not fit together (the messages read as
+            torch's).
+        BackendError: The backend asked for cannot run this call; the message says why.
     """
     op = "gru_cell"
     _check_reset_after(op, reset_after)
@@ -98,18 +115,34 @@ def gru(
 ):
     """A multi-layer (bidirectional) GRU over whole sequences, fused per layer.
 
-    input: (T, B, I), batch_first (B, T, I) or unbatched (T, I).
-    hx: h_0 (num_layers * D, B, H) ((num_layers * D, H) unbatched) or None (zeros),
-        D = 2 if bidirectional else 1.
-    weights: nn.GRU's _flat_weights order: per layer and direction w_ih (3H, I_l), w_hh (3H, H)
-        [, b_ih (3H,), b_hh (3H,)]; I_0 = I, I_l = D * H after.
-    dropout, training: dropout on the outputs of every layer but the last, when training
-        (fastattn's Philox stream: reproducible under torch.manual_seed, backend-independent).
-    lengths: (B,) integer sequence lengths in [0, T] for a padded batch (no work past a
-        sequence's end; h_n at each sequence's last step; outputs past the end 0).
-    reset_after: True for torch's / cuDNN's GRU, False for the textbook form (see gru_cell).
-    Returns (output, h_n) as torch.nn.GRU: output (T, B, D * H) (batch_first (B, T, D * H),
-    unbatched (T, D * H)), h_n (num_layers * D, B, H).
+    Computes what `torch.nn.GRU` computes, with its weights (or, with `reset_after=False`, the
+    textbook GRU of `gru_cell`). D below is 2 if bidirectional else 1.
+
+    Args:
+        input: (T, B, I), (B, T, I) with `batch_first`, or unbatched (T, I).
+        hx: h_0 (num_layers * D, B, H) ((num_layers * D, H) unbatched) or None (zeros).
+        weights: In `nn.GRU`'s `_flat_weights` order: per layer and direction w_ih (3H, I_l),
+            w_hh (3H, H)[, b_ih (3H,), b_hh (3H,)]; I_0 = I, then I_l = D * H.
+        num_layers: The number of layers.
+        bidirectional: Run a reverse direction too.
+        batch_first: The input and output are (B, T, ...).
+        dropout: Dropout on the outputs of every layer but the last, when training (fastattn's
+            Philox stream: reproducible under `torch.manual_seed`, the same on every backend).
+        training: Whether dropout applies.
+        lengths: (B,) integer sequence lengths in [0, T] of a padded batch: no work past a
+            sequence's end, h_n at each sequence's last step, outputs past the end 0.
+        reset_after: True for torch's and cuDNN's GRU, False for the textbook form (`gru_cell`).
+        backend: The backend for this call ("cpu", "triton", "cuda", "torch", "reference");
+            None chooses automatically.
+
+    Returns:
+        (output, h_n) as `torch.nn.GRU`: output (T, B, D * H) ((B, T, D * H) with `batch_first`,
+        (T, D * H) unbatched), h_n (num_layers * D, B, H).
+
+    Raises:
+        ValueError: Shapes, sizes, dtypes or devices that do not fit together (the messages read as
+            torch's).
+        BackendError: The backend asked for cannot run this call; the message says why.
     """
     op = "gru"
     _check_reset_after(op, reset_after)

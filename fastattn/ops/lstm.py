@@ -125,13 +125,30 @@ def lstm_cell(
     *,
     backend: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One LSTM step, fused (torch.nn.LSTMCell's math and gate order i, f, g, o).
+    """One LSTM step, fused (`torch.nn.LSTMCell`'s math and gate order i, f, g, o).
 
-    input: (B, I) or unbatched (I,); hx, cx: (B, H) or (H,), the previous hidden and cell
-        states; w_ih: (4H, I); w_hh: (4H, H); b_ih, b_hh: (4H,) or None (both or neither).
-    Every tensor has the same floating dtype and device.
-    Returns (hy, cy), each shaped like hx: cy = f * cx + i * g, hy = o * tanh(cy) with
-    (i, f, g, o) = (sigmoid, sigmoid, tanh, sigmoid) of x W_ih^T + b_ih + hx W_hh^T + b_hh.
+    `cy = f * cx + i * g` and `hy = o * tanh(cy)`, with (i, f, g, o) the sigmoid, sigmoid, tanh
+    and sigmoid of `x W_ih^T + b_ih + hx W_hh^T + b_hh`. Every tensor has the same floating dtype
+    and device.
+
+    Args:
+        input: (B, I), or unbatched (I,).
+        hx: (B, H) or (H,), the previous hidden state.
+        cx: (B, H) or (H,), the previous cell state.
+        w_ih: (4H, I).
+        w_hh: (4H, H).
+        b_ih: (4H,) or None (both biases or neither).
+        b_hh: (4H,) or None.
+        backend: The backend for this call ("cpu", "triton", "cuda", "torch", "reference");
+            None chooses automatically.
+
+    Returns:
+        (hy, cy), each shaped like hx.
+
+    Raises:
+        ValueError: Shapes, sizes, dtypes or devices that do not fit together (the messages read as
+            torch's).
+        BackendError: The backend asked for cannot run this call; the message says why.
     """
     op = "lstm_cell"
     _check_float(op, "input", input)
@@ -232,23 +249,39 @@ def lstm(
 ):
     """A multi-layer (bidirectional, projected) LSTM over whole sequences, fused per layer.
 
-    input: (T, B, I), (B, T, I) with batch_first, or unbatched (T, I).
-    hx: (h0, c0) or None (zeros); h0 (num_layers * D, B, P), c0 (num_layers * D, B, H)
-        ((num_layers * D, P) and (num_layers * D, H) for unbatched input), D = 2 if
-        bidirectional else 1, P = proj_size or H. Layer l, direction d is row l * D + d.
-    weights: nn.LSTM's _flat_weights order: per layer, per direction (forward, then reverse):
-        w_ih (4H, I_l), w_hh (4H, P), [b_ih (4H,), b_hh (4H,)], [w_hr (P, H) if proj_size];
-        I_0 = I, I_l = D * P after.
-    dropout: probability of dropping each output of every layer but the last, when training
-        (fastattn's Philox stream, seeded per call from torch's generator: reproducible under
-        torch.manual_seed, the same elements dropped on every backend).
-    proj_size: > 0 projects h to proj_size features (nn.LSTM's proj_size).
-    lengths: (B,) integer tensor of sequence lengths (any order, each in [0, T]) for a padded
-        batch: no work past a sequence's end, h_n/c_n taken at each sequence's last step
-        (t = length - 1, or t = 0 for the reverse direction) and outputs past the end 0.
-    Returns (output, (h_n, c_n)) as torch.nn.LSTM: output (T, B, D * P) (batch_first:
-    (B, T, D * P); unbatched: (T, D * P)), h_n (num_layers * D, B, P), c_n
-    (num_layers * D, B, H).
+    Computes what `torch.nn.LSTM` computes, with its weights. D below is 2 if bidirectional else
+    1, and P is proj_size or H; layer l, direction d is row `l * D + d` of the states.
+
+    Args:
+        input: (T, B, I), (B, T, I) with `batch_first`, or unbatched (T, I).
+        hx: (h0, c0) or None (zeros): h0 (num_layers * D, B, P), c0 (num_layers * D, B, H)
+            ((num_layers * D, P) and (num_layers * D, H) for unbatched input).
+        weights: In `nn.LSTM`'s `_flat_weights` order: per layer, per direction (forward, then
+            reverse): w_ih (4H, I_l), w_hh (4H, P), [b_ih (4H,), b_hh (4H,)], [w_hr (P, H) with
+            proj_size]; I_0 = I, then I_l = D * P.
+        num_layers: The number of layers.
+        bidirectional: Run a reverse direction too.
+        batch_first: The input and output are (B, T, ...).
+        dropout: The probability of dropping each output of every layer but the last, when
+            training (fastattn's Philox stream: reproducible under `torch.manual_seed`, the same
+            elements dropped on every backend).
+        training: Whether dropout applies.
+        proj_size: If > 0, projects h to proj_size features (`nn.LSTM`'s proj_size).
+        lengths: (B,) integer sequence lengths (any order, each in [0, T]) of a padded batch: no
+            work past a sequence's end, h_n and c_n taken at each sequence's last step, outputs
+            past the end 0.
+        backend: The backend for this call ("cpu", "triton", "cuda", "torch", "reference");
+            None chooses automatically.
+
+    Returns:
+        (output, (h_n, c_n)) as `torch.nn.LSTM`: output (T, B, D * P) ((B, T, D * P) with
+        `batch_first`, (T, D * P) unbatched), h_n (num_layers * D, B, P), c_n
+        (num_layers * D, B, H).
+
+    Raises:
+        ValueError: Shapes, sizes, dtypes or devices that do not fit together (the messages read as
+            torch's).
+        BackendError: The backend asked for cannot run this call; the message says why.
     """
     op = "lstm"
     _check_float(op, "input", input)

@@ -218,8 +218,24 @@ def sinusoidal_table(
 ) -> torch.Tensor:
     """The sinusoidal position table of "Attention Is All You Need", interleaved.
 
-    Returns PE (num_positions, dim) with PE[r, 2i] = sin(p / base^(2i/dim)) and
-    PE[r, 2i+1] = cos(p / base^(2i/dim)), p = offset + r. dtype defaults to float32.
+    `PE[r, 2i] = sin(p / base^(2i / dim))` and `PE[r, 2i + 1] = cos(p / base^(2i / dim))` with
+    `p = offset + r`.
+
+    Args:
+        num_positions: The rows of the table.
+        dim: The features.
+        base: The wavelength base.
+        offset: The position of row 0.
+        dtype: The table's dtype; default float32.
+        device: The table's device.
+        backend: The backend for this call ("cpu", "triton", "cuda", "torch", "reference");
+            None chooses automatically.
+
+    Returns:
+        PE, (num_positions, dim).
+
+    Raises:
+        ValueError: A negative num_positions or a dim below 1.
     """
     op = "sinusoidal_table"
     if num_positions < 0 or dim < 1:
@@ -289,18 +305,33 @@ def add_sinusoidal(
     inplace: bool = False,
     backend: str | None = None,
 ) -> torch.Tensor:
-    """dropout(x * scale + PE) in one pass; the sinusoid is computed by the kernel (the caller
-    passes no table; the CPU kernel computes the rows a batch shares once and keeps them).
+    """`dropout(x * scale + PE)` in one pass, the sinusoid computed by the kernel.
 
-    x: (..., L, ..., D) with the sequence on `seq_dim` and features last; typically (B, L, D)
-        (seq_dim=1, batch first) or (L, B, D) (seq_dim=0). Any strides with a unit last stride.
-    offset: int, or an integer (B,) tensor of per-sequence start positions (3-D x: B is the
-        dimension that is not seq_dim; otherwise the product of the other leading dims).
-    scale: multiplies x first (sqrt(d_model) in the original Transformer).
-    dropout_p: dropout on the sum, scaled by 1/(1-p); reproducible under torch.manual_seed.
-    inplace: write the result into x and return x (no output allocation; differentiable when x
-        needs gradients, as long as x is not a leaf).
-    Returns a tensor shaped and laid out like x.
+    The caller passes no table; the CPU kernel computes the rows a batch shares once and keeps
+    them.
+
+    Args:
+        x: (..., L, ..., D) with the sequence on `seq_dim` and the features last; typically
+            (B, L, D) (seq_dim=1) or (L, B, D) (seq_dim=0). Any strides with a unit last stride.
+        offset: An int, or an integer (B,) tensor of per-sequence start positions (for a 3-D x,
+            B is the dimension that is not seq_dim; otherwise the product of the other leading
+            dims).
+        scale: Multiplies x first (`sqrt(d_model)` in the original Transformer).
+        base: The wavelength base.
+        dropout_p: Dropout on the sum, the kept elements scaled by `1 / (1 - p)`; reproducible
+            under `torch.manual_seed`.
+        seq_dim: The sequence dimension of x.
+        inplace: Write the result into x and return x (no output is allocated; differentiable
+            when x needs gradients, as long as x is not a leaf).
+        backend: The backend for this call ("cpu", "triton", "cuda", "torch", "reference");
+            None chooses automatically.
+
+    Returns:
+        A tensor shaped and laid out like x.
+
+    Raises:
+        ValueError: A bad seq_dim, or an offset tensor of the wrong shape.
+        RuntimeError: Offsets out of range (on CUDA, a device-side assert).
     """
     op = "add_sinusoidal"
     check_tensor(op, "x", x, float_dtype=True)
@@ -392,17 +423,32 @@ def embed_with_positions(
     deterministic: bool = False,
     backend: str | None = None,
 ) -> torch.Tensor:
-    """Token lookup + scale + positions + dropout in one pass.
+    """Token lookup, scale, positions and dropout in one pass.
 
-    tokens: (B, L) or (L,) integer ids in [0, num_embeddings).
-    weight: (num_embeddings, D) embedding table; receives gradients (not at padding_idx).
-    positions: "sinusoidal" (computed on the fly) or a learned (max_len, D) table with weight's
-        dtype and device, which receives gradients.
-    offset: int or integer (B,) tensor: token l of sequence b sits at offset[b] + l.
-    padding_idx: as in F.embedding: that row gets no gradient (positions are still added).
-    deterministic: make the backward bitwise reproducible on GPU (sorted sums instead of atomic
-        adds; the CPU backend is always deterministic).
-    Returns (B, L, D) (or (L, D)) = dropout(weight[tokens] * scale + P[offset + l]).
+    Computes `dropout(weight[tokens] * scale + P[offset + l])`, P the sinusoid or a learned table.
+
+    Args:
+        tokens: (B, L) or (L,) integer ids in [0, num_embeddings).
+        weight: (num_embeddings, D), the embedding table; receives gradients (not at
+            padding_idx).
+        positions: "sinusoidal" (computed on the fly) or a learned (max_len, D) table with
+            weight's dtype and device, which receives gradients.
+        scale: Multiplies the looked-up embeddings.
+        offset: An int or an integer (B,) tensor: token l of sequence b sits at `offset[b] + l`.
+        padding_idx: As in `F.embedding`: that row gets no gradient (positions are still added).
+        dropout_p: Dropout on the sum.
+        base: The sinusoid's wavelength base.
+        deterministic: Make the GPU backward bitwise reproducible (sorted sums instead of atomic
+            adds; the CPU backward always is).
+        backend: The backend for this call ("cpu", "triton", "cuda", "torch", "reference");
+            None chooses automatically.
+
+    Returns:
+        (B, L, D), or (L, D) for (L,) tokens.
+
+    Raises:
+        ValueError: Shapes, dtypes or devices that do not fit together.
+        RuntimeError: Token ids out of range, naming them (on CUDA, a device-side assert).
     """
     op = "embed_with_positions"
     check_tensor(op, "tokens", tokens, dims=(1, 2), int_dtype=True)
@@ -594,18 +640,31 @@ def apply_rotary(
 ) -> torch.Tensor:
     """Rotary position embedding (RoPE) of x.
 
-    x: (B, H, L, D), any strides with a unit last stride (a (B, L, H, D) tensor passed as
-        x.transpose(1, 2) works without a copy).
-    cos, sin: (max_position, rotary_dim / 2) tables indexed by absolute position; when absent
-        the angles are pos * base^(-2i/rotary_dim), computed in the kernel.
-    interleaved: False = GPT-NeoX layout (feature i pairs with i + rotary_dim/2);
-        True = GPT-J layout (features 2i and 2i+1 pair).
-    offset: int or integer (B,) tensor; token l of sequence b sits at offset[b] + l.
-    position_ids: (B, L) (or (L,)) integer positions; overrides offset.
-    rotary_dim: features rotated (even, <= D; default D, or 2 * cos.shape[1]); the rest pass
-        through unchanged.
-    inplace: rotate x in place and return it (differentiable when x needs gradients).
     No gradient flows to cos and sin (pass tables that do not require grad).
+
+    Args:
+        x: (B, H, L, D), any strides with a unit last stride (a (B, L, H, D) tensor passed as
+            `x.transpose(1, 2)` needs no copy).
+        cos: (max_position, rotary_dim / 2) table indexed by absolute position, or None: the
+            angles `pos * base^(-2i / rotary_dim)` are then computed in the kernel.
+        sin: (max_position, rotary_dim / 2), with cos.
+        base: The wavelength base, without tables.
+        interleaved: False: GPT-NeoX layout (feature i pairs with `i + rotary_dim / 2`); True:
+            GPT-J layout (features 2i and 2i + 1 pair).
+        offset: An int or an integer (B,) tensor; token l of sequence b sits at `offset[b] + l`.
+        position_ids: (B, L) or (L,) integer positions; overrides offset.
+        rotary_dim: The features rotated (even, at most D; default D, or `2 * cos.shape[1]`); the
+            others pass through unchanged.
+        inplace: Rotate x in place and return it (differentiable when x needs gradients).
+        backend: The backend for this call ("cpu", "triton", "cuda", "torch", "reference");
+            None chooses automatically.
+
+    Returns:
+        The rotated tensor, shaped like x.
+
+    Raises:
+        ValueError: An odd or too large rotary_dim, or tables and positions of the wrong shape.
+        RuntimeError: Positions beyond the tables (on CUDA, a device-side assert).
     """
     op = "apply_rotary"
     check_tensor(op, "x", x, dims=4, float_dtype=True)

@@ -55,11 +55,26 @@ def rnn_cell(
     nonlinearity: str = "tanh",
     backend: str | None = None,
 ) -> torch.Tensor:
-    """One Elman RNN step (torch.nn.RNNCell): hy = act(W_ih x + b_ih + W_hh h + b_hh).
+    """One Elman RNN step (`torch.nn.RNNCell`): `hy = act(W_ih x + b_ih + W_hh h + b_hh)`.
 
-    input: (B, I) or unbatched (I,); hx: (B, H) / (H,) or None (zeros); w_ih: (H, I);
-    w_hh: (H, H); b_ih, b_hh: (H,) or None (both or neither); nonlinearity "tanh" or "relu".
-    Returns hy shaped like hx.
+    Args:
+        input: (B, I), or unbatched (I,).
+        hx: (B, H) or (H,), or None (zeros).
+        w_ih: (H, I).
+        w_hh: (H, H).
+        b_ih: (H,) or None (both biases or neither).
+        b_hh: (H,) or None.
+        nonlinearity: "tanh" or "relu".
+        backend: The backend for this call ("cpu", "triton", "cuda", "torch", "reference");
+            None chooses automatically.
+
+    Returns:
+        hy, shaped like hx.
+
+    Raises:
+        ValueError: Shapes, sizes, dtypes or devices that do not fit together (the messages read as
+            torch's).
+        BackendError: The backend asked for cannot run this call; the message says why.
     """
     op = "rnn_cell"
     _check_nonlinearity(op, nonlinearity)
@@ -92,12 +107,34 @@ def rnn(
     lengths: torch.Tensor | None = None,
     backend: str | None = None,
 ):
-    """A multi-layer (bidirectional) Elman RNN over whole sequences, fused per layer:
-    h_t = act(W_ih x_t + b_ih + W_hh h_{t-1} + b_hh), act "tanh" or "relu".
+    """A multi-layer (bidirectional) Elman RNN over whole sequences, fused per layer.
 
-    Arguments and returns as fastattn.gru (weights in nn.RNN's _flat_weights order: w_ih
-    (H, I_l), w_hh (H, H)[, b_ih (H,), b_hh (H,)] per layer and direction): output
-    (T, B, D * H) (batch_first (B, T, D * H), unbatched (T, D * H)), h_n (num_layers * D, B, H).
+    `h_t = act(W_ih x_t + b_ih + W_hh h_(t-1) + b_hh)`, act tanh or relu, as `torch.nn.RNN`. D
+    below is 2 if bidirectional else 1.
+
+    Args:
+        input: (T, B, I), (B, T, I) with `batch_first`, or unbatched (T, I).
+        hx: h_0 (num_layers * D, B, H) ((num_layers * D, H) unbatched) or None (zeros).
+        weights: In `nn.RNN`'s `_flat_weights` order: per layer and direction w_ih (H, I_l),
+            w_hh (H, H)[, b_ih (H,), b_hh (H,)]; I_0 = I, then I_l = D * H.
+        num_layers: The number of layers.
+        nonlinearity: "tanh" or "relu".
+        bidirectional: Run a reverse direction too.
+        batch_first: The input and output are (B, T, ...).
+        dropout: Dropout between layers when training, as in `fastattn.gru`.
+        training: Whether dropout applies.
+        lengths: (B,) integer sequence lengths of a padded batch, as in `fastattn.gru`.
+        backend: The backend for this call ("cpu", "triton", "cuda", "torch", "reference");
+            None chooses automatically.
+
+    Returns:
+        (output, h_n): output (T, B, D * H) ((B, T, D * H) with `batch_first`, (T, D * H)
+        unbatched), h_n (num_layers * D, B, H).
+
+    Raises:
+        ValueError: Shapes, sizes, dtypes or devices that do not fit together (the messages read as
+            torch's).
+        BackendError: The backend asked for cannot run this call; the message says why.
     """
     op = "rnn"
     _check_nonlinearity(op, nonlinearity)

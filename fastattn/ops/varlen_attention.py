@@ -137,17 +137,40 @@ def varlen_attention(
     deterministic: bool = False,
     backend: str | None = None,
 ):
-    """Attention of packed sequences, no work spent on padding.
+    """Attention of packed variable-length sequences, no work spent on padding.
 
-    q: (total_q, Hq, D); k: (total_k, Hkv, D); v: (total_k, Hkv, Dv); any strides with a
-    unit last stride. cu_seqlens_q / cu_seqlens_k: int32 (B+1,) prefix sums of the lengths
-    (sequence b owns rows [cu[b], cu[b+1]); a sequence may be empty); max_seqlen_q/_k: the
-    largest lengths. Keywords as in fastattn.attention, applied per sequence with its own
-    lengths (bottom-right alignment uses that sequence's Lk - Lq); alibi_slopes (Hq,) or
-    (B, Hq); sinks float (Hq,) attention sinks as in attention (differentiable).
-    attn_mask and key_padding_mask are not accepted (packed sequences have no
-    padding; pad and use attention for arbitrary masks).
-    Returns out (total_q, Hq, Dv), or (out, lse) with lse (Hq, total_q) float32.
+    Sequence b owns rows `[cu_seqlens[b], cu_seqlens[b + 1])` of the packed tensors. Every keyword
+    of `fastattn.attention` applies per sequence with that sequence's own lengths (bottom-right
+    alignment uses its own `Lk - Lq`).
+
+    Args:
+        q: (total_q, Hq, D); any strides with a unit last stride.
+        k: (total_k, Hkv, D).
+        v: (total_k, Hkv, Dv).
+        cu_seqlens_q: Int32 (B + 1,) prefix sums of the query lengths (a sequence may be empty).
+        cu_seqlens_k: Int32 (B + 1,) prefix sums of the key lengths.
+        max_seqlen_q: The largest query length, a Python int.
+        max_seqlen_k: The largest key length, a Python int.
+        causal: As in `fastattn.attention`.
+        attn_mask: Not accepted (pad and use `fastattn.attention` for arbitrary masks).
+        key_padding_mask: Not accepted (packed sequences have no padding).
+        dropout_p: As in `fastattn.attention`.
+        scale: As in `fastattn.attention`.
+        alibi_slopes: (Hq,) or (B, Hq).
+        window: As in `fastattn.attention`, per sequence.
+        softcap: As in `fastattn.attention`.
+        sinks: Float (Hq,) attention sinks, as in `fastattn.attention` (differentiable).
+        return_lse: Also return the log-sum-exp of each row.
+        deterministic: As in `fastattn.attention`.
+        backend: The backend for this call; None chooses automatically.
+
+    Returns:
+        out, (total_q, Hq, Dv); with `return_lse`, (out, lse) with lse (Hq, total_q) float32.
+
+    Raises:
+        ValueError: An `attn_mask` or `key_padding_mask`, or shapes, dtypes or prefix sums that
+            do not fit together.
+        BackendError: The backend asked for cannot run this call.
     """
     op = "varlen_attention"
     if attn_mask is not None or key_padding_mask is not None:
@@ -248,11 +271,22 @@ def varlen_attention(
 
 
 def pack_padded(x: torch.Tensor, key_padding_mask: torch.Tensor):
-    """Pack a padded batch: x (B, L, ...) with key_padding_mask (B, L) bool (True = padding,
-    anywhere in a row) -> (packed (total, ...), cu_seqlens int32 (B+1,), max_seqlen, indices).
-    `indices` (total,) are the flat positions b*L + l of the kept rows, for unpack_padded.
-    Differentiable in x. The packed size depends on the mask's values, so on CUDA this reads
-    them on the host (a synchronisation): pack once per batch, not per layer or step.
+    """Pack a padded batch into the layout of `varlen_attention`.
+
+    Differentiable in x. The packed size depends on the mask's values, so on CUDA this reads them
+    on the host (a synchronisation): pack once per batch, not per layer or step.
+
+    Args:
+        x: (B, L, ...), the padded batch.
+        key_padding_mask: Bool (B, L), True = padding (anywhere in a row).
+
+    Returns:
+        (packed, cu_seqlens, max_seqlen, indices): packed (total, ...), the kept rows in order;
+        cu_seqlens int32 (B + 1,); max_seqlen, the longest sequence, an int; indices (total,), the
+        flat positions `b * L + l` of the kept rows, for `unpack_padded`.
+
+    Raises:
+        ValueError: A mask whose shape does not match x's first two dims.
     """
     check_tensor("pack_padded", "key_padding_mask", key_padding_mask, dims=2)
     if key_padding_mask.dtype != torch.bool or tuple(key_padding_mask.shape) != tuple(x.shape[:2]):
@@ -274,8 +308,17 @@ def pack_padded(x: torch.Tensor, key_padding_mask: torch.Tensor):
 def unpack_padded(
     packed: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: int
 ) -> torch.Tensor:
-    """Inverse of pack_padded: (total, ...) -> (batch, seqlen, ...) with zeros at padding.
-    Differentiable in packed."""
+    """Inverse of `pack_padded`: scatter packed rows back into a padded batch.
+
+    Args:
+        packed: (total, ...), rows in the order `pack_padded` gave.
+        indices: (total,), the flat positions `b * seqlen + l` that `pack_padded` returned.
+        batch: B of the padded batch.
+        seqlen: L of the padded batch.
+
+    Returns:
+        (batch, seqlen, ...) with zeros at the padding; differentiable in packed.
+    """
     out = packed.new_zeros((batch * seqlen, *packed.shape[1:]))
     out = out.index_copy(0, indices, packed)
     return out.view(batch, seqlen, *packed.shape[1:])

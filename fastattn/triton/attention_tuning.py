@@ -14,7 +14,7 @@ dropout and coarse length classes, so that new lengths do not trigger a tuning r
 FASTATTN_TRITON_AUTOTUNE=0 uses the first config that fits instead of tuning (quicker test
 runs on a GPU): each list starts with a config that compiles for sm_90 without spills in the
 plain case and with at most a few hundred bytes of stack with a mask or dropout
-(tests/triton_aot.py reports them; benchmarks/notes/triton_aot.md).
+(tests/triton_aot.py reports them; docs/design/triton_aot.md).
 """
 
 from __future__ import annotations

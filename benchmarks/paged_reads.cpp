@@ -5,7 +5,7 @@
 // Hkv = 2, D = 64 (bench_decoding.paged_case's CPU shape); one task per sequence reads its
 // blocks (both KV heads' rows, K then V) through a block table.
 //
-//   g++ -O2 -mavx512f -fopenmp benchmarks/notes/paged_reads.cpp -o /tmp/paged_reads
+//   g++ -O2 -mavx512f -fopenmp benchmarks/paged_reads.cpp -o /tmp/paged_reads
 //   /tmp/paged_reads 4096 16      # context, block rows
 //
 // A bare read (one vector add per 64-byte line, no prefetches), two threads, the two table
