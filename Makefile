@@ -86,7 +86,7 @@ docs: $(VENV)/.docs-installed
 cpu-torch-check:
 	bash .ci/cpu_torch_check.sh
 
-# One wheel for every torch (docs/stable_abi.md): the build of .venv (the same CMake folder as
+# One wheel for every torch (docs/design/stable_abi.md): the build of .venv (the same CMake folder as
 # `make build`), compiled for the stable ABI of torch 2.11, packaged; then installed unchanged
 # into a CPU-only torch 2.13.0 venv and a torch 2.14.1 venv and tested there.
 wheel:

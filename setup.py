@@ -185,6 +185,6 @@ setup(
     ext_modules=[CMakeExtension("fastattn._C")],
     cmdclass={"build_ext": CMakeBuild},
     # One wheel for every CPython from 3.10 on (the limited API) and every torch from the stable
-    # ABI's target on (docs/stable_abi.md).
+    # ABI's target on (docs/design/stable_abi.md).
     options={"bdist_wheel": {"py_limited_api": "cp310"}},
 )

@@ -32,7 +32,7 @@ namespace fastattn::cuda::attn {
 constexpr int kSmemMinOptin = 101376;
 
 // Tile configurations per head-dim bucket, chosen so that no kernel spills registers (ptxas -v,
-// sm_90; see benchmarks/notes/attention_cuda.md). Bytes of shared memory per block in [].
+// sm_90; see docs/design/attention_cuda.md). Bytes of shared memory per block in [].
 //   forward  64: 128 queries (2 m16 tiles per warp, 4 warps) x 64 keys            [36 KB]
 //           128: 128 queries (8 warps)                       x 64 keys            [68 KB]
 //           256:  64 queries (4 warps)                       x 32 keys            [66 KB]

@@ -301,7 +301,7 @@ __attribute__((always_inline)) inline void store_or_add(float* dst, VecF x, bool
 // accumulators stay in registers. Not inlined, and the tail masks built where they are used:
 // inlined into the column loop, GCC kept alpha's broadcast (and the masks) live across the k
 // loop, and 12 accumulators + 2 B vectors + a broadcast + those spilled a B vector to the
-// stack (docs/cpu_kernels.md).
+// stack (docs/design/cpu_kernels.md).
 template <int MR, int NV, bool kFull>
 __attribute__((noinline)) void gemm_block_vec(int64_t K, float alpha, const float* A, int64_t a_k,
                                               const float* B, int64_t ldb, float* C, int64_t ldc,

@@ -4,7 +4,7 @@
 //
 // FASTATTN_CPU_VEC is defined where VecF exists. The AVX2 copy (8 lanes, 16 ymm registers) is
 // built on it today; the AVX-512 copies keep their hand-written 16-lane kernels until the
-// width-generic ones are measured against them on an AVX-512 machine (docs/cpu_kernels.md).
+// width-generic ones are measured against them on an AVX-512 machine (docs/design/cpu_kernels.md).
 #pragma once
 #include "common/cpu_target.h"
 #include <cstdint>

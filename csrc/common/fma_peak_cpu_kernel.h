@@ -1,5 +1,5 @@
 // The machine's measured float32 multiply-add peak, for the benchmarks' "of peak" column
-// (`make bench` prints it beside the CPU rows; docs/cpu_kernels.md).
+// (`make bench` prints it beside the CPU rows; docs/design/cpu_kernels.md).
 #pragma once
 #include <cstdint>
 

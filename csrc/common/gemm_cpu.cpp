@@ -33,7 +33,7 @@ void matmul_into(Tensor out, const Tensor& a, const Tensor& b, const Tensor& bia
   if (b_cols.defined()) {
     // The columns of B gathered as rows of B^T: a weight's B is the transpose of a contiguous
     // matrix, whose rows copy as blocks; a gather along B's strided columns reads one float
-    // per cache line (docs/cpu_kernels.md).
+    // per cache line (docs/design/cpu_kernels.md).
     matmul_into(out, a, b.t().index_select(0, b_cols).t(), bias, accumulate);
     return;
   }

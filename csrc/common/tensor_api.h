@@ -3,7 +3,7 @@
 // fastattn::Tensor, fastattn::empty, fastattn::parallel_for, FASTATTN_CHECK, ... and never at::
 // or c10:: functions, so the shared object calls only the stable C shim of libtorch
 // (aoti_torch_*, torch_*) and runs under every torch from the targeted one on
-// (docs/stable_abi.md; tests/test_stable_abi.py checks the symbols).
+// (docs/design/stable_abi.md; tests/test_stable_abi.py checks the symbols).
 //
 // Tensor is torch::stable::Tensor with the few at::Tensor-style methods the op bodies use
 // (contiguous, to, narrow, view, zero_, ...), each one call of the stable API; ATen ops the
