@@ -1,5 +1,5 @@
 // CPU bodies of the attention ops: checks, allocation, and the ISA-dispatched FlashAttention-2
-// loops of attention_cpu_kernel.cpp.
+// loops of attention_forward_cpu_kernel.cpp and attention_backward_cpu_kernel.cpp.
 #include "common/tensor_api.h"
 
 #include "attention/attention.h"
@@ -46,7 +46,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_backward_cpu(
     double softcap, int64_t window_lo, int64_t window_hi, double dropout_p,
     const optional<Tensor>& seed, bool deterministic, bool mask_grad) {
   // The CPU backward is always deterministic (fixed summation order, no atomics), d mask
-  // included: each of its elements is summed by one task (attention_cpu_kernel.cpp).
+  // included: each of its elements is summed by one task (attention_backward_cpu_kernel.cpp).
   (void)deterministic;
   constexpr const char* op = "attention_backward";
   check_backward(grad_out, grad_lse, q, k, v, out, lse, attn_mask, key_padding_mask, alibi_slopes,

@@ -1,5 +1,5 @@
 // Helpers of the CPU attention op bodies (dense, varlen, KV cache): tensors to the raw
-// AttentionProblem the kernels of attention_cpu_kernel.cpp take.
+// AttentionProblem the kernels of attention_*_cpu_kernel.cpp take.
 #pragma once
 #include "common/tensor_api.h"
 

@@ -1,6 +1,6 @@
 // Device code shared by every CUDA attention kernel (tensor-core and SIMT): the score pipeline,
 // dropout decisions and the tile ranges the window band leaves visible. Same definitions as
-// attention_cpu_kernel.cpp (ScoreContext, dropout_tile, visible_key_blocks/visible_query_blocks).
+// attention_cpu_scores.h (ScoreContext, dropout_tile, visible_key_blocks/visible_query_blocks).
 #pragma once
 #include <cstdint>
 #include <type_traits>

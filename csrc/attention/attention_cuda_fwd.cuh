@@ -7,7 +7,7 @@
 //   the 4 lanes of a row with shuffles) -> dropout -> O += P V (mma_rs_nn).
 // Shared memory holds Q (once), one K tile and one V tile; the V copy overlaps S = Q K^T and
 // the next K copy overlaps P V (cp.async groups, one barrier before each product).
-// Same math as attention_cpu_kernel.cpp: rows with no visible key give out 0 and lse -inf.
+// Same math as attention_forward_cpu_kernel.cpp: rows with no visible key give out 0 and lse -inf.
 #pragma once
 #include "attention/attention_cuda_common.cuh"
 #include "attention/attention_cuda_mma.cuh"

@@ -1,6 +1,7 @@
 // float32 / float64 attention on CUDA cores with exact FMA arithmetic (no TF32): the same
 // tiling, score pipeline, dropout numbering and deterministic backward as the tensor-core
-// kernels and attention_cpu_kernel.cpp, with run-time head dims (one instantiation per dtype).
+// kernels and the CPU kernels (attention_*_cpu_kernel.cpp), with run-time head dims (one
+// instantiation per dtype).
 //
 // Blocks have 4 warps. A key tile is 32 keys, one per lane; a warp owns kR rows (queries in the
 // forward and dQ kernels, keys in the dK/dV kernel). Each step has two phases:

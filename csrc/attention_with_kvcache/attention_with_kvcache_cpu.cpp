@@ -1,7 +1,7 @@
 // CPU bodies of attention over a KV cache (decoding). attention_decode: the tiled kernels of
-// csrc/attention/attention_cpu_kernel.cpp with per-sequence key lengths and query positions,
-// the keys split into ranges computed in parallel and merged (flash-decoding) when there are
-// too few (batch, head, query block) tasks to keep the threads busy. attention_with_kvcache:
+// csrc/attention/attention_forward_cpu_kernel.cpp with per-sequence key lengths and query
+// positions, the keys split into ranges computed in parallel and merged (flash-decoding) when there
+// are too few (batch, head, query block) tasks to keep the threads busy. attention_with_kvcache:
 // rotary, the in-place append and attention_decode in one call, so a decoding step pays for one
 // op's overhead instead of a handful (at one new token the overhead is most of the step).
 #include "common/tensor_api.h"

@@ -1,6 +1,6 @@
 // CPU bodies of packed variable-length attention: the tiled kernels of
-// csrc/attention/attention_cpu_kernel.cpp with per-sequence geometry (cu_seqlens), so no work
-// is spent on padding.
+// csrc/attention/attention_forward_cpu_kernel.cpp with per-sequence geometry (cu_seqlens), so no
+// work is spent on padding.
 #include "common/tensor_api.h"
 
 #include "attention/attention.h"
