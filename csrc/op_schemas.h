@@ -119,8 +119,9 @@ void define_positional(Library& m) {
 
 template <class Library>
 void define_lstm(Library& m) {
-  // LSTM (csrc/lstm). The op contract (shapes, workspace, gate order) is documented at the top
-  // of fastattn/contracts/lstm.py. Dropout ops take seed = int64 (2,) on the device.
+  // LSTM (csrc/lstm, on the engine of csrc/recurrent). The op contract (shapes, workspace, gate
+  // order) is documented at the top of fastattn/contracts/lstm.py. Dropout ops take seed = int64
+  // (2,) on the device.
   m.def(
       "lstm_cell(Tensor input, Tensor hx, Tensor cx, Tensor w_ih, Tensor w_hh, Tensor? b_ih, "
       "Tensor? b_hh) -> (Tensor, Tensor, Tensor)");
@@ -144,7 +145,7 @@ void define_lstm(Library& m) {
   m.def("lstm_cuda_path(Tensor input, Tensor w_hh, Tensor? w_hr, bool backward=False) -> int");
 }
 
-// GRU and Elman RNN layers (csrc/gru, csrc/rnn on the engine of csrc/lstm). The op contract is
+// GRU and Elman RNN layers (csrc/gru, csrc/rnn on the engine of csrc/recurrent). The op contract is
 // documented at the top of fastattn/ops/_recurrent.py.
 template <class Library>
 void define_gru_rnn(Library& m) {

@@ -1,7 +1,8 @@
 """The CUDA recurrent kernels (LSTM, GRU both forms, tanh / relu RNN on one engine), run on the
-CPU under tools/cuda_emu (emu_lstm.h): every op body and kernel of csrc/lstm/lstm_cuda.cu, the
-two cooperative persistent kernels (their split-K block product, multi-chunk and many-split
-plans, 1 and 132 emulated SMs) and the per-step fallback, against the float64 reference and
+CPU under tools/cuda_emu (emu_lstm.h): every op body and kernel of the engine
+(csrc/recurrent/recurrent_cuda.cu) and the cells (csrc/{lstm,gru,rnn}/*_cuda.cu), the two
+cooperative persistent kernels (their split-K block product, multi-chunk and many-split plans,
+1 and 132 emulated SMs) and the per-step fallback, against the float64 reference and
 against fastattn's CPU kernels. This is what stands between a change to those kernels and a GPU
 run; it builds the emulator (about a minute) and runs every case (about five minutes). Also the
 CUDA attention backward's learned-bias gradient (d attn_mask) on the attention emulator
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_lstm_cuda_kernels_on_the_emulator():
-    if not (ROOT / "csrc" / "lstm" / "lstm_cuda.cu").exists():
+    if not (ROOT / "csrc" / "recurrent" / "recurrent_cuda.cu").exists():
         pytest.skip("the emulator compiles csrc/ from a source checkout; this run has tests/ only")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run(

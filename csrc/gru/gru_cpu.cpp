@@ -1,14 +1,14 @@
 // CPU bodies of the GRU layer ops (contract: fastattn/ops/_recurrent.py): checks, then the
-// recurrent engine shared with the LSTM and the RNN (csrc/lstm/recurrent_cpu.cpp, the cell a
+// recurrent engine shared with the LSTM and the RNN (csrc/recurrent/recurrent_cpu.cpp, the cell a
 // template parameter of the kernel: RecurrentCell::gru, or gru_reset_before for the textbook
 // form of Cho et al.).
 #include "common/tensor_api.h"
 
 #include "common/checks.h"
-#include "lstm/lstm.h"
-#include "lstm/recurrent_cpu.h"
+#include "recurrent/recurrent.h"
+#include "recurrent/recurrent_cpu.h"
 
-namespace fastattn::lstm {
+namespace fastattn::recurrent {
 namespace {
 
 using std::optional;
@@ -54,4 +54,4 @@ STABLE_TORCH_LIBRARY_IMPL(fastattn, CPU, m) {
   m.impl("gru_layer_backward", TORCH_BOX(&gru_layer_backward_cpu));
 }
 
-}  // namespace fastattn::lstm
+}  // namespace fastattn::recurrent

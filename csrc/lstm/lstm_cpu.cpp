@@ -1,5 +1,5 @@
 // CPU bodies of the LSTM ops: checks, then the recurrent engine (recurrent_cpu.cpp, generic
-// over the cell) for the layer ops, and the fused cell loops of lstm_cpu_kernel.cpp for the
+// over the cell) for the layer ops, and the fused cell loops of recurrent_cpu_kernel.cpp for the
 // cell ops.
 #include "common/tensor_api.h"
 
@@ -13,11 +13,11 @@
 #include "common/cpu_isa.h"
 #include "common/debug.h"
 #include "common/gemm_cpu.h"
-#include "lstm/lstm.h"
-#include "lstm/lstm_cpu_kernel.h"
-#include "lstm/recurrent_cpu.h"
+#include "recurrent/recurrent.h"
+#include "recurrent/recurrent_cpu_kernel.h"
+#include "recurrent/recurrent_cpu.h"
 
-namespace fastattn::lstm {
+namespace fastattn::recurrent {
 namespace {
 
 using std::optional;
@@ -159,4 +159,4 @@ STABLE_TORCH_LIBRARY_IMPL(fastattn, CPU, m) {
   m.impl("lstm_layer_backward", TORCH_BOX(&lstm_layer_backward_cpu));
 }
 
-}  // namespace fastattn::lstm
+}  // namespace fastattn::recurrent

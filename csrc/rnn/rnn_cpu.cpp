@@ -1,15 +1,15 @@
 // CPU bodies of the Elman RNN layer ops (contract: fastattn/ops/_recurrent.py): checks, then
-// the recurrent engine shared with the LSTM and the GRU (csrc/lstm/recurrent_cpu.cpp, the cell
+// the recurrent engine shared with the LSTM and the GRU (csrc/recurrent/recurrent_cpu.cpp, the cell
 // RecurrentCell::rnn_tanh or rnn_relu).
 #include "common/tensor_api.h"
 
 #include <string>
 
 #include "common/checks.h"
-#include "lstm/lstm.h"
-#include "lstm/recurrent_cpu.h"
+#include "recurrent/recurrent.h"
+#include "recurrent/recurrent_cpu.h"
 
-namespace fastattn::lstm {
+namespace fastattn::recurrent {
 namespace {
 
 using std::optional;
@@ -60,4 +60,4 @@ STABLE_TORCH_LIBRARY_IMPL(fastattn, CPU, m) {
   m.impl("rnn_layer_backward", TORCH_BOX(&rnn_layer_backward_cpu));
 }
 
-}  // namespace fastattn::lstm
+}  // namespace fastattn::recurrent

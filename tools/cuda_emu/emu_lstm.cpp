@@ -1,4 +1,5 @@
-// csrc/lstm/lstm_cuda.cu compiled for the CPU (see emu_lstm.h): the CUDA op bodies registered as
+// The CUDA recurrent engine (csrc/recurrent/recurrent_cuda.cu) and the per-cell op bodies
+// (csrc/{lstm,gru,rnn}/*_cuda.cu) compiled for the CPU (see emu_lstm.h), registered as
 // CPU kernels of torch.ops.fastattn_emu.{lstm,gru,rnn}_* (the schemas of fastattn::*, from
 // csrc/op_schemas.h), plus the emulated device's configuration. Driven by
 // tools/cuda_emu/run_lstm.py.
@@ -6,7 +7,10 @@
 
 #include <torch/extension.h>
 
+#include "gru/gru_cuda.cu"
 #include "lstm/lstm_cuda.cu"
+#include "recurrent/recurrent_cuda.cu"
+#include "rnn/rnn_cuda.cu"
 #include "op_schemas.h"
 
 namespace fastattn {
@@ -24,16 +28,16 @@ STABLE_TORCH_LIBRARY(fastattn_emu, m) {
 }
 
 STABLE_TORCH_LIBRARY_IMPL(fastattn_emu, CPU, m) {
-  m.impl("lstm_cell", TORCH_BOX(&fastattn::lstm::lstm_cell_cuda));
-  m.impl("lstm_cell_backward", TORCH_BOX(&fastattn::lstm::lstm_cell_backward_cuda));
-  m.impl("lstm_layer", TORCH_BOX(&fastattn::lstm::lstm_layer_cuda));
-  m.impl("lstm_layer_backward", TORCH_BOX(&fastattn::lstm::lstm_layer_backward_cuda));
-  m.impl("lstm_cuda_path", TORCH_BOX(&fastattn::lstm::lstm_cuda_path));
-  m.impl("gru_layer", TORCH_BOX(&fastattn::lstm::gru_layer_cuda));
-  m.impl("gru_layer_backward", TORCH_BOX(&fastattn::lstm::gru_layer_backward_cuda));
-  m.impl("rnn_layer", TORCH_BOX(&fastattn::lstm::rnn_layer_cuda));
-  m.impl("rnn_layer_backward", TORCH_BOX(&fastattn::lstm::rnn_layer_backward_cuda));
-  m.impl("recurrent_cuda_path", TORCH_BOX(&fastattn::lstm::recurrent_cuda_path));
+  m.impl("lstm_cell", TORCH_BOX(&fastattn::recurrent::lstm_cell_cuda));
+  m.impl("lstm_cell_backward", TORCH_BOX(&fastattn::recurrent::lstm_cell_backward_cuda));
+  m.impl("lstm_layer", TORCH_BOX(&fastattn::recurrent::lstm_layer_cuda));
+  m.impl("lstm_layer_backward", TORCH_BOX(&fastattn::recurrent::lstm_layer_backward_cuda));
+  m.impl("lstm_cuda_path", TORCH_BOX(&fastattn::recurrent::lstm_cuda_path));
+  m.impl("gru_layer", TORCH_BOX(&fastattn::recurrent::gru_layer_cuda));
+  m.impl("gru_layer_backward", TORCH_BOX(&fastattn::recurrent::gru_layer_backward_cuda));
+  m.impl("rnn_layer", TORCH_BOX(&fastattn::recurrent::rnn_layer_cuda));
+  m.impl("rnn_layer_backward", TORCH_BOX(&fastattn::recurrent::rnn_layer_backward_cuda));
+  m.impl("recurrent_cuda_path", TORCH_BOX(&fastattn::recurrent::recurrent_cuda_path));
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -1,5 +1,5 @@
-// CPU emulation of the CUDA subset csrc/lstm/lstm_cuda.cu uses, so its op bodies and kernels
-// (compiled with FASTATTN_CUDA_EMULATION) run on CPU tensors on a machine without a GPU.
+// CPU emulation of the CUDA subset csrc/recurrent/recurrent_cuda.cu uses, so its op bodies and
+// kernels (compiled with FASTATTN_CUDA_EMULATION) run on CPU tensors on a machine without a GPU.
 //
 // Unlike cuda_emu.h (fibers, one block after another), a cooperative kernel needs every block
 // resident at once (grid.sync()), so here each CUDA thread of a launch that synchronises is an OS
@@ -121,8 +121,8 @@ inline void* thread_main(void* p) {
   return nullptr;
 }
 
-// One launch: 1-D grids and blocks (all lstm_cuda.cu uses). Returns the launch status (only a
-// cooperative launch too large for the device fails, with cudaErrorCooperativeLaunchTooLarge).
+// One launch: 1-D grids and blocks (all the recurrent engine uses). Returns the launch status (only
+// a cooperative launch too large for the device fails, with cudaErrorCooperativeLaunchTooLarge).
 inline int launch(dim3 grid, dim3 block, size_t smem, bool concurrent, bool cooperative,
                   const std::function<void()>& body) {
   stats().launches++;

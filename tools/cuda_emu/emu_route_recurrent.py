@@ -1,6 +1,6 @@
 """pytest plugin: routes the CPU dispatch of the recurrent layer ops (lstm_layer, gru_layer,
 rnn_layer and their backward) to the emulated CUDA op bodies and kernels (emu_lstm.h,
-csrc/lstm/lstm_cuda.cu), so that a test file's CPU-backend tests (autograd, layers,
+csrc/recurrent/recurrent_cuda.cu), so that a test file's CPU-backend tests (autograd, layers,
 bidirectional, PackedSequence, lengths, dropout, cells) run the CUDA code on the CPU:
 
     PYTHONPATH=$(pwd):tools/cuda_emu python -m pytest -p emu_route_recurrent \\

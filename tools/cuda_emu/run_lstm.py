@@ -1,5 +1,6 @@
-"""Runs csrc/lstm/lstm_cuda.cu's op bodies and kernels on the CPU (tools/cuda_emu/emu_lstm.h)
-and compares them with the float64 PyTorch reference (fastattn/reference/lstm.py).
+"""Runs the CUDA recurrent op bodies and kernels (csrc/recurrent/recurrent_cuda.cu and
+csrc/{lstm,gru,rnn}/*_cuda.cu) on the CPU (tools/cuda_emu/emu_lstm.h) and compares them with
+the float64 PyTorch reference (fastattn/reference/lstm.py).
 
     flock /tmp/fastattn-build.lock /work/main/.venv/bin/python tools/cuda_emu/run_lstm.py --build
     PYTHONPATH=. /work/main/.venv/bin/python tools/cuda_emu/run_lstm.py [--only SUBSTRING]

@@ -2,14 +2,14 @@
 // gru_layer, rnn_layer): argument-independent setup (the sorted/packed view of a
 // variable-length batch, workspaces), the large GEMMs (input projection for all time steps
 // before the recurrence, weight and input gradients over all time steps after it) and the
-// ISA-dispatched recurrence of lstm_cpu_kernel.cpp, generic over the cell.
+// ISA-dispatched recurrence of recurrent_cpu_kernel.cpp, generic over the cell.
 #pragma once
 #include "common/tensor_api.h"
 
-#include "lstm/lstm.h"
-#include "lstm/lstm_cpu_kernel.h"
+#include "recurrent/recurrent.h"
+#include "recurrent/recurrent_cpu_kernel.h"
 
-namespace fastattn::lstm {
+namespace fastattn::recurrent {
 
 struct LayerOutputs {
   Tensor output, h_n, c_n, workspace;  // c_n undefined unless LSTM
@@ -39,4 +39,4 @@ LayerGrads layer_backward_cpu(cpu::RecurrentCell cell, const LayerDims& d,
                               double dropout_p, const std::optional<Tensor>& seed, bool has_bias,
                               bool input_grad, bool weight_grad, const char* op);
 
-}  // namespace fastattn::lstm
+}  // namespace fastattn::recurrent

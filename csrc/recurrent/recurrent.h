@@ -1,6 +1,7 @@
-// Argument checks and output shapes of the LSTM ops, shared by the CPU and CUDA op bodies.
-// fastattn/ops/lstm.py checks the same rules first with torch.nn.LSTM's messages and documents
-// the op contract; these guard direct calls of torch.ops.fastattn.*.
+// Argument checks and output shapes of the recurrent ops (LSTM, GRU, Elman RNN), shared by the
+// CPU and CUDA op bodies of every cell. fastattn/ops/lstm.py (and the GRU/RNN ops) check the same
+// rules first with torch.nn's messages and document the op contract; these guard direct calls of
+// torch.ops.fastattn.*.
 #pragma once
 #include "common/tensor_api.h"
 
@@ -9,11 +10,11 @@
 
 #include "common/checks.h"
 
-namespace fastattn::lstm {
+namespace fastattn::recurrent {
 
 // Sizes of one layer call: T steps, B rows, I input features, D directions, H hidden units,
 // P = projection size (H without projection); the cell's G gate blocks and E extra saved
-// columns per unit (LSTM 4 and 1, GRU 3 and 1, RNN 1 and 0; csrc/lstm/lstm_cpu_kernel.h).
+// columns per unit (LSTM 4 and 1, GRU 3 and 1, RNN 1 and 0; csrc/recurrent/recurrent_cpu_kernel.h).
 struct LayerDims {
   int64_t T, B, I, D, H, P;
   int64_t G = 4, E = 1;
@@ -198,4 +199,4 @@ inline std::tuple<Tensor, Tensor, Tensor> check_layer_backward(
           checked_grad(grad_c_n, {d.D, d.B, d.H}, input, op, "grad_c_n")};
 }
 
-}  // namespace fastattn::lstm
+}  // namespace fastattn::recurrent

@@ -1,6 +1,6 @@
 // The CPU recurrent engine's host side (recurrent_cpu.h): one forward and one backward for
 // every cell (LSTM, GRU with either reset placement, tanh / relu RNN).
-#include "lstm/recurrent_cpu.h"
+#include "recurrent/recurrent_cpu.h"
 
 #include "common/tensor_api.h"
 
@@ -15,7 +15,7 @@
 #include "common/debug.h"
 #include "common/gemm_cpu.h"
 
-namespace fastattn::lstm {
+namespace fastattn::recurrent {
 namespace {
 
 using cpu::RecurrentCell;
@@ -24,7 +24,7 @@ using std::optional;
 #define FASTATTN_DISPATCH_RECURRENT(TYPE, ...) \
   FASTATTN_DISPATCH_FLOATING(TYPE, "recurrent_cpu", __VA_ARGS__)
 
-// Host-side sorted/packed description of the batch (see lstm_cpu_kernel.h). Reading lengths
+// Host-side sorted/packed description of the batch (see recurrent_cpu_kernel.h). Reading lengths
 // here, inside the op, keeps the Python driver free of data-dependent control flow.
 struct Packing {
   std::vector<int64_t> perm, lengths, batch_sizes, offsets;
@@ -423,4 +423,4 @@ LayerGrads layer_backward_cpu(RecurrentCell cell, const LayerDims& d, const Tens
   return g;
 }
 
-}  // namespace fastattn::lstm
+}  // namespace fastattn::recurrent

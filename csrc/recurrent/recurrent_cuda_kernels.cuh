@@ -1,5 +1,6 @@
-// Device code of the CUDA recurrent backend (csrc/lstm/lstm_cuda.cu holds the op bodies): the
-// LSTM, GRU and Elman RNN layers on one engine, the cell a template parameter (Cell below).
+// Device code of the CUDA recurrent backend (recurrent_cuda.cu holds the driver,
+// csrc/{lstm,gru,rnn}/*_cuda.cu the op bodies): the LSTM, GRU and Elman RNN layers on one engine,
+// the cell a template parameter (Cell below).
 //
 // Layout conventions (private to this backend; only the workspace's shape is in the contract):
 // * Rows are time-major and unpacked: row t * B + b of every (T * B, .) buffer is batch entry b
@@ -14,10 +15,10 @@
 //   (as the CPU backend does).
 // * Direction 0 visits t = s at step s, direction 1 visits t = T - 1 - s.
 //
-// The cell's math is the CPU kernel's (lstm_cpu_kernel.cpp: cell_forward / cell_backward), in
+// The cell's math is the CPU kernel's (recurrent_cpu_kernel.cpp: cell_forward / cell_backward), in
 // acc (float, double for double storage), rounded once to the storage type.
 //
-// tools/cuda_emu/emu_lstm.cpp compiles this file and lstm_cuda.cu for the CPU
+// tools/cuda_emu/emu_lstm.cpp compiles this file and the recurrent .cu files for the CPU
 // (FASTATTN_CUDA_EMULATION: every CUDA thread an OS thread, __syncthreads / grid.sync / warp
 // shuffles as barriers) so the whole op bodies run and are compared there with the CPU backend.
 #pragma once
@@ -32,7 +33,7 @@
 #endif
 #include "common/philox.h"
 
-namespace fastattn::lstm::cuda_kernels {
+namespace fastattn::recurrent::cuda_kernels {
 
 using fastattn::cuda::acc_t;
 using fastattn::cuda::from_acc;
@@ -135,7 +136,7 @@ __global__ void scatter_grad_input_kernel(const acc_t<scalar_t>* __restrict__ dx
 
 // ---------------------------------------------------------------------------------------------
 // The cells. One engine runs every cell; the cell is a template parameter of the recurrence
-// kernels (as cpu::RecurrentCell is of the CPU engine, lstm_cpu_kernel.cpp):
+// kernels (as cpu::RecurrentCell is of the CPU engine, recurrent_cpu_kernel.cpp):
 //   lstm              4 gates i, f, g, o; extra = c_t; one product h W_hh^T per step;
 //   gru               reset after W_hn h (torch, cuDNN): 3 gates r, z, n; the input projection
 //                     holds b_hr, b_hz but not b_hn, which sits inside r * (W_hn h + b_hn);
@@ -984,4 +985,4 @@ __global__ void cell_backward_kernel(int64_t B, int64_t H, const scalar_t* __res
   grad_cx[idx] = from_acc<scalar_t>(dct * f);
 }
 
-}  // namespace fastattn::lstm::cuda_kernels
+}  // namespace fastattn::recurrent::cuda_kernels
