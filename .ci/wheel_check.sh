@@ -14,8 +14,11 @@ WHEEL=$(realpath "$WHEEL")
 PYTHON_BOOTSTRAP=$(command -v python3.11 || command -v python3)
 FAST_TESTS="tests/test_stable_abi.py tests/test_backends.py tests/test_positional.py
   tests/test_additive_attention.py tests/test_paged_kvcache.py tests/test_attention_with_kvcache.py"
-# WHEEL_CHECK_TORCH: the venvs to check (default both; CI checks 213cpu only: the build's own
-# torch is 2.14.1, and .ci/gpu_machine_check.sh installs the file under torch 2.11.0).
+# WHEEL_CHECK_TORCH: the venvs to check (default both). WHEEL_TORCH_2141_FROM=VENV (CI: .venv,
+# the dev venv, whose torch is the pinned 2.14.1) makes the 2141 venv see that venv's packages
+# through a .pth file instead of installing a second 2.14.1 with its CUDA libraries; the wheel
+# goes into the new venv itself and is what the tests import (the dev venv's editable install
+# is not active there: its finder is a .pth of the dev venv's own site-packages).
 for spec in "213cpu torch==2.13.0+cpu" "2141 torch==2.14.1"; do
   case " ${WHEEL_CHECK_TORCH:-213cpu 2141} " in *" ${spec%% *} "*) ;; *) continue ;; esac
   name=${spec%% *}
@@ -23,14 +26,26 @@ for spec in "213cpu torch==2.13.0+cpu" "2141 torch==2.14.1"; do
   if [ "$name" = 213cpu ]; then venv=${WHEEL_VENV_213CPU:-$ROOT/.venv-wheel-$name}; else
     venv=${WHEEL_VENV_2141:-$ROOT/.venv-wheel-$name}; fi
   [ -x "$venv/bin/python" ] || "$PYTHON_BOOTSTRAP" -m venv "$venv"
-  "$venv/bin/python" -m pip install --quiet --upgrade pip
-  "$venv/bin/python" -m pip install --quiet "$torch_req" triton==3.8.0 numpy pytest pytest-xdist \
-    pytest-timeout hypothesis expecttest
+  if [ "$name" = 2141 ] && [ -n "${WHEEL_TORCH_2141_FROM:-}" ]; then
+    shared=$(realpath "$WHEEL_TORCH_2141_FROM")/lib/python3*/site-packages
+    own=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_path('purelib'))")
+    echo $shared > "$own/shared_torch.pth"
+  else
+    "$venv/bin/python" -m pip install --quiet --upgrade pip
+    "$venv/bin/python" -m pip install --quiet "$torch_req" triton==3.8.0 numpy pytest \
+      pytest-xdist pytest-timeout hypothesis expecttest
+  fi
+  "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '${torch_req#torch==}'.split('+')[0])" ||
+    { echo "$name: expected $torch_req"; exit 1; }
   # As a user installs from an index, next to the torch already there: by name, from the
   # folder that holds the wheel.
   "$venv/bin/python" -m pip uninstall --quiet --yes fastattn 2>/dev/null || true
-  "$venv/bin/python" -m pip install --quiet --no-index --find-links "$(dirname "$WHEEL")" \
-    "fastattn==$(basename "$WHEEL" | cut -d- -f2)"
+  # (pip counts what the shared .pth shows, torch and the dev venv's fastattn, as outside this
+  # venv: --no-deps --force-reinstall then.)
+  no_deps=$([ -f "$venv/lib/python3"*/site-packages/shared_torch.pth ] &&
+    echo "--no-deps --force-reinstall" || true)
+  "$venv/bin/python" -m pip install --quiet $no_deps --no-index \
+    --find-links "$(dirname "$WHEEL")" "fastattn==$(basename "$WHEEL" | cut -d- -f2)"
   work=$(mktemp -d)
   cp -r tests "$work/tests"
   (
