@@ -110,8 +110,8 @@ struct FloatTiles {
   }
   void pv_runs(int64_t M, const RowRuns<T>& runs, const acc* p, acc* o, LineStream* next) {
     // P k-major once for the tile (pt[n * M + m]): handed row-major, each run's gemm would
-    // transpose its columns of P again (decode at 4k keys, 16-row blocks: 0.83 -> 0.93 of
-    // dense on one thread)
+    // transpose its columns of P again (measured: docs/design/cpu_kernels.md, "Measurements
+    // moved out of the code")
     int64_t N = 0;
     for (int64_t r = 0; r < runs.count; ++r) N += runs.n[r];
     transpose(p, kBlockK, pt.data(), M, M, N);

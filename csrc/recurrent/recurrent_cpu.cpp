@@ -66,8 +66,8 @@ Packing make_packing(const optional<Tensor>& lengths, int64_t T, int64_t B, cons
 
 // Saved workspaces come from a small cache of freed blocks (the backward frees the block,
 // the next forward reuses it), as torch's CUDA caching allocator does: a fresh allocation
-// above glibc's mmap threshold is page-faulted and zero-filled on every call (78 MB: 42 ms
-// here, as much as a tenth of the forward). At most kMaxCachedBytes stay cached.
+// above glibc's mmap threshold is page-faulted and zero-filled on every call, as much as a
+// tenth of the forward (docs/design/cpu_kernels.md). At most kMaxCachedBytes stay cached.
 class BlockCache {
  public:
   static BlockCache& get() {
@@ -142,9 +142,8 @@ class BlockCache {
 
 // Grow-only per-thread buffers for the large temporaries that never leave an op call (the
 // packed input, dgates, ...): a fresh allocation above glibc's mmap threshold is page-faulted
-// and zero-filled by the kernel on every call (about 0.45 ms per MB here, 35 ms for the 78 MB
-// workspace of the fastrnns case). At most kScratchBytes are kept per thread; larger requests
-// are plain allocations.
+// and zero-filled by the kernel on every call (docs/design/cpu_kernels.md). At most
+// kScratchBytes are kept per thread; larger requests are plain allocations.
 enum Scratch : int {
   kPackedInput,
   kWorkspace,

@@ -29,6 +29,9 @@
 // One parallel region per step (two with a projection or for the reset-before GRU); the work
 // is deterministic (fixed task decomposition and summation order, independent of the thread
 // count).
+//
+// One file of about 1,200 lines on purpose: the cells are the fused epilogues of the per-step
+// products, and both read the same operand packing and task grid; they change together.
 #include "common/parallel.h"
 
 #include <algorithm>
@@ -54,7 +57,7 @@ constexpr int64_t kUB = kRecurrentUnitBlock;
 
 // Grow-only per-thread scratch buffers for the large temporaries of a call (packed weights,
 // GEMM operands): a fresh multi-megabyte allocation is page-faulted and zero-filled by the
-// kernel on every call (about 0.45 ms per MB here), a sizeable share of an LSTM step. Contents
+// kernel on every call, a sizeable share of an LSTM step (docs/design/cpu_kernels.md). Contents
 // are undefined; each slot is used by one buffer at a time, on the calling thread only.
 enum ScratchSlot : int { kWeightPanels, kProjPanels, kStates, kStates2, kRows, kNumSlots };
 
@@ -103,8 +106,7 @@ Grid make_grid(int64_t D, int64_t ncols, int64_t width, int64_t B, double flops_
 // so a thread sees the same weight columns each step; `reverse` (odd steps) walks its range
 // backwards, so the weights it read last, still in its L2, are the first it reads next (a
 // thread's share of W_hh, 2 MB at H = 512 on 2 threads, does not fit a 1 MB L2: in order,
-// LRU keeps none of it; back and forth, about half. GEMV over a 4 MB panel set here,
-// 1 thread: 62 -> 76-84 GB/s).
+// LRU keeps none of it; back and forth, about half: docs/design/cpu_kernels.md).
 template <typename F>
 void run_grid(const Grid& g, const F& task, bool reverse = false) {
   auto body = [&](int64_t begin, int64_t end) {

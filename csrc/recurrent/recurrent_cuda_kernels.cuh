@@ -367,8 +367,8 @@ constexpr int kPersistMaxOut = 16;
 
 // How a persistent block splits its product (B, K) x (K, N) over its threads: `splits` groups
 // of kPersistThreads / splits threads each take a slice of K (split-K), so the serial chain per
-// thread is K / splits long, not K (the first H100 run measured ~150 us per step at H = 512
-// with one thread per column running all of K). The input streams through shared memory in
+// thread is K / splits long, not K (one thread per column running all of K was the first GPU
+// run's bottleneck: docs/design/lstm_cuda.md). The input streams through shared memory in
 // chunks of `chunk` columns (a multiple of `splits`; the whole of K when it fits, so a step
 // costs two barriers, not two per 32 columns).
 struct PersistentSplit {
