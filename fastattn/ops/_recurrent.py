@@ -7,7 +7,7 @@ r, z, n; RNN: G = 1); their layer ops share one signature, the last argument bef
 save_workspace being the cell's variant (`reset_after` for the GRU, `nonlinearity` for the
 RNN), and one engine per backend (csrc/lstm/lstm_cpu_kernel.cpp on the CPU, generic over the
 cell; csrc/lstm/lstm_cuda.cu's driver on CUDA, the cell a template parameter of its kernels;
-fastattn/triton/lstm.py's layer driver for the Triton twins X_layer_triton /
+fastattn/triton/recurrent.py's layer driver for the Triton twins X_layer_triton /
 X_layer_backward_triton, same schemas). Op contract, with X = gru or rnn and "variant" that
 argument:
 
