@@ -1,6 +1,6 @@
 """Triton kernels of the GRU: the launchers of the torch ops fastattn::gru_layer_triton and
 gru_layer_backward_triton (registered by fastattn/ops/gru.py with the contract in
-fastattn/ops/_recurrent.py's docstring). `gru_cell` runs the layer op with T = 1.
+fastattn/contracts/recurrent.py). `gru_cell` runs the layer op with T = 1.
 
 The recurrence runs on the recurrent engine (fastattn/triton/recurrent.py), generic over the
 cell: the input projection of all T steps is one GEMM, then one fused step kernel per time step

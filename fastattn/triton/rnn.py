@@ -1,6 +1,6 @@
 """Triton kernels of the Elman RNN: the launchers of the torch ops fastattn::rnn_layer_triton
 and rnn_layer_backward_triton (registered by fastattn/ops/rnn.py with the contract in
-fastattn/ops/_recurrent.py's docstring). `rnn_cell` runs the layer op with T = 1.
+fastattn/contracts/recurrent.py). `rnn_cell` runs the layer op with T = 1.
 
 The recurrence runs on the recurrent engine (fastattn/triton/recurrent.py), generic over the
 cell: the input projection of all T steps (both biases folded in) is one GEMM, then one fused
