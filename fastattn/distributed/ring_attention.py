@@ -41,12 +41,12 @@ import math
 import torch
 import torch.distributed as dist
 
-from ..ops._common import dropout_seed
 from ..ops.attention import (
     WINDOW_UNBOUNDED,
     attention_backward_canonical,
     attention_band,
     dropout_keep,
+    dropout_seed,
     merge_attention,
     window_bounds,
 )

@@ -34,10 +34,10 @@ from ._common import (
     check_dropout,
     check_same_device,
     check_tensor,
-    dropout_seed,
     kernel_op,
     register_forward_backward,
 )
+from ._common import dropout_seed as dropout_seed  # public here: fastattn.distributed draws seeds
 
 Causal = bool | str
 

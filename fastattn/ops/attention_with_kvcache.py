@@ -36,7 +36,7 @@ from ._common import (
     register_triton_op,
     triton_kernels,
 )
-from .positional import _check_position_range, apply_rotary
+from .positional import apply_rotary, check_position_range
 from .varlen_attention import causal_mode, window_sides
 
 
@@ -65,7 +65,7 @@ def _check_rotary_tables(
             f"{op}: rotary_cos and rotary_sin must have the same shape, got "
             f"{tuple(cos.shape)} and {tuple(sin.shape)}"
         )
-    _check_position_range(op, 0, positions, length, cos.shape[0], "cos/sin", on_device=on_device)
+    check_position_range(op, 0, positions, length, cos.shape[0], "cos/sin", on_device=on_device)
 
 
 @torch.no_grad()

@@ -161,7 +161,7 @@ def _is_view_of(view: torch.Tensor, x: torch.Tensor) -> bool:
     return view._base is not None and view._base is (x if x._base is None else x._base)
 
 
-def _check_position_range(
+def check_position_range(
     op: str,
     offset: int,
     offsets: torch.Tensor | None,
@@ -347,7 +347,7 @@ def add_sinusoidal(
     # Every backend rejects per-sequence starts below 0 (the native kernels read no table, so
     # they do not check positions themselves): on the host for CPU tensors, on the device for
     # CUDA ones (no synchronisation).
-    _check_position_range(op, off, offsets, x3.shape[1], None, "")
+    check_position_range(op, off, offsets, x3.shape[1], None, "")
     if inplace and (nd <= 3 or viewed):
         _backend._record(op, chosen)
         if chosen == "reference":
@@ -483,7 +483,7 @@ def embed_with_positions(
                 raise IndexError(f"{op}: token ids must be in [0, {V}), got ids from {lo} to {hi}")
         elif device_checks_enabled(tok):
             device_check_range(op, tok, 0, V - 1, f"token ids must be in [0, {V})")
-        _check_position_range(
+        check_position_range(
             op,
             off,
             offsets,
@@ -682,7 +682,7 @@ def apply_rotary(
                     f"position_ids must {allowed}",
                 )
         else:
-            _check_position_range(op, off, offsets, L, rows, "cos/sin")
+            check_position_range(op, off, offsets, L, rows, "cos/sin")
     args = (cos, sin, off, offsets, position_ids, rotary_dim, float(base), bool(interleaved))
     _backend._record(op, chosen)
     if chosen in ("reference", "torch"):

@@ -21,10 +21,11 @@ Kernels:
   backend), so the backward regenerates the forward's mask; lse is that of undropped scores.
 - VARLEN (constexpr): the same three kernels run packed sequences (fastattn/triton/
   varlen_attention.py): batch stride 0, each program reads its sequence's first rows and
-  lengths from cu_seqlens (`_sequence`), exits at once when its tile lies past them, derives
+  lengths from cu_seqlens (`varlen_sequence`), exits at once when its tile lies past them, derives
   the band from those lengths and numbers lse and dropout as the native varlen op
-  (`_row_base`, `_dropout_rows`). The dense path is the same code with rows 0 and the call's
-  lengths. The online-softmax step is shared with the KV-cache decode kernel.
+  (`row_base`, `dropout_rows`). The dense path is the same code with rows 0 and the call's
+  lengths. The online-softmax step is shared with the KV-cache decode kernel (these device
+  functions: fastattn/triton/attention_common.py).
 
 Rows that see no key give out 0 and lse -inf: the running maximum is replaced by 0 while it is
 -inf, so exp(-inf - -inf) never happens. On CUDA the tile sizes are autotuned per head-dim
@@ -45,7 +46,20 @@ from torch.library import wrap_triton
 from .._debug import poison
 from ..contracts.attention import check_seqlen, output_like
 from . import dot_precision, finish, grid_x, interpreting, on_device, output_buffer
-from ._common import exp, round_to_bfloat16, tanh
+from ._common import exp
+from .attention_common import (
+    biased_masked_scores,
+    capped_scores,
+    dropout_rows,
+    key_range,
+    online_softmax_step,
+    operand,
+    query_range,
+    row_base,
+    softmax_finish,
+    tile_of_program,
+    varlen_sequence,
+)
 from .attention_tuning import head_class, interpreter_block, length_class, tuned
 from .random import dropout_multiplier
 
@@ -53,165 +67,8 @@ from .random import dropout_multiplier
 _NO_MASK, _BOOL_MASK, _FLOAT_MASK = 0, 1, 2
 
 # ---------------------------------------------------------------------------------------------
-# Shared device functions
-
-
-@triton.jit
-def _operand(x, other, UPCAST: tl.constexpr):
-    """x (float32) as the left operand of a tl.dot with `other`: in other's dtype, as
-    FlashAttention does (16-bit P and dS feed the tensor cores). Under the interpreter with
-    bfloat16 inputs (UPCAST: everything is held in float32 there) x is rounded to the nearest
-    bfloat16 by bit arithmetic instead, since the interpreter's own conversion truncates; the
-    CPU run then rounds exactly where a GPU does."""
-    if UPCAST:
-        return round_to_bfloat16(x)
-    else:
-        return x.to(other.dtype)
-
-
-@triton.jit
-def _capped_scores(qk, scale, softcap, HAS_SOFTCAP: tl.constexpr, ACCURATE: tl.constexpr):
-    """scale * q.k, soft-capped: softcap * tanh(s / softcap)."""
-    s = qk * scale
-    if HAS_SOFTCAP:
-        s = softcap * tanh(s / softcap, ACCURATE)
-    return s
-
-
-@triton.jit
-def _biased_masked_scores(
-    s,
-    i,
-    j,
-    b,
-    h,
-    mask_ptr,
-    s_mb,
-    s_mh,
-    s_mi,
-    s_mj,
-    pad_ptr,
-    slope,
-    Lq,
-    Lk,
-    shift,
-    window_lo,
-    window_hi,
-    MASK_KIND: tl.constexpr,
-    HAS_PAD: tl.constexpr,
-    HAS_ALIBI: tl.constexpr,
-):
-    """Adds ALiBi and the float mask to the (capped) scores s and sets hidden keys to -inf.
-
-    i (query indices) and j (key indices) broadcast to s's shape in either orientation
-    ((M, 1) x (1, N) in the forward and dQ kernels, (1, M) x (N, 1) in the dK/dV kernel).
-    Query i sits at key position i + shift (Lk - Lq, or a KV cache's length before the new
-    tokens), which is the ALiBi distance's origin. slope is a scalar or broadcasts like i.
-    Out-of-range rows and columns are hidden too.
-    """
-    if HAS_ALIBI:
-        s = s - slope * tl.abs(i + shift - j).to(tl.float32)
-    inside = (i < Lq) & (j < Lk)
-    visible = inside & (j >= i + window_lo) & (j <= i + window_hi)
-    if MASK_KIND != 0:
-        mptr = mask_ptr + b * s_mb + h * s_mh + i.to(tl.int64) * s_mi + j.to(tl.int64) * s_mj
-        if MASK_KIND == 1:
-            allowed = tl.load(mptr, mask=inside, other=0)
-            visible = visible & (allowed != 0)
-        else:
-            s = s + tl.load(mptr, mask=inside, other=0.0).to(tl.float32)
-    if HAS_PAD:
-        padding = tl.load(pad_ptr + b * Lk + j, mask=j < Lk, other=1)
-        visible = visible & (padding == 0)
-    return tl.where(visible, s, float("-inf"))
-
-
-@triton.jit
-def _tile_of_program(length, BLOCK: tl.constexpr):
-    """(first row of this program's tile, batch * head index) from a 1-D grid of
-    B*H*cdiv(length, BLOCK) programs. The tiles of one head are consecutive programs, so they
-    run together and share that head's K/V (or Q/dO) in L2; a 1-D grid also has no 65535 limit
-    on B*H, unlike a grid's second axis."""
-    tiles = tl.cdiv(length, BLOCK)
-    pid = tl.program_id(0).to(tl.int64)
-    return (pid % tiles).to(tl.int32) * BLOCK, pid // tiles
-
-
-@triton.jit
-def _key_range(start_m, Lk, window_lo, window_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """[lo, hi) of the key tiles that queries [start_m, start_m + BLOCK_M) can see through the
-    window; lo is a multiple of BLOCK_N. Tiles outside are never loaded."""
-    lo = tl.maximum(start_m + window_lo, 0)
-    lo = (lo // BLOCK_N) * BLOCK_N
-    hi = tl.minimum(start_m + BLOCK_M + window_hi, Lk)
-    return lo, hi
-
-
-@triton.jit
-def _query_range(start_n, Lq, window_lo, window_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """[lo, hi) of the query tiles that can see keys [start_n, start_n + BLOCK_N): query i sees
-    key j iff j - window_hi <= i <= j - window_lo."""
-    lo = tl.maximum(start_n - window_hi, 0)
-    lo = (lo // BLOCK_M) * BLOCK_M
-    hi = tl.minimum(start_n + BLOCK_N - window_lo, Lq)
-    return lo, hi
-
-
-# ---------------------------------------------------------------------------------------------
-# Forward
-
-
-@triton.jit
-def _sequence(Cu_q, Cu_k, b, Lq, Lk, window_lo, window_hi, causal_mode, VARLEN: tl.constexpr):
-    """Where sequence b lives and which keys its queries see:
-    (first query row, first key row, its Lq, its Lk, band lo, band hi), key j visible to
-    query i iff i + lo <= j <= i + hi.
-
-    Dense: rows 0, the call's lengths and band (window_lo/hi). Varlen: rows and lengths from
-    cu_seqlens (int32 (B+1,)); window_lo/hi then hold the window's sides (-1 unbounded) and
-    the band is derived from this sequence's own lengths, as reference/varlen_attention.band
-    does (causal_mode 1 top-left, 2 bottom-right)."""
-    if VARLEN:
-        q0 = tl.load(Cu_q + b).to(tl.int64)
-        k0 = tl.load(Cu_k + b).to(tl.int64)
-        seq_q = tl.load(Cu_q + b + 1) - tl.load(Cu_q + b)
-        seq_k = tl.load(Cu_k + b + 1) - tl.load(Cu_k + b)
-        # fastattn.varlen_attention checks cu_seqlens on the host, except under torch.compile;
-        # this assert (active under TRITON_DEBUG=1) catches them there.
-        tl.device_assert(
-            (seq_q >= 0) & (seq_q <= Lq) & (seq_k >= 0) & (seq_k <= Lk),
-            "cu_seqlens must be non-decreasing with lengths <= max_seqlen",
-        )
-        shift = seq_k - seq_q
-        lo = tl.where(window_lo >= 0, shift - window_lo, -1073741824)
-        hi = tl.where(window_hi >= 0, shift + window_hi, 1073741824)
-        causal_hi = tl.where(causal_mode == 1, 0, shift)
-        hi = tl.where(causal_mode != 0, tl.minimum(hi, causal_hi), hi)
-        return q0, k0, seq_q, seq_k, lo, hi
-    else:
-        return 0, 0, Lq, Lk, window_lo, window_hi
-
-
-@triton.jit
-def _row_base(b, h, q0, Hq, Lq, total_q, VARLEN: tl.constexpr):
-    """Offset of the lse (and delta, grad_lse) entry of query 0 of head (b, h): lse is
-    (B, Hq, Lq) dense and (Hq, total_q) varlen, as the native ops."""
-    if VARLEN:
-        return h * total_q + q0
-    else:
-        return (b * Hq + h) * Lq
-
-
-@triton.jit
-def _dropout_rows(b, h, q0, Hq, Lq, Lk, VARLEN: tl.constexpr):
-    """(element of (i=0, j=0), element step per query row) of head (b, h) in fastattn's
-    Philox numbering, so that probability (i, j) is element base + i * step + j:
-    ((b*Hq + h)*Lq + i)*Lk + j dense, ((cu_seqlens_q[b] + i)*Hq + h)*max_seqlen_k + j varlen
-    (the CPU varlen kernel's numbering)."""
-    if VARLEN:
-        return (q0 * Hq + h) * Lk, Hq * Lk
-    else:
-        return (b * Hq + h) * Lq * Lk, Lk
+# Forward (the device functions it shares with the backward and the KV-cache decode kernel:
+# fastattn/triton/attention_common.py)
 
 
 @triton.jit
@@ -277,11 +134,11 @@ def _fwd_kernel(
 ):
     """out and lse of BLOCK_M queries of head (b, h). Varlen: Lq/Lk are the largest lengths
     and the program exits at once when its tile lies past its sequence's queries."""
-    start_m, bh = _tile_of_program(Lq, BLOCK_M)
+    start_m, bh = tile_of_program(Lq, BLOCK_M)
     b = bh // Hq
     h = bh % Hq
     kvh = h // GROUP
-    q0, k0, seq_q, seq_k, lo_w, hi_w = _sequence(
+    q0, k0, seq_q, seq_k, lo_w, hi_w = varlen_sequence(
         Cu_q, Cu_k, b, Lq, Lk, window_lo, window_hi, causal_mode, VARLEN
     )
     if start_m >= seq_q:
@@ -306,13 +163,13 @@ def _fwd_kernel(
     slope = 0.0
     if HAS_ALIBI:
         slope = tl.load(Alibi + b * s_ab + h * s_ah)
-    drop0, drop_step = _dropout_rows(b, h, q0, Hq, Lq, Lk, VARLEN)
+    drop0, drop_step = dropout_rows(b, h, q0, Hq, Lq, Lk, VARLEN)
     row_element = drop0 + offs_m.to(tl.int64) * drop_step  # dropout element of (i, 0)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max of the scores
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    lo, hi = _key_range(start_m, seq_k, lo_w, hi_w, BLOCK_M, BLOCK_N)
+    lo, hi = key_range(start_m, seq_k, lo_w, hi_w, BLOCK_M, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < seq_k
@@ -331,8 +188,8 @@ def _fwd_kernel(
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        s = _capped_scores(qk, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
-        s = _biased_masked_scores(
+        s = capped_scores(qk, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
+        s = biased_masked_scores(
             s,
             offs_m[:, None],
             offs_n[None, :],
@@ -354,7 +211,7 @@ def _fwd_kernel(
             HAS_PAD,
             HAS_ALIBI,
         )
-        m_i, l_i, acc = _online_softmax_step(
+        m_i, l_i, acc = online_softmax_step(
             s,
             v,
             m_i,
@@ -370,57 +227,13 @@ def _fwd_kernel(
             ACCURATE_EXP,
         )
 
-    out, lse = _softmax_finish(m_i, l_i, acc)
+    out, lse = softmax_finish(m_i, l_i, acc)
     tl.store(
         Out + b * s_ob + h * s_oh + (q0 + offs_m).to(tl.int64)[:, None] * s_om + offs_dv[None, :],
         out.to(Out.dtype.element_ty),
         mask=m_valid[:, None] & dv_valid[None, :],
     )
-    tl.store(Lse + _row_base(b, h, q0, Hq, Lq, total_q, VARLEN) + offs_m, lse, mask=m_valid)
-
-
-@triton.jit
-def _online_softmax_step(
-    s,
-    v,
-    m_i,
-    l_i,
-    acc,
-    Seed,
-    element,
-    threshold,
-    keep_scale,
-    HAS_DROPOUT: tl.constexpr,
-    UPCAST: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    ACCURATE_EXP: tl.constexpr,
-):
-    """One key tile of the online softmax: s (M, N) final scores (-inf where hidden), v (N, Dv);
-    returns the updated running max m_i, sum l_i (of undropped probabilities, so lse ignores
-    dropout) and accumulator acc (M, Dv). element (M, N): Philox elements of the tile."""
-    # The running max is subtracted in natural units ((s - m) is exact near the max), so
-    # lse = m + log(l) keeps full precision.
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    # While a row has seen no visible key its max is -inf: subtract 0 instead, so that
-    # exp(-inf - -inf) = NaN never appears (p and alpha are then 0).
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = exp(s - m_safe[:, None], ACCURATE_EXP)
-    alpha = exp(m_i - m_safe, ACCURATE_EXP)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    if HAS_DROPOUT:
-        p = p * dropout_multiplier(Seed, element, threshold, keep_scale)
-    acc = acc * alpha[:, None] + tl.dot(_operand(p, v, UPCAST), v, input_precision=DOT_PRECISION)
-    return m_new, l_i, acc
-
-
-@triton.jit
-def _softmax_finish(m_i, l_i, acc):
-    """(out = acc / l, lse = m + log l) of an online softmax; rows that saw no visible key
-    (l = 0) give out 0 and lse -inf."""
-    empty = l_i == 0.0
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), m_i + tl.log(tl.where(empty, 1.0, l_i)))
-    return out, lse
+    tl.store(Lse + row_base(b, h, q0, Hq, Lq, total_q, VARLEN) + offs_m, lse, mask=m_valid)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -449,7 +262,7 @@ def _bwd_preprocess(
     """delta_i = rowsum(dO_i * O_i) - grad_lse_i, so that dS = P * (dP - delta) also carries
     the gradient of lse (d lse_i / d s_ij = P_ij). Rows are (B, Hq, Lq) with delta laid out as
     lse; varlen launches it as one batch of total_q rows (Hq, total_q), no per-sequence work."""
-    start_m, bh = _tile_of_program(Lq, BLOCK_M)
+    start_m, bh = tile_of_program(Lq, BLOCK_M)
     b = bh // Hq
     h = bh % Hq
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -583,7 +396,7 @@ def _bwd_dkdv_kernel(
     broadcast dims, so the sum has a fixed order), 3 adds atomically (broadcast dims split
     across programs; not reproducible). BIAS_SUM_Q: the mask broadcasts over queries, so a
     tile's dS is summed over its queries first."""
-    start_n, pair = _tile_of_program(Lk, BLOCK_N)
+    start_n, pair = tile_of_program(Lk, BLOCK_N)
     Hkv = Hq // GROUP
     pairs_h = Hkv // loop_h
     b_first = (pair // pairs_h) * loop_b
@@ -592,7 +405,7 @@ def _bwd_dkdv_kernel(
     # elements along the mask's broadcast dims (BIAS_GRAD 2).
     for b in range(b_first, b_first + loop_b):
         for kvh in range(kvh_first, kvh_first + loop_h):
-            q0, k0, seq_q, seq_k, lo_w, hi_w = _sequence(
+            q0, k0, seq_q, seq_k, lo_w, hi_w = varlen_sequence(
                 Cu_q, Cu_k, b, Lq, Lk, window_lo, window_hi, causal_mode, VARLEN
             )
             if start_n < seq_k:
@@ -618,11 +431,11 @@ def _bwd_dkdv_kernel(
                     v = v.to(tl.float32)
                 dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
                 dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
-                lo, hi = _query_range(start_n, seq_q, lo_w, hi_w, BLOCK_M, BLOCK_N)
+                lo, hi = query_range(start_n, seq_q, lo_w, hi_w, BLOCK_M, BLOCK_N)
                 for g in range(0, GROUP):
                     h = kvh * GROUP + g
-                    row0 = _row_base(b, h, q0, Hq, Lq, total_q, VARLEN)
-                    drop0, drop_step = _dropout_rows(b, h, q0, Hq, Lq, Lk, VARLEN)
+                    row0 = row_base(b, h, q0, Hq, Lq, total_q, VARLEN)
+                    drop0, drop_step = dropout_rows(b, h, q0, Hq, Lq, Lk, VARLEN)
                     slope = 0.0
                     if HAS_ALIBI:
                         slope = tl.load(Alibi + b * s_ab + h * s_ah)
@@ -651,8 +464,8 @@ def _bwd_dkdv_kernel(
                         lse = tl.where(lse == float("-inf"), float("inf"), lse)
                         delta = tl.load(Delta + row0 + offs_m, mask=m_valid, other=0.0)
                         qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)
-                        sT = _capped_scores(qkT, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
-                        sT_masked = _biased_masked_scores(
+                        sT = capped_scores(qkT, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
+                        sT_masked = biased_masked_scores(
                             sT,
                             offs_m[None, :],
                             offs_n[:, None],
@@ -684,13 +497,11 @@ def _bwd_dkdv_kernel(
                                 keep_scale,
                             )
                             dv += tl.dot(
-                                _operand(pT * zT, do, UPCAST), do, input_precision=DOT_PRECISION
+                                operand(pT * zT, do, UPCAST), do, input_precision=DOT_PRECISION
                             )
                             dpT = dpT * zT
                         else:
-                            dv += tl.dot(
-                                _operand(pT, do, UPCAST), do, input_precision=DOT_PRECISION
-                            )
+                            dv += tl.dot(operand(pT, do, UPCAST), do, input_precision=DOT_PRECISION)
                         dsT = pT * (dpT - delta[None, :])
                         if BIAS_GRAD != 0:
                             _add_mask_grad(
@@ -710,7 +521,7 @@ def _bwd_dkdv_kernel(
                             t = sT / softcap
                             dsT = dsT * (1.0 - t * t)
                         dk += tl.dot(
-                            _operand(dsT, qT, UPCAST), tl.trans(qT), input_precision=DOT_PRECISION
+                            operand(dsT, qT, UPCAST), tl.trans(qT), input_precision=DOT_PRECISION
                         )
                 dk = dk * scale
                 tl.store(
@@ -792,11 +603,11 @@ def _bwd_dq_kernel(
     BLOCK_N: tl.constexpr,
 ):
     """dQ for BLOCK_M queries of head (b, h), over the key tiles they can see."""
-    start_m, bh = _tile_of_program(Lq, BLOCK_M)
+    start_m, bh = tile_of_program(Lq, BLOCK_M)
     b = bh // Hq
     h = bh % Hq
     kvh = h // GROUP
-    q0, k0, seq_q, seq_k, lo_w, hi_w = _sequence(
+    q0, k0, seq_q, seq_k, lo_w, hi_w = varlen_sequence(
         Cu_q, Cu_k, b, Lq, Lk, window_lo, window_hi, causal_mode, VARLEN
     )
     if start_m >= seq_q:
@@ -821,7 +632,7 @@ def _bwd_dq_kernel(
     if UPCAST:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
-    row0 = _row_base(b, h, q0, Hq, Lq, total_q, VARLEN)
+    row0 = row_base(b, h, q0, Hq, Lq, total_q, VARLEN)
     lse = tl.load(Lse + row0 + offs_m, mask=m_valid, other=0.0)
     lse = tl.where(lse == float("-inf"), float("inf"), lse)  # see _bwd_dkdv_kernel
     delta = tl.load(Delta + row0 + offs_m, mask=m_valid, other=0.0)
@@ -830,11 +641,11 @@ def _bwd_dq_kernel(
         slope = tl.load(Alibi + b * s_ab + h * s_ah)
     k_base = K + b * s_kb + kvh * s_kh + k0 * s_kn
     v_base = V + b * s_vb + kvh * s_vh + k0 * s_vn
-    drop0, drop_step = _dropout_rows(b, h, q0, Hq, Lq, Lk, VARLEN)
+    drop0, drop_step = dropout_rows(b, h, q0, Hq, Lq, Lk, VARLEN)
     row_element = drop0 + offs_m.to(tl.int64) * drop_step
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    lo, hi = _key_range(start_m, seq_k, lo_w, hi_w, BLOCK_M, BLOCK_N)
+    lo, hi = key_range(start_m, seq_k, lo_w, hi_w, BLOCK_M, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < seq_k
@@ -853,8 +664,8 @@ def _bwd_dq_kernel(
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        s = _capped_scores(qk, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
-        s_masked = _biased_masked_scores(
+        s = capped_scores(qk, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
+        s_masked = biased_masked_scores(
             s,
             offs_m[:, None],
             offs_n[None, :],
@@ -886,7 +697,7 @@ def _bwd_dq_kernel(
         if HAS_SOFTCAP:
             t = s / softcap
             ds = ds * (1.0 - t * t)
-        dq += tl.dot(_operand(ds, k, UPCAST), k, input_precision=DOT_PRECISION)
+        dq += tl.dot(operand(ds, k, UPCAST), k, input_precision=DOT_PRECISION)
     dq = dq * scale
     tl.store(
         DQ + b * s_dqb + h * s_dqh + rows_m * s_dqm + offs_d[None, :],
@@ -906,7 +717,7 @@ _DQ_TUNED = tuned(_bwd_dq_kernel, "dq")
 _MAX_PACKED_ROWS = 2**31 - 1 - 1024  # 1024: more than any BLOCK_M of _bwd_preprocess
 
 
-class _Launch:
+class Launch:
     """Everything the three main kernels share: pointers for optional tensors, strides,
     constexpr flags, and whether to launch the raw kernel (interpreter) or the tuned one.
 
@@ -1034,7 +845,7 @@ class _Launch:
 # varlen_attention.py)
 
 
-def launch_forward(launch: _Launch, q, k, v, out, lse) -> None:
+def launch_forward(launch: Launch, q, k, v, out, lse) -> None:
     """Runs the forward kernel into out (shaped like q with Dv) and lse (float32, the op's
     layout); out may be a float32 buffer for bfloat16 under the interpreter."""
     B, Hq, Hkv, Lq, Lk, D, Dv = launch.shape
@@ -1080,7 +891,7 @@ class _MaskGrad:
     shrinks by those factors). Otherwise those dims are split across programs that add
     atomically (full grid; the float sums' order varies)."""
 
-    def __init__(self, attn_mask: torch.Tensor, launch: _Launch, deterministic: bool):
+    def __init__(self, attn_mask: torch.Tensor, launch: Launch, deterministic: bool):
         B, Hq, Hkv, Lq, Lk, _, _ = launch.shape
         mB, mH, mQ, mK = attn_mask.shape
         self.sum_k = mK == 1 and Lk > 1
@@ -1108,7 +919,7 @@ class _MaskGrad:
 
 
 def launch_backward(
-    launch: _Launch, grad_out, grad_lse, q, k, v, out, lse, dq, dk, dv, mask_grad=None
+    launch: Launch, grad_out, grad_lse, q, k, v, out, lse, dq, dk, dv, mask_grad=None
 ) -> None:
     """Runs the backward kernels into dq, dk, dv (shaped like q, k, v; float32 buffers for
     bfloat16 under the interpreter) and, with mask_grad (a _MaskGrad), d attn_mask. grad_out
@@ -1232,7 +1043,7 @@ def attention_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, Hq, Lq, Dv) in q's layout, lse (B, Hq, Lq) float32) of the canonical
     arguments (module docstring)."""
-    launch = _Launch(
+    launch = Launch(
         q,
         k,
         v,
@@ -1279,7 +1090,7 @@ def attention_backward(
     dS summed over its broadcast dims, else empty. dq, dk, dv never use atomics; d attn_mask
     does only for a mask broadcast over batches or kv heads with deterministic=False
     (_MaskGrad), so a deterministic backward is bitwise reproducible."""
-    launch = _Launch(
+    launch = Launch(
         q,
         k,
         v,
