@@ -51,11 +51,10 @@ from ..ops.attention import (
     window_bounds,
 )
 from ._group import (
-    check_layout,
     check_local_length,
-    check_same_across_ranks,
+    check_same_sequence,
+    check_shards,
     global_rank,
-    group_info,
     rank_chunks,
 )
 
@@ -352,29 +351,7 @@ def ring_attention(
     Collective: every rank of the group must call it with the same shapes and arguments.
     """
     op = "ring_attention"
-    rank, world = group_info(op, group)
-    check_layout(op, layout)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    # First, before any check that could fail on some ranks only: the shapes of every rank
-    # (a rank that raised alone would leave the others waiting in the ring).
-    check_same_across_ranks(
-        op,
-        group,
-        q.device,
-        **{
-            "q's shape": tuple(q.shape),
-            "k's shape": tuple(k.shape),
-            "v's shape": tuple(v.shape),
-            "q's dtype": q.dtype,
-        },
-    )
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 4:
-            raise ValueError(
-                f"{op}: {name} must be 4-D (B, H, L_local, D), got shape {tuple(t.shape)}"
-            )
+    rank, world = check_shards(op, group, layout, q, k, v)
     if not isinstance(dropout_p, (int, float)) or not 0.0 <= float(dropout_p) < 1.0:
         raise ValueError(f"{op}: dropout_p must be a float in [0, 1), got {dropout_p!r}")
     dropout_p = float(dropout_p)
@@ -385,12 +362,7 @@ def ring_attention(
             f"columns, not the whole sequence's); backend must be None or "
             f"'reference', got {backend!r}"
         )
-    if q.shape[2] != k.shape[2] or k.shape[2] != v.shape[2]:
-        raise ValueError(
-            f"{op}: q, k and v must be shards of the same sequence "
-            f"(self-attention), got lengths {q.shape[2]}, {k.shape[2]} and "
-            f"{v.shape[2]}"
-        )
+    check_same_sequence(op, q, k, v)
     if q.dtype != k.dtype or k.dtype != v.dtype:
         raise TypeError(
             f"{op}: q, k and v must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
