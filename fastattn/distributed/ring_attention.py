@@ -43,6 +43,7 @@ import torch.distributed as dist
 
 from ..ops.attention import (
     WINDOW_UNBOUNDED,
+    AttentionArgs,
     attention_backward_canonical,
     attention_band,
     dropout_keep,
@@ -169,7 +170,9 @@ def _block_backward(plan: _Plan, q, k, v, out, lse, dout, dlse, qi, ki):
         alibi = alibi.expand(B, Hq)
     if row is not None:
         lse = lse - row.to(lse.dtype)
-    args = (q, k, v, mask, None, alibi, plan.scale, plan.softcap, lo, hi, plan.dropout_p, plan.seed)
+    args = AttentionArgs(
+        q, k, v, mask, None, alibi, plan.scale, plan.softcap, lo, hi, plan.dropout_p, plan.seed
+    )
     return attention_backward_canonical(
         dout, dlse, out, lse, args, plan.chosen, keep=_keep(plan, q, qi, ki)
     )
