@@ -19,7 +19,8 @@ import torch
 
 from .._debug import poison
 from . import finish, output_buffer
-from .attention import Launch, launch_backward, launch_forward
+from .attention import Launch, launch_forward
+from .attention_backward import launch_backward
 
 
 def _launch(
