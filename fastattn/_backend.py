@@ -313,7 +313,7 @@ def select_backend(
     *,
     kernel: str | None = None,
     dtype: torch.dtype | None = None,
-    speed_key: dict | None = None,
+    speed_key: tuple | None = None,
 ) -> str:
     """The backend that runs this call of `op` on `device`.
 

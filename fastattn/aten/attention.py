@@ -47,7 +47,7 @@ def unsupported(args: AttentionArgs, *, lse_needed: bool, sinks: bool) -> str | 
     if lse_needed:
         return "the log-sum-exp (return_lse, weights, merges): torch's SDPA returns none"
     learned = mask is not None and mask.requires_grad and torch.is_grad_enabled()
-    if learned and mask.dtype.is_floating_point:
+    if learned and mask is not None and mask.dtype.is_floating_point:
         return (
             "a learned bias (attn_mask that requires grad): SDPA's fused kernels do not "
             "differentiate it"

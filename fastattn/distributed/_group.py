@@ -98,11 +98,12 @@ def check_same_across_ranks(op: str, group, device: torch.device, **shapes) -> N
         per_rank = [tuple(row[offset + 1 : offset + 1 + row[offset]]) for row in rows]
         offset += width
         if len(set(per_rank)) > 1:
+            shown: list = per_rank
             if isinstance(shapes[name], torch.dtype):
-                per_rank = [str(_DTYPES[v[0]]) if v[0] >= 0 else "other" for v in per_rank]
+                shown = [str(_DTYPES[v[0]]) if v[0] >= 0 else "other" for v in per_rank]
             raise ValueError(
                 f"{op}: {name} must be the same on every rank of the group, got "
-                f"{', '.join(f'rank {r}: {v}' for r, v in enumerate(per_rank))}"
+                f"{', '.join(f'rank {r}: {v}' for r, v in enumerate(shown))}"
             )
 
 

@@ -71,6 +71,8 @@ def _trace(*event) -> None:
 class _Plan:
     """Everything about one call that every block needs."""
 
+    chosen: str  # the backend of the blocks, set by the first block's forward
+
     def __init__(
         self,
         group,
@@ -129,6 +131,7 @@ def _keep(plan: _Plan, q, qi, ki):
     i = torch.arange(qi * c, (qi + 1) * c, device=q.device).view(1, 1, c, 1)
     j = torch.arange(ki * c, (ki + 1) * c, device=q.device).view(1, 1, 1, c)
     bh = torch.arange(B * Hq, device=q.device).view(B, Hq, 1, 1)
+    assert plan.seed is not None  # drawn for every call with dropout
     return dropout_keep(plan.seed, (bh * L + i) * L + j, plan.dropout_p)
 
 
@@ -290,6 +293,7 @@ def _ring_backward(plan: _Plan, q, k, v, out, lse, dout, dlse):
         if pending is not None:
             kv, requests = pending
             _wait(requests)
+    assert incoming is not None  # set by the loop's last step
     (dk, dv), requests = incoming
     _wait(requests)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
@@ -422,6 +426,7 @@ def ring_attention(
     if dropout_p > 0.0:
         # Drawn as attention() draws it, then rank 0's for everyone (one mask for the call).
         seed = dropout_seed(dropout_p, q.device)
+        assert seed is not None  # (dropout_p > 0)
         dist.broadcast(seed, src=global_rank(group, 0), group=group)
     plan = _Plan(
         group,

@@ -6,6 +6,9 @@ input checks."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
@@ -15,6 +18,7 @@ class SingleStateRNNBase(nn.RNNBase):
     """torch.nn.RNNBase with the forward of torch.nn.GRU / nn.RNN, running `_op(input, hx,
     weights, lengths, batch_first)` (defined by the subclass) on the padded batch."""
 
+    _op: Callable[..., Any]  # the subclass's method
     _name = "RNN"
     _dims_word = ""  # torch.nn.RNN says "got 1D tensor instead", torch.nn.GRU "got 1D instead"
 

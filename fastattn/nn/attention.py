@@ -44,7 +44,7 @@ class MultiheadAttention(nn.MultiheadAttention):
         """Turn a torch.nn.MultiheadAttention into this class in place (same object, same
         Parameters); fastattn.swap_modules uses it."""
         module.__class__ = cls
-        module.fastattn_backend = backend
+        module.fastattn_backend = backend  # type: ignore[assignment]  # Module.__setattr__'s stub
         if not any(
             hook is _disable_torch_fast_paths for hook in module._forward_pre_hooks.values()
         ):
@@ -117,7 +117,7 @@ class MultiheadAttention(nn.MultiheadAttention):
         is_batched = query.dim() == 3
         if self.batch_first and is_batched:
             query, key, value = (x.transpose(1, 0) for x in (query, key, value))
-        is_batched = F._mha_shape_check(
+        is_batched = F._mha_shape_check(  # type: ignore[attr-defined]  # private, not in stubs
             query, key, value, key_padding_mask, attn_mask, self.num_heads
         )
         if not is_batched:

@@ -13,6 +13,8 @@ checks and error messages are torch.nn.LSTM's own (its methods are reused below)
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
@@ -36,8 +38,9 @@ class LSTM(nn.RNNBase):
     # torch.nn.LSTM's own checks and hidden-state permutation (they only read the attributes
     # RNNBase defines), so errors read exactly as torch's.
     get_expected_cell_size = nn.LSTM.get_expected_cell_size
-    check_forward_args = nn.LSTM.check_forward_args
-    permute_hidden = nn.LSTM.permute_hidden
+    # (Any: torch's stubs type them for nn.LSTM's self and narrow RNNBase's signatures.)
+    check_forward_args: Any = nn.LSTM.check_forward_args
+    permute_hidden: Any = nn.LSTM.permute_hidden
 
     def __init__(self, *args, **kwargs):
         super().__init__("LSTM", *args, **kwargs)
@@ -50,7 +53,7 @@ class LSTM(nn.RNNBase):
     def _zeros(self, batch: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         layers = self.num_layers * (2 if self.bidirectional else 1)
         real_hidden = self.proj_size if self.proj_size > 0 else self.hidden_size
-        kw = dict(dtype=like.dtype, device=like.device)
+        kw: dict[str, Any] = dict(dtype=like.dtype, device=like.device)
         return (
             torch.zeros(layers, batch, real_hidden, **kw),
             torch.zeros(layers, batch, self.hidden_size, **kw),

@@ -474,8 +474,9 @@ def run_cell(
     G = GATES[family]
     x, h, batched = check_cell_args(op, G, input, hx, w_ih, w_hh, b_ih, b_hh)
     limits = unsupported_backends(family, x.dtype)
-    if family == "gru" and aten_gru.cell_refusal(variant) is not None:
-        limits["torch"] = aten_gru.cell_refusal(variant)
+    refusal = aten_gru.cell_refusal(variant) if family == "gru" else None
+    if refusal is not None:
+        limits["torch"] = refusal
     key = speed_key(
         op,
         x.dtype,

@@ -303,6 +303,7 @@ def _weights(lse: torch.Tensor, canonical: AttentionArgs) -> torch.Tensor:
     probs = torch.softmax(s.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
     p = c.dropout_p
     if p > 0.0:
+        assert c.seed is not None  # drawn for every call with dropout
         probs = (
             probs
             * dropout_keep_mask(c.seed, tuple(probs.shape), p, probs.device)

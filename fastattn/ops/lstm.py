@@ -160,6 +160,7 @@ def lstm_cell(
                 f"{op}: hidden{label} has inconsistent hidden_size: got {t.shape[1]}, expected {H}"
             )
     if b_ih is not None:
+        assert b_hh is not None  # (given together, checked above)
         _check_shape(op, "b_ih", b_ih, (4 * H,))
         _check_shape(op, "b_hh", b_hh, (4 * H,))
     key = speed_key(op, x.dtype, 1, hidden=H, grad=needs_grad(x, h, c, w_ih, w_hh, b_ih, b_hh))
@@ -388,7 +389,7 @@ def lstm(
         if not batched:
             return x[:, 0], (h_n[:, 0], c_n[:, 0])
         return (x.transpose(0, 1) if batch_first else x), (h_n, c_n)
-    h_n, c_n = [], []
+    h_layers, c_layers = [], []
     for layer in range(num_layers):
         per_dir = groups[layer * D : (layer + 1) * D]
 
@@ -413,11 +414,11 @@ def lstm(
                 t is not None and t.requires_grad for t in args[:8]
             )
             x, hl, cl, _ = _op("lstm_layer", chosen)(*args, save)
-        h_n.append(hl)
-        c_n.append(cl)
+        h_layers.append(hl)
+        c_layers.append(cl)
     _backend._record(op, chosen)
-    h_n = torch.cat(h_n) if num_layers > 1 else h_n[0]
-    c_n = torch.cat(c_n) if num_layers > 1 else c_n[0]
+    h_n = torch.cat(h_layers) if num_layers > 1 else h_layers[0]
+    c_n = torch.cat(c_layers) if num_layers > 1 else c_layers[0]
     if not batched:
         return x[:, 0], (h_n[:, 0], c_n[:, 0])
     return (x.transpose(0, 1) if batch_first else x), (h_n, c_n)

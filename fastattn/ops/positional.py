@@ -623,6 +623,7 @@ def apply_rotary(
     if cos is not None:
         for name, t in (("cos", cos), ("sin", sin)):
             check_tensor(op, name, t, dims=2, float_dtype=True)
+            assert t is not None  # (check_tensor refuses None)
             if t.shape[1] != rotary_dim // 2:
                 raise ValueError(
                     f"{op}: {name} must be (max_position, rotary_dim / 2 = "
@@ -630,6 +631,7 @@ def apply_rotary(
                 )
             if t.requires_grad and torch.is_grad_enabled():
                 raise ValueError(f"{op}: no gradient flows to {name}; pass {name}.detach()")
+        assert sin is not None  # (checked in the loop above)
         if cos.shape != sin.shape:
             raise ValueError(
                 f"{op}: cos and sin must have the same shape, got "

@@ -1225,7 +1225,7 @@ def dropped_input(input: torch.Tensor, dropout_p: float, seed: torch.Tensor | No
 def input_gradient(
     dg_x: torch.Tensor,
     w_ih: torch.Tensor,
-    shape: tuple[int, int, int],
+    shape: tuple[int, ...],
     dropout_p: float,
     seed: torch.Tensor | None,
 ) -> torch.Tensor:
