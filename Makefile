@@ -57,12 +57,15 @@ bench: build
 
 # Lint and format: ruff (lint + format, 100 columns; pyproject.toml) for Python, clang-format
 # (.clang-format) for csrc/ and tools/. `make lint` checks and changes nothing (CI runs it);
-# `make format` rewrites. pre-commit runs the same tools (.pre-commit-config.yaml).
+# `make format` rewrites. pre-commit runs the same tools (.pre-commit-config.yaml). `make lint`
+# also type-checks fastattn/ with mypy (pyproject.toml's [tool.mypy]; the Triton kernel files
+# are left out), against the venv's torch and triton.
 CXX_SOURCES = $(shell git ls-files 'csrc/*.cpp' 'csrc/*.h' 'csrc/*.cu' 'csrc/*.cuh' 'tools/*.cpp' 'tools/*.h' 'tools/*.cu' 'tools/*.cuh')
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/clang-format --dry-run --Werror $(CXX_SOURCES)
+	$(VENV)/bin/mypy
 
 format: $(VENV)/.installed
 	$(VENV)/bin/ruff check --fix .

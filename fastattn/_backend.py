@@ -246,7 +246,7 @@ def _can_run_device(backend: str, device: torch.device) -> str | None:
 # forward+backward 0.40x against 0.06x), so those two try Triton first. Every other op keeps
 # the CUDA kernels first: they measured as fast or faster (positional encodings) or have not
 # been measured on a GPU yet. The GRU and the Elman RNN (layers and cells) run on the LSTM's
-# Triton engine (fastattn/triton/lstm.py, generic over the cell), so they try it first as the
+# Triton engine (fastattn/triton/recurrent.py, generic over the cell), so they try it first as the
 # LSTM does; the cuda backend runs them on the LSTM's CUDA engine (generic over the cell)
 # second, as for the LSTM.
 _CUDA_TENSOR_ORDER = ("cuda", "triton", "reference")
@@ -346,7 +346,7 @@ def select_backend(
     *,
     kernel: str | None = None,
     dtype: torch.dtype | None = None,
-    speed_key: dict | None = None,
+    speed_key: tuple | None = None,
 ) -> str:
     """The backend that runs this call of `op` on `device`.
 

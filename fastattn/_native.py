@@ -16,7 +16,7 @@ C = None
 IMPORT_ERROR: str | None = None
 _package = Path(__file__).resolve().parent
 try:
-    from . import _C as C  # type: ignore[no-redef]  # noqa: F401  (the extension itself)
+    from . import _C as C  # type: ignore[attr-defined,no-redef]  # noqa: F401  (the extension itself)
 except Exception as exc:  # the pure-Python parts (reference, triton) still work
     IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
     _package = Path(__file__).resolve().parent

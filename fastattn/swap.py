@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from torch import nn
 
@@ -65,7 +66,7 @@ def swap_modules(
         The model. `swap_summary(model)` lists what was swapped.
     """
     families = {"attention": attention, "lstm": lstm, "gru": gru, "rnn": rnn}
-    plan = []
+    plan: list[tuple[str, Any, type, type]] = []
     for name, module in model.named_modules():
         for torch_cls, fast_cls_getter, family in _targets():
             if type(module) is not torch_cls or not families[family]:

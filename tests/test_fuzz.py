@@ -430,7 +430,7 @@ def test_fuzz_recurrent(backend, family, monkeypatch):
             pytest.skip(f"backend {backend}: {reason}")
     fuzz = FUZZ
     if backend == "triton" and INTERPRETED:
-        import fastattn.triton.lstm as triton_lstm
+        import fastattn.triton.recurrent as triton_lstm
 
         # 16-unit tiles, so the small sizes the interpreter can afford cross tile edges.
         monkeypatch.setattr(triton_lstm, "INTERPRETER_MAX_BLOCK", 16)

@@ -1035,7 +1035,7 @@ def test_triton_small_fa_rule(kind, dtype, T, B, I, H, layers, bidir, lengths, b
 def test_triton_several_tiles(kind, monkeypatch):
     """Tiles of 16 under the interpreter: several tiles along the batch, hidden and reduction
     dimensions (B = 33, H = 37, 3H = 111), lengths with zeros, both directions."""
-    from fastattn.triton import lstm as triton_lstm
+    from fastattn.triton import recurrent as triton_lstm
 
     kind_device("triton", kind)
     monkeypatch.setattr(triton_lstm, "INTERPRETER_MAX_BLOCK", 16)

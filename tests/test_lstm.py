@@ -1181,7 +1181,7 @@ def test_triton_small_fa_rule(dtype, T, B, I, H, layers, bidir, proj, lengths, b
 def test_triton_several_tiles(monkeypatch):
     """Tiles of 16 under the interpreter: several tiles along the batch, hidden, projected and
     reduction dimensions (B = 33, H = 37, P = 20, 4H = 148), lengths, both directions."""
-    from fastattn.triton import lstm as triton_lstm
+    from fastattn.triton import recurrent as triton_lstm
 
     lstm_device("triton")
     monkeypatch.setattr(triton_lstm, "INTERPRETER_MAX_BLOCK", 16)

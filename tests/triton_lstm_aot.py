@@ -17,6 +17,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from fastattn.triton import lstm as L  # noqa: E402
+from fastattn.triton import recurrent as R  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 FLOAT32_POINTERS = {"XP", "H_in", "H_out", "C", "Hraw", "WS", "DH", "DC", "DG", "DHP", "Dst"}
@@ -64,7 +65,7 @@ def resource_usage(cubin: bytes) -> dict:
 def build(fn, storage: str, **constexprs) -> None:
     """Compile with the warps the launchers use; fail if the kernel spills to the stack."""
     block_n = constexprs.get("BLOCK_H", constexprs.get("BLOCK_P"))
-    warps = L._warps(constexprs["BLOCK_B"], block_n) if block_n and "BLOCK_K" in constexprs else 4
+    warps = R.warps(constexprs["BLOCK_B"], block_n) if block_n and "BLOCK_K" in constexprs else 4
     src = ASTSource(fn, signature(fn, storage, constexprs), constexprs=constexprs)
     kernel = triton.compile(src, target=TARGET, options={"num_warps": warps})
     usage = resource_usage(kernel.asm["cubin"]) if os.path.exists(CUOBJDUMP) else {}
@@ -82,9 +83,9 @@ def main() -> int:
     for storage, precision in (("fp32", "ieee"), ("bf16", "tf32"), ("fp16", "tf32")):
         for proj in (False, True):
             build(
-                L._fwd_step_kernel,
+                R._fwd_step_kernel,
                 storage,
-                CELL=L.CELL_LSTM,
+                CELL=R.CELL_LSTM,
                 PHASE=0,
                 HAS_BN=False,
                 HAS_PROJ=proj,
@@ -94,9 +95,9 @@ def main() -> int:
                 **blocks,
             )
             build(
-                L._bwd_gates_kernel,
+                R._bwd_gates_kernel,
                 storage,
-                CELL=L.CELL_LSTM,
+                CELL=R.CELL_LSTM,
                 HAS_GOUT=True,
                 HAS_PROJ=proj,
                 PRECISION=precision,
@@ -105,9 +106,9 @@ def main() -> int:
             )
         for bb in (32, 16):
             build(
-                L._fwd_step_kernel,
+                R._fwd_step_kernel,
                 storage,
-                CELL=L.CELL_LSTM,
+                CELL=R.CELL_LSTM,
                 PHASE=0,
                 HAS_BN=False,
                 HAS_PROJ=True,
@@ -120,9 +121,9 @@ def main() -> int:
             )
         small = dict(BLOCK_B=16, BLOCK_H=16, BLOCK_K=32)  # _step_tiles' smallest
         build(
-            L._fwd_step_kernel,
+            R._fwd_step_kernel,
             storage,
-            CELL=L.CELL_LSTM,
+            CELL=R.CELL_LSTM,
             PHASE=0,
             HAS_BN=False,
             HAS_PROJ=False,
@@ -132,9 +133,9 @@ def main() -> int:
             **small,
         )
         build(
-            L._bwd_gates_kernel,
+            R._bwd_gates_kernel,
             storage,
-            CELL=L.CELL_LSTM,
+            CELL=R.CELL_LSTM,
             HAS_GOUT=False,
             HAS_PROJ=True,
             PRECISION=precision,
@@ -142,7 +143,7 @@ def main() -> int:
             **small,
         )
         build(
-            L._fwd_proj_kernel,
+            R._fwd_proj_kernel,
             storage,
             SAVE=True,
             PRECISION=precision,
@@ -151,9 +152,9 @@ def main() -> int:
             BLOCK_K=32,
         )
         build(
-            L._bwd_dh_kernel,
+            R._bwd_dh_kernel,
             storage,
-            CELL=L.CELL_LSTM,
+            CELL=R.CELL_LSTM,
             PRECISION=precision,
             BLOCK_B=64,
             BLOCK_P=32,
@@ -171,7 +172,7 @@ def main() -> int:
                 BLOCK_K=32,
             )
         build(L._cell_bwd_kernel, storage, HAS_GH=True, HAS_GC=True, BLOCK_B=16, BLOCK_H=32)
-        build(L._dropout_kernel, storage, BLOCK_R=16, BLOCK_I=64)
+        build(R._dropout_kernel, storage, BLOCK_R=16, BLOCK_I=64)
     return 0
 
 

@@ -26,6 +26,7 @@ reset-before form, and trace under torch.compile.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
@@ -166,6 +167,8 @@ def _run(
         return output, tuple(finals)
     # Packing refuses a length of 0: such rows run one step, whose results are discarded.
     packed = pack_padded_sequence(x, lengths.clamp(min=1), enforce_sorted=False)
+    # enforce_sorted=False: the permutations are always there
+    assert packed.sorted_indices is not None and packed.unsorted_indices is not None
     sorted_states = [s.index_select(1, packed.sorted_indices) for s in states]
     data, *finals = kernel(
         packed.data,
@@ -239,7 +242,7 @@ def run_layers(
         return x, tuple(torch.cat(f) if num_layers > 1 else f[0] for f in finals)
 
 
-def run_cell(cell: Callable[..., object], x: torch.Tensor, *args: torch.Tensor | None):
+def run_cell(cell: Callable[..., Any], x: torch.Tensor, *args: Any):
     """One step of torch's cell function `cell` (torch._VF.lstm_cell, gru_cell, ...) on x
     (B, I) and the states and weights in `args`, computed in fastattn's compute type and
     rounded once to x's dtype. Returns what `cell` returns."""

@@ -24,14 +24,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..contracts.attention import WINDOW_UNBOUNDED
+from ..contracts.attention import WINDOW_UNBOUNDED, AttentionArgs
 
 
-def unsupported(args: tuple, *, lse_needed: bool, sinks: bool) -> str | None:
+def unsupported(args: AttentionArgs, *, lse_needed: bool, sinks: bool) -> str | None:
     """Why the torch backend cannot compute this call exactly (None: it can). `args` are the
     canonical arguments (q, k, v, attn_mask, key_padding_mask, alibi_slopes, scale, softcap,
     window_lo, window_hi, dropout_p, seed)."""
-    (q, k, v, mask, padding, alibi, scale, softcap, window_lo, window_hi, p, seed) = args
+    q, mask, padding, alibi = args.q, args.attn_mask, args.key_padding_mask, args.alibi_slopes
+    softcap, window_lo, window_hi, p = args.softcap, args.window_lo, args.window_hi, args.dropout_p
     if p > 0.0:
         return (
             "dropout: torch's SDPA draws its own dropout mask, not fastattn's (keyed by the "
@@ -46,7 +47,7 @@ def unsupported(args: tuple, *, lse_needed: bool, sinks: bool) -> str | None:
     if lse_needed:
         return "the log-sum-exp (return_lse, weights, merges): torch's SDPA returns none"
     learned = mask is not None and mask.requires_grad and torch.is_grad_enabled()
-    if learned and mask.dtype.is_floating_point:
+    if learned and mask is not None and mask.dtype.is_floating_point:
         return (
             "a learned bias (attn_mask that requires grad): SDPA's fused kernels do not "
             "differentiate it"
@@ -72,10 +73,11 @@ def _band_mask(Lq: int, Lk: int, lo: int, hi: int, device: torch.device) -> torc
     return (offset >= lo) & (offset <= hi)
 
 
-def attention(args: tuple) -> torch.Tensor:
+def attention(args: AttentionArgs) -> torch.Tensor:
     """out (B, Hq, Lq, Dv) in q's dtype for canonical `args` that `unsupported` accepts;
     differentiable by torch's autograd (SDPA's own backward)."""
-    (q, k, v, mask, padding, alibi, scale, softcap, window_lo, window_hi, p, seed) = args
+    q, k, v, mask, padding = args.q, args.k, args.v, args.attn_mask, args.key_padding_mask
+    scale, window_lo, window_hi = args.scale, args.window_lo, args.window_hi
     B, Hq, Lq, _ = q.shape
     Lk = k.shape[2]
     unbounded_lo = window_lo <= -WINDOW_UNBOUNDED

@@ -116,6 +116,7 @@ def attention_with_kvcache(
     heads_inner = q.stride(1) < q.stride(2)  # q is a (B, Lq, Hq, D) tensor transposed
     positions = cache_seqlens.to(torch.int64)
     if rotary_cos is not None:
+        assert rotary_sin is not None, "rotary_cos and rotary_sin are given together"
         acc = compute_dtype(q.dtype)
         cos, sin = rotary_cos.to(acc), rotary_sin.to(acc)
         rotary = (cos, sin, 0, positions, None, 2 * cos.shape[1], 0.0, bool(rotary_interleaved))
@@ -123,6 +124,7 @@ def attention_with_kvcache(
         if k_new is not None:
             k_new = positional.apply_rotary(k_new, *rotary)
     if Lnew > 0:
+        assert k_new is not None and v_new is not None
         _append(k_cache, v_cache, positions, k_new, v_new, block_table)
 
     Lk = key_bound

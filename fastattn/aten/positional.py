@@ -212,13 +212,16 @@ def _rotary_cos_sin(
     positions, else (B, L, rotary_dim / 2), in compute type `dtype`."""
     if position_ids is None and offsets is None:
         if cos is not None:
+            assert sin is not None, "cos and sin are given together"
             return cos[offset : offset + L], sin[offset : offset + L]
         rows = sinusoid_rows(offset, L, rotary_dim, base, dtype, device)
         return rows[:, 1::2], rows[:, 0::2]  # the sinusoid interleaves sin and cos
     positions = position_ids
     if positions is None:
+        assert offsets is not None  # (position_ids and offsets both None returned above)
         positions = _positions(B, L, offset, offsets, device)
     if cos is not None:
+        assert sin is not None, "cos and sin are given together"
         return cos[positions], sin[positions]
     angle = positions.to(dtype).unsqueeze(-1) * inverse_frequencies(rotary_dim, base, dtype, device)
     return angle.cos(), angle.sin()

@@ -42,7 +42,7 @@ def backward_through_reference(
         for i, (t, need) in enumerate(zip(inputs, needs_input_grad))
         if need and isinstance(t, torch.Tensor) and t.requires_grad
     ]
-    result = [None] * len(inputs)
+    result: list[torch.Tensor | None] = [None] * len(inputs)
     if not pairs or not wanted:
         return tuple(result)
     grads = torch.autograd.grad(

@@ -22,6 +22,7 @@ for float64 inputs), and the output layout of `output_like`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -33,6 +34,45 @@ WINDOW_UNBOUNDED = 1 << 30
 # longer one would hide keys, and the CUDA and Triton kernels add window bounds to int32
 # indices. (csrc/attention/attention.h: kMaxSeqLen, the same rule.)
 MAX_SEQLEN = WINDOW_UNBOUNDED - 1
+
+
+_T = torch.Tensor
+# attention_backward's arguments up to `deterministic` (AttentionArgs.backward_inputs).
+BackwardInputs = tuple[
+    _T, _T | None, _T, _T, _T, _T, _T, _T | None, _T | None, _T | None, float, float, int, int,
+    float, _T | None,
+]  # fmt: skip
+
+
+class AttentionArgs(NamedTuple):
+    """The canonical arguments of one attention call, in the order of attention_forward's
+    schema (the module docstring): what the op layer (fastattn/ops/attention.py) builds from a
+    public call and hands to a backend. A tuple, so `op(*args)` calls a forward op or the
+    reference; `backward_inputs` orders them for attention_backward."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    attn_mask: torch.Tensor | None
+    key_padding_mask: torch.Tensor | None
+    alibi_slopes: torch.Tensor | None
+    scale: float
+    softcap: float
+    window_lo: int
+    window_hi: int
+    dropout_p: float
+    seed: torch.Tensor | None
+
+    def backward_inputs(
+        self,
+        grad_out: torch.Tensor,
+        grad_lse: torch.Tensor | None,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+    ) -> BackwardInputs:
+        """(grad_out, grad_lse, q, k, v, out, lse, attn_mask, ..., seed): attention_backward's
+        arguments up to `deterministic`."""
+        return (grad_out, grad_lse, self.q, self.k, self.v, out, lse, *self[3:])
 
 
 def check_seqlen(op: str, name: str, length: int) -> None:
@@ -114,7 +154,28 @@ def autograd_formula(backward_op: Callable, reference: Callable):
     create_graph=True differentiates it instead (the kernels have no double backward)."""
 
     def setup_context(ctx, inputs, output):
-        (
+        args = AttentionArgs(*inputs)
+        out, lse = output
+        ctx.set_materialize_grads(False)
+        ctx.meta = (args.scale, args.softcap, args.window_lo, args.window_hi, args.dropout_p)
+        ctx.save_for_backward(
+            args.q,
+            args.k,
+            args.v,
+            out,
+            lse,
+            args.attn_mask,
+            args.key_padding_mask,
+            args.alibi_slopes,
+            args.seed,
+        )
+
+    def backward(ctx, grad_out, grad_lse):
+        q, k, v, out, lse, attn_mask, key_padding_mask, alibi_slopes, seed = ctx.saved_tensors
+        scale, softcap, window_lo, window_hi, dropout_p = ctx.meta
+        if grad_out is None and grad_lse is None:
+            return (None,) * 12
+        args = AttentionArgs(
             q,
             k,
             v,
@@ -127,32 +188,8 @@ def autograd_formula(backward_op: Callable, reference: Callable):
             window_hi,
             dropout_p,
             seed,
-        ) = inputs
-        out, lse = output
-        ctx.set_materialize_grads(False)
-        ctx.meta = (scale, softcap, window_lo, window_hi, dropout_p)
-        ctx.save_for_backward(q, k, v, out, lse, attn_mask, key_padding_mask, alibi_slopes, seed)
-
-    def backward(ctx, grad_out, grad_lse):
-        q, k, v, out, lse, attn_mask, key_padding_mask, alibi_slopes, seed = ctx.saved_tensors
-        scale, softcap, window_lo, window_hi, dropout_p = ctx.meta
-        if grad_out is None and grad_lse is None:
-            return (None,) * 12
+        )
         if torch.is_grad_enabled():  # create_graph=True: a backward that is differentiable
-            args = (
-                q,
-                k,
-                v,
-                attn_mask,
-                key_padding_mask,
-                alibi_slopes,
-                scale,
-                softcap,
-                window_lo,
-                window_hi,
-                dropout_p,
-                seed,
-            )
             return backward_through_reference(
                 reference, args, ctx.needs_input_grad, (grad_out, grad_lse)
             )
@@ -167,24 +204,7 @@ def autograd_formula(backward_op: Callable, reference: Callable):
             ctx.needs_input_grad[3] and attn_mask is not None and attn_mask.dtype.is_floating_point
         )
         dq, dk, dv, dmask = backward_op(
-            grad_out,
-            grad_lse,
-            q,
-            k,
-            v,
-            out,
-            lse,
-            attn_mask,
-            key_padding_mask,
-            alibi_slopes,
-            scale,
-            softcap,
-            window_lo,
-            window_hi,
-            dropout_p,
-            seed,
-            True,
-            mask_grad,
+            *args.backward_inputs(grad_out, grad_lse, out, lse), True, mask_grad
         )
         return (dq, dk, dv, dmask if mask_grad else None) + (None,) * 8
 

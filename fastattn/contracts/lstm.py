@@ -145,7 +145,7 @@ def layer_backward_fake(
 
 
 # Op name -> fake implementation
-FAKES = {
+FAKES: dict[str, Callable] = {
     "lstm_cell": cell_fake,
     "lstm_cell_backward": cell_backward_fake,
     "lstm_layer": layer_fake,

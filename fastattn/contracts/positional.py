@@ -79,7 +79,7 @@ def apply_rotary_inplace_fake(
 
 
 # Op name (native spelling; in-place ops end in "_") -> fake implementation
-FAKES = {
+FAKES: dict[str, Callable] = {
     "sinusoidal_table": sinusoidal_table_fake,
     "add_sinusoidal": add_sinusoidal_fake,
     "add_sinusoidal_": add_sinusoidal_inplace_fake,

@@ -98,9 +98,50 @@ def check_same_across_ranks(op: str, group, device: torch.device, **shapes) -> N
         per_rank = [tuple(row[offset + 1 : offset + 1 + row[offset]]) for row in rows]
         offset += width
         if len(set(per_rank)) > 1:
+            shown: list = per_rank
             if isinstance(shapes[name], torch.dtype):
-                per_rank = [str(_DTYPES[v[0]]) if v[0] >= 0 else "other" for v in per_rank]
+                shown = [str(_DTYPES[v[0]]) if v[0] >= 0 else "other" for v in per_rank]
             raise ValueError(
                 f"{op}: {name} must be the same on every rank of the group, got "
-                f"{', '.join(f'rank {r}: {v}' for r, v in enumerate(per_rank))}"
+                f"{', '.join(f'rank {r}: {v}' for r, v in enumerate(shown))}"
             )
+
+
+def check_shards(op: str, group, layout: str, q, k, v) -> tuple[int, int]:
+    """The checks every context-parallel attention starts with: an initialised group, a known
+    layout, tensors q, k, v with the same shapes and q's dtype on every rank, 4-D each.
+    Returns (rank in group, world size of group)."""
+    rank, world = group_info(op, group)
+    check_layout(op, layout)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    # First, before any check that could fail on some ranks only: the shapes of every rank
+    # (a rank that raised alone would leave the others waiting in the collectives).
+    check_same_across_ranks(
+        op,
+        group,
+        q.device,
+        **{
+            "q's shape": tuple(q.shape),
+            "k's shape": tuple(k.shape),
+            "v's shape": tuple(v.shape),
+            "q's dtype": q.dtype,
+        },
+    )
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(
+                f"{op}: {name} must be 4-D (B, H, L_local, D), got shape {tuple(t.shape)}"
+            )
+    return rank, world
+
+
+def check_same_sequence(op: str, q, k, v) -> None:
+    """q, k and v must be shards of one sequence (self-attention): the same local length."""
+    if q.shape[2] != k.shape[2] or k.shape[2] != v.shape[2]:
+        raise ValueError(
+            f"{op}: q, k and v must be shards of the same sequence "
+            f"(self-attention), got lengths {q.shape[2]}, {k.shape[2]} and "
+            f"{v.shape[2]}"
+        )

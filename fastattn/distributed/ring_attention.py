@@ -41,21 +41,21 @@ import math
 import torch
 import torch.distributed as dist
 
-from ..ops._common import dropout_seed
 from ..ops.attention import (
     WINDOW_UNBOUNDED,
+    AttentionArgs,
     attention_backward_canonical,
     attention_band,
     dropout_keep,
+    dropout_seed,
     merge_attention,
     window_bounds,
 )
 from ._group import (
-    check_layout,
     check_local_length,
-    check_same_across_ranks,
+    check_same_sequence,
+    check_shards,
     global_rank,
-    group_info,
     rank_chunks,
 )
 
@@ -70,6 +70,8 @@ def _trace(*event) -> None:
 
 class _Plan:
     """Everything about one call that every block needs."""
+
+    chosen: str  # the backend of the blocks, set by the first block's forward
 
     def __init__(
         self,
@@ -129,6 +131,7 @@ def _keep(plan: _Plan, q, qi, ki):
     i = torch.arange(qi * c, (qi + 1) * c, device=q.device).view(1, 1, c, 1)
     j = torch.arange(ki * c, (ki + 1) * c, device=q.device).view(1, 1, 1, c)
     bh = torch.arange(B * Hq, device=q.device).view(B, Hq, 1, 1)
+    assert plan.seed is not None  # drawn for every call with dropout
     return dropout_keep(plan.seed, (bh * L + i) * L + j, plan.dropout_p)
 
 
@@ -170,7 +173,9 @@ def _block_backward(plan: _Plan, q, k, v, out, lse, dout, dlse, qi, ki):
         alibi = alibi.expand(B, Hq)
     if row is not None:
         lse = lse - row.to(lse.dtype)
-    args = (q, k, v, mask, None, alibi, plan.scale, plan.softcap, lo, hi, plan.dropout_p, plan.seed)
+    args = AttentionArgs(
+        q, k, v, mask, None, alibi, plan.scale, plan.softcap, lo, hi, plan.dropout_p, plan.seed
+    )
     return attention_backward_canonical(
         dout, dlse, out, lse, args, plan.chosen, keep=_keep(plan, q, qi, ki)
     )
@@ -288,6 +293,7 @@ def _ring_backward(plan: _Plan, q, k, v, out, lse, dout, dlse):
         if pending is not None:
             kv, requests = pending
             _wait(requests)
+    assert incoming is not None  # set by the loop's last step
     (dk, dv), requests = incoming
     _wait(requests)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
@@ -367,29 +373,7 @@ def ring_attention(
             kernel backend; raised on every rank alike, before any transfer.
     """
     op = "ring_attention"
-    rank, world = group_info(op, group)
-    check_layout(op, layout)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    # First, before any check that could fail on some ranks only: the shapes of every rank
-    # (a rank that raised alone would leave the others waiting in the ring).
-    check_same_across_ranks(
-        op,
-        group,
-        q.device,
-        **{
-            "q's shape": tuple(q.shape),
-            "k's shape": tuple(k.shape),
-            "v's shape": tuple(v.shape),
-            "q's dtype": q.dtype,
-        },
-    )
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 4:
-            raise ValueError(
-                f"{op}: {name} must be 4-D (B, H, L_local, D), got shape {tuple(t.shape)}"
-            )
+    rank, world = check_shards(op, group, layout, q, k, v)
     if not isinstance(dropout_p, (int, float)) or not 0.0 <= float(dropout_p) < 1.0:
         raise ValueError(f"{op}: dropout_p must be a float in [0, 1), got {dropout_p!r}")
     dropout_p = float(dropout_p)
@@ -400,12 +384,7 @@ def ring_attention(
             f"columns, not the whole sequence's); backend must be None or "
             f"'reference', got {backend!r}"
         )
-    if q.shape[2] != k.shape[2] or k.shape[2] != v.shape[2]:
-        raise ValueError(
-            f"{op}: q, k and v must be shards of the same sequence "
-            f"(self-attention), got lengths {q.shape[2]}, {k.shape[2]} and "
-            f"{v.shape[2]}"
-        )
+    check_same_sequence(op, q, k, v)
     if q.dtype != k.dtype or k.dtype != v.dtype:
         raise TypeError(
             f"{op}: q, k and v must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
@@ -462,6 +441,7 @@ def ring_attention(
     if dropout_p > 0.0:
         # Drawn as attention() draws it, then rank 0's for everyone (one mask for the call).
         seed = dropout_seed(dropout_p, q.device)
+        assert seed is not None  # (dropout_p > 0)
         dist.broadcast(seed, src=global_rank(group, 0), group=group)
     plan = _Plan(
         group,

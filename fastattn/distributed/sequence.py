@@ -53,7 +53,7 @@ def _gather(x_local: torch.Tensor, dim: int, group, layout: str, world: int) -> 
     dist.all_gather(pieces, x_local.contiguous(), group=group)
     per_rank = 2 if layout == "zigzag" else 1
     c = x_local.shape[dim] // per_rank
-    chunks: list[torch.Tensor | None] = [None] * num_chunks(layout, world)
+    chunks: list = [None] * num_chunks(layout, world)  # every slot is filled below
     for r, piece in enumerate(pieces):
         for slot, i in enumerate(rank_chunks(layout, world, r)):
             chunks[i] = piece.narrow(dim, slot * c, c)

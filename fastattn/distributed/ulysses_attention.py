@@ -11,10 +11,9 @@ import torch.distributed as dist
 
 from ..ops.attention import attention
 from ._group import (
-    check_layout,
     check_local_length,
-    check_same_across_ranks,
-    group_info,
+    check_same_sequence,
+    check_shards,
     num_chunks,
     rank_chunks,
 )
@@ -126,27 +125,7 @@ def ulysses_attention(
         ValueError: Heads not divisible by W, or shapes that differ across ranks.
     """
     op = "ulysses_attention"
-    rank, world = group_info(op, group)
-    check_layout(op, layout)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    check_same_across_ranks(
-        op,
-        group,
-        q.device,
-        **{
-            "q's shape": tuple(q.shape),
-            "k's shape": tuple(k.shape),
-            "v's shape": tuple(v.shape),
-            "q's dtype": q.dtype,
-        },
-    )
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 4:
-            raise ValueError(
-                f"{op}: {name} must be 4-D (B, H, L_local, D), got shape {tuple(t.shape)}"
-            )
+    rank, world = check_shards(op, group, layout, q, k, v)
     B, Hq, Ll, _ = q.shape
     Hkv = k.shape[1]
     if Hq % world or Hkv % world:
@@ -155,11 +134,7 @@ def ulysses_attention(
             f"by the group's world size ({world}): each rank attends to 1/W of "
             f"them"
         )
-    if not (k.shape[2] == v.shape[2] == Ll):
-        raise ValueError(
-            f"{op}: q, k and v must be shards of the same sequence "
-            f"(self-attention), got lengths {Ll}, {k.shape[2]} and {v.shape[2]}"
-        )
+    check_same_sequence(op, q, k, v)
     check_local_length(op, "L_local (q.shape[2])", Ll, layout, world)
     return_lse = attention_kwargs.pop("return_lse", False)
     kwargs = dict(attention_kwargs)

@@ -257,8 +257,8 @@ def _install_build_warning(pretrained_model_class) -> None:
         _warn_if_not_routed(self)
         return result
 
-    post_init._fastattn_wrapped = True
-    post_init.__wrapped__ = original
+    post_init._fastattn_wrapped = True  # type: ignore[attr-defined]  # a marker on the function
+    post_init.__wrapped__ = original  # type: ignore[attr-defined]  # as functools.wraps sets it
     pretrained_model_class.post_init = post_init
 
 

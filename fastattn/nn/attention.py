@@ -49,7 +49,7 @@ class MultiheadAttention(nn.MultiheadAttention):
         """Turn a torch.nn.MultiheadAttention into this class in place (same object, same
         Parameters); fastattn.swap_modules uses it."""
         module.__class__ = cls
-        module.fastattn_backend = backend
+        module.fastattn_backend = backend  # type: ignore[assignment]  # Module.__setattr__'s stub
         if not any(
             hook is _disable_torch_fast_paths for hook in module._forward_pre_hooks.values()
         ):
@@ -122,7 +122,7 @@ class MultiheadAttention(nn.MultiheadAttention):
         is_batched = query.dim() == 3
         if self.batch_first and is_batched:
             query, key, value = (x.transpose(1, 0) for x in (query, key, value))
-        is_batched = F._mha_shape_check(
+        is_batched = F._mha_shape_check(  # type: ignore[attr-defined]  # private, not in stubs
             query, key, value, key_padding_mask, attn_mask, self.num_heads
         )
         if not is_batched:
@@ -290,12 +290,7 @@ class MultiheadAttention(nn.MultiheadAttention):
             v = torch.cat([v, self.bias_v.reshape(1, 1, embed_dim).expand(shape)], dim=seq_dim)
             extra_columns += 1
 
-        def heads(x):  # (N, L, E) or (L, N, E) -> (N, H, L, Dh)
-            if batch_first:
-                return x.view(bsz, x.shape[1], H, Dh).transpose(1, 2)
-            return x.view(x.shape[0], bsz, H, Dh).permute(1, 2, 0, 3)
-
-        q, k, v = heads(q), heads(k), heads(v)
+        q, k, v = (self._split_heads(x, batch_first, bsz) for x in (q, k, v))
         if self.add_zero_attn:
             zeros = k.new_zeros(bsz, H, 1, Dh)
             k = torch.cat([k, zeros], dim=2)
@@ -351,11 +346,7 @@ class MultiheadAttention(nn.MultiheadAttention):
                 dropout_p=dropout_p,
             )
         # out is (N, L, H, Dh) in memory when q's heads are inner (always the case here).
-        if batch_first:
-            out = out.transpose(1, 2).reshape(bsz, tgt_len, embed_dim)
-        else:
-            out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
-        out = F.linear(out, self.out_proj.weight, self.out_proj.bias)
+        out = self._out_projection(out, batch_first)
 
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)
@@ -431,34 +422,42 @@ class MultiheadAttention(nn.MultiheadAttention):
                     f"{full_len}) mask of the full sequence, got "
                     f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}"
                 )
-        H, Dh, E = self.num_heads, self.head_dim, self.embed_dim
         self_attention = query is key and key is value
         q, k, v = self._in_projections(
             query, key, value, self_attention, convert_bias=self.batch_first and is_batched
         )
 
-        def heads(x):  # -> (N, H, L_local, Dh)
-            if batch_first:
-                return x.reshape(bsz, local_len, H, Dh).transpose(1, 2)
-            return x.reshape(local_len, bsz, H, Dh).permute(1, 2, 0, 3)
-
         dropout_p = self.dropout if self.training else 0.0
         out = context.attention(
-            heads(q),
-            heads(k),
-            heads(v),
+            self._split_heads(q, batch_first, bsz),
+            self._split_heads(k, batch_first, bsz),
+            self._split_heads(v, batch_first, bsz),
             causal=causal,
             key_padding_mask=key_padding_mask,
             dropout_p=dropout_p,
         )
-        if batch_first:
-            out = out.transpose(1, 2).reshape(bsz, local_len, E)
-        else:
-            out = out.permute(2, 0, 1, 3).reshape(local_len, bsz, E)
-        out = F.linear(out, self.out_proj.weight, self.out_proj.bias)
+        out = self._out_projection(out, batch_first)
         if not is_batched:
             out = out.squeeze(0)
         return out, None
+
+    def _split_heads(self, x: Tensor, batch_first: bool, bsz: int) -> Tensor:
+        """An in-projection (N, L, E) (batch_first) or (L, N, E) -> (N, H, L, Dh), a view
+        wherever the layout allows one (the in-projections' always does)."""
+        H, Dh = self.num_heads, self.head_dim
+        if batch_first:
+            return x.reshape(bsz, x.shape[1], H, Dh).transpose(1, 2)
+        return x.reshape(x.shape[0], bsz, H, Dh).permute(1, 2, 0, 3)
+
+    def _out_projection(self, out: Tensor, batch_first: bool) -> Tensor:
+        """The attention output (N, H, L, Dh) back to (N, L, E) (batch_first) or (L, N, E),
+        through out_proj."""
+        N, H, L, Dh = out.shape
+        if batch_first:
+            out = out.transpose(1, 2).reshape(N, L, H * Dh)
+        else:
+            out = out.permute(2, 0, 1, 3).reshape(L, N, H * Dh)
+        return F.linear(out, self.out_proj.weight, self.out_proj.bias)
 
     def _forward_nested(
         self,

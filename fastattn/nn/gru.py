@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..ops.gru import gru, gru_cell
-from ._recurrent import SingleStateRNNBase
+from ._recurrent import SingleStateRNNBase, cell_inputs
 
 
 def _reset_after(value) -> bool:
@@ -96,7 +96,7 @@ class GRUCell(nn.GRUCell):
         Returns:
             h_1, (B, H) or (H,).
         """
-        x, h, batched = _cell_inputs("GRUCell", self, input, hx)
+        x, h, batched = cell_inputs("GRUCell", self, input, hx)
         weights = (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
         hy = gru_cell(
             x,
@@ -106,30 +106,3 @@ class GRUCell(nn.GRUCell):
             backend=getattr(self, "fastattn_backend", None),
         )
         return hy if batched else hy.squeeze(0)
-
-
-def _cell_inputs(name: str, cell: nn.RNNCellBase, input, hx):
-    """torch.nn.GRUCell's / RNNCell's checks (its errors): (x (B, I), h (B, H), batched)."""
-    if input.dim() not in (1, 2):
-        raise ValueError(f"{name}: Expected input to be 1D or 2D, got {input.dim()}D instead")
-    if hx is not None and hx.dim() not in (1, 2):
-        raise ValueError(f"{name}: Expected hidden to be 1D or 2D, got {hx.dim()}D instead")
-    batched = input.dim() == 2
-    x = input if batched else input.unsqueeze(0)
-    if hx is None:
-        h = torch.zeros(x.size(0), cell.hidden_size, dtype=x.dtype, device=x.device)
-    else:
-        h = hx if batched else hx.unsqueeze(0)
-    if x.size(1) != cell.input_size:
-        raise RuntimeError(
-            f"input has inconsistent input_size: got {x.size(1)} expected {cell.input_size}"
-        )
-    if h.size(0) != x.size(0):
-        raise RuntimeError(
-            f"Input batch size {x.size(0)} doesn't match hidden0 batch size {h.size(0)}"
-        )
-    if h.size(1) != cell.hidden_size:
-        raise RuntimeError(
-            f"hidden0 has inconsistent hidden_size: got {h.size(1)}, expected {cell.hidden_size}"
-        )
-    return x, h, batched

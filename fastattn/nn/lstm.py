@@ -13,11 +13,14 @@ checks and error messages are torch.nn.LSTM's own (its methods are reused below)
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
-from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import PackedSequence
 
 from ..ops.lstm import lstm, lstm_cell
+from ._recurrent import autocast_inputs, pack_output, unpack_sequence
 
 
 class LSTM(nn.RNNBase):
@@ -40,8 +43,9 @@ class LSTM(nn.RNNBase):
     # torch.nn.LSTM's own checks and hidden-state permutation (they only read the attributes
     # RNNBase defines), so errors read exactly as torch's.
     get_expected_cell_size = nn.LSTM.get_expected_cell_size
-    check_forward_args = nn.LSTM.check_forward_args
-    permute_hidden = nn.LSTM.permute_hidden
+    # (Any: torch's stubs type them for nn.LSTM's self and narrow RNNBase's signatures.)
+    check_forward_args: Any = nn.LSTM.check_forward_args
+    permute_hidden: Any = nn.LSTM.permute_hidden
 
     def __init__(self, *args, **kwargs):
         super().__init__("LSTM", *args, **kwargs)
@@ -54,7 +58,7 @@ class LSTM(nn.RNNBase):
     def _zeros(self, batch: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         layers = self.num_layers * (2 if self.bidirectional else 1)
         real_hidden = self.proj_size if self.proj_size > 0 else self.hidden_size
-        kw = dict(dtype=like.dtype, device=like.device)
+        kw: dict[str, Any] = dict(dtype=like.dtype, device=like.device)
         return (
             torch.zeros(layers, batch, real_hidden, **kw),
             torch.zeros(layers, batch, self.hidden_size, **kw),
@@ -89,7 +93,7 @@ class LSTM(nn.RNNBase):
         ):
             # torch.nn.LSTM runs in the autocast dtype where torch casts: CPU autocast lists
             # aten::lstm's padded overload (not the packed one), cuDNN's RNN casts on CUDA.
-            input, hx, weights = _autocast(device_type, input, hx, weights)
+            input, hx, weights = autocast_inputs(device_type, input, hx, weights)
         return lstm(
             input,
             hx,
@@ -121,9 +125,9 @@ class LSTM(nn.RNNBase):
                 hx = self.permute_hidden(hx, sorted_indices)
             self.check_forward_args(data, hx, batch_sizes)
             # Padded (T, B, I) in sorted order (longest first) and the sorted lengths.
-            padded, lengths = _unpack(data, batch_sizes)
+            padded, lengths = unpack_sequence(data, batch_sizes)
             output, hidden = self._run(padded, hx, lengths=lengths, batch_first=False)
-            packed = _pack(output, lengths)
+            packed = pack_output(output, lengths)
             return (
                 PackedSequence(packed, batch_sizes, sorted_indices, unsorted_indices),
                 self.permute_hidden(hidden, unsorted_indices),
@@ -155,33 +159,6 @@ class LSTM(nn.RNNBase):
         if checked.size(1 if self.batch_first else 0) == 0:  # ATen's rule, torch's words
             raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
         return self._run(input, hx)
-
-
-def _autocast(device_type, input, hx, weights):
-    """input, hx and weights in the autocast dtype of `device_type` (floating tensors only)."""
-    dtype = torch.get_autocast_dtype(device_type)
-
-    def cast(t):
-        return t.to(dtype) if t is not None and t.is_floating_point() else t
-
-    return (
-        cast(input),
-        None if hx is None else tuple(cast(h) for h in hx),
-        [cast(w) for w in weights],
-    )
-
-
-# torch's packing reads batch sizes and lengths on the host: under torch.compile it runs
-# eagerly between graphs. Said explicitly, since torch 2.11's Dynamo traced
-# _pad_packed_sequence into fake tensors and failed.
-@torch.compiler.disable
-def _unpack(data, batch_sizes):
-    return pad_packed_sequence(PackedSequence(data, batch_sizes))
-
-
-@torch.compiler.disable
-def _pack(output, lengths):
-    return pack_padded_sequence(output, lengths, enforce_sorted=True).data
 
 
 class LSTMCell(nn.LSTMCell):
@@ -241,6 +218,6 @@ class LSTMCell(nn.LSTMCell):
         weights = (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
         if x.device.type == "cuda" and torch.is_autocast_enabled("cuda"):
             # aten::lstm_cell is on CUDA autocast's lower-precision list (not on CPU's)
-            x, hx, weights = _autocast("cuda", x, hx, weights)
+            x, hx, weights = autocast_inputs("cuda", x, hx, weights)
         hy, cy = lstm_cell(x, hx[0], hx[1], *weights)
         return (hy, cy) if is_batched else (hy.squeeze(0), cy.squeeze(0))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -177,6 +179,7 @@ class PositionalEmbedding(nn.Module):
             with torch.no_grad():
                 self.weight[padding_idx].zero_()
         if positions == "learned":
+            assert max_len is not None  # (checked above)
             self.position_weight = nn.Parameter(torch.empty(max_len, d_model))
             nn.init.normal_(self.position_weight, std=0.02)
         else:
@@ -240,7 +243,7 @@ class RotaryEmbedding(nn.Module):
         Returns:
             The rotated (q, k), shaped as given.
         """
-        kwargs = dict(
+        kwargs: dict[str, Any] = dict(
             base=self.base, interleaved=self.interleaved, offset=offset, rotary_dim=self.dim
         )
         return apply_rotary(q, **kwargs), apply_rotary(k, **kwargs)

@@ -12,8 +12,7 @@ import torch
 from torch import nn
 
 from ..ops.rnn import rnn, rnn_cell
-from ._recurrent import SingleStateRNNBase
-from .gru import _cell_inputs
+from ._recurrent import SingleStateRNNBase, cell_inputs
 
 
 class RNN(SingleStateRNNBase):
@@ -88,7 +87,7 @@ class RNNCell(nn.RNNCell):
         Returns:
             h_1, (B, H) or (H,).
         """
-        x, h, batched = _cell_inputs("RNNCell", self, input, hx)
+        x, h, batched = cell_inputs("RNNCell", self, input, hx)
         if self.nonlinearity not in ("tanh", "relu"):  # torch.nn.RNNCell's error
             raise RuntimeError(f"Unknown nonlinearity: {self.nonlinearity}")
         hy = rnn_cell(

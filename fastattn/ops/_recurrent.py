@@ -1,34 +1,7 @@
 """The multi-layer driver shared by the GRU and Elman RNN ops (fastattn/ops/gru.py, rnn.py):
 argument checks with torch's wording, backend choice, one layer op per layer, and the
-autograd and fake implementations of the layer ops.
-
-Both families have one hidden state and G gate blocks per weight matrix (GRU: G = 3, gates
-r, z, n; RNN: G = 1); their layer ops share one signature, the last argument before
-save_workspace being the cell's variant (`reset_after` for the GRU, `nonlinearity` for the
-RNN), and one engine per backend (csrc/lstm/lstm_cpu_kernel.cpp on the CPU, generic over the
-cell; csrc/lstm/lstm_cuda.cu's driver on CUDA, the cell a template parameter of its kernels;
-fastattn/triton/lstm.py's layer driver for the Triton twins X_layer_triton /
-X_layer_backward_triton, same schemas). Op contract, with X = gru or rnn and "variant" that
-argument:
-
-fastattn::X_layer(Tensor input, Tensor h0, Tensor w_ih, Tensor w_hh, Tensor? b_ih,
-                  Tensor? b_hh, Tensor? lengths, float dropout_p, Tensor? seed, variant,
-                  bool save_workspace) -> (Tensor output, Tensor h_n, Tensor workspace)
-    One layer with D = 1 or 2 directions (direction 1 runs backwards in time): input (T, B, I)
-    time-major, unit last stride; h0 (D, B, H); w_ih (D, G H, I); w_hh (D, G H, H); b_ih, b_hh
-    (D, G H) (both or none); lengths int64 (B,) in [0, T] or None; dropout_p in [0, 1) with
-    seed int64 (2,) when > 0 (applied to the layer's input, fastattn's Philox stream, as
-    lstm_layer). output (T, B, D H) (0 past a sequence's end), h_n (D, B, H), contiguous,
-    storage dtype. workspace (D, T * B * W * H) in the compute type when save_workspace, else
-    (0,); W = 5 for the GRU, 2 for the RNN; its layout is private to the backend.
-fastattn::X_layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor input, Tensor h0,
-                           Tensor w_ih, Tensor w_hh, Tensor? lengths, Tensor workspace,
-                           float dropout_p, Tensor? seed, variant, bool has_bias,
-                           bool input_grad, bool weight_grad)
-    -> (grad_input (T, B, I), grad_h0 (D, B, H), grad_w_ih (D, G H, I), grad_w_hh (D, G H, H),
-        grad_b_ih (D, G H), grad_b_hh (D, G H)), storage dtype, contiguous. grad_input is (0,)
-    unless input_grad; the weight and bias grads are (0,) unless weight_grad (and has_bias).
-    The two bias gradients differ for the reset-after GRU (b_hn sits inside r * (.)).
+registration of the layer ops' autograd and fake implementations, which the op contract of
+fastattn::gru_layer / rnn_layer and their backward ops defines (fastattn/contracts/recurrent.py).
 """
 
 from __future__ import annotations
@@ -41,7 +14,7 @@ from .. import _backend, _native, speed_table
 from ..aten import gru as aten_gru
 from ..aten import rnn as aten_rnn
 from ..aten._recurrent import host_lengths
-from ..contracts import backward_through_reference
+from ..contracts import recurrent as contract
 from ._common import (
     FLOAT_DTYPES,
     device_check_range,
@@ -53,8 +26,6 @@ from ._common import (
     triton_kernels,
 )
 
-# Workspace columns per (row, hidden unit) of one direction, per family.
-WORKSPACE_WIDTH = {"gru": 5, "rnn": 2}
 GATES = {"gru": 3, "rnn": 1}
 
 
@@ -207,9 +178,26 @@ def split_weights(
     return [list(weights[g * per : (g + 1) * per]) for g in range(groups)], per == 4
 
 
-def check_lengths(op: str, lengths, B: int, T: int, device: torch.device):
+def check_lengths(
+    op: str,
+    lengths,
+    B: int,
+    T: int,
+    device: torch.device,
+    *,
+    host_checks: Callable[[torch.Tensor], bool] | None = None,
+    device_checks: Callable[[torch.Tensor], bool] | None = None,
+):
+    """lengths (None, or an integer tensor of B sequence lengths in [0, T]) as the layer ops
+    take it: int64 (B,) on `device`. Its values are checked on the host where `host_checks`
+    allows, else on the device where `device_checks` does (None: this module's
+    host_checks_enabled / device_checks_enabled, from ops/_common.py)."""
     if lengths is None:
         return None
+    if host_checks is None:
+        host_checks = host_checks_enabled
+    if device_checks is None:
+        device_checks = device_checks_enabled
     if (
         not isinstance(lengths, torch.Tensor)
         or lengths.dtype.is_floating_point
@@ -225,7 +213,7 @@ def check_lengths(op: str, lengths, B: int, T: int, device: torch.device):
             f"{op}: lengths must have shape ({B},) (the batch size), got {tuple(lengths.shape)}"
         )
     lengths = lengths.reshape(B)
-    on_host = host_checks_enabled(lengths)
+    on_host = host_checks(lengths)
     if B > 0 and on_host:
         lo, hi = (int(v) for v in torch.aminmax(lengths))
         if lo < 0 or hi > T:
@@ -233,7 +221,7 @@ def check_lengths(op: str, lengths, B: int, T: int, device: torch.device):
                 f"{op}: lengths must be in [0, T] = [0, {T}], got values from {lo} to {hi}"
             )
     lengths = lengths.to(device=device, dtype=torch.int64)
-    if not on_host and device_checks_enabled(lengths):
+    if not on_host and device_checks(lengths):
         device_check_range(op, lengths, 0, T, f"lengths must be in [0, T] = [0, {T}]")
     return lengths
 
@@ -486,8 +474,9 @@ def run_cell(
     G = GATES[family]
     x, h, batched = check_cell_args(op, G, input, hx, w_ih, w_hh, b_ih, b_hh)
     limits = unsupported_backends(family, x.dtype)
-    if family == "gru" and aten_gru.cell_refusal(variant) is not None:
-        limits["torch"] = aten_gru.cell_refusal(variant)
+    refusal = aten_gru.cell_refusal(variant) if family == "gru" else None
+    if refusal is not None:
+        limits["torch"] = refusal
     key = speed_key(
         op,
         x.dtype,
@@ -538,61 +527,8 @@ def _torch_layers(family, variant, x, h0, weights, **kw):
 
 
 # ---------------------------------------------------------------------------------------------
-# Fake implementations and autograd of the layer ops
-
-
-def _acc(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def layer_fake_for(family: str):
-    width = WORKSPACE_WIDTH[family]
-
-    def layer_fake(
-        input, h0, w_ih, w_hh, b_ih, b_hh, lengths, dropout_p, seed, variant, save_workspace
-    ):
-        T, B, _ = input.shape
-        D, _, H = w_hh.shape
-        workspace = (D, T * B * width * H) if save_workspace else (0,)
-        return (
-            input.new_empty((T, B, D * H)),
-            input.new_empty((D, B, H)),
-            input.new_empty(workspace, dtype=_acc(input.dtype)),
-        )
-
-    return layer_fake
-
-
-def layer_backward_fake(
-    grad_output,
-    grad_h_n,
-    input,
-    h0,
-    w_ih,
-    w_hh,
-    lengths,
-    workspace,
-    dropout_p,
-    seed,
-    variant,
-    has_bias,
-    input_grad,
-    weight_grad,
-):
-    T, B, I = input.shape
-    D, GH, H = w_hh.shape
-
-    def maybe(shape, wanted):
-        return input.new_empty(shape if wanted else (0,))
-
-    return (
-        maybe((T, B, I), input_grad),
-        input.new_empty((D, B, H)),
-        maybe((D, GH, I), weight_grad),
-        maybe((D, GH, H), weight_grad),
-        maybe((D, GH), weight_grad and has_bias),
-        maybe((D, GH), weight_grad and has_bias),
-    )
+# Registration: fakes and autograd of the layer ops, from the contract
+# (fastattn/contracts/recurrent.py)
 
 
 def register(family: str, suffix: str, reference_layer: Callable, fakes: bool) -> None:
@@ -600,67 +536,14 @@ def register(family: str, suffix: str, reference_layer: Callable, fakes: bool) -
     <suffix>."""
     name = f"fastattn::{family}_layer{suffix}"
     if fakes:
-        torch.library.register_fake(name)(layer_fake_for(family))
+        torch.library.register_fake(name)(contract.layer_fake_for(family))
         torch.library.register_fake(f"fastattn::{family}_layer_backward{suffix}")(
-            layer_backward_fake
+            contract.layer_backward_fake
         )
     backward_op = f"{family}_layer_backward{suffix}"
-
-    def setup(ctx, inputs, output):
-        (input, h0, w_ih, w_hh, b_ih, b_hh, lengths, dropout_p, seed, variant, save_workspace) = (
-            inputs
-        )
-        ctx.set_materialize_grads(False)
-        ctx.mark_non_differentiable(output[2])
-        ctx.meta = (dropout_p, variant, b_ih is not None, save_workspace)
-        ctx.save_for_backward(input, h0, w_ih, w_hh, b_ih, b_hh, lengths, seed, output[2])
-
-    def backward(ctx, grad_output, grad_h_n, _grad_workspace):
-        if grad_output is None and grad_h_n is None:
-            return (None,) * 11
-        input, h0, w_ih, w_hh, b_ih, b_hh, lengths, seed, workspace = ctx.saved_tensors
-        dropout_p, variant, has_bias, saved = ctx.meta
-        if torch.is_grad_enabled():  # create_graph=True: a backward that is differentiable
-            args = (input, h0, w_ih, w_hh, b_ih, b_hh, lengths, dropout_p, seed, variant)
-            return backward_through_reference(
-                reference_layer, args, ctx.needs_input_grad, (grad_output, grad_h_n)
-            ) + (None,)
-        if not saved:
-            raise RuntimeError(
-                f"{name} was called with save_workspace=False, so it cannot be "
-                "differentiated: pass save_workspace=True"
-            )
-        needs = ctx.needs_input_grad
-        gi, gh0, gwih, gwhh, gbih, gbhh = getattr(torch.ops.fastattn, backward_op)(
-            grad_output,
-            grad_h_n,
-            input,
-            h0,
-            w_ih,
-            w_hh,
-            lengths,
-            workspace,
-            dropout_p,
-            seed,
-            variant,
-            has_bias,
-            needs[0],
-            any(needs[2:6]),
-        )
-        return (
-            gi if needs[0] else None,
-            gh0 if needs[1] else None,
-            gwih if needs[2] else None,
-            gwhh if needs[3] else None,
-            gbih if has_bias and needs[4] else None,
-            gbhh if has_bias and needs[5] else None,
-            None,
-            None,
-            None,
-            None,
-            None,
-        )
-
+    backward, setup = contract.autograd_formula(
+        name, lambda *args: getattr(torch.ops.fastattn, backward_op)(*args), reference_layer
+    )
     torch.library.register_autograd(name, backward, setup_context=setup)
 
 
@@ -673,6 +556,8 @@ def register_triton(family: str, reference_layer: Callable) -> None:
         return
     forward = getattr(kernels, f"{family}_layer")
     backward = getattr(kernels, f"{family}_layer_backward")
-    register_triton_op(f"fastattn::{family}_layer_triton", forward, layer_fake_for(family))
-    register_triton_op(f"fastattn::{family}_layer_backward_triton", backward, layer_backward_fake)
+    register_triton_op(f"fastattn::{family}_layer_triton", forward, contract.layer_fake_for(family))
+    register_triton_op(
+        f"fastattn::{family}_layer_backward_triton", backward, contract.layer_backward_fake
+    )
     register(family, "_triton", reference_layer, fakes=False)

@@ -25,7 +25,7 @@ import torch
 from .. import _backend, speed_table
 from ..aten import attention as aten_attention
 from ..contracts import attention as contract
-from ..contracts.attention import MAX_HEAD_DIM, WINDOW_UNBOUNDED, check_seqlen
+from ..contracts.attention import MAX_HEAD_DIM, WINDOW_UNBOUNDED, AttentionArgs, check_seqlen
 from ..reference import attention as ref
 from ..reference.random import dropout_keep_mask, dropout_uniform
 from ._common import (
@@ -34,10 +34,10 @@ from ._common import (
     check_dropout,
     check_same_device,
     check_tensor,
-    dropout_seed,
     kernel_op,
     register_forward_backward,
 )
+from ._common import dropout_seed as dropout_seed  # public here: fastattn.distributed draws seeds
 
 Causal = bool | str
 
@@ -298,7 +298,7 @@ def attention_with_weights(
     return out, _weights(lse, canonical)
 
 
-def _weights(lse: torch.Tensor, canonical: tuple) -> torch.Tensor:
+def _weights(lse: torch.Tensor, canonical: AttentionArgs) -> torch.Tensor:
     """The probabilities of a call with canonical arguments `canonical` and log-sum-exp `lse`.
 
     softmax(scores) rather than exp(scores - lse): in float32, exp(s - lse) carries the
@@ -306,15 +306,29 @@ def _weights(lse: torch.Tensor, canonical: tuple) -> torch.Tensor:
     weights for scores of a few units, while the softmax subtracts the row maximum exactly.
     Empty rows are given zero scores before the softmax so that no NaN (exp(-inf + inf))
     exists even in the branch that is masked out: it would reach the gradients."""
-    (q, k, v, mask, padding, alibi, scale, softcap, window_lo, window_hi, p, seed) = canonical
-    s = ref.scores(q, k, mask, padding, alibi, scale, softcap, window_lo, window_hi)
+    c = canonical
+    s = ref.scores(
+        c.q,
+        c.k,
+        c.attn_mask,
+        c.key_padding_mask,
+        c.alibi_slopes,
+        c.scale,
+        c.softcap,
+        c.window_lo,
+        c.window_hi,
+    )
     empty = torch.isneginf(lse).unsqueeze(-1)
     probs = torch.softmax(s.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
+    p = c.dropout_p
     if p > 0.0:
+        assert c.seed is not None  # drawn for every call with dropout
         probs = (
-            probs * dropout_keep_mask(seed, tuple(probs.shape), p, probs.device) * (1.0 / (1.0 - p))
+            probs
+            * dropout_keep_mask(c.seed, tuple(probs.shape), p, probs.device)
+            * (1.0 / (1.0 - p))
         )
-    return probs.to(q.dtype)
+    return probs.to(c.q.dtype)
 
 
 def _attention(
@@ -447,11 +461,11 @@ def attention_band(
             limits[name] = (
                 "gradients with respect to alibi_slopes are computed by the reference backend only"
             )
-    unsupported = aten_attention.unsupported(
-        (q, k, v, mask, padding, alibi, scale, softcap, window_lo, window_hi, p, None),
-        lse_needed=lse_needed,
-        sinks=sinks is not None,
+    # The canonical arguments; the dropout seed is drawn once the backend is chosen.
+    args = AttentionArgs(
+        q, k, v, mask, padding, alibi, scale, softcap, window_lo, window_hi, p, None
     )
+    unsupported = aten_attention.unsupported(args, lse_needed=lse_needed, sinks=sinks is not None)
     if unsupported is not None:
         limits["torch"] = unsupported
     chosen = _backend.select_backend(
@@ -465,7 +479,7 @@ def attention_band(
     )
     if seed is None:
         seed = dropout_seed(p, q.device)
-    args = (q, k, v, mask, padding, alibi, scale, softcap, window_lo, window_hi, p, seed)
+    args = args._replace(seed=seed)
     if chosen == "torch":
         _backend._record(op, chosen)
         return aten_attention.attention(args), None, args, chosen
@@ -514,7 +528,7 @@ def attention_backward_canonical(
     grad_lse: torch.Tensor | None,
     out: torch.Tensor,
     lse: torch.Tensor,
-    args: tuple,
+    args: AttentionArgs | tuple,
     backend: str,
     keep: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -525,7 +539,6 @@ def attention_backward_canonical(
     gradients are the block's share of the gradients of the merged attention (ring attention's
     backward). keep: the forward's explicit dropout keep-mask (reference backend). No autograd
     graph is built (first-order only)."""
-    (q, k, v, mask, padding, alibi, scale, softcap, window_lo, window_hi, p, seed) = args
     if grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
     if out.stride(-1) != 1:
@@ -533,45 +546,10 @@ def attention_backward_canonical(
     lse = lse.contiguous()
     if grad_lse is not None:
         grad_lse = grad_lse.contiguous()
+    inputs = AttentionArgs(*args).backward_inputs(grad_out, grad_lse, out, lse)
     if backend == "reference":
-        return ref.attention_backward(
-            grad_out,
-            grad_lse,
-            q,
-            k,
-            v,
-            out,
-            lse,
-            mask,
-            padding,
-            alibi,
-            scale,
-            softcap,
-            window_lo,
-            window_hi,
-            p,
-            seed,
-            keep=keep,
-        )
-    return _op("attention_backward", backend)(
-        grad_out,
-        grad_lse,
-        q,
-        k,
-        v,
-        out,
-        lse,
-        mask,
-        padding,
-        alibi,
-        scale,
-        softcap,
-        window_lo,
-        window_hi,
-        p,
-        seed,
-        True,
-    )[:3]
+        return ref.attention_backward(*inputs, keep=keep)
+    return _op("attention_backward", backend)(*inputs, True)[:3]
 
 
 def dropout_keep(seed: torch.Tensor, element: torch.Tensor, p: float) -> torch.Tensor:

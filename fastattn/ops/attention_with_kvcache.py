@@ -15,6 +15,7 @@ fastattn/reference/attention_with_kvcache.py.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -36,7 +37,7 @@ from ._common import (
     register_triton_op,
     triton_kernels,
 )
-from .positional import _check_position_range, apply_rotary
+from .positional import apply_rotary, check_position_range
 from .varlen_attention import causal_mode, window_sides
 
 
@@ -65,7 +66,7 @@ def _check_rotary_tables(
             f"{op}: rotary_cos and rotary_sin must have the same shape, got "
             f"{tuple(cos.shape)} and {tuple(sin.shape)}"
         )
-    _check_position_range(op, 0, positions, length, cos.shape[0], "cos/sin", on_device=on_device)
+    check_position_range(op, 0, positions, length, cos.shape[0], "cos/sin", on_device=on_device)
 
 
 @torch.no_grad()
@@ -190,6 +191,7 @@ def attention_with_kvcache(
     if k_new is not None:
         check_tensor(op, "k_new", k_new, dims=4, float_dtype=True)
         check_tensor(op, "v_new", v_new, dims=4, float_dtype=True)
+        assert v_new is not None  # (checked with k_new above)
         Lnew = k_new.shape[2]
         if not (k_new.dtype == v_new.dtype == q.dtype):
             # Checked here: scatter_ would raise only after k_new was already appended.
@@ -295,6 +297,7 @@ def attention_with_kvcache(
     # dispatch and checks would cost more than the attention itself.
     if chosen == "torch":
         if rotary_cos is not None:  # before anything is appended
+            assert rotary_sin is not None  # (given together, checked above)
             _check_rotary_tables(
                 op, D, rotary_cos, rotary_sin, positions, max(Lq, Lnew), on_device=True
             )
@@ -320,6 +323,7 @@ def attention_with_kvcache(
         return out
     if chosen != "reference" and not _backend.missing_kernel("attention_with_kvcache", chosen):
         if rotary_cos is not None:
+            assert rotary_sin is not None  # (given together, checked above)
             _check_rotary_tables(
                 op, D, rotary_cos, rotary_sin, positions, max(Lq, Lnew), on_device=chosen != "cuda"
             )
@@ -358,7 +362,7 @@ def attention_with_kvcache(
         return out
     rotary_backend = "reference" if chosen == "reference" else None
     if rotary_cos is not None:
-        rot = dict(
+        rot: dict[str, Any] = dict(
             cos=rotary_cos,
             sin=rotary_sin,
             interleaved=rotary_interleaved,
@@ -369,6 +373,7 @@ def attention_with_kvcache(
         if k_new is not None:
             k_new = apply_rotary(k_new, **rot)
     if k_new is not None and Lnew > 0:
+        assert v_new is not None  # (given together, checked above)
         if block_table is not None:
             ref.append_paged(k_cache, v_cache, block_table, cache_seqlens, k_new, v_new)
         else:

@@ -1,6 +1,7 @@
-"""GRU: `gru_cell` and the multi-layer `gru` (public functions; the shared driver, checks,
-autograd and fake implementations are in fastattn/ops/_recurrent.py, whose docstring holds the
-op contract of fastattn::gru_layer / gru_layer_backward).
+"""GRU: `gru_cell` and the multi-layer `gru` (public functions; the shared driver, checks and
+registration are in fastattn/ops/_recurrent.py; the op contract of fastattn::gru_layer /
+gru_layer_backward, with its fake implementations and autograd, is
+fastattn/contracts/recurrent.py).
 
 Backends: "cpu" runs the native layer ops (csrc/gru/gru_cpu.cpp on the recurrent engine of
 csrc/lstm, generic over the cell), "cuda" the same ops' CUDA bodies (csrc/lstm/lstm_cuda.cu:

@@ -27,9 +27,7 @@ from ..aten._recurrent import host_lengths
 from ..contracts import lstm as contract
 from ..reference import lstm as ref
 from ._common import (
-    FLOAT_DTYPES,
     check_same_device,
-    device_check_range,
     device_checks_enabled,
     dropout_seed,
     host_checks_enabled,
@@ -39,7 +37,7 @@ from ._common import (
     register_triton_op,
     triton_kernels,
 )
-from ._recurrent import needs_grad, speed_key
+from ._recurrent import check_float, check_lengths, needs_grad, speed_key
 
 
 def unsupported_backends(dtype: torch.dtype = torch.float32) -> dict[str, str]:
@@ -94,17 +92,6 @@ def _op(name: str, backend: str):
     return kernel_op(name + "_triton" if backend == "triton" else name)
 
 
-def _check_float(op: str, name: str, t, dtype: torch.dtype | None = None) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in FLOAT_DTYPES:
-        raise TypeError(
-            f"{op}: {name} must be float32, float64, float16 or bfloat16, got {t.dtype}"
-        )
-    if dtype is not None and t.dtype != dtype:
-        raise TypeError(f"{op}: {name} must have the input's dtype {dtype}, got {t.dtype}")
-
-
 def _check_shape(op: str, name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"{op}: {name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
@@ -151,7 +138,7 @@ def lstm_cell(
         BackendError: The backend asked for cannot run this call; the message says why.
     """
     op = "lstm_cell"
-    _check_float(op, "input", input)
+    check_float(op, "input", input)
     if input.dim() not in (1, 2):
         raise ValueError(
             f"{op}: input must be (B, I) or unbatched (I,), got shape {tuple(input.shape)}"
@@ -165,7 +152,7 @@ def lstm_cell(
         ("b_hh", b_hh),
     ):
         if t is not None:
-            _check_float(op, name, t, input.dtype)
+            check_float(op, name, t, input.dtype)
     if (b_ih is None) != (b_hh is None):
         raise ValueError(f"{op}: b_ih and b_hh must be given together")
     check_same_device(op, "input", input, hx=hx, cx=cx, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh)
@@ -190,6 +177,7 @@ def lstm_cell(
                 f"{op}: hidden{label} has inconsistent hidden_size: got {t.shape[1]}, expected {H}"
             )
     if b_ih is not None:
+        assert b_hh is not None  # (given together, checked above)
         _check_shape(op, "b_ih", b_ih, (4 * H,))
         _check_shape(op, "b_hh", b_hh, (4 * H,))
     key = speed_key(op, x.dtype, 1, hidden=H, grad=needs_grad(x, h, c, w_ih, w_hh, b_ih, b_hh))
@@ -284,7 +272,7 @@ def lstm(
         BackendError: The backend asked for cannot run this call; the message says why.
     """
     op = "lstm"
-    _check_float(op, "input", input)
+    check_float(op, "input", input)
     if input.dim() not in (2, 3):
         raise ValueError(
             f"{op}: input must be 3-D ({'B, T' if batch_first else 'T, B'}, I) or "
@@ -304,7 +292,7 @@ def lstm(
     groups, has_bias = _split_weights(op, weights, num_layers, D, proj_size)
     dtype, device = input.dtype, input.device
     w_hh0 = groups[0][1]
-    _check_float(op, "weights[1] (w_hh of layer 0)", w_hh0, dtype)
+    check_float(op, "weights[1] (w_hh of layer 0)", w_hh0, dtype)
     if w_hh0.dim() != 2 or w_hh0.shape[0] % 4 or w_hh0.shape[0] == 0:
         raise ValueError(
             f"{op}: w_hh must be (4 * hidden_size, proj_size or hidden_size), got "
@@ -335,7 +323,7 @@ def lstm(
         }
         for name, w in zip(names, group):
             label = f"{name} of layer {layer}{' (reverse)' if direction else ''}"
-            _check_float(op, label, w, dtype)
+            check_float(op, label, w, dtype)
             if tuple(w.shape) != shapes[name]:
                 if name == "w_ih" and layer == 0 and w.dim() == 2 and w.shape[0] == 4 * H:
                     # torch.nn.LSTM's wording for the most common mistake
@@ -361,7 +349,7 @@ def lstm(
             raise TypeError(f"{op}: hx must be a tuple (h0, c0) or None, got {type(hx).__name__}")
         h0, c0 = hx
         for i, t in enumerate((h0, c0)):
-            _check_float(op, f"hx[{i}]", t, dtype)
+            check_float(op, f"hx[{i}]", t, dtype)
             if t.device != device:
                 raise ValueError(
                     f"{op}: Input and hidden tensors are not at the same device, "
@@ -386,36 +374,21 @@ def lstm(
         if tuple(c0.shape) != (L, B, H):
             raise ValueError(f"{op}: Expected hidden[1] size {(L, B, H)}, got {list(c0.shape)}")
     given_lengths = lengths
-    if lengths is not None:
-        if (
-            not isinstance(lengths, torch.Tensor)
-            or lengths.dtype.is_floating_point
-            or lengths.dtype.is_complex
-            or lengths.dtype == torch.bool
-        ):
-            raise TypeError(
-                f"{op}: lengths must be an integer tensor, got "
-                f"{getattr(lengths, 'dtype', type(lengths).__name__)}"
-            )
-        if lengths.dim() > 1 or lengths.numel() != B:
-            raise ValueError(
-                f"{op}: lengths must have shape ({B},) (the batch size), got {tuple(lengths.shape)}"
-            )
-        # CPU lengths (as pad_packed_sequence returns them) are checked on the host before they
-        # are copied, also for CUDA inputs: reading them costs no synchronisation.
-        lengths = lengths.reshape(B)
-        on_host = host_checks_enabled(lengths)
-        if B > 0 and on_host:
-            lo, hi = (int(v) for v in torch.aminmax(lengths))
-            if lo < 0 or hi > T:
-                raise ValueError(
-                    f"{op}: lengths must be in [0, T] = [0, {T}], got values from {lo} to {hi}"
-                )
-        lengths = lengths.to(device=device, dtype=torch.int64)
-        if not on_host and device_checks_enabled(lengths):
-            # No host read on CUDA; the CUDA and Triton kernels also clamp lengths into [0, T],
-            # so nothing is read or written out of bounds even without this check.
-            device_check_range(op, lengths, 0, T, f"lengths must be in [0, T] = [0, {T}]")
+    # The lengths rule of every recurrent op, read with this module's host and device checks
+    # (tests/host_reads.py switches those per op module). CPU lengths (as pad_packed_sequence
+    # returns them) are checked on the host before they are copied, also for CUDA inputs:
+    # reading them costs no synchronisation; no host read on CUDA, where the CUDA and Triton
+    # kernels also clamp lengths into [0, T], so nothing is read or written out of bounds even
+    # without the check.
+    lengths = check_lengths(
+        op,
+        lengths,
+        B,
+        T,
+        device,
+        host_checks=host_checks_enabled,
+        device_checks=device_checks_enabled,
+    )
     p = float(dropout) if training and num_layers > 1 else 0.0
     limits = unsupported_backends(dtype)
     refusal = aten_lstm.refusal(device, dtype, seq_len=T, dropout_p=p, lengths=given_lengths)
@@ -449,7 +422,7 @@ def lstm(
         if not batched:
             return x[:, 0], (h_n[:, 0], c_n[:, 0])
         return (x.transpose(0, 1) if batch_first else x), (h_n, c_n)
-    h_n, c_n = [], []
+    h_layers, c_layers = [], []
     for layer in range(num_layers):
         per_dir = groups[layer * D : (layer + 1) * D]
 
@@ -474,11 +447,11 @@ def lstm(
                 t is not None and t.requires_grad for t in args[:8]
             )
             x, hl, cl, _ = _op("lstm_layer", chosen)(*args, save)
-        h_n.append(hl)
-        c_n.append(cl)
+        h_layers.append(hl)
+        c_layers.append(cl)
     _backend._record(op, chosen)
-    h_n = torch.cat(h_n) if num_layers > 1 else h_n[0]
-    c_n = torch.cat(c_n) if num_layers > 1 else c_n[0]
+    h_n = torch.cat(h_layers) if num_layers > 1 else h_layers[0]
+    c_n = torch.cat(c_layers) if num_layers > 1 else c_layers[0]
     if not batched:
         return x[:, 0], (h_n[:, 0], c_n[:, 0])
     return (x.transpose(0, 1) if batch_first else x), (h_n, c_n)

@@ -161,7 +161,7 @@ def _is_view_of(view: torch.Tensor, x: torch.Tensor) -> bool:
     return view._base is not None and view._base is (x if x._base is None else x._base)
 
 
-def _check_position_range(
+def check_position_range(
     op: str,
     offset: int,
     offsets: torch.Tensor | None,
@@ -378,7 +378,7 @@ def add_sinusoidal(
     # Every backend rejects per-sequence starts below 0 (the native kernels read no table, so
     # they do not check positions themselves): on the host for CPU tensors, on the device for
     # CUDA ones (no synchronisation).
-    _check_position_range(op, off, offsets, x3.shape[1], None, "")
+    check_position_range(op, off, offsets, x3.shape[1], None, "")
     if inplace and (nd <= 3 or viewed):
         _backend._record(op, chosen)
         if chosen == "reference":
@@ -529,7 +529,7 @@ def embed_with_positions(
                 raise IndexError(f"{op}: token ids must be in [0, {V}), got ids from {lo} to {hi}")
         elif device_checks_enabled(tok):
             device_check_range(op, tok, 0, V - 1, f"token ids must be in [0, {V})")
-        _check_position_range(
+        check_position_range(
             op,
             off,
             offsets,
@@ -682,6 +682,7 @@ def apply_rotary(
     if cos is not None:
         for name, t in (("cos", cos), ("sin", sin)):
             check_tensor(op, name, t, dims=2, float_dtype=True)
+            assert t is not None  # (check_tensor refuses None)
             if t.shape[1] != rotary_dim // 2:
                 raise ValueError(
                     f"{op}: {name} must be (max_position, rotary_dim / 2 = "
@@ -689,6 +690,7 @@ def apply_rotary(
                 )
             if t.requires_grad and torch.is_grad_enabled():
                 raise ValueError(f"{op}: no gradient flows to {name}; pass {name}.detach()")
+        assert sin is not None  # (checked in the loop above)
         if cos.shape != sin.shape:
             raise ValueError(
                 f"{op}: cos and sin must have the same shape, got "
@@ -741,7 +743,7 @@ def apply_rotary(
                     f"position_ids must {allowed}",
                 )
         else:
-            _check_position_range(op, off, offsets, L, rows, "cos/sin")
+            check_position_range(op, off, offsets, L, rows, "cos/sin")
     args = (cos, sin, off, offsets, position_ids, rotary_dim, float(base), bool(interleaved))
     _backend._record(op, chosen)
     if chosen in ("reference", "torch"):

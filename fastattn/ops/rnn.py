@@ -1,6 +1,7 @@
 """Elman RNN: `rnn_cell` and the multi-layer `rnn` (public functions; the shared driver,
-checks, autograd and fake implementations are in fastattn/ops/_recurrent.py, whose docstring
-holds the op contract of fastattn::rnn_layer / rnn_layer_backward).
+checks and registration are in fastattn/ops/_recurrent.py; the op contract of
+fastattn::rnn_layer / rnn_layer_backward, with its fake implementations and autograd, is
+fastattn/contracts/recurrent.py).
 
 Backends: "cpu" runs the native layer ops (csrc/rnn/rnn_cpu.cpp on the recurrent engine of
 csrc/lstm, generic over the cell), "cuda" their CUDA bodies (csrc/lstm/lstm_cuda.cu, the

@@ -85,7 +85,7 @@ def gru_layer(
         lengths,
         dropout_p,
         seed,
-        lambda x_t, h, *w: _cell(x_t, h, *w, reset_after),
+        lambda x_t, h, w_ih, w_hh, b_ih, b_hh: _cell(x_t, h, w_ih, w_hh, b_ih, b_hh, reset_after),
     )
 
 
@@ -103,7 +103,7 @@ def recurrent_layer(input, h0, w_ih, w_hh, b_ih, b_hh, lengths, dropout_p, seed,
         weights = [None if w is None else w[d].to(acc) for w in (w_ih, w_hh, b_ih, b_hh)]
         h = h0[d].to(acc)
         steps = range(T) if d == 0 else range(T - 1, -1, -1)
-        out: list[torch.Tensor | None] = [None] * T
+        out: list = [None] * T  # every step is filled below
         for t in steps:
             h_new = cell(x[t], h, *weights)
             if lengths is None:

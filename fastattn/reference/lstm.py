@@ -80,7 +80,7 @@ def lstm_layer(
         w_proj = None if w_hr is None else w_hr[d].to(acc)
         h, c = h0[d].to(acc), c0[d].to(acc)
         steps = range(T) if d == 0 else range(T - 1, -1, -1)
-        out: list[torch.Tensor | None] = [None] * T
+        out: list = [None] * T  # every step is filled below
         for t in steps:
             h_new, c_new = _cell(x[t], h, c, *weights)
             if w_proj is not None:

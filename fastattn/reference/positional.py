@@ -46,6 +46,7 @@ def apply_dropout(y: torch.Tensor, p: float, seed: torch.Tensor | None) -> torch
     """Drop elements of y (numbered row-major) with fastattn's Philox stream; scale by 1/(1-p)."""
     if p <= 0.0:
         return y
+    assert seed is not None, "dropout_p > 0 needs a seed"
     keep = dropout_keep_mask(seed, tuple(y.shape), p, y.device)
     return y * keep * (1.0 / (1.0 - p))
 
@@ -143,6 +144,7 @@ def apply_rotary(
     if cos is None:
         c, s = rotary_cos_sin(position_ids, rotary_dim, base, acc)
     else:
+        assert sin is not None, "cos and sin are given together"
         c, s = cos.to(acc)[position_ids], sin.to(acc)[position_ids]
     c, s = c.unsqueeze(1), s.unsqueeze(1)  # (B, 1, L, rotary_dim/2)
     if conjugate:

@@ -61,5 +61,5 @@ def rnn_layer(
         lengths,
         dropout_p,
         seed,
-        lambda x_t, h, *w: _cell(x_t, h, *w, nonlinearity),
+        lambda x_t, h, w_ih, w_hh, b_ih, b_hh: _cell(x_t, h, w_ih, w_hh, b_ih, b_hh, nonlinearity),
     )

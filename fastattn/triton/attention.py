@@ -12,7 +12,8 @@ Kernels:
 - forward: one program per (BLOCK_M queries, batch * query head); online softmax over the key
   tiles that the window leaves visible (tiles entirely outside it are never loaded, which halves
   causal attention); saves lse (natural log) for the backward.
-- backward: `_bwd_preprocess` computes delta_i = rowsum(dO * O) - grad_lse_i; `_bwd_dkdv`
+- backward (fastattn/triton/attention_backward.py, with its launcher `launch_backward`):
+  `_bwd_preprocess` computes delta_i = rowsum(dO * O) - grad_lse_i; `_bwd_dkdv`
   owns BLOCK_N keys of one kv head and loops over every query head of its GQA group and the
   query tiles that can see those keys, so dK and dV are reduced in registers in a fixed order;
   `_bwd_dq` owns BLOCK_M queries and loops over the visible key tiles. Both recompute P from
@@ -21,10 +22,11 @@ Kernels:
   backend), so the backward regenerates the forward's mask; lse is that of undropped scores.
 - VARLEN (constexpr): the same three kernels run packed sequences (fastattn/triton/
   varlen_attention.py): batch stride 0, each program reads its sequence's first rows and
-  lengths from cu_seqlens (`_sequence`), exits at once when its tile lies past them, derives
+  lengths from cu_seqlens (`varlen_sequence`), exits at once when its tile lies past them, derives
   the band from those lengths and numbers lse and dropout as the native varlen op
-  (`_row_base`, `_dropout_rows`). The dense path is the same code with rows 0 and the call's
-  lengths. The online-softmax step is shared with the KV-cache decode kernel.
+  (`row_base`, `dropout_rows`). The dense path is the same code with rows 0 and the call's
+  lengths. The online-softmax step is shared with the KV-cache decode kernel (these device
+  functions: fastattn/triton/attention_common.py).
 
 Rows that see no key give out 0 and lse -inf: the running maximum is replaced by 0 while it is
 -inf, so exp(-inf - -inf) never happens. On CUDA the tile sizes are autotuned per head-dim
@@ -45,173 +47,26 @@ from torch.library import wrap_triton
 from .._debug import poison
 from ..contracts.attention import check_seqlen, output_like
 from . import dot_precision, finish, grid_x, interpreting, on_device, output_buffer
-from ._common import exp, round_to_bfloat16, tanh
+from .attention_backward import MaskGrad, launch_backward
+from .attention_common import (
+    biased_masked_scores,
+    capped_scores,
+    dropout_rows,
+    key_range,
+    online_softmax_step,
+    row_base,
+    softmax_finish,
+    tile_of_program,
+    varlen_sequence,
+)
 from .attention_tuning import head_class, interpreter_block, length_class, tuned
-from .random import dropout_multiplier
 
 # attn_mask kinds (constexpr MASK_KIND)
 _NO_MASK, _BOOL_MASK, _FLOAT_MASK = 0, 1, 2
 
 # ---------------------------------------------------------------------------------------------
-# Shared device functions
-
-
-@triton.jit
-def _operand(x, other, UPCAST: tl.constexpr):
-    """x (float32) as the left operand of a tl.dot with `other`: in other's dtype, as
-    FlashAttention does (16-bit P and dS feed the tensor cores). Under the interpreter with
-    bfloat16 inputs (UPCAST: everything is held in float32 there) x is rounded to the nearest
-    bfloat16 by bit arithmetic instead, since the interpreter's own conversion truncates; the
-    CPU run then rounds exactly where a GPU does."""
-    if UPCAST:
-        return round_to_bfloat16(x)
-    else:
-        return x.to(other.dtype)
-
-
-@triton.jit
-def _capped_scores(qk, scale, softcap, HAS_SOFTCAP: tl.constexpr, ACCURATE: tl.constexpr):
-    """scale * q.k, soft-capped: softcap * tanh(s / softcap)."""
-    s = qk * scale
-    if HAS_SOFTCAP:
-        s = softcap * tanh(s / softcap, ACCURATE)
-    return s
-
-
-@triton.jit
-def _biased_masked_scores(
-    s,
-    i,
-    j,
-    b,
-    h,
-    mask_ptr,
-    s_mb,
-    s_mh,
-    s_mi,
-    s_mj,
-    pad_ptr,
-    slope,
-    Lq,
-    Lk,
-    shift,
-    window_lo,
-    window_hi,
-    MASK_KIND: tl.constexpr,
-    HAS_PAD: tl.constexpr,
-    HAS_ALIBI: tl.constexpr,
-):
-    """Adds ALiBi and the float mask to the (capped) scores s and sets hidden keys to -inf.
-
-    i (query indices) and j (key indices) broadcast to s's shape in either orientation
-    ((M, 1) x (1, N) in the forward and dQ kernels, (1, M) x (N, 1) in the dK/dV kernel).
-    Query i sits at key position i + shift (Lk - Lq, or a KV cache's length before the new
-    tokens), which is the ALiBi distance's origin. slope is a scalar or broadcasts like i.
-    Out-of-range rows and columns are hidden too.
-    """
-    if HAS_ALIBI:
-        s = s - slope * tl.abs(i + shift - j).to(tl.float32)
-    inside = (i < Lq) & (j < Lk)
-    visible = inside & (j >= i + window_lo) & (j <= i + window_hi)
-    if MASK_KIND != 0:
-        mptr = mask_ptr + b * s_mb + h * s_mh + i.to(tl.int64) * s_mi + j.to(tl.int64) * s_mj
-        if MASK_KIND == 1:
-            allowed = tl.load(mptr, mask=inside, other=0)
-            visible = visible & (allowed != 0)
-        else:
-            s = s + tl.load(mptr, mask=inside, other=0.0).to(tl.float32)
-    if HAS_PAD:
-        padding = tl.load(pad_ptr + b * Lk + j, mask=j < Lk, other=1)
-        visible = visible & (padding == 0)
-    return tl.where(visible, s, float("-inf"))
-
-
-@triton.jit
-def _tile_of_program(length, BLOCK: tl.constexpr):
-    """(first row of this program's tile, batch * head index) from a 1-D grid of
-    B*H*cdiv(length, BLOCK) programs. The tiles of one head are consecutive programs, so they
-    run together and share that head's K/V (or Q/dO) in L2; a 1-D grid also has no 65535 limit
-    on B*H, unlike a grid's second axis."""
-    tiles = tl.cdiv(length, BLOCK)
-    pid = tl.program_id(0).to(tl.int64)
-    return (pid % tiles).to(tl.int32) * BLOCK, pid // tiles
-
-
-@triton.jit
-def _key_range(start_m, Lk, window_lo, window_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """[lo, hi) of the key tiles that queries [start_m, start_m + BLOCK_M) can see through the
-    window; lo is a multiple of BLOCK_N. Tiles outside are never loaded."""
-    lo = tl.maximum(start_m + window_lo, 0)
-    lo = (lo // BLOCK_N) * BLOCK_N
-    hi = tl.minimum(start_m + BLOCK_M + window_hi, Lk)
-    return lo, hi
-
-
-@triton.jit
-def _query_range(start_n, Lq, window_lo, window_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """[lo, hi) of the query tiles that can see keys [start_n, start_n + BLOCK_N): query i sees
-    key j iff j - window_hi <= i <= j - window_lo."""
-    lo = tl.maximum(start_n - window_hi, 0)
-    lo = (lo // BLOCK_M) * BLOCK_M
-    hi = tl.minimum(start_n + BLOCK_N - window_lo, Lq)
-    return lo, hi
-
-
-# ---------------------------------------------------------------------------------------------
-# Forward
-
-
-@triton.jit
-def _sequence(Cu_q, Cu_k, b, Lq, Lk, window_lo, window_hi, causal_mode, VARLEN: tl.constexpr):
-    """Where sequence b lives and which keys its queries see:
-    (first query row, first key row, its Lq, its Lk, band lo, band hi), key j visible to
-    query i iff i + lo <= j <= i + hi.
-
-    Dense: rows 0, the call's lengths and band (window_lo/hi). Varlen: rows and lengths from
-    cu_seqlens (int32 (B+1,)); window_lo/hi then hold the window's sides (-1 unbounded) and
-    the band is derived from this sequence's own lengths, as reference/varlen_attention.band
-    does (causal_mode 1 top-left, 2 bottom-right)."""
-    if VARLEN:
-        q0 = tl.load(Cu_q + b).to(tl.int64)
-        k0 = tl.load(Cu_k + b).to(tl.int64)
-        seq_q = tl.load(Cu_q + b + 1) - tl.load(Cu_q + b)
-        seq_k = tl.load(Cu_k + b + 1) - tl.load(Cu_k + b)
-        # fastattn.varlen_attention checks cu_seqlens on the host, except under torch.compile;
-        # this assert (active under TRITON_DEBUG=1) catches them there.
-        tl.device_assert(
-            (seq_q >= 0) & (seq_q <= Lq) & (seq_k >= 0) & (seq_k <= Lk),
-            "cu_seqlens must be non-decreasing with lengths <= max_seqlen",
-        )
-        shift = seq_k - seq_q
-        lo = tl.where(window_lo >= 0, shift - window_lo, -1073741824)
-        hi = tl.where(window_hi >= 0, shift + window_hi, 1073741824)
-        causal_hi = tl.where(causal_mode == 1, 0, shift)
-        hi = tl.where(causal_mode != 0, tl.minimum(hi, causal_hi), hi)
-        return q0, k0, seq_q, seq_k, lo, hi
-    else:
-        return 0, 0, Lq, Lk, window_lo, window_hi
-
-
-@triton.jit
-def _row_base(b, h, q0, Hq, Lq, total_q, VARLEN: tl.constexpr):
-    """Offset of the lse (and delta, grad_lse) entry of query 0 of head (b, h): lse is
-    (B, Hq, Lq) dense and (Hq, total_q) varlen, as the native ops."""
-    if VARLEN:
-        return h * total_q + q0
-    else:
-        return (b * Hq + h) * Lq
-
-
-@triton.jit
-def _dropout_rows(b, h, q0, Hq, Lq, Lk, VARLEN: tl.constexpr):
-    """(element of (i=0, j=0), element step per query row) of head (b, h) in fastattn's
-    Philox numbering, so that probability (i, j) is element base + i * step + j:
-    ((b*Hq + h)*Lq + i)*Lk + j dense, ((cu_seqlens_q[b] + i)*Hq + h)*max_seqlen_k + j varlen
-    (the CPU varlen kernel's numbering)."""
-    if VARLEN:
-        return (q0 * Hq + h) * Lk, Hq * Lk
-    else:
-        return (b * Hq + h) * Lq * Lk, Lk
+# Forward (the device functions it shares with the backward and the KV-cache decode kernel:
+# fastattn/triton/attention_common.py)
 
 
 @triton.jit
@@ -277,11 +132,11 @@ def _fwd_kernel(
 ):
     """out and lse of BLOCK_M queries of head (b, h). Varlen: Lq/Lk are the largest lengths
     and the program exits at once when its tile lies past its sequence's queries."""
-    start_m, bh = _tile_of_program(Lq, BLOCK_M)
+    start_m, bh = tile_of_program(Lq, BLOCK_M)
     b = bh // Hq
     h = bh % Hq
     kvh = h // GROUP
-    q0, k0, seq_q, seq_k, lo_w, hi_w = _sequence(
+    q0, k0, seq_q, seq_k, lo_w, hi_w = varlen_sequence(
         Cu_q, Cu_k, b, Lq, Lk, window_lo, window_hi, causal_mode, VARLEN
     )
     if start_m >= seq_q:
@@ -306,13 +161,13 @@ def _fwd_kernel(
     slope = 0.0
     if HAS_ALIBI:
         slope = tl.load(Alibi + b * s_ab + h * s_ah)
-    drop0, drop_step = _dropout_rows(b, h, q0, Hq, Lq, Lk, VARLEN)
+    drop0, drop_step = dropout_rows(b, h, q0, Hq, Lq, Lk, VARLEN)
     row_element = drop0 + offs_m.to(tl.int64) * drop_step  # dropout element of (i, 0)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max of the scores
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    lo, hi = _key_range(start_m, seq_k, lo_w, hi_w, BLOCK_M, BLOCK_N)
+    lo, hi = key_range(start_m, seq_k, lo_w, hi_w, BLOCK_M, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < seq_k
@@ -331,8 +186,8 @@ def _fwd_kernel(
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        s = _capped_scores(qk, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
-        s = _biased_masked_scores(
+        s = capped_scores(qk, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
+        s = biased_masked_scores(
             s,
             offs_m[:, None],
             offs_n[None, :],
@@ -354,7 +209,7 @@ def _fwd_kernel(
             HAS_PAD,
             HAS_ALIBI,
         )
-        m_i, l_i, acc = _online_softmax_step(
+        m_i, l_i, acc = online_softmax_step(
             s,
             v,
             m_i,
@@ -370,529 +225,13 @@ def _fwd_kernel(
             ACCURATE_EXP,
         )
 
-    out, lse = _softmax_finish(m_i, l_i, acc)
+    out, lse = softmax_finish(m_i, l_i, acc)
     tl.store(
         Out + b * s_ob + h * s_oh + (q0 + offs_m).to(tl.int64)[:, None] * s_om + offs_dv[None, :],
         out.to(Out.dtype.element_ty),
         mask=m_valid[:, None] & dv_valid[None, :],
     )
-    tl.store(Lse + _row_base(b, h, q0, Hq, Lq, total_q, VARLEN) + offs_m, lse, mask=m_valid)
-
-
-@triton.jit
-def _online_softmax_step(
-    s,
-    v,
-    m_i,
-    l_i,
-    acc,
-    Seed,
-    element,
-    threshold,
-    keep_scale,
-    HAS_DROPOUT: tl.constexpr,
-    UPCAST: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    ACCURATE_EXP: tl.constexpr,
-):
-    """One key tile of the online softmax: s (M, N) final scores (-inf where hidden), v (N, Dv);
-    returns the updated running max m_i, sum l_i (of undropped probabilities, so lse ignores
-    dropout) and accumulator acc (M, Dv). element (M, N): Philox elements of the tile."""
-    # The running max is subtracted in natural units ((s - m) is exact near the max), so
-    # lse = m + log(l) keeps full precision.
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    # While a row has seen no visible key its max is -inf: subtract 0 instead, so that
-    # exp(-inf - -inf) = NaN never appears (p and alpha are then 0).
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = exp(s - m_safe[:, None], ACCURATE_EXP)
-    alpha = exp(m_i - m_safe, ACCURATE_EXP)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    if HAS_DROPOUT:
-        p = p * dropout_multiplier(Seed, element, threshold, keep_scale)
-    acc = acc * alpha[:, None] + tl.dot(_operand(p, v, UPCAST), v, input_precision=DOT_PRECISION)
-    return m_new, l_i, acc
-
-
-@triton.jit
-def _softmax_finish(m_i, l_i, acc):
-    """(out = acc / l, lse = m + log l) of an online softmax; rows that saw no visible key
-    (l = 0) give out 0 and lse -inf."""
-    empty = l_i == 0.0
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), m_i + tl.log(tl.where(empty, 1.0, l_i)))
-    return out, lse
-
-
-# ---------------------------------------------------------------------------------------------
-# Backward
-
-
-@triton.jit
-def _bwd_preprocess(
-    Out,
-    DO,
-    GradLse,
-    Delta,
-    s_ob,
-    s_oh,
-    s_om,
-    s_dob,
-    s_doh,
-    s_dom,
-    Hq,
-    Lq,
-    Dv,
-    HAS_GRAD_LSE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-):
-    """delta_i = rowsum(dO_i * O_i) - grad_lse_i, so that dS = P * (dP - delta) also carries
-    the gradient of lse (d lse_i / d s_ij = P_ij). Rows are (B, Hq, Lq) with delta laid out as
-    lse; varlen launches it as one batch of total_q rows (Hq, total_q), no per-sequence work."""
-    start_m, bh = _tile_of_program(Lq, BLOCK_M)
-    b = bh // Hq
-    h = bh % Hq
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    m_valid = offs_m < Lq
-    mask = m_valid[:, None] & (offs_dv < Dv)[None, :]
-    rows = offs_m.to(tl.int64)[:, None]
-    o = tl.load(
-        Out + b * s_ob + h * s_oh + rows * s_om + offs_dv[None, :], mask=mask, other=0.0
-    ).to(tl.float32)
-    do = tl.load(
-        DO + b * s_dob + h * s_doh + rows * s_dom + offs_dv[None, :], mask=mask, other=0.0
-    ).to(tl.float32)
-    delta = tl.sum(o * do, 1)
-    if HAS_GRAD_LSE:
-        delta -= tl.load(GradLse + bh * Lq + offs_m, mask=m_valid, other=0.0).to(tl.float32)
-    tl.store(Delta + bh * Lq + offs_m, delta, mask=m_valid)
-
-
-@triton.jit
-def _add_mask_grad(
-    base, dsT, offs_m, offs_n, m_valid, n_valid, s_gi, s_gj, MODE: tl.constexpr, SUM_Q: tl.constexpr
-):
-    """Adds the (keys, queries) tile dsT to d attn_mask at base + i * s_gi + j * s_gj (the
-    modes of _bwd_dkdv_kernel's BIAS_GRAD)."""
-    if SUM_Q:
-        vals = tl.sum(tl.where(m_valid[None, :], dsT, 0.0), axis=1)
-        ptr = base + offs_n.to(tl.int64) * s_gj
-        ok = n_valid
-    else:
-        vals = dsT
-        ptr = base + offs_m.to(tl.int64)[None, :] * s_gi + offs_n.to(tl.int64)[:, None] * s_gj
-        ok = n_valid[:, None] & m_valid[None, :]
-    if MODE == 1:
-        tl.store(ptr, vals, mask=ok)
-    elif MODE == 2:
-        tl.store(ptr, tl.load(ptr, mask=ok, other=0.0) + vals, mask=ok)
-    else:
-        tl.atomic_add(ptr, vals, mask=ok)
-
-
-@triton.jit
-def _bwd_dkdv_kernel(
-    Q,
-    K,
-    V,
-    DO,
-    Lse,
-    Delta,
-    Mask,
-    Pad,
-    Alibi,
-    Seed,
-    Cu_q,
-    Cu_k,
-    DK,
-    DV,
-    DMask,
-    s_qb,
-    s_qh,
-    s_qm,
-    s_kb,
-    s_kh,
-    s_kn,
-    s_vb,
-    s_vh,
-    s_vn,
-    s_dob,
-    s_doh,
-    s_dom,
-    s_dkb,
-    s_dkh,
-    s_dkn,
-    s_dvb,
-    s_dvh,
-    s_dvn,
-    s_mb,
-    s_mh,
-    s_mi,
-    s_mj,
-    s_ab,
-    s_ah,
-    s_gb,
-    s_gh,
-    s_gi,
-    s_gj,
-    loop_b,
-    loop_h,
-    Hq,
-    GROUP,
-    Lq,
-    Lk,
-    D,
-    Dv,
-    scale,
-    softcap,
-    window_lo,
-    window_hi,
-    total_q,
-    causal_mode,
-    threshold,
-    keep_scale,
-    LQ_CLASS,
-    LK_CLASS,
-    MASK_KIND: tl.constexpr,
-    HAS_PAD: tl.constexpr,
-    HAS_ALIBI: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr,
-    UPCAST: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    ACCURATE_EXP: tl.constexpr,
-    VARLEN: tl.constexpr,
-    BIAS_GRAD: tl.constexpr,
-    BIAS_SUM_Q: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """dK, dV for BLOCK_N keys of kv head (b, kvh), summed over the GROUP query heads that
-    share it. Scores are computed transposed, (keys, queries), so that every product is a
-    plain tl.dot with one transposed operand (as in Triton's fused-attention tutorial).
-    Varlen: tiles past the sequence's keys exit at once; a sequence without queries writes
-    dK = dV = 0 for its keys.
-
-    d attn_mask (BIAS_GRAD != 0): dS of the biased scores (before the softcap's factor) goes
-    to DMask (float32, the mask's shape) addressed through s_g* (0 along broadcast dims):
-    BIAS_GRAD 1 stores (each element is visited once), 2 adds by read-modify-write (this
-    program owns the elements: it walks `loop_b` batches and `loop_h` kv heads, the mask's
-    broadcast dims, so the sum has a fixed order), 3 adds atomically (broadcast dims split
-    across programs; not reproducible). BIAS_SUM_Q: the mask broadcasts over queries, so a
-    tile's dS is summed over its queries first."""
-    start_n, pair = _tile_of_program(Lk, BLOCK_N)
-    Hkv = Hq // GROUP
-    pairs_h = Hkv // loop_h
-    b_first = (pair // pairs_h) * loop_b
-    kvh_first = (pair % pairs_h) * loop_h
-    # One (b, kv head) pair, or loop_b x loop_h of them when this program owns d mask's
-    # elements along the mask's broadcast dims (BIAS_GRAD 2).
-    for b in range(b_first, b_first + loop_b):
-        for kvh in range(kvh_first, kvh_first + loop_h):
-            q0, k0, seq_q, seq_k, lo_w, hi_w = _sequence(
-                Cu_q, Cu_k, b, Lq, Lk, window_lo, window_hi, causal_mode, VARLEN
-            )
-            if start_n < seq_k:
-                offs_n = start_n + tl.arange(0, BLOCK_N)
-                offs_d = tl.arange(0, BLOCK_D)
-                offs_dv = tl.arange(0, BLOCK_DV)
-                n_valid = offs_n < seq_k
-                d_valid = offs_d < D
-                dv_valid = offs_dv < Dv
-                rows_n = (k0 + offs_n).to(tl.int64)[:, None]
-                k = tl.load(
-                    K + b * s_kb + kvh * s_kh + rows_n * s_kn + offs_d[None, :],
-                    mask=n_valid[:, None] & d_valid[None, :],
-                    other=0.0,
-                )
-                v = tl.load(
-                    V + b * s_vb + kvh * s_vh + rows_n * s_vn + offs_dv[None, :],
-                    mask=n_valid[:, None] & dv_valid[None, :],
-                    other=0.0,
-                )
-                if UPCAST:
-                    k = k.to(tl.float32)
-                    v = v.to(tl.float32)
-                dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-                dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
-                lo, hi = _query_range(start_n, seq_q, lo_w, hi_w, BLOCK_M, BLOCK_N)
-                for g in range(0, GROUP):
-                    h = kvh * GROUP + g
-                    row0 = _row_base(b, h, q0, Hq, Lq, total_q, VARLEN)
-                    drop0, drop_step = _dropout_rows(b, h, q0, Hq, Lq, Lk, VARLEN)
-                    slope = 0.0
-                    if HAS_ALIBI:
-                        slope = tl.load(Alibi + b * s_ab + h * s_ah)
-                    q_base = Q + b * s_qb + h * s_qh + q0 * s_qm
-                    do_base = DO + b * s_dob + h * s_doh + q0 * s_dom
-                    for start_m in range(lo, hi, BLOCK_M):
-                        offs_m = start_m + tl.arange(0, BLOCK_M)
-                        m_valid = offs_m < seq_q
-                        cols_m = offs_m.to(tl.int64)
-                        qT = tl.load(
-                            q_base + cols_m[None, :] * s_qm + offs_d[:, None],
-                            mask=m_valid[None, :] & d_valid[:, None],
-                            other=0.0,
-                        )
-                        do = tl.load(
-                            do_base + cols_m[:, None] * s_dom + offs_dv[None, :],
-                            mask=m_valid[:, None] & dv_valid[None, :],
-                            other=0.0,
-                        )
-                        if UPCAST:
-                            qT = qT.to(tl.float32)
-                            do = do.to(tl.float32)
-                        lse = tl.load(Lse + row0 + offs_m, mask=m_valid, other=0.0)
-                        # Rows without a visible key have lse -inf and only -inf scores: use
-                        # +inf so that their P is exp2(-inf) = 0 rather than NaN.
-                        lse = tl.where(lse == float("-inf"), float("inf"), lse)
-                        delta = tl.load(Delta + row0 + offs_m, mask=m_valid, other=0.0)
-                        qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)
-                        sT = _capped_scores(qkT, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
-                        sT_masked = _biased_masked_scores(
-                            sT,
-                            offs_m[None, :],
-                            offs_n[:, None],
-                            b,
-                            h,
-                            Mask,
-                            s_mb,
-                            s_mh,
-                            s_mi,
-                            s_mj,
-                            Pad,
-                            slope,
-                            seq_q,
-                            seq_k,
-                            seq_k - seq_q,
-                            lo_w,
-                            hi_w,
-                            MASK_KIND,
-                            HAS_PAD,
-                            HAS_ALIBI,
-                        )
-                        pT = exp(sT_masked - lse[None, :], ACCURATE_EXP)
-                        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-                        if HAS_DROPOUT:
-                            zT = dropout_multiplier(
-                                Seed,
-                                drop0 + cols_m[None, :] * drop_step + offs_n[:, None],
-                                threshold,
-                                keep_scale,
-                            )
-                            dv += tl.dot(
-                                _operand(pT * zT, do, UPCAST), do, input_precision=DOT_PRECISION
-                            )
-                            dpT = dpT * zT
-                        else:
-                            dv += tl.dot(
-                                _operand(pT, do, UPCAST), do, input_precision=DOT_PRECISION
-                            )
-                        dsT = pT * (dpT - delta[None, :])
-                        if BIAS_GRAD != 0:
-                            _add_mask_grad(
-                                # b is int64 (from the program id): 64-bit offsets
-                                DMask + b * s_gb + (b * 0 + h) * s_gh,
-                                dsT,
-                                offs_m,
-                                offs_n,
-                                m_valid,
-                                n_valid,
-                                s_gi,
-                                s_gj,
-                                BIAS_GRAD,
-                                BIAS_SUM_Q,
-                            )
-                        if HAS_SOFTCAP:
-                            t = sT / softcap
-                            dsT = dsT * (1.0 - t * t)
-                        dk += tl.dot(
-                            _operand(dsT, qT, UPCAST), tl.trans(qT), input_precision=DOT_PRECISION
-                        )
-                dk = dk * scale
-                tl.store(
-                    DK + b * s_dkb + kvh * s_dkh + rows_n * s_dkn + offs_d[None, :],
-                    dk.to(DK.dtype.element_ty),
-                    mask=n_valid[:, None] & d_valid[None, :],
-                )
-                tl.store(
-                    DV + b * s_dvb + kvh * s_dvh + rows_n * s_dvn + offs_dv[None, :],
-                    dv.to(DV.dtype.element_ty),
-                    mask=n_valid[:, None] & dv_valid[None, :],
-                )
-
-
-@triton.jit
-def _bwd_dq_kernel(
-    Q,
-    K,
-    V,
-    DO,
-    Lse,
-    Delta,
-    Mask,
-    Pad,
-    Alibi,
-    Seed,
-    Cu_q,
-    Cu_k,
-    DQ,
-    s_qb,
-    s_qh,
-    s_qm,
-    s_kb,
-    s_kh,
-    s_kn,
-    s_vb,
-    s_vh,
-    s_vn,
-    s_dob,
-    s_doh,
-    s_dom,
-    s_dqb,
-    s_dqh,
-    s_dqm,
-    s_mb,
-    s_mh,
-    s_mi,
-    s_mj,
-    s_ab,
-    s_ah,
-    Hq,
-    GROUP,
-    Lq,
-    Lk,
-    D,
-    Dv,
-    scale,
-    softcap,
-    window_lo,
-    window_hi,
-    total_q,
-    causal_mode,
-    threshold,
-    keep_scale,
-    LQ_CLASS,
-    LK_CLASS,
-    MASK_KIND: tl.constexpr,
-    HAS_PAD: tl.constexpr,
-    HAS_ALIBI: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr,
-    UPCAST: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    ACCURATE_EXP: tl.constexpr,
-    VARLEN: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """dQ for BLOCK_M queries of head (b, h), over the key tiles they can see."""
-    start_m, bh = _tile_of_program(Lq, BLOCK_M)
-    b = bh // Hq
-    h = bh % Hq
-    kvh = h // GROUP
-    q0, k0, seq_q, seq_k, lo_w, hi_w = _sequence(
-        Cu_q, Cu_k, b, Lq, Lk, window_lo, window_hi, causal_mode, VARLEN
-    )
-    if start_m >= seq_q:
-        return
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    m_valid = offs_m < seq_q
-    d_valid = offs_d < D
-    dv_valid = offs_dv < Dv
-    rows_m = (q0 + offs_m).to(tl.int64)[:, None]
-    q = tl.load(
-        Q + b * s_qb + h * s_qh + rows_m * s_qm + offs_d[None, :],
-        mask=m_valid[:, None] & d_valid[None, :],
-        other=0.0,
-    )
-    do = tl.load(
-        DO + b * s_dob + h * s_doh + rows_m * s_dom + offs_dv[None, :],
-        mask=m_valid[:, None] & dv_valid[None, :],
-        other=0.0,
-    )
-    if UPCAST:
-        q = q.to(tl.float32)
-        do = do.to(tl.float32)
-    row0 = _row_base(b, h, q0, Hq, Lq, total_q, VARLEN)
-    lse = tl.load(Lse + row0 + offs_m, mask=m_valid, other=0.0)
-    lse = tl.where(lse == float("-inf"), float("inf"), lse)  # see _bwd_dkdv_kernel
-    delta = tl.load(Delta + row0 + offs_m, mask=m_valid, other=0.0)
-    slope = 0.0
-    if HAS_ALIBI:
-        slope = tl.load(Alibi + b * s_ab + h * s_ah)
-    k_base = K + b * s_kb + kvh * s_kh + k0 * s_kn
-    v_base = V + b * s_vb + kvh * s_vh + k0 * s_vn
-    drop0, drop_step = _dropout_rows(b, h, q0, Hq, Lq, Lk, VARLEN)
-    row_element = drop0 + offs_m.to(tl.int64) * drop_step
-
-    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    lo, hi = _key_range(start_m, seq_k, lo_w, hi_w, BLOCK_M, BLOCK_N)
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_valid = offs_n < seq_k
-        rows_n = offs_n.to(tl.int64)[:, None]
-        k = tl.load(
-            k_base + rows_n * s_kn + offs_d[None, :],
-            mask=n_valid[:, None] & d_valid[None, :],
-            other=0.0,
-        )
-        v = tl.load(
-            v_base + rows_n * s_vn + offs_dv[None, :],
-            mask=n_valid[:, None] & dv_valid[None, :],
-            other=0.0,
-        )
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        s = _capped_scores(qk, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
-        s_masked = _biased_masked_scores(
-            s,
-            offs_m[:, None],
-            offs_n[None, :],
-            b,
-            h,
-            Mask,
-            s_mb,
-            s_mh,
-            s_mi,
-            s_mj,
-            Pad,
-            slope,
-            seq_q,
-            seq_k,
-            seq_k - seq_q,
-            lo_w,
-            hi_w,
-            MASK_KIND,
-            HAS_PAD,
-            HAS_ALIBI,
-        )
-        p = exp(s_masked - lse[:, None], ACCURATE_EXP)
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-        if HAS_DROPOUT:
-            dp = dp * dropout_multiplier(
-                Seed, row_element[:, None] + offs_n[None, :], threshold, keep_scale
-            )
-        ds = p * (dp - delta[:, None])
-        if HAS_SOFTCAP:
-            t = s / softcap
-            ds = ds * (1.0 - t * t)
-        dq += tl.dot(_operand(ds, k, UPCAST), k, input_precision=DOT_PRECISION)
-    dq = dq * scale
-    tl.store(
-        DQ + b * s_dqb + h * s_dqh + rows_m * s_dqm + offs_d[None, :],
-        dq.to(DQ.dtype.element_ty),
-        mask=m_valid[:, None] & d_valid[None, :],
-    )
+    tl.store(Lse + row_base(b, h, q0, Hq, Lq, total_q, VARLEN) + offs_m, lse, mask=m_valid)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -900,13 +239,11 @@ def _bwd_dq_kernel(
 
 
 _FWD_TUNED = tuned(_fwd_kernel, "fwd")
-_DKDV_TUNED = tuned(_bwd_dkdv_kernel, "dkdv", reset_to_zero=["DMask"])
-_DQ_TUNED = tuned(_bwd_dq_kernel, "dq")
 
 _MAX_PACKED_ROWS = 2**31 - 1 - 1024  # 1024: more than any BLOCK_M of _bwd_preprocess
 
 
-class _Launch:
+class Launch:
     """Everything the three main kernels share: pointers for optional tensors, strides,
     constexpr flags, and whether to launch the raw kernel (interpreter) or the tuned one.
 
@@ -1030,11 +367,11 @@ class _Launch:
 
 
 # ---------------------------------------------------------------------------------------------
-# Launchers shared by the dense ops (below) and the varlen ops (fastattn/triton/
-# varlen_attention.py)
+# The forward's launcher, shared by the dense ops (below) and the varlen ops (fastattn/triton/
+# varlen_attention.py; the backward's: fastattn/triton/attention_backward.py)
 
 
-def launch_forward(launch: _Launch, q, k, v, out, lse) -> None:
+def launch_forward(launch: Launch, q, k, v, out, lse) -> None:
     """Runs the forward kernel into out (shaped like q with Dv) and lse (float32, the op's
     layout); out may be a float32 buffer for bfloat16 under the interpreter."""
     B, Hq, Hkv, Lq, Lk, D, Dv = launch.shape
@@ -1068,148 +405,6 @@ def launch_forward(launch: _Launch, q, k, v, out, lse) -> None:
         )
 
 
-class _MaskGrad:
-    """d attn_mask of a dense call: a zeroed float32 (float64 for a float64 mask) buffer shaped
-    like the mask, except that a mask broadcast over keys gets its key dim materialised (and
-    summed by torch at the end: such a bias is softmax-invariant, a rare case), and how the
-    dK/dV kernel adds to it (its BIAS_GRAD modes).
-
-    deterministic: a program walks the batches (a mask shared by the batch, T5/Swin) and the
-    kv heads (a mask shared by the heads, AlphaFold's pair bias) its elements gather, so
-    every element is summed by one program in a fixed order (fewer, longer programs: the grid
-    shrinks by those factors). Otherwise those dims are split across programs that add
-    atomically (full grid; the float sums' order varies)."""
-
-    def __init__(self, attn_mask: torch.Tensor, launch: _Launch, deterministic: bool):
-        B, Hq, Hkv, Lq, Lk, _, _ = launch.shape
-        mB, mH, mQ, mK = attn_mask.shape
-        self.sum_k = mK == 1 and Lk > 1
-        dtype = torch.float64 if attn_mask.dtype == torch.float64 else torch.float32
-        self.dtype = attn_mask.dtype
-        self.buffer = torch.zeros(
-            (mB, mH, mQ, Lk if self.sum_k else mK), dtype=dtype, device=attn_mask.device
-        )
-        view = self.buffer.expand(B, Hq, Lq, Lk)
-        self.strides = tuple(view.stride())
-        across_b = mB == 1 and B > 1
-        across_h = mH == 1 and Hkv > 1
-        self.sum_q = mQ == 1 and Lq > 1
-        within = (mH == 1 and Hq > Hkv) or self.sum_q  # sums inside one program
-        if (across_b or across_h) and not deterministic:
-            self.mode, self.loop_b, self.loop_h = 3, 1, 1
-        else:
-            self.loop_b = B if across_b else 1
-            self.loop_h = Hkv if across_h else 1
-            self.mode = 2 if (across_b or across_h or within) else 1
-
-    def result(self) -> torch.Tensor:
-        g = self.buffer.sum(3, keepdim=True) if self.sum_k else self.buffer
-        return g.to(self.dtype)
-
-
-def launch_backward(
-    launch: _Launch, grad_out, grad_lse, q, k, v, out, lse, dq, dk, dv, mask_grad=None
-) -> None:
-    """Runs the backward kernels into dq, dk, dv (shaped like q, k, v; float32 buffers for
-    bfloat16 under the interpreter) and, with mask_grad (a _MaskGrad), d attn_mask. grad_out
-    has a unit last stride; lse and grad_lse (or None) are contiguous in the op's lse layout."""
-    B, Hq, Hkv, Lq, Lk, D, Dv = launch.shape
-    total_q = q.shape[0] if launch.varlen else B * Lq
-    delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
-    has_grad_lse = grad_lse is not None
-    grad_lse_arg = grad_lse if has_grad_lse else lse
-    common = (q, k, v, grad_out, lse, delta, *launch.optional)
-    q_k_v_do_strides = (
-        *launch.strides(q),
-        *launch.strides(k),
-        *launch.strides(v),
-        *launch.strides(grad_out),
-    )
-    with on_device(q):
-        if Hq * total_q > 0:
-            block_dv = launch.meta["BLOCK_DV"]
-            pre_m = max(16, 8192 // block_dv)  # 64 float32 registers a thread per tile
-            # delta has lse's layout: (B, Hq, Lq) dense; varlen's (Hq, total_q) is the same
-            # loop over one batch of total_q rows (batch stride 0), with no per-sequence work.
-            pre_b, pre_l = (1, total_q) if launch.varlen else (B, Lq)
-            pre_grid = grid_x(
-                launch.op, "B * Hq * ceil(Lq / BLOCK_M)", pre_b * Hq * triton.cdiv(pre_l, pre_m)
-            )
-            wrap_triton(_bwd_preprocess)[(pre_grid,)](
-                out,
-                grad_out,
-                grad_lse_arg,
-                delta,
-                *launch.strides(out),
-                *launch.strides(grad_out),
-                Hq,
-                pre_l,
-                Dv,
-                HAS_GRAD_LSE=has_grad_lse,
-                BLOCK_M=pre_m,
-                BLOCK_DV=block_dv,
-            )
-
-            kernel, blocks = launch.kernel(_bwd_dq_kernel, _DQ_TUNED)
-
-            def dq_grid(meta):
-                return (
-                    grid_x(
-                        launch.op,
-                        "B * Hq * ceil(Lq / BLOCK_M)",
-                        B * Hq * triton.cdiv(Lq, meta["BLOCK_M"]),
-                    ),
-                )
-
-            kernel[dq_grid](
-                *common,
-                dq,
-                *q_k_v_do_strides,
-                *launch.strides(dq),
-                *launch.trailing_strides,
-                *launch.scalars,
-                **launch.meta,
-                **blocks,
-            )
-        if B * Hkv * Lk > 0 and k.numel() > 0:
-            kernel, blocks = launch.kernel(_bwd_dkdv_kernel, _DKDV_TUNED)
-
-            if mask_grad is None:
-                dmask, dmask_strides, loops = dk.new_empty(1, dtype=torch.float32), (0,) * 4, (1, 1)
-                bias = dict(BIAS_GRAD=0, BIAS_SUM_Q=False)
-            else:
-                dmask, dmask_strides = mask_grad.buffer, mask_grad.strides
-                loops = (mask_grad.loop_b, mask_grad.loop_h)
-                bias = dict(BIAS_GRAD=mask_grad.mode, BIAS_SUM_Q=mask_grad.sum_q)
-            pairs = (B // loops[0]) * (Hkv // loops[1])
-
-            def dkdv_grid(meta):
-                return (
-                    grid_x(
-                        launch.op,
-                        "B * Hkv * ceil(Lk / BLOCK_N)",
-                        pairs * triton.cdiv(Lk, meta["BLOCK_N"]),
-                    ),
-                )
-
-            kernel[dkdv_grid](
-                *common,
-                dk,
-                dv,
-                dmask,
-                *q_k_v_do_strides,
-                *launch.strides(dk),
-                *launch.strides(dv),
-                *launch.trailing_strides,
-                *dmask_strides,
-                *loops,
-                *launch.scalars,
-                **launch.meta,
-                **bias,
-                **blocks,
-            )
-
-
 # ---------------------------------------------------------------------------------------------
 # Launchers of the torch ops fastattn::attention_forward_triton / attention_backward_triton
 # (the schemas of the native ops in csrc/bindings.cpp; fastattn/ops/attention.py registers
@@ -1232,7 +427,7 @@ def attention_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, Hq, Lq, Dv) in q's layout, lse (B, Hq, Lq) float32) of the canonical
     arguments (module docstring)."""
-    launch = _Launch(
+    launch = Launch(
         q,
         k,
         v,
@@ -1278,8 +473,8 @@ def attention_backward(
     grad_out> + <lse, grad_lse>; d attn_mask (mask_grad, a float mask) shaped like the mask,
     dS summed over its broadcast dims, else empty. dq, dk, dv never use atomics; d attn_mask
     does only for a mask broadcast over batches or kv heads with deterministic=False
-    (_MaskGrad), so a deterministic backward is bitwise reproducible."""
-    launch = _Launch(
+    (MaskGrad), so a deterministic backward is bitwise reproducible."""
+    launch = Launch(
         q,
         k,
         v,
@@ -1300,7 +495,7 @@ def attention_backward(
                 "attention_backward (triton): mask_grad needs a float attn_mask "
                 "(a bool mask has no gradient)"
             )
-        dmask = _MaskGrad(attn_mask, launch, deterministic)
+        dmask = MaskGrad(attn_mask, launch, deterministic)
     else:
         dmask = None
     if grad_out.shape[-1] > 1 and grad_out.stride(-1) != 1:

@@ -41,7 +41,12 @@ from . import (
     tile_budget,
 )
 from ._common import round_to_bfloat16
-from .attention import _biased_masked_scores, _capped_scores, _online_softmax_step, _softmax_finish
+from .attention_common import (
+    biased_masked_scores,
+    capped_scores,
+    online_softmax_step,
+    softmax_finish,
+)
 
 
 @triton.jit
@@ -322,9 +327,9 @@ def _decode_kernel(
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        s = _capped_scores(qk, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
+        s = capped_scores(qk, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
         # Keys past this split's range are hidden as "beyond the sequence" (Lk = key_hi).
-        s = _biased_masked_scores(
+        s = biased_masked_scores(
             s,
             i[:, None],
             offs_n[None, :],
@@ -346,10 +351,10 @@ def _decode_kernel(
             False,
             HAS_ALIBI,
         )
-        m_i, l_i, acc = _online_softmax_step(
+        m_i, l_i, acc = online_softmax_step(
             s, v, m_i, l_i, acc, Q, 0, 0.0, 1.0, False, UPCAST, DOT_PRECISION, ACCURATE_EXP
         )
-    out, lse = _softmax_finish(m_i, l_i, acc)
+    out, lse = softmax_finish(m_i, l_i, acc)
     row_h = h.to(tl.int64)[:, None]
     row_i = i.to(tl.int64)[:, None]
     tl.store(

@@ -1,10 +1,10 @@
 """Triton kernels of the GRU: the launchers of the torch ops fastattn::gru_layer_triton and
 gru_layer_backward_triton (registered by fastattn/ops/gru.py with the contract in
-fastattn/ops/_recurrent.py's docstring). `gru_cell` runs the layer op with T = 1.
+fastattn/contracts/recurrent.py). `gru_cell` runs the layer op with T = 1.
 
-The recurrence runs on the LSTM's engine (fastattn/triton/lstm.py), generic over the cell: the
-input projection of all T steps is one GEMM, then one fused step kernel per time step computes
-the r, z, n products with h_{t-1} W_hh^T and the cell in the GEMM's epilogue.
+The recurrence runs on the recurrent engine (fastattn/triton/recurrent.py), generic over the
+cell: the input projection of all T steps is one GEMM, then one fused step kernel per time step
+computes the r, z, n products with h_{t-1} W_hh^T and the cell in the GEMM's epilogue.
 - reset_after=True (torch's and cuDNN's form): W_hn h_{t-1} + b_hn is a third accumulator of
   the same step, kept apart from the input projection because r multiplies it;
 - reset_after=False (Cho et al. 2014): n's product is (r * h_{t-1}) W_hn^T, which needs r of
@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import torch
 
-from .lstm import (
+from .recurrent import (
     CELL_GRU,
     CELL_GRU_RESET_BEFORE,
-    _seed_arg,
     dropped_input,
     input_gradient,
     layer_backward,
     layer_forward,
     previous_states,
+    seed_arg,
 )
 
 
@@ -90,7 +90,7 @@ def gru_layer_backward(
     grad_b_ih, grad_b_hh (D, 3H); grad_input (0,) unless input_grad, the weight and bias
     gradients (0,) unless weight_grad (and has_bias)."""
     op = "gru_layer_backward_triton"
-    seed = _seed_arg(dropout_p, seed, op)
+    seed = seed_arg(dropout_p, seed, op)
     cell = CELL_GRU if reset_after else CELL_GRU_RESET_BEFORE
     dgates, dh, _, _ = layer_backward(
         cell,

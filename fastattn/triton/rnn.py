@@ -1,10 +1,11 @@
 """Triton kernels of the Elman RNN: the launchers of the torch ops fastattn::rnn_layer_triton
 and rnn_layer_backward_triton (registered by fastattn/ops/rnn.py with the contract in
-fastattn/ops/_recurrent.py's docstring). `rnn_cell` runs the layer op with T = 1.
+fastattn/contracts/recurrent.py). `rnn_cell` runs the layer op with T = 1.
 
-The recurrence runs on the LSTM's engine (fastattn/triton/lstm.py), generic over the cell: the
-input projection of all T steps (both biases folded in) is one GEMM, then one fused step kernel
-per time step computes h_{t-1} W_hh^T with the activation (tanh or relu) in its epilogue.
+The recurrence runs on the recurrent engine (fastattn/triton/recurrent.py), generic over the
+cell: the input projection of all T steps (both biases folded in) is one GEMM, then one fused
+step kernel per time step computes h_{t-1} W_hh^T with the activation (tanh or relu) in its
+epilogue.
 Backward per step: the pre-activation gradient, then dh_{t-1} = da W_hh; the weight gradients
 are GEMMs over all T * B rows.
 Workspace (D, T * B * 2H) float32, per (direction, step, row): y | h_t, y the activation (0 past
@@ -15,15 +16,15 @@ from __future__ import annotations
 
 import torch
 
-from .lstm import (
+from .recurrent import (
     CELL_RNN_RELU,
     CELL_RNN_TANH,
-    _seed_arg,
     dropped_input,
     input_gradient,
     layer_backward,
     layer_forward,
     previous_states,
+    seed_arg,
 )
 
 _CELLS = {"tanh": CELL_RNN_TANH, "relu": CELL_RNN_RELU}
@@ -94,7 +95,7 @@ def rnn_layer_backward(
     input_grad, the weight and bias gradients (0,) unless weight_grad (and has_bias)."""
     op = "rnn_layer_backward_triton"
     cell = _cell(op, nonlinearity)
-    seed = _seed_arg(dropout_p, seed, op)
+    seed = seed_arg(dropout_p, seed, op)
     dgates, dh, _, _ = layer_backward(
         cell,
         op,

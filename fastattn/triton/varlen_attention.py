@@ -19,7 +19,8 @@ import torch
 
 from .._debug import poison
 from . import finish, output_buffer
-from .attention import _Launch, launch_backward, launch_forward
+from .attention import Launch, launch_forward
+from .attention_backward import launch_backward
 
 
 def _launch(
@@ -38,10 +39,10 @@ def _launch(
     window_right,
     dropout_p,
     seed,
-) -> _Launch:
+) -> Launch:
     # fastattn.varlen_attention checks cu_seqlens on the host (values, max_seqlen); the kernels
     # trust them, as the CUDA kernels do.
-    return _Launch(
+    return Launch(
         q,
         k,
         v,
