@@ -239,16 +239,12 @@ def _can_run_device(backend: str, device: torch.device) -> str | None:
     return None
 
 
-# The automatic choice on CUDA tensors, per op. The first GPU run (an H100, 2026-11-26,
-# benchmarks/results/gpu-h100-2026-11-26) measured the Triton kernels of `attention` and `lstm`
-# well ahead of the CUDA ones (median speed against torch: attention forward 0.44x against
-# 0.22x, forward+backward 0.46x against 0.16x; lstm forward 0.32x against 0.09x,
-# forward+backward 0.40x against 0.06x), so those two try Triton first. Every other op keeps
-# the CUDA kernels first: they measured as fast or faster (positional encodings) or have not
-# been measured on a GPU yet. The GRU and the Elman RNN (layers and cells) run on the LSTM's
-# Triton engine (fastattn/triton/recurrent.py, generic over the cell), so they try it first as the
-# LSTM does; the cuda backend runs them on the LSTM's CUDA engine (generic over the cell)
-# second, as for the LSTM.
+# The automatic choice on CUDA tensors, per op. The first GPU run (an H100, 2026-11-26;
+# docs/performance.md) measured the Triton kernels of `attention` and `lstm` well ahead of the
+# CUDA ones, so those two try Triton first. Every other op keeps the CUDA kernels first: they
+# measured as fast or faster (positional encodings) or have not been measured on a GPU yet. The
+# GRU and the Elman RNN (layers and cells) run on the same recurrent engines as the LSTM
+# (fastattn/triton/recurrent.py, csrc/recurrent/), so they take the LSTM's order.
 _CUDA_TENSOR_ORDER = ("cuda", "triton", "reference")
 _RECURRENT_ORDER = ("triton", "cuda", "reference")
 _CUDA_TENSOR_ORDER_BY_OP = {

@@ -43,7 +43,7 @@ fastattn::lstm_layer(Tensor input, Tensor h0, Tensor c0, Tensor w_ih, Tensor w_h
     major rows of the batch sorted by length; unused rows zero), so its backward recomputes no
     GEMM. The CUDA backend stores the same three arrays with unsorted time-major rows t * B + b
     (gates in the natural i, f, g, o order; rows past a sequence's end zero): it masks rows
-    per step instead of sorting (csrc/lstm/lstm_cuda_kernels.cuh).
+    per step instead of sorting (csrc/recurrent/recurrent_cuda_kernels.cuh).
     With lengths, no work happens past a sequence's end (the CPU backend sorts the batch by
     length and shrinks the active rows per step, as PackedSequence's batch_sizes do).
 fastattn::lstm_layer_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n,

@@ -3,11 +3,11 @@ rnn_layer and rnn_layer_backward (csrc/bindings.cpp declares the schemas) and th
 twins (suffix _triton): the fake implementations and the backward formula, shared by the two
 families (fastattn/ops/_recurrent.py registers them for every backend).
 
-Both families have one hidden state and G gate blocks per weight matrix (GRU: G = 3, gates
-r, z, n; RNN: G = 1); their layer ops share one signature, the last argument before
-save_workspace being the cell's variant (`reset_after` for the GRU, `nonlinearity` for the
-RNN), and one engine per backend (csrc/lstm/lstm_cpu_kernel.cpp on the CPU, generic over the
-cell; csrc/lstm/lstm_cuda.cu's driver on CUDA, the cell a template parameter of its kernels;
+Both families have one hidden state and G gate blocks per weight matrix (GRU: G = 3, gates r, z, n;
+RNN: G = 1); their layer ops share one signature, the last argument before save_workspace being the
+cell's variant (`reset_after` for the GRU, `nonlinearity` for the RNN), and one engine per backend
+(csrc/recurrent/recurrent_cpu.cpp on the CPU, generic over the cell;
+csrc/recurrent/recurrent_cuda.cu's driver on CUDA, the cell a template parameter of its kernels;
 fastattn/triton/recurrent.py's layer driver for the Triton twins X_layer_triton /
 X_layer_backward_triton, same schemas). Op contract, with X = gru or rnn and "variant" that
 argument:

@@ -4,15 +4,16 @@ gru_layer_backward, with its fake implementations and autograd, is
 fastattn/contracts/recurrent.py).
 
 Backends: "cpu" runs the native layer ops (csrc/gru/gru_cpu.cpp on the recurrent engine of
-csrc/lstm, generic over the cell), "cuda" the same ops' CUDA bodies (csrc/lstm/lstm_cuda.cu:
-the LSTM's CUDA engine, persistent cooperative kernel or per-step fallback, generic over the
-cell; `cuda_recurrent_path` says which path a layer takes), "triton" the same ops suffixed _triton
-(fastattn/triton/gru.py on the LSTM's Triton engine, generic over the cell), "reference" runs
-fastattn/reference/gru.py under torch autograd. A backend without GRU kernels is reported by
-`unsupported_backends` and refused with its reason when asked for explicitly. `gru_cell` runs
-the layer op with T = 1. "torch" runs torch's own GRU and GRU cell (fastattn/aten/gru.py) for
-the calls they compute as fastattn defines them (not the reset-before form, not dropout; see
-there); the automatic choice takes it only where a speed table measured it faster.
+csrc/recurrent, generic over the cell), "cuda" the same ops' CUDA bodies (csrc/gru/gru_cuda.cu on
+the CUDA recurrent engine, csrc/recurrent/recurrent_cuda.cu: persistent cooperative kernel or
+per-step fallback, generic over the cell; `cuda_recurrent_path` says which path a layer takes),
+"triton" the same ops suffixed _triton (fastattn/triton/gru.py on the Triton recurrent engine,
+generic over the cell), "reference" runs fastattn/reference/gru.py under torch autograd. A backend
+without GRU kernels is reported by `unsupported_backends` and refused with its reason when asked
+for explicitly. `gru_cell` runs the layer op with T = 1. "torch" runs torch's own GRU and GRU cell
+(fastattn/aten/gru.py) for the calls they compute as fastattn defines them (not the reset-before
+form, not dropout; see there); the automatic choice takes it only where a speed table measured it
+faster.
 """
 
 from __future__ import annotations

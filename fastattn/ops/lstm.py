@@ -1,15 +1,14 @@
 """LSTM: `lstm_cell` and the multi-layer `lstm` (public functions, argument checks, backend
 choice, registration with the contract of fastattn/contracts/lstm.py).
 
-The multi-layer driver below is plain Python (layers, directions, inter-layer dropout,
-batch_first, unbatched input): it calls one op per layer, which runs every direction of that
-layer, and stays torch.compile(fullgraph=True)-traceable (no host reads of tensor values:
-lengths are read inside the op). Backends: "cpu"/"cuda" run the native ops below
-(csrc/lstm), "triton" runs the same ops suffixed _triton (fastattn/triton/lstm.py),
-"reference" runs fastattn/reference/lstm.py (a per-step loop) under torch autograd, "torch"
-torch's own LSTM and LSTM cell (fastattn/aten/lstm.py) for the calls they compute as fastattn
-defines them (not dropout; see there), chosen automatically only where a speed table measured
-them faster.
+The multi-layer driver below is plain Python (layers, directions, inter-layer dropout, batch_first,
+unbatched input): it calls one op per layer, which runs every direction of that layer, and stays
+torch.compile(fullgraph=True)-traceable (no host reads of tensor values: lengths are read inside
+the op). Backends: "cpu"/"cuda" run the native ops below (csrc/lstm on the recurrent engine of
+csrc/recurrent), "triton" runs the same ops suffixed _triton (fastattn/triton/lstm.py), "reference"
+runs fastattn/reference/lstm.py (a per-step loop) under torch autograd, "torch" torch's own LSTM
+and LSTM cell (fastattn/aten/lstm.py) for the calls they compute as fastattn defines them (not
+dropout; see there), chosen automatically only where a speed table measured them faster.
 
 The ops' contract (schemas, shapes, workspaces, fakes, backward formulas) is
 fastattn/contracts/lstm.py.

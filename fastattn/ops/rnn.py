@@ -4,13 +4,12 @@ fastattn::rnn_layer / rnn_layer_backward, with its fake implementations and auto
 fastattn/contracts/recurrent.py).
 
 Backends: "cpu" runs the native layer ops (csrc/rnn/rnn_cpu.cpp on the recurrent engine of
-csrc/lstm, generic over the cell), "cuda" their CUDA bodies (csrc/lstm/lstm_cuda.cu, the
-LSTM's CUDA engine; `cuda_recurrent_path` says which path a layer takes), "triton" the same ops
-suffixed _triton
-(fastattn/triton/rnn.py on the LSTM's Triton engine), "reference" runs
-fastattn/reference/rnn.py, "torch" torch's own RNN and cells (fastattn/aten/rnn.py) for the
-calls they compute as fastattn defines them (not dropout; see there), chosen automatically only
-where a speed table measured them faster.
+csrc/recurrent, generic over the cell), "cuda" their CUDA bodies (csrc/rnn/rnn_cuda.cu on the CUDA
+recurrent engine, csrc/recurrent/recurrent_cuda.cu; `cuda_recurrent_path` says which path a layer
+takes), "triton" the same ops suffixed _triton (fastattn/triton/rnn.py on the Triton recurrent
+engine), "reference" runs fastattn/reference/rnn.py, "torch" torch's own RNN and cells
+(fastattn/aten/rnn.py) for the calls they compute as fastattn defines them (not dropout; see
+there), chosen automatically only where a speed table measured them faster.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Triton kernels of the LSTM: the launchers of the torch ops fastattn::lstm_cell_triton,
 lstm_cell_backward_triton, lstm_layer_triton and lstm_layer_backward_triton (registered by
 fastattn/ops/lstm.py), with the signatures and semantics of the op contract in
-fastattn/contracts/lstm.py (the CPU backend, csrc/lstm, is the model). Everything is computed
+fastattn/contracts/lstm.py (the CPU backend, csrc/recurrent, is the model). Everything is computed
 in float32 ("acc"; float64 is refused) and rounded once to the storage dtype.
 
 The layer ops run on the recurrent engine (fastattn/triton/recurrent.py, generic over the cell;

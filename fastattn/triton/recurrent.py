@@ -44,7 +44,7 @@ Tiles are chosen by rule, not autotuned: on a GPU BLOCK_B in 16..64 from the bat
 and BLOCK_K 32, shrunk until a step has about one program per SM (`_step_tiles`), 8 warps from
 1024 tile elements up (no register spills on sm_90, `warps`); under the interpreter the
 largest tiles that the sizes use, up to 64 (fewer numpy calls). Known costs on a GPU, not yet
-measured (benchmarks/notes/lstm_triton.md): one or two launches a step from Python, and
+measured (docs/design/lstm_triton.md): one or two launches a step from Python, and
 float32 storage at torch's default matmul precision multiplies in IEEE float32 (no tensor
 cores, as torch's own float32 GEMMs then).
 Inputs may have any strides with a unit last stride (weights with another last stride are
