@@ -2,6 +2,8 @@
 // after or before W_hn, tanh / relu Elman RNN; the cell is a template parameter, CellTraits
 // below), and the LSTM cell op's loops. Compiled once per ISA (CMakeLists.txt defines
 // FASTATTN_ISA).
+// One file of about 1,200 lines on purpose: the cells are the fused epilogues of the per-step
+// products, and both read the same operand packing and task grid; they change together.
 //
 // Forward, one time step (both directions of a layer together): the tasks are (direction,
 // block of kRecurrentUnitBlock hidden units, chunk of batch rows). A task multiplies the
@@ -29,9 +31,6 @@
 // One parallel region per step (two with a projection or for the reset-before GRU); the work
 // is deterministic (fixed task decomposition and summation order, independent of the thread
 // count).
-//
-// One file of about 1,200 lines on purpose: the cells are the fused epilogues of the per-step
-// products, and both read the same operand packing and task grid; they change together.
 #include "common/parallel.h"
 
 #include <algorithm>
