@@ -134,7 +134,9 @@ def requested_backend() -> str | None:
     return _env_backend
 
 
-def _record(op: str, backend: str) -> None:
+def record_backend(op: str, backend: str) -> None:
+    """Records that `backend` ran the current call of public op `op` on this thread (what
+    `last_backend(op)` returns); the ops call it once they have chosen."""
     _state.last[op] = backend
 
 

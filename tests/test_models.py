@@ -145,8 +145,8 @@ def test_same_outputs_and_gradients_float64(name):
     original, fast = pair(name)
     assert fastattn.swap_summary(fast) or name.startswith("seq2seq")
     inputs, target = make_batch(name)
-    fastattn._backend._record("attention", "none")
-    fastattn._backend._record("additive_attention", "none")
+    fastattn._backend.record_backend("attention", "none")
+    fastattn._backend.record_backend("additive_attention", "none")
     logits_f, loss_f, grads_f = forward_backward(name, fast, inputs, target)
     if name in ("transformer", "gpt"):
         assert fastattn.last_backend("attention") == "cpu"

@@ -210,7 +210,7 @@ class AttentionSpy:
 
 
 def reset_last_backend():
-    _backend._record("attention", "none")  # any later call overwrites it
+    _backend.record_backend("attention", "none")  # any later call overwrites it
 
 
 # ---------------------------------------------------------------------------------------------

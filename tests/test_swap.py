@@ -185,7 +185,7 @@ def test_swap_model_that_is_an_attention_module():
     assert all(a is b for a, b in zip(model.parameters(), params))
     assert swap_summary(model) == [("<model>", "MultiheadAttention", "MultiheadAttention")]
     x = torch.randn(5, 2, 12, dtype=F64)
-    fastattn._backend._record("attention", "none")
+    fastattn._backend.record_backend("attention", "none")
     out, w = model(x, x, x)
     assert fastattn.last_backend("attention") == "cpu"
     out_r, w_r = reference(x, x, x)
@@ -313,7 +313,7 @@ def test_backend_argument(backend):
         if isinstance(m, fnn.MultiheadAttention)
     )
     inputs = nested_inputs()
-    fastattn._backend._record("attention", "none")
+    fastattn._backend.record_backend("attention", "none")
     got = forward_backward(model, inputs)
     assert fastattn.last_backend("attention") == backend
     assert_same_run(got, forward_backward(reference, inputs), ~inputs[-1])
@@ -337,7 +337,7 @@ def test_swapped_eval_matches_torch_fast_path():
     inputs = nested_inputs()
     with torch.no_grad():
         out = model(*inputs)
-        fastattn._backend._record("attention", "none")
+        fastattn._backend.record_backend("attention", "none")
         got = swapped(*inputs)
     assert fastattn.last_backend("attention") == "cpu"
     valid = ~inputs[-1]

@@ -411,7 +411,7 @@ def run_layers(
             bidirectional=bidirectional,
             lengths=host_lengths(given_lengths),
         )
-        _backend._record(op, chosen)
+        _backend.record_backend(op, chosen)
         if not batched:
             return x[:, 0], h_n[:, 0]
         return (x.transpose(0, 1) if batch_first else x), h_n
@@ -449,7 +449,7 @@ def run_layers(
             )
             x, hl, _ = layer_op(family, chosen)(*args, save)
         h_n.append(hl)
-    _backend._record(op, chosen)
+    _backend.record_backend(op, chosen)
     h_n = torch.cat(h_n) if num_layers > 1 else h_n[0]
     if not batched:
         return x[:, 0], h_n[:, 0]
@@ -501,7 +501,7 @@ def run_cell(
         )
         out, _, _ = layer_op(family, chosen)(*args, save)
         hy = out[0]
-    _backend._record(op, chosen)
+    _backend.record_backend(op, chosen)
     return hy if batched else hy[0]
 
 

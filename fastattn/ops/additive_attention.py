@@ -139,7 +139,7 @@ def additive_attention(
     else:
         name = "additive_scores_triton" if chosen == "triton" else "additive_scores"
         scores = kernel_op(name)(qp, kp, v)
-    _backend._record(op, chosen)
+    _backend.record_backend(op, chosen)
     if chosen == "cpu":
         # The cpu kernels fuse the masked softmax and the weighted sum too (a decoder step's
         # dozen small torch ops and their autograd nodes become one op each way).

@@ -481,7 +481,7 @@ def attention_band(
         seed = dropout_seed(p, q.device)
     args = args._replace(seed=seed)
     if chosen == "torch":
-        _backend._record(op, chosen)
+        _backend.record_backend(op, chosen)
         return aten_attention.attention(args), None, args, chosen
     if chosen == "reference":
         out, lse = ref.attention(*args, keep=keep, sinks=sinks)
@@ -489,7 +489,7 @@ def attention_band(
         out, lse = _op("attention_forward", chosen)(*args)
         if sinks is not None:
             out, lse = apply_sinks(out, lse, sinks, head_dim=1)
-    _backend._record(op, chosen)
+    _backend.record_backend(op, chosen)
     return out, lse, args, chosen
 
 

@@ -319,7 +319,7 @@ def attention_with_kvcache(
             block_table,
             key_bound,
         )
-        _backend._record(op, chosen)
+        _backend.record_backend(op, chosen)
         return out
     if chosen != "reference" and not _backend.missing_kernel("attention_with_kvcache", chosen):
         if rotary_cos is not None:
@@ -358,7 +358,7 @@ def attention_with_kvcache(
             )
         if sinks is not None:
             out, _ = apply_sinks(out, lse, sinks, head_dim=1)
-        _backend._record(op, chosen)
+        _backend.record_backend(op, chosen)
         return out
     rotary_backend = "reference" if chosen == "reference" else None
     if rotary_cos is not None:
@@ -402,7 +402,7 @@ def attention_with_kvcache(
             out, lse = torch.ops.fastattn.attention_decode(*args, int(num_splits), block_table)
         if sinks is not None:
             out, _ = apply_sinks(out, lse, sinks, head_dim=1)
-    _backend._record(op, chosen)
+    _backend.record_backend(op, chosen)
     return out
 
 

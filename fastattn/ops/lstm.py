@@ -189,7 +189,7 @@ def lstm_cell(
         hy, cy = ref.lstm_cell(x, h, c, w_ih, w_hh, b_ih, b_hh)
     else:
         hy, cy, _ = _op("lstm_cell", chosen)(x, h, c, w_ih, w_hh, b_ih, b_hh)
-    _backend._record(op, chosen)
+    _backend.record_backend(op, chosen)
     return (hy, cy) if batched else (hy[0], cy[0])
 
 
@@ -417,7 +417,7 @@ def lstm(
             bidirectional=bidirectional,
             lengths=host_lengths(given_lengths),
         )
-        _backend._record(op, chosen)
+        _backend.record_backend(op, chosen)
         if not batched:
             return x[:, 0], (h_n[:, 0], c_n[:, 0])
         return (x.transpose(0, 1) if batch_first else x), (h_n, c_n)
@@ -448,7 +448,7 @@ def lstm(
             x, hl, cl, _ = _op("lstm_layer", chosen)(*args, save)
         h_layers.append(hl)
         c_layers.append(cl)
-    _backend._record(op, chosen)
+    _backend.record_backend(op, chosen)
     h_n = torch.cat(h_layers) if num_layers > 1 else h_layers[0]
     c_n = torch.cat(c_layers) if num_layers > 1 else c_layers[0]
     if not batched:

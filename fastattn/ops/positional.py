@@ -254,7 +254,7 @@ def sinusoidal_table(
     chosen = _backend.select_backend(
         op, device, backend, kernel=op, dtype=dtype, speed_key=speed_key
     )
-    _backend._record(op, chosen)
+    _backend.record_backend(op, chosen)
     if chosen == "torch":
         return aten.sinusoidal_table(offset, num_positions, dim, float(base), dtype, device)
     positions = torch.arange(offset, offset + num_positions, dtype=torch.int64, device=device)
@@ -380,7 +380,7 @@ def add_sinusoidal(
     # CUDA ones (no synchronisation).
     check_position_range(op, off, offsets, x3.shape[1], None, "")
     if inplace and (nd <= 3 or viewed):
-        _backend._record(op, chosen)
+        _backend.record_backend(op, chosen)
         if chosen == "reference":
             x3.copy_(ref.add_sinusoidal(*args))
         elif chosen == "torch":
@@ -396,7 +396,7 @@ def add_sinusoidal(
         out3 = aten.add_sinusoidal(*args[:5])
     else:
         out3 = _native_op(op, chosen)(*args)
-    _backend._record(op, chosen)
+    _backend.record_backend(op, chosen)
     if inplace:  # x3 was a copy of a 4-D or larger x whose layout does not view as (N, L, D)
         return x.copy_(out3.reshape(moved.shape).movedim(-2, sd))
     if nd == 2:
@@ -543,7 +543,7 @@ def embed_with_positions(
         out = aten.embed_with_positions(tok, weight, table, off, offsets, *args[5:7], pad)
     else:
         out = _native_op(op, chosen)(*args)
-    _backend._record(op, chosen)
+    _backend.record_backend(op, chosen)
     return out[0] if unbatched else out
 
 
@@ -745,7 +745,7 @@ def apply_rotary(
         else:
             check_position_range(op, off, offsets, L, rows, "cos/sin")
     args = (cos, sin, off, offsets, position_ids, rotary_dim, float(base), bool(interleaved))
-    _backend._record(op, chosen)
+    _backend.record_backend(op, chosen)
     if chosen in ("reference", "torch"):
         # Both compute a new tensor; in place, it is copied into x (differentiable).
         rotary = ref.apply_rotary if chosen == "reference" else aten.apply_rotary

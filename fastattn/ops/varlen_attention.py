@@ -262,7 +262,7 @@ def varlen_attention(
         out, lse = getattr(torch.ops.fastattn, name)(*args)
         if sinks is not None:
             out, lse = apply_sinks(out, lse, sinks, head_dim=0)
-    _backend._record(op, chosen)
+    _backend.record_backend(op, chosen)
     return (out, lse) if return_lse else out
 
 
