@@ -117,10 +117,11 @@ def assert_no_host_reads(recorder: HostReadRecorder) -> None:
 def force_device_checks(monkeypatch) -> None:
     """Makes the Python layer check CPU tensors' values as it checks CUDA ones (device_check),
     to test the device-side rules here: on the CPU torch._assert_async raises at once."""
-    from fastattn.ops import attention_with_kvcache, lstm, positional, varlen_attention
+    from fastattn.ops import _recurrent, attention_with_kvcache, positional, varlen_attention
 
-    # (fastattn.nn's modules check values through these op modules: learned_positions)
-    for module in (positional, attention_with_kvcache, varlen_attention, lstm):
+    # (fastattn.nn's modules check values through these op modules: learned_positions; the
+    # recurrent ops' lengths through _recurrent.check_lengths)
+    for module in (positional, attention_with_kvcache, varlen_attention, _recurrent):
         monkeypatch.setattr(
             module,
             "host_checks_enabled",

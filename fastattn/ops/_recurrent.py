@@ -178,26 +178,12 @@ def split_weights(
     return [list(weights[g * per : (g + 1) * per]) for g in range(groups)], per == 4
 
 
-def check_lengths(
-    op: str,
-    lengths,
-    B: int,
-    T: int,
-    device: torch.device,
-    *,
-    host_checks: Callable[[torch.Tensor], bool] | None = None,
-    device_checks: Callable[[torch.Tensor], bool] | None = None,
-):
+def check_lengths(op: str, lengths, B: int, T: int, device: torch.device):
     """lengths (None, or an integer tensor of B sequence lengths in [0, T]) as the layer ops
-    take it: int64 (B,) on `device`. Its values are checked on the host where `host_checks`
-    allows, else on the device where `device_checks` does (None: this module's
-    host_checks_enabled / device_checks_enabled, from ops/_common.py)."""
+    take it: int64 (B,) on `device`. Its values are checked on the host where
+    host_checks_enabled allows, else on the device where device_checks_enabled does."""
     if lengths is None:
         return None
-    if host_checks is None:
-        host_checks = host_checks_enabled
-    if device_checks is None:
-        device_checks = device_checks_enabled
     if (
         not isinstance(lengths, torch.Tensor)
         or lengths.dtype.is_floating_point
@@ -213,7 +199,7 @@ def check_lengths(
             f"{op}: lengths must have shape ({B},) (the batch size), got {tuple(lengths.shape)}"
         )
     lengths = lengths.reshape(B)
-    on_host = host_checks(lengths)
+    on_host = host_checks_enabled(lengths)
     if B > 0 and on_host:
         lo, hi = (int(v) for v in torch.aminmax(lengths))
         if lo < 0 or hi > T:
@@ -221,7 +207,7 @@ def check_lengths(
                 f"{op}: lengths must be in [0, T] = [0, {T}], got values from {lo} to {hi}"
             )
     lengths = lengths.to(device=device, dtype=torch.int64)
-    if not on_host and device_checks(lengths):
+    if not on_host and device_checks_enabled(lengths):
         device_check_range(op, lengths, 0, T, f"lengths must be in [0, T] = [0, {T}]")
     return lengths
 

@@ -27,9 +27,7 @@ from ..contracts import lstm as contract
 from ..reference import lstm as ref
 from ._common import (
     check_same_device,
-    device_checks_enabled,
     dropout_seed,
-    host_checks_enabled,
     kernel_op,
     register_autograd,
     register_native_fakes,
@@ -373,21 +371,12 @@ def lstm(
         if tuple(c0.shape) != (L, B, H):
             raise ValueError(f"{op}: Expected hidden[1] size {(L, B, H)}, got {list(c0.shape)}")
     given_lengths = lengths
-    # The lengths rule of every recurrent op, read with this module's host and device checks
-    # (tests/host_reads.py switches those per op module). CPU lengths (as pad_packed_sequence
-    # returns them) are checked on the host before they are copied, also for CUDA inputs:
-    # reading them costs no synchronisation; no host read on CUDA, where the CUDA and Triton
-    # kernels also clamp lengths into [0, T], so nothing is read or written out of bounds even
-    # without the check.
-    lengths = check_lengths(
-        op,
-        lengths,
-        B,
-        T,
-        device,
-        host_checks=host_checks_enabled,
-        device_checks=device_checks_enabled,
-    )
+    # The lengths rule of every recurrent op (ops/_recurrent.py). CPU lengths (as
+    # pad_packed_sequence returns them) are checked on the host before they are copied, also for
+    # CUDA inputs: reading them costs no synchronisation; no host read on CUDA, where the CUDA and
+    # Triton kernels also clamp lengths into [0, T], so nothing is read or written out of bounds
+    # even without the check.
+    lengths = check_lengths(op, lengths, B, T, device)
     p = float(dropout) if training and num_layers > 1 else 0.0
     limits = unsupported_backends(dtype)
     refusal = aten_lstm.refusal(device, dtype, seq_len=T, dropout_p=p, lengths=given_lengths)
