@@ -26,7 +26,11 @@ for spec in "213cpu torch==2.13.0+cpu" "2141 torch==2.14.1"; do
   if [ "$name" = 213cpu ]; then venv=${WHEEL_VENV_213CPU:-$ROOT/.venv-wheel-$name}; else
     venv=${WHEEL_VENV_2141:-$ROOT/.venv-wheel-$name}; fi
   [ -x "$venv/bin/python" ] || "$PYTHON_BOOTSTRAP" -m venv "$venv"
+  # pip counts what a shared .pth shows (torch, the dev venv's fastattn) as outside this venv:
+  # the wheel then goes in with --no-deps --force-reinstall.
+  install_flags=""
   if [ "$name" = 2141 ] && [ -n "${WHEEL_TORCH_2141_FROM:-}" ]; then
+    install_flags="--no-deps --force-reinstall"
     shared=$(realpath "$WHEEL_TORCH_2141_FROM")/lib/python3*/site-packages
     own=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_path('purelib'))")
     echo $shared > "$own/shared_torch.pth"
@@ -40,11 +44,8 @@ for spec in "213cpu torch==2.13.0+cpu" "2141 torch==2.14.1"; do
   # As a user installs from an index, next to the torch already there: by name, from the
   # folder that holds the wheel.
   "$venv/bin/python" -m pip uninstall --quiet --yes fastattn 2>/dev/null || true
-  # (pip counts what the shared .pth shows, torch and the dev venv's fastattn, as outside this
-  # venv: --no-deps --force-reinstall then.)
-  no_deps=$([ -f "$venv/lib/python3"*/site-packages/shared_torch.pth ] &&
-    echo "--no-deps --force-reinstall" || true)
-  "$venv/bin/python" -m pip install --quiet $no_deps --no-index \
+  # shellcheck disable=SC2086
+  "$venv/bin/python" -m pip install --quiet $install_flags --no-index \
     --find-links "$(dirname "$WHEEL")" "fastattn==$(basename "$WHEEL" | cut -d- -f2)"
   work=$(mktemp -d)
   cp -r tests "$work/tests"

@@ -52,6 +52,13 @@ def _undefined(path: Path, demangle: bool) -> list[str]:
     return [line.split(None, 1)[1].strip() for line in out.splitlines() if line.strip()]
 
 
+def _readelf(path: Path, *flags: str) -> str:
+    """readelf's output for the object at `path` (-d: the dynamic section; --version-info)."""
+    return subprocess.run(
+        ["readelf", *flags, str(path)], check=True, capture_output=True, text=True
+    ).stdout
+
+
 def unstable_symbols(path: Path) -> list[str]:
     """The undefined demangled symbols of the object at `path` from libtorch's C++ API."""
     return sorted(s for s in _undefined(path, demangle=True) if UNSTABLE.search(s))
@@ -92,9 +99,7 @@ def test_c_does_not_need_cuda():
     """fastattn._C links no CUDA library, in CUDA builds too (it loads under a CPU-only torch;
     the CUDA kernels are _C_cuda.so)."""
     path = _library()
-    needed = subprocess.run(
-        ["readelf", "-d", str(path)], check=True, capture_output=True, text=True
-    ).stdout
+    needed = _readelf(path, "-d")
     for lib in CUDA_ONLY_LIBS:
         assert lib not in needed, f"{path.name} needs {lib}"
 
@@ -130,10 +135,7 @@ MANYLINUX_2_28 = {"GLIBC": (2, 28), "GLIBCXX": (3, 4, 24), "CXXABI": (1, 3, 11),
 
 def _needed_versions(path: Path) -> dict[str, tuple[int, ...]]:
     """The newest version of each versioned family (GLIBC, GLIBCXX, ...) the object needs."""
-    out = subprocess.run(
-        ["readelf", "--version-info", "-W", str(path)], check=True, capture_output=True, text=True
-    ).stdout
-    needs = out.split("Version needs section", 1)[-1]
+    needs = _readelf(path, "--version-info", "-W").split("Version needs section", 1)[-1]
     newest: dict[str, tuple[int, ...]] = {}
     for family, number in re.findall(r"Name: ([A-Z]+)_([0-9.]+)\b", needs):
         version = tuple(int(part) for part in number.split("."))
@@ -170,8 +172,7 @@ def test_torch_is_found_beside_the_package():
     """The run path names torch's libraries relative to the library itself (site-packages/
     torch/lib in an installed wheel), never the build machine's folders."""
     for path in _libraries():
-        dynamic = subprocess.run(
-            ["readelf", "-d", str(path)], check=True, capture_output=True, text=True
-        ).stdout
-        paths = re.findall(r"\((?:RUNPATH|RPATH)\)\s+Library r(?:un)?path: \[(.*)\]", dynamic)
+        paths = re.findall(
+            r"\((?:RUNPATH|RPATH)\)\s+Library r(?:un)?path: \[(.*)\]", _readelf(path, "-d")
+        )
         assert paths == ["$ORIGIN/../torch/lib"], (path.name, paths)
