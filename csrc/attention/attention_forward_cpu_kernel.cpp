@@ -7,7 +7,8 @@
 // (common/cpu_gemm.h), applies the score pipeline (attention_cpu_scores.h), updates an online
 // softmax, and accumulates P V. It writes out and lse = m + log(l). Long rows of few queries
 // (decoding) split their keys into parts computed in parallel and merged
-// (attention_cpu_partials.h).
+// (attention_cpu_partials.h). The copies with VecF take plain prompts through key-major tiles
+// instead (attention_cpu_key_major.h).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -16,6 +17,7 @@
 
 #include "attention/attention_bf16_cpu_kernel.h"
 #include "attention/attention_cpu_kernel.h"
+#include "attention/attention_cpu_key_major.h"
 #include "attention/attention_cpu_partials.h"
 #include "attention/attention_cpu_reads.h"
 #include "attention/attention_cpu_scores.h"
@@ -298,6 +300,11 @@ void attention_forward(const AttentionForwardParams& fp) {
     // (measured: docs/design/attention_cpu_bf16.md, "Short queries").
     constexpr int64_t kShortQueries = 16;
     if (plain_bf16_forward_fits(fp.p) && fp.p.Lq > kShortQueries) return plain_bf16_forward(fp);
+  }
+#endif
+#if defined(FASTATTN_CPU_VEC)
+  if constexpr (std::is_same_v<acc_t<T>, float>) {
+    if (key_major_forward_fits(fp.p)) return key_major_forward<T>(fp);
   }
 #endif
   forward_impl<T, typename TilesFor<T>::type>(fp);

@@ -279,6 +279,10 @@ inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, i
   }
 }
 #elif defined(FASTATTN_CPU_VEC)
+// Rows of C per micro-kernel block: 6 x 2 accumulators, 2 B vectors and a broadcast fill 15 of
+// the 16 ymm registers.
+constexpr int kGemmRowsVec = 6;
+
 namespace detail {
 
 // dst = x, or += x with accumulate, through the first `n` lanes (kFull: all of them, plain
@@ -296,16 +300,17 @@ __attribute__((always_inline)) inline void store_or_add(float* dst, VecF x, bool
   }
 }
 
-// One MR x (NV kWidth) block of C; A k-major (A(m, k) = A[m + k * a_k]); columns past `n`
-// masked (kFull: n >= NV kWidth, plain loads). The loops over MR and NV are unrolled so the
+// One MR x (NV kWidth) block of C; A k-major (A(m, k) = A[m + k * a_step]), or with kARows
+// row-major (A(m, k) = A[m * a_step + k]: broadcast from its MR rows in place); columns past
+// `n` masked (kFull: n >= NV kWidth, plain loads). The loops over MR and NV are unrolled so the
 // accumulators stay in registers. Not inlined, and the tail masks built where they are used:
 // inlined into the column loop, GCC kept alpha's broadcast (and the masks) live across the k
 // loop, and 12 accumulators + 2 B vectors + a broadcast + those spilled a B vector to the
 // stack (docs/design/cpu_kernels.md).
-template <int MR, int NV, bool kFull>
-__attribute__((noinline)) void gemm_block_vec(int64_t K, float alpha, const float* A, int64_t a_k,
-                                              const float* B, int64_t ldb, float* C, int64_t ldc,
-                                              bool accumulate, int64_t n) {
+template <int MR, int NV, bool kFull, bool kARows>
+__attribute__((noinline)) void gemm_block_vec(int64_t K, float alpha, const float* A,
+                                              int64_t a_step, const float* B, int64_t ldb, float* C,
+                                              int64_t ldc, bool accumulate, int64_t n) {
   constexpr int W = VecF::kWidth;
   VecF c[MR][NV];
 #pragma GCC unroll 8
@@ -319,10 +324,9 @@ __attribute__((noinline)) void gemm_block_vec(int64_t K, float alpha, const floa
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v)
       bv[v] = kFull ? VecF::load(b + W * v) : VecF::load(b + W * v, VecF::tail(n - W * v));
-    const float* a = A + k * a_k;
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
-      const VecF ar = VecF::set1(a[r]);
+      const VecF ar = VecF::set1(kARows ? A[r * a_step + k] : A[k * a_step + r]);
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) c[r][v] = fma(ar, bv[v], c[r][v]);
     }
@@ -339,59 +343,74 @@ __attribute__((noinline)) void gemm_block_vec(int64_t K, float alpha, const floa
 // Columns NV vectors at a time: 2 for 3..6 rows; 4 for one or two rows (a matrix-vector
 // product such as a recurrent step at batch 1), whose few accumulators would otherwise wait on
 // the FMA latency.
-template <int MR>
-inline void gemm_rows_vec(int64_t N, int64_t K, float alpha, const float* A, int64_t a_k,
+template <int MR, bool kARows>
+inline void gemm_rows_vec(int64_t N, int64_t K, float alpha, const float* A, int64_t a_step,
                           const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   constexpr int W = VecF::kWidth;
   constexpr int NV = MR <= 2 ? 4 : 2;
   int64_t n0 = 0;
   for (; n0 + NV * W <= N; n0 += NV * W) {
-    gemm_block_vec<MR, NV, true>(K, alpha, A, a_k, B + n0, ldb, C + n0, ldc, accumulate, NV * W);
+    gemm_block_vec<MR, NV, true, kARows>(K, alpha, A, a_step, B + n0, ldb, C + n0, ldc, accumulate,
+                                         NV * W);
   }
   if (N - n0 > W) {
-    gemm_block_vec<MR, NV, false>(K, alpha, A, a_k, B + n0, ldb, C + n0, ldc, accumulate, N - n0);
+    gemm_block_vec<MR, NV, false, kARows>(K, alpha, A, a_step, B + n0, ldb, C + n0, ldc, accumulate,
+                                          N - n0);
   } else if (n0 < N) {
-    gemm_block_vec<MR, 1, false>(K, alpha, A, a_k, B + n0, ldb, C + n0, ldc, accumulate, N - n0);
+    gemm_block_vec<MR, 1, false, kARows>(K, alpha, A, a_step, B + n0, ldb, C + n0, ldc, accumulate,
+                                         N - n0);
   }
 }
 
 // gemm_rows_vec for `rows` rows (1 to 6).
+template <bool kARows>
 inline void gemm_rows_of(int64_t rows, int64_t N, int64_t K, float alpha, const float* A,
-                         int64_t a_k, const float* B, int64_t ldb, float* C, int64_t ldc,
+                         int64_t a_step, const float* B, int64_t ldb, float* C, int64_t ldc,
                          bool accumulate) {
   switch (rows) {
     case 6:
-      return gemm_rows_vec<6>(N, K, alpha, A, a_k, B, ldb, C, ldc, accumulate);
+      return gemm_rows_vec<6, kARows>(N, K, alpha, A, a_step, B, ldb, C, ldc, accumulate);
     case 5:
-      return gemm_rows_vec<5>(N, K, alpha, A, a_k, B, ldb, C, ldc, accumulate);
+      return gemm_rows_vec<5, kARows>(N, K, alpha, A, a_step, B, ldb, C, ldc, accumulate);
     case 4:
-      return gemm_rows_vec<4>(N, K, alpha, A, a_k, B, ldb, C, ldc, accumulate);
+      return gemm_rows_vec<4, kARows>(N, K, alpha, A, a_step, B, ldb, C, ldc, accumulate);
     case 3:
-      return gemm_rows_vec<3>(N, K, alpha, A, a_k, B, ldb, C, ldc, accumulate);
+      return gemm_rows_vec<3, kARows>(N, K, alpha, A, a_step, B, ldb, C, ldc, accumulate);
     case 2:
-      return gemm_rows_vec<2>(N, K, alpha, A, a_k, B, ldb, C, ldc, accumulate);
+      return gemm_rows_vec<2, kARows>(N, K, alpha, A, a_step, B, ldb, C, ldc, accumulate);
     default:
-      return gemm_rows_vec<1>(N, K, alpha, A, a_k, B, ldb, C, ldc, accumulate);
+      return gemm_rows_vec<1, kARows>(N, K, alpha, A, a_step, B, ldb, C, ldc, accumulate);
+  }
+}
+
+// Every row of C: blocks of 6 rows; 7 or 8 left run as 4 + 3 or 4 + 4 (8 accumulators each
+// keep both FMA pipes busy, a 2-row block would not). A's rows advance by a_row_step.
+template <bool kARows>
+inline void gemm_vec(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t a_step,
+                     int64_t a_row_step, const float* B, int64_t ldb, float* C, int64_t ldc,
+                     bool accumulate) {
+  for (int64_t m0 = 0; m0 < M;) {
+    const int64_t left = M - m0;
+    const int64_t rows = left == 7 || left == 8 ? 4 : std::min<int64_t>(left, kGemmRowsVec);
+    gemm_rows_of<kARows>(rows, N, K, alpha, A + m0 * a_row_step, a_step, B, ldb, C + m0 * ldc, ldc,
+                         accumulate);
+    m0 += rows;
   }
 }
 
 }  // namespace detail
 
-// Rows of C per micro-kernel block: 6 x 2 accumulators, 2 B vectors and a broadcast fill 15 of
-// the 16 ymm registers.
-constexpr int kGemmRowsVec = 6;
-
 inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t a_m,
                  int64_t a_k, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   A = k_major(A, a_m, a_k, M, K);  // as the AVX-512 gemm
-  for (int64_t m0 = 0; m0 < M;) {
-    // Blocks of 6 rows; 7 or 8 left run as 4 + 3 or 4 + 4 (8 accumulators each keep both FMA
-    // pipes busy, a 2-row block would not).
-    const int64_t left = M - m0;
-    const int64_t rows = left == 7 || left == 8 ? 4 : std::min<int64_t>(left, kGemmRowsVec);
-    detail::gemm_rows_of(rows, N, K, alpha, A + m0, a_k, B, ldb, C + m0 * ldc, ldc, accumulate);
-    m0 += rows;
-  }
+  detail::gemm_vec<false>(M, N, K, alpha, A, a_k, 1, B, ldb, C, ldc, accumulate);
+}
+
+// gemm with A row-major (A(m, k) = A[m * lda + k]) read in place: the micro-kernel broadcasts
+// from its rows, with no k-major copy (the key-major attention tiles' K rows).
+inline void gemm_a_rows(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                        const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  detail::gemm_vec<true>(M, N, K, alpha, A, lda, lda, B, ldb, C, ldc, accumulate);
 }
 #else
 inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t a_m,

@@ -20,6 +20,12 @@ constexpr float kExp2Fraction[8] = {1.525273380405984e-05f,  1.5403530393381606e
                                     1.3333558146428443e-03f, 9.6181291076284772e-03f,
                                     5.5504108664821580e-02f, 2.4022650695910071e-01f,
                                     6.9314718055994531e-01f, 1.0f};
+// 2^f for f in [-0.5, 0.5] to about one float ulp (relative error 7.5e-8): coefficients of f^5
+// down to f^0, for the exponentials that need no more (probabilities rounded to bfloat16, the
+// key-major softmax).
+constexpr float kExp2FractionShort[6] = {1.3276444402170206e-03f, 9.6755376971673600e-03f,
+                                         5.5507133152376880e-02f, 2.4022119793277966e-01f,
+                                         6.9314696706794910e-01f, 1.0000000716400320e+00f};
 // tanh's odd series near 0 by Horner's rule in x^2, innermost coefficient first:
 // tanh x ~ x + x^3 (-1/3 + x^2 (2/15 + x^2 (-17/315 + x^2 62/2835))).
 constexpr float kTanhSeries[4] = {62.0f / 2835.0f, -17.0f / 315.0f, 2.0f / 15.0f, -1.0f / 3.0f};
@@ -121,6 +127,19 @@ inline VecF exp_approx(VecF x) {
   return select_less(x, VecF::set1(-87.3f), VecF::zero(), result);
 }
 
+// 2^t on every lane for t <= 0 (the key-major attention softmax: scores in log2 units, less
+// their running maximum) with kExp2FractionShort, about one float ulp. t at or below -127 (and
+// -inf) gives 0 with no compare: there n = -127 builds the bits of +0.
+inline VecF exp2_nonpositive(VecF t) {
+  t = max(t, VecF::set1(-127.0f));
+  const VecF n = round_nearest(t);
+  const VecF f = t - n;
+  VecF p = VecF::set1(kExp2FractionShort[0]);
+#pragma GCC unroll 6
+  for (int i = 1; i < 6; ++i) p = fma(p, f, VecF::set1(kExp2FractionShort[i]));
+  return scale_by_pow2(p, n);
+}
+
 // tanh_approx on every lane (same algorithm: odd series below 0.3, exp formula above).
 inline VecF tanh_approx(VecF x) {
   const VecF ax = abs(x);
@@ -183,12 +202,9 @@ inline __m512 exp2_for_bf16(__m512 t) {
   const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(t, n);
-  __m512 p = _mm512_set1_ps(1.3276444402170206e-03f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6755376971673600e-03f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5507133152376880e-02f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022119793277966e-01f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314696706794910e-01f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000000716400320e+00f));
+  __m512 p = _mm512_set1_ps(kExp2FractionShort[0]);
+#pragma GCC unroll 6
+  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2FractionShort[i]));
   return _mm512_maskz_scalef_ps(normal, p, n);
 }
 

@@ -86,7 +86,7 @@ struct VecF {
   friend VecF round_nearest(VecF a) {
     return {_mm256_round_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
   }
-  // a * 2^n for integral n in [-126, 127] (n as floats): builds 2^n's bits.
+  // a * 2^n for integral n in [-126, 127] (n as floats): builds 2^n's bits (n = -127: +0).
   friend VecF scale_by_pow2(VecF a, VecF n) {
     const __m256i bits =
         _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n.v), _mm256_set1_epi32(127)), 23);
