@@ -2,7 +2,7 @@
 //
 // A task (one query head, one block of kBlockQ queries) holds S^T = scale log2(e) K Q^T: the
 // keys of a tile as rows, its queries along the vector lanes. K's rows feed the micro-kernel in
-// place (gemm_a_rows) and S^T is already the k-major A operand of P V, so no tile is transposed
+// place (the micro-kernel broadcasts from its rows) and S^T is already the k-major A operand of P V, so no tile is transposed
 // (forward_impl's query-major tiles transpose K and P, every tile). The online softmax runs down
 // the columns, elementwise across lanes (no horizontal reductions), in log2 units with the short
 // exponential. Plain scores only: softcap, ALiBi, masks, key padding and dropout are row-wise
@@ -175,7 +175,7 @@ void key_major_forward(const AttentionForwardParams& fp) {
         const int64_t j0 = kb * kBlockK, N = std::min(kBlockK, g.Lk - j0);
         int64_t ldk, ldv;
         const float* k = rows_view<T>(k_head, p.k_s.l, j0, N, D, t.k_rows, ldk);
-        gemm_a_rows(N, lanes, D, scale_log2, k, ldk, t.qT, kBlockQ, t.st, kBlockQ, false);
+        gemm(N, lanes, D, scale_log2, k, ldk, 1, t.qT, kBlockQ, t.st, kBlockQ, false);
         mask_band(g, i0, lanes, j0, N, t.st);
         softmax_columns(t.st, N, lanes, t.m, t.l, t.alpha);
         for (int64_t r = 0; r < M; ++r) {

@@ -402,15 +402,15 @@ inline void gemm_vec(int64_t M, int64_t N, int64_t K, float alpha, const float* 
 
 inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t a_m,
                  int64_t a_k, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
-  A = k_major(A, a_m, a_k, M, K);  // as the AVX-512 gemm
+  // A k-major or row-major is read in place: the micro-kernel broadcasts from MR consecutive
+  // elements or from MR rows, at the same rate, so a row-major A is not copied first (the copy
+  // cost more than it saved: docs/design/cpu_kernels.md). Any other layout is copied k-major.
+  if (a_m != 1 && a_k == 1) {
+    detail::gemm_vec<true>(M, N, K, alpha, A, a_m, a_m, B, ldb, C, ldc, accumulate);
+    return;
+  }
+  A = k_major(A, a_m, a_k, M, K);
   detail::gemm_vec<false>(M, N, K, alpha, A, a_k, 1, B, ldb, C, ldc, accumulate);
-}
-
-// gemm with A row-major (A(m, k) = A[m * lda + k]) read in place: the micro-kernel broadcasts
-// from its rows, with no k-major copy (the key-major attention tiles' K rows).
-inline void gemm_a_rows(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-                        const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
-  detail::gemm_vec<true>(M, N, K, alpha, A, lda, lda, B, ldb, C, ldc, accumulate);
 }
 #else
 inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t a_m,
