@@ -1,8 +1,8 @@
 // The forward with key-major score tiles, for the ISA copies with VecF (common/cpu_vec.h).
 //
 // A task (one query head, one block of kBlockQ queries) holds S^T = scale log2(e) K Q^T: the
-// keys of a tile as rows, its queries along the vector lanes. K's rows feed the micro-kernel in
-// place (the micro-kernel broadcasts from its rows) and S^T is already the k-major A operand of P V, so no tile is transposed
+// keys of a tile as rows, its queries along the vector lanes. The micro-kernel broadcasts from
+// K's rows in place and S^T is already the k-major A operand of P V, so no tile is transposed
 // (forward_impl's query-major tiles transpose K and P, every tile). The online softmax runs down
 // the columns, elementwise across lanes (no horizontal reductions), in log2 units with the short
 // exponential. Plain scores only: softcap, ALiBi, masks, key padding and dropout are row-wise
