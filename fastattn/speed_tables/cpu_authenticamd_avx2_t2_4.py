@@ -9,7 +9,7 @@ TABLE = {
         "threads": "2-4"
     },
     "measured": "2026-11-28, cpu: AMD EPYC, avx2, 2 threads, torch 2.14.1+cu130",
-    "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv; benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/gru.csv; benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/lstm.csv",
+    "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv; benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/gru.csv; benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/lstm.csv",
     "entries": [
         {
             "op": "attention",
@@ -20,9 +20,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.812,
+            "ratio": 0.647,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
         },
         {
             "op": "attention",
@@ -33,9 +33,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.709,
+            "ratio": 0.651,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
         },
         {
             "op": "attention",
@@ -46,9 +46,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "torch",
-            "ratio": 1.258,
+            "ratio": 1.138,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
         },
         {
             "op": "attention",
@@ -58,10 +58,10 @@ TABLE = {
             "features": "plain",
             "pass": "fwd+bwd",
             "kernel": "cpu",
-            "faster": "torch",
-            "ratio": 1.069,
+            "faster": "kernel",
+            "ratio": 0.92,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
         },
         {
             "op": "attention",
@@ -71,10 +71,10 @@ TABLE = {
             "features": "causal",
             "pass": "fwd",
             "kernel": "cpu",
-            "faster": "torch",
-            "ratio": 1.035,
+            "faster": "kernel",
+            "ratio": 0.883,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
         },
         {
             "op": "attention",
@@ -85,9 +85,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.948,
+            "ratio": 0.837,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
         },
         {
             "op": "attention",
@@ -97,10 +97,10 @@ TABLE = {
             "features": "plain",
             "pass": "fwd",
             "kernel": "cpu",
-            "faster": "torch",
-            "ratio": 1.318,
+            "faster": "kernel",
+            "ratio": 0.974,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
         },
         {
             "op": "attention",
@@ -111,9 +111,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "torch",
-            "ratio": 1.29,
+            "ratio": 1.086,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
         },
         {
             "op": "attention",
@@ -124,9 +124,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.752,
+            "ratio": 0.688,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
         },
         {
             "op": "attention",
@@ -137,9 +137,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.672,
+            "ratio": 0.558,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
         },
         {
             "op": "attention",
@@ -150,74 +150,74 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "torch",
-            "ratio": 1.139,
+            "ratio": 1.022,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
         },
         {
             "op": "attention",
             "dtype": "float32",
             "head_dim": "<=64",
             "length": "<=1024",
+            "features": "plain",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.843,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
+        },
+        {
+            "op": "attention",
+            "dtype": "float32",
+            "head_dim": "<=64",
+            "length": "<=4096",
+            "features": "causal",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.778,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
+        },
+        {
+            "op": "attention",
+            "dtype": "float32",
+            "head_dim": "<=64",
+            "length": "<=4096",
+            "features": "causal",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.673,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
+        },
+        {
+            "op": "attention",
+            "dtype": "float32",
+            "head_dim": "<=64",
+            "length": "<=4096",
+            "features": "plain",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.837,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
+        },
+        {
+            "op": "attention",
+            "dtype": "float32",
+            "head_dim": "<=64",
+            "length": "<=4096",
             "features": "plain",
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
             "ratio": 0.935,
-            "cases": 2,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
-        },
-        {
-            "op": "attention",
-            "dtype": "float32",
-            "head_dim": "<=64",
-            "length": "<=4096",
-            "features": "causal",
-            "pass": "fwd",
-            "kernel": "cpu",
-            "faster": "kernel",
-            "ratio": 0.991,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
-        },
-        {
-            "op": "attention",
-            "dtype": "float32",
-            "head_dim": "<=64",
-            "length": "<=4096",
-            "features": "causal",
-            "pass": "fwd+bwd",
-            "kernel": "cpu",
-            "faster": "kernel",
-            "ratio": 0.845,
-            "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
-        },
-        {
-            "op": "attention",
-            "dtype": "float32",
-            "head_dim": "<=64",
-            "length": "<=4096",
-            "features": "plain",
-            "pass": "fwd",
-            "kernel": "cpu",
-            "faster": "torch",
-            "ratio": 1.155,
-            "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
-        },
-        {
-            "op": "attention",
-            "dtype": "float32",
-            "head_dim": "<=64",
-            "length": "<=4096",
-            "features": "plain",
-            "pass": "fwd+bwd",
-            "kernel": "cpu",
-            "faster": "torch",
-            "ratio": 1.029,
-            "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/attention.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
         },
         {
             "op": "gru",
