@@ -12,7 +12,8 @@ fastattn's kernels compare, not what the automatic choice makes of them. Machine
 - NVIDIA H100 80GB HBM3, 2026-11-26 (benchmarks/results/gpu-h100-2026-11-26/gpu.csv);
 - AMD EPYC Zen 5 (AVX-512, AVX512-BF16), 2 threads, 2026-11-27 (benchmarks/results/cpu.csv,
   the rows of that day; per case its newest row);
-- AMD EPYC Zen 3 (AVX2), 2 threads, 2026-11-28 (benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/).
+- AMD EPYC Zen 3 (AVX2), 2 threads, 2026-11-28 (benchmarks/results/cpu-zen3-avx2-2026-11-28-final/,
+  the whole quick profile after the key-major attention forward).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ MACHINES = (
     ),
     (
         "AMD EPYC Zen 3 (AVX2), 2 threads, 2026-11-28",
-        sorted((RESULTS / "cpu-zen3-avx2-2026-11-28-vec").glob("*.csv")),
+        sorted((RESULTS / "cpu-zen3-avx2-2026-11-28-final").glob("*.csv")),
         "2026-11-28",
     ),
 )
