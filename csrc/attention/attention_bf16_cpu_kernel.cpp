@@ -196,15 +196,9 @@ void plain_bf16_forward(const AttentionForwardParams& fp) {
       transpose(oT.data(), kBlockQ, o.data(), Dv, Dv, M);  // o[r * Dv + d] = oT[d][r]
       for (int64_t r = 0; r < M; ++r) {
         float* orow = o.data() + r * Dv;
-        float lse;
-        if (l_out[r] > 0.0f) {
-          const float inv = 1.0f / l_out[r];
-          for (int64_t d = 0; d < Dv; ++d) orow[d] *= inv;
-          lse = m_out[r] * 0.6931471805599453f + std::log(l_out[r]);
-        } else {  // no visible key: output 0, lse -inf
-          std::fill(orow, orow + Dv, 0.0f);
-          lse = neg_inf<float>();
-        }
+        const float lse = normalize_row(orow, Dv, l_out[r])
+                              ? m_out[r] * 0.6931471805599453f + std::log(l_out[r])
+                              : neg_inf<float>();
         if (splits > 1) {
           const int64_t row_id = (b * p.Hq + h) * p.Lq + i0 + r;
           std::copy(orow, orow + Dv, part_o.data() + (split * rows + row_id) * Dv);

@@ -58,7 +58,7 @@ struct KeyMajorTiles {
                               convert ? kBlockK * Dv : 0};
     int64_t total = 0;
     for (int64_t n : sizes) total += (n + 15) / 16 * 16;
-    block = static_cast<float*>(std::aligned_alloc(64, std::max<int64_t>(total, 16) * 4));
+    block = static_cast<float*>(std::aligned_alloc(64, total * 4));
     FASTATTN_CHECK(block != nullptr, "attention", "out of memory allocating ", total * 4,
                    " bytes of tiles");
     float** parts[6] = {&qT, &st, &o, &q_rows, &k_rows, &v_rows};
@@ -190,15 +190,8 @@ void key_major_forward(const AttentionForwardParams& fp) {
       for (int64_t r = 0; r < M; ++r) {
         float* o = t.o + r * Dv;
         const float lr = t.l[r];
-        float lse;
-        if (lr > 0.0f) {
-          const float inv = 1.0f / lr;
-          for (int64_t d = 0; d < Dv; ++d) o[d] *= inv;
-          lse = (t.m[r] + std::log2(lr)) * ln2;
-        } else {  // no visible key: output 0, lse -inf
-          std::fill(o, o + Dv, 0.0f);
-          lse = -std::numeric_limits<float>::infinity();
-        }
+        const float lse =
+            normalize_row(o, Dv, lr) ? (t.m[r] + std::log2(lr)) * ln2 : neg_inf<float>();
         const int64_t i = i0 + r;
         LSE[lse_offset(p, g, b, h) + i] = lse;
         store_row<T>(o, O + b * fp.out_s.b + h * fp.out_s.h + (g.q_row0 + i) * fp.out_s.l, Dv);

@@ -2,7 +2,8 @@
 // backward and the bfloat16 path (attention_*_cpu_kernel.cpp): block sizes, a sequence's
 // geometry (lengths, band, row offsets), S = scale * Q K^T's pipeline (softcap, ALiBi, masks,
 // band), dropout, the key and query blocks a tile can see, per-head packed operand blocks, the
-// exponential of a score row and the backward's row terms. Inside each ISA copy's namespace.
+// exponential of a score row, a finished forward row's normalisation and the backward's row
+// terms. Inside each ISA copy's namespace.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -269,6 +270,19 @@ acc exp_row(acc* x, int64_t n, acc shift) {
   if constexpr (Tiles::kProbabilitiesInBf16) return exp_shift_sum_for_bf16(x, n, shift);
 #endif
   return exp_shift_sum(x, n, shift);
+}
+
+// A forward output row o (n values) divided by its softmax sum l; a row with no visible key
+// (l = 0) becomes 0 and the call returns false, its lse then being -inf.
+template <typename acc>
+bool normalize_row(acc* o, int64_t n, acc l) {
+  if (!(l > acc(0))) {
+    std::fill(o, o + n, acc(0));
+    return false;
+  }
+  const acc inv = acc(1) / l;
+  for (int64_t d = 0; d < n; ++d) o[d] *= inv;
+  return true;
 }
 
 // Row terms Delta_i = rowsum(dO_i * O_i) - dlse_i (d lse_i / d s_ij = P_ij), numbered like lse.

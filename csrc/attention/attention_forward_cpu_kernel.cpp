@@ -256,15 +256,7 @@ void forward_impl(const AttentionForwardParams& fp) {
         for (int64_t r = 0; r < M; ++r) {
           acc* o = o_acc.data() + (v * M + r) * Dv;
           const acc lr = l[v * M + r];
-          acc lse;
-          if (lr > acc(0)) {
-            const acc inv = acc(1) / lr;
-            for (int64_t d = 0; d < Dv; ++d) o[d] *= inv;
-            lse = m[v * M + r] + std::log(lr);
-          } else {  // no visible key: output 0, lse -inf
-            std::fill(o, o + Dv, acc(0));
-            lse = neg_inf<acc>();
-          }
+          const acc lse = normalize_row(o, Dv, lr) ? m[v * M + r] + std::log(lr) : neg_inf<acc>();
           const int64_t head = pack_heads ? h + r : h, i = pack_heads ? i0 : i0 + r;
           if (splits > 1) {
             const int64_t row_id = (b * p.Hq + head) * p.Lq + i;

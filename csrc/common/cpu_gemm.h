@@ -384,11 +384,11 @@ inline void gemm_rows_of(int64_t rows, int64_t N, int64_t K, float alpha, const 
 }
 
 // Every row of C: blocks of 6 rows; 7 or 8 left run as 4 + 3 or 4 + 4 (8 accumulators each
-// keep both FMA pipes busy, a 2-row block would not). A's rows advance by a_row_step.
+// keep both FMA pipes busy, a 2-row block would not).
 template <bool kARows>
 inline void gemm_vec(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t a_step,
-                     int64_t a_row_step, const float* B, int64_t ldb, float* C, int64_t ldc,
-                     bool accumulate) {
+                     const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  const int64_t a_row_step = kARows ? a_step : 1;
   for (int64_t m0 = 0; m0 < M;) {
     const int64_t left = M - m0;
     const int64_t rows = left == 7 || left == 8 ? 4 : std::min<int64_t>(left, kGemmRowsVec);
@@ -406,11 +406,11 @@ inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, i
   // elements or from MR rows, at the same rate, so a row-major A is not copied first (the copy
   // cost more than it saved: docs/design/cpu_kernels.md). Any other layout is copied k-major.
   if (a_m != 1 && a_k == 1) {
-    detail::gemm_vec<true>(M, N, K, alpha, A, a_m, a_m, B, ldb, C, ldc, accumulate);
+    detail::gemm_vec<true>(M, N, K, alpha, A, a_m, B, ldb, C, ldc, accumulate);
     return;
   }
   A = k_major(A, a_m, a_k, M, K);
-  detail::gemm_vec<false>(M, N, K, alpha, A, a_k, 1, B, ldb, C, ldc, accumulate);
+  detail::gemm_vec<false>(M, N, K, alpha, A, a_k, B, ldb, C, ldc, accumulate);
 }
 #else
 inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t a_m,
