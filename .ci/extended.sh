@@ -7,9 +7,11 @@
 #                     (FASTATTN_CPU_ISA forces each: avx512bf16 -> avx512, avx2, base;
 #                     avx512 -> avx2, base; avx2 -> base) on the cpu backend's quick tests of
 #                     attention (dense, biased, varlen, KV cache), the recurrent layers and
-#                     positional encodings, the checks' teeth and the fuzz properties;
+#                     positional encodings, the checks' teeth, the fuzz properties and NaN
+#                     inputs;
 # emulator-attention  every case of the CUDA attention emulator (tools/cuda_emu/run.py), alone,
-#                     so that its threads do not compete with test workers;
+#                     so that its threads do not compete with test workers, then the NaN
+#                     input tests on it (tools/cuda_emu/emu_route.py);
 # emulator-recurrent  the CUDA recurrent kernels and the attention backward's learned-bias
 #                     gradient on the emulators (tests/test_cuda_emulator.py);
 # slow-grids          a seeded stratified sixteenth of the slow grids on the cpu backend
@@ -42,7 +44,8 @@ isa_copies() {
   esac
   local tests=(tests/test_attention.py tests/test_attention_bias_grad.py
     tests/test_varlen_attention.py tests/test_attention_with_kvcache.py tests/test_lstm.py
-    tests/test_gru_rnn.py tests/test_positional.py tests/test_check_teeth.py tests/test_fuzz.py)
+    tests/test_gru_rnn.py tests/test_positional.py tests/test_check_teeth.py tests/test_fuzz.py
+    tests/test_nan_inputs.py)
   for isa in $lower; do
     start=$(date +%s)
     echo "extended: the $isa copy (this host's default: $default)"
@@ -57,6 +60,8 @@ emulator_attention() {
   PYTHONPATH=. "$PY" tools/cuda_emu/run.py > /tmp/fastattn-emulator.log 2>&1 || {
     grep -v "^ok " /tmp/fastattn-emulator.log | tail -n 60; exit 1; }
   tail -n 1 /tmp/fastattn-emulator.log
+  PYTHONPATH=.:tools/cuda_emu "$PY" -m pytest -p emu_route tests/test_nan_inputs.py \
+    -k "cpu and (attention or kvcache)" -q -p no:cacheprovider --timeout=1600
 }
 
 emulator_recurrent() {

@@ -31,7 +31,10 @@ void merge_splits(const AttentionForwardParams& fp, const std::vector<acc>& part
       const Geometry g = geometry(p, b);
       if (i >= g.Lq) continue;
       acc mx = neg_inf<acc>();
-      for (int64_t sp = 0; sp < splits; ++sp) mx = std::max(mx, part_lse[sp * rows + row_id]);
+      for (int64_t sp = 0; sp < splits; ++sp) {
+        const acc part = part_lse[sp * rows + row_id];
+        mx = std::isnan(part) || part > mx ? part : mx;  // a NaN split's lse makes the row NaN
+      }
       std::fill(o.begin(), o.end(), acc(0));
       acc lse = neg_inf<acc>();
       if (mx != neg_inf<acc>()) {

@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_fwd_mma_kernel(const 
       float l = l_run[mt][r];
       l += prim::shfl_xor(l, 1);
       l += prim::shfl_xor(l, 2);
-      const bool empty = !(l > 0.0f);  // no visible key: out 0, lse -inf
+      const bool empty = l == 0.0f;  // no visible key: out 0, lse -inf (a NaN l stays NaN)
       const float inv = empty ? 0.0f : 1.0f / l;
 #pragma unroll
       for (int nt = 0; nt < kNTO; ++nt) {

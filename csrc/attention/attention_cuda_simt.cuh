@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(SimtConfig<T, kR_>::kThreads)
     T l = l_run[r];
 #pragma unroll
     for (int m = 16; m >= 1; m >>= 1) l += prim::shfl_xor(l, m);
-    const bool empty = !(l > T(0));  // no visible key: out 0, lse -inf
+    const bool empty = l == T(0);  // no visible key: out 0, lse -inf (a NaN l stays NaN)
     const int i = i0 + row0 + r;
     if (i < p.Lq) {
       const T inv = empty ? T(0) : T(1) / l;
@@ -620,7 +620,10 @@ __global__ void __launch_bounds__(256) attention_combine_kernel(const FwdParams 
   const int bh = static_cast<int>(row / p.Lq);
   const int b = bh / p.Hq, h = bh % p.Hq;
   float mx = -prim::inf_of<float>();
-  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, prim::ldg(params.part_lse + s * rows + row));
+  for (int s = 0; s < splits; ++s) {
+    const float ls = prim::ldg(params.part_lse + s * rows + row);
+    mx = isnan(ls) || ls > mx ? ls : mx;  // fmaxf would drop a NaN split's lse: keep the row NaN
+  }
   const bool empty = mx == -prim::inf_of<float>();
   float sum = 0.0f;
   if (!empty) {

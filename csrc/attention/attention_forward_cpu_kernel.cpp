@@ -38,10 +38,14 @@ void online_softmax(acc* s, int64_t M, int64_t N, acc* m, acc* l, acc* o_acc, in
                     const acc* mult) {
   for (int64_t r = 0; r < M; ++r) {
     acc* sr = s + r * kBlockK;
-    const acc m_new = std::max(m[r], row_max(sr, N));
-    if (m_new == neg_inf<acc>()) {  // nothing visible yet in this row
-      std::fill(sr, sr + N, acc(0));
-      continue;
+    acc m_new = std::max(m[r], row_max(sr, N));
+    if (m_new == neg_inf<acc>()) {
+      // nothing visible yet in this row, unless the max lost a NaN score: then the row is NaN
+      if (std::none_of(sr, sr + N, [](acc x) { return std::isnan(x); })) {
+        std::fill(sr, sr + N, acc(0));
+        continue;
+      }
+      m_new = std::numeric_limits<acc>::quiet_NaN();
     }
     const acc alpha = exp_approx(m[r] - m_new);  // m[r] = -inf gives 0
     const acc sum = exp_row<Tiles>(sr, N, m_new);

@@ -1,5 +1,7 @@
 // Branch-free exp and tanh for float that every ISA copy vectorises (the softmax and softcap
 // of the CPU attention kernel); double keeps std::exp / std::tanh (gradcheck precision).
+// Every clamp puts its bound first: x86 min and max return their second operand when either is
+// NaN, so a NaN argument stays NaN, as in torch, instead of becoming a finite bound.
 #pragma once
 #include "common/cpu_target.h"
 #include "common/cpu_vec.h"
@@ -77,7 +79,7 @@ inline __m512 exp2_fraction(__m512 f) {
 inline __m512 exp_approx(__m512 x) {
   const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
   const __m512 clamped =
-      _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-126.0f)), _mm512_set1_ps(127.0f));
+      _mm512_min_ps(_mm512_set1_ps(127.0f), _mm512_max_ps(_mm512_set1_ps(-126.0f), t));
   const __m512 n = _mm512_roundscale_ps(clamped, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(clamped, n);
   const __m512 p = exp2_fraction(f);
@@ -121,7 +123,7 @@ inline VecF exp2_fraction(VecF f) {
 // exp_approx on every lane (same algorithm and constants).
 inline VecF exp_approx(VecF x) {
   const VecF t = x * VecF::set1(1.44269504088896341f);
-  const VecF clamped = min(max(t, VecF::set1(-126.0f)), VecF::set1(127.0f));
+  const VecF clamped = min(VecF::set1(127.0f), max(VecF::set1(-126.0f), t));
   const VecF n = round_nearest(clamped);
   const VecF result = scale_by_pow2(exp2_fraction(clamped - n), n);
   return select_less(x, VecF::set1(-87.3f), VecF::zero(), result);
@@ -131,7 +133,7 @@ inline VecF exp_approx(VecF x) {
 // their running maximum) with kExp2FractionShort, about one float ulp. t at or below -127 (and
 // -inf) gives 0 with no compare: there n = -127 builds the bits of +0.
 inline VecF exp2_nonpositive(VecF t) {
-  t = max(t, VecF::set1(-127.0f));
+  t = max(VecF::set1(-127.0f), t);
   const VecF n = round_nearest(t);
   const VecF f = t - n;
   VecF p = VecF::set1(kExp2FractionShort[0]);
@@ -198,8 +200,8 @@ inline double row_max(const double* x, int64_t n) {
 // exp2_for_bf16 is 2^t (t in log2 units: the callers fold the log2(e) factor, and the softmax
 // scale, into the multiply that forms t).
 inline __m512 exp2_for_bf16(__m512 t) {
-  t = _mm512_max_ps(t, _mm512_set1_ps(-200.0f));  // no inf - inf below
-  const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
+  t = _mm512_max_ps(_mm512_set1_ps(-200.0f), t);  // no inf - inf below
+  const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ);
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(t, n);
   __m512 p = _mm512_set1_ps(kExp2FractionShort[0]);
@@ -216,11 +218,11 @@ inline __m512 exp_shifted_for_bf16(__m512 x, __m512 shift) {
 // 2^t on 16 lanes with exp_approx's polynomial (about 2 ulp); 0 below 2^-126 and for -inf.
 inline __m512 exp2_approx(__m512 t) {
   const __m512 clamped =
-      _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-126.0f)), _mm512_set1_ps(127.0f));
+      _mm512_min_ps(_mm512_set1_ps(127.0f), _mm512_max_ps(_mm512_set1_ps(-126.0f), t));
   const __m512 n = _mm512_roundscale_ps(clamped, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(clamped, n);
   const __m512 p = exp2_fraction(f);
-  const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
+  const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ);
   return _mm512_maskz_scalef_ps(normal, p, n);
 }
 

@@ -566,7 +566,7 @@ template <typename acc, bool kRelu>
 void rnn_forward(acc* __restrict__ g, acc* __restrict__ h, int64_t hb) {
   if constexpr (kRelu) {
     for (int64_t u = 0; u < hb; ++u) {
-      const acc y = g[u] > acc(0) ? g[u] : acc(0);
+      const acc y = g[u] < acc(0) ? acc(0) : g[u];  // NaN stays NaN, as torch.relu
       g[u] = y;
       h[u] = y;
     }
@@ -583,7 +583,7 @@ template <typename acc, bool kRelu>
 void rnn_backward(const acc* __restrict__ y, const acc* __restrict__ dh, acc* __restrict__ d,
                   int64_t hb) {
   for (int64_t u = 0; u < hb; ++u) {
-    d[u] = kRelu ? (y[u] > acc(0) ? dh[u] : acc(0)) : dh[u] * (acc(1) - y[u] * y[u]);
+    d[u] = kRelu ? (y[u] <= acc(0) ? acc(0) : dh[u]) : dh[u] * (acc(1) - y[u] * y[u]);
   }
 }
 

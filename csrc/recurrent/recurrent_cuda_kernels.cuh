@@ -206,7 +206,7 @@ __device__ __forceinline__ acc unit_forward(acc* g, int64_t H, int64_t u, const 
     return (acc(1) - z) * n + z * hprev;
   } else {
     const acc v = g[u] + rec[0];
-    const acc y = C == Cell::rnn_relu ? (v > acc(0) ? v : acc(0)) : tanh_(v);
+    const acc y = C == Cell::rnn_relu ? (v < acc(0) ? acc(0) : v) : tanh_(v);  // NaN stays NaN
     g[u] = y;
     return y;
   }
@@ -252,7 +252,7 @@ __device__ __forceinline__ void unit_backward(const acc* g, const acc* x, int64_
     }
   } else {
     const acc y = g[u];
-    dg[0] = C == Cell::rnn_relu ? (y > acc(0) ? dh : acc(0)) : dh * (acc(1) - y * y);
+    dg[0] = C == Cell::rnn_relu ? (y <= acc(0) ? acc(0) : dh) : dh * (acc(1) - y * y);
   }
 }
 

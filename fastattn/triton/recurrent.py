@@ -360,7 +360,7 @@ def _fwd_step_kernel(
         if CELL == 3:
             y = _tanh(pre, ACCURATE)
         else:
-            y = tl.maximum(pre, 0.0)
+            y = tl.where(pre < 0.0, 0.0, pre)  # NaN stays NaN, as torch.relu
         h_prev = tl.load(H_in + state, mask=ok, other=0.0)
         if SAVE:
             tl.store(ws_row, tl.where(active, y, 0.0), mask=ok)
@@ -595,7 +595,7 @@ def _bwd_gates_kernel(
         if CELL == 3:
             da = dh * (1.0 - y * y)
         else:
-            da = tl.where(y > 0.0, dh, 0.0)
+            da = tl.where(y <= 0.0, 0.0, dh)
         dg_row = DG + ((d64 * T + t) * B + rows64)[:, None] * H + j[None, :]
         tl.store(dg_row, tl.where(active, da, 0.0), mask=ok)
 
