@@ -10,7 +10,10 @@ What fastattn defines (fastattn/reference/attention_with_kvcache.py) maps onto S
   dtype with -inf where hidden: SDPA adds a float mask to the scaled scores, as fastattn adds
   the bias;
 - GQA / MQA is SDPA's enable_gqa; the scale is SDPA's scale;
-- a paged cache is gathered through its block table into a dense copy first.
+- a paged cache is gathered through its block table into a dense copy first;
+- on CPU, one decoding query per sequence that sees its whole prefix (the common decoding step)
+  skips all of that: SDPA reads views of each sequence's first cache_seqlens[b] + Lnew rows,
+  unmasked (rows past them are never read, so no zeroing either).
 Two post-processing steps keep fastattn's definition on every SDPA kernel: the cache rows past
 a sequence's length are zeroed in the copy SDPA reads (they may hold anything, NaN included,
 and a masked key still enters SDPA's products, where 0 * NaN = NaN), and rows with no visible
@@ -80,6 +83,67 @@ def _keys(
     return dense[:, :, : valid.shape[2]].masked_fill_(~valid, 0)
 
 
+def _host_values(cache_seqlens: torch.Tensor) -> list[int] | None:
+    """cache_seqlens as a list where reading it costs no synchronisation (a CPU tensor, outside
+    torch.compile, where a read would break the graph); None elsewhere."""
+    if cache_seqlens.device.type != "cpu" or torch.compiler.is_compiling():
+        return None
+    return cache_seqlens.tolist()
+
+
+def _sees_whole_prefix(
+    q: torch.Tensor,
+    block_table: torch.Tensor | None,
+    alibi_slopes: torch.Tensor | None,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    Lnew: int,
+) -> bool:
+    """Whether a call is one decoding query per sequence that sees its whole cache prefix (no
+    window, no ALiBi; causal hides nothing when at most one token is appended) on a dense
+    cache: SDPA then runs on views of each prefix with no mask and no copy of the cache."""
+    return (
+        q.shape[2] == 1
+        and block_table is None
+        and alibi_slopes is None
+        and (not causal or Lnew <= 1)
+        and window_left < 0
+        and window_right < 0
+    )
+
+
+def _attend_prefixes(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    lengths: list[int],
+    scale: float,
+) -> torch.Tensor:
+    """out (B, Hq, 1, Dv): sequence b's query over the first lengths[b] cache rows (0 where
+    that is none). Equal lengths take one SDPA call, others one call per run of equal ones."""
+    B, Hq = q.shape[:2]
+    gqa = Hq != k_cache.shape[1]
+    n = lengths[0]
+    if n > 0 and min(lengths) == max(lengths):
+        return F.scaled_dot_product_attention(
+            q, k_cache[:, :, :n], v_cache[:, :, :n], scale=scale, enable_gqa=gqa
+        )
+    out = q.new_zeros((B, Hq, 1, v_cache.shape[3]))
+    b = 0
+    while b < B:
+        end = b + 1
+        while end < B and lengths[end] == lengths[b]:
+            end += 1
+        n = lengths[b]
+        if n > 0:
+            out[b:end] = F.scaled_dot_product_attention(
+                q[b:end], k_cache[b:end, :, :n], v_cache[b:end, :, :n], scale=scale, enable_gqa=gqa
+            )
+        b = end
+    return out
+
+
 def attention_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -115,17 +179,26 @@ def attention_with_kvcache(
     Lnew = 0 if k_new is None else k_new.shape[2]
     heads_inner = q.stride(1) < q.stride(2)  # q is a (B, Lq, Hq, D) tensor transposed
     positions = cache_seqlens.to(torch.int64)
+    # On CPU (outside torch.compile) the lengths are host values, free to read: when they are
+    # all equal (a batch decoding in step), the rotation and the append use plain slices.
+    host_lengths = _host_values(cache_seqlens)
+    same = host_lengths[0] if host_lengths and min(host_lengths) == max(host_lengths) else None
     if rotary_cos is not None:
         assert rotary_sin is not None, "rotary_cos and rotary_sin are given together"
         acc = compute_dtype(q.dtype)
         cos, sin = rotary_cos.to(acc), rotary_sin.to(acc)
-        rotary = (cos, sin, 0, positions, None, 2 * cos.shape[1], 0.0, bool(rotary_interleaved))
+        where = (0, positions) if same is None else (same, None)
+        rotary = (cos, sin, *where, None, 2 * cos.shape[1], 0.0, bool(rotary_interleaved))
         q = positional.apply_rotary(q, *rotary)
         if k_new is not None:
             k_new = positional.apply_rotary(k_new, *rotary)
     if Lnew > 0:
         assert k_new is not None and v_new is not None
-        _append(k_cache, v_cache, positions, k_new, v_new, block_table)
+        if same is not None and block_table is None:
+            k_cache[:, :, same : same + Lnew] = k_new
+            v_cache[:, :, same : same + Lnew] = v_new
+        else:
+            _append(k_cache, v_cache, positions, k_new, v_new, block_table)
 
     Lk = key_bound
     if B == 0 or Lq == 0 or Lk == 0:  # nothing to attend to: every row is empty
@@ -133,6 +206,11 @@ def attention_with_kvcache(
         return out.transpose(1, 2) if heads_inner else out
 
     device = q.device
+    if host_lengths and _sees_whole_prefix(
+        q, block_table, alibi_slopes, causal, window_left, window_right, Lnew
+    ):
+        out = _attend_prefixes(q, k_cache, v_cache, [n + Lnew for n in host_lengths], scale)
+        return out.transpose(1, 2).contiguous().transpose(1, 2) if heads_inner else out
     key_lengths = (positions + Lnew).view(B, 1, 1)
     j = torch.arange(Lk, device=device).view(1, 1, Lk)
     query_positions = positions.view(B, 1, 1) + torch.arange(Lq, device=device).view(1, Lq, 1)
