@@ -13,6 +13,7 @@
 #include "attention_with_kvcache/attention_with_kvcache.h"
 #include "common/cpu_isa.h"
 #include "common/debug.h"
+#include "positional/positional_cpu.h"
 
 namespace fastattn::attention {
 namespace {
@@ -182,6 +183,22 @@ void append_rows(const Tensor& src, const Tensor& cache, const int32_t* position
   });
 }
 
+// kvcache::rotated_new_tokens on the CPU rotary body itself, not through the dispatcher (whose
+// Python autograd kernel for apply_rotary costs more than the rotation of a decoding step).
+std::pair<Tensor, Tensor> rotated_new_tokens_cpu(const Tensor& q, const optional<Tensor>& k_new,
+                                                 const optional<Tensor>& cos,
+                                                 const optional<Tensor>& sin, const Tensor& seqlens,
+                                                 bool interleaved) {
+  const bool append = k_new.has_value() && k_new->defined();
+  if (!cos.has_value() || !cos->defined()) return {q, append ? *k_new : Tensor()};
+  const Tensor positions = seqlens.to(kLong);
+  auto rotate = [&](const Tensor& x) {
+    return positional::apply_rotary_cpu(x, cos, sin, 0, positions, std::nullopt, 2 * cos->size(1),
+                                        10000.0, interleaved, false);
+  };
+  return {rotate(q), append ? rotate(*k_new) : Tensor()};
+}
+
 std::tuple<Tensor, Tensor> attention_with_kvcache_cpu(
     const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& cache_seqlens,
     const optional<Tensor>& k_new, const optional<Tensor>& v_new,
@@ -218,7 +235,7 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_cpu(
                          paged ? "the block table's capacity " : "Lmax = ", Lmax);
   }
   const auto [q_rot, k_append] =
-      kvcache::rotated_new_tokens(q, k_new, rotary_cos, rotary_sin, seqlens, rotary_interleaved);
+      rotated_new_tokens_cpu(q, k_new, rotary_cos, rotary_sin, seqlens, rotary_interleaved);
   if (append && Lnew > 0) {
     const int32_t* table = paged ? block_table->data_ptr<int32_t>() : nullptr;
     const int64_t table_stride = paged ? block_table->stride(0) : 0;

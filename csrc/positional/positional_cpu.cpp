@@ -6,6 +6,7 @@
 #include "common/cpu_isa.h"
 #include "common/debug.h"
 #include "positional/positional.h"
+#include "positional/positional_cpu.h"
 #include "positional/positional_cpu_kernel.h"
 
 namespace fastattn::positional {
@@ -219,18 +220,6 @@ void apply_rotary_into(const Tensor& x, const Tensor& out, const optional<Tensor
                            [&] { FASTATTN_CPU_ISA_CALL(apply_rotary<scalar_t>, p); });
 }
 
-Tensor apply_rotary_cpu(const Tensor& x, const optional<Tensor>& cos, const optional<Tensor>& sin,
-                        int64_t offset, const optional<Tensor>& offsets,
-                        const optional<Tensor>& position_ids, int64_t rotary_dim, double base,
-                        bool interleaved, bool conjugate) {
-  Tensor out = empty_like(x);
-  cpu::advise_huge_pages(out);
-  poison(out);
-  apply_rotary_into(x, out, cos, sin, offset, offsets, position_ids, rotary_dim, base, interleaved,
-                    conjugate, "apply_rotary");
-  return out;
-}
-
 void apply_rotary_inplace_cpu(const Tensor& x, const optional<Tensor>& cos,
                               const optional<Tensor>& sin, int64_t offset,
                               const optional<Tensor>& offsets, const optional<Tensor>& position_ids,
@@ -240,6 +229,19 @@ void apply_rotary_inplace_cpu(const Tensor& x, const optional<Tensor>& cos,
 }
 
 }  // namespace
+
+Tensor apply_rotary_cpu(const Tensor& x, const std::optional<Tensor>& cos,
+                        const std::optional<Tensor>& sin, int64_t offset,
+                        const std::optional<Tensor>& offsets,
+                        const std::optional<Tensor>& position_ids, int64_t rotary_dim, double base,
+                        bool interleaved, bool conjugate) {
+  Tensor out = empty_like(x);
+  cpu::advise_huge_pages(out);
+  poison(out);
+  apply_rotary_into(x, out, cos, sin, offset, offsets, position_ids, rotary_dim, base, interleaved,
+                    conjugate, "apply_rotary");
+  return out;
+}
 
 STABLE_TORCH_LIBRARY_IMPL(fastattn, CPU, m) {
   m.impl("sinusoidal_table", TORCH_BOX(&sinusoidal_table_cpu));
