@@ -39,9 +39,24 @@ def nan_pattern(results):
     return [None if r is None else torch.isnan(r).cpu() for r in results]
 
 
-@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
-@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=("f32", "bf16"))
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def _kernel_cases():
+    """(backend, dtype, shape) triples; the triton backend's under the CPU interpreter (1-2 s a
+    case) run one shape in float32 unless the slow tests are asked for: the two shapes are two
+    tile paths of the cpu backend only."""
+    for backend in KERNEL_BACKENDS:
+        for dtype, dtype_id in ((torch.float32, "f32"), (torch.bfloat16, "bf16")):
+            for shape in SHAPES:
+                slow = backend == "triton" and (dtype != torch.float32 or shape != SHAPES[1])
+                yield pytest.param(
+                    backend,
+                    dtype,
+                    shape,
+                    id=f"{shape[0]}x{shape[1]}-{dtype_id}-{backend}",
+                    marks=[pytest.mark.slow] if slow else [],
+                )
+
+
+@pytest.mark.parametrize("backend,dtype,shape", list(_kernel_cases()))
 @pytest.mark.parametrize("feature", FEATURES)
 @pytest.mark.parametrize("where", ("q", "k", "v"))
 def test_attention_nan_reaches_what_it_feeds(backend, dtype, shape, feature, where):
