@@ -53,6 +53,9 @@ CASES = {
     # run of equal lengths (one SDPA call), a sequence with no key, and heads-inner q
     "decode-prefix-runs": Case(lens=(0, 23, 23, 9), Lnew=0, append=False, heads_inner=True),
     "decode-two-new-noncausal": Case(lens=(12, 12, 3), Lnew=2, kw={"causal": False}),
+    # equal lengths on CPU: the rotation at one offset and the append through slices
+    "decode-equal-lengths-gptj": Case(lens=(21, 21, 21), rotary="gptj"),
+    "chunk-equal-lengths-neox": Case(lens=(30, 30, 30), Lq=2, Lnew=2, rotary="neox"),
     "chunk-gptj-window": Case(lens=(0, 20, 37), Lq=3, Lnew=3, rotary="gptj", kw={"window": (4, 0)}),
     "no-append-noncausal": Case(lens=(0, 5, 40), Lq=2, Lnew=0, kw={"causal": False}),
     "rows-without-keys": Case(lens=(0, 1, 30), Lq=3, Lnew=0),
