@@ -103,6 +103,26 @@ def test_attention_nan_reaches_what_it_feeds(backend, dtype, shape, feature, whe
 
 
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=("f32", "bf16"))
+def test_attention_nan_rows_without_keys_stay_zero(backend, dtype):
+    """A row with no visible key is 0 (lse -inf) even when a masked key's value is NaN: the
+    tiles multiply its zero probabilities by that value (0 * NaN = NaN), so the row's output
+    must be set to 0, not scaled by 0."""
+    device = attention_device(backend)
+    q, k, v, _ = make_case("plain", 64, 40, 50, dtype, device)
+    mask = torch.ones(40, 50, dtype=torch.bool)
+    mask[7] = False  # row 7 sees no key
+    mask[:, 3] = False  # no row sees key 3, whose value is NaN
+    v = v.clone()
+    v[:, :, 3] = NAN
+    out, lse = fastattn.attention(
+        q, k, v, attn_mask=mask.to(device), return_lse=True, backend=backend
+    )
+    assert torch.all(out[:, :, 7] == 0) and torch.all(torch.isneginf(lse[:, :, 7]))
+    assert not torch.isnan(lse).any()
+
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
 @pytest.mark.parametrize("num_splits", (1, 4))
 def test_kvcache_nan_reaches_what_it_feeds(backend, num_splits):
     """A NaN key inside a sequence's cache length makes that head's output NaN, and so does a

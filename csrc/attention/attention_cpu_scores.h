@@ -273,8 +273,8 @@ acc exp_row(acc* x, int64_t n, acc shift) {
 }
 
 // A forward output row o (n values) divided by its softmax sum l; a row with no visible key
-// (l = 0) becomes 0 and the call returns false, its lse then being -inf. A NaN l (a NaN score
-// or value) stays NaN, as in torch.
+// (l = 0) becomes 0 and the call returns false, its lse then being -inf. A NaN l (from a NaN
+// score: q or k) keeps the row NaN, as in torch.
 template <typename acc>
 bool normalize_row(acc* o, int64_t n, acc l) {
   if (l == acc(0)) {

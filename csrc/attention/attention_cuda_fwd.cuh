@@ -213,9 +213,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_fwd_mma_kernel(const 
       const bool empty = l == 0.0f;  // no visible key: out 0, lse -inf (a NaN l stays NaN)
       const float inv = empty ? 0.0f : 1.0f / l;
 #pragma unroll
-      for (int nt = 0; nt < kNTO; ++nt) {
-        o[mt][nt][2 * r] *= inv;
-        o[mt][nt][2 * r + 1] *= inv;
+      for (int nt = 0; nt < kNTO; ++nt) {  // a select for empty rows: o may hold 0 * NaN
+        o[mt][nt][2 * r] = empty ? 0.0f : o[mt][nt][2 * r] * inv;
+        o[mt][nt][2 * r + 1] = empty ? 0.0f : o[mt][nt][2 * r + 1] * inv;
       }
       const int i = i0 + warp_row0 + mt * 16 + g + 8 * r;
       if (t == 0 && i < p.Lq) {

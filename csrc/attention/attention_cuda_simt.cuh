@@ -256,7 +256,7 @@ __global__ void __launch_bounds__(SimtConfig<T, kR_>::kThreads)
 #pragma unroll
         for (int c = 0; c < kCols; ++c) {
           const int col = lane + 32 * c;
-          if (col < Dv) prim::stg(Pg + col, static_cast<float>(o[r][c] * inv));
+          if (col < Dv) prim::stg(Pg + col, empty ? 0.0f : static_cast<float>(o[r][c] * inv));
         }
         if (lane == 0) prim::stg(params.part_lse + part_row0 + i, static_cast<float>(lse_i));
         continue;
@@ -264,7 +264,10 @@ __global__ void __launch_bounds__(SimtConfig<T, kR_>::kThreads)
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
         const int col = lane + 32 * c;
-        if (col < Dv) prim::stg(Og + static_cast<int64_t>(i) * params.o_sl + col, o[r][c] * inv);
+        // a select, not 0 * o: a masked key's NaN value can be in o (0 * NaN)
+        if (col < Dv) {
+          prim::stg(Og + static_cast<int64_t>(i) * params.o_sl + col, empty ? T(0) : o[r][c] * inv);
+        }
       }
       if (lane == 0) prim::stg(lse + i, lse_i);
     }

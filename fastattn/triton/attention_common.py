@@ -213,8 +213,9 @@ def online_softmax_step(
 @triton.jit
 def softmax_finish(m_i, l_i, acc):
     """(out = acc / l, lse = m + log l) of an online softmax; rows that saw no visible key
-    (l = 0) give out 0 and lse -inf."""
+    (l = 0) give out 0 and lse -inf (set, not divided: a masked key's NaN value leaves 0 * NaN
+    in acc)."""
     empty = l_i == 0.0
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    out = tl.where(empty[:, None], 0.0, acc / tl.where(empty, 1.0, l_i)[:, None])
     lse = tl.where(empty, float("-inf"), m_i + tl.log(tl.where(empty, 1.0, l_i)))
     return out, lse
