@@ -56,6 +56,8 @@ CASES = {
     # equal lengths on CPU: the rotation at one offset and the append through slices
     "decode-equal-lengths-gptj": Case(lens=(21, 21, 21), rotary="gptj"),
     "chunk-equal-lengths-neox": Case(lens=(30, 30, 30), Lq=2, Lnew=2, rotary="neox"),
+    # one query, two appended tokens, causal: the query does not see the last key (masked path)
+    "decode-two-new-causal": Case(lens=(12, 12, 3), Lnew=2),
     "chunk-gptj-window": Case(lens=(0, 20, 37), Lq=3, Lnew=3, rotary="gptj", kw={"window": (4, 0)}),
     "no-append-noncausal": Case(lens=(0, 5, 40), Lq=2, Lnew=0, kw={"causal": False}),
     "rows-without-keys": Case(lens=(0, 1, 30), Lq=3, Lnew=0),
@@ -405,6 +407,21 @@ def test_without_host_checks_reads_the_whole_capacity(monkeypatch):
     results = run_three("torch", case, F32)
     assert not torch.isnan(results["out"][0]).any()
     check(results)
+
+
+@pytest.mark.parametrize(
+    "name", ["decode-gqa-neox", "decode-prefix-runs", "decode-equal-lengths-gptj"]
+)
+def test_cpu_decoding_reads_prefix_views(monkeypatch, name):
+    """On CPU, one query per sequence over its whole prefix takes SDPA over views of the cache:
+    the masked path's zeroed copy of the cache (_keys) is never made."""
+    import fastattn.aten.attention_with_kvcache as aten_module
+
+    def no_copy(*args, **kwargs):
+        raise AssertionError("the masked path ran: the cache was copied")
+
+    monkeypatch.setattr(aten_module, "_keys", no_copy)
+    check(run_three("torch", CASES[name], F32))
 
 
 @pytest.mark.parametrize("paged", (False, True), ids=("dense", "paged"))

@@ -5,7 +5,8 @@ What fastattn defines (fastattn/reference/attention_with_kvcache.py) maps onto S
 - sequence b's keys are its cache's first cache_seqlens[b] + Lnew rows; its query i sits at
   position cache_seqlens[b] + i. Which keys a query sees (the valid length, the causal limit
   j <= position, a window around the position) is one bool mask (B, 1, Lq, Lk) built from
-  cache_seqlens on the device (no host read), broadcast over the heads;
+  cache_seqlens on the device (no host read; see the CPU decoding step below), broadcast over
+  the heads;
 - ALiBi (float32 and float64 inputs) is a float mask -slope * |position - j| in the input's
   dtype with -inf where hidden: SDPA adds a float mask to the scaled scores, as fastattn adds
   the bias;
