@@ -62,17 +62,27 @@ inline Tensor rotate_at_positions(const Tensor& x, const Tensor& cos, const Tens
 }
 
 // (q, k_new) rotated at positions seqlens[b] + i when the tables are given, else as given
-// (k_new undefined without new tokens). seqlens: contiguous int32 (B,).
+// (k_new undefined without new tokens). seqlens: contiguous int32 (B,). rotate(x, cos, sin,
+// positions, interleaved) is rotate_at_positions or a device's rotary body called directly.
+template <typename Rotate>
+std::pair<Tensor, Tensor> rotated_new_tokens(const Tensor& q, const std::optional<Tensor>& k_new,
+                                             const std::optional<Tensor>& cos,
+                                             const std::optional<Tensor>& sin,
+                                             const Tensor& seqlens, bool interleaved,
+                                             Rotate rotate) {
+  const bool append = k_new.has_value() && k_new->defined();
+  if (!cos.has_value() || !cos->defined()) return {q, append ? *k_new : Tensor()};
+  const Tensor positions = seqlens.to(kLong);
+  return {rotate(q, *cos, *sin, positions, interleaved),
+          append ? rotate(*k_new, *cos, *sin, positions, interleaved) : Tensor()};
+}
+
 inline std::pair<Tensor, Tensor> rotated_new_tokens(const Tensor& q,
                                                     const std::optional<Tensor>& k_new,
                                                     const std::optional<Tensor>& cos,
                                                     const std::optional<Tensor>& sin,
                                                     const Tensor& seqlens, bool interleaved) {
-  const bool append = k_new.has_value() && k_new->defined();
-  if (!cos.has_value() || !cos->defined()) return {q, append ? *k_new : Tensor()};
-  const Tensor positions = seqlens.to(kLong);
-  return {rotate_at_positions(q, *cos, *sin, positions, interleaved),
-          append ? rotate_at_positions(*k_new, *cos, *sin, positions, interleaved) : Tensor()};
+  return rotated_new_tokens(q, k_new, cos, sin, seqlens, interleaved, rotate_at_positions);
 }
 
 }  // namespace fastattn::attention_with_kvcache

@@ -183,20 +183,12 @@ void append_rows(const Tensor& src, const Tensor& cache, const int32_t* position
   });
 }
 
-// kvcache::rotated_new_tokens on the CPU rotary body itself, not through the dispatcher (whose
-// Python autograd kernel for apply_rotary costs more than the rotation of a decoding step).
-std::pair<Tensor, Tensor> rotated_new_tokens_cpu(const Tensor& q, const optional<Tensor>& k_new,
-                                                 const optional<Tensor>& cos,
-                                                 const optional<Tensor>& sin, const Tensor& seqlens,
-                                                 bool interleaved) {
-  const bool append = k_new.has_value() && k_new->defined();
-  if (!cos.has_value() || !cos->defined()) return {q, append ? *k_new : Tensor()};
-  const Tensor positions = seqlens.to(kLong);
-  auto rotate = [&](const Tensor& x) {
-    return positional::apply_rotary_cpu(x, cos, sin, 0, positions, std::nullopt, 2 * cos->size(1),
-                                        10000.0, interleaved, false);
-  };
-  return {rotate(q), append ? rotate(*k_new) : Tensor()};
+// rotate_at_positions on the CPU rotary body itself, not through the dispatcher (whose Python
+// autograd kernel for apply_rotary costs more than the rotation of a decoding step).
+Tensor rotate_on_cpu(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions,
+                     bool interleaved) {
+  return positional::apply_rotary_cpu(x, cos, sin, 0, positions, std::nullopt, 2 * cos.size(1),
+                                      10000.0, interleaved, false);
 }
 
 std::tuple<Tensor, Tensor> attention_with_kvcache_cpu(
@@ -234,8 +226,8 @@ std::tuple<Tensor, Tensor> attention_with_kvcache_cpu(
                          "] = ", starts[b], " plus ", Lnew, " new tokens exceed ",
                          paged ? "the block table's capacity " : "Lmax = ", Lmax);
   }
-  const auto [q_rot, k_append] =
-      rotated_new_tokens_cpu(q, k_new, rotary_cos, rotary_sin, seqlens, rotary_interleaved);
+  const auto [q_rot, k_append] = kvcache::rotated_new_tokens(
+      q, k_new, rotary_cos, rotary_sin, seqlens, rotary_interleaved, rotate_on_cpu);
   if (append && Lnew > 0) {
     const int32_t* table = paged ? block_table->data_ptr<int32_t>() : nullptr;
     const int64_t table_stride = paged ? block_table->stride(0) : 0;
