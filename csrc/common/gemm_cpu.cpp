@@ -10,7 +10,7 @@ namespace fastattn::cpu {
 
 void matmul_into(Tensor out, const Tensor& a, const Tensor& b, const Tensor& bias, bool accumulate,
                  const Tensor& b_cols, int64_t k_block) {
-  if (out.scalar_type() == kFloat && cpu_isa() >= Isa::avx512 && out.stride(1) == 1) {
+  if (out.scalar_type() == kFloat && cpu_isa() >= Isa::avx2 && out.stride(1) == 1) {
     const int64_t N = out.size(1);
     GemmParams p{a.size(0),
                  N,
@@ -27,7 +27,11 @@ void matmul_into(Tensor out, const Tensor& a, const Tensor& b, const Tensor& bia
                  bias.defined() ? bias.data_ptr<float>() : nullptr,
                  accumulate,
                  k_block};
-    avx512::gemm_large(p);
+    if (cpu_isa() >= Isa::avx512) {
+      avx512::gemm_large(p);
+    } else {
+      avx2::gemm_large(p);
+    }
     return;
   }
   if (b_cols.defined()) {

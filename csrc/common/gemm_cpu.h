@@ -1,5 +1,6 @@
-// Host-side matrix products on ATen tensors for the CPU op bodies: fastattn's packed AVX-512
-// GEMM (common/gemm_cpu_kernel.h) for float where that micro-kernel exists, ATen's otherwise.
+// Host-side matrix products on ATen tensors for the CPU op bodies: fastattn's packed GEMM
+// (common/gemm_cpu_kernel.h) for float where its micro-kernel exists (AVX2 and AVX-512),
+// ATen's otherwise.
 #pragma once
 #include "common/tensor_api.h"
 
@@ -7,8 +8,8 @@ namespace fastattn::cpu {
 
 // out (+)= a @ b (+ bias on every row), all in the compute type, out with a unit column
 // stride. b_cols (optional, int64 (N,)): column n of the product uses column b_cols[n] of b.
-// On AMD CPUs MKL's sgemm takes a slower, non-AVX-512 path (about 70% of the FMA peak here),
-// hence fastattn's own driver for float.
+// On AMD CPUs MKL's sgemm takes a generic path (about 70% of the FMA peak with AVX-512, 55% on
+// an AVX2 Zen 3: docs/design/cpu_kernels.md), hence fastattn's own driver for float.
 // k_block > 0 (float driver only): the products are summed in blocks of k_block terms, then
 // the blocks (for long reductions such as weight gradients over all time steps: the rounding
 // error grows with k_block + K / k_block instead of K).

@@ -19,7 +19,15 @@ namespace {
 // of B and 6 broadcasts of A per 24 FMAs; the 8 x 32 tile of common/cpu_gemm.h needs 10 loads
 // per 16 FMAs and ran at 0.80-0.87 of the FMA peak here, this one at 0.89-0.92): B in panels of
 // 64 columns, each K x 64 contiguous; A in strips of 6 rows, each K x 6 contiguous (k-major).
+// With VecF (AVX2: 16 ymm registers) the tile is 6 rows x 16 columns and a panel is one tile
+// wide, so a strip's sweep reads B as one contiguous stream, which the hardware prefetcher
+// follows (64-column panels read in 16-column slices strided the stream by 256 bytes, and the
+// sweep ran at two thirds of the rate: docs/design/cpu_kernels.md).
+#if defined(FASTATTN_CPU_VEC)
+constexpr int64_t kPanel = 16;
+#else
 constexpr int64_t kPanel = 64;
+#endif
 constexpr int64_t kStrip = 6;
 inline int64_t panels(int64_t n) { return (n + kPanel - 1) / kPanel; }
 inline int64_t strips(int64_t m) { return (m + kStrip - 1) / kStrip; }
@@ -92,7 +100,45 @@ __attribute__((always_inline)) inline void tile_kernel(int64_t K, int64_t kb, co
     }
   }
 }
+#elif defined(FASTATTN_CPU_VEC)
+// The VecF tile: MR (<= 6) rows x kSliceVectors vectors (16 columns with AVX2: 12 accumulators,
+// 2 B vectors and a broadcast fill 15 of the 16 ymm registers) of a panel, columns past n
+// masked (kFull: all of them); the same two-level sum over kb terms as the AVX-512 tile, in
+// one call. Not inlined, for the reason common/cpu_gemm.h's gemm_block_vec gives.
+constexpr int kSliceVectors = 2;
 
+template <int MR, bool kFull>
+__attribute__((noinline)) void slice_kernel(int64_t K, int64_t kb, const float* a, const float* b,
+                                            float* C, int64_t ldc, bool accumulate, int64_t n) {
+  constexpr int NV = kSliceVectors, W = VecF::kWidth;
+  VecF c[MR][NV];
+  for (int64_t k0 = 0; k0 < K; k0 += kb) {
+    const int64_t k1 = std::min(K, k0 + kb);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) c[r][v] = VecF::zero();
+    }
+    for (int64_t k = k0; k < k1; ++k) {
+      VecF bv[NV];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) bv[v] = VecF::load(b + k * kPanel + W * v);
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        const VecF ar = VecF::set1(a[k * kStrip + r]);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) c[r][v] = fma(ar, bv[v], c[r][v]);
+      }
+    }
+    const bool add = accumulate || k0 > 0;
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v)
+        detail::store_or_add<kFull>(C + r * ldc + W * v, c[r][v], add, n - W * v);
+    }
+  }
+}
 #endif
 
 template <int MR>
@@ -105,6 +151,18 @@ void tile_rows(int64_t M, int64_t K, int64_t kb, const float* a, const float* b,
       tile_kernel<MR, NV>(K, kb, a, b, C, ldc, accumulate, n);
     } else {
       tile_rows<MR - 1>(M, K, kb, a, b, C, ldc, accumulate, n);
+    }
+  }
+#elif defined(FASTATTN_CPU_VEC)
+  if constexpr (MR > 0) {
+    if (M != MR) return tile_rows<MR - 1>(M, K, kb, a, b, C, ldc, accumulate, n);
+    constexpr int64_t kSlice = kSliceVectors * VecF::kWidth;
+    for (int64_t n0 = 0; n0 < n; n0 += kSlice) {
+      if (n - n0 >= kSlice) {
+        slice_kernel<MR, true>(K, kb, a, b + n0, C + n0, ldc, accumulate, kSlice);
+      } else {
+        slice_kernel<MR, false>(K, kb, a, b + n0, C + n0, ldc, accumulate, n - n0);
+      }
     }
   }
 #else

@@ -1,7 +1,8 @@
 // The large CPU GEMM of the recurrent layers (input projections, weight and input gradients
 // over all time steps): a packed, cache-blocked, parallel driver of common/cpu_gemm.h's
-// register-blocked micro-kernel, compiled once per x86 ISA (only the AVX-512 copies have the
-// micro-kernel; common/gemm_cpu.h's matmul_into calls it there and ATen's GEMM elsewhere).
+// register-blocked micro-kernel, compiled once per x86 ISA (the AVX-512 copies and the AVX2
+// copy have a micro-kernel; common/gemm_cpu.h's matmul_into calls them there and ATen's GEMM
+// on the baseline copy).
 #pragma once
 #include <cstdint>
 

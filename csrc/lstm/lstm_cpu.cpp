@@ -59,7 +59,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_layer_ba
 // Cell
 
 // Batches up to this size run the fused cell (dot products of the weight rows, one pass over
-// the weights); larger ones a GEMM (MKL) for the pre-activations, then the fused pointwise cell.
+// the weights); larger ones a GEMM for the pre-activations, then the fused pointwise cell.
 constexpr int64_t kCellFusedMaxBatch = 8;
 
 std::tuple<Tensor, Tensor, Tensor> lstm_cell_cpu(const Tensor& input, const Tensor& hx,
@@ -83,7 +83,7 @@ std::tuple<Tensor, Tensor, Tensor> lstm_cell_cpu(const Tensor& input, const Tens
   if (defined(b_ih)) bias = b_ih->to(acc).add(b_hh->to(acc));
   Tensor pre, wi, wh;
   if (B > kCellFusedMaxBatch) {
-    // fastattn's GEMM (common/gemm_cpu.h: MKL's float path on AMD CPUs is not AVX-512).
+    // fastattn's GEMM (common/gemm_cpu.h: MKL's float path on AMD CPUs is a generic one).
     pre = empty({B, 4 * H}, x.options());
     cpu::matmul_into(pre, x, w_ih.to(acc).t(), bias, false);
     cpu::matmul_into(pre, h, w_hh.to(acc).t(), Tensor(), true);

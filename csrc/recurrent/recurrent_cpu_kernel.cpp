@@ -85,7 +85,25 @@ struct Grid {
   int64_t size() const { return D * cols * rows; }
 };
 
-// Column blocks of `width` columns; rows are split (in multiples of 8, the micro-kernel's row
+// Operand layouts of the per-step GEMMs: the B operand (weights, K x N) is packed once per call
+// into panels of 32 columns, each K x 32 contiguous (row-major weights with power-of-two leading
+// dimensions would map every row of a panel to the same cache sets); the A operand (states,
+// M x K) lives in strips of kStrip rows, each K x kStrip contiguous (k-major: the micro-kernel
+// broadcasts consecutive values). A strip is the micro-kernel's row block: 8 rows x 32 columns
+// with AVX-512; 6 rows x 16 columns with VecF (AVX2), whose 16 registers hold 12 accumulators
+// (8-row strips ran as 4 + 4 rows, 8 accumulators each, at 0.8 of the rate:
+// docs/design/cpu_kernels.md).
+constexpr int64_t kPanel = 32;
+#if defined(FASTATTN_CPU_VEC)
+constexpr int64_t kStrip = 6;
+#else
+constexpr int64_t kStrip = 8;
+#endif
+
+inline int64_t panels(int64_t n) { return (n + kPanel - 1) / kPanel; }
+inline int64_t strips(int64_t m) { return (m + kStrip - 1) / kStrip; }
+
+// Column blocks of `width` columns; rows are split (in whole strips, the micro-kernel's row
 // block) only when there are too few column blocks to keep every thread busy. Steps with
 // little work run on the calling thread: a parallel region costs a few microseconds.
 Grid make_grid(int64_t D, int64_t ncols, int64_t width, int64_t B, double flops_per_step) {
@@ -93,8 +111,8 @@ Grid make_grid(int64_t D, int64_t ncols, int64_t width, int64_t B, double flops_
   const int64_t threads = get_num_threads();
   const int64_t base = g.D * g.cols;
   if (base < 2 * threads && B > 8) {
-    const int64_t want = std::min<int64_t>((B + 7) / 8, (2 * threads + base - 1) / base);
-    g.row_chunk = ((B + want - 1) / want + 7) / 8 * 8;
+    const int64_t want = std::min<int64_t>(strips(B), (2 * threads + base - 1) / base);
+    g.row_chunk = strips((B + want - 1) / want) * kStrip;
     g.rows = (B + g.row_chunk - 1) / g.row_chunk;
   }
   g.parallel = threads > 1 && g.size() > 1 && flops_per_step > 2.0e5;
@@ -163,17 +181,6 @@ void for_packed_rows(const RecurrentPacking& pk, int64_t cost_per_row, const F& 
     }
   });
 }
-
-// Operand layouts of the per-step GEMMs (common/cpu_gemm.h's micro-kernel runs 8 rows x 32
-// columns): the B operand (weights, K x N) is packed once per call into panels of 32 columns,
-// each K x 32 contiguous (row-major weights with power-of-two leading dimensions would map
-// every row of a panel to the same cache sets); the A operand (states, M x K) lives in strips
-// of 8 rows, each K x 8 contiguous (k-major: the micro-kernel broadcasts 8 consecutive values).
-constexpr int64_t kPanel = 32;
-constexpr int64_t kStrip = 8;
-
-inline int64_t panels(int64_t n) { return (n + kPanel - 1) / kPanel; }
-inline int64_t strips(int64_t m) { return (m + kStrip - 1) / kStrip; }
 
 // Panels of B(k, n) = src[map(k) * ld + n] for k < K, n < N (a row-major matrix whose rows are
 // read through map), zero-padded columns: contiguous 32-column copies.
@@ -273,8 +280,8 @@ void panel_tile_rows(int64_t M, int64_t K, const float* a, const float* b, float
 #endif
 
 // C[r, n] (+)= sum_k A[r0 + r, k] * B[k, c0 + n] for r < r1 - r0, n < N: A in strips (r0 a
-// multiple of 8), B in panels (c0 a multiple of 32), C row-major (leading dimension ldc).
-// K runs in chunks of 512 so that an 8-row strip of A (16 KB) stays in L1 across the panels
+// multiple of kStrip), B in panels (c0 a multiple of 32), C row-major (leading dimension ldc).
+// K runs in chunks of 512 so that a strip of A (16 KB at 8 rows) stays in L1 across the panels
 // (the backward's K = 4H would not fit).
 template <typename acc>
 void gemm_packed(int64_t r0, int64_t r1, int64_t c0, int64_t N, int64_t K, const acc* A,
