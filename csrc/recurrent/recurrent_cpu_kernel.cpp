@@ -299,23 +299,26 @@ void gemm_packed(int64_t r0, int64_t r1, int64_t c0, int64_t N, int64_t K, const
       }
     }
   };
-  prefetch_rows(r0);
-  for (int64_t m = r0; m < r1; m += kStrip) {
-    const int64_t M = std::min(kStrip, r1 - m);
-    prefetch_rows(m + kStrip);
-    const acc* a = A + (m / kStrip) * K * kStrip;
-    for (int64_t k0 = 0; k0 < K; k0 += kKc) {
-      const int64_t Kc = std::min(kKc, K - k0);
+  // K chunks outermost: a chunk of the task's panels (256 KB for 4 panels of 512 rows) stays in
+  // L2 across the strips; strip-outermost streamed all K rows of them per strip, from L3 once
+  // they outgrew L2 (K = H = 1024: docs/design/cpu_kernels.md).
+  for (int64_t k0 = 0; k0 < K; k0 += kKc) {
+    const int64_t Kc = std::min(kKc, K - k0);
+    if (k0 == 0) prefetch_rows(r0);
+    for (int64_t m = r0; m < r1; m += kStrip) {
+      const int64_t M = std::min(kStrip, r1 - m);
+      if (k0 == 0) prefetch_rows(m + kStrip);
+      const acc* a = A + (m / kStrip) * K * kStrip + k0 * kStrip;
       for (int64_t n = 0; n < N; n += kPanel) {
         const acc* b = B + ((c0 + n) / kPanel) * K * kPanel + k0 * kPanel;
 #if defined(__AVX512F__)
         if constexpr (std::is_same_v<acc, float>) {
-          panel_tile_rows<kStrip>(M, Kc, a + k0 * kStrip, b, C + (m - r0) * ldc + n, ldc,
-                                  accumulate || k0 > 0, std::min(kPanel, N - n));
+          panel_tile_rows<kStrip>(M, Kc, a, b, C + (m - r0) * ldc + n, ldc, accumulate || k0 > 0,
+                                  std::min(kPanel, N - n));
           continue;
         }
 #endif
-        gemm(M, std::min(kPanel, N - n), Kc, acc(1), a + k0 * kStrip, 1, kStrip, b, kPanel,
+        gemm(M, std::min(kPanel, N - n), Kc, acc(1), a, 1, kStrip, b, kPanel,
              C + (m - r0) * ldc + n, ldc, accumulate || k0 > 0);
       }
     }
