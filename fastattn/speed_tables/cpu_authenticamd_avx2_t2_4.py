@@ -8,8 +8,8 @@ TABLE = {
         "isa": "avx2",
         "threads": "2-4"
     },
-    "measured": "2026-11-28, cpu: AMD EPYC, avx2, 2 threads, torch 2.14.1+cu130",
-    "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv; benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/gru.csv; benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/lstm.csv",
+    "measured": "2026-11-29, cpu: AMD EPYC, avx2, 2 threads, torch 2.14.1+cu130",
+    "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv; benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv",
     "entries": [
         {
             "op": "attention",
@@ -228,9 +228,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "torch",
-            "ratio": 1.072,
+            "ratio": 1.064,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/gru.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
         },
         {
             "op": "gru",
@@ -241,9 +241,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.487,
+            "ratio": 0.366,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/gru.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
         },
         {
             "op": "gru",
@@ -254,9 +254,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.667,
+            "ratio": 0.571,
             "cases": 3,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/gru.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
         },
         {
             "op": "gru",
@@ -267,9 +267,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.284,
+            "ratio": 0.316,
             "cases": 3,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/gru.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
         },
         {
             "op": "lstm",
@@ -280,9 +280,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "torch",
-            "ratio": 1.118,
+            "ratio": 1.31,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/lstm.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
         },
         {
             "op": "lstm",
@@ -293,9 +293,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "torch",
-            "ratio": 1.112,
+            "ratio": 1.161,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/lstm.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
         },
         {
             "op": "lstm",
@@ -306,9 +306,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "torch",
-            "ratio": 1.286,
+            "ratio": 1.062,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/lstm.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
         },
         {
             "op": "lstm",
@@ -319,9 +319,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "torch",
-            "ratio": 1.063,
+            "ratio": 1.03,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/lstm.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
         },
         {
             "op": "lstm",
@@ -332,9 +332,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.609,
+            "ratio": 0.544,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/lstm.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
         },
         {
             "op": "lstm",
@@ -345,9 +345,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.245,
+            "ratio": 0.188,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/lstm.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
         },
         {
             "op": "lstm",
@@ -358,9 +358,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "torch",
-            "ratio": 1.146,
+            "ratio": 1.032,
             "cases": 4,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/lstm.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
         },
         {
             "op": "lstm",
@@ -371,9 +371,35 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.923,
+            "ratio": 0.858,
             "cases": 3,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-vec/lstm.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
+        },
+        {
+            "op": "rnn",
+            "dtype": "float32",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "plain",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.599,
+            "cases": 3,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
+        },
+        {
+            "op": "rnn",
+            "dtype": "float32",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "plain",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.409,
+            "cases": 3,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
         }
     ]
 }
