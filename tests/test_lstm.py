@@ -380,7 +380,9 @@ def test_low_precision_fa_rule(backend, dtype, case, run_all_slow):
 
 @pytest.mark.parametrize("backend", ("cpu", "cuda", "triton"))
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=("fp32", "bf16"))
-@pytest.mark.parametrize("B", (1, 5, 33))
+# B: the CPU cell's three paths: fused dot products (B <= 8), GEMMs that read the weights in
+# place (B <= 32), packed GEMMs.
+@pytest.mark.parametrize("B", (1, 5, 16, 33))
 def test_lstm_cell_low_precision_fa_rule(backend, dtype, B):
     device = lstm_device(backend, dtype)
     torch.manual_seed(2)

@@ -261,6 +261,72 @@ void pack_b(const GemmParams& p, int64_t k0, int64_t Kc, float* Bp, bool serial)
 }
 }  // namespace
 
+#if defined(FASTATTN_CPU_VEC)
+namespace {
+// Products of a few rows (an LSTM cell's batch, a decoder step) skip the packing: B, a weight,
+// is N x K, and packing it cost about 40% of such a product's time (an LSTM cell at B = 16,
+// docs/design/cpu_kernels.md), while its products amortise the packing over only M rows. A
+// row-major B is read in place by common/cpu_gemm.h's gemm; B^T row-major (a weight used as
+// W^T) is the A operand of the transposed product C^T = W A^T, read in place too, and only
+// A^T (K x M) and C^T (N x M) are copied.
+constexpr int64_t kUnpackedMaxRows = 32;
+constexpr int64_t kUnpackedColumns = 96;  // per task: whole 6-row (and 16-column) blocks
+
+bool unpacked_fits(const GemmParams& p) {
+  return p.M <= kUnpackedMaxRows && p.K > 0 && p.k_block == 0 && p.b_cols == nullptr &&
+         (p.b_n == 1 || p.b_k == 1);
+}
+
+void gemm_unpacked(const GemmParams& p, bool serial) {
+  const bool transposed = p.b_n != 1;
+  float* at = nullptr;  // A^T, K x M row-major
+  if (transposed) {
+    at = gemm_scratch(0, p.K * p.M);
+    if (p.a_k == 1) {
+      transpose(p.A, p.a_m, at, p.M, p.M, p.K);
+    } else {
+      for (int64_t k = 0; k < p.K; ++k) {
+        for (int64_t m = 0; m < p.M; ++m) at[k * p.M + m] = p.A[m * p.a_m + k * p.a_k];
+      }
+    }
+  }
+  const int64_t blocks = (p.N + kUnpackedColumns - 1) / kUnpackedColumns;
+  parallel_or_serial(serial, 0, blocks, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> ct_buf, c_buf;
+    for (int64_t blk = begin; blk < end; ++blk) {
+      const int64_t n0 = blk * kUnpackedColumns, N = std::min(kUnpackedColumns, p.N - n0);
+      float* c = p.C + n0;
+      if (!transposed) {
+        if (p.bias != nullptr) {
+          for (int64_t m = 0; m < p.M; ++m) {
+            for (int64_t n = 0; n < N; ++n) {
+              c[m * p.ldc + n] = (p.accumulate ? c[m * p.ldc + n] : 0.0f) + p.bias[n0 + n];
+            }
+          }
+        }
+        gemm(p.M, N, p.K, 1.0f, p.A, p.a_m, p.a_k, p.B + n0, p.b_k, c, p.ldc,
+             p.accumulate || p.bias != nullptr);
+        continue;
+      }
+      // C^T (N x M) = W[n0, n0 + N) A^T, then C's rows from its transpose.
+      ct_buf.resize(N * p.M);
+      c_buf.resize(p.M * N);
+      gemm(N, p.M, p.K, 1.0f, p.B + n0 * p.b_n, p.b_n, 1, at, p.M, ct_buf.data(), p.M, false);
+      transpose(ct_buf.data(), p.M, c_buf.data(), N, N, p.M);
+      for (int64_t m = 0; m < p.M; ++m) {
+        const float* src = c_buf.data() + m * N;
+        float* dst = c + m * p.ldc;
+        for (int64_t n = 0; n < N; ++n) {
+          dst[n] =
+              (p.accumulate ? dst[n] : 0.0f) + (p.bias != nullptr ? p.bias[n0 + n] : 0.0f) + src[n];
+        }
+      }
+    }
+  });
+}
+}  // namespace
+#endif
+
 void gemm_large(const GemmParams& p) {
   if (p.M <= 0 || p.N <= 0) return;
   const bool serial = static_cast<double>(p.M) * p.N * p.K < kSerialGemmWork;
@@ -290,6 +356,9 @@ void gemm_large(const GemmParams& p) {
     });
     return;
   }
+#if defined(FASTATTN_CPU_VEC)
+  if (unpacked_fits(p)) return gemm_unpacked(p, serial);
+#endif
   const int64_t Kc_max = std::min(p.K, kGemmKc);
   float* Ap = gemm_scratch(0, strips(p.M) * kStrip * Kc_max);
   float* Bp = gemm_scratch(1, panels(p.N) * kPanel * Kc_max);
