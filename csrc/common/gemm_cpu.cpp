@@ -27,11 +27,7 @@ void matmul_into(Tensor out, const Tensor& a, const Tensor& b, const Tensor& bia
                  bias.defined() ? bias.data_ptr<float>() : nullptr,
                  accumulate,
                  k_block};
-    if (cpu_isa() >= Isa::avx512) {
-      avx512::gemm_large(p);
-    } else {
-      avx2::gemm_large(p);
-    }
+    FASTATTN_CPU_ISA_CALL(gemm_large, p);
     return;
   }
   if (b_cols.defined()) {

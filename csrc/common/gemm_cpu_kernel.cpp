@@ -60,6 +60,17 @@ float* gemm_scratch(int slot, int64_t n) {
   return buf.data();
 }
 
+// Rows [0, M) x columns [0, N) of C (leading dimension ldc) = bias, or += bias with
+// accumulate; a null bias adds nothing (0 without accumulate).
+void start_rows(float* C, int64_t ldc, int64_t M, int64_t N, const float* bias, bool accumulate) {
+  for (int64_t r = 0; r < M; ++r) {
+    float* c = C + r * ldc;
+    for (int64_t j = 0; j < N; ++j) {
+      c[j] = (accumulate ? c[j] : 0.0f) + (bias != nullptr ? bias[j] : 0.0f);
+    }
+  }
+}
+
 #if defined(__AVX512F__)
 // One MR x (16 NV) tile of C (+)= A B: A k-major (MR values per k, stride kStrip), B in a
 // panel (stride kPanel); columns past n masked. The registers sum kb products at a time and
@@ -279,17 +290,10 @@ bool unpacked_fits(const GemmParams& p) {
 
 void gemm_unpacked(const GemmParams& p, bool serial) {
   const bool transposed = p.b_n != 1;
-  float* at = nullptr;  // A^T, K x M row-major
-  if (transposed) {
-    at = gemm_scratch(0, p.K * p.M);
-    if (p.a_k == 1) {
-      transpose(p.A, p.a_m, at, p.M, p.M, p.K);
-    } else {
-      for (int64_t k = 0; k < p.K; ++k) {
-        for (int64_t m = 0; m < p.M; ++m) at[k * p.M + m] = p.A[m * p.a_m + k * p.a_k];
-      }
-    }
-  }
+  // A^T (K x M, rows at_ld apart): A itself when k-major, else the calling thread's k_major
+  // buffer, which the workers only read (the transposed product's A, W, is read in place).
+  int64_t at_ld = p.a_k;
+  const float* at = transposed ? k_major(p.A, p.a_m, at_ld, p.M, p.K) : nullptr;
   const int64_t blocks = (p.N + kUnpackedColumns - 1) / kUnpackedColumns;
   parallel_or_serial(serial, 0, blocks, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> ct_buf, c_buf;
@@ -297,13 +301,7 @@ void gemm_unpacked(const GemmParams& p, bool serial) {
       const int64_t n0 = blk * kUnpackedColumns, N = std::min(kUnpackedColumns, p.N - n0);
       float* c = p.C + n0;
       if (!transposed) {
-        if (p.bias != nullptr) {
-          for (int64_t m = 0; m < p.M; ++m) {
-            for (int64_t n = 0; n < N; ++n) {
-              c[m * p.ldc + n] = (p.accumulate ? c[m * p.ldc + n] : 0.0f) + p.bias[n0 + n];
-            }
-          }
-        }
+        if (p.bias != nullptr) start_rows(c, p.ldc, p.M, N, p.bias + n0, p.accumulate);
         gemm(p.M, N, p.K, 1.0f, p.A, p.a_m, p.a_k, p.B + n0, p.b_k, c, p.ldc,
              p.accumulate || p.bias != nullptr);
         continue;
@@ -311,15 +309,13 @@ void gemm_unpacked(const GemmParams& p, bool serial) {
       // C^T (N x M) = W[n0, n0 + N) A^T, then C's rows from its transpose.
       ct_buf.resize(N * p.M);
       c_buf.resize(p.M * N);
-      gemm(N, p.M, p.K, 1.0f, p.B + n0 * p.b_n, p.b_n, 1, at, p.M, ct_buf.data(), p.M, false);
+      gemm(N, p.M, p.K, 1.0f, p.B + n0 * p.b_n, p.b_n, 1, at, at_ld, ct_buf.data(), p.M, false);
       transpose(ct_buf.data(), p.M, c_buf.data(), N, N, p.M);
+      start_rows(c, p.ldc, p.M, N, p.bias != nullptr ? p.bias + n0 : nullptr, p.accumulate);
       for (int64_t m = 0; m < p.M; ++m) {
         const float* src = c_buf.data() + m * N;
         float* dst = c + m * p.ldc;
-        for (int64_t n = 0; n < N; ++n) {
-          dst[n] =
-              (p.accumulate ? dst[n] : 0.0f) + (p.bias != nullptr ? p.bias[n0 + n] : 0.0f) + src[n];
-        }
+        for (int64_t n = 0; n < N; ++n) dst[n] += src[n];
       }
     }
   });
@@ -347,12 +343,7 @@ void gemm_large(const GemmParams& p) {
   const int64_t part_panels = (panels(p.N) + n_parts - 1) / n_parts;
   if (p.K <= 0) {  // C = bias (or 0), or C += bias
     parallel_or_serial(serial, 0, p.M, 64, [&](int64_t begin, int64_t end) {
-      for (int64_t m = begin; m < end; ++m) {
-        float* c = p.C + m * p.ldc;
-        for (int64_t n = 0; n < p.N; ++n) {
-          c[n] = (p.accumulate ? c[n] : 0.0f) + (p.bias != nullptr ? p.bias[n] : 0.0f);
-        }
-      }
+      start_rows(p.C + begin * p.ldc, p.ldc, end - begin, p.N, p.bias, p.accumulate);
     });
     return;
   }
@@ -385,13 +376,7 @@ void gemm_large(const GemmParams& p) {
               float* c = p.C + m * p.ldc + n;
               // The bias enters each C tile right before its first product, while it is in L1
               // (a separate pass over C would cost a trip through memory).
-              if (first && p.bias != nullptr) {
-                for (int64_t r = 0; r < M; ++r) {
-                  for (int64_t j = 0; j < N; ++j) {
-                    c[r * p.ldc + j] = (p.accumulate ? c[r * p.ldc + j] : 0.0f) + p.bias[n + j];
-                  }
-                }
-              }
+              if (first && p.bias != nullptr) start_rows(c, p.ldc, M, N, p.bias + n, p.accumulate);
               // k_block: the micro-kernel's register sums cover k_block terms each, then add to C
               // (a two-level sum: float rounding grows with k_block + K / k_block, not K).
               const int64_t kb = p.k_block > 0 ? p.k_block : Kc;
