@@ -17,6 +17,7 @@ from test_gru_rnn import kind_device
 from test_gru_rnn import make_pair as make_gru_rnn_pair
 from test_lstm import lstm_device
 from test_lstm import make_pair as make_lstm_pair
+from test_varlen_attention import cu_seqlens, varlen_device
 
 import fastattn
 
@@ -120,6 +121,42 @@ def test_attention_nan_rows_without_keys_stay_zero(backend, dtype):
     )
     assert torch.all(out[:, :, 7] == 0) and torch.all(torch.isneginf(lse[:, :, 7]))
     assert not torch.isnan(lse).any()
+
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=("f32", "bf16"))
+@pytest.mark.parametrize("where", ("q", "k", "v"))
+def test_varlen_nan_stays_in_its_sequence_and_head(backend, dtype, where):
+    """A NaN in the last head of sequence 0 reaches nothing of another head or sequence. A
+    tile's lanes past a shorter sequence's last query hold the previous tile's scores unless the
+    kernel clears them; one thread runs the tasks in order, so sequence 1 (33 queries: a partial
+    tile, an odd count in the bfloat16 pairs) follows the NaN's tiles on the same scratch."""
+    device = varlen_device(backend)
+    lengths_q, lengths_k, H, D = (64, 33), (70, 45), 2, 64
+    cu_q, cu_k = cu_seqlens(lengths_q, device), cu_seqlens(lengths_k, device)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(sum(lengths_q), H, D, generator=g).to(dtype)
+    k, v = (torch.randn(sum(lengths_k), H, D, generator=g).to(dtype) for _ in range(2))
+    {"q": q, "k": k, "v": v}[where][50 if where == "q" else 3, H - 1, 1] = NAN
+    leaves = [t.to(device).requires_grad_() for t in (q, k, v)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = fastattn.varlen_attention(
+            *leaves, cu_q, cu_k, max(lengths_q), max(lengths_k), backend=backend
+        )
+        out.backward(torch.randn(out.shape, generator=g).to(dtype).to(device))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.isnan(out[: lengths_q[0], H - 1]).any(), "the NaN reached nothing"
+    for name, t, n0 in (
+        ("out", out, lengths_q[0]),
+        ("dq", leaves[0].grad, lengths_q[0]),
+        ("dk", leaves[1].grad, lengths_k[0]),
+        ("dv", leaves[2].grad, lengths_k[0]),
+    ):
+        leaked = torch.isnan(t[n0:]).sum() + torch.isnan(t[:n0, : H - 1]).sum()
+        assert leaked == 0, f"{name}: {int(leaked)} NaN outside sequence 0's head {H - 1}"
 
 
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)

@@ -341,23 +341,27 @@ void plain_bf16_backward(const AttentionBackwardParams& bp) {
             // S^T (N x M) = K Q^T, unscaled; the band hidden.
             gemm_bf16(N, M, D2, 1.0f, kT.data(), kBlockK, qT, kBlockQ, sT.data(), kBlockQ, false);
             hide_outside_band_transposed(sT.data(), g, i0, M, j0, N);
-            // lse (log2 units; +inf for rows without a visible key and lanes past M: P = 0)
-            // and Delta of the 16 queries of each vector.
+            // lse (log2 units; +inf for rows without a visible key: P = 0) and Delta of the
+            // 16 queries of each vector.
             __m512 lse2[4], dl[4];
+            __mmask16 in[4];
             for (int c = 0; c < 4; ++c) {
-              const __mmask16 in = detail::tail_mask(M - 16 * c);
-              const __m512 x = _mm512_mask_loadu_ps(pinf, in, lse_h + i0 + 16 * c);
+              in[c] = detail::tail_mask(M - 16 * c);
+              const __m512 x = _mm512_mask_loadu_ps(pinf, in[c], lse_h + i0 + 16 * c);
               const __mmask16 empty = _mm512_cmp_ps_mask(x, ninf, _CMP_EQ_OQ);
               lse2[c] = _mm512_mask_mov_ps(_mm512_mul_ps(x, log2e), empty, pinf);
-              dl[c] = _mm512_maskz_loadu_ps(in, delta_h + i0 + 16 * c);
+              dl[c] = _mm512_maskz_loadu_ps(in[c], delta_h + i0 + 16 * c);
             }
-            // P^T in float (kept in sT for dS) and as rows of query pairs in bfloat16.
+            // P^T in float (kept in sT for dS) and as rows of query pairs in bfloat16. Lanes
+            // past M are set to 0, not computed: they hold an earlier tile's scores, which may
+            // be NaN, and the pairs and dS carry lane M into the products when M is odd.
             for (int64_t n = 0; n < N; ++n) {
               float* row = sT.data() + n * kBlockQ;
               __m512 e[4];
               for (int c = 0; c < 4; ++c) {
-                e[c] =
-                    exp2_for_bf16(_mm512_fmsub_ps(_mm512_loadu_ps(row + 16 * c), vlog2, lse2[c]));
+                e[c] = _mm512_maskz_mov_ps(
+                    in[c],
+                    exp2_for_bf16(_mm512_fmsub_ps(_mm512_loadu_ps(row + 16 * c), vlog2, lse2[c])));
                 _mm512_storeu_ps(row + 16 * c, e[c]);
               }
               uint32_t* w = words.data() + n * (kBlockQ / 2);
@@ -377,13 +381,16 @@ void plain_bf16_backward(const AttentionBackwardParams& bp) {
               __m512 ds0[4], ds1[4];
               for (int c = 0; c < 4; ++c) {
                 const int64_t o0 = 2 * kk * kBlockQ + 16 * c;
-                ds0[c] = _mm512_mul_ps(
+                // dP^T's lanes past M are stale too (0 x NaN would be NaN): masked to 0.
+                ds0[c] = _mm512_maskz_mul_ps(
+                    in[c],
                     _mm512_mul_ps(_mm512_loadu_ps(sT.data() + o0),
                                   _mm512_sub_ps(_mm512_loadu_ps(dpT.data() + o0), dl[c])),
                     vscale);
                 ds1[c] =
                     has1
-                        ? _mm512_mul_ps(
+                        ? _mm512_maskz_mul_ps(
+                              in[c],
                               _mm512_mul_ps(
                                   _mm512_loadu_ps(sT.data() + o0 + kBlockQ),
                                   _mm512_sub_ps(_mm512_loadu_ps(dpT.data() + o0 + kBlockQ), dl[c])),
