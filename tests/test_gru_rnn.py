@@ -1046,30 +1046,40 @@ def test_triton_several_tiles(kind, monkeypatch):
 @pytest.mark.parametrize("kind", KINDS)
 def test_triton_dropout_mask_matches_cpu(kind):
     """Input dropout of the layer op: the triton kernels drop exactly the elements of
-    fastattn's Philox mask (the cpu backend's and the reference's), and compute the same values
-    and gradients as the cpu backend."""
+    fastattn's Philox mask (the cpu backend's and the reference's), and compute the values and
+    gradients of the float64 op with that mask (the cpu backend's, itself checked against the
+    reference by gradcheck) within the float32 floor: a different mask element moves them by
+    orders of magnitude more."""
     device = kind_device("triton", kind)
     kind_device("cpu", kind)
     args = [
         a.detach() if a is not None and a.is_floating_point() else a
-        for a in _layer_args(kind, T=5, B=3, I=5, H=7, dtype=torch.float32)
+        for a in _layer_args(kind, T=5, B=3, I=5, H=7, dtype=F64)
     ]
     args[6] = torch.tensor([5, 2, 4])
     seed, p = torch.tensor([1234, 7]), 0.4
     results = {}
-    for suffix, dev in (("_triton", device), ("", torch.device("cpu"))):
-        leaves = [a.to(dev).requires_grad_(a.is_floating_point()) for a in args]
+    for suffix, dev, dtype in (
+        ("_triton", device, torch.float32),
+        ("", torch.device("cpu"), torch.float32),
+        ("", torch.device("cpu"), F64),
+    ):
+        leaves = [
+            a.to(dev, dtype).requires_grad_() if a is not None and a.is_floating_point() else a
+            for a in args
+        ]
         out, h_n, _ = _layer_op(kind, suffix)(*leaves, p, seed.to(dev), _variant(kind), True)
-        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(dev)
+        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(dev, dtype)
         grads = torch.autograd.grad((out * w).sum() + h_n.sum(), leaves[:6])
-        results[suffix] = tuple(t.cpu() for t in (out, h_n) + grads)
+        results[suffix, dtype] = tuple(t.detach().cpu() for t in (out, h_n) + grads)
     keep = fastattn.reference.random.dropout_keep_mask(seed, (5, 3, 5), p)
     alive = torch.arange(5)[:, None] < args[6][None, :]
     # grad_input vanishes exactly where the input was dropped (and past each row's end)
-    for suffix in ("_triton", ""):
-        assert torch.equal(results[suffix][2] != 0, keep & alive[:, :, None]), suffix
-    for i, (a, b) in enumerate(zip(results["_triton"], results[""])):
-        torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-6, msg=lambda m: f"{i}: {m}")
+    for key in (("_triton", torch.float32), ("", torch.float32)):
+        assert torch.equal(results[key][2] != 0, keep & alive[:, :, None]), key
+    names = ("output", "h_n", "input", "h0", "w_ih", "w_hh", "b_ih", "b_hh")
+    for name, a, b in zip(names, results["_triton", torch.float32], results["", F64]):
+        assert_fa_close(f"{kind} [triton] {name}", a, b, b, floor=float32_floor(b))
 
 
 @pytest.mark.parametrize("kind", KINDS)
