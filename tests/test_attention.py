@@ -169,7 +169,9 @@ def compare_with_reference(backend, q, k, v, kw, grads=True, lse_grad=True) -> d
         cast=torch.float64,
     )
     low = run_attention("reference", q, k, v, kw, grad_out, grad_lse)
-    model = delta_model(q, k, v, kw, grad_out, ref64[0], got[0]) if grads else None
+    model = (
+        delta_model(q, k, v, kw, grad_out, ref64[0], got[0], grad_lse=grad_lse) if grads else None
+    )
     return {"got": got, "ref64": ref64, "low": low, "inputs": (q, k, v), "model": model}
 
 

@@ -102,7 +102,7 @@ def compare_bias_gradients(backend, case, dtype) -> dict:
         "reference", q, k, v, bias, kw, grad_out.double(), grad_lse.double(), cast=torch.float64
     )
     low = run("reference", q, k, v, bias, kw, grad_out, grad_lse)
-    model = delta_model(q, k, v, kw, grad_out, ref64[0], got[0], attn_mask=bias)
+    model = delta_model(q, k, v, kw, grad_out, ref64[0], got[0], attn_mask=bias, grad_lse=grad_lse)
     return {"got": got, "ref64": ref64, "low": low, "inputs": (q, k, v, bias), "model": model}
 
 

@@ -116,7 +116,7 @@ def check_cuda(q, k, v, kw, *, grads=True, lse_grad=True, seed=7):
         "lse", finite(lse), finite(l64), finite(llow), floor=_floor(finite(l64), torch.float32)
     )
     if grads:  # against the float64 gradient plus Delta's exact term (attention_floors.py)
-        model = delta_model(q, k, v, kw, grad_out, o64, out)
+        model = delta_model(q, k, v, kw, grad_out, o64, out, grad_lse=grad_lse)
         for name, got, r64, rlow, x in zip(("dq", "dk", "dv"), gr, g64, glow, (q, k, v)):
             assert got.shape == x.shape and got.dtype == x.dtype, name
             assert not torch.isnan(got).any(), f"{name} has NaN"
