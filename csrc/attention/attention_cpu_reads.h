@@ -171,19 +171,6 @@ void pv_runs_avx512(int64_t Dv, const float* a, int64_t a_k, const float* const*
   if (c < Dv) pv_runs_block<MR, false>(Dv, c, a, a_k, rows, n, count, stride, o, next);
 }
 
-// transpose() (dst (cols x rows, ld ldd) = src^T) that prefetches a line of `next` per source
-// line it reads, 16 after each 16 x 16 block.
-inline void transpose_streaming(const float* src, int64_t lds, float* dst, int64_t ldd,
-                                int64_t rows, int64_t cols, LineStream* next) {
-  for (int64_t r = 0; r < rows; r += 16) {
-    const int rows_here = static_cast<int>(std::min<int64_t>(16, rows - r));
-    for (int64_t c = 0; c < cols; c += 16) {
-      const int cols_here = static_cast<int>(std::min<int64_t>(16, cols - c));
-      detail::transpose16x16(src + r * lds + c, lds, dst + c * ldd + r, ldd, rows_here, cols_here);
-      if (next != nullptr) next->issue(rows_here);
-    }
-  }
-}
 #elif defined(FASTATTN_CPU_VEC)
 // pv_runs_block on the vectors of common/cpu_vec.h: an MR x (NV kWidth) block of O from column
 // c (kFull: all its columns inside Dv, plain loads).
@@ -256,8 +243,11 @@ void pv_runs_vec_rows(int64_t M, int64_t Dv, const float* a, int64_t a_k, const 
     }
   }
 }
+#endif
 
-// transpose() that prefetches a line of `next` per source line it reads.
+#if defined(FASTATTN_CPU_VEC)
+// transpose() (dst (cols x rows, ld ldd) = src^T) that prefetches a line of `next` per source
+// line it reads, after each register block.
 inline void transpose_streaming(const float* src, int64_t lds, float* dst, int64_t ldd,
                                 int64_t rows, int64_t cols, LineStream* next) {
   transpose_blocks(src, lds, dst, ldd, rows, cols, [next](int rows_here) {

@@ -97,7 +97,7 @@ struct FloatTiles {
   // pv_runs. `next` (or nullptr): the next tile's lines, one prefetched per line these read.
   void load_k_runs(const RowRuns<T>& runs, LineStream* next) {
     for (int64_t r = 0, off = 0; r < runs.count; off += runs.n[r], ++r) {
-#if defined(__AVX512F__) || defined(FASTATTN_CPU_VEC)
+#if defined(FASTATTN_CPU_VEC)
       if constexpr (std::is_same_v<acc, float>) {
         transpose_streaming(runs.rows[r], runs.stride, kt.data() + off, kBlockK, runs.n[r], D,
                             next);

@@ -4,12 +4,11 @@
 //
 // A is read through two strides (a_m, a_k), so A, A^T and row-major or column-major tiles all
 // work without copies; B is row-major with leading dimension ldb (the operand the vector
-// lanes run along); C is row-major with leading dimension ldc. With AVX-512 the float product
-// is a register-blocked micro-kernel (8 rows x 32 columns of accumulators, A broadcast from
-// memory, B loaded as two vectors per k); with AVX2 the same blocking on the width-generic
-// vector of common/cpu_vec.h (6 rows x 16 columns: 12 of the 16 ymm registers accumulate);
-// everything else is plain loops the compiler vectorises. Every call is deterministic: the k-sum
-// runs in order.
+// lanes run along); C is row-major with leading dimension ldc. The float product is a
+// register-blocked micro-kernel on the width-generic vector of common/cpu_vec.h (A broadcast
+// from memory, B loaded as two vectors per k; AVX-512: 8 rows x 32 columns of accumulators,
+// AVX2: 6 rows x 16 columns, 12 of the 16 ymm registers); everything else is plain loops the
+// compiler vectorises. Every call is deterministic: the k-sum runs in order.
 #pragma once
 #include "common/cpu_target.h"
 #include "common/cpu_vec.h"
@@ -33,72 +32,7 @@ inline void transpose_generic(const acc* src, int64_t lds, acc* dst, int64_t ldd
   }
 }
 
-#if defined(__AVX512F__)
-namespace detail {
-// 16 x 16 block transpose in registers (unpack 32-bit, unpack 64-bit, then two 128-bit lane
-// shuffles). A partial block (rows or cols below 16: the tails of a tile, or a short tile such
-// as a decoder's few keys) goes through the same shuffles with masked loads and stores, so it
-// needs no scalar loop (element by element, a 12 x 128 tile cost more than its products).
-inline void transpose16x16(const float* src, int64_t lds, float* dst, int64_t ldd, int rows = 16,
-                           int cols = 16) {
-  __m512 r[16], t[16];
-  const bool full = rows == 16 && cols == 16;
-  const __mmask16 col_mask = static_cast<__mmask16>((1u << cols) - 1u);
-  const __mmask16 row_mask = static_cast<__mmask16>((1u << rows) - 1u);
-  for (int i = 0; i < 16; ++i) {
-    if (full) {
-      r[i] = _mm512_loadu_ps(src + i * lds);
-    } else {
-      r[i] = i < rows ? _mm512_maskz_loadu_ps(col_mask, src + i * lds) : _mm512_setzero_ps();
-    }
-  }
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
-    r[i + 1] =
-        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
-    r[i + 2] = _mm512_castpd_ps(
-        _mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
-    r[i + 3] = _mm512_castpd_ps(
-        _mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
-  }
-  // r[4g + j] holds, in 128-bit lane L, column 4L + j of rows 4g..4g+3. Output row
-  // c = 4L + j needs lane g = lane L of r[4g + j]: a 4 x 4 transpose of 128-bit lanes.
-  // Output row c (column c of the source) is written when c < cols, its first `rows` lanes.
-  auto store = [&](int c, __m512 value) {
-    if (full) {
-      _mm512_storeu_ps(dst + c * ldd, value);
-    } else if (c < cols) {
-      _mm512_mask_storeu_ps(dst + c * ldd, row_mask, value);
-    }
-  };
-  for (int j = 0; j < 4; ++j) {
-    const __m512 x0 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x44);
-    const __m512 x1 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xEE);
-    const __m512 x2 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x44);
-    const __m512 x3 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xEE);
-    store(0 + j, _mm512_shuffle_f32x4(x0, x2, 0x88));
-    store(4 + j, _mm512_shuffle_f32x4(x0, x2, 0xDD));
-    store(8 + j, _mm512_shuffle_f32x4(x1, x3, 0x88));
-    store(12 + j, _mm512_shuffle_f32x4(x1, x3, 0xDD));
-  }
-}
-}  // namespace detail
-
-inline void transpose(const float* src, int64_t lds, float* dst, int64_t ldd, int64_t rows,
-                      int64_t cols) {
-  for (int64_t r = 0; r < rows; r += 16) {
-    const int rows_here = static_cast<int>(std::min<int64_t>(16, rows - r));
-    for (int64_t c = 0; c < cols; c += 16) {
-      const int cols_here = static_cast<int>(std::min<int64_t>(16, cols - c));
-      detail::transpose16x16(src + r * lds + c, lds, dst + c * ldd + r, ldd, rows_here, cols_here);
-    }
-  }
-}
-#elif defined(FASTATTN_CPU_VEC)
+#if defined(FASTATTN_CPU_VEC)
 // transpose() in kWidth x kWidth register blocks; after_block(rows_here) runs after each block
 // (the attention tiles prefetch the next tile's lines there).
 template <typename AfterBlock>
@@ -164,6 +98,8 @@ inline void gemm_generic(int64_t M, int64_t N, int64_t K, acc alpha, const acc* 
 }
 
 #if defined(__AVX512F__)
+// The AVX-512 kernels not yet on VecF (the bfloat16 tiles, the recurrent step's panel tile,
+// the attention tiles): a 16-lane store or add and a tail mask.
 namespace detail {
 
 // dst[0, 16) = x, or += x with accumulate, through the lanes of mask: plain loads and stores
@@ -181,107 +117,19 @@ __attribute__((always_inline)) inline void store_or_add(float* dst, __m512 x, bo
   }
 }
 
-// One MR x 32 block of C (columns masked by mask0/mask1 at the right edge, kFull: all 32
-// columns, plain loads and stores); A is k-major: A(m, k) = A[m + k * a_k]. Every loop over MR
-// is unrolled so the accumulators stay in registers. Only the right edge takes masked loads
-// (store_or_add).
-template <int MR, bool kFull>
-__attribute__((always_inline)) inline void gemm_block_avx512(int64_t K, float alpha, const float* A,
-                                                             int64_t a_k, const float* B,
-                                                             int64_t ldb, float* C, int64_t ldc,
-                                                             bool accumulate, __mmask16 mask0,
-                                                             __mmask16 mask1) {
-  __m512 c0[MR], c1[MR];
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
-    c0[r] = _mm512_setzero_ps();
-    c1[r] = _mm512_setzero_ps();
-  }
-  for (int64_t k = 0; k < K; ++k) {
-    const float* b = B + k * ldb;
-    const __m512 b0 = kFull ? _mm512_loadu_ps(b) : _mm512_maskz_loadu_ps(mask0, b);
-    const __m512 b1 = kFull ? _mm512_loadu_ps(b + 16) : _mm512_maskz_loadu_ps(mask1, b + 16);
-    const float* a = A + k * a_k;
-#pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) {
-      const __m512 ar = _mm512_set1_ps(a[r]);
-      c0[r] = _mm512_fmadd_ps(ar, b0, c0[r]);
-      c1[r] = _mm512_fmadd_ps(ar, b1, c1[r]);
-    }
-  }
-  const __m512 va = _mm512_set1_ps(alpha);
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
-    float* c = C + r * ldc;
-    store_or_add(c, _mm512_mul_ps(c0[r], va), accumulate, mask0);
-    store_or_add(c + 16, _mm512_mul_ps(c1[r], va), accumulate, mask1);
-  }
-}
-
+// Lanes [0, remaining) of 16.
 inline __mmask16 tail_mask(int64_t remaining) {
   return remaining >= 16 ? static_cast<__mmask16>(0xFFFF)
                          : static_cast<__mmask16>((1u << std::max<int64_t>(remaining, 0)) - 1u);
 }
 
-template <int MR>
-inline void gemm_rows_avx512(int64_t N, int64_t K, float alpha, const float* A, int64_t a_k,
-                             const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
-  int64_t n0 = 0;
-  for (; n0 + 32 <= N; n0 += 32) {
-    gemm_block_avx512<MR, true>(K, alpha, A, a_k, B + n0, ldb, C + n0, ldc, accumulate, 0xFFFF,
-                                0xFFFF);
-  }
-  if (n0 < N) {
-    gemm_block_avx512<MR, false>(K, alpha, A, a_k, B + n0, ldb, C + n0, ldc, accumulate,
-                                 tail_mask(N - n0), tail_mask(N - n0 - 16));
-  }
-}
-
 }  // namespace detail
+#endif
 
-inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t a_m,
-                 int64_t a_k, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
-  // The micro-kernel broadcasts A(m, k) for MR consecutive m: it runs at the FMA rate when A
-  // is k-major (a_m == 1). Otherwise A is transposed once (k_major) and reused for every
-  // column block.
-  A = k_major(A, a_m, a_k, M, K);
-  constexpr int MR = 8;
-  int64_t m0 = 0;
-  for (; m0 + MR <= M; m0 += MR) {
-    detail::gemm_rows_avx512<MR>(N, K, alpha, A + m0, a_k, B, ldb, C + m0 * ldc, ldc, accumulate);
-  }
-  const float* Ar = A + m0;
-  float* Cr = C + m0 * ldc;
-  switch (M - m0) {  // remaining rows
-    case 7:
-      detail::gemm_rows_avx512<7>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate);
-      break;
-    case 6:
-      detail::gemm_rows_avx512<6>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate);
-      break;
-    case 5:
-      detail::gemm_rows_avx512<5>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate);
-      break;
-    case 4:
-      detail::gemm_rows_avx512<4>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate);
-      break;
-    case 3:
-      detail::gemm_rows_avx512<3>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate);
-      break;
-    case 2:
-      detail::gemm_rows_avx512<2>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate);
-      break;
-    case 1:
-      detail::gemm_rows_avx512<1>(N, K, alpha, Ar, a_k, B, ldb, Cr, ldc, accumulate);
-      break;
-    default:
-      break;
-  }
-}
-#elif defined(FASTATTN_CPU_VEC)
-// Rows of C per micro-kernel block: 6 x 2 accumulators, 2 B vectors and a broadcast fill 15 of
-// the 16 ymm registers.
-constexpr int kGemmRowsVec = 6;
+#if defined(FASTATTN_CPU_VEC)
+// Rows of C per micro-kernel block: AVX2, 6 x 2 accumulators, 2 B vectors and a broadcast fill
+// 15 of the 16 ymm registers; AVX-512, 8 x 2 of 32 zmm registers.
+constexpr int kGemmRowsVec = VecF::kRegisters >= 32 ? 8 : 6;
 
 namespace detail {
 
@@ -362,12 +210,20 @@ inline void gemm_rows_vec(int64_t N, int64_t K, float alpha, const float* A, int
   }
 }
 
-// gemm_rows_vec for `rows` rows (1 to 6).
+// gemm_rows_vec for `rows` rows (1 to kGemmRowsVec).
 template <bool kARows>
 inline void gemm_rows_of(int64_t rows, int64_t N, int64_t K, float alpha, const float* A,
                          int64_t a_step, const float* B, int64_t ldb, float* C, int64_t ldc,
                          bool accumulate) {
   switch (rows) {
+    case 8:
+      if constexpr (kGemmRowsVec >= 8)
+        return gemm_rows_vec<8, kARows>(N, K, alpha, A, a_step, B, ldb, C, ldc, accumulate);
+      break;
+    case 7:
+      if constexpr (kGemmRowsVec >= 7)
+        return gemm_rows_vec<7, kARows>(N, K, alpha, A, a_step, B, ldb, C, ldc, accumulate);
+      break;
     case 6:
       return gemm_rows_vec<6, kARows>(N, K, alpha, A, a_step, B, ldb, C, ldc, accumulate);
     case 5:
@@ -383,15 +239,16 @@ inline void gemm_rows_of(int64_t rows, int64_t N, int64_t K, float alpha, const 
   }
 }
 
-// Every row of C: blocks of 6 rows; 7 or 8 left run as 4 + 3 or 4 + 4 (8 accumulators each
-// keep both FMA pipes busy, a 2-row block would not).
+// Every row of C: blocks of kGemmRowsVec rows; with 6-row blocks, 7 or 8 left run as 4 + 3 or
+// 4 + 4 (8 accumulators each keep both FMA pipes busy, a 2-row block would not).
 template <bool kARows>
 inline void gemm_vec(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t a_step,
                      const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   const int64_t a_row_step = kARows ? a_step : 1;
   for (int64_t m0 = 0; m0 < M;) {
     const int64_t left = M - m0;
-    const int64_t rows = left == 7 || left == 8 ? 4 : std::min<int64_t>(left, kGemmRowsVec);
+    const bool split = kGemmRowsVec == 6 && (left == 7 || left == 8);
+    const int64_t rows = split ? 4 : std::min<int64_t>(left, kGemmRowsVec);
     gemm_rows_of<kARows>(rows, N, K, alpha, A + m0 * a_row_step, a_step, B, ldb, C + m0 * ldc, ldc,
                          accumulate);
     m0 += rows;

@@ -15,16 +15,19 @@
 namespace fastattn::cpu::FASTATTN_ISA {
 namespace {
 
-// Operand layouts of the micro-kernel (6 rows x 64 columns: 24 accumulators, 4 vector loads
-// of B and 6 broadcasts of A per 24 FMAs; the 8 x 32 tile of common/cpu_gemm.h needs 10 loads
-// per 16 FMAs and ran at 0.80-0.87 of the FMA peak here, this one at 0.89-0.92): B in panels of
-// 64 columns, each K x 64 contiguous; A in strips of 6 rows, each K x 6 contiguous (k-major).
-// With VecF (AVX2: 16 ymm registers) the tile is 6 rows x 16 columns and a panel is one tile
-// wide, so a strip's sweep reads B as one contiguous stream, which the hardware prefetcher
-// follows (64-column panels read in 16-column slices strided the stream by 256 bytes, and the
-// sweep ran at two thirds of the rate: docs/design/cpu_kernels.md).
+// Operand layouts of the micro-kernel: B in panels of kPanel columns, each K x kPanel
+// contiguous; A in strips of 6 rows, each K x 6 contiguous (k-major). The tile is 6 rows x one
+// panel: kSliceVectors vectors per row, as many as the register file holds beside the B vectors
+// and a broadcast (AVX-512: 6 x 64 columns, 24 of the 32 zmm registers accumulate, 4 vector
+// loads of B and 6 broadcasts of A per 24 FMAs; the 8 x 32 tile of common/cpu_gemm.h needs 10
+// loads per 16 FMAs and ran at 0.80-0.87 of the FMA peak, this one at 0.89-0.92. AVX2: 6 x 16
+// columns in 12 of the 16 ymm registers). A panel is one tile wide, so a strip's sweep reads B
+// as one contiguous stream, which the hardware prefetcher follows (with AVX2, 64-column panels
+// read in 16-column slices strided the stream by 256 bytes, and the sweep ran at two thirds of
+// the rate: docs/design/cpu_kernels.md).
 #if defined(FASTATTN_CPU_VEC)
-constexpr int64_t kPanel = 16;
+constexpr int kSliceVectors = VecF::kRegisters >= 32 ? 4 : 2;
+constexpr int64_t kPanel = kSliceVectors * VecF::kWidth;
 #else
 constexpr int64_t kPanel = 64;
 #endif
@@ -71,56 +74,15 @@ void start_rows(float* C, int64_t ldc, int64_t M, int64_t N, const float* bias, 
   }
 }
 
-#if defined(__AVX512F__)
-// One MR x (16 NV) tile of C (+)= A B: A k-major (MR values per k, stride kStrip), B in a
-// panel (stride kPanel); columns past n masked. The registers sum kb products at a time and
-// are then added to C (the two-level sum of GemmParams::k_block; kb >= K: one pass), inside
-// one call: a call per k_block of 32 spent a quarter of the weight gradients' time on setup.
-template <int MR, int NV>
-__attribute__((always_inline)) inline void tile_kernel(int64_t K, int64_t kb, const float* a,
-                                                       const float* b, float* C, int64_t ldc,
-                                                       bool accumulate, int64_t n) {
-  __m512 c[MR][NV];
-  __mmask16 mask[NV];
-#pragma GCC unroll 8
-  for (int v = 0; v < NV; ++v) mask[v] = detail::tail_mask(n - 16 * v);
-  for (int64_t k0 = 0; k0 < K; k0 += kb) {
-    const int64_t k1 = std::min(K, k0 + kb);
-#pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) c[r][v] = _mm512_setzero_ps();
-    }
-    for (int64_t k = k0; k < k1; ++k) {
-      __m512 bv[NV];
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_ps(b + k * kPanel + 16 * v);
-#pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) {
-        const __m512 ar = _mm512_set1_ps(a[k * kStrip + r]);
-#pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) c[r][v] = _mm512_fmadd_ps(ar, bv[v], c[r][v]);
-      }
-    }
-    const bool add = accumulate || k0 > 0;
-#pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v)
-        detail::store_or_add(C + r * ldc + 16 * v, c[r][v], add, mask[v]);
-    }
-  }
-}
-#elif defined(FASTATTN_CPU_VEC)
-// The VecF tile: MR (<= 6) rows x kSliceVectors vectors (16 columns with AVX2: 12 accumulators,
-// 2 B vectors and a broadcast fill 15 of the 16 ymm registers) of a panel, columns past n
-// masked (kFull: all of them); the same two-level sum over kb terms as the AVX-512 tile, in
-// one call. Not inlined, for the reason common/cpu_gemm.h's gemm_block_vec gives.
-constexpr int kSliceVectors = 2;
-
+#if defined(FASTATTN_CPU_VEC)
+// The tile: MR (<= 6) rows x one panel (kSliceVectors vectors), columns past n masked (kFull:
+// all of them). The registers sum kb products at a time and are then added to C (the
+// two-level sum of GemmParams::k_block; kb >= K: one pass), inside one call: a call per
+// k_block of 32 spent a quarter of the weight gradients' time on setup. Not inlined, for the
+// reason common/cpu_gemm.h's gemm_block_vec gives.
 template <int MR, bool kFull>
-__attribute__((noinline)) void slice_kernel(int64_t K, int64_t kb, const float* a, const float* b,
-                                            float* C, int64_t ldc, bool accumulate, int64_t n) {
+__attribute__((noinline)) void tile_kernel(int64_t K, int64_t kb, const float* a, const float* b,
+                                           float* C, int64_t ldc, bool accumulate, int64_t n) {
   constexpr int NV = kSliceVectors, W = VecF::kWidth;
   VecF c[MR][NV];
   for (int64_t k0 = 0; k0 < K; k0 += kb) {
@@ -155,26 +117,11 @@ __attribute__((noinline)) void slice_kernel(int64_t K, int64_t kb, const float* 
 template <int MR>
 void tile_rows(int64_t M, int64_t K, int64_t kb, const float* a, const float* b, float* C,
                int64_t ldc, bool accumulate, int64_t n) {
-#if defined(__AVX512F__)
-  constexpr int NV = kPanel / 16;
-  if constexpr (MR > 0) {
-    if (M == MR) {
-      tile_kernel<MR, NV>(K, kb, a, b, C, ldc, accumulate, n);
-    } else {
-      tile_rows<MR - 1>(M, K, kb, a, b, C, ldc, accumulate, n);
-    }
-  }
-#elif defined(FASTATTN_CPU_VEC)
+#if defined(FASTATTN_CPU_VEC)
   if constexpr (MR > 0) {
     if (M != MR) return tile_rows<MR - 1>(M, K, kb, a, b, C, ldc, accumulate, n);
-    constexpr int64_t kSlice = kSliceVectors * VecF::kWidth;
-    for (int64_t n0 = 0; n0 < n; n0 += kSlice) {
-      if (n - n0 >= kSlice) {
-        slice_kernel<MR, true>(K, kb, a, b + n0, C + n0, ldc, accumulate, kSlice);
-      } else {
-        slice_kernel<MR, false>(K, kb, a, b + n0, C + n0, ldc, accumulate, n - n0);
-      }
-    }
+    if (n >= kPanel) return tile_kernel<MR, true>(K, kb, a, b, C, ldc, accumulate, kPanel);
+    tile_kernel<MR, false>(K, kb, a, b, C, ldc, accumulate, n);
   }
 #else
   for (int64_t k0 = 0; k0 < K; k0 += kb) {
@@ -281,7 +228,7 @@ namespace {
 // W^T) is the A operand of the transposed product C^T = W A^T, read in place too, and only
 // A^T (K x M) and C^T (N x M) are copied.
 constexpr int64_t kUnpackedMaxRows = 32;
-constexpr int64_t kUnpackedColumns = 96;  // per task: whole 6-row (and 16-column) blocks
+constexpr int64_t kUnpackedColumns = 96;  // per task: whole 6- and 8-row, 16- and 32-column blocks
 
 bool unpacked_fits(const GemmParams& p) {
   return p.M <= kUnpackedMaxRows && p.K > 0 && p.k_block == 0 && p.b_cols == nullptr &&

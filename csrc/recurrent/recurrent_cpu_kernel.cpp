@@ -94,7 +94,7 @@ struct Grid {
 // (8-row strips ran as 4 + 4 rows, 8 accumulators each, at 0.8 of the rate:
 // docs/design/cpu_kernels.md).
 constexpr int64_t kPanel = 32;
-#if defined(FASTATTN_CPU_VEC)
+#if defined(FASTATTN_CPU_VEC) && !defined(__AVX512F__)
 constexpr int64_t kStrip = 6;
 #else
 constexpr int64_t kStrip = 8;
