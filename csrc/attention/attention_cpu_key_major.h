@@ -31,7 +31,7 @@
 namespace fastattn::cpu::FASTATTN_ISA {
 namespace {
 
-#if defined(FASTATTN_CPU_VEC) && !defined(__AVX512F__)
+#if defined(FASTATTN_CPU_VEC)
 // Whether key_major_forward computes p: dense K / V, no row-wise score stage, no split keys,
 // and at least one full block of queries (fewer would fill a fraction of the lanes: decoding
 // and short prompts keep forward_impl's streamed tiles).

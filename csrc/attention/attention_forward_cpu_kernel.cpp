@@ -298,7 +298,7 @@ void attention_forward(const AttentionForwardParams& fp) {
     if (plain_bf16_forward_fits(fp.p) && fp.p.Lq > kShortQueries) return plain_bf16_forward(fp);
   }
 #endif
-#if defined(FASTATTN_CPU_VEC) && !defined(__AVX512F__)  // AVX-512: the tiles below, measured
+#if defined(FASTATTN_CPU_VEC)
   if constexpr (std::is_same_v<acc_t<T>, float>) {
     if (key_major_forward_fits(fp.p)) return key_major_forward<T>(fp);
   }
