@@ -40,20 +40,14 @@ const acc_t<T>* as_compute(const void* data, int64_t rows, int64_t A, std::vecto
 
 // sum_a v[a] * tanh(q[a] + k[a])
 inline float score(const float* q, const float* k, const float* v, int64_t A) {
-#if defined(__AVX512F__)
-  __m512 sum = _mm512_setzero_ps();
-  int64_t a = 0;
-  for (; a + 16 <= A; a += 16) {
-    const __m512 t = tanh_approx(_mm512_add_ps(_mm512_loadu_ps(q + a), _mm512_loadu_ps(k + a)));
-    sum = _mm512_fmadd_ps(_mm512_loadu_ps(v + a), t, sum);
+#if defined(FASTATTN_CPU_VEC)
+  constexpr int W = VecF::kWidth;
+  VecF sum = VecF::zero();
+  for (int64_t a = 0; a < A; a += W) {
+    const TailF t = VecF::tail(A - a);  // masked lanes: tanh(0) * 0
+    sum = fma(VecF::load(v + a, t), tanh_approx(VecF::load(q + a, t) + VecF::load(k + a, t)), sum);
   }
-  if (a < A) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (A - a)) - 1u);
-    const __m512 t = tanh_approx(
-        _mm512_add_ps(_mm512_maskz_loadu_ps(m, q + a), _mm512_maskz_loadu_ps(m, k + a)));
-    sum = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, v + a), t, sum);
-  }
-  return _mm512_reduce_add_ps(sum);
+  return reduce_add(sum);
 #else
   float sum = 0.0f;
   for (int64_t a = 0; a < A; ++a) sum += v[a] * tanh_approx(q[a] + k[a]);
@@ -86,29 +80,26 @@ void accumulate_row(const acc* x, const acc* rows_y, int64_t n, const acc* g, in
   }
 }
 
-#if defined(__AVX512F__)
+#if defined(FASTATTN_CPU_VEC)
 template <>
 void accumulate_row<float>(const float* x, const float* rows_y, int64_t n, const float* g,
                            int64_t g_stride, int64_t A, float* dx, float* dv) {
-  for (int64_t a0 = 0; a0 < A; a0 += 16) {
-    const __mmask16 m = A - a0 >= 16 ? static_cast<__mmask16>(0xFFFF)
-                                     : static_cast<__mmask16>((1u << (A - a0)) - 1u);
-    const __m512 xa = _mm512_maskz_loadu_ps(m, x + a0);
-    __m512 dxa = _mm512_setzero_ps(), dva = _mm512_setzero_ps();
-    const __m512 one = _mm512_set1_ps(1.0f);
+  constexpr int W = VecF::kWidth;
+  const VecF one = VecF::set1(1.0f);
+  for (int64_t a0 = 0; a0 < A; a0 += W) {
+    const TailF t = VecF::tail(A - a0);
+    const VecF xa = VecF::load(x + a0, t);
+    VecF dxa = VecF::zero(), dva = VecF::zero();
     for (int64_t j = 0; j < n; ++j) {
       const float gj = g[j * g_stride];
       if (gj == 0.0f) continue;
-      const __m512 t =
-          tanh_approx(_mm512_add_ps(xa, _mm512_maskz_loadu_ps(m, rows_y + j * A + a0)));
-      const __m512 gv = _mm512_set1_ps(gj);
-      dxa = _mm512_fmadd_ps(gv, _mm512_fnmadd_ps(t, t, one), dxa);
-      dva = _mm512_fmadd_ps(gv, t, dva);
+      const VecF th = tanh_approx(xa + VecF::load(rows_y + j * A + a0, t));
+      const VecF gv = VecF::set1(gj);
+      dxa = fma(gv, fma(-th, th, one), dxa);  // 1 - th^2, one rounding
+      dva = fma(gv, th, dva);
     }
-    _mm512_mask_storeu_ps(dx + a0, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, dx + a0), dxa));
-    if (dv != nullptr) {
-      _mm512_mask_storeu_ps(dv + a0, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, dv + a0), dva));
-    }
+    (VecF::load(dx + a0, t) + dxa).store(dx + a0, t);
+    if (dv != nullptr) (VecF::load(dv + a0, t) + dva).store(dv + a0, t);
   }
 }
 #endif

@@ -66,51 +66,6 @@ inline float tanh_approx(float x) {
 
 inline double tanh_approx(double x) { return std::tanh(x); }
 
-#if defined(__AVX512F__)
-// 2^f for f in [-0.5, 0.5] on 16 lanes: the degree-7 polynomial of exp_approx and exp2_approx.
-inline __m512 exp2_fraction(__m512 f) {
-  __m512 p = _mm512_set1_ps(kExp2Fraction[0]);
-#pragma GCC unroll 8
-  for (int i = 1; i < 8; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2Fraction[i]));
-  return p;
-}
-
-// exp_approx on 16 lanes (same algorithm and constants).
-inline __m512 exp_approx(__m512 x) {
-  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-  const __m512 clamped =
-      _mm512_min_ps(_mm512_set1_ps(127.0f), _mm512_max_ps(_mm512_set1_ps(-126.0f), t));
-  const __m512 n = _mm512_roundscale_ps(clamped, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(clamped, n);
-  const __m512 p = exp2_fraction(f);
-  const __m512i bits =
-      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  const __m512 result = _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
-  const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
-  return _mm512_mask_mov_ps(result, underflow, _mm512_setzero_ps());
-}
-#endif
-
-#if defined(__AVX512F__)
-// tanh_approx on 16 lanes (same algorithm: odd series below 0.3, exp formula above).
-inline __m512 tanh_approx(__m512 x) {
-  const __m512 ax = _mm512_abs_ps(x);
-  const __m512 x2 = _mm512_mul_ps(x, x);
-  __m512 small = _mm512_set1_ps(kTanhSeries[0]);
-#pragma GCC unroll 4
-  for (int i = 1; i < 4; ++i) small = _mm512_fmadd_ps(small, x2, _mm512_set1_ps(kTanhSeries[i]));
-  small = _mm512_fmadd_ps(_mm512_mul_ps(x, x2), small, x);
-  const __m512 e = exp_approx(_mm512_mul_ps(_mm512_set1_ps(-2.0f), ax));
-  const __m512 one = _mm512_set1_ps(1.0f);
-  __m512 large = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
-  // copysign(large, x)
-  const __m512i sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x80000000));
-  large = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(large), sign));
-  const __mmask16 is_small = _mm512_cmp_ps_mask(ax, _mm512_set1_ps(0.3f), _CMP_LT_OQ);
-  return _mm512_mask_mov_ps(large, is_small, small);
-}
-#endif
-
 #if defined(FASTATTN_CPU_VEC)
 // 2^f for f in [-0.5, 0.5]: the degree-7 polynomial of exp_approx.
 inline VecF exp2_fraction(VecF f) {
@@ -159,16 +114,7 @@ inline VecF tanh_approx(VecF x) {
 
 // max over x[0, n) (-inf when n == 0).
 inline float row_max(const float* x, int64_t n) {
-#if defined(__AVX512F__)
-  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(x + i));
-  if (i < n) {
-    const __mmask16 k = static_cast<__mmask16>((1u << (n - i)) - 1u);
-    m = _mm512_mask_max_ps(m, k, m, _mm512_maskz_loadu_ps(k, x + i));
-  }
-  return _mm512_reduce_max_ps(m);
-#elif defined(FASTATTN_CPU_VEC)
+#if defined(FASTATTN_CPU_VEC)
   constexpr int W = VecF::kWidth;
   VecF m = VecF::set1(-std::numeric_limits<float>::infinity());
   int64_t i = 0;
@@ -221,7 +167,7 @@ inline __m512 exp2_approx(__m512 t) {
       _mm512_min_ps(_mm512_set1_ps(127.0f), _mm512_max_ps(_mm512_set1_ps(-126.0f), t));
   const __m512 n = _mm512_roundscale_ps(clamped, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(clamped, n);
-  const __m512 p = exp2_fraction(f);
+  const __m512 p = exp2_fraction(VecF{f}).v;
   const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ);
   return _mm512_maskz_scalef_ps(normal, p, n);
 }
@@ -246,21 +192,10 @@ inline float exp_shift_sum_for_bf16(float* x, int64_t n, float shift) {
 }
 #endif
 
-// sum_i x[i] * y[i] over i < n, in 16 lanes (a scalar loop would not vectorise: the compiler
-// keeps the sum's order).
+// sum_i x[i] * y[i] over i < n, in vector lanes (a scalar loop would not vectorise: the
+// compiler keeps the sum's order).
 inline float dot(const float* x, const float* y, int64_t n) {
-#if defined(__AVX512F__)
-  __m512 sum = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    sum = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), sum);
-  }
-  if (i < n) {
-    const __mmask16 k = static_cast<__mmask16>((1u << (n - i)) - 1u);
-    sum = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, x + i), _mm512_maskz_loadu_ps(k, y + i), sum);
-  }
-  return _mm512_reduce_add_ps(sum);
-#elif defined(FASTATTN_CPU_VEC)
+#if defined(FASTATTN_CPU_VEC)
   constexpr int W = VecF::kWidth;
   VecF sum = VecF::zero();
   int64_t i = 0;
@@ -289,23 +224,7 @@ inline double dot(const double* x, const double* y, int64_t n) {
 
 // x[i] = exp(x[i] - shift) for i < n; returns their sum.
 inline float exp_shift_sum(float* x, int64_t n, float shift) {
-#if defined(__AVX512F__)
-  const __m512 s = _mm512_set1_ps(shift);
-  __m512 sum = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 e = exp_approx(_mm512_sub_ps(_mm512_loadu_ps(x + i), s));
-    _mm512_storeu_ps(x + i, e);
-    sum = _mm512_add_ps(sum, e);
-  }
-  if (i < n) {
-    const __mmask16 k = static_cast<__mmask16>((1u << (n - i)) - 1u);
-    const __m512 e = exp_approx(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), s));
-    _mm512_mask_storeu_ps(x + i, k, e);
-    sum = _mm512_mask_add_ps(sum, k, sum, e);
-  }
-  return _mm512_reduce_add_ps(sum);
-#elif defined(FASTATTN_CPU_VEC)
+#if defined(FASTATTN_CPU_VEC)
   constexpr int W = VecF::kWidth;
   const VecF s = VecF::set1(shift);
   VecF sum = VecF::zero();
