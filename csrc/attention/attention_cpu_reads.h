@@ -121,59 +121,9 @@ inline int64_t l2_cache_bytes() {
 // Cache lines a row of `bytes` bytes reads (at least; one more where it straddles a line).
 inline int64_t lines_of(int64_t bytes) { return (bytes + 63) / 64; }
 
-#if defined(__AVX512F__)
-// One 32-column block of pv_runs_avx512 (below). Full 32-column blocks (kFull) load V with plain
-// loads: masked ones, even with all-ones masks, cost more on Zen 5 (common/cpu_gemm.h's
-// store_or_add).
-template <int MR, bool kFull>
-void pv_runs_block(int64_t Dv, int64_t c, const float* a, int64_t a_k, const float* const* rows,
-                   const int64_t* n, int64_t count, int64_t stride, float* o, LineStream* next) {
-  const __mmask16 mask0 = detail::tail_mask(Dv - c), mask1 = detail::tail_mask(Dv - c - 16);
-  __m512 c0[MR], c1[MR];
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
-    const float* orow = o + r * Dv + c;
-    c0[r] = kFull ? _mm512_loadu_ps(orow) : _mm512_maskz_loadu_ps(mask0, orow);
-    c1[r] = kFull ? _mm512_loadu_ps(orow + 16) : _mm512_maskz_loadu_ps(mask1, orow + 16);
-  }
-  const float* ak = a;
-  for (int64_t run = 0; run < count; ++run) {
-    const float* b = rows[run] + c;
-    for (int64_t k = 0; k < n[run]; ++k, b += stride, ak += a_k) {
-      if (next != nullptr) next->issue(2);  // the two lines this row's 32 columns read
-      const __m512 b0 = kFull ? _mm512_loadu_ps(b) : _mm512_maskz_loadu_ps(mask0, b);
-      const __m512 b1 = kFull ? _mm512_loadu_ps(b + 16) : _mm512_maskz_loadu_ps(mask1, b + 16);
-#pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) {
-        const __m512 ar = _mm512_set1_ps(ak[r]);
-        c0[r] = _mm512_fmadd_ps(ar, b0, c0[r]);
-        c1[r] = _mm512_fmadd_ps(ar, b1, c1[r]);
-      }
-    }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
-    detail::store_or_add(o + r * Dv + c, c0[r], false, mask0);
-    detail::store_or_add(o + r * Dv + c + 16, c1[r], false, mask1);
-  }
-}
-
-// O (MR x Dv, ld Dv) += P V over a tile's block runs of V rows (row stride `stride`), P k-major
-// (a[k * a_k + m]): each 32-column block of O stays in registers across the runs, one load and
-// one store per tile instead of one per run.
-template <int MR>
-void pv_runs_avx512(int64_t Dv, const float* a, int64_t a_k, const float* const* rows,
-                    const int64_t* n, int64_t count, int64_t stride, float* o, LineStream* next) {
-  int64_t c = 0;
-  for (; c + 32 <= Dv; c += 32) {
-    pv_runs_block<MR, true>(Dv, c, a, a_k, rows, n, count, stride, o, next);
-  }
-  if (c < Dv) pv_runs_block<MR, false>(Dv, c, a, a_k, rows, n, count, stride, o, next);
-}
-
-#elif defined(FASTATTN_CPU_VEC)
-// pv_runs_block on the vectors of common/cpu_vec.h: an MR x (NV kWidth) block of O from column
-// c (kFull: all its columns inside Dv, plain loads).
+#if defined(FASTATTN_CPU_VEC)
+// An MR x (NV kWidth) block of pv_runs_vec from column c (kFull: all its columns inside Dv,
+// plain loads; masked ones, even with every lane set, cost more on Zen 5).
 template <int MR, int NV, bool kFull>
 void pv_runs_block(int64_t Dv, int64_t c, const float* a, int64_t a_k, const float* const* rows,
                    const int64_t* n, int64_t count, int64_t stride, float* o, LineStream* next) {
@@ -214,8 +164,9 @@ void pv_runs_block(int64_t Dv, int64_t c, const float* a, int64_t a_k, const flo
   }
 }
 
-// O (MR x Dv, ld Dv) += P V over a tile's block runs (as pv_runs_avx512), two vectors of
-// columns at a time.
+// O (MR x Dv, ld Dv) += P V over a tile's block runs of V rows (row stride `stride`), P k-major
+// (a[k * a_k + m]), two vectors of columns at a time: each block of O stays in registers
+// across the runs, one load and one store per tile instead of one per run.
 template <int MR>
 void pv_runs_vec(int64_t Dv, const float* a, int64_t a_k, const float* const* rows,
                  const int64_t* n, int64_t count, int64_t stride, float* o, LineStream* next) {

@@ -115,32 +115,7 @@ struct FloatTiles {
     int64_t N = 0;
     for (int64_t r = 0; r < runs.count; ++r) N += runs.n[r];
     transpose(p, kBlockK, pt.data(), M, M, N);
-#if defined(__AVX512F__)
-    if constexpr (std::is_same_v<acc, float>) {
-      for (int64_t m0 = 0; m0 < M; m0 += 8) {  // rows of O eight at a time
-        const float* a = pt.data() + m0;
-        float* om = o + m0 * Dv;
-        switch (std::min<int64_t>(M - m0, 8)) {
-#define FASTATTN_PV_RUNS(R)                                                            \
-  case R:                                                                              \
-    pv_runs_avx512<R>(Dv, a, M, runs.rows, runs.n, runs.count, runs.stride, om, next); \
-    break;
-          FASTATTN_PV_RUNS(8)
-          FASTATTN_PV_RUNS(7)
-          FASTATTN_PV_RUNS(6)
-          FASTATTN_PV_RUNS(5)
-          FASTATTN_PV_RUNS(4)
-          FASTATTN_PV_RUNS(3)
-          FASTATTN_PV_RUNS(2)
-          FASTATTN_PV_RUNS(1)
-#undef FASTATTN_PV_RUNS
-          default:
-            break;
-        }
-      }
-      return;
-    }
-#elif defined(FASTATTN_CPU_VEC)
+#if defined(FASTATTN_CPU_VEC)
     if constexpr (std::is_same_v<acc, float>) {
       for (int64_t m0 = 0; m0 < M; m0 += kGemmRowsVec) {
         pv_runs_vec_rows<kGemmRowsVec>(std::min<int64_t>(M - m0, kGemmRowsVec), Dv, pt.data() + m0,
