@@ -89,13 +89,13 @@ struct Grid {
 // into panels of 32 columns, each K x 32 contiguous (row-major weights with power-of-two leading
 // dimensions would map every row of a panel to the same cache sets); the A operand (states,
 // M x K) lives in strips of kStrip rows, each K x kStrip contiguous (k-major: the micro-kernel
-// broadcasts consecutive values). A strip is the micro-kernel's row block: 8 rows x 32 columns
-// with AVX-512; 6 rows x 16 columns with VecF (AVX2), whose 16 registers hold 12 accumulators
-// (8-row strips ran as 4 + 4 rows, 8 accumulators each, at 0.8 of the rate:
+// broadcasts consecutive values). A strip is the micro-kernel's row block, sized by the register
+// file: 8 rows x 32 columns with AVX-512; 6 rows x 16 columns with AVX2, whose 16 registers hold
+// 12 accumulators (8-row strips ran as 4 + 4 rows, 8 accumulators each, at 0.8 of the rate:
 // docs/design/cpu_kernels.md).
 constexpr int64_t kPanel = 32;
-#if defined(FASTATTN_CPU_VEC) && !defined(__AVX512F__)
-constexpr int64_t kStrip = 6;
+#if defined(FASTATTN_CPU_VEC)
+constexpr int64_t kStrip = kGemmRowsVec;
 #else
 constexpr int64_t kStrip = 8;
 #endif
@@ -233,47 +233,62 @@ inline int64_t strip_index(int64_t j, int64_t k, int64_t K) {
   return ((j / kStrip) * K + k) * kStrip + (j % kStrip);
 }
 
-#if defined(__AVX512F__)
-// The float tile of gemm_packed: MR (<= 8) rows x one 32-column panel (zero-padded, so its
-// loads need no mask), K terms. The panel streams from L3 (W_hh^T, 4 MB at H = 512, is read
-// once per step): the prefetcher does not run ahead of a 4 KB page, so the loop prefetches
-// kAhead panel rows (2 KB) ahead itself.
-template <int MR>
-__attribute__((always_inline)) inline void panel_tile(int64_t K, const float* a, const float* b,
-                                                      float* C, int64_t ldc, bool accumulate,
-                                                      int64_t n) {
-  constexpr int64_t kAhead = 16;
-  __m512 c0[MR], c1[MR];
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) c0[r] = c1[r] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; ++k) {
-    const float* bk = b + k * kPanel;
-    __builtin_prefetch(bk + kAhead * kPanel, 0, 3);
-    __builtin_prefetch(bk + kAhead * kPanel + 16, 0, 3);
-    const __m512 b0 = _mm512_loadu_ps(bk), b1 = _mm512_loadu_ps(bk + 16);
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      const __m512 ar = _mm512_set1_ps(a[k * kStrip + r]);
-      c0[r] = _mm512_fmadd_ps(ar, b0, c0[r]);
-      c1[r] = _mm512_fmadd_ps(ar, b1, c1[r]);
-    }
-  }
-  const __mmask16 m0 = detail::tail_mask(n), m1 = detail::tail_mask(n - 16);
+#if defined(FASTATTN_CPU_VEC)
+// The float tile of gemm_packed: MR (<= kStrip) rows x NV vectors of one 32-column panel
+// (zero-padded, so its loads need no mask; columns past n are not stored), K terms. The panel
+// streams from L3 (W_hh^T, 4 MB at H = 512, is read once per step): the prefetcher does not run
+// ahead of a 4 KB page, so the loop prefetches kAhead panel rows (2 KB) ahead itself. NV is 2
+// (AVX-512: the whole panel; AVX2: half of it, as two blocks), 4 for one or two rows where the
+// panel has them (AVX2: two accumulators per row would wait on the FMA latency).
+template <int MR, int NV, bool kFull>
+__attribute__((noinline)) void panel_block(int64_t K, const float* a, const float* b, float* C,
+                                           int64_t ldc, bool accumulate, int64_t n) {
+  constexpr int W = VecF::kWidth;
+  constexpr int64_t kAhead = 16, kLines = (NV * W * sizeof(float) + 63) / 64;
+  VecF c[MR][NV];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
-    detail::store_or_add(C + r * ldc, c0[r], accumulate, m0);
-    detail::store_or_add(C + r * ldc + 16, c1[r], accumulate, m1);
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) c[r][v] = VecF::zero();
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    const float* bk = b + k * kPanel;
+#pragma GCC unroll 4
+    for (int64_t line = 0; line < kLines; ++line) {
+      __builtin_prefetch(bk + kAhead * kPanel + 16 * line, 0, 3);
+    }
+    VecF bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) bv[v] = VecF::load(bk + W * v);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const VecF ar = VecF::set1(a[k * kStrip + r]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) c[r][v] = fma(ar, bv[v], c[r][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v)
+      detail::store_or_add<kFull>(C + r * ldc + W * v, c[r][v], accumulate, n - W * v);
   }
 }
 
+// One panel (n <= kPanel columns of C) for an M-row strip (1 <= M <= MR), block by block.
 template <int MR>
 void panel_tile_rows(int64_t M, int64_t K, const float* a, const float* b, float* C, int64_t ldc,
                      bool accumulate, int64_t n) {
   if constexpr (MR > 0) {
-    if (M == MR) {
-      panel_tile<MR>(K, a, b, C, ldc, accumulate, n);
-    } else {
-      panel_tile_rows<MR - 1>(M, K, a, b, C, ldc, accumulate, n);
+    if (M != MR) return panel_tile_rows<MR - 1>(M, K, a, b, C, ldc, accumulate, n);
+    constexpr int NV = std::min<int64_t>(MR <= 2 ? 4 : 2, kPanel / VecF::kWidth);
+    constexpr int64_t kBlock = NV * VecF::kWidth;
+    for (int64_t c = 0; c < n; c += kBlock) {
+      if (n - c >= kBlock) {
+        panel_block<MR, NV, true>(K, a, b + c, C + c, ldc, accumulate, kBlock);
+      } else {
+        panel_block<MR, NV, false>(K, a, b + c, C + c, ldc, accumulate, n - c);
+      }
     }
   }
 }
@@ -311,7 +326,7 @@ void gemm_packed(int64_t r0, int64_t r1, int64_t c0, int64_t N, int64_t K, const
       const acc* a = A + (m / kStrip) * K * kStrip + k0 * kStrip;
       for (int64_t n = 0; n < N; n += kPanel) {
         const acc* b = B + ((c0 + n) / kPanel) * K * kPanel + k0 * kPanel;
-#if defined(__AVX512F__)
+#if defined(FASTATTN_CPU_VEC)
         if constexpr (std::is_same_v<acc, float>) {
           panel_tile_rows<kStrip>(M, Kc, a, b, C + (m - r0) * ldc + n, ldc, accumulate || k0 > 0,
                                   std::min(kPanel, N - n));
