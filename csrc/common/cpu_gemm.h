@@ -98,8 +98,8 @@ inline void gemm_generic(int64_t M, int64_t N, int64_t K, acc alpha, const acc* 
 }
 
 #if defined(__AVX512F__)
-// The AVX-512 kernels not yet on VecF (the bfloat16 tiles, the recurrent step's panel tile,
-// the attention tiles): a 16-lane store or add and a tail mask.
+// For the kernels that are AVX-512 by nature (the bfloat16 dot-product tiles): a 16-lane store
+// or add and a tail mask.
 namespace detail {
 
 // dst[0, 16) = x, or += x with accumulate, through the lanes of mask: plain loads and stores
