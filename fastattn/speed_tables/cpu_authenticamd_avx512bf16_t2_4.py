@@ -9,7 +9,7 @@ TABLE = {
         "threads": "2-4"
     },
     "measured": "2026-11-29, cpu: AMD EPYC, avx512bf16, 2 threads, torch 2.14.1+cu130",
-    "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv",
+    "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv",
     "entries": [
         {
             "op": "attention",
@@ -20,9 +20,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.588,
+            "ratio": 0.571,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
         },
         {
             "op": "attention",
@@ -33,9 +33,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.578,
+            "ratio": 0.536,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
         },
         {
             "op": "attention",
@@ -46,9 +46,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.938,
+            "ratio": 0.817,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
         },
         {
             "op": "attention",
@@ -59,9 +59,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.86,
+            "ratio": 0.787,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
         },
         {
             "op": "attention",
@@ -72,9 +72,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.81,
+            "ratio": 0.736,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
         },
         {
             "op": "attention",
@@ -85,9 +85,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.757,
+            "ratio": 0.675,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
         },
         {
             "op": "attention",
@@ -98,9 +98,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.974,
+            "ratio": 0.838,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
         },
         {
             "op": "attention",
@@ -113,7 +113,7 @@ TABLE = {
             "faster": "kernel",
             "ratio": 0.882,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
         },
         {
             "op": "attention",
@@ -124,9 +124,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.615,
+            "ratio": 0.489,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
         },
         {
             "op": "attention",
@@ -137,9 +137,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.549,
+            "ratio": 0.498,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
         },
         {
             "op": "attention",
@@ -150,9 +150,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.932,
+            "ratio": 0.823,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
         },
         {
             "op": "attention",
@@ -163,9 +163,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.786,
+            "ratio": 0.772,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
         },
         {
             "op": "attention",
@@ -176,9 +176,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.845,
+            "ratio": 0.709,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
         },
         {
             "op": "attention",
@@ -189,9 +189,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.742,
+            "ratio": 0.607,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
         },
         {
             "op": "attention",
@@ -201,101 +201,101 @@ TABLE = {
             "features": "plain",
             "pass": "fwd",
             "kernel": "cpu",
-            "faster": "torch",
-            "ratio": 1.033,
+            "faster": "kernel",
+            "ratio": 0.869,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
         },
         {
             "op": "attention",
             "dtype": "float32",
             "head_dim": "<=64",
             "length": "<=4096",
+            "features": "plain",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.763,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+        },
+        {
+            "op": "gru",
+            "dtype": "float32",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "bidirectional+lengths+multilayer",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.822,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+        },
+        {
+            "op": "gru",
+            "dtype": "float32",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "bidirectional+lengths+multilayer",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.367,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+        },
+        {
+            "op": "gru",
+            "dtype": "float32",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "plain",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.611,
+            "cases": 3,
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+        },
+        {
+            "op": "gru",
+            "dtype": "float32",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "plain",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.306,
+            "cases": 3,
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+        },
+        {
+            "op": "lstm",
+            "dtype": "float32",
+            "head_dim": "<=1024",
+            "length": "<=256",
+            "features": "plain",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.992,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+        },
+        {
+            "op": "lstm",
+            "dtype": "float32",
+            "head_dim": "<=1024",
+            "length": "<=256",
             "features": "plain",
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
             "ratio": 0.856,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
-        },
-        {
-            "op": "gru",
-            "dtype": "float32",
-            "head_dim": "<=512",
-            "length": "<=256",
-            "features": "bidirectional+lengths+multilayer",
-            "pass": "fwd",
-            "kernel": "cpu",
-            "faster": "kernel",
-            "ratio": 0.966,
-            "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
-        },
-        {
-            "op": "gru",
-            "dtype": "float32",
-            "head_dim": "<=512",
-            "length": "<=256",
-            "features": "bidirectional+lengths+multilayer",
-            "pass": "fwd+bwd",
-            "kernel": "cpu",
-            "faster": "kernel",
-            "ratio": 0.498,
-            "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
-        },
-        {
-            "op": "gru",
-            "dtype": "float32",
-            "head_dim": "<=512",
-            "length": "<=256",
-            "features": "plain",
-            "pass": "fwd",
-            "kernel": "cpu",
-            "faster": "kernel",
-            "ratio": 0.688,
-            "cases": 3,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
-        },
-        {
-            "op": "gru",
-            "dtype": "float32",
-            "head_dim": "<=512",
-            "length": "<=256",
-            "features": "plain",
-            "pass": "fwd+bwd",
-            "kernel": "cpu",
-            "faster": "kernel",
-            "ratio": 0.353,
-            "cases": 3,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
-        },
-        {
-            "op": "lstm",
-            "dtype": "float32",
-            "head_dim": "<=1024",
-            "length": "<=256",
-            "features": "plain",
-            "pass": "fwd",
-            "kernel": "cpu",
-            "faster": "torch",
-            "ratio": 1.163,
-            "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
-        },
-        {
-            "op": "lstm",
-            "dtype": "float32",
-            "head_dim": "<=1024",
-            "length": "<=256",
-            "features": "plain",
-            "pass": "fwd+bwd",
-            "kernel": "cpu",
-            "faster": "kernel",
-            "ratio": 0.894,
-            "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
         },
         {
             "op": "lstm",
@@ -306,9 +306,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "torch",
-            "ratio": 1.251,
+            "ratio": 1.017,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
         },
         {
             "op": "lstm",
@@ -318,10 +318,10 @@ TABLE = {
             "features": "bidirectional+multilayer",
             "pass": "fwd+bwd",
             "kernel": "cpu",
-            "faster": "torch",
-            "ratio": 1.035,
+            "faster": "kernel",
+            "ratio": 0.908,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
         },
         {
             "op": "lstm",
@@ -332,9 +332,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.771,
+            "ratio": 0.549,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
         },
         {
             "op": "lstm",
@@ -347,7 +347,7 @@ TABLE = {
             "faster": "kernel",
             "ratio": 0.166,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
         },
         {
             "op": "lstm",
@@ -357,10 +357,10 @@ TABLE = {
             "features": "plain",
             "pass": "fwd",
             "kernel": "cpu",
-            "faster": "torch",
-            "ratio": 1.264,
+            "faster": "kernel",
+            "ratio": 0.999,
             "cases": 4,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
         },
         {
             "op": "lstm",
@@ -371,9 +371,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.973,
+            "ratio": 0.843,
             "cases": 3,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
         },
         {
             "op": "rnn",
@@ -384,9 +384,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.671,
+            "ratio": 0.554,
             "cases": 3,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
         },
         {
             "op": "rnn",
@@ -397,9 +397,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.39,
+            "ratio": 0.452,
             "cases": 3,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
         }
     ]
 }
