@@ -5,9 +5,9 @@
 // size their blocks by.
 //
 // FASTATTN_CPU_VEC is defined where VecF exists: AVX2 (8 lanes, 16 ymm registers) and AVX-512
-// (16 lanes, 32 zmm registers). The AVX2 copy is built on it; the AVX-512 copies move onto it
-// kernel by kernel as each width-generic kernel is measured against the hand-written 16-lane
-// one it replaces (docs/design/cpu_kernels.md).
+// (16 lanes, 32 zmm registers). Every float kernel of both copies is written on it; only the
+// bfloat16 and AMX tiles, AVX-512 by nature, use intrinsics directly
+// (docs/design/cpu_kernels.md).
 #pragma once
 #include "common/cpu_target.h"
 #include <cstdint>
