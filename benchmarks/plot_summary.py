@@ -13,7 +13,10 @@ fastattn's kernels compare, not what the automatic choice makes of them. Machine
 - AMD EPYC Zen 5 (AVX-512, AVX512-BF16), 2 threads, 2026-11-27 (benchmarks/results/cpu.csv,
   the rows of that day; per case its newest row);
 - AMD EPYC Zen 3 (AVX2), 2 threads, 2026-11-28 (benchmarks/results/cpu-zen3-avx2-2026-11-28-final/,
-  the whole quick profile after the key-major attention forward).
+  the whole quick profile after the key-major attention forward);
+- AMD EPYC Zen 4 (AVX-512, AVX512-BF16), 2 threads, 2026-11-29
+  (benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/: attention, the recurrent layers and
+  the models, after the AVX-512 kernels moved onto the vector type).
 """
 
 from __future__ import annotations
@@ -43,6 +46,11 @@ MACHINES = (
         "AMD EPYC Zen 3 (AVX2), 2 threads, 2026-11-28",
         sorted((RESULTS / "cpu-zen3-avx2-2026-11-28-final").glob("*.csv")),
         "2026-11-28",
+    ),
+    (
+        "AMD EPYC Zen 4 (AVX-512), 2 threads, 2026-11-29",
+        [RESULTS / "cpu-zen4-avx512bf16-2026-11-29-vec" / "bench.csv"],
+        "2026-11-29",
     ),
 )
 
