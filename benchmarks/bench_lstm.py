@@ -3,9 +3,10 @@ and the plain per-step reference loop (fastattn's "reference" backend).
 
 Run through the CLI (`python benchmarks/run.py --ops lstm`). Cases: fastrnns' default
 (T=100, B=64, I=H=512), small batches (B=1, 4, 8), large hidden sizes (H=1024; 2048 in the
-full profile), a 2-layer bidirectional LSTM, and variable lengths drawn from U[30, 100)
-(PackedSequence in and out). On a GPU the cuda backend runs too; its provider name says
-which recurrent path it takes (fastattn.ops.lstm.cuda_recurrent_path). "fwd" is inference
+full profile), a 2-layer bidirectional LSTM, variable lengths drawn from U[30, 100)
+(PackedSequence in and out), and on the CPU bfloat16 at B=8 and 64. On a GPU the cuda backend
+runs too; its provider name says which recurrent path it takes
+(fastattn.ops.lstm.cuda_recurrent_path). "fwd" is inference
 (torch.no_grad); "fwd+bwd" follows fastrnns:
 the inputs and initial states need no gradient, the parameters do (their gradients are
 returned and checked). Throughput counts the GEMM work: 2 * rows * 4H * (I + P) per layer
@@ -29,8 +30,8 @@ from fastattn.ops._recurrent import speed_key
 from fastattn.ops.lstm import cuda_recurrent_path, unsupported_backends
 
 
-def _lstm_backends(device: torch.device) -> list[str]:
-    limits = unsupported_backends(torch.float32)
+def _lstm_backends(device: torch.device, dtype: torch.dtype) -> list[str]:
+    limits = unsupported_backends(dtype)
     return [b for b in fastattn_backends(device) if b not in limits]
 
 
@@ -46,16 +47,17 @@ def lstm_case(
     backward: bool = False,
     varlen: bool = False,
     reference: bool = True,
+    dtype: torch.dtype = torch.float32,
 ) -> Case:
     torch.manual_seed(0)
     D = 2 if bidirectional else 1
-    theirs = torch.nn.LSTM(I, H, num_layers=layers, bidirectional=bidirectional).to(device)
-    ours = fastattn.nn.LSTM(I, H, num_layers=layers, bidirectional=bidirectional).to(device)
+    theirs = torch.nn.LSTM(I, H, num_layers=layers, bidirectional=bidirectional).to(device, dtype)
+    ours = fastattn.nn.LSTM(I, H, num_layers=layers, bidirectional=bidirectional).to(device, dtype)
     ours.load_state_dict(theirs.state_dict())
-    x = torch.randn(T, B, I, device=device)
+    x = torch.randn(T, B, I, device=device, dtype=dtype)
     hx = (
-        torch.randn(layers * D, B, H, device=device),
-        torch.randn(layers * D, B, H, device=device),
+        torch.randn(layers * D, B, H, device=device, dtype=dtype),
+        torch.randn(layers * D, B, H, device=device, dtype=dtype),
     )
     if varlen:
         lengths = torch.randint(30, 100, (B,), generator=torch.Generator().manual_seed(1))
@@ -94,7 +96,7 @@ def lstm_case(
         return call
 
     providers = {}
-    for b in _lstm_backends(device):
+    for b in _lstm_backends(device, dtype):
         label = f"fastattn:{b}"
         if b == "cuda":
             # which recurrent path the CUDA kernels take (layer 0; the backward runs per step)
@@ -106,7 +108,7 @@ def lstm_case(
     # The torch backend's refusal as fastattn.lstm reads it (the module passes the unpacked
     # lengths, on the host; no dropout: one layer, or not training).
     if _backend.cannot_run("torch", device) is None and (
-        aten_lstm.refusal(device, torch.float32, seq_len=T, dropout_p=0.0, lengths=lengths) is None
+        aten_lstm.refusal(device, dtype, seq_len=T, dropout_p=0.0, lengths=lengths) is None
     ):
         providers[TORCH_BACKEND] = run(ours, "torch")
     providers[AUTO] = run(ours)
@@ -130,13 +132,14 @@ def lstm_case(
         baselines=("torch.nn.LSTM",),
         flops=flops,
         check=relative_error,
-        tolerance=2e-3,
-        dtype="float32",
+        # bfloat16: torch's oneDNN LSTM multiplies in bfloat16, fastattn's kernel in float32
+        tolerance=2e-3 if dtype == torch.float32 else 3e-2,
+        dtype=str(dtype).removeprefix("torch."),
         # fastattn.lstm's key for this call: forward cases run under no_grad, forward+backward
         # ones with parameters that need gradients
         speed_key=speed_key(
             "lstm",
-            torch.float32,
+            dtype,
             T,
             hidden=H,
             grad=backward,
@@ -182,4 +185,18 @@ def cases(profile: str, device: torch.device) -> list[Case]:
         out.append(
             lstm_case(100, 64, 512, 512, device, varlen=True, backward=backward, reference=full)
         )
+        if device.type == "cpu":  # bfloat16 LSTMs: torch's oneDNN kernel multiplies in bfloat16
+            for B in (8, 64):
+                out.append(
+                    lstm_case(
+                        100,
+                        B,
+                        512,
+                        512,
+                        device,
+                        backward=backward,
+                        reference=False,
+                        dtype=torch.bfloat16,
+                    )
+                )
     return out

@@ -9,7 +9,7 @@ TABLE = {
         "threads": "2-4"
     },
     "measured": "2026-11-29, cpu: AMD EPYC, avx512bf16, 2 threads, torch 2.14.1+cu130",
-    "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv",
+    "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16/bench.csv; benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv",
     "entries": [
         {
             "op": "attention",
@@ -273,6 +273,32 @@ TABLE = {
         },
         {
             "op": "lstm",
+            "dtype": "bfloat16",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "plain",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.995,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16/bench.csv"
+        },
+        {
+            "op": "lstm",
+            "dtype": "bfloat16",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "plain",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.902,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16/bench.csv"
+        },
+        {
+            "op": "lstm",
             "dtype": "float32",
             "head_dim": "<=1024",
             "length": "<=256",
@@ -280,9 +306,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.992,
+            "ratio": 0.994,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16/bench.csv"
         },
         {
             "op": "lstm",
@@ -293,9 +319,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.856,
+            "ratio": 0.787,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16/bench.csv"
         },
         {
             "op": "lstm",
@@ -305,10 +331,10 @@ TABLE = {
             "features": "bidirectional+multilayer",
             "pass": "fwd",
             "kernel": "cpu",
-            "faster": "torch",
-            "ratio": 1.017,
+            "faster": "kernel",
+            "ratio": 0.936,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16/bench.csv"
         },
         {
             "op": "lstm",
@@ -319,9 +345,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.908,
+            "ratio": 0.915,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16/bench.csv"
         },
         {
             "op": "lstm",
@@ -332,9 +358,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.549,
+            "ratio": 0.588,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16/bench.csv"
         },
         {
             "op": "lstm",
@@ -345,9 +371,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.166,
+            "ratio": 0.146,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16/bench.csv"
         },
         {
             "op": "lstm",
@@ -358,9 +384,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.999,
+            "ratio": 0.994,
             "cases": 4,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16/bench.csv"
         },
         {
             "op": "lstm",
@@ -371,9 +397,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.843,
+            "ratio": 0.874,
             "cases": 3,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16/bench.csv"
         },
         {
             "op": "rnn",
