@@ -32,10 +32,11 @@ rounding of its terms alone. That is the second derived term, a per-element slac
 the first bound deterministic, the second Higham and Mary's probabilistic bound (independent
 mean-zero roundings; it fails with probability at most 2 exp(-LAMBDA**2 / 2), 3e-8 for
 LAMBDA = 6), which keeps it near LAMBDA * u of the element when thousands of terms cancel.
-|dS_ij| is P_ij |dP_ij - Delta_i| from the float64 reference's undropped probabilities (with
-dropout the larger of that, dP scaled by 1 / (1 - p), and P_ij |Delta_i|, a dropped
-element's; a softcap's derivative, at most 1, only shrinks it); the kernel's float32 dS
-differs from it by float32 roundoff, a relative 1e-6 of a slack that is itself a bound. The
+|dS_ij| is |P_ij Z_ij dP_ij / (1 - p) - P_ij Delta_i| from the float64 reference's
+probabilities and, with dropout, the mask Z of the kernel's call (the reference redraws it from
+the same torch.manual_seed); a softcap's derivative, at most 1, only shrinks it. The kernel's
+float32 dS differs from it by float32 roundoff, a relative 1e-6 of a slack that is itself a
+bound. The
 slack is taken off each element's error before the rule's bound applies.
 
 Their sizes, by the float64 experiment `python tests/attention_floors.py` (the quick attention
@@ -64,6 +65,7 @@ SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 MAX_SHARE = 0.05
 ROUNDING_MAX_SHARE = 0.10
 LAMBDA = 6.0
+DROPOUT_SEED = 1234  # the torch.manual_seed of the tests' kernel calls (run_attention)
 
 
 def dot_product_residues(v: torch.Tensor, grad_out: torch.Tensor, dropout_p: float) -> torch.Tensor:
@@ -128,7 +130,8 @@ def delta_model(q, k, v, kw, grad_out, out64, out, attn_mask=None, grad_lse=None
     weighted = probs * eps.unsqueeze(-1)  # (B, Hq, Lq, Lk)
     B, Hkv, Lk = k.shape[0], k.shape[1], k.shape[2]
     per_key = weighted.sum(2).view(B, Hkv, -1, Lk).sum(2)
-    slack = rounding_slack(q, k, v, kw, grad_out, out, probs, grad_lse)
+    dropout = {"dropout_p": kw["dropout_p"]} if kw.get("dropout_p", 0.0) > 0.0 else {}
+    slack = rounding_slack(q, k, v, {**plain, **dropout}, grad_out, out, probs, grad_lse)
     model = {
         "dq": (shift[0], scale * float(k.abs().max()) * float(eps.max()), slack["dq"]),
         "dk": (shift[1], scale * float(q.abs().max()) * float(per_key.max()), slack["dk"]),
@@ -141,16 +144,16 @@ def delta_model(q, k, v, kw, grad_out, out64, out, attn_mask=None, grad_lse=None
     return model
 
 
-def rounding_slack(q, k, v, kw, grad_out, out, probs, grad_lse=None) -> dict:
+def rounding_slack(q, k, v, kw, grad_out, out, probs, grad_lse=None, seed=DROPOUT_SEED) -> dict:
     """{"dq", "dk", "dv": float64 CPU tensor or None}: per element, the bound of the module
     docstring on what rounding P and dS to q's 16-bit dtype before the products can change
-    (None for other dtypes). probs (B, Hq, Lq, Lk) the float64 reference's undropped
-    probabilities; grad_lse (B, Hq, Lq) or None."""
+    (None for other dtypes). kw: the call's keywords (CPU tensors); probs (B, Hq, Lq, Lk) the
+    float64 reference's undropped probabilities; grad_lse (B, Hq, Lq) or None; seed: the
+    torch.manual_seed of the kernel's call, whose dropout mask the reference redraws."""
     if q.dtype not in SIXTEEN_BIT:
         return {"dq": None, "dk": None, "dv": None}
     u = torch.finfo(q.dtype).eps / 2
     scale = kw.get("scale") or 1.0 / math.sqrt(q.shape[-1])
-    keep = 1.0 / (1.0 - kw.get("dropout_p", 0.0))
     group = q.shape[1] // k.shape[1]
     qa, ka, va, do = (t.detach().double().cpu() for t in (q, k, v, grad_out))
     ka, va = (t.repeat_interleave(group, dim=1) for t in (ka, va))
@@ -158,13 +161,16 @@ def rounding_slack(q, k, v, kw, grad_out, out, probs, grad_lse=None) -> dict:
     if grad_lse is not None:
         delta = delta - grad_lse.detach().double().cpu()
     probs = torch.nan_to_num(probs)  # rows without a visible key: P = 0
-    dp = keep * torch.matmul(do, va.transpose(-1, -2))
-    # |dS| as the kernel rounds it (dP - Delta cancels before the rounding); a dropped
-    # element has dP 0: the larger of the two.
-    ds = (dp - delta[..., None]).abs()
-    if keep != 1.0:
-        ds = torch.maximum(ds, delta.abs()[..., None])
-    ds = scale * probs * ds
+    kept = probs  # P_ij Z_ij / (1 - p): the dropped probabilities of the kernel's call
+    if kw.get("dropout_p", 0.0) > 0.0:
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            _, kept = attention_with_weights(
+                *(t.detach().double().cpu() for t in (q, k, v)), backend="reference", **kw
+            )
+        kept = torch.nan_to_num(kept)
+    # |dS| as the kernel rounds it: dP - Delta cancels before the rounding
+    ds = scale * (kept * torch.matmul(do, va.transpose(-1, -2)) - probs * delta[..., None]).abs()
 
     def bound(terms: torch.Tensor, x: torch.Tensor, per_kv: bool) -> torch.Tensor:
         # sum_i |x_i| and sqrt(sum_i x_i^2) of the terms terms[.., i] * x[.., i, :]
@@ -176,11 +182,10 @@ def rounding_slack(q, k, v, kw, grad_out, out, probs, grad_lse=None) -> dict:
             squares = squares.view(B, H // group, group, n, d).sum(2)
         return u * torch.minimum(total, LAMBDA * squares.sqrt())
 
-    weights = keep * probs.transpose(-1, -2)  # dV's terms P_ij dO_i, dropped ones scaled
     return {
         "dq": bound(ds, ka, per_kv=False),
         "dk": bound(ds.transpose(-1, -2), qa, per_kv=True),
-        "dv": bound(weights, do, per_kv=True),
+        "dv": bound(kept.transpose(-1, -2), do, per_kv=True),  # dV's terms P_ij Z_ij dO_i / (1 - p)
     }
 
 
