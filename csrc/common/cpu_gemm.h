@@ -154,12 +154,14 @@ __attribute__((always_inline)) inline void store_or_add(float* dst, VecF x, bool
 // accumulators stay in registers. Not inlined, and the tail masks built where they are used:
 // inlined into the column loop, GCC kept alpha's broadcast (and the masks) live across the k
 // loop, and 12 accumulators + 2 B vectors + a broadcast + those spilled a B vector to the
-// stack (docs/design/cpu_kernels.md).
-template <int MR, int NV, bool kFull, bool kARows>
+// stack (docs/design/cpu_kernels.md). kAhead > 0 prefetches B's lines kAhead rows ahead, for a
+// B that streams from L3 past the hardware prefetcher's 4 KB page (the recurrent step's W_hh).
+template <int MR, int NV, bool kFull, bool kARows, int64_t kAhead = 0>
 __attribute__((noinline)) void gemm_block_vec(int64_t K, float alpha, const float* A,
                                               int64_t a_step, const float* B, int64_t ldb, float* C,
                                               int64_t ldc, bool accumulate, int64_t n) {
   constexpr int W = VecF::kWidth;
+  constexpr int64_t kLines = (NV * W * sizeof(float) + 63) / 64;
   VecF c[MR][NV];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
@@ -168,6 +170,12 @@ __attribute__((noinline)) void gemm_block_vec(int64_t K, float alpha, const floa
   }
   for (int64_t k = 0; k < K; ++k) {
     const float* b = B + k * ldb;
+    if constexpr (kAhead > 0) {
+#pragma GCC unroll 4
+      for (int64_t line = 0; line < kLines; ++line) {
+        __builtin_prefetch(b + kAhead * ldb + 16 * line, 0, 3);
+      }
+    }
     VecF bv[NV];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v)
@@ -210,33 +218,17 @@ inline void gemm_rows_vec(int64_t N, int64_t K, float alpha, const float* A, int
   }
 }
 
-// gemm_rows_vec for `rows` rows (1 to kGemmRowsVec).
-template <bool kARows>
+// gemm_rows_vec for `rows` rows (1 to MR).
+template <int MR, bool kARows>
 inline void gemm_rows_of(int64_t rows, int64_t N, int64_t K, float alpha, const float* A,
                          int64_t a_step, const float* B, int64_t ldb, float* C, int64_t ldc,
                          bool accumulate) {
-  switch (rows) {
-    case 8:
-      if constexpr (kGemmRowsVec >= 8)
-        return gemm_rows_vec<8, kARows>(N, K, alpha, A, a_step, B, ldb, C, ldc, accumulate);
-      break;
-    case 7:
-      if constexpr (kGemmRowsVec >= 7)
-        return gemm_rows_vec<7, kARows>(N, K, alpha, A, a_step, B, ldb, C, ldc, accumulate);
-      break;
-    case 6:
-      return gemm_rows_vec<6, kARows>(N, K, alpha, A, a_step, B, ldb, C, ldc, accumulate);
-    case 5:
-      return gemm_rows_vec<5, kARows>(N, K, alpha, A, a_step, B, ldb, C, ldc, accumulate);
-    case 4:
-      return gemm_rows_vec<4, kARows>(N, K, alpha, A, a_step, B, ldb, C, ldc, accumulate);
-    case 3:
-      return gemm_rows_vec<3, kARows>(N, K, alpha, A, a_step, B, ldb, C, ldc, accumulate);
-    case 2:
-      return gemm_rows_vec<2, kARows>(N, K, alpha, A, a_step, B, ldb, C, ldc, accumulate);
-    default:
-      return gemm_rows_vec<1, kARows>(N, K, alpha, A, a_step, B, ldb, C, ldc, accumulate);
+  if constexpr (MR > 1) {
+    if (rows != MR) {
+      return gemm_rows_of<MR - 1, kARows>(rows, N, K, alpha, A, a_step, B, ldb, C, ldc, accumulate);
+    }
   }
+  gemm_rows_vec<MR, kARows>(N, K, alpha, A, a_step, B, ldb, C, ldc, accumulate);
 }
 
 // Every row of C: blocks of kGemmRowsVec rows; with 6-row blocks, 7 or 8 left run as 4 + 3 or
@@ -249,8 +241,8 @@ inline void gemm_vec(int64_t M, int64_t N, int64_t K, float alpha, const float* 
     const int64_t left = M - m0;
     const bool split = kGemmRowsVec == 6 && (left == 7 || left == 8);
     const int64_t rows = split ? 4 : std::min<int64_t>(left, kGemmRowsVec);
-    gemm_rows_of<kARows>(rows, N, K, alpha, A + m0 * a_row_step, a_step, B, ldb, C + m0 * ldc, ldc,
-                         accumulate);
+    gemm_rows_of<kGemmRowsVec, kARows>(rows, N, K, alpha, A + m0 * a_row_step, a_step, B, ldb,
+                                       C + m0 * ldc, ldc, accumulate);
     m0 += rows;
   }
 }

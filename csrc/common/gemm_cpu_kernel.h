@@ -2,7 +2,8 @@
 // over all time steps): a packed, cache-blocked, parallel driver of common/cpu_gemm.h's
 // register-blocked micro-kernel, compiled once per x86 ISA (the AVX-512 copies and the AVX2
 // copy have a micro-kernel; common/gemm_cpu.h's matmul_into calls them there and ATen's GEMM
-// on the baseline copy). The AVX2 copy reads the operands of products with few rows in place.
+// on the baseline copy). The vector copies read the operands of products with few rows in
+// place.
 #pragma once
 #include <cstdint>
 

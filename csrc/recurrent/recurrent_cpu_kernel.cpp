@@ -234,60 +234,26 @@ inline int64_t strip_index(int64_t j, int64_t k, int64_t K) {
 }
 
 #if defined(FASTATTN_CPU_VEC)
-// The float tile of gemm_packed: MR (<= kStrip) rows x NV vectors of one 32-column panel
-// (zero-padded, so its loads need no mask; columns past n are not stored), K terms. The panel
-// streams from L3 (W_hh^T, 4 MB at H = 512, is read once per step): the prefetcher does not run
-// ahead of a 4 KB page, so the loop prefetches kAhead panel rows (2 KB) ahead itself. NV is 2
-// (AVX-512: the whole panel; AVX2: half of it, as two blocks), 4 for one or two rows where the
-// panel has them (AVX2: two accumulators per row would wait on the FMA latency).
-template <int MR, int NV, bool kFull>
-__attribute__((noinline)) void panel_block(int64_t K, const float* a, const float* b, float* C,
-                                           int64_t ldc, bool accumulate, int64_t n) {
-  constexpr int W = VecF::kWidth;
-  constexpr int64_t kAhead = 16, kLines = (NV * W * sizeof(float) + 63) / 64;
-  VecF c[MR][NV];
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) c[r][v] = VecF::zero();
-  }
-  for (int64_t k = 0; k < K; ++k) {
-    const float* bk = b + k * kPanel;
-#pragma GCC unroll 4
-    for (int64_t line = 0; line < kLines; ++line) {
-      __builtin_prefetch(bk + kAhead * kPanel + 16 * line, 0, 3);
-    }
-    VecF bv[NV];
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) bv[v] = VecF::load(bk + W * v);
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      const VecF ar = VecF::set1(a[k * kStrip + r]);
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) c[r][v] = fma(ar, bv[v], c[r][v]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v)
-      detail::store_or_add<kFull>(C + r * ldc + W * v, c[r][v], accumulate, n - W * v);
-  }
-}
-
-// One panel (n <= kPanel columns of C) for an M-row strip (1 <= M <= MR), block by block.
+// One panel (n <= kPanel columns of C) for an M-row strip (1 <= M <= MR), in blocks of
+// common/cpu_gemm.h's gemm_block_vec: NV = 2 vectors (AVX-512: the whole 32-column panel;
+// AVX2: half of it), 4 for one or two rows where the panel has them (AVX2: two accumulators per
+// row would wait on the FMA latency). The panel streams from L3 (W_hh^T, 4 MB at H = 512, is
+// read once per step) and the prefetcher does not run ahead of a 4 KB page, so the block
+// prefetches kAhead panel rows (2 KB) ahead itself.
 template <int MR>
 void panel_tile_rows(int64_t M, int64_t K, const float* a, const float* b, float* C, int64_t ldc,
                      bool accumulate, int64_t n) {
   if constexpr (MR > 0) {
     if (M != MR) return panel_tile_rows<MR - 1>(M, K, a, b, C, ldc, accumulate, n);
     constexpr int NV = std::min<int64_t>(MR <= 2 ? 4 : 2, kPanel / VecF::kWidth);
-    constexpr int64_t kBlock = NV * VecF::kWidth;
+    constexpr int64_t kBlock = NV * VecF::kWidth, kAhead = 16;
     for (int64_t c = 0; c < n; c += kBlock) {
       if (n - c >= kBlock) {
-        panel_block<MR, NV, true>(K, a, b + c, C + c, ldc, accumulate, kBlock);
+        detail::gemm_block_vec<MR, NV, true, false, kAhead>(K, 1.0f, a, kStrip, b + c, kPanel,
+                                                            C + c, ldc, accumulate, kBlock);
       } else {
-        panel_block<MR, NV, false>(K, a, b + c, C + c, ldc, accumulate, n - c);
+        detail::gemm_block_vec<MR, NV, false, false, kAhead>(K, 1.0f, a, kStrip, b + c, kPanel,
+                                                             C + c, ldc, accumulate, n - c);
       }
     }
   }
