@@ -163,8 +163,8 @@ def rounding_slack(q, k, v, kw, grad_out, out, probs, grad_lse=None, seed=DROPOU
     probs = torch.nan_to_num(probs)  # rows without a visible key: P = 0
     kept = probs  # P_ij Z_ij / (1 - p): the dropped probabilities of the kernel's call
     if kw.get("dropout_p", 0.0) > 0.0:
-        torch.manual_seed(seed)
-        with torch.no_grad():
+        with torch.random.fork_rng(devices=[]), torch.no_grad():  # the callers' RNG untouched
+            torch.manual_seed(seed)
             _, kept = attention_with_weights(
                 *(t.detach().double().cpu() for t in (q, k, v)), backend="reference", **kw
             )
