@@ -6,6 +6,10 @@
 //   A2 is k-major:      A2[kk * a_k + m] = (A(m, 2kk), A(m, 2kk+1))
 //   B2 is "VNNI":       B2[kk * ldb + n] = (B(2kk, n), B(2kk+1, n))
 //   C[m * ldc + n] (+)= alpha * sum_kk A2 . B2 (float accumulation, in k order)
+// A "split" A2 carries a float A as two bfloat16 parts, hi = bf16(A) and lo = bf16(A - hi)
+// (split_pair_words below), the lo words at a fixed offset from the hi words: each product then
+// takes two dot products against the same B2 words, and A's rounding error shrinks from 2^-9
+// to 2^-18 of |A| (the product of a float state and bfloat16 weights, to float accuracy).
 // Odd k is padded with a zero bfloat16. Helpers below build these layouts from row-major
 // bfloat16 tiles or float tiles (rounded to nearest even, as the GPU kernels round P and dS).
 #pragma once
@@ -25,87 +29,133 @@ inline namespace FASTATTN_TARGET_NAMESPACE {  // common/cpu_target.h
 
 namespace detail {
 
-template <int MR>
-__attribute__((always_inline)) inline void gemm_bf16_block(int64_t K2, float alpha,
-                                                           const uint32_t* A2, int64_t a_k,
-                                                           const uint32_t* B2, int64_t ldb,
-                                                           float* C, int64_t ldc, bool accumulate,
-                                                           __mmask16 mask0, __mmask16 mask1) {
-  __m512 c0[MR], c1[MR];
+// kAhead > 0: prefetch the B rows kAhead pair rows ahead (a panel streaming from L3: the
+// hardware prefetcher stops at 4 KB pages). kSplit: A2 is split, its lo words at A2 + lo.
+// With few rows there are too few accumulators to cover the dot product's latency (6 cycles
+// at one per cycle): then the lo parts get their own, and consecutive pair rows alternate
+// between kPhases sets.
+template <int MR, int kAhead, bool kSplit>
+__attribute__((always_inline)) inline void gemm_bf16_block(
+    int64_t K2, float alpha, const uint32_t* A2, int64_t a_k, int64_t lo, const uint32_t* B2,
+    int64_t ldb, float* C, int64_t ldc, bool accumulate, __mmask16 mask0, __mmask16 mask1) {
+  constexpr int kParts = kSplit && MR <= 3 ? 2 : 1;
+  constexpr int kChains = 2 * MR * kParts;
+  constexpr int kPhases = kChains >= 6 ? 1 : (kChains >= 3 ? 2 : 3);
+  __m512 c[kPhases][kParts][MR][2];
 #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
-    c0[r] = _mm512_setzero_ps();
-    c1[r] = _mm512_setzero_ps();
+  for (int ph = 0; ph < kPhases; ++ph) {
+#pragma GCC unroll 16
+    for (int q = 0; q < kParts; ++q) {
+#pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) c[ph][q][r][0] = c[ph][q][r][1] = _mm512_setzero_ps();
+    }
   }
-  for (int64_t kk = 0; kk < K2; ++kk) {
+  auto step = [&](int ph, int64_t kk) __attribute__((always_inline)) {
     const uint32_t* b = B2 + kk * ldb;
+    if constexpr (kAhead > 0) {
+      _mm_prefetch(reinterpret_cast<const char*>(b + kAhead * ldb), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(b + kAhead * ldb + 16), _MM_HINT_T0);
+    }
     const __m512bh b0 = (__m512bh)_mm512_maskz_loadu_epi32(mask0, b);
     const __m512bh b1 = (__m512bh)_mm512_maskz_loadu_epi32(mask1, b + 16);
     const uint32_t* a = A2 + kk * a_k;
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
       const __m512bh ar = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[r]));
-      c0[r] = _mm512_dpbf16_ps(c0[r], ar, b0);
-      c1[r] = _mm512_dpbf16_ps(c1[r], ar, b1);
+      c[ph][0][r][0] = _mm512_dpbf16_ps(c[ph][0][r][0], ar, b0);
+      c[ph][0][r][1] = _mm512_dpbf16_ps(c[ph][0][r][1], ar, b1);
     }
+    if constexpr (kSplit) {
+#pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) {
+        const __m512bh ar = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[lo + r]));
+        c[ph][kParts - 1][r][0] = _mm512_dpbf16_ps(c[ph][kParts - 1][r][0], ar, b0);
+        c[ph][kParts - 1][r][1] = _mm512_dpbf16_ps(c[ph][kParts - 1][r][1], ar, b1);
+      }
+    }
+  };
+  int64_t kk = 0;
+  for (; kk + kPhases <= K2; kk += kPhases) {
+#pragma GCC unroll 4
+    for (int ph = 0; ph < kPhases; ++ph) step(ph, kk + ph);
   }
+  for (; kk < K2; ++kk) step(0, kk);
   const __m512 va = _mm512_set1_ps(alpha);
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {
-    float* c = C + r * ldc;
-    __m512 r0 = _mm512_mul_ps(c0[r], va), r1 = _mm512_mul_ps(c1[r], va);
-    if (accumulate) {
-      r0 = _mm512_add_ps(r0, _mm512_maskz_loadu_ps(mask0, c));
-      r1 = _mm512_add_ps(r1, _mm512_maskz_loadu_ps(mask1, c + 16));
+    __m512 s0 = c[0][0][r][0], s1 = c[0][0][r][1];
+#pragma GCC unroll 16
+    for (int ph = 0; ph < kPhases; ++ph) {
+#pragma GCC unroll 16
+      for (int q = ph == 0 ? 1 : 0; q < kParts; ++q) {
+        s0 = _mm512_add_ps(s0, c[ph][q][r][0]);
+        s1 = _mm512_add_ps(s1, c[ph][q][r][1]);
+      }
     }
-    _mm512_mask_storeu_ps(c, mask0, r0);
-    _mm512_mask_storeu_ps(c + 16, mask1, r1);
+    float* cr = C + r * ldc;
+    __m512 r0 = _mm512_mul_ps(s0, va), r1 = _mm512_mul_ps(s1, va);
+    if (accumulate) {
+      r0 = _mm512_add_ps(r0, _mm512_maskz_loadu_ps(mask0, cr));
+      r1 = _mm512_add_ps(r1, _mm512_maskz_loadu_ps(mask1, cr + 16));
+    }
+    _mm512_mask_storeu_ps(cr, mask0, r0);
+    _mm512_mask_storeu_ps(cr + 16, mask1, r1);
   }
 }
 
-template <int MR>
+template <int MR, int kAhead, bool kSplit>
 inline void gemm_bf16_rows(int64_t N, int64_t K2, float alpha, const uint32_t* A2, int64_t a_k,
-                           const uint32_t* B2, int64_t ldb, float* C, int64_t ldc,
+                           int64_t lo, const uint32_t* B2, int64_t ldb, float* C, int64_t ldc,
                            bool accumulate) {
   for (int64_t n0 = 0; n0 < N; n0 += 32) {
-    gemm_bf16_block<MR>(K2, alpha, A2, a_k, B2 + n0, ldb, C + n0, ldc, accumulate,
-                        tail_mask(N - n0), tail_mask(N - n0 - 16));
+    gemm_bf16_block<MR, kAhead, kSplit>(K2, alpha, A2, a_k, lo, B2 + n0, ldb, C + n0, ldc,
+                                        accumulate, tail_mask(N - n0), tail_mask(N - n0 - 16));
   }
 }
 
 }  // namespace detail
 
+// kAhead, kSplit and lo: gemm_bf16_block's.
+template <int kAhead = 0, bool kSplit = false>
 inline void gemm_bf16(int64_t M, int64_t N, int64_t K2, float alpha, const uint32_t* A2,
                       int64_t a_k, const uint32_t* B2, int64_t ldb, float* C, int64_t ldc,
-                      bool accumulate) {
+                      bool accumulate, int64_t lo = 0) {
   constexpr int MR = 8;
   int64_t m0 = 0;
   for (; m0 + MR <= M; m0 += MR) {
-    detail::gemm_bf16_rows<MR>(N, K2, alpha, A2 + m0, a_k, B2, ldb, C + m0 * ldc, ldc, accumulate);
+    detail::gemm_bf16_rows<MR, kAhead, kSplit>(N, K2, alpha, A2 + m0, a_k, lo, B2, ldb,
+                                               C + m0 * ldc, ldc, accumulate);
   }
   const uint32_t* Ar = A2 + m0;
   float* Cr = C + m0 * ldc;
   switch (M - m0) {
     case 7:
-      detail::gemm_bf16_rows<7>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate);
+      detail::gemm_bf16_rows<7, kAhead, kSplit>(N, K2, alpha, Ar, a_k, lo, B2, ldb, Cr, ldc,
+                                                accumulate);
       break;
     case 6:
-      detail::gemm_bf16_rows<6>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate);
+      detail::gemm_bf16_rows<6, kAhead, kSplit>(N, K2, alpha, Ar, a_k, lo, B2, ldb, Cr, ldc,
+                                                accumulate);
       break;
     case 5:
-      detail::gemm_bf16_rows<5>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate);
+      detail::gemm_bf16_rows<5, kAhead, kSplit>(N, K2, alpha, Ar, a_k, lo, B2, ldb, Cr, ldc,
+                                                accumulate);
       break;
     case 4:
-      detail::gemm_bf16_rows<4>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate);
+      detail::gemm_bf16_rows<4, kAhead, kSplit>(N, K2, alpha, Ar, a_k, lo, B2, ldb, Cr, ldc,
+                                                accumulate);
       break;
     case 3:
-      detail::gemm_bf16_rows<3>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate);
+      detail::gemm_bf16_rows<3, kAhead, kSplit>(N, K2, alpha, Ar, a_k, lo, B2, ldb, Cr, ldc,
+                                                accumulate);
       break;
     case 2:
-      detail::gemm_bf16_rows<2>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate);
+      detail::gemm_bf16_rows<2, kAhead, kSplit>(N, K2, alpha, Ar, a_k, lo, B2, ldb, Cr, ldc,
+                                                accumulate);
       break;
     case 1:
-      detail::gemm_bf16_rows<1>(N, K2, alpha, Ar, a_k, B2, ldb, Cr, ldc, accumulate);
+      detail::gemm_bf16_rows<1, kAhead, kSplit>(N, K2, alpha, Ar, a_k, lo, B2, ldb, Cr, ldc,
+                                                accumulate);
       break;
     default:
       break;
@@ -180,6 +230,46 @@ inline void transpose_words(const uint32_t* src, int64_t lds, uint32_t* dst, int
                             int64_t rows, int64_t cols) {
   transpose(reinterpret_cast<const float*>(src), lds, reinterpret_cast<float*>(dst), ldd, rows,
             cols);
+}
+
+// n <= 32 floats split into bfloat16 hi = bf16(x) and lo = bf16(x - hi) (lo = 0 where x == hi:
+// infinities stay infinite), as pair words hi_words[w], lo_words[w], w < (n + 1) / 2.
+inline void split_pair_words(const float* x, int64_t n, uint32_t* hi_words, uint32_t* lo_words) {
+  const __mmask16 m0 = detail::tail_mask(n), m1 = detail::tail_mask(n - 16);
+  const __m512 x0 = _mm512_maskz_loadu_ps(m0, x), x1 = _mm512_maskz_loadu_ps(m1, x + 16);
+  const __m256bh h0 = _mm512_cvtneps_pbh(x0), h1 = _mm512_cvtneps_pbh(x1);
+  const __m512 f0 = _mm512_cvtpbh_ps(h0), f1 = _mm512_cvtpbh_ps(h1);
+  const __m512 r0 = _mm512_maskz_sub_ps(_mm512_cmp_ps_mask(x0, f0, _CMP_NEQ_UQ), x0, f0);
+  const __m512 r1 = _mm512_maskz_sub_ps(_mm512_cmp_ps_mask(x1, f1, _CMP_NEQ_UQ), x1, f1);
+  const __mmask16 words = detail::tail_mask((n + 1) / 2);
+  _mm512_mask_storeu_epi32(hi_words, words,
+                           _mm512_inserti64x4(_mm512_castsi256_si512((__m256i)h0), (__m256i)h1, 1));
+  _mm512_mask_storeu_epi32(lo_words, words, (__m512i)_mm512_cvtne2ps_pbh(r1, r0));
+}
+
+// Columns per panel of a packed B2 operand (gemm_bf16's two vectors).
+constexpr int64_t kPairPanel = 32;
+
+// Panels [first, last) of B2 = W^T for a row-major bfloat16 W (leading dimension ldw, K
+// columns; column n of B reads row row_of(n) of W, for n < N), each K2 x kPairPanel words at
+// out + panel * kPairPanel * K2; columns past N are zero.
+template <typename RowOf>
+inline void pack_pair_panels(const uint16_t* W, int64_t ldw, int64_t K, int64_t N,
+                             const RowOf& row_of, int64_t first, int64_t last, uint32_t* out) {
+  const int64_t K2 = (K + 1) / 2;
+  std::vector<uint32_t> rows(kPairPanel * K2);
+  for (int64_t pn = first; pn < last; ++pn) {
+    for (int64_t c = 0; c < kPairPanel; ++c) {
+      const int64_t n = pn * kPairPanel + c;
+      uint32_t* words = rows.data() + c * K2;
+      if (n < N) {
+        pair_columns(W + row_of(n) * ldw, ldw, 1, K, words, K2);
+      } else {
+        std::fill(words, words + K2, 0u);
+      }
+    }
+    transpose_words(rows.data(), K2, out + pn * kPairPanel * K2, kPairPanel, kPairPanel, K2);
+  }
 }
 
 }  // namespace FASTATTN_TARGET_NAMESPACE

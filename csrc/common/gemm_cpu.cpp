@@ -3,6 +3,7 @@
 
 #include "common/tensor_api.h"
 
+#include "common/check.h"
 #include "common/cpu_isa.h"
 #include "common/gemm_cpu_kernel.h"
 
@@ -55,6 +56,32 @@ void mm_into(Tensor out, const Tensor& a, const Tensor& b) {
     matmul_into(tmp, a, b, Tensor(), false, Tensor(), kReductionBlock);
     out.copy_(tmp);
   }
+}
+
+bool bf16_products() { return cpu_isa() == Isa::avx512bf16; }
+
+void matmul_bf16_into(Tensor out, const Tensor& a, const Tensor& w, const Tensor& bias,
+                      bool accumulate, const Tensor& w_rows) {
+  FASTATTN_CHECK(bf16_products() && a.scalar_type() == kBFloat16 && w.scalar_type() == kBFloat16 &&
+                     out.scalar_type() == kFloat && a.stride(1) == 1 && w.stride(1) == 1 &&
+                     out.stride(1) == 1,
+                 "matmul_bf16_into",
+                 "needs AVX512-BF16, bfloat16 operands with unit column "
+                 "strides and a float output");
+  const int64_t N = out.size(1);
+  GemmBf16Params p{a.size(0),
+                   N,
+                   a.size(1),
+                   static_cast<const uint16_t*>(a.data_ptr()),
+                   a.stride(0),
+                   static_cast<const uint16_t*>(w.data_ptr()),
+                   w.stride(0),
+                   w_rows.defined() ? w_rows.data_ptr<int64_t>() : nullptr,
+                   out.data_ptr<float>(),
+                   out.stride(0),
+                   bias.defined() ? bias.data_ptr<float>() : nullptr,
+                   accumulate};
+  avx512bf16::gemm_large_bf16(p);
 }
 
 }  // namespace fastattn::cpu

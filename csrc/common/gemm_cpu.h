@@ -21,4 +21,14 @@ void matmul_into(Tensor out, const Tensor& a, const Tensor& b, const Tensor& bia
 constexpr int64_t kReductionBlock = 32;
 void mm_into(Tensor out, const Tensor& a, const Tensor& b);
 
+// Whether this CPU runs bfloat16 dot products (AVX512-BF16, and the avx512bf16 copy is not
+// forced off): bfloat16 recurrent layers then multiply in bfloat16 with float sums.
+bool bf16_products();
+
+// out (+)= a @ w^T (+ bias on every row) for bfloat16 a (M x K, unit column stride) and w (rows
+// of K, unit column stride; column n of the product reads row w_rows[n], or n), summed in
+// float; out float with a unit column stride. Only where bf16_products().
+void matmul_bf16_into(Tensor out, const Tensor& a, const Tensor& w, const Tensor& bias,
+                      bool accumulate, const Tensor& w_rows = Tensor());
+
 }  // namespace fastattn::cpu

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/cpu_gemm.h"
+#include "common/cpu_gemm_bf16.h"
 #include "common/gemm_cpu_kernel.h"
 
 #ifndef FASTATTN_ISA
@@ -337,5 +338,50 @@ void gemm_large(const GemmParams& p) {
     });
   }
 }
+
+#if defined(__AVX512BF16__)
+// Rows of A in strips of kGemmRowsVec (8, gemm_bf16's row block), K2 x 8 pair words each;
+// W^T in panels of kPairPanel columns, K2 x 32 words. A task is a block of rows and a group of
+// panels: it packs its rows (a copy per group; cheap beside the products) and sweeps each panel
+// (32 KB at K = 512: in L1 or L2) over its strips. The whole K in one pass: the float sums
+// round once per product (no K chunks, unlike the float driver, whose panels are twice as big).
+void gemm_large_bf16(const GemmBf16Params& p) {
+  if (p.M <= 0 || p.N <= 0) return;
+  constexpr int64_t kRows = kGemmRowsVec, kBlockRows = 64, kGroupPanels = 16;
+  const int64_t K2 = (p.K + 1) / 2, n_panels = (p.N + kPairPanel - 1) / kPairPanel;
+  const bool serial = static_cast<double>(p.M) * p.N * p.K < kSerialGemmWork;
+  uint32_t* Bp = reinterpret_cast<uint32_t*>(gemm_scratch(1, n_panels * kPairPanel * K2));
+  auto row_of = [&](int64_t n) { return p.w_rows != nullptr ? p.w_rows[n] : n; };
+  parallel_or_serial(serial, 0, n_panels, 1, [&](int64_t begin, int64_t end) {
+    pack_pair_panels(p.W, p.ldw, p.K, p.N, row_of, begin, end, Bp);
+  });
+  const int64_t m_blocks = (p.M + kBlockRows - 1) / kBlockRows;
+  const int64_t groups = (n_panels + kGroupPanels - 1) / kGroupPanels;
+  parallel_or_serial(serial, 0, m_blocks * groups, 1, [&](int64_t begin, int64_t end) {
+    std::vector<uint32_t> rows(kRows * K2), Ap(kBlockRows * K2);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t m0 = (task / groups) * kBlockRows, mb = std::min(kBlockRows, p.M - m0);
+      const int64_t pn0 = (task % groups) * kGroupPanels;
+      const int64_t pn1 = std::min(n_panels, pn0 + kGroupPanels);
+      for (int64_t m = 0; m < mb; m += kRows) {
+        const int64_t M = std::min(kRows, mb - m);
+        pair_columns(p.A + (m0 + m) * p.lda, p.lda, M, p.K, rows.data(), K2);
+        transpose_words(rows.data(), K2, Ap.data() + m * K2, kRows, M, K2);
+      }
+      for (int64_t pn = pn0; pn < pn1; ++pn) {
+        const int64_t n = pn * kPairPanel, N = std::min(kPairPanel, p.N - n);
+        for (int64_t m = 0; m < mb; m += kRows) {
+          const int64_t M = std::min(kRows, mb - m);
+          float* c = p.C + (m0 + m) * p.ldc + n;
+          // The bias enters each C tile right before its products, while it is in L1.
+          if (p.bias != nullptr) start_rows(c, p.ldc, M, N, p.bias + n, p.accumulate);
+          gemm_bf16(M, N, K2, 1.0f, Ap.data() + m * K2, kRows, Bp + pn * kPairPanel * K2,
+                    kPairPanel, c, p.ldc, p.accumulate || p.bias != nullptr);
+        }
+      }
+    }
+  });
+}
+#endif
 
 }  // namespace fastattn::cpu::FASTATTN_ISA

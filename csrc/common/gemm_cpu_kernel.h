@@ -30,6 +30,28 @@ struct GemmParams {
   void gemm_large(const GemmParams&);      \
   }
 
+// C (M x N, row-major, leading dimension ldc) = A W^T (+ bias on every row) (+ C if
+// accumulate) from bfloat16 operands (bits as uint16), summed in float by AVX512-BF16 dot
+// products: A(m, k) = A[m * lda + k], and column n of the product reads row w_rows[n] (or n)
+// of the row-major weight W (N' x K, leading dimension ldw). The input projection of a
+// bfloat16 recurrent layer; only the avx512bf16 copy has it.
+struct GemmBf16Params {
+  int64_t M, N, K;
+  const uint16_t* A;
+  int64_t lda;
+  const uint16_t* W;
+  int64_t ldw;
+  const int64_t* w_rows;  // (N,) or nullptr
+  float* C;
+  int64_t ldc;
+  const float* bias;  // (N,) or nullptr
+  bool accumulate;
+};
+
+namespace avx512bf16 {
+void gemm_large_bf16(const GemmBf16Params&);
+}
+
 FASTATTN_DECLARE_GEMM_KERNELS(avx512bf16)
 FASTATTN_DECLARE_GEMM_KERNELS(avx512)
 FASTATTN_DECLARE_GEMM_KERNELS(avx2)

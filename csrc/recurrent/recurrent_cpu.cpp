@@ -214,21 +214,20 @@ Tensor blocked_gate_order(int64_t H, int64_t G, const Options& options) {
 }
 
 // The recurrent weights in the compute type, contiguous (no copy for contiguous float32 /
-// float64 parameters), kept alive while the kernel reads them.
+// float64 parameters), kept alive while the kernel reads them. With bf16 (the forward's
+// bfloat16 per-step products) W_hh stays bfloat16, and is converted only where a float
+// product reads it too (the reset-before GRU's W_hn).
 struct LayerWeights {
-  Tensor w_hh, w_hr, b_hn;
-  LayerWeights(const Tensor& hh, const optional<Tensor>& hr, ScalarType acc)
-      : w_hh(hh.to(acc).contiguous()) {
+  Tensor w_hh, w_hh_bf16, w_hr, b_hn;
+  LayerWeights(RecurrentCell cell, const Tensor& hh, const optional<Tensor>& hr, ScalarType acc,
+               bool bf16 = false) {
+    if (bf16) w_hh_bf16 = hh.contiguous();
+    if (!bf16 || cell == RecurrentCell::gru_reset_before) w_hh = hh.to(acc).contiguous();
     if (defined(hr)) w_hr = hr->to(acc).contiguous();
   }
   cpu::RecurrentWeights view(RecurrentCell cell, const LayerDims& d) const {
-    return {cell,
-            d.D,
-            d.H,
-            d.P,
-            w_hh.data_ptr(),
-            w_hr.defined() ? w_hr.data_ptr() : nullptr,
-            b_hn.defined() ? b_hn.data_ptr() : nullptr};
+    auto ptr = [](const Tensor& t) -> const void* { return t.defined() ? t.data_ptr() : nullptr; };
+    return {cell, d.D, d.H, d.P, ptr(w_hh), ptr(w_hh_bf16), ptr(w_hr), ptr(b_hn)};
   }
 };
 
@@ -275,10 +274,15 @@ LayerOutputs layer_forward_cpu(RecurrentCell cell, const LayerDims& d, const Ten
   // The input projection of every step of both directions: one large GEMM per direction,
   // with the gate rows of W_ih in the kernel's blocked order and the biases folded in (the
   // reset-after GRU's b_hn stays apart: it sits inside r * (W_hn h + b_hn)).
-  LayerWeights pw(w_hh, w_hr, acc);
+  // bfloat16 layers on AVX512-BF16 multiply in bfloat16 with float sums, as torch's oneDNN
+  // layers do, here and in the kernel's per-step products (recurrent_cpu_kernel.h).
+  const bool bf16 = input.scalar_type() == kBFloat16 && cpu::bf16_products();
+  LayerWeights pw(cell, w_hh, w_hr, acc, bf16);
   const Tensor order = blocked_gate_order(d.H, d.G, opts);
-  const Tensor xp = packed_input(input, pk, dropout_p, seed);
-  const Tensor w_ih_acc = w_ih.to(acc);
+  const Tensor xp = bf16 && pk.identity && dropout_p <= 0.0 && input.is_contiguous()
+                        ? input.view({d.T * d.B, d.I})
+                        : packed_input(input, pk, dropout_p, seed);
+  const Tensor w_ih_mm = bf16 ? w_ih.contiguous() : w_ih.to(acc);
   Tensor bias_blk;
   if (defined(b_ih)) {
     Tensor hh = b_hh->to(acc);
@@ -288,10 +292,15 @@ LayerOutputs layer_forward_cpu(RecurrentCell cell, const LayerDims& d, const Ten
     }
     bias_blk = b_ih->to(acc).add(hh).index_select(1, order);
   }
+  const Tensor x_bf16 = bf16 ? xp.to(kBFloat16) : Tensor();  // no copy when xp is the input
   for (int64_t dir = 0; dir < d.D; ++dir) {
     Tensor gates = workspace[dir].narrow(0, 0, total * GH).view({total, GH});
-    cpu::matmul_into(gates, xp, w_ih_acc[dir].t(), bias_blk.defined() ? bias_blk[dir] : Tensor(),
-                     false, order);
+    const Tensor bias = bias_blk.defined() ? bias_blk[dir] : Tensor();
+    if (bf16) {
+      cpu::matmul_bf16_into(gates, x_bf16, w_ih_mm[dir], bias, false, order);
+    } else {
+      cpu::matmul_into(gates, xp, w_ih_mm[dir].t(), bias, false, order);
+    }
   }
 
   // The kernel packs W_hh^T (blocked gate columns) into the panels its per-step GEMM streams.
@@ -348,7 +357,7 @@ LayerGrads layer_backward_cpu(RecurrentCell cell, const LayerDims& d, const Tens
     r = scratch(kProjInputs, {d.D, total, d.H}, acc_opts);
   }
   if (d.T > 0 && d.B > 0) {
-    const LayerWeights pw(w_hh, w_hr, acc);
+    const LayerWeights pw(cell, w_hh, w_hr, acc);
     const Tensor h0c = h0.contiguous();
     const Tensor c0c = lstm ? c0.contiguous() : Tensor();
     cpu::RecurrentBackwardParams p{pk.view(d.T, d.B),

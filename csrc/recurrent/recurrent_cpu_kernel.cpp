@@ -42,6 +42,7 @@
 #include "common/cpu_convert.h"
 #include "common/cpu_dropout.h"
 #include "common/cpu_gemm.h"
+#include "common/cpu_gemm_bf16.h"
 #include "common/cpu_math.h"
 #include "recurrent/recurrent_cpu_kernel.h"
 
@@ -305,6 +306,37 @@ void gemm_packed(int64_t r0, int64_t r1, int64_t c0, int64_t N, int64_t K, const
     }
   }
 }
+
+#if defined(__AVX512BF16__)
+// gemm_packed for bfloat16 layers, in bfloat16 dot products with float sums: A (the float
+// states) in strips of split pair words (cpu_gemm_bf16.h; per pair row kk of a strip, kStrip hi
+// words then kStrip lo words), B (bfloat16 weights, exact) in panels of pair words (K2 x kPanel
+// each). The whole K in one pass: the panels are half the float ones.
+void gemm_pairs(int64_t r0, int64_t r1, int64_t c0, int64_t N, int64_t K2, const uint32_t* A,
+                const uint32_t* B, float* C, int64_t ldc, bool accumulate) {
+  static_assert(kPanel == kPairPanel && kStrip == 8, "gemm_bf16's tile");
+  constexpr int kAhead = 16;  // pair rows of 128 bytes: 2 KB ahead, as gemm_packed's float panels
+  // C rows prefetched one strip ahead, as in gemm_packed.
+  auto prefetch_rows = [&](int64_t m) {
+    if (!accumulate) return;
+    for (int64_t r = m; r < std::min(r1, m + kStrip); ++r) {
+      for (int64_t n = 0; n < N; n += 16) __builtin_prefetch(C + (r - r0) * ldc + n, 1, 3);
+    }
+  };
+  prefetch_rows(r0);
+  for (int64_t m = r0; m < r1; m += kStrip) {
+    const int64_t M = std::min(kStrip, r1 - m);
+    prefetch_rows(m + kStrip);
+    const uint32_t* a = A + (m / kStrip) * K2 * 2 * kStrip;
+    for (int64_t n = 0; n < N; n += kPanel) {
+      const uint32_t* b = B + ((c0 + n) / kPanel) * K2 * kPanel;
+      gemm_bf16<kAhead, true>(M, std::min(kPanel, N - n), K2, 1.0f, a, 2 * kStrip, b, kPanel,
+                              C + (m - r0) * ldc + n, ldc, accumulate, kStrip);
+    }
+  }
+}
+
+#endif
 
 // The forward cell on one row of a unit block: gi..go hold the gate pre-activations and
 // receive the activations; cp is c_{t-1}; writes c_t and h_t (o * tanh(c_t)).
@@ -612,10 +644,22 @@ void layer_forward(const RecurrentForwardParams& p) {
   T* out = static_cast<T*>(p.output);
   const acc* w_hh = static_cast<const acc*>(p.w.w_hh);
   const acc* b_hn = static_cast<const acc*>(p.w.b_hn);
+  // bfloat16 layers on AVX512-BF16: the first per-step product multiplies h_{t-1}, split into
+  // two bfloat16 parts (cpu_gemm_bf16.h: to 2^-18 of |h|, where torch's oneDNN layers round it
+  // to 2^-9), by W_hh in bfloat16 (exact: the weights are bfloat16) with float sums. Its
+  // operands are pair words: 2 K2 per row of h (hi and lo), K2 per column of W_hh^T. The
+  // states, the cells and the second products stay float.
+#if defined(__AVX512BF16__)
+  constexpr bool kPairs = std::is_same_v<T, c10::BFloat16>;
+#else
+  constexpr bool kPairs = false;
+#endif
+  const int64_t K2 = (P + 1) / 2;
+  const int64_t KA = kPairs ? 2 * K2 : P, KB = kPairs ? K2 : P;  // A / B words (floats) per k
 
   // W_hh^T (P x G1 H, blocked gate columns), W_hn^T (reset-before GRU) and W_hr^T (H x P)
   // in panels. The projection (LSTM) and W_hn (GRU) never meet, so they share a slot.
-  const int64_t w_size = panels(G1 * H) * kPanel * P;
+  const int64_t w_size = panels(G1 * H) * kPanel * KB;
   const int64_t n_size = Cell::kGruBefore ? panels(H) * kPanel * H : 0;
   const int64_t hr_size = proj ? panels(P) * kPanel * H : 0;
   acc* w_pk = scratch<acc>(kWeightPanels, D * w_size);
@@ -623,7 +667,18 @@ void layer_forward(const RecurrentForwardParams& p) {
   acc* hr_pk = proj ? scratch<acc>(kProjPanels, D * hr_size) : nullptr;
   auto gate_row = [H](int64_t n) { return natural_gate_row(n, H, G1); };
   for (int64_t d = 0; d < D; ++d) {
-    pack_panels_transposed(w_hh + d * GH * P, P, G1 * H, P, gate_row, w_pk + d * w_size);
+#if defined(__AVX512BF16__)
+    if constexpr (kPairs) {
+      const uint16_t* w16 = static_cast<const uint16_t*>(p.w.w_hh_bf16) + d * GH * P;
+      uint32_t* dst = reinterpret_cast<uint32_t*>(w_pk + d * w_size);
+      parallel_for(0, panels(G1 * H), 1, [&](int64_t begin, int64_t end) {
+        pack_pair_panels(w16, P, P, G1 * H, gate_row, begin, end, dst);
+      });
+    } else
+#endif
+    {
+      pack_panels_transposed(w_hh + d * GH * P, P, G1 * H, P, gate_row, w_pk + d * w_size);
+    }
     if (Cell::kGruBefore) {
       pack_panels_transposed(w_hh + d * GH * H + 2 * H * H, H, H, H, identity_index,
                              n_pk + d * n_size);
@@ -636,19 +691,47 @@ void layer_forward(const RecurrentForwardParams& p) {
   const std::vector<acc> h0s = sorted_state<T, acc>(p.h0, pk, D, P);
   const std::vector<acc> c0s =
       Cell::kLstm ? sorted_state<T, acc>(p.c0, pk, D, H) : std::vector<acc>();
-  // h_{t-1} in strips (SB x P per direction), double-buffered: step s reads buffer s & 1 and
+  // h_{t-1} in strips (SB x KA per direction), double-buffered: step s reads buffer s & 1 and
   // writes the other. Rows that have not started (reverse direction) read h0 from both.
-  acc* hS = scratch<acc>(kStates, D * 2 * SB * P);
-  auto h_strips = [&](int64_t d, int64_t buf) { return hS + (d * 2 + buf) * SB * P; };
+  acc* hS = scratch<acc>(kStates, D * 2 * SB * KA);
+  auto h_strips = [&](int64_t d, int64_t buf) { return hS + (d * 2 + buf) * SB * KA; };
+  // Units [k0, k0 + n) of sorted row j into a strip buffer (k0 even).
+  auto put_h = [&](acc* strips_, int64_t j, int64_t k0, const acc* h, int64_t n) {
+#if defined(__AVX512BF16__)
+    if constexpr (kPairs) {
+      uint32_t hi[kUB / 2], lo[kUB / 2];
+      for (int64_t k = 0; k < n; k += kUB) {  // split and paired, then one word per pair
+        const int64_t nk = std::min(kUB, n - k);
+        split_pair_words(h + k, nk, hi, lo);
+        uint32_t* dst = reinterpret_cast<uint32_t*>(strips_) +
+                        ((j / kStrip) * K2 + (k0 + k) / 2) * 2 * kStrip + j % kStrip;
+        for (int64_t w = 0; w < (nk + 1) / 2; ++w) {
+          dst[2 * w * kStrip] = hi[w];
+          dst[2 * w * kStrip + kStrip] = lo[w];
+        }
+      }
+      return;
+    }
+#endif
+    for (int64_t k = 0; k < n; ++k) strips_[strip_index(j, k0 + k, P)] = h[k];
+  };
   for (int64_t d = 0; d < D; ++d) {
     for (int64_t j = 0; j < B; ++j) {
-      for (int64_t k = 0; k < P; ++k) {
-        const acc v = h0s[(d * B + j) * P + k];
-        h_strips(d, 0)[strip_index(j, k, P)] = v;
-        h_strips(d, 1)[strip_index(j, k, P)] = v;
-      }
+      for (int64_t buf = 0; buf < 2; ++buf) put_h(h_strips(d, buf), j, 0, &h0s[(d * B + j) * P], P);
     }
   }
+  // The first per-step product: C (+)= h_{t-1} W_hh^T for rows [r0, r1), gate columns
+  // [c0, c0 + N) of direction d at step s into out.
+  auto step_product = [&](int64_t d, int64_t s, int64_t r0, int64_t r1, int64_t c0, int64_t N,
+                          acc* out, int64_t ldc, bool accumulate) {
+#if defined(__AVX512BF16__)
+    if constexpr (kPairs) {
+      return gemm_pairs(r0, r1, c0, N, K2, reinterpret_cast<const uint32_t*>(h_strips(d, s & 1)),
+                        reinterpret_cast<const uint32_t*>(w_pk + d * w_size), out, ldc, accumulate);
+    }
+#endif
+    gemm_packed(r0, r1, c0, N, P, h_strips(d, s & 1), w_pk + d * w_size, out, ldc, accumulate);
+  };
   // The second GEMM's input in strips: r = o * tanh(c) (projection), r * h (reset-before).
   acc* rS = proj || Cell::kGruBefore ? scratch<acc>(kStates2, D * SB * H) : nullptr;
 
@@ -680,7 +763,7 @@ void layer_forward(const RecurrentForwardParams& p) {
   auto emit = [&](int64_t d, int64_t t, int64_t j, int64_t u0, int64_t hb, const acc* h,
                   acc* h_next) {
     std::copy(h, h + hb, hidden(d) + state_row(d, t, j) * P + u0);
-    for (int64_t u = 0; u < hb; ++u) h_next[strip_index(j, u0 + u, P)] = h[u];
+    put_h(h_next, j, u0, h, hb);
     store_row<T>(h, out + (t * B + pk.perm[j]) * D * P + d * P + u0, hb);
   };
 
@@ -698,11 +781,10 @@ void layer_forward(const RecurrentForwardParams& p) {
           thread_local std::vector<acc> hp;
           if constexpr (Cell::kGru) {
             hp.resize((r1 - r0) * G * kUB);
-            gemm_packed(r0, r1, G * u0, G * hb, P, h_strips(d, s & 1), w_pk + d * w_size, hp.data(),
-                        G * hb, /*accumulate=*/false);
+            step_product(d, s, r0, r1, G * u0, G * hb, hp.data(), G * hb, /*accumulate=*/false);
           } else {
-            gemm_packed(r0, r1, G1 * u0, G1 * hb, P, h_strips(d, s & 1), w_pk + d * w_size,
-                        Gt + r0 * GH + G * u0, GH, /*accumulate=*/true);
+            step_product(d, s, r0, r1, G1 * u0, G1 * hb, Gt + r0 * GH + G * u0, GH,
+                         /*accumulate=*/true);
           }
           acc* h_next = h_strips(d, (s & 1) ^ 1);
           acc hrow[kUB];
@@ -771,7 +853,7 @@ void layer_forward(const RecurrentForwardParams& p) {
                       /*accumulate=*/false);
           for (int64_t j = r0; j < r1; ++j) {
             const acc* row = Hd + j * P + c0;
-            for (int64_t u = 0; u < pc; ++u) h_next[strip_index(j, c0 + u, P)] = row[u];
+            put_h(h_next, j, c0, row, pc);
             store_row<T>(row, out + (t * B + pk.perm[j]) * D * P + d * P + c0, pc);
           }
         },

@@ -91,10 +91,12 @@ struct RecurrentScatterParams {
 // pack them into the panels their GEMMs stream (one pass each, once per call).
 struct RecurrentWeights {
   RecurrentCell cell;
-  int64_t D, H, P;   // P = projection size (H without projection; LSTM only)
-  const void* w_hh;  // (D, G H, P) contiguous
-  const void* w_hr;  // (D, P, H) contiguous, or nullptr without projection
-  const void* b_hn;  // (D, H) contiguous: the GRU's reset-after b_hn, or nullptr (zero)
+  int64_t D, H, P;        // P = projection size (H without projection; LSTM only)
+  const void* w_hh;       // (D, G H, P) contiguous; in the forward of a bfloat16 layer on the
+                          // avx512bf16 copy only for the reset-before GRU (else nullptr)
+  const void* w_hh_bf16;  // the same in bfloat16 there (its per-step products), else nullptr
+  const void* w_hr;       // (D, P, H) contiguous, or nullptr without projection
+  const void* b_hn;       // (D, H) contiguous: the GRU's reset-after b_hn, or nullptr (zero)
 };
 
 // Natural gate row (G blocks of H) of column n of the blocked order of G gates.
