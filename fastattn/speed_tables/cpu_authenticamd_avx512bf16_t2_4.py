@@ -9,7 +9,7 @@ TABLE = {
         "threads": "2-4"
     },
     "measured": "2026-11-29, cpu: AMD EPYC, avx512bf16, 2 threads, torch 2.14.1+cu130",
-    "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16/bench.csv; benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv",
+    "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv; benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv",
     "entries": [
         {
             "op": "attention",
@@ -221,6 +221,32 @@ TABLE = {
         },
         {
             "op": "gru",
+            "dtype": "bfloat16",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "plain",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.483,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
+        },
+        {
+            "op": "gru",
+            "dtype": "bfloat16",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "plain",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.511,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
+        },
+        {
+            "op": "gru",
             "dtype": "float32",
             "head_dim": "<=512",
             "length": "<=256",
@@ -228,9 +254,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.822,
+            "ratio": 0.825,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
         },
         {
             "op": "gru",
@@ -241,9 +267,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.367,
+            "ratio": 0.466,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
         },
         {
             "op": "gru",
@@ -254,9 +280,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.611,
+            "ratio": 0.538,
             "cases": 3,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
         },
         {
             "op": "gru",
@@ -267,9 +293,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.306,
+            "ratio": 0.295,
             "cases": 3,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
         },
         {
             "op": "lstm",
@@ -280,48 +306,48 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.995,
+            "ratio": 0.787,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
         },
         {
             "op": "lstm",
             "dtype": "bfloat16",
             "head_dim": "<=512",
-            "length": "<=256",
-            "features": "plain",
-            "pass": "fwd+bwd",
-            "kernel": "cpu",
-            "faster": "kernel",
-            "ratio": 0.902,
-            "cases": 2,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16/bench.csv"
-        },
-        {
-            "op": "lstm",
-            "dtype": "float32",
-            "head_dim": "<=1024",
-            "length": "<=256",
-            "features": "plain",
-            "pass": "fwd",
-            "kernel": "cpu",
-            "faster": "kernel",
-            "ratio": 0.994,
-            "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16/bench.csv"
-        },
-        {
-            "op": "lstm",
-            "dtype": "float32",
-            "head_dim": "<=1024",
             "length": "<=256",
             "features": "plain",
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
             "ratio": 0.787,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
+        },
+        {
+            "op": "lstm",
+            "dtype": "float32",
+            "head_dim": "<=1024",
+            "length": "<=256",
+            "features": "plain",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.988,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
+        },
+        {
+            "op": "lstm",
+            "dtype": "float32",
+            "head_dim": "<=1024",
+            "length": "<=256",
+            "features": "plain",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.847,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
         },
         {
             "op": "lstm",
@@ -332,9 +358,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.936,
+            "ratio": 0.887,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
         },
         {
             "op": "lstm",
@@ -345,9 +371,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.915,
+            "ratio": 0.878,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
         },
         {
             "op": "lstm",
@@ -358,9 +384,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.588,
+            "ratio": 0.575,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
         },
         {
             "op": "lstm",
@@ -371,9 +397,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.146,
+            "ratio": 0.285,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
         },
         {
             "op": "lstm",
@@ -383,10 +409,10 @@ TABLE = {
             "features": "plain",
             "pass": "fwd",
             "kernel": "cpu",
-            "faster": "kernel",
-            "ratio": 0.994,
+            "faster": "torch",
+            "ratio": 1.004,
             "cases": 4,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
         },
         {
             "op": "lstm",
@@ -397,9 +423,35 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.874,
+            "ratio": 0.873,
             "cases": 3,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
+        },
+        {
+            "op": "rnn",
+            "dtype": "bfloat16",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "plain",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.501,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
+        },
+        {
+            "op": "rnn",
+            "dtype": "bfloat16",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "plain",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.522,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
         },
         {
             "op": "rnn",
@@ -410,9 +462,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.554,
+            "ratio": 0.641,
             "cases": 3,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
         },
         {
             "op": "rnn",
@@ -423,9 +475,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.452,
+            "ratio": 0.376,
             "cases": 3,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
         }
     ]
 }
