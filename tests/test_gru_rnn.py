@@ -385,6 +385,11 @@ def _run_functional(kind, backend, dtype, inputs, params, *, lengths=None, **kw)
             dict(T=20, B=9, I=16, H=64, num_layers=2, bidirectional=True, lengths=True),
             id="2layer-bidir-lengths",
         ),
+        # odd sizes: bfloat16 pair words padded along I and H (AVX512-BF16 products)
+        pytest.param(
+            dict(T=9, B=11, I=17, H=19, num_layers=2, bidirectional=True, lengths=True),
+            id="odd-2layer-bidir-lengths",
+        ),
     ],
 )
 def test_low_precision_fa_rule(backend, kind, dtype, case, run_all_slow, request):

@@ -328,6 +328,13 @@ def _run_functional(backend, dtype, inputs, params, *, lengths=None, **kw):
             ),
             id="2layer-bidir-proj-lengths",
         ),
+        # odd sizes: bfloat16 pair words padded along I, H and P (AVX512-BF16 products)
+        pytest.param(
+            dict(
+                T=9, B=11, I=17, H=19, num_layers=2, bidirectional=True, proj_size=7, lengths=True
+            ),
+            id="odd-2layer-bidir-proj-lengths",
+        ),
     ],
 )
 def test_low_precision_fa_rule(backend, dtype, case, run_all_slow):
