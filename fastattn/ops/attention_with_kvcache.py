@@ -49,6 +49,7 @@ def _check_rotary_tables(
     positions: torch.Tensor,
     length: int,
     on_device: bool,
+    positions_range: tuple[int, int] | None = None,
 ) -> None:
     """The checks fastattn.apply_rotary makes of its tables and positions (the triton backend
     rotates inside its kernels): rotary_dim = 2 * cos.shape[1] even in [2, D], cos and sin
@@ -66,7 +67,16 @@ def _check_rotary_tables(
             f"{op}: rotary_cos and rotary_sin must have the same shape, got "
             f"{tuple(cos.shape)} and {tuple(sin.shape)}"
         )
-    check_position_range(op, 0, positions, length, cos.shape[0], "cos/sin", on_device=on_device)
+    check_position_range(
+        op,
+        0,
+        positions,
+        length,
+        cos.shape[0],
+        "cos/sin",
+        on_device=on_device,
+        offsets_range=positions_range,
+    )
 
 
 @torch.no_grad()
@@ -215,8 +225,10 @@ def attention_with_kvcache(
     if B > 0 and Lnew > Lmax:  # known without reading cache_seqlens
         raise ValueError(f"{op}: the cache is too small: {Lnew} new tokens exceed {capacity()}")
     key_bound = Lmax  # no sequence has more keys (less when cache_seqlens is read below)
+    seqlens_range = None  # (min, max) of cache_seqlens where read on the host
     if B > 0 and host_checks_enabled(cache_seqlens):
         lo, hi = (int(x) for x in torch.aminmax(cache_seqlens))
+        seqlens_range = (lo, hi)
         key_bound = min(max(hi + Lnew, 0), Lmax)
         if lo < 0:
             raise ValueError(f"{op}: cache_seqlens must be >= 0, got {lo}")
@@ -291,7 +303,6 @@ def attention_with_kvcache(
         and host_checks_enabled(cache_seqlens)
     ):
         _host_check_blocks(op, block_table, cache_seqlens, Lnew, k_cache.shape[2], k_cache.shape[0])
-    positions = cache_seqlens.to(torch.int64)
     # One op for rotary, append and attention where the backend has it (triton; a native
     # build's attention_with_kvcache): a decoding step is short enough that a handful of ops'
     # dispatch and checks would cost more than the attention itself.
@@ -299,7 +310,14 @@ def attention_with_kvcache(
         if rotary_cos is not None:  # before anything is appended
             assert rotary_sin is not None  # (given together, checked above)
             _check_rotary_tables(
-                op, D, rotary_cos, rotary_sin, positions, max(Lq, Lnew), on_device=True
+                op,
+                D,
+                rotary_cos,
+                rotary_sin,
+                cache_seqlens,
+                max(Lq, Lnew),
+                on_device=True,
+                positions_range=seqlens_range,
             )
         out = aten.attention_with_kvcache(
             q,
@@ -325,12 +343,21 @@ def attention_with_kvcache(
         if rotary_cos is not None:
             assert rotary_sin is not None  # (given together, checked above)
             _check_rotary_tables(
-                op, D, rotary_cos, rotary_sin, positions, max(Lq, Lnew), on_device=chosen != "cuda"
+                op,
+                D,
+                rotary_cos,
+                rotary_sin,
+                cache_seqlens,
+                max(Lq, Lnew),
+                on_device=chosen != "cuda",
+                positions_range=seqlens_range,
             )
             if chosen != "triton":  # the native op takes the tables in the compute dtype
                 acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-                rotary_cos = rotary_cos.to(acc).contiguous()
-                rotary_sin = rotary_sin.to(acc).contiguous()
+                if rotary_cos.dtype != acc or not rotary_cos.is_contiguous():
+                    rotary_cos = rotary_cos.to(acc).contiguous()
+                if rotary_sin.dtype != acc or not rotary_sin.is_contiguous():
+                    rotary_sin = rotary_sin.to(acc).contiguous()
         fused = (
             torch.ops.fastattn.attention_with_kvcache_triton
             if chosen == "triton"
@@ -360,6 +387,7 @@ def attention_with_kvcache(
             out, _ = apply_sinks(out, lse, sinks, head_dim=1)
         _backend.record_backend(op, chosen)
         return out
+    positions = cache_seqlens.to(torch.int64)
     rotary_backend = "reference" if chosen == "reference" else None
     if rotary_cos is not None:
         rot: dict[str, Any] = dict(

@@ -170,12 +170,14 @@ def check_position_range(
     what: str,
     *,
     on_device: bool = True,
+    offsets_range: tuple[int, int] | None = None,
 ) -> None:
     """Positions offset + offsets[n] + l (l < length) must lie in [0, rows) (rows None: >= 0).
 
     CPU offsets (or FASTATTN_HOST_CHECKS=1) are read on the host and raise ValueError; CUDA
     offsets are checked asynchronously on the device (device_check), unless on_device is False
-    (the caller's native CUDA op checks them itself)."""
+    (the caller's native CUDA op checks them itself). offsets_range: (min, max) of offsets, when
+    the caller has already read them on the host (one read fewer per decoding step)."""
     if length == 0:
         return
     if offsets is not None and offsets.numel() > 0 and not host_checks_enabled(offsets):
@@ -194,7 +196,7 @@ def check_position_range(
         return
     lo = hi = offset
     if offsets is not None and offsets.numel() > 0:
-        omin, omax = torch.aminmax(offsets)
+        omin, omax = torch.aminmax(offsets) if offsets_range is None else offsets_range
         lo, hi = lo + int(omin), hi + int(omax)
     if lo < 0:
         raise ValueError(f"{op}: positions must be >= 0, got a smallest position of {lo}")
