@@ -9,8 +9,34 @@ TABLE = {
         "threads": "2-4"
     },
     "measured": "2026-11-29, cpu: AMD EPYC, avx512bf16, 2 threads, torch 2.14.1+cu130",
-    "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv; benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv",
+    "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv; benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-other-ops/bench.csv; benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv",
     "entries": [
+        {
+            "op": "add_sinusoidal",
+            "dtype": "float32",
+            "head_dim": "-",
+            "length": "<=1024",
+            "features": "plain",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.381,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-other-ops/bench.csv"
+        },
+        {
+            "op": "apply_rotary",
+            "dtype": "float32",
+            "head_dim": "<=128",
+            "length": "<=1024",
+            "features": "tables",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.269,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-other-ops/bench.csv"
+        },
         {
             "op": "attention",
             "dtype": "float32",
@@ -218,6 +244,58 @@ TABLE = {
             "ratio": 0.763,
             "cases": 1,
             "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+        },
+        {
+            "op": "attention_with_kvcache",
+            "dtype": "float32",
+            "head_dim": "<=64",
+            "length": "<=4096",
+            "features": "causal+gqa+rotary",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.607,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-other-ops/bench.csv"
+        },
+        {
+            "op": "attention_with_kvcache",
+            "dtype": "float32",
+            "head_dim": "<=64",
+            "length": ">4096",
+            "features": "causal+gqa+rotary",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.545,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-other-ops/bench.csv"
+        },
+        {
+            "op": "embed_with_positions",
+            "dtype": "float32",
+            "head_dim": "-",
+            "length": "<=1024",
+            "features": "learned",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.295,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-other-ops/bench.csv"
+        },
+        {
+            "op": "embed_with_positions",
+            "dtype": "float32",
+            "head_dim": "-",
+            "length": "<=1024",
+            "features": "plain",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.244,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-other-ops/bench.csv"
         },
         {
             "op": "gru",
