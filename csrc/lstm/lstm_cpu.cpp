@@ -77,12 +77,23 @@ std::tuple<Tensor, Tensor, Tensor> lstm_cell_cpu(const Tensor& input, const Tens
   poison(cy);
   poison(workspace);
   if (B == 0) return {hy, cy, workspace};
-  const Tensor x = input.to(acc).contiguous(), h = hx.to(acc).contiguous();
+  // bfloat16 on AVX512-BF16: x, h and the weights are bfloat16, so their products are exact in
+  // bfloat16 dot products (float sums): no float copies of the weights.
+  const bool bf16 = input.scalar_type() == kBFloat16 && cpu::bf16_products();
+  const Tensor x = bf16 ? input.contiguous() : input.to(acc).contiguous();
+  const Tensor h = bf16 ? hx.contiguous() : hx.to(acc).contiguous();
   const Tensor c = cx.contiguous();
   Tensor bias;
   if (defined(b_ih)) bias = b_ih->to(acc).add(b_hh->to(acc));
   Tensor pre, wi, wh;
-  if (B > kCellFusedMaxBatch) {
+  if (bf16 && B > kCellFusedMaxBatch) {
+    pre = empty({B, 4 * H}, input.options().dtype(acc));
+    cpu::matmul_bf16_into(pre, x, w_ih.contiguous(), bias, false);
+    cpu::matmul_bf16_into(pre, h, w_hh.contiguous(), Tensor(), true);
+  } else if (bf16) {
+    wi = w_ih.contiguous();
+    wh = w_hh.contiguous();
+  } else if (B > kCellFusedMaxBatch) {
     // fastattn's GEMM (common/gemm_cpu.h: MKL's float path on AMD CPUs is a generic one).
     pre = empty({B, 4 * H}, x.options());
     cpu::matmul_into(pre, x, w_ih.to(acc).t(), bias, false);
@@ -103,7 +114,8 @@ std::tuple<Tensor, Tensor, Tensor> lstm_cell_cpu(const Tensor& input, const Tens
                         bias.defined() ? bias.data_ptr() : nullptr,
                         workspace.data_ptr(),
                         hy.data_ptr(),
-                        cy.data_ptr()};
+                        cy.data_ptr(),
+                        bf16};
   FASTATTN_DISPATCH_LSTM(input.scalar_type(),
                          [&] { FASTATTN_CPU_ISA_CALL(lstm_cell_forward<scalar_t>, p); });
   return {hy, cy, workspace};

@@ -1181,6 +1181,19 @@ void lstm_cell_forward(const LstmCellParams& p) {
   acc* ws = static_cast<acc*>(p.workspace);
   T* hy = static_cast<T*>(p.hy);
   T* cy = static_cast<T*>(p.cy);
+  // x_m W_ih[n]^T + h_m W_hh[n]^T, in bfloat16 dot products where the operands are bfloat16.
+  auto fused_products = [&](int64_t m, int64_t n) -> acc {
+#if defined(__AVX512BF16__)
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      if (p.bf16_operands) {
+        auto bits = [](const void* t) { return static_cast<const uint16_t*>(t); };
+        return dot_bf16(bits(p.x) + m * I, bits(p.w_ih) + n * I, I) +
+               dot_bf16(bits(p.h) + m * H, bits(p.w_hh) + n * H, H);
+      }
+    }
+#endif
+    return dot(x + m * I, w_ih + n * I, I) + dot(h + m * H, w_hh + n * H, H);
+  };
   const int64_t ub = 16;
   const int64_t blocks = (H + ub - 1) / ub;
   const double flops = 2.0 * B * G4 * (pre == nullptr ? I + H : 1);
@@ -1199,7 +1212,7 @@ void lstm_cell_forward(const LstmCellParams& p) {
             if (pre != nullptr) {
               v = pre[m * G4 + n];
             } else {
-              v = dot(x + m * I, w_ih + n * I, I) + dot(h + m * H, w_hh + n * H, H);
+              v = fused_products(m, n);
               if (bias != nullptr) v += bias[n];
             }
             gate[(m * 4 + g) * ub + u] = v;

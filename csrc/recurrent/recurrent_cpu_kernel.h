@@ -162,18 +162,21 @@ struct RecurrentBackwardParams {
 // each task takes a block of hidden units, forms the dot products of their 4 gate rows of W_ih
 // and W_hh with every batch row (one pass over the weights: the small-batch path) and applies
 // the cell to them. Otherwise pre holds the pre-activations (lstm_cpu.cpp ran a GEMM).
+// bf16_operands (bfloat16 storage on the avx512bf16 copy): x, h, w_ih and w_hh are the
+// bfloat16 tensors themselves, multiplied in bfloat16 dot products (exact products, float sums).
 struct LstmCellParams {
   int64_t B, I, H;
   const void* pre;   // (B, 4H) acc, or nullptr (fused)
   const void* x;     // (B, I) acc (converted by the caller), contiguous (fused only)
-  const void* h;     // (B, H) acc (fused only)
+  const void* h;     // (B, H) acc, contiguous (fused only)
   const void* c;     // (B, H) storage type, contiguous
   const void* w_ih;  // (4H, I) acc, contiguous (fused only)
-  const void* w_hh;  // (4H, H) acc (fused only)
+  const void* w_hh;  // (4H, H) acc, contiguous (fused only)
   const void* bias;  // (4H,) acc = b_ih + b_hh, or nullptr (fused only)
   void* workspace;   // (B, 5H) acc: activated i, f, g, o and tanh(c')
   void* hy;          // (B, H) storage type
   void* cy;          // (B, H) storage type
+  bool bf16_operands = false;
 };
 
 // dgates (B, 4H) acc (torch order) and grad_cx (B, H) from the cell's workspace.
