@@ -274,15 +274,17 @@ LayerOutputs layer_forward_cpu(RecurrentCell cell, const LayerDims& d, const Ten
   // The input projection of every step of both directions: one large GEMM per direction,
   // with the gate rows of W_ih in the kernel's blocked order and the biases folded in (the
   // reset-after GRU's b_hn stays apart: it sits inside r * (W_hn h + b_hn)).
-  // bfloat16 layers on AVX512-BF16 multiply in bfloat16 with float sums, as torch's oneDNN
-  // layers do, here and in the kernel's per-step products (recurrent_cpu_kernel.h).
+  // bfloat16 layers on AVX512-BF16 multiply in bfloat16 dot products (float sums) where every
+  // product stays exact: the per-step products (recurrent_cpu_kernel.h: h in two bfloat16
+  // parts) and, without dropout, this projection (dropout's 1 / (1 - p) would be rounded).
   const bool bf16 = input.scalar_type() == kBFloat16 && cpu::bf16_products();
+  const bool bf16_input = bf16 && dropout_p <= 0.0;
   LayerWeights pw(cell, w_hh, w_hr, acc, bf16);
   const Tensor order = blocked_gate_order(d.H, d.G, opts);
-  const Tensor xp = bf16 && pk.identity && dropout_p <= 0.0 && input.is_contiguous()
+  const Tensor xp = bf16_input && pk.identity && input.is_contiguous()
                         ? input.view({d.T * d.B, d.I})
                         : packed_input(input, pk, dropout_p, seed);
-  const Tensor w_ih_mm = bf16 ? w_ih.contiguous() : w_ih.to(acc);
+  const Tensor w_ih_mm = bf16_input ? w_ih.contiguous() : w_ih.to(acc);
   Tensor bias_blk;
   if (defined(b_ih)) {
     Tensor hh = b_hh->to(acc);
@@ -292,11 +294,12 @@ LayerOutputs layer_forward_cpu(RecurrentCell cell, const LayerDims& d, const Ten
     }
     bias_blk = b_ih->to(acc).add(hh).index_select(1, order);
   }
-  const Tensor x_bf16 = bf16 ? xp.to(kBFloat16) : Tensor();  // no copy when xp is the input
+  // exact: without dropout xp holds bfloat16 values (no copy when it is the input itself)
+  const Tensor x_bf16 = bf16_input ? xp.to(kBFloat16) : Tensor();
   for (int64_t dir = 0; dir < d.D; ++dir) {
     Tensor gates = workspace[dir].narrow(0, 0, total * GH).view({total, GH});
     const Tensor bias = bias_blk.defined() ? bias_blk[dir] : Tensor();
-    if (bf16) {
+    if (bf16_input) {
       cpu::matmul_bf16_into(gates, x_bf16, w_ih_mm[dir], bias, false, order);
     } else {
       cpu::matmul_into(gates, xp, w_ih_mm[dir].t(), bias, false, order);
