@@ -147,10 +147,21 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> lstm_cell_backward_cp
                            [&] { FASTATTN_CPU_ISA_CALL(lstm_cell_backward<scalar_t>, p); });
   }
   const auto dtype = input.scalar_type();
-  const Tensor wi = w_ih.to(acc), wh = w_hh.to(acc);
+  // 16-bit storage: float copies of the weights and float products go through per-thread
+  // buffers (recurrent_cpu.h: scratch), not fresh 4 MB allocations at I = H = 512.
+  const bool low = dtype != acc;
+  auto in_float = [&](const Tensor& w, Scratch slot) {
+    if (!low) return w;
+    Tensor f = scratch(slot, {w.size(0), w.size(1)}, dgates.options());
+    f.copy_(w);
+    return f;
+  };
+  const Tensor wi = in_float(w_ih, kCellWeightIh), wh = in_float(w_hh, kCellWeightHh);
   // The four products through fastattn's GEMM (see the forward), in the compute type.
   auto product = [&](const Tensor& a, const Tensor& b) {
-    Tensor out = empty({a.size(0), b.size(1)}, dgates.options());
+    const std::vector<int64_t> shape{a.size(0), b.size(1)};
+    Tensor out =
+        low ? scratch(kCellProduct, shape, dgates.options()) : empty(shape, dgates.options());
     cpu::matmul_into(out, a, b, Tensor(), false);
     return out.to(dtype);
   };

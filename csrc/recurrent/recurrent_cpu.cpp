@@ -140,39 +140,6 @@ class BlockCache {
   size_t cached_ = 0;
 };
 
-// Grow-only per-thread buffers for the large temporaries that never leave an op call (the
-// packed input, dgates, ...): a fresh allocation above glibc's mmap threshold is page-faulted
-// and zero-filled by the kernel on every call (docs/design/cpu_kernels.md). At most
-// kScratchBytes are kept per thread; larger requests are plain allocations.
-enum Scratch : int {
-  kPackedInput,
-  kWorkspace,
-  kGrads,
-  kAux,
-  kHprev,
-  kProjGrads,
-  kProjInputs,
-  kInputGrad,
-  kSlots
-};
-constexpr int64_t kScratchBytes = int64_t(1) << 29;
-
-Tensor scratch(Scratch slot, IntArrayRef sizes, const Options& options) {
-  thread_local Tensor cache[kSlots];
-  int64_t numel = 1;
-  for (int64_t s : sizes) numel *= s;
-  const int64_t bytes = numel * static_cast<int64_t>(element_size(options.dtype()));
-  int64_t held = 0;
-  for (const Tensor& t : cache) held += t.defined() && &t != &cache[slot] ? t.nbytes() : 0;
-  if (held + bytes > kScratchBytes) return empty(sizes, options);
-  Tensor& buf = cache[slot];
-  if (!buf.defined() || static_cast<int64_t>(buf.nbytes()) < bytes) {
-    buf = Tensor();  // free first
-    buf = empty({std::max<int64_t>(bytes, 1)}, options.dtype(kByte));
-  }
-  return buf.narrow(0, 0, bytes).view(options.dtype()).view(sizes);
-}
-
 std::pair<uint64_t, uint64_t> read_seed(const optional<Tensor>& seed, double p) {
   if (p <= 0.0) return {0, 0};
   const int64_t* s = seed->data_ptr<int64_t>();
@@ -232,6 +199,25 @@ struct LayerWeights {
 };
 
 }  // namespace
+
+// At most kScratchBytes are kept per thread; larger requests are plain allocations.
+constexpr int64_t kScratchBytes = int64_t(1) << 29;
+
+Tensor scratch(Scratch slot, IntArrayRef sizes, const Options& options) {
+  thread_local Tensor cache[kSlots];
+  int64_t numel = 1;
+  for (int64_t s : sizes) numel *= s;
+  const int64_t bytes = numel * static_cast<int64_t>(element_size(options.dtype()));
+  int64_t held = 0;
+  for (const Tensor& t : cache) held += t.defined() && &t != &cache[slot] ? t.nbytes() : 0;
+  if (held + bytes > kScratchBytes) return empty(sizes, options);
+  Tensor& buf = cache[slot];
+  if (!buf.defined() || static_cast<int64_t>(buf.nbytes()) < bytes) {
+    buf = Tensor();  // free first
+    buf = empty({std::max<int64_t>(bytes, 1)}, options.dtype(kByte));
+  }
+  return buf.narrow(0, 0, bytes).view(options.dtype()).view(sizes);
+}
 
 LayerOutputs layer_forward_cpu(RecurrentCell cell, const LayerDims& d, const Tensor& input,
                                const Tensor& h0, const Tensor& c0, const Tensor& w_ih,

@@ -11,6 +11,26 @@
 
 namespace fastattn::recurrent {
 
+// Grow-only per-thread buffers for the large temporaries that never leave an op call (the
+// packed input, dgates, ...): a fresh allocation above glibc's mmap threshold is page-faulted
+// and zero-filled by the kernel on every call (docs/design/cpu_kernels.md). A slot holds one
+// buffer at a time, on the calling thread; contents are undefined.
+enum Scratch : int {
+  kPackedInput,
+  kWorkspace,
+  kGrads,
+  kAux,
+  kHprev,
+  kProjGrads,
+  kProjInputs,
+  kInputGrad,
+  kCellWeightIh,  // the lstm_cell backward's float copies of bfloat16 / half weights
+  kCellWeightHh,
+  kCellProduct,  // and its float weight-gradient products before rounding
+  kSlots
+};
+Tensor scratch(Scratch slot, IntArrayRef sizes, const Options& options);
+
 struct LayerOutputs {
   Tensor output, h_n, c_n, workspace;  // c_n undefined unless LSTM
 };
