@@ -34,8 +34,8 @@ VALUE_ERROR_TAG = "[ValueError] "
 
 
 class _ValueErrors:
-    """The context manager value_errors returns (a class: a generator-based one costs a few
-    microseconds per call, a tenth of a decoding step's op layer)."""
+    """The context manager value_errors returns: a class, because a generator-based one is
+    set up on every call of the native ops that use it, each decoding step among them."""
 
     def __enter__(self) -> None:
         return None

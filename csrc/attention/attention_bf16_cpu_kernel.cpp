@@ -115,8 +115,7 @@ void plain_bf16_forward(const AttentionForwardParams& fp) {
       const T* v_base = V + b * p.v_s.b + hk * p.v_s.h + g.k_row0 * p.v_s.l;
       // Q^T as pairs along D, k-major (the B operand of K Q^T): qT[kk * kBlockQ + m].
       const uint16_t* q_rows = bits(Q + b * p.q_s.b + h * p.q_s.h + (g.q_row0 + i0) * p.q_s.l);
-      pair_columns(q_rows, p.q_s.l, M, D, pairs.data(), D2);
-      transpose_words(pairs.data(), D2, qT.data(), kBlockQ, M, D2);
+      pair_columns_transposed(q_rows, p.q_s.l, M, D, pairs.data(), qT.data(), kBlockQ);
       std::fill(oT.begin(), oT.end(), 0.0f);
       __m512 m[4], l[4];  // running max (log2 units) and sum of the 16 queries of each vector
       for (int c = 0; c < 4; ++c) {
@@ -132,8 +131,8 @@ void plain_bf16_forward(const AttentionForwardParams& fp) {
         uint32_t* kT = k_cache.slot(k_base, kb, fresh);
         if (kT == nullptr) kT = k_scratch.data();
         if (fresh) {  // K as pairs along D, k-major (the A operand): kT[kk * kBlockK + n]
-          pair_columns(bits(k_base + j0 * p.k_s.l), p.k_s.l, N, D, pairs.data(), D2);
-          transpose_words(pairs.data(), D2, kT, kBlockK, N, D2);
+          pair_columns_transposed(bits(k_base + j0 * p.k_s.l), p.k_s.l, N, D, pairs.data(), kT,
+                                  kBlockK);
         }
         // S^T (N x M, row stride kBlockQ) = K Q^T, unscaled.
         gemm_bf16(N, M, D2, 1.0f, kT, kBlockK, qT.data(), kBlockQ, sT.data(), kBlockQ, false);
@@ -284,9 +283,7 @@ void plain_bf16_backward(const AttentionBackwardParams& bp) {
     // x (rows x cols bfloat16) -> pairs along cols, k-major: out[kk * ld_out + r].
     const auto pairs_transposed = [&](const uint16_t* x, int64_t ld, int64_t nrows, int64_t cols,
                                       uint32_t* out, int64_t ld_out) {
-      const int64_t cols2 = (cols + 1) / 2;
-      pair_columns(x, ld, nrows, cols, pairs.data(), cols2);
-      transpose_words(pairs.data(), cols2, out, ld_out, nrows, cols2);
+      pair_columns_transposed(x, ld, nrows, cols, pairs.data(), out, ld_out);
     };
     // A query-side pack of block qb of a head, from its cache (packed on first use).
     const auto packed = [&](PackedBlocks& cache, const T* base, int64_t qb, uint32_t* scratch,

@@ -232,6 +232,16 @@ inline void transpose_words(const uint32_t* src, int64_t lds, uint32_t* dst, int
             cols);
 }
 
+// Row-major bfloat16 rows as pairs along the columns, k-major (the A2 / B2 layout of a matrix
+// whose rows are its m / n): out[kk * ld_out + r] = (X[r][2kk], X[r][2kk+1]), odd cols padded
+// with 0. tmp holds rows x ceil(cols / 2) words.
+inline void pair_columns_transposed(const uint16_t* X, int64_t ld, int64_t rows, int64_t cols,
+                                    uint32_t* tmp, uint32_t* out, int64_t ld_out) {
+  const int64_t cols2 = (cols + 1) / 2;
+  pair_columns(X, ld, rows, cols, tmp, cols2);
+  transpose_words(tmp, cols2, out, ld_out, rows, cols2);
+}
+
 // n <= 32 floats split into bfloat16 hi = bf16(x) and lo = bf16(x - hi) (lo = 0 where x == hi:
 // infinities stay infinite), as pair words hi_words[w], lo_words[w], w < (n + 1) / 2.
 inline void split_pair_words(const float* x, int64_t n, uint32_t* hi_words, uint32_t* lo_words) {

@@ -365,8 +365,8 @@ void gemm_large_bf16(const GemmBf16Params& p) {
       const int64_t pn1 = std::min(n_panels, pn0 + kGroupPanels);
       for (int64_t m = 0; m < mb; m += kRows) {
         const int64_t M = std::min(kRows, mb - m);
-        pair_columns(p.A + (m0 + m) * p.lda, p.lda, M, p.K, rows.data(), K2);
-        transpose_words(rows.data(), K2, Ap.data() + m * K2, kRows, M, K2);
+        pair_columns_transposed(p.A + (m0 + m) * p.lda, p.lda, M, p.K, rows.data(),
+                                Ap.data() + m * K2, kRows);
       }
       for (int64_t pn = pn0; pn < pn1; ++pn) {
         const int64_t n = pn * kPairPanel, N = std::min(kPairPanel, p.N - n);

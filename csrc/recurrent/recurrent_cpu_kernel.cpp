@@ -261,6 +261,19 @@ void panel_tile_rows(int64_t M, int64_t K, const float* a, const float* b, float
 }
 #endif
 
+// With accumulate, the per-step tiles read C back after their products: in the forward, the
+// input projection of this step, written by the large GEMM long before (from DRAM at B = 64:
+// T B 4H floats do not fit L3). So the C rows of the strip at row m (of a tile of rows
+// [r0, r1), N columns) are prefetched one strip ahead, behind the current strip's products.
+template <typename acc>
+void prefetch_strip_rows(acc* C, int64_t ldc, int64_t r0, int64_t r1, int64_t m, int64_t N) {
+  for (int64_t r = m; r < std::min(r1, m + kStrip); ++r) {
+    for (int64_t n = 0; n < N; n += 64 / static_cast<int64_t>(sizeof(acc))) {
+      __builtin_prefetch(C + (r - r0) * ldc + n, 1, 3);
+    }
+  }
+}
+
 // C[r, n] (+)= sum_k A[r0 + r, k] * B[k, c0 + n] for r < r1 - r0, n < N: A in strips (r0 a
 // multiple of kStrip), B in panels (c0 a multiple of 32), C row-major (leading dimension ldc).
 // K runs in chunks of 512 so that a strip of A (16 KB at 8 rows) stays in L1 across the panels
@@ -269,17 +282,8 @@ template <typename acc>
 void gemm_packed(int64_t r0, int64_t r1, int64_t c0, int64_t N, int64_t K, const acc* A,
                  const acc* B, acc* C, int64_t ldc, bool accumulate) {
   constexpr int64_t kKc = 512;
-  // With accumulate, the tiles read C back after their products: in the forward, the input
-  // projection of this step, written by the large GEMM long before (from DRAM at B = 64: T B
-  // 4H floats do not fit L3). Each strip's C rows are prefetched one strip ahead, behind the
-  // current strip's products (the first strip's before its own).
   auto prefetch_rows = [&](int64_t m) {
-    if (!accumulate) return;
-    for (int64_t r = m; r < std::min(r1, m + kStrip); ++r) {
-      for (int64_t n = 0; n < N; n += 64 / static_cast<int64_t>(sizeof(acc))) {
-        __builtin_prefetch(C + (r - r0) * ldc + n, 1, 3);
-      }
-    }
+    if (accumulate) prefetch_strip_rows(C, ldc, r0, r1, m, N);
   };
   // K chunks outermost: a chunk of the task's panels (256 KB for 4 panels of 512 rows) stays in
   // L2 across the strips; strip-outermost streamed all K rows of them per strip, from L3 once
@@ -316,12 +320,8 @@ void gemm_pairs(int64_t r0, int64_t r1, int64_t c0, int64_t N, int64_t K2, const
                 const uint32_t* B, float* C, int64_t ldc, bool accumulate) {
   static_assert(kPanel == kPairPanel && kStrip == 8, "gemm_bf16's tile");
   constexpr int kAhead = 16;  // pair rows of 128 bytes: 2 KB ahead, as gemm_packed's float panels
-  // C rows prefetched one strip ahead, as in gemm_packed.
   auto prefetch_rows = [&](int64_t m) {
-    if (!accumulate) return;
-    for (int64_t r = m; r < std::min(r1, m + kStrip); ++r) {
-      for (int64_t n = 0; n < N; n += 16) __builtin_prefetch(C + (r - r0) * ldc + n, 1, 3);
-    }
+    if (accumulate) prefetch_strip_rows(C, ldc, r0, r1, m, N);
   };
   prefetch_rows(r0);
   for (int64_t m = r0; m < r1; m += kStrip) {
