@@ -6,6 +6,7 @@ torch."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from pathlib import Path
 
@@ -33,9 +34,20 @@ except Exception as exc:  # the pure-Python parts (reference, triton) still work
 VALUE_ERROR_TAG = "[ValueError] "
 
 
+def _as_value_error(exc: BaseException) -> ValueError | None:
+    """The ValueError a native op's RuntimeError stands for (its message from VALUE_ERROR_TAG
+    on), or None when it carries no tag."""
+    message = str(exc)
+    at = message.find(VALUE_ERROR_TAG)
+    if at < 0:
+        return None
+    return ValueError(message[at + len(VALUE_ERROR_TAG) :].split("\n")[0])
+
+
 class _ValueErrors:
-    """The context manager value_errors returns: a class, because a generator-based one is
-    set up on every call of the native ops that use it, each decoding step among them."""
+    """The context manager value_errors returns in eager mode: a class, because a
+    generator-based one is set up on every call of the native ops that use it, each decoding
+    step among them."""
 
     def __enter__(self) -> None:
         return None
@@ -43,19 +55,32 @@ class _ValueErrors:
     def __exit__(self, kind, exc, traceback) -> None:
         if kind is None or not issubclass(kind, RuntimeError):
             return
-        message = str(exc)
-        at = message.find(VALUE_ERROR_TAG)
-        if at < 0:
-            return
-        raise ValueError(message[at + len(VALUE_ERROR_TAG) :].split("\n")[0]) from None
+        error = _as_value_error(exc)
+        if error is not None:
+            raise error from None
 
 
 _VALUE_ERRORS = _ValueErrors()
 
 
-def value_errors() -> _ValueErrors:
+@contextlib.contextmanager
+def _traced_value_errors():
+    """value_errors under torch.compile: TorchDynamo before torch 2.14 enters generator-based
+    context managers but not a user class's."""
+    try:
+        yield
+    except RuntimeError as exc:
+        error = _as_value_error(exc)
+        if error is None:
+            raise
+        raise error from None
+
+
+def value_errors():
     """Re-raises a native op's RuntimeError tagged VALUE_ERROR_TAG as ValueError (its message
     from the tag on): `with value_errors(): ...`."""
+    if torch.compiler.is_compiling():
+        return _traced_value_errors()
     return _VALUE_ERRORS
 
 
