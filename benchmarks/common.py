@@ -327,6 +327,50 @@ def measure_interleaved(
     return times, errors
 
 
+def paired_ratios(times_a: list[float], times_b: list[float], block: int = 2) -> list[float]:
+    """Per round of measure_interleaved (`block` timed calls of each provider), a's fastest call
+    over b's. Both lists hold the same rounds in order."""
+    rounds = min(len(times_a), len(times_b)) // block
+    return [
+        min(times_a[r * block : (r + 1) * block]) / min(times_b[r * block : (r + 1) * block])
+        for r in range(rounds)
+    ]
+
+
+def auto_ratio(auto: list[float], kernel: list[float], torch_kernel: list[float]) -> float:
+    """The automatic choice's speed against the faster of fastattn's kernel and torch's: the
+    median over rounds of (the faster's time / auto's time), the faster being the one whose
+    median paired ratio to the other is below 1. Pairs from one round share the machine's
+    state, so drift and bursts of other tenants cancel; on the 2026-11-29 Zen 4 guest, four
+    runs of a rotary case gave 0.99-1.01 this way and 0.92-1.23 as a ratio of best-of times."""
+    kernel_faster = statistics.median(paired_ratios(kernel, torch_kernel)) <= 1.0
+    faster = kernel if kernel_faster else torch_kernel
+    return statistics.median(paired_ratios(faster, auto))
+
+
+def backends_run(fn: Callable[[], object]) -> str:
+    """Calls fn once and names the fastattn backends its public ops ran (last_backend), joined
+    by "+" when there were several; "" when no fastattn op ran."""
+    from fastattn import _backend
+
+    before = dict(_backend._state.last)
+    _backend._state.last.clear()
+    try:
+        fn()
+        ran = sorted(set(_backend._state.last.values()))
+    finally:
+        _backend._state.last.update({**before, **_backend._state.last})
+    return "+".join(ran)
+
+
+def guarded_backends_run(fn: Callable[[], object]) -> str:
+    """backends_run, or "" when the call raised (measure_interleaved reports the error)."""
+    try:
+        return backends_run(fn)
+    except Exception:  # the timing loop calls it again and reports the error
+        return ""
+
+
 def run_case(
     case: Case, device: torch.device, *, min_time: float, clock: Clock = time.perf_counter
 ) -> list[dict]:
@@ -386,7 +430,20 @@ def run_case(
             continue
         to_time[name] = fn
     del ref_out, truth, out  # the checks' outputs can be large (GPU memory)
+    if AUTO in to_time:
+        rows[AUTO]["ran"] = guarded_backends_run(to_time[AUTO])
     all_times, errors = measure_interleaved(to_time, device, min_time=min_time, clock=clock)
+    trio = [AUTO, f"fastattn:{case.kernel}", TORCH_BACKEND]
+    if all(all_times.get(name) and name not in errors for name in trio):
+        # The automatic row is judged against the faster of the other two by paired ratios
+        # (auto_ratio): more calls of just those three, interleaved, so that a case whose slow
+        # baselines left them a few rounds still has enough pairs.
+        extra, extra_errors = measure_interleaved(
+            {name: to_time[name] for name in trio}, device, min_time=min_time, clock=clock
+        )
+        if not extra_errors:
+            pooled = {name: all_times[name] + extra[name] for name in trio}
+            rows[AUTO]["auto_ratio"] = auto_ratio(pooled[AUTO], pooled[trio[1]], pooled[trio[2]])
     timed: dict[str, float] = {}
     for name in to_time:
         row = rows[name]
@@ -395,7 +452,12 @@ def run_case(
             continue
         median, spread = summarize(all_times[name])
         timed[name] = median
-        row.update(status="ok", median_ms=median * 1e3, spread=spread, reps=len(all_times[name]))
+        row.update(
+            status="ok",
+            median_ms=median * 1e3,
+            spread=spread,
+            reps=len(all_times[name]),
+        )
         if case.bytes:
             row["GB/s"] = case.bytes / median / 1e9
             if "copy_GB/s" in case.notes:
@@ -485,6 +547,8 @@ CSV_FIELDS = [
     "median_ms",
     "spread",
     "reps",
+    "ran",
+    "auto_ratio",
     "GB/s",
     "of_copy_bw",
     "TFLOP/s",

@@ -359,6 +359,68 @@ def test_a_case_with_a_speed_key_measures_an_entry_and_feeds_the_auto_summary():
     assert "over 1 cases" in auto and auto.endswith("target >= 0.97x: met")
 
 
+def _auto_case(clock, auto_costs, kernel_cost=2.0, torch_backend_cost=3.0):
+    """A toy case with a speed key whose automatic-choice row runs fastattn's reference
+    positional op (so last_backend names it) and costs auto_costs[i] on its i-th call."""
+    import fastattn
+    from fastattn import speed_table
+
+    costs = iter(auto_costs)
+
+    def auto():
+        fastattn.add_sinusoidal(torch.zeros(1, 2, 4), backend="reference")
+        clock.now += next(costs)
+        return torch.tensor([1.0])
+
+    providers = {
+        "fastattn:cpu": clock.provider("fastattn:cpu", kernel_cost),
+        "fastattn:torch": clock.provider("fastattn:torch", torch_backend_cost),
+        "fastattn (auto)": auto,
+        "torch": clock.provider("torch", 4.0),
+    }
+    return common.Case(
+        op="toy",
+        name="n=1",
+        providers=providers,
+        reference="torch",
+        baselines=("torch",),
+        check=common.relative_error,
+        speed_key=speed_table.key("lstm", torch.float32, length=100, head_dim=512),
+        kernel="cpu",
+    )
+
+
+def test_the_auto_summary_judges_best_of_times_and_names_what_ran():
+    """The automatic row runs another row's kernel: it is judged on paired per-round ratios
+    (each round's fastest call), which additive noise (every other call 4x slower here, so
+    its median is 2.5x the kernel's) leaves alone, and the summary says which backend it ran
+    (last_backend, recorded once outside the timing). Those three rows get extra interleaved
+    calls. A lookup that costs more than 3% of the call, and a wrong choice, are caught."""
+    import run
+
+    clock = FakeClock()
+    noisy = _auto_case(clock, [2.0, 8.0] * 1000)
+    rows = {r["provider"]: r for r in common.run_case(noisy, CPU, min_time=0.0, clock=clock)}
+    auto = rows["fastattn (auto)"]
+    assert auto["ran"] == "reference" and auto["auto_ratio"] == 1.0
+    # the three rows the judgment reads get calls of their own after the common rounds
+    assert clock.calls.count("fastattn:cpu") > clock.calls.count("torch") + 1
+    assert auto["median_ms"] > 1.2 * rows["fastattn:cpu"]["median_ms"]
+    summary = run.auto_summary([(None, list(rows.values()))])
+    assert "at 1.00x (worst 1.00x)" in summary
+    assert "(it ran: reference 1)" in summary and summary.endswith(": met")
+
+    clock = FakeClock()
+    slow_lookup = _auto_case(clock, [2.0 * 1.04] * 1000)
+    rows = common.run_case(slow_lookup, CPU, min_time=0.0, clock=clock)
+    assert run.auto_summary([(None, rows)]).endswith("target >= 0.97x: not met")
+
+    clock = FakeClock()  # a wrong choice: auto runs as slowly as torch's 3 s, the kernel takes 2
+    wrong_choice = _auto_case(clock, [3.0] * 1000)
+    rows = {r["provider"]: r for r in common.run_case(wrong_choice, CPU, min_time=0.0, clock=clock)}
+    assert rows["fastattn (auto)"]["auto_ratio"] == 2.0 / 3.0
+
+
 def test_the_cpu_device_column_names_the_model_the_kernel_copy_and_the_threads():
     import fastattn
 
