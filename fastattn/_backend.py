@@ -23,8 +23,11 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import torch
+
+from . import speed_table
 
 BACKENDS = ("cuda", "triton", "cpu", "torch", "reference")
 # The backends every op implements (the torch backend only the ops in _TORCH_OPS).
@@ -374,6 +377,52 @@ def select_backend(
         if why is not None:
             raise BackendError(f"{op}: backend {requested!r} cannot run this call: {why}")
         return requested
+    if torch.compiler.is_compiling():  # traced as is: the memo would add guards on its dict
+        return _automatic_choice(op, device, supported, limits, kernel, dtype, speed_key)
+    memo_key = (
+        op,
+        device.type,
+        device.index,
+        kernel,
+        dtype,
+        speed_key,
+        supported,
+        tuple(limits),
+        AUTO_MODE,
+    )
+    memo = _automatic_choices.get(memo_key)
+    if (
+        memo is None
+        or memo[1] is not _availability_cache
+        or memo[2] is not _missing_cache
+        or memo[3] is not speed_table._tables
+    ):
+        chosen = _automatic_choice(op, device, supported, limits, kernel, dtype, speed_key)
+        memo = (chosen, _availability_cache, _missing_cache, speed_table._tables)
+        _automatic_choices[memo_key] = memo
+    return memo[0]
+
+
+# The automatic choice of select_backend per call key: a decoding step's lookup otherwise costs
+# several microseconds. Each entry holds the caches the choice read (a test that replaces one
+# gets a fresh choice), and speed_table.reset() clears it (forget_automatic_choices).
+_automatic_choices: dict[tuple, tuple[str, Any, Any, Any]] = {}
+
+
+def forget_automatic_choices() -> None:
+    _automatic_choices.clear()
+
+
+def _automatic_choice(
+    op: str,
+    device: torch.device,
+    supported: tuple[str, ...],
+    limits: dict[str, str],
+    kernel: str | None,
+    dtype: torch.dtype | None,
+    speed_key: tuple | None,
+) -> str:
+    """select_backend's choice when no backend was requested."""
     chosen = "reference"
     for candidate in automatic_order(op, device.type):
         if (
@@ -391,8 +440,6 @@ def select_backend(
         and "torch" not in limits
         and _can_run_device("torch", device) is None
     ):
-        from . import speed_table
-
         if speed_table.faster(device, speed_key, chosen) == "torch":
             return "torch"
     return chosen

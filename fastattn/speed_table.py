@@ -220,9 +220,12 @@ def faster(device: torch.device, call_key: tuple, kernel: str) -> str:
 
 def reset() -> None:
     """Forget the tables and verdicts read so far (tests install synthetic tables)."""
+    from . import _backend
+
     global _tables
     _tables = None
     _verdicts.clear()
+    _backend.forget_automatic_choices()
 
 
 def describe(device: torch.device) -> str:
