@@ -436,10 +436,15 @@ def run_case(
     trio = [AUTO, f"fastattn:{case.kernel}", TORCH_BACKEND]
     if all(all_times.get(name) and name not in errors for name in trio):
         # The automatic row is judged against the faster of the other two by paired ratios
-        # (auto_ratio): more calls of just those three, interleaved, so that a case whose slow
-        # baselines left them a few rounds still has enough pairs.
+        # (auto_ratio): more calls of just those three, interleaved, at least 6 rounds, so that
+        # a case whose slow baselines left them a few rounds still has enough pairs (with 3
+        # rounds in all, one 92 ms case read 0.95, and 1.00 in each of three reruns).
         extra, extra_errors = measure_interleaved(
-            {name: to_time[name] for name in trio}, device, min_time=min_time, clock=clock
+            {name: to_time[name] for name in trio},
+            device,
+            min_time=min_time,
+            min_rounds=6,
+            clock=clock,
         )
         if not extra_errors:
             pooled = {name: all_times[name] + extra[name] for name in trio}
