@@ -9,7 +9,7 @@ TABLE = {
         "threads": "2-4"
     },
     "measured": "2026-11-29, cpu: AMD EPYC, avx512bf16, 2 threads, torch 2.14.1+cu130",
-    "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv; benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-other-ops/bench.csv; benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv",
+    "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv",
     "entries": [
         {
             "op": "add_sinusoidal",
@@ -20,9 +20,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.381,
+            "ratio": 0.38,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-other-ops/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "apply_rotary",
@@ -33,9 +33,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.269,
+            "ratio": 0.228,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-other-ops/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "attention",
@@ -46,9 +46,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.571,
+            "ratio": 0.553,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "attention",
@@ -59,9 +59,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.536,
+            "ratio": 0.515,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "attention",
@@ -72,9 +72,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.817,
+            "ratio": 0.84,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "attention",
@@ -85,9 +85,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.787,
+            "ratio": 0.852,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "attention",
@@ -98,9 +98,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.736,
+            "ratio": 0.708,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "attention",
@@ -111,9 +111,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.675,
+            "ratio": 0.701,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "attention",
@@ -124,9 +124,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.838,
+            "ratio": 0.814,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "attention",
@@ -137,9 +137,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.882,
+            "ratio": 0.848,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "attention",
@@ -150,9 +150,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.489,
+            "ratio": 0.521,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "attention",
@@ -163,9 +163,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.498,
+            "ratio": 0.507,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "attention",
@@ -176,9 +176,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.823,
+            "ratio": 0.84,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "attention",
@@ -189,9 +189,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.772,
+            "ratio": 0.781,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "attention",
@@ -202,9 +202,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.709,
+            "ratio": 0.683,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "attention",
@@ -215,9 +215,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.607,
+            "ratio": 0.57,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "attention",
@@ -228,9 +228,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.869,
+            "ratio": 0.852,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "attention",
@@ -241,9 +241,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.763,
+            "ratio": 0.805,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "attention_with_kvcache",
@@ -254,9 +254,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.607,
+            "ratio": 0.558,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-other-ops/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "attention_with_kvcache",
@@ -267,9 +267,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.545,
+            "ratio": 0.464,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-other-ops/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "embed_with_positions",
@@ -280,9 +280,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.295,
+            "ratio": 0.25,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-other-ops/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "embed_with_positions",
@@ -293,9 +293,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.244,
+            "ratio": 0.25,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-other-ops/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "gru",
@@ -306,9 +306,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.483,
+            "ratio": 0.484,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "gru",
@@ -319,9 +319,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.511,
+            "ratio": 0.518,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "gru",
@@ -332,9 +332,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.825,
+            "ratio": 0.798,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "gru",
@@ -345,9 +345,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.466,
+            "ratio": 0.488,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "gru",
@@ -358,9 +358,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.538,
+            "ratio": 0.544,
             "cases": 3,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "gru",
@@ -371,9 +371,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.295,
+            "ratio": 0.317,
             "cases": 3,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "lstm",
@@ -384,9 +384,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.787,
+            "ratio": 0.77,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "lstm",
@@ -397,9 +397,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.787,
+            "ratio": 0.798,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "lstm",
@@ -409,10 +409,10 @@ TABLE = {
             "features": "plain",
             "pass": "fwd",
             "kernel": "cpu",
-            "faster": "kernel",
-            "ratio": 0.988,
+            "faster": "torch",
+            "ratio": 1.008,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "lstm",
@@ -423,9 +423,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.847,
+            "ratio": 0.813,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "lstm",
@@ -436,9 +436,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.887,
+            "ratio": 0.91,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "lstm",
@@ -449,9 +449,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.878,
+            "ratio": 0.906,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "lstm",
@@ -462,9 +462,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.575,
+            "ratio": 0.565,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "lstm",
@@ -475,9 +475,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.285,
+            "ratio": 0.145,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "lstm",
@@ -488,9 +488,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "torch",
-            "ratio": 1.004,
+            "ratio": 1.01,
             "cases": 4,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "lstm",
@@ -501,9 +501,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.873,
+            "ratio": 0.892,
             "cases": 3,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "rnn",
@@ -514,9 +514,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.501,
+            "ratio": 0.53,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "rnn",
@@ -527,9 +527,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.522,
+            "ratio": 0.548,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "rnn",
@@ -540,9 +540,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.641,
+            "ratio": 0.672,
             "cases": 3,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         },
         {
             "op": "rnn",
@@ -553,9 +553,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.376,
+            "ratio": 0.38,
             "cases": 3,
-            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-bf16-products/bench.csv"
+            "source": "benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-paired/bench.csv"
         }
     ]
 }
