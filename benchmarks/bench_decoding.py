@@ -180,6 +180,7 @@ def paged_case(
     providers[AUTO] = lambda: fastattn.attention_with_kvcache(q, k_pool, v_pool, **paged_kw)
     dense = [n for n in providers if n.endswith("dense")]
     size = torch.tensor([], dtype=dtype).element_size()
+    kernel = automatic_kernel(OP, device)
     return Case(
         op="decoding paged",
         name=f"B={batch} cache={cache_len} hq={hq} hkv={hkv} d={head_dim} block={block_size} "
@@ -193,7 +194,8 @@ def paged_case(
         tolerance=1e-5 if dtype == torch.float32 else 3e-2,
         dtype=str(dtype)[6:],
         speed_key=speed_key(q, k_pool, blocks_per_seq * block_size, block_table=table),
-        kernel=automatic_kernel(OP, device),
+        kernel=kernel,
+        kernel_row=f"fastattn:{kernel} paged",
     )
 
 

@@ -83,6 +83,9 @@ class Case:
     # measures an entry (benchmarks/speed_table_writer.py).
     speed_key: tuple | None = None
     kernel: str | None = None
+    # The provider that runs fastattn's kernel as the automatic choice would (default
+    # "fastattn:<kernel>"): the auto row is judged against it and the torch-backend row.
+    kernel_row: str | None = None
 
     def __post_init__(self):
         unknown = [name for name in self.inplace if name not in self.providers]
@@ -284,7 +287,10 @@ def measure_interleaved(
 ) -> tuple[dict, dict]:
     """Per-call times (seconds) of several providers, measured in rounds: a round runs every
     provider block + 1 times in a row, the first call untimed (it pays for taking over the
-    caches from the provider before), and the order rotates from round to round. A drift of
+    caches from the provider before), and the order rotates from round to round, every other
+    cycle of rotations backwards: a provider then runs after each of its two neighbours in the
+    rotation equally often (with three, after each other provider), where plain rotations put
+    one provider after a slow, cache-sweeping one twice as often as the next. A drift of
     the machine's speed while a case is measured (clock changes, other tenants: this CPU's
     timings wander by 10-20% over minutes) then reaches every provider alike; timing all of one
     provider and then all of the next turned such drift into ratios. Rounds repeat until
@@ -312,7 +318,10 @@ def measure_interleaved(
         if not live:
             break
         shift = rounds % len(live)
-        for name in live[shift:] + live[:shift]:
+        order = live[shift:] + live[:shift]
+        if (rounds // len(live)) % 2:
+            order.reverse()
+        for name in order:
             fn = fns[name]
 
             def one_block(fn=fn):
@@ -433,7 +442,7 @@ def run_case(
     if AUTO in to_time:
         rows[AUTO]["ran"] = guarded_backends_run(to_time[AUTO])
     all_times, errors = measure_interleaved(to_time, device, min_time=min_time, clock=clock)
-    trio = [AUTO, f"fastattn:{case.kernel}", TORCH_BACKEND]
+    trio = [AUTO, case.kernel_row or f"fastattn:{case.kernel}", TORCH_BACKEND]
     if all(all_times.get(name) and name not in errors for name in trio):
         # The automatic row is judged against the faster of the other two by paired ratios
         # (auto_ratio): more calls of just those three, interleaved, at least 6 rounds, so that

@@ -359,7 +359,7 @@ def test_a_case_with_a_speed_key_measures_an_entry_and_feeds_the_auto_summary():
     assert "over 1 cases" in auto and auto.endswith("target >= 0.97x: met")
 
 
-def _auto_case(clock, auto_costs, kernel_cost=2.0, torch_backend_cost=3.0):
+def _auto_case(clock, auto_costs, kernel_cost=2.0, torch_backend_cost=3.0, kernel_row=None):
     """A toy case with a speed key whose automatic-choice row runs fastattn's reference
     positional op (so last_backend names it) and costs auto_costs[i] on its i-th call."""
     import fastattn
@@ -372,8 +372,9 @@ def _auto_case(clock, auto_costs, kernel_cost=2.0, torch_backend_cost=3.0):
         clock.now += next(costs)
         return torch.tensor([1.0])
 
+    row = kernel_row or "fastattn:cpu"
     providers = {
-        "fastattn:cpu": clock.provider("fastattn:cpu", kernel_cost),
+        row: clock.provider(row, kernel_cost),
         "fastattn:torch": clock.provider("fastattn:torch", torch_backend_cost),
         "fastattn (auto)": auto,
         "torch": clock.provider("torch", 4.0),
@@ -387,6 +388,7 @@ def _auto_case(clock, auto_costs, kernel_cost=2.0, torch_backend_cost=3.0):
         check=common.relative_error,
         speed_key=speed_table.key("lstm", torch.float32, length=100, head_dim=512),
         kernel="cpu",
+        kernel_row=kernel_row,
     )
 
 
@@ -418,6 +420,11 @@ def test_the_auto_summary_judges_best_of_times_and_names_what_ran():
     clock = FakeClock()  # a wrong choice: auto runs as slowly as torch's 3 s, the kernel takes 2
     wrong_choice = _auto_case(clock, [3.0] * 1000)
     rows = {r["provider"]: r for r in common.run_case(wrong_choice, CPU, min_time=0.0, clock=clock)}
+    assert rows["fastattn (auto)"]["auto_ratio"] == 2.0 / 3.0
+
+    clock = FakeClock()  # the kernel's row under another name (bench_decoding's paged cases)
+    paged = _auto_case(clock, [3.0] * 1000, kernel_row="fastattn:cpu paged")
+    rows = {r["provider"]: r for r in common.run_case(paged, CPU, min_time=0.0, clock=clock)}
     assert rows["fastattn (auto)"]["auto_ratio"] == 2.0 / 3.0
 
 
