@@ -359,25 +359,19 @@ def auto_ratio(auto: list[float], kernel: list[float], torch_kernel: list[float]
 
 def backends_run(fn: Callable[[], object]) -> str:
     """Calls fn once and names the fastattn backends its public ops ran (last_backend), joined
-    by "+" when there were several; "" when no fastattn op ran."""
+    by "+" when there were several; "" when no fastattn op ran or the call raised (the timing
+    loop calls it again and reports the error)."""
     from fastattn import _backend
 
     before = dict(_backend._state.last)
     _backend._state.last.clear()
     try:
         fn()
-        ran = sorted(set(_backend._state.last.values()))
+        return "+".join(sorted(set(_backend._state.last.values())))
+    except Exception:
+        return ""
     finally:
         _backend._state.last.update({**before, **_backend._state.last})
-    return "+".join(ran)
-
-
-def guarded_backends_run(fn: Callable[[], object]) -> str:
-    """backends_run, or "" when the call raised (measure_interleaved reports the error)."""
-    try:
-        return backends_run(fn)
-    except Exception:  # the timing loop calls it again and reports the error
-        return ""
 
 
 def run_case(
@@ -440,7 +434,7 @@ def run_case(
         to_time[name] = fn
     del ref_out, truth, out  # the checks' outputs can be large (GPU memory)
     if AUTO in to_time:
-        rows[AUTO]["ran"] = guarded_backends_run(to_time[AUTO])
+        rows[AUTO]["ran"] = backends_run(to_time[AUTO])
     all_times, errors = measure_interleaved(to_time, device, min_time=min_time, clock=clock)
     trio = [AUTO, case.kernel_row or f"fastattn:{case.kernel}", TORCH_BACKEND]
     if all(all_times.get(name) and name not in errors for name in trio):
@@ -466,12 +460,7 @@ def run_case(
             continue
         median, spread = summarize(all_times[name])
         timed[name] = median
-        row.update(
-            status="ok",
-            median_ms=median * 1e3,
-            spread=spread,
-            reps=len(all_times[name]),
-        )
+        row.update(status="ok", median_ms=median * 1e3, spread=spread, reps=len(all_times[name]))
         if case.bytes:
             row["GB/s"] = case.bytes / median / 1e9
             if "copy_GB/s" in case.notes:

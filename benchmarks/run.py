@@ -20,6 +20,7 @@ that checkout's fastattn when no installed one is importable.
 from __future__ import annotations
 
 import argparse
+import collections
 import importlib
 import importlib.util
 import statistics
@@ -172,8 +173,8 @@ def auto_summary(results: list[tuple[object, list[dict]]]) -> str:
     for family, cases in families.items():
         ratios = [ratio for ratio, _ in cases]
         worst = min(ratios)
-        counts = {b: sum(1 for _, r in cases if r == b) for b in sorted({r for _, r in cases})}
-        ran_text = ", ".join(f"{b} {n}" for b, n in counts.items())
+        counts = collections.Counter(ran for _, ran in cases)
+        ran_text = ", ".join(f"{b} {n}" for b, n in sorted(counts.items()))
         lines.append(
             f"{family}: fastattn (auto) at {statistics.median(ratios):.2f}x (worst "
             f"{worst:.2f}x) the faster of fastattn's kernel and torch's (paired rounds) over "
