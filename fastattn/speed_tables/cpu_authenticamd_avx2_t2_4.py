@@ -8,10 +8,36 @@ TABLE = {
         "isa": "avx2",
         "threads": "2-4"
     },
-    "measured": "2026-11-29, cpu: AMD EPYC, avx2, 2 threads, torch 2.14.1+cu130",
-    "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv; benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv",
+    "measured": "2026-12-07, cpu: AMD EPYC, avx2, 2 threads, torch 2.14.1+cu130",
+    "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv",
     "entries": [
         {
+            "op": "add_sinusoidal",
+            "dtype": "float32",
+            "head_dim": "-",
+            "length": "<=1024",
+            "features": "plain",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.317,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
+        },
+        {
+            "op": "apply_rotary",
+            "dtype": "float32",
+            "head_dim": "<=128",
+            "length": "<=1024",
+            "features": "tables",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.189,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
+        },
+        {
             "op": "attention",
             "dtype": "float32",
             "head_dim": "<=128",
@@ -20,9 +46,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.647,
+            "ratio": 0.603,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
         },
         {
             "op": "attention",
@@ -33,9 +59,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.651,
+            "ratio": 0.669,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
         },
         {
             "op": "attention",
@@ -45,114 +71,114 @@ TABLE = {
             "features": "plain",
             "pass": "fwd",
             "kernel": "cpu",
-            "faster": "torch",
-            "ratio": 1.138,
+            "faster": "kernel",
+            "ratio": 0.906,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
         },
         {
             "op": "attention",
             "dtype": "float32",
             "head_dim": "<=128",
             "length": "<=1024",
-            "features": "plain",
-            "pass": "fwd+bwd",
-            "kernel": "cpu",
-            "faster": "kernel",
-            "ratio": 0.92,
-            "cases": 2,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
-        },
-        {
-            "op": "attention",
-            "dtype": "float32",
-            "head_dim": "<=128",
-            "length": "<=4096",
-            "features": "causal",
-            "pass": "fwd",
-            "kernel": "cpu",
-            "faster": "kernel",
-            "ratio": 0.883,
-            "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
-        },
-        {
-            "op": "attention",
-            "dtype": "float32",
-            "head_dim": "<=128",
-            "length": "<=4096",
-            "features": "causal",
-            "pass": "fwd+bwd",
-            "kernel": "cpu",
-            "faster": "kernel",
-            "ratio": 0.837,
-            "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
-        },
-        {
-            "op": "attention",
-            "dtype": "float32",
-            "head_dim": "<=128",
-            "length": "<=4096",
-            "features": "plain",
-            "pass": "fwd",
-            "kernel": "cpu",
-            "faster": "kernel",
-            "ratio": 0.974,
-            "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
-        },
-        {
-            "op": "attention",
-            "dtype": "float32",
-            "head_dim": "<=128",
-            "length": "<=4096",
             "features": "plain",
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "torch",
-            "ratio": 1.086,
-            "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
+            "ratio": 1.008,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
         },
         {
             "op": "attention",
             "dtype": "float32",
-            "head_dim": "<=64",
-            "length": "<=1024",
+            "head_dim": "<=128",
+            "length": "<=4096",
             "features": "causal",
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.688,
-            "cases": 2,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
+            "ratio": 0.776,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
         },
         {
             "op": "attention",
             "dtype": "float32",
-            "head_dim": "<=64",
-            "length": "<=1024",
+            "head_dim": "<=128",
+            "length": "<=4096",
             "features": "causal",
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.558,
-            "cases": 2,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
+            "ratio": 0.848,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
         },
         {
             "op": "attention",
             "dtype": "float32",
-            "head_dim": "<=64",
-            "length": "<=1024",
+            "head_dim": "<=128",
+            "length": "<=4096",
             "features": "plain",
             "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.961,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
+        },
+        {
+            "op": "attention",
+            "dtype": "float32",
+            "head_dim": "<=128",
+            "length": "<=4096",
+            "features": "plain",
+            "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "torch",
-            "ratio": 1.022,
+            "ratio": 1.09,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
+        },
+        {
+            "op": "attention",
+            "dtype": "float32",
+            "head_dim": "<=64",
+            "length": "<=1024",
+            "features": "causal",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.604,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
+        },
+        {
+            "op": "attention",
+            "dtype": "float32",
+            "head_dim": "<=64",
+            "length": "<=1024",
+            "features": "causal",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.614,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
+        },
+        {
+            "op": "attention",
+            "dtype": "float32",
+            "head_dim": "<=64",
+            "length": "<=1024",
+            "features": "plain",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.991,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
         },
         {
             "op": "attention",
@@ -163,9 +189,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.843,
+            "ratio": 0.833,
             "cases": 2,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
         },
         {
             "op": "attention",
@@ -174,102 +200,206 @@ TABLE = {
             "length": "<=4096",
             "features": "causal",
             "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.649,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
+        },
+        {
+            "op": "attention",
+            "dtype": "float32",
+            "head_dim": "<=64",
+            "length": "<=4096",
+            "features": "causal",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.709,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
+        },
+        {
+            "op": "attention",
+            "dtype": "float32",
+            "head_dim": "<=64",
+            "length": "<=4096",
+            "features": "plain",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.779,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
+        },
+        {
+            "op": "attention",
+            "dtype": "float32",
+            "head_dim": "<=64",
+            "length": "<=4096",
+            "features": "plain",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.89,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
+        },
+        {
+            "op": "attention_with_kvcache",
+            "dtype": "float32",
+            "head_dim": "<=64",
+            "length": "<=4096",
+            "features": "causal+gqa+rotary",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.616,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
+        },
+        {
+            "op": "attention_with_kvcache",
+            "dtype": "float32",
+            "head_dim": "<=64",
+            "length": ">4096",
+            "features": "causal+gqa+rotary",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.511,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
+        },
+        {
+            "op": "embed_with_positions",
+            "dtype": "float32",
+            "head_dim": "-",
+            "length": "<=1024",
+            "features": "learned",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.206,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
+        },
+        {
+            "op": "embed_with_positions",
+            "dtype": "float32",
+            "head_dim": "-",
+            "length": "<=1024",
+            "features": "plain",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.241,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
+        },
+        {
+            "op": "gru",
+            "dtype": "bfloat16",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "plain",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.734,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
+        },
+        {
+            "op": "gru",
+            "dtype": "bfloat16",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "plain",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.712,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
+        },
+        {
+            "op": "gru",
+            "dtype": "float32",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "bidirectional+lengths+multilayer",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.926,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
+        },
+        {
+            "op": "gru",
+            "dtype": "float32",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "bidirectional+lengths+multilayer",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.494,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
+        },
+        {
+            "op": "gru",
+            "dtype": "float32",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "plain",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.54,
+            "cases": 3,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
+        },
+        {
+            "op": "gru",
+            "dtype": "float32",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "plain",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.422,
+            "cases": 3,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
+        },
+        {
+            "op": "lstm",
+            "dtype": "bfloat16",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "plain",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.994,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
+        },
+        {
+            "op": "lstm",
+            "dtype": "bfloat16",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "plain",
+            "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
             "ratio": 0.778,
-            "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
-        },
-        {
-            "op": "attention",
-            "dtype": "float32",
-            "head_dim": "<=64",
-            "length": "<=4096",
-            "features": "causal",
-            "pass": "fwd+bwd",
-            "kernel": "cpu",
-            "faster": "kernel",
-            "ratio": 0.673,
-            "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
-        },
-        {
-            "op": "attention",
-            "dtype": "float32",
-            "head_dim": "<=64",
-            "length": "<=4096",
-            "features": "plain",
-            "pass": "fwd",
-            "kernel": "cpu",
-            "faster": "kernel",
-            "ratio": 0.837,
-            "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
-        },
-        {
-            "op": "attention",
-            "dtype": "float32",
-            "head_dim": "<=64",
-            "length": "<=4096",
-            "features": "plain",
-            "pass": "fwd+bwd",
-            "kernel": "cpu",
-            "faster": "kernel",
-            "ratio": 0.935,
-            "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-28-table/attention.csv"
-        },
-        {
-            "op": "gru",
-            "dtype": "float32",
-            "head_dim": "<=512",
-            "length": "<=256",
-            "features": "bidirectional+lengths+multilayer",
-            "pass": "fwd",
-            "kernel": "cpu",
-            "faster": "torch",
-            "ratio": 1.064,
-            "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
-        },
-        {
-            "op": "gru",
-            "dtype": "float32",
-            "head_dim": "<=512",
-            "length": "<=256",
-            "features": "bidirectional+lengths+multilayer",
-            "pass": "fwd+bwd",
-            "kernel": "cpu",
-            "faster": "kernel",
-            "ratio": 0.366,
-            "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
-        },
-        {
-            "op": "gru",
-            "dtype": "float32",
-            "head_dim": "<=512",
-            "length": "<=256",
-            "features": "plain",
-            "pass": "fwd",
-            "kernel": "cpu",
-            "faster": "kernel",
-            "ratio": 0.571,
-            "cases": 3,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
-        },
-        {
-            "op": "gru",
-            "dtype": "float32",
-            "head_dim": "<=512",
-            "length": "<=256",
-            "features": "plain",
-            "pass": "fwd+bwd",
-            "kernel": "cpu",
-            "faster": "kernel",
-            "ratio": 0.316,
-            "cases": 3,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
         },
         {
             "op": "lstm",
@@ -280,9 +410,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "torch",
-            "ratio": 1.31,
+            "ratio": 1.052,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
         },
         {
             "op": "lstm",
@@ -293,9 +423,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "torch",
-            "ratio": 1.161,
+            "ratio": 1.0,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
         },
         {
             "op": "lstm",
@@ -305,10 +435,10 @@ TABLE = {
             "features": "bidirectional+multilayer",
             "pass": "fwd",
             "kernel": "cpu",
-            "faster": "torch",
-            "ratio": 1.062,
+            "faster": "kernel",
+            "ratio": 0.985,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
         },
         {
             "op": "lstm",
@@ -318,10 +448,10 @@ TABLE = {
             "features": "bidirectional+multilayer",
             "pass": "fwd+bwd",
             "kernel": "cpu",
-            "faster": "torch",
-            "ratio": 1.03,
+            "faster": "kernel",
+            "ratio": 0.817,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
         },
         {
             "op": "lstm",
@@ -332,9 +462,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.544,
+            "ratio": 0.692,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
         },
         {
             "op": "lstm",
@@ -345,9 +475,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.188,
+            "ratio": 0.142,
             "cases": 1,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
         },
         {
             "op": "lstm",
@@ -357,10 +487,10 @@ TABLE = {
             "features": "plain",
             "pass": "fwd",
             "kernel": "cpu",
-            "faster": "torch",
-            "ratio": 1.032,
+            "faster": "kernel",
+            "ratio": 0.937,
             "cases": 4,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
         },
         {
             "op": "lstm",
@@ -371,9 +501,35 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.858,
+            "ratio": 0.84,
             "cases": 3,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
+        },
+        {
+            "op": "rnn",
+            "dtype": "bfloat16",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "plain",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.654,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
+        },
+        {
+            "op": "rnn",
+            "dtype": "bfloat16",
+            "head_dim": "<=512",
+            "length": "<=256",
+            "features": "plain",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.619,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
         },
         {
             "op": "rnn",
@@ -384,9 +540,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.599,
+            "ratio": 0.555,
             "cases": 3,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
         },
         {
             "op": "rnn",
@@ -397,9 +553,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.409,
+            "ratio": 0.459,
             "cases": 3,
-            "source": "benchmarks/results/cpu-zen3-avx2-2026-11-29-gemm/bench.csv"
+            "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
         }
     ]
 }
