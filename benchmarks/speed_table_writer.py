@@ -5,9 +5,9 @@ A case measures an entry when it has a speed key (Case.speed_key), a row of the 
 automatic choice runs there (Case.kernel, provider "fastattn:<kernel>") and a row of torch's
 kernel through fastattn's torch backend ("fastattn:torch"), both timed and correct. Cases with
 the same key (several batch sizes or lengths of one length class) are pooled: the entry's ratio
-is the geometric mean of their time ratios (fastattn's kernel / torch's), and torch is named
-faster when that mean is above 1. Entries of the class's existing table for keys this run did
-not measure are kept; measured keys are replaced.
+is the geometric mean of their time ratios (fastattn's kernel / torch's), rounded to three
+decimals, and torch is named faster when that is above 1. Entries of the class's existing
+table for keys this run did not measure are kept; measured keys are replaced.
 """
 
 from __future__ import annotations
@@ -44,13 +44,14 @@ def entries_from_rows(rows: list[dict]) -> list[dict]:
         entry["logs"].append(math.log(kernel / torch_time))
     entries = []
     for (key, kernel), entry in sorted(pooled.items()):
-        ratio = math.exp(sum(entry["logs"]) / len(entry["logs"]))
+        # decided on the ratio the table stores: 1.0004 is written as 1.0, a tie (the kernel)
+        ratio = round(math.exp(sum(entry["logs"]) / len(entry["logs"])), 3)
         entries.append(
             dict(
                 key,
                 kernel=kernel,
                 faster="torch" if ratio > 1.0 else "kernel",
-                ratio=round(ratio, 3),
+                ratio=ratio,
                 cases=len(entry["logs"]),
             )
         )

@@ -236,6 +236,19 @@ def test_the_writer_pools_cases_of_one_key(tmp_path, monkeypatch):
     by_features = {e["features"]: e for e in entries}
     assert by_features["plain"]["ratio"] == 1.0 and by_features["plain"]["faster"] == "kernel"
     assert by_features["causal"]["ratio"] == 3.0 and by_features["causal"]["faster"] == "torch"
+    # A mean a hair above 1 is stored as 1.0 and decided as stored: a tie, the kernel (a table
+    # saying "torch" at ratio 1.0 contradicts itself); 1.0006 is stored as 1.001, torch.
+    for torch_ms, faster in ((1.0 / 1.0004, "kernel"), (1.0 / 1.0006, "torch")):
+        hair = [
+            dict(r, median_ms=torch_ms)
+            if r["case"] == "c" and "torch" in r["provider"]
+            else dict(r, median_ms=1.0)
+            if r["case"] == "c"
+            else r
+            for r in rows
+        ]
+        causal = {e["features"]: e for e in speed_table_writer.entries_from_rows(hair)}["causal"]
+        assert causal["faster"] == faster and (causal["ratio"] > 1.0) == (faster == "torch")
     cls = {"kind": "cpu", "vendor": "GenuineIntel", "isa": "avx512", "threads": "5-16"}
     path = speed_table_writer.write(None, rows, source="test", measured="today", cls=cls)
     assert path.name == "cpu_genuineintel_avx512_t5_16.py"

@@ -422,7 +422,7 @@ TABLE = {
             "features": "plain",
             "pass": "fwd+bwd",
             "kernel": "cpu",
-            "faster": "torch",
+            "faster": "kernel",
             "ratio": 1.0,
             "cases": 1,
             "source": "benchmarks/results/cpu-zen3-avx2-2026-12-07/bench.csv"
