@@ -12,8 +12,8 @@ fastattn's kernels compare, not what the automatic choice makes of them. Machine
 - NVIDIA H100 80GB HBM3, 2026-11-26 (benchmarks/results/gpu-h100-2026-11-26/gpu.csv);
 - AMD EPYC Zen 5 (AVX-512, AVX512-BF16), 2 threads, 2026-11-27 (benchmarks/results/cpu.csv,
   the rows of that day; per case its newest row);
-- AMD EPYC Zen 3 (AVX2), 2 threads, 2026-11-28 (benchmarks/results/cpu-zen3-avx2-2026-11-28-final/,
-  the whole quick profile after the key-major attention forward);
+- AMD EPYC Zen 3 (AVX2), 2 threads, 2026-12-07 (benchmarks/results/cpu-zen3-avx2-2026-12-07/,
+  the whole quick profile with every float kernel on the vector type);
 - AMD EPYC Zen 4 (AVX-512, AVX512-BF16), 2 threads, 2026-11-29
   (benchmarks/results/cpu-zen4-avx512bf16-2026-11-29-vec/: attention, the recurrent layers and
   the models, after the AVX-512 kernels moved onto the vector type).
@@ -43,9 +43,9 @@ MACHINES = (
         "2026-11-27",
     ),
     (
-        "AMD EPYC Zen 3 (AVX2), 2 threads, 2026-11-28",
-        sorted((RESULTS / "cpu-zen3-avx2-2026-11-28-final").glob("*.csv")),
-        "2026-11-28",
+        "AMD EPYC Zen 3 (AVX2), 2 threads, 2026-12-07",
+        [RESULTS / "cpu-zen3-avx2-2026-12-07" / "bench.csv"],
+        "2026-12-07",
     ),
     (
         "AMD EPYC Zen 4 (AVX-512), 2 threads, 2026-11-29",
