@@ -239,13 +239,11 @@ def test_the_writer_pools_cases_of_one_key(tmp_path, monkeypatch):
     # A mean a hair above 1 is stored as 1.0 and decided as stored: a tie, the kernel (a table
     # saying "torch" at ratio 1.0 contradicts itself); 1.0006 is stored as 1.001, torch.
     for torch_ms, faster in ((1.0 / 1.0004, "kernel"), (1.0 / 1.0006, "torch")):
+        # case "c" alone, its kernel at 1 ms and torch's at torch_ms
         hair = [
-            dict(r, median_ms=torch_ms)
-            if r["case"] == "c" and "torch" in r["provider"]
-            else dict(r, median_ms=1.0)
-            if r["case"] == "c"
-            else r
+            dict(r, median_ms=torch_ms if "torch" in r["provider"] else 1.0)
             for r in rows
+            if r["case"] == "c"
         ]
         causal = {e["features"]: e for e in speed_table_writer.entries_from_rows(hair)}["causal"]
         assert causal["faster"] == faster and (causal["ratio"] > 1.0) == (faster == "torch")
