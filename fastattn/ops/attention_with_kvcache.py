@@ -451,16 +451,19 @@ def attention_with_kvcache_speed_key(
     length class of the caches' capacity (Lmax; the lengths in use are tensor values), q's head
     dim, features "alibi", "causal", "gqa" (fewer cache heads than q's), "paged", "rotary",
     "sinks", "softcap", "window". Inference only: never a gradient."""
-    features = (
-        ("alibi",) * (alibi_slopes is not None)
-        + ("causal",) * (causal_mode != 0)
-        + ("gqa",) * (k_cache.shape[1] != q.shape[1])
-        + ("paged",) * (block_table is not None)
-        + ("rotary",) * (rotary_cos is not None)
-        + ("sinks",) * (sinks is not None)
-        + ("softcap",) * (softcap > 0)
-        + ("window",) * (window_left >= 0 or window_right >= 0)
-    )
+    # Plain conditionals, not tuple * bool: under torch.compile(dynamic=True) the head counts
+    # are symbols, and torch 2.11 cannot repeat a tuple by a symbolic bool.
+    flags = {
+        "alibi": alibi_slopes is not None,
+        "causal": causal_mode != 0,
+        "gqa": k_cache.shape[1] != q.shape[1],
+        "paged": block_table is not None,
+        "rotary": rotary_cos is not None,
+        "sinks": sinks is not None,
+        "softcap": softcap > 0,
+        "window": window_left >= 0 or window_right >= 0,
+    }
+    features = tuple(name for name, on in flags.items() if on)
     return speed_table.key(
         "attention_with_kvcache", q.dtype, length=capacity, head_dim=q.shape[3], features=features
     )
