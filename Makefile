@@ -18,7 +18,7 @@ PROFILE ?= quick
 export PIP_RESUME_RETRIES ?= 20
 PYTEST_ARGS ?=
 
-.PHONY: bench test test-extended build venv clean cpu-torch-check lint format wheel wheel-check fuzz sdist
+.PHONY: bench test test-extended build venv clean cpu-torch-check lint format wheel wheel-check fuzz sdist kernel-report
 
 $(VENV)/.installed: requirements/dev.txt requirements/constraints.txt
 	test -x $(PY) || $(PYTHON_BOOTSTRAP) -m venv $(VENV)
@@ -54,6 +54,13 @@ fuzz: build
 bench: build
 	$(PY) -m fastattn
 	$(PY) benchmarks/run.py --profile $(PROFILE)
+
+# What the CUDA attention kernels compile to (registers, spills, shared memory, blocks per SM,
+# the main loop's instruction mix), read from the build's SASS without a GPU, and checked against
+# tools/kernel_report_baseline.json (tests/test_kernel_report.py runs the same check in CI).
+# Needs a build with the CUDA kernels (FASTATTN_CUDA=1).
+kernel-report: build
+	$(PY) tools/kernel_report.py --check
 
 # Lint and format: ruff (lint + format, 100 columns; pyproject.toml) for Python, clang-format
 # (.clang-format) for csrc/ and tools/. `make lint` checks and changes nothing (CI runs it);
