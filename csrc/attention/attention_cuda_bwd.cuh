@@ -130,9 +130,11 @@ __device__ __forceinline__ void kv_issue(const BwdParams& params, int b, KVStep 
 }
 
 // The work of a dK/dV block for one (batch b, kv head hk) and key tile n_tile.
-// kDBias: also add dS to d attn_mask (a separate instantiation, so that the kernels of a
-// backward without it keep their registers: the dS adds cost some spills at head dims 128/256).
-template <typename Elem, typename Cfg, bool kDBias>
+// kFeatures = false: the plain path (attention_fwd_mma_kernel's), without the code of the
+// element-wise features and dropout. kDBias (with kFeatures): also add dS to d attn_mask (a
+// separate instantiation, so that the kernels of a backward without it keep their registers: the
+// dS adds cost some spills at head dims 128/256).
+template <typename Elem, typename Cfg, bool kFeatures, bool kDBias>
 __device__ __forceinline__ void attention_bwd_dkdv_mma_block(const BwdParams& args, int b, int hk,
                                                              int n_tile) {
   constexpr int kHD = Cfg::kHD, kNT = Cfg::kNT, kNTO = Cfg::kNTO, kStride = Cfg::kStride;
@@ -180,10 +182,11 @@ __device__ __forceinline__ void attention_bwd_dkdv_mma_block(const BwdParams& ar
   }
 
   Dropout drop;
-  drop.init(p);
+  if constexpr (kFeatures) drop.init(p);
   const float keep_scale = static_cast<float>(p.keep_scale);
   const float scale = static_cast<float>(p.scale);
-  const bool elementwise = has_elementwise(p), has_cap = p.softcap > 0.0;
+  const bool elementwise = kFeatures && has_elementwise(p);
+  const bool has_cap = kFeatures && p.softcap > 0.0, dropout = kFeatures && p.dropout;
   const int ksteps_d = (p.D + 15) / 16, ksteps_dv = (p.Dv + 15) / 16;
   const int npairs_d = ksteps_d, npairs_dv = ksteps_dv;
   // d attn_mask: computed with dS, so by the launch that accumulates dK.
@@ -216,7 +219,7 @@ __device__ __forceinline__ void attention_bwd_dkdv_mma_block(const BwdParams& ar
     }
 
     Scores<float> sc;  // element-wise path only (local memory)
-    sc.init(p, b, step.h);
+    if constexpr (kFeatures) sc.init(p, b, step.h);
     const int bh = b * p.Hq + step.h;
 
     // dP^T = V dO^T (only for dK), then S^T = K Q^T; rows = this warp's 16 keys, columns =
@@ -238,12 +241,13 @@ __device__ __forceinline__ void attention_bwd_dkdv_mma_block(const BwdParams& ar
         const int ic = nt * 8 + 2 * t + (e & 1);          // query column in the step
         const int i = step.i0 + ic;
         float th = 0.0f;
-        const float s = full           ? sst[0][nt][e] * scale
-                        : !elementwise ? band_score(p, scale, sst[0][nt][e], i, j)
-                                       : sc(sst[0][nt][e], i, j, th);
+        float s = full ? sst[0][nt][e] * scale : band_score(p, scale, sst[0][nt][e], i, j);
+        if constexpr (kFeatures) {
+          if (elementwise) s = sc(sst[0][nt][e], i, j, th);
+        }
         const float pval = prim::fast_exp2((s - prim::lds(s_lse + ic)) * kLog2e);
         float mult = 1.0f;
-        if (p.dropout && i < p.Lq && j < p.Lk) {
+        if (dropout && i < p.Lq && j < p.Lk) {
           mult = drop.keep(dropout_element(p, bh, i, j)) ? keep_scale : 0.0f;
         }
         sst[0][nt][e] = pval * mult;  // P^T with dropout: the A operand of dV
@@ -304,21 +308,22 @@ __device__ __forceinline__ void attention_bwd_dkdv_mma_block(const BwdParams& ar
 
 // One block per (key tile, batch, kv head); with kDBias per (key tile, dkdv_pair group): the
 // pairs' work one after another.
-template <typename Elem, typename Cfg, bool kDBias = false>
+template <typename Elem, typename Cfg, bool kFeatures, bool kDBias>
 __global__ void __launch_bounds__(Cfg::kThreads)
     attention_bwd_dkdv_mma_kernel(const BwdParams args) {
+  static_assert(kFeatures || !kDBias, "d attn_mask comes with a mask, an element-wise feature");
   const int n_tiles = (args.p.Lk + Cfg::kBlockN - 1) / Cfg::kBlockN;
   const int blk = static_cast<int>(blockIdx.x / n_tiles);  // b * Hkv + hk without kDBias
   const int n_tile = static_cast<int>(blockIdx.x % n_tiles);
   if constexpr (!kDBias) {
-    attention_bwd_dkdv_mma_block<Elem, Cfg, false>(args, blk / args.p.Hkv, blk % args.p.Hkv,
-                                                   n_tile);
+    attention_bwd_dkdv_mma_block<Elem, Cfg, kFeatures, false>(args, blk / args.p.Hkv,
+                                                              blk % args.p.Hkv, n_tile);
   } else {
     for (int r = 0; r < args.loop_b * args.loop_h; ++r) {
       int b, hk;
       dkdv_pair(args, blk, r, b, hk);
       if (r > 0) prim::block_sync();  // every warp is done with the previous pair's tiles
-      attention_bwd_dkdv_mma_block<Elem, Cfg, true>(args, b, hk, n_tile);
+      attention_bwd_dkdv_mma_block<Elem, Cfg, true, true>(args, b, hk, n_tile);
     }
   }
 }
@@ -346,7 +351,8 @@ struct BwdQConfig {
   static constexpr int kSmemBytes = (2 * kQElems + kStages * 2 * kKVElems) * 2;
 };
 
-template <typename Elem, typename Cfg>
+// kFeatures = false: the plain path (attention_fwd_mma_kernel's).
+template <typename Elem, typename Cfg, bool kFeatures>
 __global__ void __launch_bounds__(Cfg::kThreads) attention_bwd_dq_mma_kernel(const BwdParams args) {
   constexpr int kHD = Cfg::kHD, kNT = Cfg::kNT, kNTO = Cfg::kNTO;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
@@ -408,12 +414,15 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_bwd_dq_mma_kernel(con
   }
 
   Scores<float> sc;  // element-wise path only (local memory)
-  sc.init(p, b, h);
   Dropout drop;
-  drop.init(p);
+  if constexpr (kFeatures) {
+    sc.init(p, b, h);
+    drop.init(p);
+  }
   const float keep_scale = static_cast<float>(p.keep_scale);
   const float scale = static_cast<float>(p.scale);
-  const bool elementwise = has_elementwise(p), has_cap = p.softcap > 0.0;
+  const bool elementwise = kFeatures && has_elementwise(p);
+  const bool has_cap = kFeatures && p.softcap > 0.0, dropout = kFeatures && p.dropout;
   const int ksteps_d = (p.D + 15) / 16, ksteps_dv = (p.Dv + 15) / 16;
 
   float dq_acc[1][kNTO][4];
@@ -458,16 +467,17 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_bwd_dq_mma_kernel(con
         const int i = i0 + warp_row0 + g + 8 * r;
         const int j = j0 + nt * 8 + 2 * t;
         uint32_t bits = 3u;
-        if (p.dropout && i < p.Lq) bits = drop.keep2(dropout_element(p, bh, i, j));
+        if (dropout && i < p.Lq) bits = drop.keep2(dropout_element(p, bh, i, j));
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int e = 2 * r + c;
           float th = 0.0f;
-          const float sv = full           ? s[0][nt][e] * scale
-                           : !elementwise ? band_score(p, scale, s[0][nt][e], i, j + c)
-                                          : sc(s[0][nt][e], i, j + c, th);
+          float sv = full ? s[0][nt][e] * scale : band_score(p, scale, s[0][nt][e], i, j + c);
+          if constexpr (kFeatures) {
+            if (elementwise) sv = sc(s[0][nt][e], i, j + c, th);
+          }
           const float pval = prim::fast_exp2((sv - lse_r[r]) * kLog2e);
-          const float mult = p.dropout ? (((bits >> c) & 1u) ? keep_scale : 0.0f) : 1.0f;
+          const float mult = dropout ? (((bits >> c) & 1u) ? keep_scale : 0.0f) : 1.0f;
           float ds = pval * (dp[0][nt][e] * mult - delta_r[r]);
           if (has_cap) ds *= 1.0f - th * th;
           s[0][nt][e] = ds * scale;

@@ -48,7 +48,7 @@ __device__ __forceinline__ TileRange visible_query_tiles(const Problem& p, int j
 // is used by the non-inlined element-wise path and therefore lives in local memory.
 
 // Some feature needs every element: softcap, ALiBi, a mask or key padding.
-__device__ __forceinline__ bool has_elementwise(const Problem& p) {
+__host__ __device__ __forceinline__ bool has_elementwise(const Problem& p) {
   return p.softcap > 0.0 || p.alibi != nullptr || p.mask_kind != kMaskNone || p.padding != nullptr;
 }
 

@@ -28,7 +28,10 @@ struct FwdConfig {
   static constexpr int kSmemBytes = (kBlockM + 2 * kBlockN) * kStride * 2;
 };
 
-template <typename Elem, typename Cfg>
+// kFeatures = false is the plain path: no element-wise feature (mask, padding, ALiBi, softcap)
+// and no dropout, compiled without their code, so the main loop holds no call of the
+// out-of-line element-wise paths (FASTATTN_NOINLINE) and the kernel no stack frame for them.
+template <typename Elem, typename Cfg, bool kFeatures>
 __global__ void __launch_bounds__(Cfg::kThreads) attention_fwd_mma_kernel(const FwdParams args) {
   constexpr int kMT = Cfg::kMT, kNT = Cfg::kNT, kNTO = Cfg::kNTO, kHD = Cfg::kHD;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStride = Cfg::kStride;
@@ -55,6 +58,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_fwd_mma_kernel(const 
   const int i0 = m_tile * kBlockM;
   const int warp_row0 = warp * 16 * kMT;  // first tile row of this warp
   FASTATTN_DEVICE_CHECK(b < p.B && split < max(params.num_splits, 1));
+  FASTATTN_DEVICE_CHECK(kFeatures || !(has_elementwise(p) || p.dropout));
   select_sequence(params, b);
   if (i0 >= p.Lq) return;  // the whole block: past the end of a shorter sequence
 
@@ -67,11 +71,13 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_fwd_mma_kernel(const 
   const uint16_t* Vg = static_cast<const uint16_t*>(p.v) + (paged ? 0 : b * p.v_sb) + hk * p.v_sh;
 
   Scores<float> sc;  // element-wise path only (local memory)
-  sc.init(p, b, h);
-  const float scale = static_cast<float>(p.scale);
-  const bool elementwise = has_elementwise(p);
   Dropout drop;
-  drop.init(p);
+  if constexpr (kFeatures) {
+    sc.init(p, b, h);
+    drop.init(p);
+  }
+  const float scale = static_cast<float>(p.scale);
+  const bool elementwise = kFeatures && has_elementwise(p);
   const float keep_scale = static_cast<float>(p.keep_scale);
   const int ksteps_qk = (p.D + 15) / 16;   // k-steps of Q K^T that touch real columns
   const int npairs_pv = (p.Dv + 15) / 16;  // 16-column groups of O that hold real columns
@@ -124,7 +130,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_fwd_mma_kernel(const 
             s[mt][nt][e] *= scale;
           } else if (!elementwise) {
             s[mt][nt][e] = band_score(p, scale, s[mt][nt][e], i, j);
-          } else {
+          } else if constexpr (kFeatures) {
             float unused;
             s[mt][nt][e] = sc(s[mt][nt][e], i, j, unused);
           }
@@ -167,7 +173,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_fwd_mma_kernel(const 
       }
 
     // Dropout multiplies the probabilities that reach P V (the row sums keep every term).
-    if (p.dropout) {
+    if (kFeatures && p.dropout) {
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll

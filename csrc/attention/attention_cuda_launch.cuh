@@ -108,7 +108,9 @@ template <typename Elem, int kHD>
 void run_fwd_mma(const FwdParams& fp, const Launch& launch) {
   using Cfg = typename MmaConfigs<kHD>::Fwd;
   const Problem& p = fp.p;
-  auto kernel = attention_fwd_mma_kernel<Elem, Cfg>;
+  const bool features = has_elementwise(p) || p.dropout;
+  auto kernel = features ? attention_fwd_mma_kernel<Elem, Cfg, true>
+                         : attention_fwd_mma_kernel<Elem, Cfg, false>;
   const int64_t blocks = static_cast<int64_t>((p.Lq + Cfg::kBlockM - 1) / Cfg::kBlockM) * p.B *
                          p.Hq * std::max(fp.num_splits, 1);
   check_smem(Cfg::kSmemBytes, launch, "attention_fwd_mma");
@@ -143,11 +145,14 @@ inline int64_t dkdv_pair_groups(const BwdParams& bp) {
 template <typename Elem, typename Cfg>
 void run_bwd_dkdv_mma(const BwdParams& bp, const Launch& launch) {
   const Problem& p = bp.p;
-  auto kernel = attention_bwd_dkdv_mma_kernel<Elem, Cfg, false>;
+  const bool features = has_elementwise(p) || p.dropout;
+  auto kernel = features ? attention_bwd_dkdv_mma_kernel<Elem, Cfg, true, false>
+                         : attention_bwd_dkdv_mma_kernel<Elem, Cfg, false, false>;
   int64_t groups = static_cast<int64_t>(p.B) * p.Hkv;
   if constexpr ((Cfg::kOut & kOutDK) != 0) {  // d attn_mask comes with dS, i.e. with dK
     if (bp.dbias_mode != kDBiasNone) {
-      kernel = attention_bwd_dkdv_mma_kernel<Elem, Cfg, true>;
+      FASTATTN_CHECK(features, "attention (cuda)", "a mask gradient without a mask");
+      kernel = attention_bwd_dkdv_mma_kernel<Elem, Cfg, true, true>;
       groups = dkdv_pair_groups(bp);
     }
   }
@@ -162,7 +167,8 @@ void run_bwd_dkdv_mma(const BwdParams& bp, const Launch& launch) {
 template <typename Elem, typename Cfg>
 void run_bwd_dq_mma(const BwdParams& bp, const Launch& launch) {
   const Problem& p = bp.p;
-  auto kernel = attention_bwd_dq_mma_kernel<Elem, Cfg>;
+  auto kernel = has_elementwise(p) || p.dropout ? attention_bwd_dq_mma_kernel<Elem, Cfg, true>
+                                                : attention_bwd_dq_mma_kernel<Elem, Cfg, false>;
   const int64_t blocks =
       static_cast<int64_t>((p.Lq + Cfg::kBlockM - 1) / Cfg::kBlockM) * p.B * p.Hq;
   check_smem(Cfg::kSmemBytes, launch, "attention_bwd_dq_mma");
