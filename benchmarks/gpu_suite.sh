@@ -12,11 +12,18 @@
 #          every op's file starts at once, so a cut-off trims each file's tail instead of
 #          skipping whole ops); Triton autotuning off (first config); the slow grids only with
 #          GPU_SUITE_SLOW=1; one test may take GPU_SUITE_TEST_TIMEOUT (60) seconds
+#   report (not run by default) tools/kernel_report.py on the build's arch: registers, spills
+#          and main-loop instruction mix of the CUDA attention kernels that ran
+#   ncu    (not run by default) one `ncu --set full` capture of the plain forward tensor-core
+#          kernel (benchmarks/gpu_one_forward.py), when ncu is on the machine
 #   bench  the benchmark suite on the GPU (GPU_SUITE_PROFILE, default quick; about 4 minutes
-#          on an H100, Triton autotuning included) and its plots
+#          on an H100, Triton autotuning included; GPU_SUITE_BENCH_OPS: a subset of ops) and
+#          its plots; the Triton attention autotuner's choices go to OUTDIR/triton_winners.json
 #   rest   (not run by default: CI runs them) the tests that are not GPU-specific
-# GPU_SUITE_STAGES="build tests bench" picks stages; GPU_SUITE_TESTS (default tests) is what
-# pytest collects. Logs, CSVs, junit XML and plots go to OUTDIR; a summary is printed last.
+# GPU_SUITE_STAGES="build tests bench" picks stages (they run in the order above);
+# GPU_SUITE_TESTS (default tests) is what pytest collects. Logs, CSVs, junit XML and plots go to
+# OUTDIR with the commit measured (commit.txt); a summary is printed last.
+# benchmarks/gpu_tune.sh is this suite for the attention kernels' tuning run.
 # Measured on the first run (H100, 2026-11-26): build 77 s; the bench 240 s.
 # A stage that runs out of time gets SIGINT and GPU_SUITE_GRACE (30) seconds before SIGKILL:
 # pytest then still prints its summary and writes its junit XML, and every test's outcome is
@@ -44,6 +51,20 @@ export CUDA_HOME=${CUDA_HOME:-$($PY tools/cuda_toolkit.py)}
 # cmake >= 4 refuses cmake_minimum_required < 3.5, still declared in some of torch's files.
 export CMAKE_POLICY_VERSION_MINIMUM=${CMAKE_POLICY_VERSION_MINIMUM:-3.5}
 status=0
+
+# Seconds kept for the selected stages after `stage` (their usual share: report 30, ncu 100,
+# bench 250).
+reserve_after() {
+  local stage=$1 total=0 later=0 s
+  for s in tests rest report ncu bench; do
+    if [ "$later" = 1 ] && [[ " $STAGES " == *" $s "* ]]; then
+      case $s in report) total=$((total + 30)) ;; ncu) total=$((total + 100)) ;;
+        bench) total=$((total + 250)) ;; esac
+    fi
+    [ "$s" = "$stage" ] && later=1
+  done
+  echo "$total"
+}
 
 # Seconds a stage may use: what is left before the deadline, less `reserve` for later stages,
 # at most `cap`.
@@ -84,6 +105,8 @@ $(grep -cE " ERROR( |$)" "$log") errors, $(grep -cE " SKIPPED( |$)" "$log") skip
 }
 
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || echo "no git checkout" > "$OUT/commit.txt"
+git status --short >> "$OUT/commit.txt" 2>/dev/null || true
 
 if [[ " $STAGES " == *" build "* ]]; then
   if ! run build "$(share 420 240)" "$OUT/build.log" $PY setup.py build_ext --inplace; then
@@ -98,23 +121,42 @@ PYTEST=($PY -m pytest ${GPU_SUITE_TESTS:-tests} -v -rfEs -n "${GPU_SUITE_WORKERS
 export FASTATTN_TRITON_AUTOTUNE=0
 [ "${GPU_SUITE_SLOW:-0}" = "1" ] && export FASTATTN_SLOW=1
 if [[ " $STAGES " == *" tests "* ]]; then
-  # 250 s kept for the bench (its ~240 s, its plots).
-  run "tests (GPU-specific)" "$(share 250 400)" "$OUT/tests_gpu.log" "${PYTEST[@]}" \
+  # time kept for the later stages (the bench: its ~240 s, its plots)
+  run "tests (GPU-specific)" "$(share "$(reserve_after tests)" 400)" "$OUT/tests_gpu.log" "${PYTEST[@]}" \
     -k "cuda or triton" --junitxml="$OUT/tests_gpu.xml" || status=1
   outcomes "tests (GPU-specific)" "$OUT/tests_gpu.log"
 fi
 
 if [[ " $STAGES " == *" rest "* ]]; then
-  run "tests (the rest)" "$(share 250 400)" "$OUT/tests_rest.log" "${PYTEST[@]}" \
+  run "tests (the rest)" "$(share "$(reserve_after rest)" 400)" "$OUT/tests_rest.log" "${PYTEST[@]}" \
     -k "not (cuda or triton)" --junitxml="$OUT/tests_rest.xml" || status=1
   outcomes "tests (the rest)" "$OUT/tests_rest.log"
 fi
 unset FASTATTN_TRITON_AUTOTUNE FASTATTN_SLOW
 
+if [[ " $STAGES " == *" report "* ]]; then
+  run "kernel report" "$(share "$(reserve_after report)" 60)" "$OUT/kernel_report.txt" \
+    $PY tools/kernel_report.py --arch "sm_$(echo "${ARCH:-9.0}" | tr -d .)" \
+    --json "$OUT/kernel_report.json" || status=1
+fi
+
+if [[ " $STAGES " == *" ncu "* ]]; then
+  if command -v ncu > /dev/null 2>&1; then
+    run ncu "$(share "$(reserve_after ncu)" 150)" "$OUT/ncu.log" ncu --set full \
+      --kernel-name regex:attention_fwd_mma --launch-skip 1 --launch-count 1 \
+      --export "$OUT/ncu_fwd" --force-overwrite $PY benchmarks/gpu_one_forward.py || status=1
+    ncu --import "$OUT/ncu_fwd.ncu-rep" --page details > "$OUT/ncu_fwd.txt" 2>&1 || true
+  else
+    echo "ncu: not on this machine, no capture"
+  fi
+fi
+
 if [[ " $STAGES " == *" bench "* ]]; then
-  run bench "$(share 15 600)" "$OUT/bench.log" $PY benchmarks/run.py \
+  ops=()
+  [ -n "${GPU_SUITE_BENCH_OPS:-}" ] && ops=(--ops "$GPU_SUITE_BENCH_OPS")
+  run bench "$(share 15 600)" "$OUT/bench.log" $PY benchmarks/run.py "${ops[@]}" \
     --profile "${GPU_SUITE_PROFILE:-quick}" --device cuda --csv "$OUT/gpu.csv" \
-    --plots "$OUT/plots" || status=1
+    --plots "$OUT/plots" --triton-winners "$OUT/triton_winners.json" || status=1
   # run.py plots at its end; a run cut off before then still gets plots of the rows it wrote
   [[ -e "$OUT/plots/summary.png" ]] ||
     timeout 60 $PY benchmarks/plot.py "$OUT/gpu.csv" "$OUT/plots" > "$OUT/plot.log" 2>&1 || true

@@ -23,6 +23,7 @@ import argparse
 import collections
 import importlib
 import importlib.util
+import json
 import statistics
 import sys
 import time
@@ -223,6 +224,12 @@ def main(argv=None) -> int:
         help="write this device class's speed table (fastattn/speed_tables/) from the run's "
         "kernel and torch-backend rows",
     )
+    parser.add_argument(
+        "--triton-winners",
+        type=Path,
+        default=None,
+        help="write the Triton attention autotuner's choices of this run here (JSON)",
+    )
     args = parser.parse_args(argv)
 
     device = common.default_device() if args.device == "auto" else torch.device(args.device)
@@ -281,6 +288,12 @@ def main(argv=None) -> int:
     print("\nthe automatic choice (speed table included):")
     print(auto_summary(results))
     print(f"\nrows appended to {csv_path}")
+    if args.triton_winners:
+        from fastattn.triton import attention_tuning
+
+        chosen = attention_tuning.winners()
+        args.triton_winners.write_text(json.dumps(chosen, indent=1) + "\n")
+        print(f"{len(chosen)} Triton autotuning choices written to {args.triton_winners}")
     if args.write_speed_table:
         import speed_table_writer
 

@@ -201,12 +201,16 @@ TABLES = {
 }
 
 
+# The autotuned copies tuned() made, by kernel name, for winners().
+_TUNED: dict[str, dict] = {}
+
+
 def tuned(kernel, name: str, reset_to_zero: list[str] | None = None) -> dict:
     """Autotuned copies of `kernel` ("fwd", "dkdv" or "dq": its tables and pruner), keyed by
     (float32?, head-dim class). reset_to_zero: arguments the kernel accumulates into (zeroed
     before every timed run and before the real one)."""
     configs, configs_fp32 = TABLES[name]
-    return {
+    copies = {
         (fp32, cls): triton.autotune(
             configs=cfgs,
             key=_TUNE_KEY,
@@ -216,6 +220,33 @@ def tuned(kernel, name: str, reset_to_zero: list[str] | None = None) -> dict:
         for fp32, table in ((False, configs), (True, configs_fp32))
         for cls, cfgs in table.items()
     }
+    _TUNED[name] = copies
+    return copies
+
+
+def winners() -> list[dict]:
+    """The configs the autotuner chose in this process, one row per kernel, table (float32?,
+    head-dim class) and tuning key (_TUNE_KEY's values, then the argument dtypes triton adds):
+    what a GPU run reports so that the tables above can put each class's winners first."""
+    rows = []
+    for name, copies in _TUNED.items():
+        for (fp32, cls), autotuner in copies.items():
+            for key, config in getattr(autotuner, "cache", {}).items():
+                rows.append(
+                    {
+                        "kernel": name,
+                        "float32": fp32,
+                        "head_class": cls,
+                        "key": dict(zip(_TUNE_KEY, (str(v) for v in key))),
+                        "key_rest": [str(v) for v in key[len(_TUNE_KEY) :]],
+                        "config": {
+                            **config.kwargs,
+                            "num_warps": config.num_warps,
+                            "num_stages": config.num_stages,
+                        },
+                    }
+                )
+    return rows
 
 
 def head_class(block_d: int, block_dv: int) -> int:
