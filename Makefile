@@ -55,7 +55,7 @@ bench: build
 	$(PY) -m fastattn
 	$(PY) benchmarks/run.py --profile $(PROFILE)
 
-# What the CUDA attention kernels compile to (registers, spills, shared memory, blocks per SM,
+# What the CUDA attention, recurrent and positional kernels compile to (registers, spills, shared memory, blocks per SM,
 # the main loop's instruction mix), read from the build's SASS without a GPU, and checked against
 # tools/kernel_report_baseline.json (tests/test_kernel_report.py runs the same check in CI).
 # Needs a build with the CUDA kernels (FASTATTN_CUDA=1).

@@ -105,9 +105,31 @@ def test_resources_parse():
     assert res["_Z5otherv"]["static_smem"] == 1024
 
 
+LSTM_PERSISTENT_FLOAT = (
+    "_ZN8fastattn9recurrent12cuda_kernels25forward_persistent_kernelIfLNS1_4CellE0EEEvNS1_16Persi"
+    "stentParamsEPNS_4cuda7AccTypeIT_E4typeEPKS9_SA_SA_PS7_SC_SA_"
+)
+ANONYMOUS = "56_GLOBAL__N__2c56ab48_18_positional_cuda_cu_e9135e89_9366"  # holds digits
+SINUSOIDAL_BF16 = (
+    f"_ZN8fastattn10positional{ANONYMOUS}21add_sinusoidal_kernelIN3c108BFloat16ELb0EEEvPKT_PS5_"
+    "lllllllPKlNS_4cuda7AccTypeIS5_E4typeEdNS1_7DropoutISE_EEb"
+)
+SORT_KEYS = f"_ZN8fastattn10positional{ANONYMOUS}16sort_keys_kernelEPKllS3_lllPlS4_"
+KVCACHE_APPEND = (
+    "_ZN8fastattn21attention_with_kvcache12_GLOBAL__N_118append_rows_kernelIjEEvPKT_PS2_PKilllll"
+)
+
+
 def test_kernel_names_read_from_the_mangled_names():
     assert str(kernel_report.kernel_name(FWD_BF16_128)) == "fwd_mma<bf16,128,1,8,64>"
     assert str(kernel_report.kernel_name(DQ_SIMT_FLOAT)) == "bwd_dq_simt<float,true>"
+    lstm = kernel_report.kernel_name(LSTM_PERSISTENT_FLOAT)
+    assert str(lstm) == "recurrent.forward_persistent<float,cell0>"
+    assert (
+        str(kernel_report.kernel_name(SINUSOIDAL_BF16)) == "positional.add_sinusoidal<bf16,false>"
+    )
+    assert str(kernel_report.kernel_name(SORT_KEYS)) == "positional.sort_keys"
+    assert kernel_report.kernel_name(KVCACHE_APPEND) is None  # not a reported family
     assert kernel_report.kernel_name("_Z5otherv") is None
 
 

@@ -1,13 +1,15 @@
-"""What the CUDA attention kernels compile to, read offline from the build, and a ratchet on it.
+"""What the CUDA kernels compile to, read offline from the build, and a ratchet on it.
 
 GPU time is scarce; the SASS of the sm_80 and sm_90 builds predicts much of a kernel's speed and
-can be read on any machine. For every attention kernel in fastattn/_C_cuda.so this reports, per
-arch: registers, stack bytes and local-memory instructions (spills), shared memory per block,
-blocks per SM (the least of the register, shared-memory and thread limits) and, for its main
-loop (the backward branch's body with the most tensor-core instructions), the counts of HMMA,
-HGMMA, LDSM, LDGSTS, TMA copies (UTMALDG, UBLKCP), BAR, MUFU.EX2 and floating-point
-instructions, out-of-line CALLs and local-memory instructions (LDL/STL), and floating-point
-instructions per score a thread computes in one trip.
+can be read on any machine. For every attention, recurrent and positional kernel in
+fastattn/_C_cuda.so (FAMILIES: attention kernels by their own names, the others prefixed with
+"recurrent." or "positional.") this reports, per arch: registers, stack bytes and local-memory
+instructions (spills), shared memory per block, blocks per SM (the least of the register,
+shared-memory and thread limits) and, for its main loop (the backward branch's body with the
+most tensor-core instructions), the counts of HMMA, HGMMA, LDSM, LDGSTS, TMA copies (UTMALDG,
+UBLKCP), BAR, MUFU.EX2, out-of-line CALLs, local-memory instructions (LDL/STL) and
+floating-point instructions, and floating-point instructions per score a thread computes in one
+trip (attention tensor-core kernels).
 
     python tools/kernel_report.py                   # the table
     python tools/kernel_report.py --check           # and fail on a regression from the baseline
@@ -164,37 +166,91 @@ def main_loop(instructions: list[Instruction]) -> tuple[LoopCounts | None, int]:
 
 @dataclass
 class KernelName:
-    kind: str  # fwd_mma, bwd_dkdv_mma, bwd_dq_mma, fwd_simt, ...
+    family: str  # attention, recurrent, positional
+    kind: str  # fwd_mma, bwd_dkdv_mma, forward_persistent, add_sinusoidal, ...
     element: str  # bf16, f16, float, double
-    config: tuple[int, ...]  # the integer template arguments, in order
-    flags: tuple[bool, ...]  # the bool template arguments, in order
+    literals: tuple[str, ...]  # the literal template arguments in order: ints, bools, enums
+
+    @property
+    def config(self) -> tuple[int, ...]:
+        return tuple(int(v) for v in self.literals if v.lstrip("-").isdigit())
 
     def __str__(self) -> str:
-        flags = ("true" if f else "false" for f in self.flags)
-        args = [self.element, *map(str, self.config), *flags]
-        return f"{self.kind}<{','.join(args)}>"
+        args = [self.element, *self.literals] if self.element != "-" else list(self.literals)
+        body = f"{self.kind}<{','.join(args)}>" if args else self.kind
+        return body if self.family == "attention" else f"{self.family}.{body}"
+
+
+# The kernels reported, by the namespace under fastattn:: they live in.
+FAMILIES = {
+    ("cuda", "attn"): "attention",
+    ("recurrent",): "recurrent",
+    ("positional",): "positional",
+}
+# The translation units (cubins) that hold them.
+CUBINS = ("attention_cuda", "recurrent_cuda", "positional_cuda")
+_LITERAL = re.compile(r"L(N\w*?E|[a-z])(-?\d+)E")
+
+
+def _nested_name(mangled: str) -> tuple[list[str], str] | None:
+    """The source names of a mangled _ZN...E function and the rest of the string after them
+    (its template arguments when it starts with I)."""
+    if not mangled.startswith("_ZN"):
+        return None
+    names, i = [], 3
+    while i < len(mangled) and mangled[i].isdigit():
+        j = i
+        while mangled[j].isdigit():
+            j += 1
+        length = int(mangled[i:j])
+        names.append(mangled[j : j + length])
+        i = j + length
+    return names, mangled[i:]
 
 
 def kernel_name(mangled: str) -> KernelName | None:
-    """An attention kernel's readable name from its mangled one (fastattn::cuda::attn::
-    attention_<kind>_kernel<element, config...>), or None for any other function."""
-    m = re.search(r"4attn\d+attention_(\w+?)_kernelI(.*)$", mangled)
-    if m is None:
+    """A kernel's readable name from its mangled one, for the kernels of FAMILIES
+    (fastattn::cuda::attn::attention_<kind>_kernel<element, config...>,
+    fastattn::recurrent::cuda_kernels::<kind>_kernel<element, cell>, ...), else None."""
+    parsed = _nested_name(mangled)
+    if parsed is None:
         return None
-    kind, args = m.group(1), m.group(2)
+    names, rest = parsed
+    if len(names) < 2 or names[0] != "fastattn" or not names[-1].endswith("_kernel"):
+        return None
+    family = next(
+        (f for prefix, f in FAMILIES.items() if tuple(names[1 : 1 + len(prefix)]) == prefix), None
+    )
+    if family is None:
+        return None
+    kind = names[-1].removesuffix("_kernel")
+    if family == "attention":
+        kind = kind.removeprefix("attention_")
+    args = rest[1:] if rest.startswith("I") else ""
     if args.startswith("f"):
         element = "float"
     elif args.startswith("d"):
         element = "double"
-    elif "4BF16" in args:
+    elif args.startswith("i"):
+        element = "int"
+    elif args.startswith("l"):
+        element = "long"
+    elif "BF16" in args[:40] or "BFloat16" in args[:40]:
         element = "bf16"
-    elif "3F16" in args:
+    elif "F16" in args[:40] or "4Half" in args[:40]:
         element = "f16"
     else:
-        element = "?"
-    config = tuple(int(v) for v in re.findall(r"Li(\d+)E", args))
-    flags = tuple(v == "1" for v in re.findall(r"Lb([01])E", args))
-    return KernelName(kind, element, config, flags)
+        element = "-"
+    literals = []
+    for kind_code, value in _LITERAL.findall(args):
+        if kind_code == "b":
+            literals.append("true" if value == "1" else "false")
+        elif kind_code.startswith("N"):  # an enum: its type's last name, lower case, and value
+            enum = re.search(r"\d+([A-Za-z]\w*)E$", kind_code)
+            literals.append(f"{enum.group(1).lower() if enum else 'enum'}{value}")
+        else:
+            literals.append(value)
+    return KernelName(family, kind, element, tuple(literals))
 
 
 def launch_shape(name: KernelName) -> tuple[int | None, int | None, int | None]:
@@ -280,7 +336,8 @@ def report(lib: Path, cuobjdump: str, arches: list[str] | None = None) -> dict[s
     """{arch: {kernel name: row}} for the attention kernels of the CUDA library `lib`, for each
     arch in `arches` (default: every arch of SM_LIMITS the library holds cubins for)."""
     listing = _run(cuobjdump, "-lelf", str(lib))
-    cubins = re.findall(r"ELF file\s+\d+:\s+(attention_cuda\S*\.(sm_\d+)\.cubin)", listing)
+    files = "|".join(CUBINS)
+    cubins = re.findall(rf"ELF file\s+\d+:\s+((?:{files})\S*\.(sm_\d+)\.cubin)", listing)
     out: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for cubin, arch in cubins:
