@@ -131,9 +131,9 @@ __device__ __forceinline__ void kv_issue(const BwdParams& params, int b, KVStep 
 
 // The work of a dK/dV block for one (batch b, kv head hk) and key tile n_tile.
 // kFeatures = false: the plain path (attention_fwd_mma_kernel's), without the code of the
-// element-wise features and dropout. kDBias (with kFeatures): also add dS to d attn_mask (a
-// separate instantiation, so that the kernels of a backward without it keep their registers: the
-// dS adds cost some spills at head dims 128/256).
+// element-wise features and dropout, the scale folded into the exponent. kDBias (with kFeatures):
+// also add dS to d attn_mask (a separate instantiation, so that the kernels of a backward without
+// it keep their registers: the dS adds cost some spills at head dims 128/256).
 template <typename Elem, typename Cfg, bool kFeatures, bool kDBias>
 __device__ __forceinline__ void attention_bwd_dkdv_mma_block(const BwdParams& args, int b, int hk,
                                                              int n_tile) {
@@ -187,6 +187,7 @@ __device__ __forceinline__ void attention_bwd_dkdv_mma_block(const BwdParams& ar
   const float scale = static_cast<float>(p.scale);
   const bool elementwise = kFeatures && has_elementwise(p);
   const bool has_cap = kFeatures && p.softcap > 0.0, dropout = kFeatures && p.dropout;
+  const float scale_log2 = scale * kLog2e;
   const int ksteps_d = (p.D + 15) / 16, ksteps_dv = (p.Dv + 15) / 16;
   const int npairs_d = ksteps_d, npairs_dv = ksteps_dv;
   // d attn_mask: computed with dS, so by the launch that accumulates dK.
@@ -241,11 +242,15 @@ __device__ __forceinline__ void attention_bwd_dkdv_mma_block(const BwdParams& ar
         const int ic = nt * 8 + 2 * t + (e & 1);          // query column in the step
         const int i = step.i0 + ic;
         float th = 0.0f;
-        float s = full ? sst[0][nt][e] * scale : band_score(p, scale, sst[0][nt][e], i, j);
+        float pval;
         if constexpr (kFeatures) {
+          float s = full ? sst[0][nt][e] * scale : band_score(p, scale, sst[0][nt][e], i, j);
           if (elementwise) s = sc(sst[0][nt][e], i, j, th);
+          pval = prim::fast_exp2((s - prim::lds(s_lse + ic)) * kLog2e);
+        } else {  // the scale folded into the exponent (scale > 0)
+          const float raw = full || in_band(p, i, j) ? sst[0][nt][e] : -prim::inf_of<float>();
+          pval = prim::fast_exp2(raw * scale_log2 - prim::lds(s_lse + ic) * kLog2e);
         }
-        const float pval = prim::fast_exp2((s - prim::lds(s_lse + ic)) * kLog2e);
         float mult = 1.0f;
         if (dropout && i < p.Lq && j < p.Lk) {
           mult = drop.keep(dropout_element(p, bh, i, j)) ? keep_scale : 0.0f;
@@ -351,7 +356,8 @@ struct BwdQConfig {
   static constexpr int kSmemBytes = (2 * kQElems + kStages * 2 * kKVElems) * 2;
 };
 
-// kFeatures = false: the plain path (attention_fwd_mma_kernel's).
+// kFeatures = false: the plain path (attention_fwd_mma_kernel's, the scale folded into the
+// exponent as there).
 template <typename Elem, typename Cfg, bool kFeatures>
 __global__ void __launch_bounds__(Cfg::kThreads) attention_bwd_dq_mma_kernel(const BwdParams args) {
   constexpr int kHD = Cfg::kHD, kNT = Cfg::kNT, kNTO = Cfg::kNTO;
@@ -423,6 +429,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_bwd_dq_mma_kernel(con
   const float scale = static_cast<float>(p.scale);
   const bool elementwise = kFeatures && has_elementwise(p);
   const bool has_cap = kFeatures && p.softcap > 0.0, dropout = kFeatures && p.dropout;
+  const float scale_log2 = scale * kLog2e;
+  const float lse_log2[2] = {lse_r[0] * kLog2e, lse_r[1] * kLog2e};  // +inf stays +inf
   const int ksteps_d = (p.D + 15) / 16, ksteps_dv = (p.Dv + 15) / 16;
 
   float dq_acc[1][kNTO][4];
@@ -472,11 +480,15 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_bwd_dq_mma_kernel(con
         for (int c = 0; c < 2; ++c) {
           const int e = 2 * r + c;
           float th = 0.0f;
-          float sv = full ? s[0][nt][e] * scale : band_score(p, scale, s[0][nt][e], i, j + c);
+          float pval;
           if constexpr (kFeatures) {
+            float sv = full ? s[0][nt][e] * scale : band_score(p, scale, s[0][nt][e], i, j + c);
             if (elementwise) sv = sc(s[0][nt][e], i, j + c, th);
+            pval = prim::fast_exp2((sv - lse_r[r]) * kLog2e);
+          } else {  // the scale folded into the exponent (scale > 0)
+            const float raw = full || in_band(p, i, j + c) ? s[0][nt][e] : -prim::inf_of<float>();
+            pval = prim::fast_exp2(raw * scale_log2 - lse_log2[r]);
           }
-          const float pval = prim::fast_exp2((sv - lse_r[r]) * kLog2e);
           const float mult = dropout ? (((bits >> c) & 1u) ? keep_scale : 0.0f) : 1.0f;
           float ds = pval * (dp[0][nt][e] * mult - delta_r[r]);
           if (has_cap) ds *= 1.0f - th * th;

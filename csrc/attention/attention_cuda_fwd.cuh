@@ -31,6 +31,8 @@ struct FwdConfig {
 // kFeatures = false is the plain path: no element-wise feature (mask, padding, ALiBi, softcap)
 // and no dropout, compiled without their code, so the main loop holds no call of the
 // out-of-line element-wise paths (FASTATTN_NOINLINE) and the kernel no stack frame for them.
+// It also keeps the scores unscaled and folds the scale into the exponent (one FFMA per score,
+// the running max in units of q.k): the launcher takes it only for a scale > 0.
 template <typename Elem, typename Cfg, bool kFeatures>
 __global__ void __launch_bounds__(Cfg::kThreads) attention_fwd_mma_kernel(const FwdParams args) {
   constexpr int kMT = Cfg::kMT, kNT = Cfg::kNT, kNTO = Cfg::kNTO, kHD = Cfg::kHD;
@@ -58,7 +60,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_fwd_mma_kernel(const 
   const int i0 = m_tile * kBlockM;
   const int warp_row0 = warp * 16 * kMT;  // first tile row of this warp
   FASTATTN_DEVICE_CHECK(b < p.B && split < max(params.num_splits, 1));
-  FASTATTN_DEVICE_CHECK(kFeatures || !(has_elementwise(p) || p.dropout));
+  FASTATTN_DEVICE_CHECK(kFeatures || !(has_elementwise(p) || p.dropout || !(p.scale > 0.0)));
   select_sequence(params, b);
   if (i0 >= p.Lq) return;  // the whole block: past the end of a shorter sequence
 
@@ -77,6 +79,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_fwd_mma_kernel(const 
     drop.init(p);
   }
   const float scale = static_cast<float>(p.scale);
+  // The exponent's factor of a score: log2(e) on scaled scores, scale * log2(e) on plain ones.
+  const float exp_factor = kFeatures ? kLog2e : scale * kLog2e;
   const bool elementwise = kFeatures && has_elementwise(p);
   const float keep_scale = static_cast<float>(p.keep_scale);
   const int ksteps_qk = (p.D + 15) / 16;   // k-steps of Q K^T that touch real columns
@@ -126,7 +130,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_fwd_mma_kernel(const 
         for (int e = 0; e < 4; ++e) {
           const int i = i0 + warp_row0 + mt * 16 + g + (e >> 1) * 8;
           const int j = j0 + nt * 8 + 2 * t + (e & 1);
-          if (full) {
+          if constexpr (!kFeatures) {  // unscaled: q.k inside the band, else -inf
+            if (!full && !in_band(p, i, j)) s[mt][nt][e] = -prim::inf_of<float>();
+          } else if (full) {
             s[mt][nt][e] *= scale;
           } else if (!elementwise) {
             s[mt][nt][e] = band_score(p, scale, s[mt][nt][e], i, j);
@@ -152,14 +158,14 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_fwd_mma_kernel(const 
         // No visible key so far in this row: use 0 as the shift, so that exp(-inf - 0) = 0
         // instead of exp(-inf + inf) = NaN.
         const float m_use = m_new == -prim::inf_of<float>() ? 0.0f : m_new;
-        const float shift = m_use * kLog2e;
-        const float alpha = prim::fast_exp2(m_run[mt][r] * kLog2e - shift);  // 0 when m = -inf
+        const float shift = m_use * exp_factor;
+        const float alpha = prim::fast_exp2(m_run[mt][r] * exp_factor - shift);  // 0 when m = -inf
         float sum = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
-            const float pv = prim::fast_exp2(s[mt][nt][2 * r + c] * kLog2e - shift);
+            const float pv = prim::fast_exp2(s[mt][nt][2 * r + c] * exp_factor - shift);
             s[mt][nt][2 * r + c] = pv;
             sum += pv;
           }
@@ -225,7 +231,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_fwd_mma_kernel(const 
       }
       const int i = i0 + warp_row0 + mt * 16 + g + 8 * r;
       if (t == 0 && i < p.Lq) {
-        prim::stg(lse + i, empty ? -prim::inf_of<float>() : m_run[mt][r] + prim::acc_log(l));
+        const float m = kFeatures ? m_run[mt][r] : m_run[mt][r] * scale;  // scaled units
+        prim::stg(lse + i, empty ? -prim::inf_of<float>() : m + prim::acc_log(l));
       }
     }
   if (partial) {
