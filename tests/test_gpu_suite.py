@@ -26,15 +26,27 @@ def test_triton_hangs():
 """
 
 
+def _run_script(script: str, out: Path, timeout: int, **env) -> subprocess.CompletedProcess:
+    """benchmarks/<script> OUT with this Python and `env` added to the environment."""
+    return subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / script), str(out)],
+        env=dict(os.environ, PYTHON=sys.executable, **env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 @pytest.mark.timeout(240)
 def test_cut_off_stage_keeps_test_names(tmp_path):
     tests = tmp_path / "fake_tests"
     tests.mkdir()
     (tests / "test_fake.py").write_text(FAKE_TESTS)
     out = tmp_path / "out"
-    env = dict(
-        os.environ,
-        PYTHON=sys.executable,
+    proc = _run_script(
+        "gpu_suite.sh",
+        out,
+        200,
         GPU_SUITE_STAGES="tests",
         GPU_SUITE_TESTS=str(tests),
         GPU_SUITE_WORKERS="2",
@@ -42,13 +54,6 @@ def test_cut_off_stage_keeps_test_names(tmp_path):
         GPU_SUITE_TEST_TIMEOUT="300",  # the stage's cut-off, not pytest-timeout, ends it
         # the test stage's share: all of it (no later stage selected keeps time)
         GPU_SUITE_SECONDS="50",
-    )
-    proc = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_suite.sh"), str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=200,
     )
     report = proc.stdout
     assert proc.returncode != 0, report
@@ -67,14 +72,7 @@ def test_cut_off_stage_keeps_test_names(tmp_path):
 @pytest.mark.timeout(120)
 def test_tuning_run_records_the_commit_and_skips_a_missing_profiler(tmp_path):
     out = tmp_path / "out"
-    env = dict(os.environ, PYTHON=sys.executable, GPU_SUITE_STAGES="ncu", PATH="/usr/bin:/bin")
-    proc = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_tune.sh"), str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=100,
-    )
+    proc = _run_script("gpu_tune.sh", out, 100, GPU_SUITE_STAGES="ncu", PATH="/usr/bin:/bin")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ncu: not on this machine" in proc.stdout
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
