@@ -52,6 +52,13 @@ __host__ __device__ __forceinline__ bool has_elementwise(const Problem& p) {
   return p.softcap > 0.0 || p.alibi != nullptr || p.mask_kind != kMaskNone || p.padding != nullptr;
 }
 
+// The tensor-core kernels' instantiation with the feature code (kFeatures): element-wise
+// features, dropout, or a scale that is not positive (the plain path folds the scale into the
+// exponent, so its running max of q.k must be the max of the scaled scores).
+__host__ __device__ __forceinline__ bool needs_features(const Problem& p) {
+  return has_elementwise(p) || p.dropout || !(p.scale > 0.0);
+}
+
 // Key j is visible to query i by the window band and exists.
 __device__ __forceinline__ bool in_band(const Problem& p, int i, int j) {
   return j >= i + p.window_lo && j <= i + p.window_hi && j < p.Lk;

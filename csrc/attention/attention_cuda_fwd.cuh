@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_fwd_mma_kernel(const 
   const int i0 = m_tile * kBlockM;
   const int warp_row0 = warp * 16 * kMT;  // first tile row of this warp
   FASTATTN_DEVICE_CHECK(b < p.B && split < max(params.num_splits, 1));
-  FASTATTN_DEVICE_CHECK(kFeatures || !(has_elementwise(p) || p.dropout || !(p.scale > 0.0)));
+  FASTATTN_DEVICE_CHECK(kFeatures || !needs_features(p));
   select_sequence(params, b);
   if (i0 >= p.Lq) return;  // the whole block: past the end of a shorter sequence
 
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) attention_fwd_mma_kernel(const 
             s[mt][nt][e] *= scale;
           } else if (!elementwise) {
             s[mt][nt][e] = band_score(p, scale, s[mt][nt][e], i, j);
-          } else if constexpr (kFeatures) {
+          } else {
             float unused;
             s[mt][nt][e] = sc(s[mt][nt][e], i, j, unused);
           }

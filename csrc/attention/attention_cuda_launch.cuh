@@ -108,7 +108,7 @@ template <typename Elem, int kHD>
 void run_fwd_mma(const FwdParams& fp, const Launch& launch) {
   using Cfg = typename MmaConfigs<kHD>::Fwd;
   const Problem& p = fp.p;
-  const bool features = has_elementwise(p) || p.dropout || !(p.scale > 0.0);
+  const bool features = needs_features(p);
   auto kernel = features ? attention_fwd_mma_kernel<Elem, Cfg, true>
                          : attention_fwd_mma_kernel<Elem, Cfg, false>;
   const int64_t blocks = static_cast<int64_t>((p.Lq + Cfg::kBlockM - 1) / Cfg::kBlockM) * p.B *
@@ -145,7 +145,7 @@ inline int64_t dkdv_pair_groups(const BwdParams& bp) {
 template <typename Elem, typename Cfg>
 void run_bwd_dkdv_mma(const BwdParams& bp, const Launch& launch) {
   const Problem& p = bp.p;
-  const bool features = has_elementwise(p) || p.dropout || !(p.scale > 0.0);
+  const bool features = needs_features(p);
   auto kernel = features ? attention_bwd_dkdv_mma_kernel<Elem, Cfg, true, false>
                          : attention_bwd_dkdv_mma_kernel<Elem, Cfg, false, false>;
   int64_t groups = static_cast<int64_t>(p.B) * p.Hkv;
@@ -167,7 +167,7 @@ void run_bwd_dkdv_mma(const BwdParams& bp, const Launch& launch) {
 template <typename Elem, typename Cfg>
 void run_bwd_dq_mma(const BwdParams& bp, const Launch& launch) {
   const Problem& p = bp.p;
-  const bool features = has_elementwise(p) || p.dropout || !(p.scale > 0.0);
+  const bool features = needs_features(p);
   auto kernel = features ? attention_bwd_dq_mma_kernel<Elem, Cfg, true>
                          : attention_bwd_dq_mma_kernel<Elem, Cfg, false>;
   const int64_t blocks =
