@@ -58,9 +58,11 @@ bench: build
 # What the CUDA attention, recurrent and positional kernels compile to (registers, spills, shared memory, blocks per SM,
 # the main loop's instruction mix), read from the build's SASS without a GPU, and checked against
 # tools/kernel_report_baseline.json (tests/test_kernel_report.py runs the same check in CI).
-# Needs a build with the CUDA kernels (FASTATTN_CUDA=1).
+# Needs a build with the CUDA kernels (FASTATTN_CUDA=1). Then the same for the Triton attention
+# kernels compiled for sm_90 (tools/kernel_report_triton_baseline.json; needs only triton).
 kernel-report: build
 	$(PY) tools/kernel_report.py --check
+	$(PY) tools/kernel_report.py --triton --check
 
 # Lint and format: ruff (lint + format, 100 columns; pyproject.toml) for Python, clang-format
 # (.clang-format) for csrc/ and tools/. `make lint` checks and changes nothing (CI runs it);

@@ -247,3 +247,32 @@ def test_the_built_attention_kernels_hold_the_baseline():
             if "_mma<" in name:
                 loop = row["loop"]
                 assert loop["HMMA"] + loop["HGMMA"] > 0, f"{arch} {name}"
+
+
+def test_the_check_fails_a_lost_warp_specialization():
+    bad, _ = _checked(lambda r: None)
+    assert bad == []
+    baseline = {"sm_90": {"fwd": {**ROW, "warp_specialized": True}}}
+    bad, _ = kernel_report.check({"sm_90": {"fwd": {**ROW, "warp_specialized": False}}}, baseline)
+    assert bad == ["sm_90 fwd: no longer warp-specialized"]
+
+
+def test_the_triton_attention_kernels_hold_the_baseline():
+    """The Triton half of the report (--triton): the bfloat16 attention kernels' autotune
+    variants at head dims 64 and 128, compiled for sm_90 here (about a minute on two cores),
+    against tools/kernel_report_triton_baseline.json under the Triton that wrote it."""
+    triton = pytest.importorskip("triton")
+    baseline = json.loads(kernel_report.TRITON_BASELINE.read_text())
+    if triton.__version__ != baseline["triton_version"]:
+        pytest.skip(f"triton {triton.__version__}; the baseline is {baseline['triton_version']}'s")
+    if kernel_report.find_cuobjdump() is None:
+        pytest.skip("no cuobjdump (CUDA toolkit or triton)")
+    version, current = kernel_report.triton_report(jobs=2)
+    bad, _ = kernel_report.check(current, baseline["kernels"])
+    assert bad == [], "\n".join(
+        [*bad, "a change on purpose writes the baseline: python tools/kernel_report.py "
+         "--triton --write-baseline"]
+    )  # fmt: skip
+    for name, row in current["sm_90"].items():
+        if not name.startswith("_bwd_preprocess"):  # every tiled kernel's dots on tensor cores
+            assert row["loop"]["HGMMA"] + row["loop"]["HMMA"] > 0, (name, row["loop"])

@@ -10,10 +10,13 @@ fail only on a GPU. Here the launchers run on CPU tensors with their GPU choices
 specializes their arguments for sm_90 as it would on an H100, and a cache hook records each
 kernel variant instead of launching it (outputs are left unwritten: nothing is computed).
 Autotuned kernels record every config that survives their pruning. Each distinct variant is
-then compiled (Triton IR -> PTX -> cubin with triton's ptxas).
+then compiled (Triton IR -> PTX -> cubin with triton's ptxas). --sass also reads each cubin's
+SASS as tools/kernel_report.py reads the CUDA kernels' (the main loop's tensor-core, TMA and
+floating-point instructions, per score for the attention kernels) and --json writes those rows
+(`python tools/kernel_report.py --triton` runs it on the attention variants it follows).
 
-    python tests/triton_aot.py [--jobs N] [--filter SUBSTRING] [--devices h100,a100,sm86]
-                               [--list]
+    python tests/triton_aot.py [--jobs N] [--filter SUBSTRING ...] [--devices h100,a100,sm86]
+                               [--list] [--sass] [--json FILE]
 
 The calls are recorded once for each device in DEVICES (an H100, an A100, an sm_86/89/120
 card), with the launchers planning for that device's shared memory
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import json
 import multiprocessing
 import os
 import subprocess
@@ -54,6 +58,10 @@ from triton.runtime.autotuner import Autotuner  # noqa: E402
 import fastattn  # noqa: E402
 import fastattn.triton as fa_triton  # noqa: E402
 from fastattn import _backend  # noqa: E402
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(_ROOT, "tools"))
+import kernel_report  # noqa: E402  (the SASS parser and loop counts of the CUDA kernels)
 
 TARGET = GPUTarget("cuda", 90, 32)
 # (name, shared memory a block may opt in to): cudaDevAttrMaxSharedMemoryPerBlockOptin of an
@@ -100,12 +108,27 @@ class Variant:
     def name(self) -> str:
         return self.fn.fn.__name__
 
-    def describe(self) -> str:
+    def flags(self) -> dict:
+        """The constexpr arguments (and specialized constants) by name."""
         names = self.fn.arg_names
-        flags = {
+        return {
             (names[k[0]] if isinstance(k, tuple) and len(k) == 1 else k): v
             for k, v in self.constants.items()
         }
+
+    def short_name(self) -> str:
+        """name<pointer dtype, head dims, tile, warps, stages> of a tiled kernel's variant (the
+        attention variants of one call differ in no other way), else the name."""
+        flags = self.flags()
+        heads = "/".join(str(flags[k]) for k in ("BLOCK_D", "BLOCK_DV") if k in flags)
+        tile = "x".join(str(flags[k]) for k in ("BLOCK_M", "BLOCK_N") if k in flags)
+        if not heads and not tile:
+            return self.name
+        ptr = str(self.signature[self.fn.arg_names[0]]).lstrip("*")
+        return f"{self.name}<{ptr},{heads},{tile},w{self.num_warps}s{self.num_stages}>"
+
+    def describe(self) -> str:
+        flags = self.flags()
         ptrs = sorted({v for v in self.signature.values() if str(v).startswith("*")})
         return (
             f"{self.name} warps={self.num_warps} stages={self.num_stages} {','.join(ptrs)} {flags}"
@@ -113,6 +136,7 @@ class Variant:
 
 
 VARIANTS: dict[tuple, Variant] = {}
+SASS = [False]  # --sass: count each variant's main loop
 CURRENT_LABEL = [""]
 CURRENT_DEVICE = list(DEVICES["h100"])
 # Calls whose label holds this compile every autotune config of their kernels: one call per
@@ -462,6 +486,46 @@ def _resource_usage(cubin: bytes) -> dict:
     }
 
 
+def _sass_row(variant: Variant, kernel, usage: dict) -> dict:
+    """A compiled variant's row of tools/kernel_report.py's report (its schema: registers,
+    stack, local-memory instructions, shared memory, blocks per SM, and the main loop's counts
+    of tensor-core instructions, TMA, LDGSTS, BAR, MUFU.EX2 and floating-point instructions,
+    with those per score a thread computes in one trip for the kernels that tile scores
+    BLOCK_M x BLOCK_N), plus whether Triton specialized warps (a warp_specialize op in the
+    TTGIR)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        sass = subprocess.run(
+            [CUOBJDUMP, "-sass", f.name], capture_output=True, text=True, check=True
+        ).stdout
+    functions = kernel_report.parse_sass(sass)
+    instructions = max(functions.values(), key=len) if functions else []
+    loop, with_tensor_core = kernel_report.main_loop(instructions, innermost=True)
+    threads = 32 * variant.num_warps
+    row = {
+        "name": variant.short_name(),
+        "regs": usage.get("REG", 0),
+        "stack": usage.get("STACK", 0),
+        "spill_ops": sum(ins.base in kernel_report.LOCAL_MEMORY for ins in instructions),
+        "smem": usage["SHARED"],
+        "threads": threads,
+        "blocks_per_sm": kernel_report.blocks_per_sm(
+            "sm_90", usage.get("REG", 0), threads, usage["SHARED"]
+        ),
+        "loops_with_tensor_core": with_tensor_core,
+        "warp_specialized": "warp_specialize" in kernel.asm.get("ttgir", ""),
+        "loop": None,
+    }
+    if loop is not None:
+        row["loop"] = {"instructions": loop.instructions, **loop.counts}
+        flags = variant.flags()
+        if "BLOCK_M" in flags and "BLOCK_N" in flags:
+            scores = flags["BLOCK_M"] * flags["BLOCK_N"] / threads
+            row["loop"]["fp_per_score"] = round(loop.counts["FP"] / scores, 3)
+    return row
+
+
 def _compile(index: int) -> tuple[int, str | None, dict]:
     variant = list(VARIANTS.values())[index]
     try:
@@ -475,15 +539,31 @@ def _compile(index: int) -> tuple[int, str | None, dict]:
         )
         usage = _resource_usage(kernel.asm["cubin"])
         usage["SHARED"] = kernel.metadata.shared
+        if SASS[0] and os.path.exists(CUOBJDUMP):
+            usage["row"] = _sass_row(variant, kernel, usage)
         return index, None, usage
     except Exception:  # report every failure, not just the first
         return index, traceback.format_exc(limit=6), {}
 
 
+def _loop_text(row: dict | None) -> str:
+    if not row or not row["loop"]:
+        return ""
+    loop = row["loop"]
+    keys = ("instructions", "HGMMA", "HMMA", "TMA", "LDGSTS", "BAR", "EX2", "LDL/STL", "FP")
+    keys += ("fp_per_score",)
+    counts = ", ".join(f"{k} {loop[k]}" for k in keys if k in loop)
+    return f"\n    main loop: {counts}; warp-specialized {row['warp_specialized']}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--filter", default="", help="only calls whose label contains this")
+    parser.add_argument(
+        "--filter",
+        action="append",
+        help="only calls whose label contains this (repeat: any of them)",
+    )
     parser.add_argument(
         "--devices",
         default=",".join(DEVICES),
@@ -491,11 +571,19 @@ def main() -> int:
         f"for, of {', '.join(DEVICES)}",
     )
     parser.add_argument("--list", action="store_true", help="record and list, compile nothing")
+    parser.add_argument(
+        "--sass", action="store_true", help="also count each variant's main loop in its SASS"
+    )
+    parser.add_argument(
+        "--json",
+        help="with --sass: write {variant: row} (tools/kernel_report.py's rows) to this file",
+    )
     args = parser.parse_args()
     devices = [d for d in args.devices.split(",") if d]
     unknown = [d for d in devices if d not in DEVICES]
     if unknown or not devices:
         parser.error(f"--devices: expected some of {', '.join(DEVICES)}, got {args.devices!r}")
+    SASS[0] = args.sass or bool(args.json)
     install_recorder()
     print(f"triton {triton.__version__}, torch {torch.__version__}, target {TARGET}", flush=True)
 
@@ -506,7 +594,7 @@ def main() -> int:
         fa_triton.ASSUMED_SHARED_MEMORY = CURRENT_DEVICE[1]
         for source in ALL_CALLS:
             for label, call in source():
-                if args.filter not in label:
+                if args.filter and not any(f in label for f in args.filter):
                     continue
                 CURRENT_LABEL[0] = f"{label} ({CURRENT_DEVICE[0]})"
                 try:
@@ -529,6 +617,7 @@ def main() -> int:
 
     start = time.time()
     spills = 0
+    rows = {}
     ctx = multiprocessing.get_context("fork")  # the workers inherit the recorded variants
     with concurrent.futures.ProcessPoolExecutor(
         max_workers=max(1, args.jobs), mp_context=ctx
@@ -553,13 +642,18 @@ def main() -> int:
                     flush=True,
                 )
                 continue
+            if "row" in usage:
+                rows[variant.describe()] = usage["row"]
             print(
                 f"ok {variant.name} warps={variant.num_warps} stages={variant.num_stages}: "
                 f"registers {usage.get('REG', '?')}, stack {stack} B, shared "
                 f"{usage.get('SHARED', '?')} B{'  (STACK)' if stack else ''}   "
-                f"[{variant.label}]",
+                f"[{variant.label}]{_loop_text(usage.get('row'))}",
                 flush=True,
             )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"triton": triton.__version__, "rows": dict(sorted(rows.items()))}, f)
     print(
         f"compiled {len(VARIANTS)} variants in {time.time() - start:.1f} s: "
         f"{failures} failures, {spills} with a stack (spills or local arrays)",

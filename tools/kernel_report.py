@@ -14,6 +14,14 @@ trip (attention tensor-core kernels).
     python tools/kernel_report.py                   # the table
     python tools/kernel_report.py --check           # and fail on a regression from the baseline
     python tools/kernel_report.py --write-baseline  # accept the build as the new baseline
+    python tools/kernel_report.py --triton [--check | --write-baseline]
+
+--triton reports the Triton attention kernels instead (TRITON_CALLS: every autotune config of
+the forward, dQ and dK/dV kernels for bfloat16 at head dims 64 and 128), compiled for sm_90
+without a GPU by tests/triton_aot.py, in the same rows plus whether Triton specialized warps;
+whether a tl.dot lowered to wgmma is the HGMMA column, TMA loads the TMA column. Its baseline
+(tools/kernel_report_triton_baseline.json) holds the Triton version that compiled it, and the
+check runs only under that version (another compiler's code is not a regression).
 
 The baseline (tools/kernel_report_baseline.json) is the build of the last commit that changed a
 kernel on purpose; --check fails when a kernel gains spills, its main loop loses tensor-core
@@ -40,6 +48,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = ROOT / "tools" / "kernel_report_baseline.json"
+TRITON_BASELINE = ROOT / "tools" / "kernel_report_triton_baseline.json"
+# tests/triton_aot.py's calls whose Triton attention variants --triton reports (their labels).
+TRITON_CALLS = (
+    "attention torch.bfloat16 D=64/64 plain det=False",
+    "attention torch.bfloat16 D=128/128 plain det=False",
+)
 
 # Per SM: 32-bit registers, bytes of shared memory for blocks (1 KB of it reserved per block),
 # threads, blocks (CUDA programming guide, compute capability tables).
@@ -148,14 +162,25 @@ def count(instructions: list[Instruction]) -> LoopCounts:
     return LoopCounts(len(instructions), counts)
 
 
-def main_loop(instructions: list[Instruction]) -> tuple[LoopCounts | None, int]:
+def main_loop(
+    instructions: list[Instruction], innermost: bool = False
+) -> tuple[LoopCounts | None, int]:
     """The main loop's counts and the number of loops that hold tensor-core instructions. The
     main loop is the one with the most tensor-core instructions, the shortest of equals (an inner
     loop that holds all of them, not the loop around it); without tensor-core instructions, the
-    one with the most floating-point instructions."""
+    one with the most floating-point instructions. innermost: only loops that hold no other
+    loop compete (a Triton kernel walks its tiles in several loops of equal tensor-core work,
+    one of them the interior's, inside an outer loop that holds them all)."""
     best: tuple[tuple[int, int, int], LoopCounts] | None = None
     with_tensor_core = 0
-    for first, last in loops(instructions):
+    found = loops(instructions)
+    if innermost:
+        found = [
+            (f, l)
+            for f, l in found
+            if not any(f <= a and b <= l and (a, b) != (f, l) for a, b in found)
+        ]
+    for first, last in found:
         c = count(instructions[first : last + 1])
         with_tensor_core += c.tensor_core > 0
         key = (c.tensor_core, 0 if c.tensor_core else c.counts["FP"], -c.instructions)
@@ -358,6 +383,34 @@ def report(lib: Path, cuobjdump: str, arches: list[str] | None = None) -> dict[s
     return {arch: dict(sorted(rows.items())) for arch, rows in sorted(out.items())}
 
 
+def triton_report(jobs: int) -> tuple[str, dict[str, dict]]:
+    """(triton version, {"sm_90": {variant: row}}) of the Triton attention variants of
+    TRITON_CALLS, compiled for sm_90 by tests/triton_aot.py (about a second a variant)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "rows.json"
+        filters = [arg for call in TRITON_CALLS for arg in ("--filter", call)]
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "tests" / "triton_aot.py"), "--devices", "h100"]
+            + ["--jobs", str(jobs), "--json", str(out), *filters],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        )
+        if proc.returncode != 0 or not out.exists():
+            raise RuntimeError(f"tests/triton_aot.py failed:\n{proc.stdout[-4000:]}{proc.stderr}")
+        data = json.loads(out.read_text())
+    rows: dict[str, dict] = {}
+    for row in data["rows"].values():
+        name = row.pop("name")
+        if name in rows:
+            raise RuntimeError(f"two Triton variants named {name}: make the names tell them apart")
+        rows[name] = row
+    return data["triton"], {"sm_90": dict(sorted(rows.items()))}
+
+
 def check(current: dict[str, dict], baseline: dict[str, dict]) -> tuple[list[str], list[str]]:
     """(regressions, improvements) of `current` against `baseline`, for the arches both have."""
     bad, better = [], []
@@ -377,6 +430,8 @@ def check(current: dict[str, dict], baseline: dict[str, dict]) -> tuple[list[str
                 )
             elif n["stack"] < b["stack"] or n["spill_ops"] < b["spill_ops"]:
                 better.append(f"{where}: fewer spills")
+            if b.get("warp_specialized") and not n.get("warp_specialized"):
+                bad.append(f"{where}: no longer warp-specialized")
             if (b["blocks_per_sm"] or 0) > (n["blocks_per_sm"] or 0):
                 bad.append(f"{where}: blocks per SM {b['blocks_per_sm']} -> {n['blocks_per_sm']}")
             elif (n["blocks_per_sm"] or 0) > (b["blocks_per_sm"] or 0):
@@ -402,8 +457,9 @@ def check(current: dict[str, dict], baseline: dict[str, dict]) -> tuple[list[str
 
 def format_table(current: dict[str, dict]) -> str:
     """The report as a fixed-width table, one kernel per line."""
+    width = max([34, *(len(name) for rows in current.values() for name in rows)])
     head = (
-        f"{'arch':6} {'kernel':34} {'regs':>4} {'stack':>5} {'LDL/STL':>7} {'smem':>6} "
+        f"{'arch':6} {'kernel':{width}} {'regs':>4} {'stack':>5} {'LDL/STL':>7} {'smem':>6} "
         f"{'blk/SM':>6} | {'instrs':>6} {'HMMA':>4} {'HGMMA':>5} {'LDSM':>4} {'LDGSTS':>6} "
         f"{'TMA':>3} {'BAR':>3} {'EX2':>3} {'CALL':>4} {'L/S':>3} {'FP':>4} {'FP/score':>8}"
     )
@@ -414,7 +470,7 @@ def format_table(current: dict[str, dict]) -> str:
             blocks = "" if r["blocks_per_sm"] is None else r["blocks_per_sm"]
             fps = lp.get("fp_per_score", "")
             lines.append(
-                f"{arch:6} {name:34} {r['regs']:>4} {r['stack']:>5} {r['spill_ops']:>7} "
+                f"{arch:6} {name:{width}} {r['regs']:>4} {r['stack']:>5} {r['spill_ops']:>7} "
                 f"{r['smem']:>6} {blocks:>6} | {lp.get('instructions', ''):>6} "
                 f"{lp.get('HMMA', ''):>4} {lp.get('HGMMA', ''):>5} {lp.get('LDSM', ''):>4} "
                 f"{lp.get('LDGSTS', ''):>6} {lp.get('TMA', ''):>3} {lp.get('BAR', ''):>3} "
@@ -424,10 +480,10 @@ def format_table(current: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def baseline_text(current: dict[str, dict], cuda_version: str | None) -> str:
-    """The baseline file: the toolkit that compiled the build, then a line per kernel (so that a
-    commit's diff shows which kernels changed)."""
-    lines = ["{", f' "cuda_version": {json.dumps(cuda_version)},', ' "kernels": {']
+def baseline_text(current: dict[str, dict], version: str | None, key: str = "cuda_version") -> str:
+    """The baseline file: the compiler that built the kernels (`key`: the CUDA toolkit, or
+    triton), then a line per kernel (so that a commit's diff shows which kernels changed)."""
+    lines = ["{", f' "{key}": {json.dumps(version)},', ' "kernels": {']
     for i, (arch, rows) in enumerate(current.items()):
         lines.append(f"  {json.dumps(arch)}: {{")
         for j, (name, row) in enumerate(rows.items()):
@@ -448,7 +504,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="fail on a regression from the baseline")
     ap.add_argument("--write-baseline", action="store_true", help="store this build as baseline")
     ap.add_argument("--json", type=Path, help="also write the report as JSON here")
+    ap.add_argument("--triton", action="store_true", help="the Triton attention kernels instead")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="--triton: compiles")
     args = ap.parse_args(argv)
+    if args.triton:
+        return triton_main(args)
     cuobjdump = find_cuobjdump()
     if cuobjdump is None:
         print("kernel_report: no cuobjdump (set CUOBJDUMP, or install triton or the toolkit)")
@@ -466,15 +526,45 @@ def main(argv: list[str] | None = None) -> int:
         BASELINE.write_text(baseline_text(current, build_info().get("cuda_version")))
         print(f"baseline written: {BASELINE.relative_to(ROOT)}")
     if args.check:
-        baseline = json.loads(BASELINE.read_text())["kernels"]
-        bad, better = check(current, baseline)
-        for line in better:
-            print(f"better than the baseline (write it: --write-baseline): {line}")
-        for line in bad:
-            print(f"REGRESSION: {line}")
-        if bad:
-            return 1
-        print(f"kernel report: no regression from {BASELINE.relative_to(ROOT)}")
+        return _report_check(current, BASELINE)
+    return 0
+
+
+def _report_check(current: dict[str, dict], baseline_file: Path) -> int:
+    """Prints what moved against the baseline file; 1 on a regression."""
+    baseline = json.loads(baseline_file.read_text())["kernels"]
+    bad, better = check(current, baseline)
+    for line in better:
+        print(f"better than the baseline (write it: --write-baseline): {line}")
+    for line in bad:
+        print(f"REGRESSION: {line}")
+    if bad:
+        return 1
+    print(f"kernel report: no regression from {baseline_file.relative_to(ROOT)}")
+    return 0
+
+
+def triton_main(args) -> int:
+    """--triton: the report of the Triton attention kernels, its baseline and check."""
+    try:
+        import triton
+    except ImportError:
+        print("kernel_report: --triton needs triton")
+        return 2
+    version, current = triton_report(args.jobs)
+    print(f"triton {version}, sm_90")
+    print(format_table(current))
+    if args.json:
+        args.json.write_text(json.dumps(current, indent=1) + "\n")
+    if args.write_baseline:
+        TRITON_BASELINE.write_text(baseline_text(current, version, "triton_version"))
+        print(f"baseline written: {TRITON_BASELINE.relative_to(ROOT)}")
+    if args.check:
+        compiled_by = json.loads(TRITON_BASELINE.read_text())["triton_version"]
+        if compiled_by != triton.__version__:
+            print(f"kernel report: the baseline is triton {compiled_by}'s; not checked")
+            return 0
+        return _report_check(current, TRITON_BASELINE)
     return 0
 
 
