@@ -9,7 +9,14 @@ accurate enough (16-bit attention inputs).
 
 import triton
 import triton.language as tl
+from triton import knobs
 from triton.language.extra import libdevice
+
+# Whether the kernels compile for a GPU (False under the CPU interpreter, which triton.jit
+# chooses from the same setting when a kernel module is imported).
+_COMPILED = tl.constexpr(not knobs.runtime.interpret)
+
+LOG2_E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * LOG2_E)
 
 
 @triton.jit
@@ -21,6 +28,21 @@ def exp(x, ACCURATE: tl.constexpr):
         return libdevice.exp(x)
     else:
         return tl.exp(x)
+
+
+@triton.jit
+def exp2_flushed(x):
+    """2**x in float32 with results below 2**-126 flushed to zero: one MUFU.EX2 on a GPU
+    (ex2.approx.ftz, about 2 ulp). tl.exp2 lowers to the non-flushing ex2.approx, which wraps
+    every call in a range test and two predicated multiplies to keep subnormal results; the
+    softmax sums that this feeds start at 1, so a term below 2**-126 is lost either way.
+    Under the interpreter, numpy's exp2."""
+    if _COMPILED:
+        return tl.inline_asm_elementwise(
+            "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return tl.exp2(x)
 
 
 @triton.jit

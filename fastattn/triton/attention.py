@@ -11,13 +11,21 @@ padding. Score pipeline: s = scale * q.k; softcap * tanh(s / softcap); - slope *
 Kernels:
 - forward: one program per (BLOCK_M queries, batch * query head); online softmax over the key
   tiles that the window leaves visible (tiles entirely outside it are never loaded, which halves
-  causal attention); saves lse (natural log) for the backward.
+  causal attention); saves lse (natural log) for the backward. INTERIOR (16-bit inputs without
+  an attn_mask): the key tiles are walked in up to three stretches
+  (attention_common.interior_key_range); the interior, whose every key is in range and visible
+  to every row, is scored without a per-score band test or row mask, and only the edges of the
+  band (a window's lower side, the causal diagonal, the last partial tile) test each score.
+  LOG2 (16-bit inputs, no bias or cap, scale > 0): the scores stay raw products and the scale
+  times log2(e) is folded into the exponent, one FFMA and one MUFU.EX2 per probability
+  (FlashAttention-2's form; docs/design/attention_triton.md).
 - backward (fastattn/triton/attention_backward.py, with its launcher `launch_backward`):
   `_bwd_preprocess` computes delta_i = rowsum(dO * O) - grad_lse_i; `_bwd_dkdv`
   owns BLOCK_N keys of one kv head and loops over every query head of its GQA group and the
   query tiles that can see those keys, so dK and dV are reduced in registers in a fixed order;
   `_bwd_dq` owns BLOCK_M queries and loops over the visible key tiles. Both recompute P from
-  q, k and lse. No atomics anywhere: the backward is bitwise reproducible.
+  q, k and lse, in the forward's stretches and base. No atomics anywhere: the backward is
+  bitwise reproducible.
 - dropout draws element ((b*Hq + h)*Lq + i)*Lk + j of fastattn's Philox stream (as every other
   backend), so the backward regenerates the forward's mask; lse is that of undropped scores.
 - VARLEN (constexpr): the same three kernels run packed sequences (fastattn/triton/
@@ -45,13 +53,15 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from .._debug import poison
-from ..contracts.attention import check_seqlen, output_like
+from ..contracts.attention import WINDOW_UNBOUNDED, check_seqlen, output_like
 from . import dot_precision, finish, grid_x, interpreting, on_device, output_buffer
+from ._common import LOG2_E
 from .attention_backward import MaskGrad, launch_backward
 from .attention_common import (
     biased_masked_scores,
     capped_scores,
     dropout_rows,
+    interior_key_range,
     key_range,
     online_softmax_step,
     row_base,
@@ -67,6 +77,120 @@ _NO_MASK, _BOOL_MASK, _FLOAT_MASK = 0, 1, 2
 # ---------------------------------------------------------------------------------------------
 # Forward (the device functions it shares with the backward and the KV-cache decode kernel:
 # fastattn/triton/attention_common.py)
+
+
+@triton.jit
+def _fwd_key_tile(
+    q,
+    k_base,
+    v_base,
+    start_n,
+    s_kn,
+    s_vn,
+    offs_m,
+    offs_d,
+    offs_dv,
+    d_valid,
+    dv_valid,
+    row_element,
+    b,
+    h,
+    Mask,
+    s_mb,
+    s_mh,
+    s_mi,
+    s_mj,
+    Pad,
+    slope,
+    seq_q,
+    seq_k,
+    lo_w,
+    hi_w,
+    scale,
+    softcap,
+    log2_scale,
+    Seed,
+    threshold,
+    keep_scale,
+    m_i,
+    l_i,
+    acc,
+    MASK_KIND: tl.constexpr,
+    HAS_PAD: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    ACCURATE_EXP: tl.constexpr,
+    LOG2: tl.constexpr,
+    BOUNDARY: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """The forward's online softmax over keys [start_n, start_n + BLOCK_N): q (M, D) against
+    the k (N, D) and v (N, Dv) tiles at k_base / v_base; returns (m_i, l_i, acc) updated.
+    Without BOUNDARY the tile is interior (interior_key_range): its keys are loaded without a
+    row mask and scored without the band test."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    rows_n = offs_n.to(tl.int64)[:, None]
+    if BOUNDARY:
+        n_valid = (offs_n < seq_k)[:, None]
+    else:
+        n_valid = tl.full([BLOCK_N, 1], True, tl.int1)
+    k = tl.load(
+        k_base + rows_n * s_kn + offs_d[None, :], mask=n_valid & d_valid[None, :], other=0.0
+    )
+    v = tl.load(
+        v_base + rows_n * s_vn + offs_dv[None, :], mask=n_valid & dv_valid[None, :], other=0.0
+    )
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    if LOG2:
+        s = qk  # scaled inside the exponent (online_softmax_step)
+    else:
+        s = capped_scores(qk, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
+    s = biased_masked_scores(
+        s,
+        offs_m[:, None],
+        offs_n[None, :],
+        b,
+        h,
+        Mask,
+        s_mb,
+        s_mh,
+        s_mi,
+        s_mj,
+        Pad,
+        slope,
+        seq_q,
+        seq_k,
+        seq_k - seq_q,
+        lo_w,
+        hi_w,
+        MASK_KIND,
+        HAS_PAD,
+        HAS_ALIBI,
+        BOUNDARY,
+    )
+    return online_softmax_step(
+        s,
+        v,
+        m_i,
+        l_i,
+        acc,
+        Seed,
+        row_element[:, None] + offs_n[None, :],
+        threshold,
+        keep_scale,
+        log2_scale,
+        HAS_DROPOUT,
+        UPCAST,
+        DOT_PRECISION,
+        ACCURATE_EXP,
+        LOG2,
+    )
 
 
 @triton.jit
@@ -124,6 +248,9 @@ def _fwd_kernel(
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     ACCURATE_EXP: tl.constexpr,
+    LOG2: tl.constexpr,
+    LOWER_EDGE: tl.constexpr,
+    INTERIOR: tl.constexpr,
     VARLEN: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
@@ -167,64 +294,45 @@ def _fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max of the scores
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    log2_scale = scale * LOG2_E  # LOG2: the scores in base 2
     lo, hi = key_range(start_m, seq_k, lo_w, hi_w, BLOCK_M, BLOCK_N)
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_valid = offs_n < seq_k
-        rows_n = offs_n.to(tl.int64)[:, None]
-        k = tl.load(
-            k_base + rows_n * s_kn + offs_d[None, :],
-            mask=n_valid[:, None] & d_valid[None, :],
-            other=0.0,
-        )
-        v = tl.load(
-            v_base + rows_n * s_vn + offs_dv[None, :],
-            mask=n_valid[:, None] & dv_valid[None, :],
-            other=0.0,
-        )
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        s = capped_scores(qk, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
-        s = biased_masked_scores(
-            s,
-            offs_m[:, None],
-            offs_n[None, :],
-            b,
-            h,
-            Mask,
-            s_mb,
-            s_mh,
-            s_mi,
-            s_mj,
-            Pad,
-            slope,
-            seq_q,
-            seq_k,
-            seq_k - seq_q,
-            lo_w,
-            hi_w,
-            MASK_KIND,
-            HAS_PAD,
-            HAS_ALIBI,
-        )
-        m_i, l_i, acc = online_softmax_step(
-            s,
-            v,
-            m_i,
-            l_i,
-            acc,
-            Seed,
-            row_element[:, None] + offs_n[None, :],
-            threshold,
-            keep_scale,
-            HAS_DROPOUT,
-            UPCAST,
-            DOT_PRECISION,
-            ACCURATE_EXP,
-        )
+    if INTERIOR:
+        int_lo, int_hi = interior_key_range(start_m, seq_k, lo_w, hi_w, lo, hi, BLOCK_M, BLOCK_N)
+    else:  # every tile an edge tile (float32, masks: the stretches cost more than they save)
+        int_lo, int_hi = lo, lo
+    # Three stretches of key tiles: the band's lower edge before the interior (compiled only for
+    # a band with a lower side: its registers would count against the other two), the interior
+    # (every key visible to every row: no per-score band test), the edge after it (the causal
+    # diagonal, the last partial tile).
+    if INTERIOR:
+        if LOWER_EDGE:
+            for start_n in range(lo, int_lo, BLOCK_N):
+                m_i, l_i, acc = _fwd_key_tile(
+                    q, k_base, v_base, start_n, s_kn, s_vn, offs_m, offs_d, offs_dv, d_valid,
+                    dv_valid, row_element, b, h, Mask, s_mb, s_mh, s_mi, s_mj, Pad, slope, seq_q,
+                    seq_k, lo_w, hi_w, scale, softcap, log2_scale, Seed, threshold, keep_scale, m_i,
+                    l_i, acc, MASK_KIND, HAS_PAD, HAS_ALIBI, HAS_SOFTCAP, HAS_DROPOUT, UPCAST,
+                    DOT_PRECISION, ACCURATE_EXP, LOG2, True, BLOCK_N,
+                )  # fmt: skip
+        for start_n in range(int_lo, int_hi, BLOCK_N):
+            m_i, l_i, acc = _fwd_key_tile(
+                q, k_base, v_base, start_n, s_kn, s_vn, offs_m, offs_d, offs_dv, d_valid, dv_valid,
+                row_element, b, h, Mask, s_mb, s_mh, s_mi, s_mj, Pad, slope, seq_q, seq_k, lo_w,
+                hi_w, scale, softcap, log2_scale, Seed, threshold, keep_scale, m_i, l_i, acc,
+                MASK_KIND, HAS_PAD, HAS_ALIBI, HAS_SOFTCAP, HAS_DROPOUT, UPCAST, DOT_PRECISION,
+                ACCURATE_EXP, LOG2, False, BLOCK_N,
+            )  # fmt: skip
+    for start_n in range(int_hi, hi, BLOCK_N):
+        m_i, l_i, acc = _fwd_key_tile(
+            q, k_base, v_base, start_n, s_kn, s_vn, offs_m, offs_d, offs_dv, d_valid, dv_valid,
+            row_element, b, h, Mask, s_mb, s_mh, s_mi, s_mj, Pad, slope, seq_q, seq_k, lo_w, hi_w,
+            scale, softcap, log2_scale, Seed, threshold, keep_scale, m_i, l_i, acc, MASK_KIND,
+            HAS_PAD, HAS_ALIBI, HAS_SOFTCAP, HAS_DROPOUT, UPCAST, DOT_PRECISION, ACCURATE_EXP, LOG2,
+            True, BLOCK_N,
+        )  # fmt: skip
 
+    if LOG2:
+        m_i = m_i * scale  # the max of the raw products, as a natural-log score
     out, lse = softmax_finish(m_i, l_i, acc)
     tl.store(
         Out + b * s_ob + h * s_oh + (q0 + offs_m).to(tl.int64)[:, None] * s_om + offs_dv[None, :],
@@ -343,6 +451,20 @@ class Launch:
             UPCAST=self.interpret and q.dtype == torch.bfloat16,
             DOT_PRECISION=precision,
             ACCURATE_EXP=q.dtype == torch.float32 and not self.interpret,
+            # 16-bit scores with neither a bias nor a cap: the scale folded into the exponent
+            # (online_softmax_step), scale > 0 so that it keeps the maximum where it is.
+            LOG2=q.dtype != torch.float32
+            and mask_kind != _FLOAT_MASK
+            and alibi_slopes is None
+            and softcap <= 0.0
+            and scale > 0.0,
+            # Whether the band has a lower side, which cuts key tiles ahead of the interior
+            # (interior_key_range) and query tiles after it (interior_query_range): a window.
+            LOWER_EDGE=window_lo >= 0 if self.varlen else window_lo > -WINDOW_UNBOUNDED,
+            # Walk the interior tiles apart (interior_key_range) for 16-bit inputs without an
+            # attn_mask: float32's dots and a mask's loads dwarf the band test it saves, and
+            # its extra loop spilled their registers (docs/design/attention_triton.md).
+            INTERIOR=q.dtype != torch.float32 and mask_kind == _NO_MASK,
             VARLEN=self.varlen,
             BLOCK_D=block_d,
             BLOCK_DV=block_dv,

@@ -15,11 +15,13 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from . import grid_x, on_device
-from ._common import exp
+from ._common import LOG2_E, exp, exp2_flushed
 from .attention_common import (
     biased_masked_scores,
     capped_scores,
     dropout_rows,
+    interior_key_range,
+    interior_query_range,
     key_range,
     operand,
     query_range,
@@ -102,6 +104,159 @@ def _add_mask_grad(
 
 
 @triton.jit
+def _dkdv_query_tile(
+    k,
+    v,
+    dk,
+    dv,
+    q_base,
+    do_base,
+    s_qm,
+    s_dom,
+    start_m,
+    Lse,
+    Delta,
+    row0,
+    drop0,
+    drop_step,
+    offs_n,
+    n_valid,
+    offs_d,
+    offs_dv,
+    d_valid,
+    dv_valid,
+    b,
+    h,
+    Mask,
+    s_mb,
+    s_mh,
+    s_mi,
+    s_mj,
+    Pad,
+    slope,
+    seq_q,
+    seq_k,
+    lo_w,
+    hi_w,
+    scale,
+    softcap,
+    log2_scale,
+    Seed,
+    threshold,
+    keep_scale,
+    DMask,
+    s_gb,
+    s_gh,
+    s_gi,
+    s_gj,
+    MASK_KIND: tl.constexpr,
+    HAS_PAD: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    ACCURATE_EXP: tl.constexpr,
+    LOG2: tl.constexpr,
+    BIAS_GRAD: tl.constexpr,
+    BIAS_SUM_Q: tl.constexpr,
+    BOUNDARY: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """(dk, dv) (N, D) and (N, Dv), float32, dk unscaled, plus the contributions of queries
+    [start_m, start_m + BLOCK_M) of head (b, h) to the keys k (N, D) and values v (N, Dv) of
+    this tile; d attn_mask's share with BIAS_GRAD. Without BOUNDARY the query tile is interior
+    (interior_query_range): no band test."""
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    m_valid = offs_m < seq_q  # rows past the queries load as zeros: P dO and dS q add 0
+    cols_m = offs_m.to(tl.int64)
+    qT = tl.load(
+        q_base + cols_m[None, :] * s_qm + offs_d[:, None],
+        mask=m_valid[None, :] & d_valid[:, None],
+        other=0.0,
+    )
+    do = tl.load(
+        do_base + cols_m[:, None] * s_dom + offs_dv[None, :],
+        mask=m_valid[:, None] & dv_valid[None, :],
+        other=0.0,
+    )
+    if UPCAST:
+        qT = qT.to(tl.float32)
+        do = do.to(tl.float32)
+    lse = tl.load(Lse + row0 + offs_m, mask=m_valid, other=0.0)
+    # Rows without a visible key have lse -inf and only -inf scores: use
+    # +inf so that their P is exp(-inf) = 0 rather than NaN.
+    lse = tl.where(lse == float("-inf"), float("inf"), lse)
+    if LOG2:
+        lse = lse * LOG2_E  # in base 2, as the scores
+    delta = tl.load(Delta + row0 + offs_m, mask=m_valid, other=0.0)
+    qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)
+    if LOG2:  # the forward's base-2 scores (_fwd_kernel)
+        sT = qkT
+    else:
+        sT = capped_scores(qkT, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
+    sT_masked = biased_masked_scores(
+        sT,
+        offs_m[None, :],
+        offs_n[:, None],
+        b,
+        h,
+        Mask,
+        s_mb,
+        s_mh,
+        s_mi,
+        s_mj,
+        Pad,
+        slope,
+        seq_q,
+        seq_k,
+        seq_k - seq_q,
+        lo_w,
+        hi_w,
+        MASK_KIND,
+        HAS_PAD,
+        HAS_ALIBI,
+        BOUNDARY,
+    )
+    if LOG2:
+        pT = exp2_flushed(sT_masked * log2_scale - lse[None, :])
+    else:
+        pT = exp(sT_masked - lse[None, :], ACCURATE_EXP)
+    dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+    if HAS_DROPOUT:
+        zT = dropout_multiplier(
+            Seed,
+            drop0 + cols_m[None, :] * drop_step + offs_n[:, None],
+            threshold,
+            keep_scale,
+        )
+        dv += tl.dot(operand(pT * zT, do, UPCAST), do, input_precision=DOT_PRECISION)
+        dpT = dpT * zT
+    else:
+        dv += tl.dot(operand(pT, do, UPCAST), do, input_precision=DOT_PRECISION)
+    dsT = pT * (dpT - delta[None, :])
+    if BIAS_GRAD != 0:
+        _add_mask_grad(
+            # b is int64 (from the program id): 64-bit offsets
+            DMask + b * s_gb + (b * 0 + h) * s_gh,
+            dsT,
+            offs_m,
+            offs_n,
+            m_valid,
+            n_valid,
+            s_gi,
+            s_gj,
+            BIAS_GRAD,
+            BIAS_SUM_Q,
+        )
+    if HAS_SOFTCAP:
+        t = sT / softcap
+        dsT = dsT * (1.0 - t * t)
+    dk += tl.dot(operand(dsT, qT, UPCAST), tl.trans(qT), input_precision=DOT_PRECISION)
+    return dk, dv
+
+
+@triton.jit
 def _bwd_dkdv_kernel(
     Q,
     K,
@@ -172,6 +327,9 @@ def _bwd_dkdv_kernel(
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     ACCURATE_EXP: tl.constexpr,
+    LOG2: tl.constexpr,
+    LOWER_EDGE: tl.constexpr,
+    INTERIOR: tl.constexpr,
     VARLEN: tl.constexpr,
     BIAS_GRAD: tl.constexpr,
     BIAS_SUM_Q: tl.constexpr,
@@ -226,9 +384,16 @@ def _bwd_dkdv_kernel(
                 if UPCAST:
                     k = k.to(tl.float32)
                     v = v.to(tl.float32)
+                log2_scale = scale * LOG2_E  # LOG2: the scores in base 2
                 dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
                 dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
                 lo, hi = query_range(start_n, seq_q, lo_w, hi_w, BLOCK_M, BLOCK_N)
+                if INTERIOR:
+                    int_lo, int_hi = interior_query_range(
+                        start_n, lo_w, hi_w, lo, hi, BLOCK_M, BLOCK_N
+                    )
+                else:  # every tile an edge tile (_fwd_kernel)
+                    int_lo, int_hi = hi, hi
                 for g in range(0, GROUP):
                     h = kvh * GROUP + g
                     row0 = row_base(b, h, q0, Hq, Lq, total_q, VARLEN)
@@ -238,88 +403,40 @@ def _bwd_dkdv_kernel(
                         slope = tl.load(Alibi + b * s_ab + h * s_ah)
                     q_base = Q + b * s_qb + h * s_qh + q0 * s_qm
                     do_base = DO + b * s_dob + h * s_doh + q0 * s_dom
-                    for start_m in range(lo, hi, BLOCK_M):
-                        offs_m = start_m + tl.arange(0, BLOCK_M)
-                        m_valid = offs_m < seq_q
-                        cols_m = offs_m.to(tl.int64)
-                        qT = tl.load(
-                            q_base + cols_m[None, :] * s_qm + offs_d[:, None],
-                            mask=m_valid[None, :] & d_valid[:, None],
-                            other=0.0,
-                        )
-                        do = tl.load(
-                            do_base + cols_m[:, None] * s_dom + offs_dv[None, :],
-                            mask=m_valid[:, None] & dv_valid[None, :],
-                            other=0.0,
-                        )
-                        if UPCAST:
-                            qT = qT.to(tl.float32)
-                            do = do.to(tl.float32)
-                        lse = tl.load(Lse + row0 + offs_m, mask=m_valid, other=0.0)
-                        # Rows without a visible key have lse -inf and only -inf scores: use
-                        # +inf so that their P is exp2(-inf) = 0 rather than NaN.
-                        lse = tl.where(lse == float("-inf"), float("inf"), lse)
-                        delta = tl.load(Delta + row0 + offs_m, mask=m_valid, other=0.0)
-                        qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)
-                        sT = capped_scores(qkT, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
-                        sT_masked = biased_masked_scores(
-                            sT,
-                            offs_m[None, :],
-                            offs_n[:, None],
-                            b,
-                            h,
-                            Mask,
-                            s_mb,
-                            s_mh,
-                            s_mi,
-                            s_mj,
-                            Pad,
-                            slope,
-                            seq_q,
-                            seq_k,
-                            seq_k - seq_q,
-                            lo_w,
-                            hi_w,
-                            MASK_KIND,
-                            HAS_PAD,
-                            HAS_ALIBI,
-                        )
-                        pT = exp(sT_masked - lse[None, :], ACCURATE_EXP)
-                        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-                        if HAS_DROPOUT:
-                            zT = dropout_multiplier(
-                                Seed,
-                                drop0 + cols_m[None, :] * drop_step + offs_n[:, None],
-                                threshold,
-                                keep_scale,
-                            )
-                            dv += tl.dot(
-                                operand(pT * zT, do, UPCAST), do, input_precision=DOT_PRECISION
-                            )
-                            dpT = dpT * zT
-                        else:
-                            dv += tl.dot(operand(pT, do, UPCAST), do, input_precision=DOT_PRECISION)
-                        dsT = pT * (dpT - delta[None, :])
-                        if BIAS_GRAD != 0:
-                            _add_mask_grad(
-                                # b is int64 (from the program id): 64-bit offsets
-                                DMask + b * s_gb + (b * 0 + h) * s_gh,
-                                dsT,
-                                offs_m,
-                                offs_n,
-                                m_valid,
-                                n_valid,
-                                s_gi,
-                                s_gj,
-                                BIAS_GRAD,
-                                BIAS_SUM_Q,
-                            )
-                        if HAS_SOFTCAP:
-                            t = sT / softcap
-                            dsT = dsT * (1.0 - t * t)
-                        dk += tl.dot(
-                            operand(dsT, qT, UPCAST), tl.trans(qT), input_precision=DOT_PRECISION
-                        )
+                    # The forward's three stretches (_fwd_kernel), over query tiles here: the
+                    # causal diagonal, the interior, the window's lower edge.
+                    for start_m in range(lo, int_lo, BLOCK_M):
+                        dk, dv = _dkdv_query_tile(
+                            k, v, dk, dv, q_base, do_base, s_qm, s_dom, start_m, Lse, Delta, row0,
+                            drop0, drop_step, offs_n, n_valid, offs_d, offs_dv, d_valid, dv_valid,
+                            b, h, Mask, s_mb, s_mh, s_mi, s_mj, Pad, slope, seq_q, seq_k, lo_w,
+                            hi_w, scale, softcap, log2_scale, Seed, threshold, keep_scale, DMask,
+                            s_gb, s_gh, s_gi, s_gj, MASK_KIND, HAS_PAD, HAS_ALIBI, HAS_SOFTCAP,
+                            HAS_DROPOUT, UPCAST, DOT_PRECISION, ACCURATE_EXP, LOG2, BIAS_GRAD,
+                            BIAS_SUM_Q, True, BLOCK_M,
+                        )  # fmt: skip
+                    if INTERIOR:
+                        for start_m in range(int_lo, int_hi, BLOCK_M):
+                            dk, dv = _dkdv_query_tile(
+                                k, v, dk, dv, q_base, do_base, s_qm, s_dom, start_m, Lse, Delta,
+                                row0, drop0, drop_step, offs_n, n_valid, offs_d, offs_dv, d_valid,
+                                dv_valid, b, h, Mask, s_mb, s_mh, s_mi, s_mj, Pad, slope, seq_q,
+                                seq_k, lo_w, hi_w, scale, softcap, log2_scale, Seed, threshold,
+                                keep_scale, DMask, s_gb, s_gh, s_gi, s_gj, MASK_KIND, HAS_PAD,
+                                HAS_ALIBI, HAS_SOFTCAP, HAS_DROPOUT, UPCAST, DOT_PRECISION,
+                                ACCURATE_EXP, LOG2, BIAS_GRAD, BIAS_SUM_Q, False, BLOCK_M,
+                            )  # fmt: skip
+                    if LOWER_EDGE:
+                        for start_m in range(int_hi, hi, BLOCK_M):
+                            dk, dv = _dkdv_query_tile(
+                                k, v, dk, dv, q_base, do_base, s_qm, s_dom, start_m, Lse, Delta,
+                                row0, drop0, drop_step, offs_n, n_valid, offs_d, offs_dv, d_valid,
+                                dv_valid, b, h, Mask, s_mb, s_mh, s_mi, s_mj, Pad, slope, seq_q,
+                                seq_k, lo_w, hi_w, scale, softcap, log2_scale, Seed, threshold,
+                                keep_scale, DMask, s_gb, s_gh, s_gi, s_gj, MASK_KIND, HAS_PAD,
+                                HAS_ALIBI, HAS_SOFTCAP, HAS_DROPOUT, UPCAST, DOT_PRECISION,
+                                ACCURATE_EXP, LOG2, BIAS_GRAD, BIAS_SUM_Q, True, BLOCK_M,
+                            )  # fmt: skip
                 dk = dk * scale
                 tl.store(
                     DK + b * s_dkb + kvh * s_dkh + rows_n * s_dkn + offs_d[None, :],
@@ -331,6 +448,117 @@ def _bwd_dkdv_kernel(
                     dv.to(DV.dtype.element_ty),
                     mask=n_valid[:, None] & dv_valid[None, :],
                 )
+
+
+@triton.jit
+def _dq_key_tile(
+    q,
+    do,
+    lse,
+    delta,
+    dq,
+    k_base,
+    v_base,
+    start_n,
+    s_kn,
+    s_vn,
+    offs_m,
+    offs_d,
+    offs_dv,
+    d_valid,
+    dv_valid,
+    row_element,
+    b,
+    h,
+    Mask,
+    s_mb,
+    s_mh,
+    s_mi,
+    s_mj,
+    Pad,
+    slope,
+    seq_q,
+    seq_k,
+    lo_w,
+    hi_w,
+    scale,
+    softcap,
+    log2_scale,
+    Seed,
+    threshold,
+    keep_scale,
+    MASK_KIND: tl.constexpr,
+    HAS_PAD: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    ACCURATE_EXP: tl.constexpr,
+    LOG2: tl.constexpr,
+    BOUNDARY: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """dq (M, D, float32, unscaled) plus dS @ k over keys [start_n, start_n + BLOCK_N), from q
+    (M, D), do (M, Dv) and the rows' lse (base 2 with LOG2) and delta. Without BOUNDARY the
+    tile is interior (interior_key_range): no row mask on its loads, no band test."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    rows_n = offs_n.to(tl.int64)[:, None]
+    if BOUNDARY:
+        n_valid = (offs_n < seq_k)[:, None]
+    else:
+        n_valid = tl.full([BLOCK_N, 1], True, tl.int1)
+    k = tl.load(
+        k_base + rows_n * s_kn + offs_d[None, :], mask=n_valid & d_valid[None, :], other=0.0
+    )
+    v = tl.load(
+        v_base + rows_n * s_vn + offs_dv[None, :], mask=n_valid & dv_valid[None, :], other=0.0
+    )
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    if LOG2:  # the forward's base-2 scores (_fwd_kernel)
+        s = qk
+    else:
+        s = capped_scores(qk, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
+    s_masked = biased_masked_scores(
+        s,
+        offs_m[:, None],
+        offs_n[None, :],
+        b,
+        h,
+        Mask,
+        s_mb,
+        s_mh,
+        s_mi,
+        s_mj,
+        Pad,
+        slope,
+        seq_q,
+        seq_k,
+        seq_k - seq_q,
+        lo_w,
+        hi_w,
+        MASK_KIND,
+        HAS_PAD,
+        HAS_ALIBI,
+        BOUNDARY,
+    )
+    if LOG2:
+        p = exp2_flushed(s_masked * log2_scale - lse[:, None])
+    else:
+        p = exp(s_masked - lse[:, None], ACCURATE_EXP)
+    dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+    if HAS_DROPOUT:
+        dp = dp * dropout_multiplier(
+            Seed, row_element[:, None] + offs_n[None, :], threshold, keep_scale
+        )
+    ds = p * (dp - delta[:, None])
+    if HAS_SOFTCAP:
+        t = s / softcap
+        ds = ds * (1.0 - t * t)
+    return dq + tl.dot(operand(ds, k, UPCAST), k, input_precision=DOT_PRECISION)
 
 
 @triton.jit
@@ -393,6 +621,9 @@ def _bwd_dq_kernel(
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     ACCURATE_EXP: tl.constexpr,
+    LOG2: tl.constexpr,
+    LOWER_EDGE: tl.constexpr,
+    INTERIOR: tl.constexpr,
     VARLEN: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
@@ -432,6 +663,9 @@ def _bwd_dq_kernel(
     row0 = row_base(b, h, q0, Hq, Lq, total_q, VARLEN)
     lse = tl.load(Lse + row0 + offs_m, mask=m_valid, other=0.0)
     lse = tl.where(lse == float("-inf"), float("inf"), lse)  # see _bwd_dkdv_kernel
+    log2_scale = scale * LOG2_E  # LOG2: the scores in base 2
+    if LOG2:
+        lse = lse * LOG2_E
     delta = tl.load(Delta + row0 + offs_m, mask=m_valid, other=0.0)
     slope = 0.0
     if HAS_ALIBI:
@@ -443,58 +677,37 @@ def _bwd_dq_kernel(
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     lo, hi = key_range(start_m, seq_k, lo_w, hi_w, BLOCK_M, BLOCK_N)
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_valid = offs_n < seq_k
-        rows_n = offs_n.to(tl.int64)[:, None]
-        k = tl.load(
-            k_base + rows_n * s_kn + offs_d[None, :],
-            mask=n_valid[:, None] & d_valid[None, :],
-            other=0.0,
-        )
-        v = tl.load(
-            v_base + rows_n * s_vn + offs_dv[None, :],
-            mask=n_valid[:, None] & dv_valid[None, :],
-            other=0.0,
-        )
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        s = capped_scores(qk, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
-        s_masked = biased_masked_scores(
-            s,
-            offs_m[:, None],
-            offs_n[None, :],
-            b,
-            h,
-            Mask,
-            s_mb,
-            s_mh,
-            s_mi,
-            s_mj,
-            Pad,
-            slope,
-            seq_q,
-            seq_k,
-            seq_k - seq_q,
-            lo_w,
-            hi_w,
-            MASK_KIND,
-            HAS_PAD,
-            HAS_ALIBI,
-        )
-        p = exp(s_masked - lse[:, None], ACCURATE_EXP)
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-        if HAS_DROPOUT:
-            dp = dp * dropout_multiplier(
-                Seed, row_element[:, None] + offs_n[None, :], threshold, keep_scale
-            )
-        ds = p * (dp - delta[:, None])
-        if HAS_SOFTCAP:
-            t = s / softcap
-            ds = ds * (1.0 - t * t)
-        dq += tl.dot(operand(ds, k, UPCAST), k, input_precision=DOT_PRECISION)
+    if INTERIOR:
+        int_lo, int_hi = interior_key_range(start_m, seq_k, lo_w, hi_w, lo, hi, BLOCK_M, BLOCK_N)
+    else:  # every tile an edge tile (_fwd_kernel)
+        int_lo, int_hi = lo, lo
+    # The forward's three stretches of key tiles (_fwd_kernel): the interior without band tests.
+    if INTERIOR:
+        if LOWER_EDGE:
+            for start_n in range(lo, int_lo, BLOCK_N):
+                dq = _dq_key_tile(
+                    q, do, lse, delta, dq, k_base, v_base, start_n, s_kn, s_vn, offs_m, offs_d,
+                    offs_dv, d_valid, dv_valid, row_element, b, h, Mask, s_mb, s_mh, s_mi, s_mj,
+                    Pad, slope, seq_q, seq_k, lo_w, hi_w, scale, softcap, log2_scale, Seed,
+                    threshold, keep_scale, MASK_KIND, HAS_PAD, HAS_ALIBI, HAS_SOFTCAP, HAS_DROPOUT,
+                    UPCAST, DOT_PRECISION, ACCURATE_EXP, LOG2, True, BLOCK_N,
+                )  # fmt: skip
+        for start_n in range(int_lo, int_hi, BLOCK_N):
+            dq = _dq_key_tile(
+                q, do, lse, delta, dq, k_base, v_base, start_n, s_kn, s_vn, offs_m, offs_d, offs_dv,
+                d_valid, dv_valid, row_element, b, h, Mask, s_mb, s_mh, s_mi, s_mj, Pad, slope,
+                seq_q, seq_k, lo_w, hi_w, scale, softcap, log2_scale, Seed, threshold, keep_scale,
+                MASK_KIND, HAS_PAD, HAS_ALIBI, HAS_SOFTCAP, HAS_DROPOUT, UPCAST, DOT_PRECISION,
+                ACCURATE_EXP, LOG2, False, BLOCK_N,
+            )  # fmt: skip
+    for start_n in range(int_hi, hi, BLOCK_N):
+        dq = _dq_key_tile(
+            q, do, lse, delta, dq, k_base, v_base, start_n, s_kn, s_vn, offs_m, offs_d, offs_dv,
+            d_valid, dv_valid, row_element, b, h, Mask, s_mb, s_mh, s_mi, s_mj, Pad, slope, seq_q,
+            seq_k, lo_w, hi_w, scale, softcap, log2_scale, Seed, threshold, keep_scale, MASK_KIND,
+            HAS_PAD, HAS_ALIBI, HAS_SOFTCAP, HAS_DROPOUT, UPCAST, DOT_PRECISION, ACCURATE_EXP, LOG2,
+            True, BLOCK_N,
+        )  # fmt: skip
     dq = dq * scale
     tl.store(
         DQ + b * s_dqb + h * s_dqh + rows_m * s_dqm + offs_d[None, :],

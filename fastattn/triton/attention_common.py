@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import exp, round_to_bfloat16, tanh
+from ._common import exp, exp2_flushed, round_to_bfloat16, tanh
 from .random import dropout_multiplier
 
 # ---------------------------------------------------------------------------------------------
@@ -62,6 +62,7 @@ def biased_masked_scores(
     MASK_KIND: tl.constexpr,
     HAS_PAD: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
+    BOUNDARY: tl.constexpr,
 ):
     """Adds ALiBi and the float mask to the (capped) scores s and sets hidden keys to -inf.
 
@@ -69,12 +70,17 @@ def biased_masked_scores(
     ((M, 1) x (1, N) in the forward and dQ kernels, (1, M) x (N, 1) in the dK/dV kernel).
     Query i sits at key position i + shift (Lk - Lq, or a KV cache's length before the new
     tokens), which is the ALiBi distance's origin. slope is a scalar or broadcasts like i.
-    Out-of-range rows and columns are hidden too.
+    Out-of-range rows and columns are hidden too. Without BOUNDARY the caller guarantees that
+    every key of the tile is in range and inside every query's band (interior_key_range), and
+    only the masks are applied: a tile with neither mask comes back unchanged.
     """
     if HAS_ALIBI:
         s = s - slope * tl.abs(i + shift - j).to(tl.float32)
     inside = (i < Lq) & (j < Lk)
-    visible = inside & (j >= i + window_lo) & (j <= i + window_hi)
+    if BOUNDARY:
+        visible = inside & (j >= i + window_lo) & (j <= i + window_hi)
+    else:
+        visible = inside  # only read (as a load mask) where a mask is applied
     if MASK_KIND != 0:
         mptr = mask_ptr + b * s_mb + h * s_mh + i.to(tl.int64) * s_mi + j.to(tl.int64) * s_mj
         if MASK_KIND == 1:
@@ -85,7 +91,9 @@ def biased_masked_scores(
     if HAS_PAD:
         padding = tl.load(pad_ptr + b * Lk + j, mask=j < Lk, other=1)
         visible = visible & (padding == 0)
-    return tl.where(visible, s, float("-inf"))
+    if BOUNDARY or MASK_KIND == 1 or HAS_PAD:
+        s = tl.where(visible, s, float("-inf"))
+    return s
 
 
 @triton.jit
@@ -107,6 +115,50 @@ def key_range(start_m, Lk, window_lo, window_hi, BLOCK_M: tl.constexpr, BLOCK_N:
     lo = (lo // BLOCK_N) * BLOCK_N
     hi = tl.minimum(start_m + BLOCK_M + window_hi, Lk)
     return lo, hi
+
+
+@triton.jit
+def interior_key_range(
+    start_m, Lk, window_lo, window_hi, lo, hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    """[int_lo, int_hi) within the key tiles [lo, hi) of key_range: the tiles (starting at lo +
+    a multiple of BLOCK_N) whose every key is in range (< Lk) and inside the band of every
+    query row of the tile [start_m, start_m + BLOCK_M), rows past the queries included (their
+    results are never stored). Those tiles need no per-score band test; tiles in [lo, int_lo)
+    and [int_hi, hi) do. lo <= int_lo <= int_hi and int_lo <= max(hi, lo); when no tile is
+    interior, int_hi = int_lo, so that [lo, int_lo) and [int_hi, hi) still cover [lo, hi).
+    [lo, int_lo) is empty when the band has no lower side (window_lo <= -2**30: lengths are
+    below 2**30)."""
+    # Key j is inside the band of every row iff start_m + BLOCK_M - 1 + window_lo <= j and
+    # j <= start_m + window_hi.
+    first = start_m + BLOCK_M - 1 + window_lo - lo
+    int_lo = lo + tl.cdiv(tl.maximum(first, 0), BLOCK_N) * BLOCK_N
+    int_lo = tl.minimum(int_lo, tl.maximum(hi, lo))  # hi < lo: no tile at all
+    end = tl.minimum(start_m + window_hi + 1, Lk)  # keys before end are in range and band
+    int_hi = lo + (tl.maximum(end - lo, 0) // BLOCK_N) * BLOCK_N
+    int_hi = tl.maximum(int_hi, int_lo)
+    return int_lo, int_hi
+
+
+@triton.jit
+def interior_query_range(
+    start_n, window_lo, window_hi, lo, hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    """[int_lo, int_hi) within the query tiles [lo, hi) of query_range: the tiles (starting at
+    lo + a multiple of BLOCK_M) whose every row has every key of [start_n, start_n + BLOCK_N)
+    inside its band. Rows and keys out of range may be in them: the dK/dV kernel loads them as
+    zeros, which adds nothing to the keys it stores. lo <= int_lo <= int_hi; [lo, int_lo),
+    [int_lo, int_hi) and [int_hi, hi) walk exactly the tiles of [lo, hi) (int_hi may lie past
+    hi), and [int_hi, hi) is empty when the band has no lower side (window_lo <= -2**30)."""
+    # Row i sees every key of the tile iff start_n + BLOCK_N - 1 - window_hi <= i and
+    # i <= start_n - window_lo.
+    walked_end = lo + tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_M) * BLOCK_M
+    first = start_n + BLOCK_N - 1 - window_hi - lo
+    int_lo = tl.minimum(lo + tl.cdiv(tl.maximum(first, 0), BLOCK_M) * BLOCK_M, walked_end)
+    end = start_n - window_lo + 1  # rows before end see the whole tile from below
+    int_hi = tl.minimum(lo + (tl.maximum(end - lo, 0) // BLOCK_M) * BLOCK_M, walked_end)
+    int_hi = tl.maximum(int_hi, int_lo)
+    return int_lo, int_hi
 
 
 @triton.jit
@@ -187,22 +239,34 @@ def online_softmax_step(
     element,
     threshold,
     keep_scale,
+    log2_scale,
     HAS_DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     ACCURATE_EXP: tl.constexpr,
+    LOG2: tl.constexpr,
 ):
     """One key tile of the online softmax: s (M, N) final scores (-inf where hidden), v (N, Dv);
     returns the updated running max m_i, sum l_i (of undropped probabilities, so lse ignores
-    dropout) and accumulator acc (M, Dv). element (M, N): Philox elements of the tile."""
-    # The running max is subtracted in natural units ((s - m) is exact near the max), so
-    # lse = m + log(l) keeps full precision.
+    dropout) and accumulator acc (M, Dv). element (M, N): Philox elements of the tile.
+
+    LOG2: s holds the raw products q.k, the scores are log2_scale * s in base 2 (log2_scale =
+    scale * log2(e) > 0, so the maximum of s is that of the scores) and m_i is the maximum of
+    s: each probability is exp2(s * log2_scale - m * log2_scale), one FFMA and one MUFU.EX2 on
+    a GPU, and lse = scale * m + log(l) (softmax_finish's m: scale * m_i)."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
     # While a row has seen no visible key its max is -inf: subtract 0 instead, so that
     # exp(-inf - -inf) = NaN never appears (p and alpha are then 0).
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = exp(s - m_safe[:, None], ACCURATE_EXP)
-    alpha = exp(m_i - m_safe, ACCURATE_EXP)
+    if LOG2:
+        m_scaled = m_safe * log2_scale
+        p = exp2_flushed(s * log2_scale - m_scaled[:, None])
+        alpha = exp2_flushed(m_i * log2_scale - m_scaled)
+    else:
+        # The running max is subtracted in natural units ((s - m) is exact near the max), so
+        # lse = m + log(l) keeps full precision (float32, and scores with a bias or cap).
+        p = exp(s - m_safe[:, None], ACCURATE_EXP)
+        alpha = exp(m_i - m_safe, ACCURATE_EXP)
     l_i = l_i * alpha + tl.sum(p, 1)
     if HAS_DROPOUT:
         p = p * dropout_multiplier(Seed, element, threshold, keep_scale)

@@ -350,10 +350,12 @@ def _decode_kernel(
             0,
             False,
             HAS_ALIBI,
+            True,
         )
         m_i, l_i, acc = online_softmax_step(
-            s, v, m_i, l_i, acc, Q, 0, 0.0, 1.0, False, UPCAST, DOT_PRECISION, ACCURATE_EXP
-        )
+            s, v, m_i, l_i, acc, Q, 0, 0.0, 1.0, 1.0, False, UPCAST, DOT_PRECISION, ACCURATE_EXP,
+            False,
+        )  # fmt: skip
     out, lse = softmax_finish(m_i, l_i, acc)
     row_h = h.to(tl.int64)[:, None]
     row_i = i.to(tl.int64)[:, None]
