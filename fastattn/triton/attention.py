@@ -58,15 +58,15 @@ from . import dot_precision, finish, grid_x, interpreting, on_device, output_buf
 from ._common import LOG2_E
 from .attention_backward import MaskGrad, launch_backward
 from .attention_common import (
-    biased_masked_scores,
-    capped_scores,
     dropout_rows,
     interior_key_range,
     key_range,
+    key_tile,
     online_softmax_step,
     row_base,
     softmax_finish,
     tile_of_program,
+    tile_scores,
     varlen_sequence,
 )
 from .attention_tuning import head_class, interpreter_block, length_class, tuned
@@ -131,49 +131,15 @@ def _fwd_key_tile(
     the k (N, D) and v (N, Dv) tiles at k_base / v_base; returns (m_i, l_i, acc) updated.
     Without BOUNDARY the tile is interior (interior_key_range): its keys are loaded without a
     row mask and scored without the band test."""
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    rows_n = offs_n.to(tl.int64)[:, None]
-    if BOUNDARY:
-        n_valid = (offs_n < seq_k)[:, None]
-    else:
-        n_valid = tl.full([BLOCK_N, 1], True, tl.int1)
-    k = tl.load(
-        k_base + rows_n * s_kn + offs_d[None, :], mask=n_valid & d_valid[None, :], other=0.0
-    )
-    v = tl.load(
-        v_base + rows_n * s_vn + offs_dv[None, :], mask=n_valid & dv_valid[None, :], other=0.0
-    )
-    if UPCAST:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
-    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-    if LOG2:
-        s = qk  # scaled inside the exponent (online_softmax_step)
-    else:
-        s = capped_scores(qk, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
-    s = biased_masked_scores(
-        s,
-        offs_m[:, None],
-        offs_n[None, :],
-        b,
-        h,
-        Mask,
-        s_mb,
-        s_mh,
-        s_mi,
-        s_mj,
-        Pad,
-        slope,
-        seq_q,
-        seq_k,
-        seq_k - seq_q,
-        lo_w,
-        hi_w,
-        MASK_KIND,
-        HAS_PAD,
-        HAS_ALIBI,
-        BOUNDARY,
-    )
+    offs_n, k, v, qk = key_tile(
+        q, k_base, v_base, start_n, s_kn, s_vn, offs_d, offs_dv, d_valid, dv_valid, seq_k,
+        UPCAST, DOT_PRECISION, BOUNDARY, BLOCK_N,
+    )  # fmt: skip
+    _, s = tile_scores(
+        qk, offs_m[:, None], offs_n[None, :], b, h, Mask, s_mb, s_mh, s_mi, s_mj, Pad, slope,
+        seq_q, seq_k, lo_w, hi_w, scale, softcap, MASK_KIND, HAS_PAD, HAS_ALIBI, HAS_SOFTCAP,
+        ACCURATE_EXP, LOG2, BOUNDARY,
+    )  # fmt: skip
     return online_softmax_step(
         s,
         v,

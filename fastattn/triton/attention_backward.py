@@ -17,16 +17,16 @@ from torch.library import wrap_triton
 from . import grid_x, on_device
 from ._common import LOG2_E, exp, exp2_flushed
 from .attention_common import (
-    biased_masked_scores,
-    capped_scores,
     dropout_rows,
     interior_key_range,
     interior_query_range,
     key_range,
+    key_tile,
     operand,
     query_range,
     row_base,
     tile_of_program,
+    tile_scores,
     varlen_sequence,
 )
 from .attention_tuning import tuned
@@ -191,33 +191,11 @@ def _dkdv_query_tile(
         lse = lse * LOG2_E  # in base 2, as the scores
     delta = tl.load(Delta + row0 + offs_m, mask=m_valid, other=0.0)
     qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)
-    if LOG2:  # the forward's base-2 scores (_fwd_kernel)
-        sT = qkT
-    else:
-        sT = capped_scores(qkT, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
-    sT_masked = biased_masked_scores(
-        sT,
-        offs_m[None, :],
-        offs_n[:, None],
-        b,
-        h,
-        Mask,
-        s_mb,
-        s_mh,
-        s_mi,
-        s_mj,
-        Pad,
-        slope,
-        seq_q,
-        seq_k,
-        seq_k - seq_q,
-        lo_w,
-        hi_w,
-        MASK_KIND,
-        HAS_PAD,
-        HAS_ALIBI,
-        BOUNDARY,
-    )
+    sT, sT_masked = tile_scores(
+        qkT, offs_m[None, :], offs_n[:, None], b, h, Mask, s_mb, s_mh, s_mi, s_mj, Pad, slope,
+        seq_q, seq_k, lo_w, hi_w, scale, softcap, MASK_KIND, HAS_PAD, HAS_ALIBI, HAS_SOFTCAP,
+        ACCURATE_EXP, LOG2, BOUNDARY,
+    )  # fmt: skip
     if LOG2:
         pT = exp2_flushed(sT_masked * log2_scale - lse[None, :])
     else:
@@ -502,49 +480,15 @@ def _dq_key_tile(
     """dq (M, D, float32, unscaled) plus dS @ k over keys [start_n, start_n + BLOCK_N), from q
     (M, D), do (M, Dv) and the rows' lse (base 2 with LOG2) and delta. Without BOUNDARY the
     tile is interior (interior_key_range): no row mask on its loads, no band test."""
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    rows_n = offs_n.to(tl.int64)[:, None]
-    if BOUNDARY:
-        n_valid = (offs_n < seq_k)[:, None]
-    else:
-        n_valid = tl.full([BLOCK_N, 1], True, tl.int1)
-    k = tl.load(
-        k_base + rows_n * s_kn + offs_d[None, :], mask=n_valid & d_valid[None, :], other=0.0
-    )
-    v = tl.load(
-        v_base + rows_n * s_vn + offs_dv[None, :], mask=n_valid & dv_valid[None, :], other=0.0
-    )
-    if UPCAST:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
-    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-    if LOG2:  # the forward's base-2 scores (_fwd_kernel)
-        s = qk
-    else:
-        s = capped_scores(qk, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
-    s_masked = biased_masked_scores(
-        s,
-        offs_m[:, None],
-        offs_n[None, :],
-        b,
-        h,
-        Mask,
-        s_mb,
-        s_mh,
-        s_mi,
-        s_mj,
-        Pad,
-        slope,
-        seq_q,
-        seq_k,
-        seq_k - seq_q,
-        lo_w,
-        hi_w,
-        MASK_KIND,
-        HAS_PAD,
-        HAS_ALIBI,
-        BOUNDARY,
-    )
+    offs_n, k, v, qk = key_tile(
+        q, k_base, v_base, start_n, s_kn, s_vn, offs_d, offs_dv, d_valid, dv_valid, seq_k,
+        UPCAST, DOT_PRECISION, BOUNDARY, BLOCK_N,
+    )  # fmt: skip
+    s, s_masked = tile_scores(
+        qk, offs_m[:, None], offs_n[None, :], b, h, Mask, s_mb, s_mh, s_mi, s_mj, Pad, slope,
+        seq_q, seq_k, lo_w, hi_w, scale, softcap, MASK_KIND, HAS_PAD, HAS_ALIBI, HAS_SOFTCAP,
+        ACCURATE_EXP, LOG2, BOUNDARY,
+    )  # fmt: skip
     if LOG2:
         p = exp2_flushed(s_masked * log2_scale - lse[:, None])
     else:

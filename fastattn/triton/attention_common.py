@@ -97,6 +97,106 @@ def biased_masked_scores(
 
 
 @triton.jit
+def key_tile(
+    q,
+    k_base,
+    v_base,
+    start_n,
+    s_kn,
+    s_vn,
+    offs_d,
+    offs_dv,
+    d_valid,
+    dv_valid,
+    seq_k,
+    UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BOUNDARY: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """(offs_n, k (N, D), v (N, Dv), q @ k^T (M, N)) of keys [start_n, start_n + BLOCK_N) at
+    k_base / v_base, for the forward and dQ kernels. Without BOUNDARY the tile is interior
+    (interior_key_range): its rows load without a mask."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    rows_n = offs_n.to(tl.int64)[:, None]
+    if BOUNDARY:
+        n_valid = (offs_n < seq_k)[:, None]
+    else:
+        n_valid = tl.full([BLOCK_N, 1], True, tl.int1)
+    k = tl.load(
+        k_base + rows_n * s_kn + offs_d[None, :], mask=n_valid & d_valid[None, :], other=0.0
+    )
+    v = tl.load(
+        v_base + rows_n * s_vn + offs_dv[None, :], mask=n_valid & dv_valid[None, :], other=0.0
+    )
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    return offs_n, k, v, tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def tile_scores(
+    qk,
+    i,
+    j,
+    b,
+    h,
+    mask_ptr,
+    s_mb,
+    s_mh,
+    s_mi,
+    s_mj,
+    pad_ptr,
+    slope,
+    Lq,
+    Lk,
+    window_lo,
+    window_hi,
+    scale,
+    softcap,
+    MASK_KIND: tl.constexpr,
+    HAS_PAD: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    ACCURATE_EXP: tl.constexpr,
+    LOG2: tl.constexpr,
+    BOUNDARY: tl.constexpr,
+):
+    """(s, s with hidden keys at -inf) of the products qk of a dense or varlen tile, i and j
+    broadcasting as in biased_masked_scores: s is capped_scores', or with LOG2 the raw products
+    (the scale then goes into the exponent: online_softmax_step)."""
+    if LOG2:
+        s = qk
+    else:
+        s = capped_scores(qk, scale, softcap, HAS_SOFTCAP, ACCURATE_EXP)
+    masked = biased_masked_scores(
+        s,
+        i,
+        j,
+        b,
+        h,
+        mask_ptr,
+        s_mb,
+        s_mh,
+        s_mi,
+        s_mj,
+        pad_ptr,
+        slope,
+        Lq,
+        Lk,
+        Lk - Lq,
+        window_lo,
+        window_hi,
+        MASK_KIND,
+        HAS_PAD,
+        HAS_ALIBI,
+        BOUNDARY,
+    )
+    return s, masked
+
+
+@triton.jit
 def tile_of_program(length, BLOCK: tl.constexpr):
     """(first row of this program's tile, batch * head index) from a 1-D grid of
     B*H*cdiv(length, BLOCK) programs. The tiles of one head are consecutive programs, so they
