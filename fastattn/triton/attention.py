@@ -262,15 +262,15 @@ def _fwd_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     log2_scale = scale * LOG2_E  # LOG2: the scores in base 2
     lo, hi = key_range(start_m, seq_k, lo_w, hi_w, BLOCK_M, BLOCK_N)
-    if INTERIOR:
-        int_lo, int_hi = interior_key_range(start_m, seq_k, lo_w, hi_w, lo, hi, BLOCK_M, BLOCK_N)
-    else:  # every tile an edge tile (float32, masks: the stretches cost more than they save)
-        int_lo, int_hi = lo, lo
+    # Unless INTERIOR, every tile an edge tile (float32, masks: the stretches cost more than
+    # they save).
+    int_lo, int_hi = lo, lo
     # Three stretches of key tiles: the band's lower edge before the interior (compiled only for
     # a band with a lower side: its registers would count against the other two), the interior
     # (every key visible to every row: no per-score band test), the edge after it (the causal
     # diagonal, the last partial tile).
     if INTERIOR:
+        int_lo, int_hi = interior_key_range(start_m, seq_k, lo_w, hi_w, lo, hi, BLOCK_M, BLOCK_N)
         if LOWER_EDGE:
             for start_n in range(lo, int_lo, BLOCK_N):
                 m_i, l_i, acc = _fwd_key_tile(

@@ -621,12 +621,10 @@ def _bwd_dq_kernel(
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     lo, hi = key_range(start_m, seq_k, lo_w, hi_w, BLOCK_M, BLOCK_N)
-    if INTERIOR:
-        int_lo, int_hi = interior_key_range(start_m, seq_k, lo_w, hi_w, lo, hi, BLOCK_M, BLOCK_N)
-    else:  # every tile an edge tile (_fwd_kernel)
-        int_lo, int_hi = lo, lo
+    int_lo, int_hi = lo, lo  # unless INTERIOR, every tile an edge tile (_fwd_kernel)
     # The forward's three stretches of key tiles (_fwd_kernel): the interior without band tests.
     if INTERIOR:
+        int_lo, int_hi = interior_key_range(start_m, seq_k, lo_w, hi_w, lo, hi, BLOCK_M, BLOCK_N)
         if LOWER_EDGE:
             for start_n in range(lo, int_lo, BLOCK_N):
                 dq = _dq_key_tile(
