@@ -200,10 +200,12 @@ def cpu_model() -> str:
 
 
 def cpu_kernel_isa() -> str:
-    """The x86 copy of fastattn's CPU kernels that runs here (build_info's cpu_isa)."""
+    """The x86 copy of fastattn's CPU kernels that runs here (build_info's cpu_isa), with
+    "+amx" where bfloat16 attention runs its tile products on AMX (build_info's cpu_amx)."""
     import fastattn
 
-    return str(fastattn.build_info().get("cpu_isa", "not built"))
+    info = fastattn.build_info()
+    return str(info.get("cpu_isa", "not built")) + ("+amx" if info.get("cpu_amx") else "")
 
 
 def device_name(device: torch.device) -> str:

@@ -414,14 +414,16 @@ _AMX_SCRIPT = r"""
 import sys, torch, fastattn
 out = {"amx": fastattn.build_info()["cpu_amx"]}
 torch.manual_seed(4)
-# Head dims the AMX path takes (multiples of 32), lengths with tails of every block size, GQA,
-# causal, a boolean mask and dropout (the score pipeline runs on the tile products' output).
-for D, Lq, Lk in ((32, 37, 53), (64, 130, 97), (128, 64, 200)):
+# Head dims the AMX path takes (multiples of 32), lengths with tails of every block size (the
+# plain forward's tiles are 128 keys), GQA, no score pipeline, causal, a window, a boolean mask
+# and dropout (the score pipeline runs on the tile products' output).
+for D, Lq, Lk in ((32, 37, 53), (64, 130, 97), (128, 64, 200), (64, 150, 301)):
     q = torch.randn(2, 4, Lq, D).bfloat16().requires_grad_()
     k = torch.randn(2, 2, Lk, D).bfloat16().requires_grad_()
     v = torch.randn(2, 2, Lk, D).bfloat16().requires_grad_()
     mask = torch.rand(Lq, Lk) > 0.2
-    for name, kw in (("causal", dict(causal="bottom_right")), ("mask", dict(attn_mask=mask)),
+    for name, kw in (("plain", {}), ("causal", dict(causal="bottom_right")),
+                     ("window", dict(window=(70, 3))), ("mask", dict(attn_mask=mask)),
                      ("dropout", dict(dropout_p=0.3))):
         torch.manual_seed(5)
         o = fastattn.attention(q, k, v, backend="cpu", **kw)

@@ -1,20 +1,19 @@
-// The bfloat16 path of CPU attention on AVX512-BF16 without AMX: a forward and a backward for
-// the calls without a score pipeline (no mask, padding, ALiBi, softcap or dropout, no paged
-// cache; the causal / window band is fine). attention_forward/attention_backward
+// The bfloat16 path of CPU attention on AVX512-BF16 and AMX: a forward and a backward for the
+// calls without a score pipeline (no mask, padding, ALiBi, softcap or dropout, no paged cache;
+// the causal / window band is fine). attention_forward/attention_backward
 // (attention_forward_cpu_kernel.cpp, attention_backward_cpu_kernel.cpp) take it when
-// plain_bf16_forward_fits / plain_bf16_backward_fits say so. Compiled once per ISA; the copies
-// without AVX512-BF16 compile to nothing.
+// plain_bf16_forward_fits / plain_amx_forward_fits / plain_bf16_backward_fits say so. Compiled
+// once per ISA; the copies without AVX512-BF16 compile to nothing.
 //
-// The forward of bfloat16 attention without a score pipeline (no mask, padding, ALiBi,
-// softcap or dropout, no paged cache; the causal / window band is fine), for AVX512-BF16
-// without AMX. It runs transposed: S^T = K Q^T (keys x queries) puts the kBlockQ queries of a
+// The forward runs transposed: S^T = K Q^T (keys x queries) puts the kBlockQ queries of a
 // task in the vector lanes, so the online softmax goes down the key rows with vertical max and
 // sum (no horizontal reductions or scalar work per row); the scale and log2(e) fold into the
 // FMA that forms the exponent; the exponential's results are rounded to bfloat16 and
 // interleaved into P^T's pair layout in the same pass (P never goes to memory in float); and
-// O^T += V^T P^T keeps O transposed, so its rescale is one vector product per row of O^T.
-// Packed K^T and V blocks are kept per head (PackedBlocks). Same operand rounding (P to
-// bfloat16) and float accumulation as Bf16Tiles.
+// O^T += V^T P^T keeps O transposed, so its rescale is one vector product per row of O^T. The
+// two products come from a policy: the AVX512-BF16 micro-kernel (Bf16Products) or AMX tiles
+// (AmxProducts, where the CPU and OS allow AMX). Same operand rounding (P to bfloat16) and
+// float accumulation as Bf16Tiles. The backward (AVX512-BF16 without AMX) is described below.
 #include "attention/attention_bf16_cpu_kernel.h"
 
 #include <algorithm>
@@ -60,16 +59,124 @@ inline void hide_outside_band_transposed(float* sT, const Geometry& g, int64_t i
   }
 }
 
-}  // namespace
-
-bool plain_bf16_forward_fits(const AttentionProblem& p) {
-  return p.mask_kind == MaskKind::none && p.key_padding == nullptr && p.alibi == nullptr &&
-         p.softcap <= 0.0 && p.dropout_p <= 0.0 && p.block_table == nullptr && p.scale > 0.0;
+// oT (Dv rows of kBlockQ queries) times alpha (the 4 vectors of the queries' factors), plus
+// add (the same layout) when given.
+inline void scale_add_rows(float* oT, int64_t Dv, const __m512* alpha, const float* add) {
+  for (int64_t d = 0; d < Dv; ++d) {
+    float* od = oT + d * kBlockQ;
+    for (int c = 0; c < 4; ++c) {
+      const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(od + 16 * c), alpha[c]);
+      _mm512_storeu_ps(
+          od + 16 * c,
+          add != nullptr ? _mm512_add_ps(x, _mm512_loadu_ps(add + d * kBlockQ + 16 * c)) : x);
+    }
+  }
 }
 
-void plain_bf16_forward(const AttentionForwardParams& fp) {
+// The two products of the transposed forward, S^T = K Q^T and O^T += V^T P^T, for one key block
+// of a head; both take Q^T and P^T in pairs of rows (qT[kk * kBlockQ + m], pT likewise).
+// Bf16Products runs them on the AVX512-BF16 micro-kernel, with K and V packed into its pair
+// layouts (kept per head and key block).
+struct Bf16Products {
+  static constexpr int64_t kKeys = kBlockK;  // keys per tile
+  int64_t D, Dv, D2;
+  std::vector<uint32_t> pairs, k_scratch, v_scratch;
+  PackedBlocks k_cache, v_cache;
+
+  Bf16Products(int64_t D_, int64_t Dv_)
+      : D(D_),
+        Dv(Dv_),
+        D2((D_ + 1) / 2),
+        pairs(kBlockK * D2),
+        k_scratch(D2 * kBlockK),
+        v_scratch(kBlockK / 2 * Dv_) {
+    k_cache.block_words = D2 * kBlockK;
+    v_cache.block_words = kBlockK / 2 * Dv_;
+  }
+  // sT (N x M, row stride kBlockQ) = K Q^T, K: rows [j0, j0 + N) of k_base (block kb).
+  void scores(const uint16_t* k_base, int64_t stride, int64_t kb, int64_t j0, int64_t N, int64_t M,
+              const uint32_t* qT, float* sT) {
+    bool fresh = true;
+    uint32_t* kT = k_cache.slot(k_base, kb, fresh);
+    if (kT == nullptr) kT = k_scratch.data();
+    if (fresh) {  // K as pairs along D, k-major (the A operand): kT[kk * kBlockK + n]
+      pair_columns_transposed(k_base + j0 * stride, stride, N, D, pairs.data(), kT, kBlockK);
+    }
+    gemm_bf16(N, M, D2, 1.0f, kT, kBlockK, qT, kBlockQ, sT, kBlockQ, false);
+  }
+  // oT (Dv x M, row stride kBlockQ) = alpha oT + V^T P^T, V: rows [j0, j0 + N) of v_base
+  // (rescale: whether some alpha differs from 1).
+  void pv(const uint16_t* v_base, int64_t stride, int64_t kb, int64_t j0, int64_t N, int64_t M,
+          const uint32_t* pT, const __m512* alpha, bool rescale, float* oT) {
+    if (rescale) scale_add_rows(oT, Dv, alpha, nullptr);
+    bool fresh = true;
+    uint32_t* vp = v_cache.slot(v_base, kb, fresh);
+    if (vp == nullptr) vp = v_scratch.data();
+    if (fresh) pair_rows(v_base + j0 * stride, stride, N, Dv, vp, Dv);
+    // A = V in pairs of rows (k-major over Dv), B = pT.
+    gemm_bf16(Dv, M, (N + 1) / 2, 1.0f, vp, Dv, pT, kBlockQ, oT, kBlockQ, true);
+  }
+};
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// The same products on the AMX tile unit (32 x 32 blocks, so head dims are multiples of 32 and
+// partial blocks are padded): K's rows are the A operand of K Q^T as they lie in the tensor (a
+// zero-padded copy for a last partial block), and V^T's rows, packed once per head and key
+// block, the A operand of V^T P^T. Q^T and P^T pairs are AMX's B layout as they are. Tiles of
+// 2 kBlockK keys: each block of O^T is loaded and stored once per tile, so twice the keys per
+// tile halve that traffic.
+struct AmxProducts {
+  static constexpr int64_t kKeys = 2 * kBlockK;
+  int64_t D, Dv;
+  AmxTileScope tile_scope;
+  std::vector<uint16_t> k_pad;
+  std::vector<uint32_t> pairs, v_scratch;
+  std::vector<float> pv_out;  // V^T P^T of a tile, Dv x kBlockQ
+  PackedBlocks v_cache;
+
+  AmxProducts(int64_t D_, int64_t Dv_)
+      : D(D_),
+        Dv(Dv_),
+        k_pad(kKeys * D_),
+        pairs(kKeys / 2 * Dv_),
+        v_scratch(Dv_ * kKeys / 2),
+        pv_out(Dv_ * kBlockQ) {
+    v_cache.block_words = Dv_ * kKeys / 2;
+  }
+  static bool fits(const AttentionProblem& p) {
+    return amx_bf16_usable() && p.D % 32 == 0 && p.Dv % 32 == 0;
+  }
+  void scores(const uint16_t* k_base, int64_t stride, int64_t /*kb*/, int64_t j0, int64_t N,
+              int64_t M, const uint32_t* qT, float* sT) {
+    int64_t ldk;
+    const uint16_t* k_rows =
+        AmxTiles::a_operand(k_base + j0 * stride, stride, N, D, round_up32(N), k_pad.data(), ldk);
+    amx_gemm_bf16(round_up32(N), round_up32(M), D, k_rows, ldk, qT, kBlockQ, sT, kBlockQ, false);
+  }
+  // V^T P^T goes to a block of its own (tiles start from zero rather than loading O^T), then
+  // into O^T with the rescale, in one pass.
+  void pv(const uint16_t* v_base, int64_t stride, int64_t kb, int64_t j0, int64_t N, int64_t M,
+          const uint32_t* pT, const __m512* alpha, bool /*rescale*/, float* oT) {
+    bool fresh = true;
+    uint32_t* vT = v_cache.slot(v_base, kb, fresh);
+    if (vT == nullptr) vT = v_scratch.data();
+    if (fresh) {  // V^T rows of kKeys keys (words of two), zero past N
+      AmxTiles::pair_rows_padded(v_base + j0 * stride, stride, N, Dv, kKeys, pairs.data());
+      transpose_words(pairs.data(), Dv, vT, kKeys / 2, kKeys / 2, Dv);
+    }
+    amx_gemm_bf16(Dv, round_up32(M), round_up32(N), reinterpret_cast<const uint16_t*>(vT), kKeys,
+                  pT, kBlockQ, pv_out.data(), kBlockQ, false);
+    scale_add_rows(oT, Dv, alpha, pv_out.data());
+  }
+};
+#endif
+
+// The transposed forward (see the top of this file) with the products of a policy above.
+template <typename Products>
+void plain_forward(const AttentionForwardParams& fp) {
   using T = c10::BFloat16;
   static_assert(kBlockQ == 64, "the softmax below holds kBlockQ / 16 = 4 vectors of queries");
+  constexpr int64_t kKeys = Products::kKeys;  // keys per tile, a multiple of kBlockK
   const AttentionProblem& p = fp.p;
   const int64_t q_blocks = (p.Lq + kBlockQ - 1) / kBlockQ;
   const int64_t k_blocks = (p.Lk + kBlockK - 1) / kBlockK;
@@ -91,12 +198,9 @@ void plain_bf16_forward(const AttentionForwardParams& fp) {
   const auto bits = [](const T* x) { return reinterpret_cast<const uint16_t*>(x); };
 
   parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<uint32_t> pairs(std::max(kBlockQ, kBlockK) * D2), qT(D2 * kBlockQ),
-        k_scratch(D2 * kBlockK), v_scratch(kBlockK / 2 * Dv), pT(kBlockK / 2 * kBlockQ);
-    std::vector<float> sT(kBlockK * kBlockQ), oT(Dv * kBlockQ), o(kBlockQ * Dv);
-    PackedBlocks k_cache, v_cache;
-    k_cache.block_words = D2 * kBlockK;
-    v_cache.block_words = kBlockK / 2 * Dv;
+    Products products(D, Dv);
+    std::vector<uint32_t> pairs(kBlockQ * D2), qT(D2 * kBlockQ), pT(kKeys / 2 * kBlockQ);
+    std::vector<float> sT(kKeys * kBlockQ), oT(Dv * kBlockQ), o(kBlockQ * Dv);
     alignas(64) float m_out[kBlockQ], l_out[kBlockQ];
     alignas(64) static constexpr uint16_t kInterleave[32] = {
         0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
@@ -125,17 +229,13 @@ void plain_bf16_forward(const AttentionForwardParams& fp) {
       auto [kb_first, kb_last] = visible_key_blocks(g, i0, M);
       kb_first = std::max(kb_first, split * blocks_per_split);
       kb_last = std::min(kb_last, (split + 1) * blocks_per_split);
-      for (int64_t kb = kb_first; kb < kb_last; ++kb) {
-        const int64_t j0 = kb * kBlockK, N = std::min(kBlockK, g.Lk - j0);
-        bool fresh = true;
-        uint32_t* kT = k_cache.slot(k_base, kb, fresh);
-        if (kT == nullptr) kT = k_scratch.data();
-        if (fresh) {  // K as pairs along D, k-major (the A operand): kT[kk * kBlockK + n]
-          pair_columns_transposed(bits(k_base + j0 * p.k_s.l), p.k_s.l, N, D, pairs.data(), kT,
-                                  kBlockK);
-        }
+      // A tile's keys end at the split's end, not the band's (the band hides the rest), so a
+      // packed block holds the same keys for every query block that reads it.
+      const int64_t split_end = std::min(g.Lk, (split + 1) * blocks_per_split * kBlockK);
+      for (int64_t kb = kb_first; kb < kb_last; kb += kKeys / kBlockK) {
+        const int64_t j0 = kb * kBlockK, N = std::min(kKeys, split_end - j0);
         // S^T (N x M, row stride kBlockQ) = K Q^T, unscaled.
-        gemm_bf16(N, M, D2, 1.0f, kT, kBlockK, qT.data(), kBlockQ, sT.data(), kBlockQ, false);
+        products.scores(bits(k_base), p.k_s.l, kb, j0, N, M, qT.data(), sT.data());
         hide_outside_band_transposed(sT.data(), g, i0, M, j0, N);
         // Online softmax down the key rows. Lanes of queries past M hold finite leftovers and
         // are never stored.
@@ -174,19 +274,11 @@ void plain_bf16_forward(const AttentionForwardParams& fp) {
                                 _mm512_permutexvar_epi16(interleave, both));
           }
         }
+        // (a last partial block: zero pair rows past N, which padded products read)
+        std::fill(pT.begin() + (N + 1) / 2 * kBlockQ, pT.end(), 0u);
         for (int c = 0; c < 4; ++c) l[c] = _mm512_fmadd_ps(l[c], alpha[c], sum[c]);
-        if (rescale != 0) {
-          for (int64_t d = 0; d < Dv; ++d) {
-            float* od = oT.data() + d * kBlockQ;
-            for (int c = 0; c < 4; ++c)
-              _mm512_storeu_ps(od + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(od + 16 * c), alpha[c]));
-          }
-        }
-        uint32_t* vp = v_cache.slot(v_base, kb, fresh);
-        if (vp == nullptr) vp = v_scratch.data();
-        if (fresh) pair_rows(bits(v_base + j0 * p.v_s.l), p.v_s.l, N, Dv, vp, Dv);
-        // O^T (Dv x M) += V^T P^T: A = V in pairs of rows (k-major over Dv), B = pT.
-        gemm_bf16(Dv, M, (N + 1) / 2, 1.0f, vp, Dv, pT.data(), kBlockQ, oT.data(), kBlockQ, true);
+        // O^T (Dv x M) = alpha O^T + V^T P^T.
+        products.pv(bits(v_base), p.v_s.l, kb, j0, N, M, pT.data(), alpha, rescale != 0, oT.data());
       }
       for (int c = 0; c < 4; ++c) {
         _mm512_store_ps(m_out + 16 * c, m[c]);
@@ -212,6 +304,23 @@ void plain_bf16_forward(const AttentionForwardParams& fp) {
   });
   if (splits > 1) merge_splits<T, float>(fp, part_o, part_lse, splits, rows);
 }
+
+}  // namespace
+
+bool plain_bf16_forward_fits(const AttentionProblem& p) {
+  return p.mask_kind == MaskKind::none && p.key_padding == nullptr && p.alibi == nullptr &&
+         p.softcap <= 0.0 && p.dropout_p <= 0.0 && p.block_table == nullptr && p.scale > 0.0;
+}
+
+void plain_bf16_forward(const AttentionForwardParams& fp) { plain_forward<Bf16Products>(fp); }
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+bool plain_amx_forward_fits(const AttentionProblem& p) {
+  return plain_bf16_forward_fits(p) && AmxProducts::fits(p);
+}
+
+void plain_amx_forward(const AttentionForwardParams& fp) { plain_forward<AmxProducts>(fp); }
+#endif
 
 // The backward of plain_bf16_forward's cases, transposed the same way: per (key block, query
 // block) tile, S^T = K Q^T and dP^T = V dO^T put the queries in the vector lanes, so P^T =

@@ -13,6 +13,12 @@ namespace fastattn::cpu::FASTATTN_ISA {
 // Whether the plain forward computes this call: no score pipeline, no paged cache.
 bool plain_bf16_forward_fits(const AttentionProblem& p);
 void plain_bf16_forward(const AttentionForwardParams& fp);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// The same forward with its products on AMX tiles: where AMX is usable (cpu_amx.h) and the
+// head dims are multiples of 32.
+bool plain_amx_forward_fits(const AttentionProblem& p);
+void plain_amx_forward(const AttentionForwardParams& fp);
+#endif
 // Whether the plain backward computes this call (plain_bf16_forward_fits' cases).
 bool plain_bf16_backward_fits(const AttentionBackwardParams& bp);
 void plain_bf16_backward(const AttentionBackwardParams& bp);

@@ -281,8 +281,14 @@ void forward_impl(const AttentionForwardParams& fp) {
 
 template <typename T>
 void attention_forward(const AttentionForwardParams& fp) {
+  // Not for short queries (decoding, speculative chunks): the plain bfloat16 forwards hold 64
+  // queries in their vector lanes, a prefill's layout, and run 1-16 of them at a fraction of
+  // their width, while forward_impl takes a GQA group's heads as the rows of one tile
+  // (measured: docs/design/attention_cpu_bf16.md, "Short queries").
+  [[maybe_unused]] constexpr int64_t kShortQueries = 16;
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (plain_amx_forward_fits(fp.p) && fp.p.Lq > kShortQueries) return plain_amx_forward(fp);
     // Not for paged caches: AmxTiles keeps packed key blocks keyed by the head's base pointer,
     // which a paged tile's (its block, or the staging buffer) does not identify.
     if (AmxTiles::fits(fp.p) && fp.p.block_table == nullptr) return forward_impl<T, AmxTiles>(fp);
@@ -290,11 +296,6 @@ void attention_forward(const AttentionForwardParams& fp) {
 #endif
 #if defined(__AVX512BF16__)
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    // Not for short queries (decoding, speculative chunks): plain_bf16_forward holds 64
-    // queries in its vector lanes, a prefill's layout, and runs 1-16 of them at a fraction of
-    // its width, while forward_impl takes a GQA group's heads as the rows of one tile
-    // (measured: docs/design/attention_cpu_bf16.md, "Short queries").
-    constexpr int64_t kShortQueries = 16;
     if (plain_bf16_forward_fits(fp.p) && fp.p.Lq > kShortQueries) return plain_bf16_forward(fp);
   }
 #endif
