@@ -110,7 +110,9 @@ def cases(profile: str, device: torch.device) -> list[Case]:
     else:
         tokens, width = 4096, 512
         seqlens = [512, 1024, 2048] if profile == "quick" else [512, 1024, 2048, 4096]
-        dtypes = [torch.float32] if profile == "quick" else [torch.float32, torch.bfloat16]
+        # bfloat16 too: its kernels differ by ISA (AVX512-BF16, AMX tiles), and the speed table
+        # needs their keys
+        dtypes = [torch.float32, torch.bfloat16]
     out = []
     for dtype in dtypes:
         for backward in (False, True):

@@ -188,6 +188,7 @@ template <typename T>
 void attention_backward(const AttentionBackwardParams& bp) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (plain_amx_backward_fits(bp)) return plain_amx_backward(bp);
     if (AmxTiles::fits(bp.p)) return backward_impl<T, AmxTiles>(bp);
   }
 #endif

@@ -330,11 +330,123 @@ void plain_amx_forward(const AttentionForwardParams& fp) { plain_forward<AmxProd
 // of dQ += dS K). The query-side operands (Q^T, Q, dO^T, dO in pair layouts) are packed once
 // per query block and head and kept across key blocks, for each query head of a GQA group.
 // Same tasks, chunks and summation order as backward_impl (bitwise reproducible).
-bool plain_bf16_backward_fits(const AttentionBackwardParams& bp) {
-  return plain_bf16_forward_fits(bp.p) && bp.dmask == nullptr;
-}
+namespace {
 
-void plain_bf16_backward(const AttentionBackwardParams& bp) {
+// The five products of the transposed backward for a (key block, query block) tile, from a
+// policy. Q^T and dO^T come in pairs along D (qT[kk * kBlockQ + m]), Q and dO in pairs of rows
+// (pack_rows), P^T and dS^T as bfloat16 rows of queries (words[n * kBlockQ / 2 + mm]) and dS in
+// pairs of key rows (dsI[kk * kBlockQ + m]). Bf16BackwardProducts runs them on the
+// AVX512-BF16 micro-kernel.
+struct Bf16BackwardProducts {
+  int64_t D, Dv, D2, Dv2;
+  std::vector<uint32_t> pairs, kT, vT, kR, aT;
+
+  Bf16BackwardProducts(int64_t D_, int64_t Dv_)
+      : D(D_),
+        Dv(Dv_),
+        D2((D_ + 1) / 2),
+        Dv2((Dv_ + 1) / 2),
+        pairs(kBlockK * std::max(D2, Dv2)),
+        kT(D2 * kBlockK),
+        vT(Dv2 * kBlockK),
+        kR(kBlockK / 2 * D_),
+        aT(kBlockQ / 2 * kBlockK) {}
+  // K and V of the key block (N rows).
+  void load_keys(const uint16_t* k_rows, int64_t k_ld, const uint16_t* v_rows, int64_t v_ld,
+                 int64_t N) {
+    pair_columns_transposed(k_rows, k_ld, N, D, pairs.data(), kT.data(), kBlockK);   // A of K Q^T
+    pair_rows(k_rows, k_ld, N, D, kR.data(), D);                                     // B of dS K
+    pair_columns_transposed(v_rows, v_ld, N, Dv, pairs.data(), vT.data(), kBlockK);  // A of V dO^T
+  }
+  // Q or dO (M rows of cols) in pairs of rows, out[kk * cols + c].
+  static void pack_rows(const uint16_t* x, int64_t ld, int64_t M, int64_t cols, uint32_t* out) {
+    pair_rows(x, ld, M, cols, out, cols);
+  }
+  // sT (N x M, row stride kBlockQ) = K Q^T.
+  void scores(int64_t N, int64_t M, const uint32_t* qT, float* sT) {
+    gemm_bf16(N, M, D2, 1.0f, kT.data(), kBlockK, qT, kBlockQ, sT, kBlockQ, false);
+  }
+  // dpT (N x M) = V dO^T.
+  void dp(int64_t N, int64_t M, const uint32_t* doT, float* dpT) {
+    gemm_bf16(N, M, Dv2, 1.0f, vT.data(), kBlockK, doT, kBlockQ, dpT, kBlockQ, false);
+  }
+  // acc (N x cols) += X^T Y: X^T as rows of words (P^T or dS^T), Y in pairs of rows (dO or Q).
+  void rows_times(int64_t N, int64_t M, const uint32_t* words, const uint32_t* y, int64_t cols,
+                  float* acc) {
+    const int64_t M2 = (M + 1) / 2;
+    transpose_words(words, kBlockQ / 2, aT.data(), kBlockK, N, M2);
+    gemm_bf16(N, cols, M2, 1.0f, aT.data(), kBlockK, y, cols, acc, cols, true);
+  }
+  // dq (M x D) += dS K.
+  void dq(int64_t N, int64_t M, const uint32_t* dsI, float* dq) {
+    gemm_bf16(M, D, (N + 1) / 2, 1.0f, dsI, kBlockQ, kR.data(), D, dq, D, true);
+  }
+};
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// The same products on AMX tiles (head dims multiples of 32): K's and V's rows are the A
+// operands of K Q^T and V dO^T as they lie in the tensor (zero-padded copies for a last
+// partial block); P^T's and dS^T's rows of words are the A operands of dV and dK as they are;
+// dS's rows, the A operand of dQ, are dsI transposed as words. Pairs of rows are zero past
+// the block's rows, which the 32-row products read.
+struct AmxBackwardProducts {
+  int64_t D, Dv;
+  AmxTileScope tile_scope;
+  std::vector<uint16_t> k_pad, v_pad;
+  std::vector<uint32_t> kR, ds_rows;
+  std::vector<float> dq_tile;
+  const uint16_t *k_rows = nullptr, *v_rows = nullptr;
+  int64_t ldk = 0, ldv = 0;
+
+  AmxBackwardProducts(int64_t D_, int64_t Dv_)
+      : D(D_),
+        Dv(Dv_),
+        k_pad(kBlockK * D_),
+        v_pad(kBlockK * Dv_),
+        kR(kBlockK / 2 * D_),
+        ds_rows(kBlockQ * kBlockK / 2),
+        dq_tile(kBlockQ * D_) {}
+  static bool fits(const AttentionProblem& p) {
+    return amx_bf16_usable() && p.D % 32 == 0 && p.Dv % 32 == 0;
+  }
+  void load_keys(const uint16_t* k, int64_t k_ld, const uint16_t* v, int64_t v_ld, int64_t N) {
+    k_rows = AmxTiles::a_operand(k, k_ld, N, D, round_up32(N), k_pad.data(), ldk);
+    v_rows = AmxTiles::a_operand(v, v_ld, N, Dv, round_up32(N), v_pad.data(), ldv);
+    AmxTiles::pair_rows_padded(k, k_ld, N, D, kBlockK, kR.data());
+  }
+  static void pack_rows(const uint16_t* x, int64_t ld, int64_t M, int64_t cols, uint32_t* out) {
+    AmxTiles::pair_rows_padded(x, ld, M, cols, kBlockQ, out);
+  }
+  void scores(int64_t N, int64_t M, const uint32_t* qT, float* sT) {
+    amx_gemm_bf16(round_up32(N), round_up32(M), D, k_rows, ldk, qT, kBlockQ, sT, kBlockQ, false);
+  }
+  void dp(int64_t N, int64_t M, const uint32_t* doT, float* dpT) {
+    amx_gemm_bf16(round_up32(N), round_up32(M), Dv, v_rows, ldv, doT, kBlockQ, dpT, kBlockQ, false);
+  }
+  // (acc's rows past N take the stale rows of words: never stored)
+  void rows_times(int64_t N, int64_t M, const uint32_t* words, const uint32_t* y, int64_t cols,
+                  float* acc) {
+    amx_gemm_bf16(round_up32(N), cols, round_up32(M), reinterpret_cast<const uint16_t*>(words),
+                  kBlockQ, y, cols, acc, cols, true);
+  }
+  void dq(int64_t N, int64_t M, const uint32_t* dsI, float* dq) {
+    const int64_t M32 = round_up32(M);
+    transpose_words(dsI, kBlockQ, ds_rows.data(), kBlockK / 2, round_up32(N) / 2, M32);
+    const auto* a = reinterpret_cast<const uint16_t*>(ds_rows.data());
+    if (M32 == M) {
+      amx_gemm_bf16(M, D, round_up32(N), a, kBlockK, kR.data(), D, dq, D, true);
+      return;
+    }
+    // dq's rows past M belong to other queries: go through a copy.
+    std::copy(dq, dq + M * D, dq_tile.data());
+    amx_gemm_bf16(M32, D, round_up32(N), a, kBlockK, kR.data(), D, dq_tile.data(), D, true);
+    std::copy(dq_tile.data(), dq_tile.data() + M * D, dq);
+  }
+};
+#endif
+
+template <typename Products>
+void plain_backward(const AttentionBackwardParams& bp) {
   using T = c10::BFloat16;
   static_assert(kBlockQ == 64 && kBlockK == 64, "tiles of 4 vectors of queries");
   const AttentionProblem& p = bp.p;
@@ -364,10 +476,9 @@ void plain_bf16_backward(const AttentionBackwardParams& bp) {
   const auto bits = [](const T* x) { return reinterpret_cast<const uint16_t*>(x); };
 
   parallel_for(0, pairs_bh * chunks, 1, [&](int64_t begin, int64_t end) {
-    const int64_t W = std::max({D2, Dv2, kBlockQ / 2});
-    std::vector<uint32_t> pairs(std::max(kBlockQ, kBlockK) * W), kT(D2 * kBlockK),
-        vT(Dv2 * kBlockK), kR(kBlockK / 2 * D), words(kBlockK * kBlockQ / 2),
-        aT(kBlockQ / 2 * kBlockK), dsI(kBlockK / 2 * kBlockQ);
+    Products products(D, Dv);
+    std::vector<uint32_t> pairs(kBlockQ * std::max(D2, Dv2)), words(kBlockK * kBlockQ / 2),
+        dsI(kBlockK / 2 * kBlockQ);
     std::vector<uint32_t> qT_s(D2 * kBlockQ), qR_s(kBlockQ / 2 * D), doT_s(Dv2 * kBlockQ),
         doR_s(kBlockQ / 2 * Dv);
     std::vector<float> sT(kBlockK * kBlockQ), dpT(kBlockK * kBlockQ);
@@ -412,10 +523,8 @@ void plain_bf16_backward(const AttentionBackwardParams& bp) {
       const T* v_base = V + b * p.v_s.b + hk * p.v_s.h + g.k_row0 * p.v_s.l;
       for (int64_t kb = chunk * blocks_per_chunk; kb < kb_end; ++kb) {
         const int64_t j0 = kb * kBlockK, N = std::min(kBlockK, g.Lk - j0);
-        const uint16_t* k_rows = bits(k_base + j0 * p.k_s.l);
-        pairs_transposed(k_rows, p.k_s.l, N, D, kT.data(), kBlockK);  // A of K Q^T
-        pair_rows(k_rows, p.k_s.l, N, D, kR.data(), D);               // B of dS K
-        pairs_transposed(bits(v_base + j0 * p.v_s.l), p.v_s.l, N, Dv, vT.data(), kBlockK);
+        products.load_keys(bits(k_base + j0 * p.k_s.l), p.k_s.l, bits(v_base + j0 * p.v_s.l),
+                           p.v_s.l, N);
         std::fill(dk_acc.begin(), dk_acc.begin() + N * D, 0.0f);
         std::fill(dv_acc.begin(), dv_acc.begin() + N * Dv, 0.0f);
         const auto [qb_first, qb_last] = visible_query_blocks(g, j0, N);
@@ -429,23 +538,23 @@ void plain_bf16_backward(const AttentionBackwardParams& bp) {
           const float* delta_h = delta.data() + row0;
           float* dq_h = dq_chunk + row0 * D;
           for (int64_t qb = qb_first; qb < qb_last; ++qb) {
-            const int64_t i0 = qb * kBlockQ, M = std::min(kBlockQ, g.Lq - i0), M2 = (M + 1) / 2;
+            const int64_t i0 = qb * kBlockQ, M = std::min(kBlockQ, g.Lq - i0);
             const uint16_t* q_rows = bits(q_base + i0 * p.q_s.l);
             const uint16_t* do_rows = bits(do_base + i0 * bp.grad_out_s.l);
             const uint32_t* qT = packed(qT_c[slot], q_base, qb, qT_s.data(), [&](uint32_t* o) {
               pairs_transposed(q_rows, p.q_s.l, M, D, o, kBlockQ);
             });
             const uint32_t* qR = packed(qR_c[slot], q_base, qb, qR_s.data(), [&](uint32_t* o) {
-              pair_rows(q_rows, p.q_s.l, M, D, o, D);
+              Products::pack_rows(q_rows, p.q_s.l, M, D, o);
             });
             const uint32_t* doT = packed(doT_c[slot], do_base, qb, doT_s.data(), [&](uint32_t* o) {
               pairs_transposed(do_rows, bp.grad_out_s.l, M, Dv, o, kBlockQ);
             });
             const uint32_t* doR = packed(doR_c[slot], do_base, qb, doR_s.data(), [&](uint32_t* o) {
-              pair_rows(do_rows, bp.grad_out_s.l, M, Dv, o, Dv);
+              Products::pack_rows(do_rows, bp.grad_out_s.l, M, Dv, o);
             });
             // S^T (N x M) = K Q^T, unscaled; the band hidden.
-            gemm_bf16(N, M, D2, 1.0f, kT.data(), kBlockK, qT, kBlockQ, sT.data(), kBlockQ, false);
+            products.scores(N, M, qT, sT.data());
             hide_outside_band_transposed(sT.data(), g, i0, M, j0, N);
             // lse (log2 units; +inf for rows without a visible key: P = 0) and Delta of the
             // 16 queries of each vector.
@@ -474,12 +583,10 @@ void plain_bf16_backward(const AttentionBackwardParams& bp) {
               _mm512_storeu_si512(w, (__m512i)_mm512_cvtne2ps_pbh(e[1], e[0]));
               _mm512_storeu_si512(w + 16, (__m512i)_mm512_cvtne2ps_pbh(e[3], e[2]));
             }
-            // dV (N x Dv) += P^T dO: A = P^T pairs along the queries, k-major.
-            transpose_words(words.data(), kBlockQ / 2, aT.data(), kBlockK, N, M2);
-            gemm_bf16(N, Dv, M2, 1.0f, aT.data(), kBlockK, doR, Dv, dv_acc.data(), Dv, true);
+            // dV (N x Dv) += P^T dO.
+            products.rows_times(N, M, words.data(), doR, Dv, dv_acc.data());
             // dP^T (N x M) = V dO^T.
-            gemm_bf16(N, M, Dv2, 1.0f, vT.data(), kBlockK, doT, kBlockQ, dpT.data(), kBlockQ,
-                      false);
+            products.dp(N, M, doT, dpT.data());
             // dS^T = P^T (dP^T - Delta) scale, rounded: rows of query pairs (words) and pairs
             // of key rows (dsI[kk * kBlockQ + m] = (dS[m][2kk], dS[m][2kk + 1])).
             for (int64_t kk = 0; kk < (N + 1) / 2; ++kk) {
@@ -515,11 +622,11 @@ void plain_bf16_backward(const AttentionBackwardParams& bp) {
                 _mm512_storeu_si512(w1 + 16, (__m512i)_mm512_cvtne2ps_pbh(ds1[3], ds1[2]));
               }
             }
+            // (a last partial block: zero pair rows past N, which padded products read)
+            std::fill(dsI.begin() + (N + 1) / 2 * kBlockQ, dsI.end(), 0u);
             // dK (N x D) += dS^T Q; dQ (M x D) += dS K.
-            transpose_words(words.data(), kBlockQ / 2, aT.data(), kBlockK, N, M2);
-            gemm_bf16(N, D, M2, 1.0f, aT.data(), kBlockK, qR, D, dk_acc.data(), D, true);
-            gemm_bf16(M, D, (N + 1) / 2, 1.0f, dsI.data(), kBlockQ, kR.data(), D, dq_h + i0 * D, D,
-                      true);
+            products.rows_times(N, M, words.data(), qR, D, dk_acc.data());
+            products.dq(N, M, dsI.data(), dq_h + i0 * D);
           }
         }
         T* dk_base = dK + b * bp.dk_s.b + hk * bp.dk_s.h + (g.k_row0 + j0) * bp.dk_s.l;
@@ -537,6 +644,26 @@ void plain_bf16_backward(const AttentionBackwardParams& bp) {
   });
   sum_dq_chunks<T, float>(bp, dq_acc, chunks, rows, walk);
 }
+
+}  // namespace
+
+bool plain_bf16_backward_fits(const AttentionBackwardParams& bp) {
+  return plain_bf16_forward_fits(bp.p) && bp.dmask == nullptr;
+}
+
+void plain_bf16_backward(const AttentionBackwardParams& bp) {
+  plain_backward<Bf16BackwardProducts>(bp);
+}
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+bool plain_amx_backward_fits(const AttentionBackwardParams& bp) {
+  return plain_bf16_backward_fits(bp) && AmxBackwardProducts::fits(bp.p);
+}
+
+void plain_amx_backward(const AttentionBackwardParams& bp) {
+  plain_backward<AmxBackwardProducts>(bp);
+}
+#endif
 
 }  // namespace fastattn::cpu::FASTATTN_ISA
 #endif

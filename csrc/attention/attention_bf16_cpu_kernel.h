@@ -22,6 +22,11 @@ void plain_amx_forward(const AttentionForwardParams& fp);
 // Whether the plain backward computes this call (plain_bf16_forward_fits' cases).
 bool plain_bf16_backward_fits(const AttentionBackwardParams& bp);
 void plain_bf16_backward(const AttentionBackwardParams& bp);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// The same backward with its products on AMX tiles (plain_amx_forward_fits' AMX condition).
+bool plain_amx_backward_fits(const AttentionBackwardParams& bp);
+void plain_amx_backward(const AttentionBackwardParams& bp);
+#endif
 
 }  // namespace fastattn::cpu::FASTATTN_ISA
 #endif
