@@ -432,7 +432,9 @@ def test_the_cpu_device_column_names_the_model_the_kernel_copy_and_the_threads()
     import fastattn
 
     name = common.device_name(torch.device("cpu"))
-    isa = fastattn.build_info()["cpu_isa"]
+    info = fastattn.build_info()
+    # "+amx" where bfloat16 attention runs its tile products on AMX
+    isa = info["cpu_isa"] + ("+amx" if info["cpu_amx"] else "")
     assert name == f"cpu: {common.cpu_model()}, {isa}, {torch.get_num_threads()} threads"
     assert common.cpu_model()  # never empty: /proc/cpuinfo's model name or the platform's
 

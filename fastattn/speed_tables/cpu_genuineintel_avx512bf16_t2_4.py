@@ -9,7 +9,7 @@ TABLE = {
         "threads": "2-4"
     },
     "measured": "2026-12-07, cpu: Intel(R) Xeon(R) Processor, avx512bf16+amx, 2 threads, torch 2.14.1+cu130",
-    "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv",
+    "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv; benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv",
     "entries": [
         {
             "op": "add_sinusoidal",
@@ -39,29 +39,237 @@ TABLE = {
         },
         {
             "op": "attention",
-            "dtype": "float32",
+            "dtype": "bfloat16",
             "head_dim": "<=128",
             "length": "<=1024",
             "features": "causal",
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.675,
+            "ratio": 0.813,
             "cases": 2,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
         },
         {
             "op": "attention",
-            "dtype": "float32",
+            "dtype": "bfloat16",
             "head_dim": "<=128",
             "length": "<=1024",
+            "features": "causal",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.486,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
+        },
+        {
+            "op": "attention",
+            "dtype": "bfloat16",
+            "head_dim": "<=128",
+            "length": "<=1024",
+            "features": "plain",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "torch",
+            "ratio": 1.028,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
+        },
+        {
+            "op": "attention",
+            "dtype": "bfloat16",
+            "head_dim": "<=128",
+            "length": "<=1024",
+            "features": "plain",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.616,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
+        },
+        {
+            "op": "attention",
+            "dtype": "bfloat16",
+            "head_dim": "<=128",
+            "length": "<=4096",
+            "features": "causal",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.942,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
+        },
+        {
+            "op": "attention",
+            "dtype": "bfloat16",
+            "head_dim": "<=128",
+            "length": "<=4096",
             "features": "causal",
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
             "ratio": 0.597,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
+        },
+        {
+            "op": "attention",
+            "dtype": "bfloat16",
+            "head_dim": "<=128",
+            "length": "<=4096",
+            "features": "plain",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.896,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
+        },
+        {
+            "op": "attention",
+            "dtype": "bfloat16",
+            "head_dim": "<=128",
+            "length": "<=4096",
+            "features": "plain",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.654,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
+        },
+        {
+            "op": "attention",
+            "dtype": "bfloat16",
+            "head_dim": "<=64",
+            "length": "<=1024",
+            "features": "causal",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.629,
             "cases": 2,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
+        },
+        {
+            "op": "attention",
+            "dtype": "bfloat16",
+            "head_dim": "<=64",
+            "length": "<=1024",
+            "features": "causal",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.369,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
+        },
+        {
+            "op": "attention",
+            "dtype": "bfloat16",
+            "head_dim": "<=64",
+            "length": "<=1024",
+            "features": "plain",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.809,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
+        },
+        {
+            "op": "attention",
+            "dtype": "bfloat16",
+            "head_dim": "<=64",
+            "length": "<=1024",
+            "features": "plain",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.486,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
+        },
+        {
+            "op": "attention",
+            "dtype": "bfloat16",
+            "head_dim": "<=64",
+            "length": "<=4096",
+            "features": "causal",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.675,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
+        },
+        {
+            "op": "attention",
+            "dtype": "bfloat16",
+            "head_dim": "<=64",
+            "length": "<=4096",
+            "features": "causal",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.427,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
+        },
+        {
+            "op": "attention",
+            "dtype": "bfloat16",
+            "head_dim": "<=64",
+            "length": "<=4096",
+            "features": "plain",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.766,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
+        },
+        {
+            "op": "attention",
+            "dtype": "bfloat16",
+            "head_dim": "<=64",
+            "length": "<=4096",
+            "features": "plain",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.482,
+            "cases": 1,
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
+        },
+        {
+            "op": "attention",
+            "dtype": "float32",
+            "head_dim": "<=128",
+            "length": "<=1024",
+            "features": "causal",
+            "pass": "fwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.67,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
+        },
+        {
+            "op": "attention",
+            "dtype": "float32",
+            "head_dim": "<=128",
+            "length": "<=1024",
+            "features": "causal",
+            "pass": "fwd+bwd",
+            "kernel": "cpu",
+            "faster": "kernel",
+            "ratio": 0.581,
+            "cases": 2,
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
         },
         {
             "op": "attention",
@@ -72,9 +280,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.955,
+            "ratio": 0.974,
             "cases": 2,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
         },
         {
             "op": "attention",
@@ -85,9 +293,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.825,
+            "ratio": 0.872,
             "cases": 2,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
         },
         {
             "op": "attention",
@@ -100,7 +308,7 @@ TABLE = {
             "faster": "kernel",
             "ratio": 0.846,
             "cases": 1,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
         },
         {
             "op": "attention",
@@ -111,9 +319,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.747,
+            "ratio": 0.731,
             "cases": 1,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
         },
         {
             "op": "attention",
@@ -123,10 +331,10 @@ TABLE = {
             "features": "plain",
             "pass": "fwd",
             "kernel": "cpu",
-            "faster": "torch",
-            "ratio": 1.019,
+            "faster": "kernel",
+            "ratio": 0.975,
             "cases": 1,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
         },
         {
             "op": "attention",
@@ -137,9 +345,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.882,
+            "ratio": 0.857,
             "cases": 1,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
         },
         {
             "op": "attention",
@@ -150,9 +358,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.629,
+            "ratio": 0.632,
             "cases": 2,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
         },
         {
             "op": "attention",
@@ -163,9 +371,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.521,
+            "ratio": 0.513,
             "cases": 2,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
         },
         {
             "op": "attention",
@@ -176,9 +384,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.884,
+            "ratio": 0.892,
             "cases": 2,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
         },
         {
             "op": "attention",
@@ -189,9 +397,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.749,
+            "ratio": 0.739,
             "cases": 2,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
         },
         {
             "op": "attention",
@@ -202,9 +410,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.736,
+            "ratio": 0.731,
             "cases": 1,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
         },
         {
             "op": "attention",
@@ -215,9 +423,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.635,
+            "ratio": 0.619,
             "cases": 1,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
         },
         {
             "op": "attention",
@@ -228,9 +436,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.888,
+            "ratio": 0.868,
             "cases": 1,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
         },
         {
             "op": "attention",
@@ -241,9 +449,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.761,
+            "ratio": 0.744,
             "cases": 1,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv"
         },
         {
             "op": "attention_with_kvcache",
