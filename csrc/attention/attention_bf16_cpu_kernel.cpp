@@ -13,7 +13,8 @@
 // O^T += V^T P^T keeps O transposed, so its rescale is one vector product per row of O^T. The
 // two products come from a policy: the AVX512-BF16 micro-kernel (Bf16Products) or AMX tiles
 // (AmxProducts, where the CPU and OS allow AMX). Same operand rounding (P to bfloat16) and
-// float accumulation as Bf16Tiles. The backward (AVX512-BF16 without AMX) is described below.
+// float accumulation as Bf16Tiles. The backward, transposed the same way with its products from
+// a policy too, is described below.
 #include "attention/attention_bf16_cpu_kernel.h"
 
 #include <algorithm>
@@ -143,9 +144,7 @@ struct AmxProducts {
         pv_out(Dv_ * kBlockQ) {
     v_cache.block_words = Dv_ * kKeys / 2;
   }
-  static bool fits(const AttentionProblem& p) {
-    return amx_bf16_usable() && p.D % 32 == 0 && p.Dv % 32 == 0;
-  }
+  static bool fits(const AttentionProblem& p) { return AmxTiles::fits(p); }
   void scores(const uint16_t* k_base, int64_t stride, int64_t /*kb*/, int64_t j0, int64_t N,
               int64_t M, const uint32_t* qT, float* sT) {
     int64_t ldk;
@@ -406,9 +405,7 @@ struct AmxBackwardProducts {
         kR(kBlockK / 2 * D_),
         ds_rows(kBlockQ * kBlockK / 2),
         dq_tile(kBlockQ * D_) {}
-  static bool fits(const AttentionProblem& p) {
-    return amx_bf16_usable() && p.D % 32 == 0 && p.Dv % 32 == 0;
-  }
+  static bool fits(const AttentionProblem& p) { return AmxTiles::fits(p); }
   void load_keys(const uint16_t* k, int64_t k_ld, const uint16_t* v, int64_t v_ld, int64_t N) {
     k_rows = AmxTiles::a_operand(k, k_ld, N, D, round_up32(N), k_pad.data(), ldk);
     v_rows = AmxTiles::a_operand(v, v_ld, N, Dv, round_up32(N), v_pad.data(), ldv);
@@ -430,17 +427,10 @@ struct AmxBackwardProducts {
                   kBlockQ, y, cols, acc, cols, true);
   }
   void dq(int64_t N, int64_t M, const uint32_t* dsI, float* dq) {
-    const int64_t M32 = round_up32(M);
-    transpose_words(dsI, kBlockQ, ds_rows.data(), kBlockK / 2, round_up32(N) / 2, M32);
-    const auto* a = reinterpret_cast<const uint16_t*>(ds_rows.data());
-    if (M32 == M) {
-      amx_gemm_bf16(M, D, round_up32(N), a, kBlockK, kR.data(), D, dq, D, true);
-      return;
-    }
-    // dq's rows past M belong to other queries: go through a copy.
-    std::copy(dq, dq + M * D, dq_tile.data());
-    amx_gemm_bf16(M32, D, round_up32(N), a, kBlockK, kR.data(), D, dq_tile.data(), D, true);
-    std::copy(dq_tile.data(), dq_tile.data() + M * D, dq);
+    transpose_words(dsI, kBlockQ, ds_rows.data(), kBlockK / 2, round_up32(N) / 2, round_up32(M));
+    AmxTiles::accumulate_rows(M, D, round_up32(N),
+                              reinterpret_cast<const uint16_t*>(ds_rows.data()), kBlockK, kR.data(),
+                              dq, dq_tile.data());
   }
 };
 #endif

@@ -473,16 +473,21 @@ struct AmxTiles {
   void dk_dq(int64_t M, int64_t N, const float* ds, float* /*dk_acc*/, float* dq) {
     amx_gemm_bf16(D, round_up32(N), round_up32(M), reinterpret_cast<const uint16_t*>(qT_cur),
                   kBlockQ, pairs_of(M, N, ds), kBlockK, dkT.data(), kBlockK, true);
-    const uint16_t* a = rows_of(M, N, ds);
-    // dq rows past M belong to other rows of the caller's buffer: go through a copy then.
+    accumulate_rows(M, D, round_up32(N), rows_of(M, N, ds), kBlockK, kA.data(), dq, dq_tile.data());
+  }
+  // c (M x cols, row stride cols) += A B (A: rows of lda elements, B: pairs of rows, ldb cols).
+  // c's rows past M belong to other rows of the caller's buffer: the product, which writes
+  // whole 32-row blocks, goes through scratch (32-row blocks of cols) then.
+  static void accumulate_rows(int64_t M, int64_t cols, int64_t K, const uint16_t* a, int64_t lda,
+                              const uint32_t* b, float* c, float* scratch) {
     const int64_t M32 = round_up32(M);
     if (M32 == M) {
-      amx_gemm_bf16(M, D, round_up32(N), a, kBlockK, kA.data(), D, dq, D, true);
-    } else {
-      std::copy(dq, dq + M * D, dq_tile.data());
-      amx_gemm_bf16(M32, D, round_up32(N), a, kBlockK, kA.data(), D, dq_tile.data(), D, true);
-      std::copy(dq_tile.data(), dq_tile.data() + M * D, dq);
+      amx_gemm_bf16(M, cols, K, a, lda, b, cols, c, cols, true);
+      return;
     }
+    std::copy(c, c + M * cols, scratch);
+    amx_gemm_bf16(M32, cols, K, a, lda, b, cols, scratch, cols, true);
+    std::copy(scratch, scratch + M * cols, c);
   }
   // dK and dV of the key block (N x D, N x Dv rows) from the transposed accumulators.
   void finish_key_block(int64_t N, float* dk_acc, float* dv_acc) {
