@@ -262,9 +262,25 @@ inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, i
   detail::gemm_vec<false>(M, N, K, alpha, A, a_k, B, ldb, C, ldc, accumulate);
 }
 #else
+// The copy without vector instructions (no FMA): products of two floats are exact in double,
+// so each row sums in double and rounds once. In float, every product and sum would round (a
+// chain of K), some ulps over torch's blocked MKL sums at K = 300 (docs/design/cpu_kernels.md).
 inline void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t a_m,
                  int64_t a_k, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
-  gemm_generic<float>(M, N, K, alpha, A, a_m, a_k, B, ldb, C, ldc, accumulate);
+  static thread_local std::vector<double> row;
+  if (static_cast<int64_t>(row.size()) < N) row.resize(N);
+  for (int64_t m = 0; m < M; ++m) {
+    float* c = C + m * ldc;
+    std::fill(row.begin(), row.begin() + N, 0.0);
+    for (int64_t k = 0; k < K; ++k) {
+      const double a = double(A[m * a_m + k * a_k]);
+      const float* b = B + k * ldb;
+      for (int64_t n = 0; n < N; ++n) row[n] += a * double(b[n]);
+    }
+    for (int64_t n = 0; n < N; ++n) {
+      c[n] = static_cast<float>((accumulate ? double(c[n]) : 0.0) + double(alpha) * row[n]);
+    }
+  }
 }
 #endif
 

@@ -410,9 +410,17 @@ void cell_op_backward(const acc* __restrict__ gi, const acc* __restrict__ gf,
   }
 }
 
-// sum_k a[k] * b[k], in 16 independent lanes (vectorised; fixed order, so deterministic).
+// sum_k a[k] * b[k], in 16 independent lanes (vectorised; fixed order, so deterministic). The
+// base copy (no FMA, every product rounds) sums float products exactly in double instead.
 template <typename acc>
 inline acc dot(const acc* a, const acc* b, int64_t K) {
+#if !defined(FASTATTN_CPU_VEC)
+  if constexpr (std::is_same_v<acc, float>) {
+    double sum = 0.0;
+    for (int64_t k = 0; k < K; ++k) sum += double(a[k]) * double(b[k]);
+    return static_cast<float>(sum);
+  }
+#endif
   constexpr int L = 16;
   acc lanes[L] = {};
   int64_t k = 0;
