@@ -281,18 +281,21 @@ constexpr int64_t kPairPanel = 32;
 
 // Panels [first, last) of B2 = W^T for a row-major bfloat16 W (leading dimension ldw, K
 // columns; column n of B reads row row_of(n) of W, for n < N), each K2 x kPairPanel words at
-// out + panel * kPairPanel * K2; columns past N are zero.
+// out + panel * kPairPanel * K2; columns past N are zero. K2 defaults to ceil(K / 2); a larger
+// one (AMX tiles take 16 pair rows at a time) pads the panels with zero pair rows.
 template <typename RowOf>
 inline void pack_pair_panels(const uint16_t* W, int64_t ldw, int64_t K, int64_t N,
-                             const RowOf& row_of, int64_t first, int64_t last, uint32_t* out) {
-  const int64_t K2 = (K + 1) / 2;
-  std::vector<uint32_t> rows(kPairPanel * K2);
+                             const RowOf& row_of, int64_t first, int64_t last, uint32_t* out,
+                             int64_t K2 = 0) {
+  if (K2 == 0) K2 = (K + 1) / 2;
+  std::vector<uint32_t> rows(kPairPanel * K2, 0u);
   for (int64_t pn = first; pn < last; ++pn) {
     for (int64_t c = 0; c < kPairPanel; ++c) {
       const int64_t n = pn * kPairPanel + c;
       uint32_t* words = rows.data() + c * K2;
       if (n < N) {
         pair_columns(W + row_of(n) * ldw, ldw, 1, K, words, K2);
+        std::fill(words + (K + 1) / 2, words + K2, 0u);
       } else {
         std::fill(words, words + K2, 0u);
       }

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/cpu_amx.h"
 #include "common/cpu_gemm.h"
 #include "common/cpu_gemm_bf16.h"
 #include "common/gemm_cpu_kernel.h"
@@ -339,6 +340,103 @@ void gemm_large(const GemmParams& p) {
   }
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+namespace {
+
+// One 32 x 32 block of C (out, row stride 32) = A B on AMX tiles over K2 pair rows: A's two
+// 16-row tiles in the tile-major copy of gemm_large_bf16_amx (each 16 x 32 bfloat16 tile a
+// contiguous kilobyte, the tiles of a row block in k order, a1 the second row block's), B's two
+// 16-column slices in one of gemm_large_bf16's panels (pair rows of 32 words).
+inline void amx_block_32x32(int64_t K2, const uint16_t* a0, const uint16_t* a1, const uint32_t* b,
+                            float* out) {
+  constexpr int64_t kTileBytes = 64, kPanelBytes = kPairPanel * 4;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t kk = 0; kk < K2; kk += 16) {
+    _tile_loadd(4, a0 + kk * 32, kTileBytes);
+    _tile_loadd(5, a1 + kk * 32, kTileBytes);
+    _tile_loadd(6, b + kk * kPairPanel, kPanelBytes);
+    _tile_loadd(7, b + kk * kPairPanel + 16, kPanelBytes);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, out, 32 * 4);
+  _tile_stored(1, out + 16, 32 * 4);
+  _tile_stored(2, out + 16 * 32, 32 * 4);
+  _tile_stored(3, out + 16 * 32 + 16, 32 * 4);
+}
+
+// gemm_large_bf16 on AMX tiles. A task copies its block of 64 rows of A tile-major (16-row,
+// 32-column tiles, each a contiguous kilobyte, so that a tile load reads one stream; K padded
+// with zeros to a multiple of 32 and zero rows below M: tile rows are read whole) and takes each
+// 32 x 32 block of C through four tiles over the whole K, W^T in gemm_large_bf16's panels
+// padded to whole 16-pair-row tiles; the block then lands in C with the bias, or onto C.
+void gemm_large_bf16_amx(const GemmBf16Params& p) {
+  constexpr int64_t kBlockRows = 64, kGroupPanels = 16, kTile = 32;
+  const int64_t Kp = (p.K + 31) / 32 * 32, K2 = Kp / 2, k_tiles = Kp / 32;
+  const int64_t n_panels = (p.N + kPairPanel - 1) / kPairPanel;
+  const bool serial = static_cast<double>(p.M) * p.N * p.K < kSerialGemmWork;
+  uint32_t* Bp = reinterpret_cast<uint32_t*>(gemm_scratch(1, n_panels * kPairPanel * K2));
+  auto row_of = [&](int64_t n) { return p.w_rows != nullptr ? p.w_rows[n] : n; };
+  parallel_or_serial(serial, 0, n_panels, 1, [&](int64_t begin, int64_t end) {
+    pack_pair_panels(p.W, p.ldw, p.K, p.N, row_of, begin, end, Bp, K2);
+  });
+  const int64_t m_blocks = (p.M + kBlockRows - 1) / kBlockRows;
+  const int64_t groups = (n_panels + kGroupPanels - 1) / kGroupPanels;
+  parallel_or_serial(serial, 0, m_blocks * groups, 1, [&](int64_t begin, int64_t end) {
+    AmxTileScope tile_scope;
+    std::vector<uint16_t> Ap(kBlockRows * Kp);
+    alignas(64) float block[kTile * kTile];
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t m0 = (task / groups) * kBlockRows, mb = std::min(kBlockRows, p.M - m0);
+      const int64_t pn0 = (task % groups) * kGroupPanels;
+      const int64_t pn1 = std::min(n_panels, pn0 + kGroupPanels);
+      // Row r, columns [32 kt, 32 kt + 32) at tile (r / 16, kt), row r % 16 of it.
+      for (int64_t r = 0; r < kBlockRows; ++r) {
+        const uint16_t* src = p.A + (m0 + r) * p.lda;
+        for (int64_t kt = 0; kt < k_tiles; ++kt) {
+          uint16_t* dst = Ap.data() + ((r / 16) * k_tiles + kt) * 512 + (r % 16) * 32;
+          const int64_t copied = r < mb ? std::clamp<int64_t>(p.K - kt * 32, 0, 32) : 0;
+          const __mmask32 mask = copied == 32 ? ~0u : (1u << copied) - 1u;
+          _mm512_storeu_si512(dst, _mm512_maskz_loadu_epi16(mask, src + kt * 32));
+        }
+      }
+      const int64_t mb_tiles = (mb + kTile - 1) / kTile * kTile;
+      // 32 rows of A (32 KB at K = 512) stay in L1 while the group's panels stream from L2.
+      for (int64_t m = 0; m < mb_tiles; m += kTile) {
+        const uint16_t* a0 = Ap.data() + (m / 16) * k_tiles * 512;
+        for (int64_t pn = pn0; pn < pn1; ++pn) {
+          const int64_t n = pn * kPairPanel, N = std::min(kPairPanel, p.N - n);
+          const __mmask16 mask0 = detail::tail_mask(N), mask1 = detail::tail_mask(N - 16);
+          amx_block_32x32(K2, a0, a0 + k_tiles * 512, Bp + pn * kPairPanel * K2, block);
+          for (int64_t r = 0; r < std::min(kTile, mb - m); ++r) {
+            float* c = p.C + (m0 + m + r) * p.ldc + n;
+            __m512 v0 = _mm512_load_ps(block + r * kTile);
+            __m512 v1 = _mm512_load_ps(block + r * kTile + 16);
+            if (p.bias != nullptr) {
+              v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(mask0, p.bias + n));
+              v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(mask1, p.bias + n + 16));
+            }
+            if (p.accumulate) {
+              v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(mask0, c));
+              v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(mask1, c + 16));
+            }
+            _mm512_mask_storeu_ps(c, mask0, v0);
+            _mm512_mask_storeu_ps(c + 16, mask1, v1);
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+#endif
+
 #if defined(__AVX512BF16__)
 // Rows of A in strips of kGemmRowsVec (8, gemm_bf16's row block), K2 x 8 pair words each;
 // W^T in panels of kPairPanel columns, K2 x 32 words. A task is a block of rows and a group of
@@ -347,6 +445,9 @@ void gemm_large(const GemmParams& p) {
 // round once per product (no K chunks, unlike the float driver, whose panels are twice as big).
 void gemm_large_bf16(const GemmBf16Params& p) {
   if (p.M <= 0 || p.N <= 0) return;
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if (amx_bf16_usable()) return gemm_large_bf16_amx(p);
+#endif
   constexpr int64_t kRows = kGemmRowsVec, kBlockRows = 64, kGroupPanels = 16;
   const int64_t K2 = (p.K + 1) / 2, n_panels = (p.N + kPairPanel - 1) / kPairPanel;
   const bool serial = static_cast<double>(p.M) * p.N * p.K < kSerialGemmWork;

@@ -39,6 +39,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/cpu_amx.h"
 #include "common/cpu_convert.h"
 #include "common/cpu_dropout.h"
 #include "common/cpu_gemm.h"
@@ -336,6 +337,85 @@ void gemm_pairs(int64_t r0, int64_t r1, int64_t c0, int64_t N, int64_t K2, const
   }
 }
 
+#endif
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// 16 rows x 16 NT columns (NT = 2 or 4) of hi B + lo B into out (row stride ldo floats), on AMX
+// tiles: C in tiles 0 to NT - 1, the rows' hi and lo pair words (row stride a_words, K2 a
+// multiple of 16) in tiles 4 and 5, each 16-column slice of B in tile 6 or 7 (gemm_pairs's
+// panels: slice q at B + (q / 2) * panel_words + (q % 2) * 16). Two slices are loaded before
+// their four products, so that no product waits on the one before it.
+template <int NT>
+__attribute__((always_inline)) inline void amx_split_tiles(int64_t K2, const uint32_t* hi,
+                                                           const uint32_t* lo, int64_t a_words,
+                                                           const uint32_t* B, int64_t panel_words,
+                                                           float* out, int64_t ldo) {
+  static_assert(NT == 2 || NT == 4, "two or four column tiles");
+  _tile_zero(0);
+  _tile_zero(1);
+  if constexpr (NT == 4) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  constexpr int64_t b_stride = kPanel * 4;
+  for (int64_t kk = 0; kk < K2; kk += 16) {
+    _tile_loadd(4, hi + kk, a_words * 4);
+    _tile_loadd(5, lo + kk, a_words * 4);
+    const uint32_t* b = B + kk * kPanel;
+    _tile_loadd(6, b, b_stride);
+    _tile_loadd(7, b + 16, b_stride);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(0, 5, 6);
+    _tile_dpbf16ps(1, 5, 7);
+    if constexpr (NT == 4) {
+      _tile_loadd(6, b + panel_words, b_stride);
+      _tile_loadd(7, b + panel_words + 16, b_stride);
+      _tile_dpbf16ps(2, 4, 6);
+      _tile_dpbf16ps(3, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, out, ldo * 4);
+  _tile_stored(1, out + 16, ldo * 4);
+  if constexpr (NT == 4) {
+    _tile_stored(2, out + 32, ldo * 4);
+    _tile_stored(3, out + 48, ldo * 4);
+  }
+}
+
+// gemm_pairs on AMX tiles: A row-major, the hi words of row r at A + r * K2 and its lo words
+// at A + lo + r * K2 (K2 a multiple of 16, zero past the states' pair words; rows past r1
+// are read and their results dropped), B gemm_pairs's panels with K2 pair rows (zero past
+// the weights'). 16 rows by up to 64 columns at a time, through a block added to C.
+void gemm_pairs_amx(int64_t r0, int64_t r1, int64_t c0, int64_t N, int64_t K2, const uint32_t* A,
+                    int64_t lo, const uint32_t* B, float* C, int64_t ldc, bool accumulate) {
+  constexpr int64_t kRowsTile = 16, kCols = 64;
+  AmxTileScope tile_scope;
+  alignas(64) float block[kRowsTile * kCols];
+  const int64_t panel_words = K2 * kPanel;
+  for (int64_t m = r0; m < r1; m += kRowsTile) {
+    const int64_t rows = std::min(kRowsTile, r1 - m);
+    const uint32_t* hi = A + m * K2;
+    for (int64_t n = 0; n < N; n += kCols) {
+      const int64_t cols = std::min(kCols, N - n);
+      const uint32_t* b = B + ((c0 + n) / kPanel) * panel_words;
+      if (cols > 32) {
+        amx_split_tiles<4>(K2, hi, hi + lo, K2, b, panel_words, block, kCols);
+      } else {
+        amx_split_tiles<2>(K2, hi, hi + lo, K2, b, panel_words, block, kCols);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        float* c = C + (m - r0 + r) * ldc + n;
+        for (int64_t v = 0; v < cols; v += 16) {
+          detail::store_or_add(c + v, _mm512_load_ps(block + r * kCols + v), accumulate,
+                               detail::tail_mask(cols - v));
+        }
+      }
+    }
+  }
+}
 #endif
 
 // The forward cell on one row of a unit block: gi..go hold the gate pre-activations and
@@ -662,8 +742,18 @@ void layer_forward(const RecurrentForwardParams& p) {
 #else
   constexpr bool kPairs = false;
 #endif
-  const int64_t K2 = (P + 1) / 2;
+  // On AMX machines the product runs on AMX tiles (gemm_pairs_amx) from two rows up (one row
+  // fills a sixteenth of each tile; the dot products keep it): the states row-major, hi then
+  // lo, and K2 in whole 16-pair-row tiles on both sides.
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  const bool amx = kPairs && amx_bf16_usable() && B >= 2;
+#else
+  constexpr bool amx = false;
+#endif
+  const int64_t K2 = amx ? ((P + 1) / 2 + 15) / 16 * 16 : (P + 1) / 2;
   const int64_t KA = kPairs ? 2 * K2 : P, KB = kPairs ? K2 : P;  // A / B words (floats) per k
+  // Rows of the AMX states: a 16-row tile read from any row below B.
+  const int64_t SA = (B + 15) / 16 * 16 + 16;
 
   // W_hh^T (P x G1 H, blocked gate columns), W_hn^T (reset-before GRU) and W_hr^T (H x P)
   // in panels. The projection (LSTM) and W_hn (GRU) never meet, so they share a slot.
@@ -680,7 +770,7 @@ void layer_forward(const RecurrentForwardParams& p) {
       const uint16_t* w16 = static_cast<const uint16_t*>(p.w.w_hh_bf16) + d * GH * P;
       uint32_t* dst = reinterpret_cast<uint32_t*>(w_pk + d * w_size);
       parallel_for(0, panels(G1 * H), 1, [&](int64_t begin, int64_t end) {
-        pack_pair_panels(w16, P, P, G1 * H, gate_row, begin, end, dst);
+        pack_pair_panels(w16, P, P, G1 * H, gate_row, begin, end, dst, K2);
       });
     } else
 #endif
@@ -701,8 +791,10 @@ void layer_forward(const RecurrentForwardParams& p) {
       Cell::kLstm ? sorted_state<T, acc>(p.c0, pk, D, H) : std::vector<acc>();
   // h_{t-1} in strips (SB x KA per direction), double-buffered: step s reads buffer s & 1 and
   // writes the other. Rows that have not started (reverse direction) read h0 from both.
-  acc* hS = scratch<acc>(kStates, D * 2 * SB * KA);
-  auto h_strips = [&](int64_t d, int64_t buf) { return hS + (d * 2 + buf) * SB * KA; };
+  const int64_t h_size = amx ? SA * KA : SB * KA;
+  acc* hS = scratch<acc>(kStates, D * 2 * h_size);
+  if (amx) std::fill(hS, hS + D * 2 * h_size, acc(0));  // the tiles' padding is read
+  auto h_strips = [&](int64_t d, int64_t buf) { return hS + (d * 2 + buf) * h_size; };
   // Units [k0, k0 + n) of sorted row j into a strip buffer (k0 even).
   auto put_h = [&](acc* strips_, int64_t j, int64_t k0, const acc* h, int64_t n) {
 #if defined(__AVX512BF16__)
@@ -711,6 +803,12 @@ void layer_forward(const RecurrentForwardParams& p) {
       for (int64_t k = 0; k < n; k += kUB) {  // split and paired, then one word per pair
         const int64_t nk = std::min(kUB, n - k);
         split_pair_words(h + k, nk, hi, lo);
+        if (amx) {
+          uint32_t* dst = reinterpret_cast<uint32_t*>(strips_) + j * K2 + (k0 + k) / 2;
+          std::copy(hi, hi + (nk + 1) / 2, dst);
+          std::copy(lo, lo + (nk + 1) / 2, dst + SA * K2);
+          continue;
+        }
         uint32_t* dst = reinterpret_cast<uint32_t*>(strips_) +
                         ((j / kStrip) * K2 + (k0 + k) / 2) * 2 * kStrip + j % kStrip;
         for (int64_t w = 0; w < (nk + 1) / 2; ++w) {
@@ -734,6 +832,13 @@ void layer_forward(const RecurrentForwardParams& p) {
                           acc* out, int64_t ldc, bool accumulate) {
 #if defined(__AVX512BF16__)
     if constexpr (kPairs) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+      if (amx) {
+        return gemm_pairs_amx(
+            r0, r1, c0, N, K2, reinterpret_cast<const uint32_t*>(h_strips(d, s & 1)), SA * K2,
+            reinterpret_cast<const uint32_t*>(w_pk + d * w_size), out, ldc, accumulate);
+      }
+#endif
       return gemm_pairs(r0, r1, c0, N, K2, reinterpret_cast<const uint32_t*>(h_strips(d, s & 1)),
                         reinterpret_cast<const uint32_t*>(w_pk + d * w_size), out, ldc, accumulate);
     }
