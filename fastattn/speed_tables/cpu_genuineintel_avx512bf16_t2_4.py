@@ -9,7 +9,7 @@ TABLE = {
         "threads": "2-4"
     },
     "measured": "2026-12-07, cpu: Intel(R) Xeon(R) Processor, avx512bf16+amx, 2 threads, torch 2.14.1+cu130",
-    "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv; benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv",
+    "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv; benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv; benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv",
     "entries": [
         {
             "op": "add_sinusoidal",
@@ -513,10 +513,10 @@ TABLE = {
             "features": "plain",
             "pass": "fwd",
             "kernel": "cpu",
-            "faster": "torch",
-            "ratio": 1.178,
+            "faster": "kernel",
+            "ratio": 0.347,
             "cases": 2,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
         },
         {
             "op": "gru",
@@ -527,9 +527,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.696,
+            "ratio": 0.447,
             "cases": 2,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
         },
         {
             "op": "gru",
@@ -539,10 +539,10 @@ TABLE = {
             "features": "bidirectional+lengths+multilayer",
             "pass": "fwd",
             "kernel": "cpu",
-            "faster": "torch",
-            "ratio": 1.001,
+            "faster": "kernel",
+            "ratio": 0.824,
             "cases": 1,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
         },
         {
             "op": "gru",
@@ -553,9 +553,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.367,
+            "ratio": 0.358,
             "cases": 1,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
         },
         {
             "op": "gru",
@@ -566,9 +566,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.659,
+            "ratio": 0.596,
             "cases": 3,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
         },
         {
             "op": "gru",
@@ -579,9 +579,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.378,
+            "ratio": 0.365,
             "cases": 3,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
         },
         {
             "op": "lstm",
@@ -591,10 +591,10 @@ TABLE = {
             "features": "plain",
             "pass": "fwd",
             "kernel": "cpu",
-            "faster": "torch",
-            "ratio": 1.618,
+            "faster": "kernel",
+            "ratio": 0.382,
             "cases": 2,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
         },
         {
             "op": "lstm",
@@ -604,10 +604,10 @@ TABLE = {
             "features": "plain",
             "pass": "fwd+bwd",
             "kernel": "cpu",
-            "faster": "torch",
-            "ratio": 1.04,
+            "faster": "kernel",
+            "ratio": 0.679,
             "cases": 2,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
         },
         {
             "op": "lstm",
@@ -618,9 +618,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.776,
+            "ratio": 0.78,
             "cases": 1,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
         },
         {
             "op": "lstm",
@@ -631,9 +631,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.946,
+            "ratio": 0.874,
             "cases": 1,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
         },
         {
             "op": "lstm",
@@ -643,10 +643,10 @@ TABLE = {
             "features": "bidirectional+multilayer",
             "pass": "fwd",
             "kernel": "cpu",
-            "faster": "torch",
-            "ratio": 1.011,
+            "faster": "kernel",
+            "ratio": 0.992,
             "cases": 1,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
         },
         {
             "op": "lstm",
@@ -657,9 +657,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.938,
+            "ratio": 0.887,
             "cases": 1,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
         },
         {
             "op": "lstm",
@@ -670,9 +670,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.666,
+            "ratio": 0.622,
             "cases": 1,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
         },
         {
             "op": "lstm",
@@ -683,9 +683,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.21,
+            "ratio": 0.144,
             "cases": 1,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
         },
         {
             "op": "lstm",
@@ -696,9 +696,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.819,
+            "ratio": 0.809,
             "cases": 4,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
         },
         {
             "op": "lstm",
@@ -709,9 +709,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.72,
+            "ratio": 0.7,
             "cases": 3,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
         },
         {
             "op": "rnn",
@@ -721,10 +721,10 @@ TABLE = {
             "features": "plain",
             "pass": "fwd",
             "kernel": "cpu",
-            "faster": "torch",
-            "ratio": 1.378,
+            "faster": "kernel",
+            "ratio": 0.416,
             "cases": 2,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
         },
         {
             "op": "rnn",
@@ -735,9 +735,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.745,
+            "ratio": 0.46,
             "cases": 2,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
         },
         {
             "op": "rnn",
@@ -748,9 +748,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.855,
+            "ratio": 0.749,
             "cases": 3,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
         },
         {
             "op": "rnn",
@@ -761,9 +761,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.454,
+            "ratio": 0.434,
             "cases": 3,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
         }
     ]
 }
