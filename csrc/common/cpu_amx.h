@@ -78,6 +78,25 @@ class AmxTileScope {
   AmxTileScope& operator=(const AmxTileScope&) = delete;
 };
 
+// The products of one 32 x 32 block of C in tiles 0-3 (rows 0-15 / 16-31 by columns 0-15 /
+// 16-31), over `steps` steps of 32 k: step s reads A's two 16-row tiles at a0 + s * a_step and
+// a1 + s * a_step (bfloat16 elements, rows a_stride bytes apart) and B's two 16-column slices
+// at b + s * b_step and b + s * b_step + 16 (pair words, rows b_stride bytes apart).
+inline void amx_block_products(int64_t steps, const uint16_t* a0, const uint16_t* a1,
+                               int64_t a_step, int64_t a_stride, const uint32_t* b, int64_t b_step,
+                               int64_t b_stride) {
+  for (int64_t s = 0; s < steps; ++s) {
+    _tile_loadd(4, a0 + s * a_step, a_stride);
+    _tile_loadd(5, a1 + s * a_step, a_stride);
+    _tile_loadd(6, b + s * b_step, b_stride);
+    _tile_loadd(7, b + s * b_step + 16, b_stride);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+}
+
 // C (rows x cols float, row stride ldc) (+)= A B with A (rows x K bfloat16, row-major, row
 // stride lda elements) and B in pair rows (B2[kk * ldb + n] = (B(2kk, n), B(2kk+1, n)), ldb in
 // words). rows, cols and K must be multiples of 32; C rows are read (accumulate) and written
@@ -99,18 +118,8 @@ inline void amx_gemm_bf16(int64_t rows, int64_t cols, int64_t K, const uint16_t*
         _tile_zero(2);
         _tile_zero(3);
       }
-      for (int64_t k0 = 0; k0 < K; k0 += 32) {
-        const uint16_t* a = A + m0 * lda + k0;
-        const uint32_t* b = B2 + (k0 / 2) * ldb + n0;
-        _tile_loadd(4, a, a_stride);
-        _tile_loadd(5, a + 16 * lda, a_stride);
-        _tile_loadd(6, b, b_stride);
-        _tile_loadd(7, b + 16, b_stride);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-      }
+      const uint16_t* a = A + m0 * lda;
+      amx_block_products(K / 32, a, a + 16 * lda, 32, a_stride, B2 + n0, 16 * ldb, b_stride);
       _tile_stored(0, c, c_stride);
       _tile_stored(1, c + 16, c_stride);
       _tile_stored(2, c + 16 * ldc, c_stride);

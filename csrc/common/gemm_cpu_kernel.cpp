@@ -354,16 +354,7 @@ inline void amx_block_32x32(int64_t K2, const uint16_t* a0, const uint16_t* a1, 
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
-  for (int64_t kk = 0; kk < K2; kk += 16) {
-    _tile_loadd(4, a0 + kk * 32, kTileBytes);
-    _tile_loadd(5, a1 + kk * 32, kTileBytes);
-    _tile_loadd(6, b + kk * kPairPanel, kPanelBytes);
-    _tile_loadd(7, b + kk * kPairPanel + 16, kPanelBytes);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
-  }
+  amx_block_products(K2 / 16, a0, a1, 512, kTileBytes, b, 16 * kPairPanel, kPanelBytes);
   _tile_stored(0, out, 32 * 4);
   _tile_stored(1, out + 16, 32 * 4);
   _tile_stored(2, out + 16 * 32, 32 * 4);
