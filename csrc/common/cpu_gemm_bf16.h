@@ -288,14 +288,13 @@ inline void pack_pair_panels(const uint16_t* W, int64_t ldw, int64_t K, int64_t 
                              const RowOf& row_of, int64_t first, int64_t last, uint32_t* out,
                              int64_t K2 = 0) {
   if (K2 == 0) K2 = (K + 1) / 2;
-  std::vector<uint32_t> rows(kPairPanel * K2, 0u);
+  std::vector<uint32_t> rows(kPairPanel * K2, 0u);  // a column's pad words stay zero
   for (int64_t pn = first; pn < last; ++pn) {
     for (int64_t c = 0; c < kPairPanel; ++c) {
       const int64_t n = pn * kPairPanel + c;
       uint32_t* words = rows.data() + c * K2;
       if (n < N) {
         pair_columns(W + row_of(n) * ldw, ldw, 1, K, words, K2);
-        std::fill(words + (K + 1) / 2, words + K2, 0u);
       } else {
         std::fill(words, words + K2, 0u);
       }

@@ -412,12 +412,8 @@ void gemm_large_bf16_amx(const GemmBf16Params& p) {
               v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(mask0, p.bias + n));
               v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(mask1, p.bias + n + 16));
             }
-            if (p.accumulate) {
-              v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(mask0, c));
-              v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(mask1, c + 16));
-            }
-            _mm512_mask_storeu_ps(c, mask0, v0);
-            _mm512_mask_storeu_ps(c + 16, mask1, v1);
+            detail::store_or_add(c, v0, p.accumulate, mask0);
+            detail::store_or_add(c + 16, v1, p.accumulate, mask1);
           }
         }
       }
