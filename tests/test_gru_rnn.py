@@ -385,6 +385,11 @@ def _run_functional(kind, backend, dtype, inputs, params, *, lengths=None, **kw)
             dict(T=20, B=9, I=16, H=64, num_layers=2, bidirectional=True, lengths=True),
             id="2layer-bidir-lengths",
         ),
+        # bfloat16 on AMX: the per-step product's two 64-row groups (the second partial), H past
+        # 128 (two chunks of 64 pair rows) and a last unit block of 22 (a two-tile column tail)
+        pytest.param(dict(T=6, B=70, I=40, H=150), id="T6-B70-I40-H150"),
+        # ... and up to 8 rows, each row's hi and lo words in consecutive tile rows
+        pytest.param(dict(T=5, B=3, I=24, H=40), id="T5-B3-I24-H40"),
         # odd sizes: bfloat16 pair words padded along I and H (AVX512-BF16 products)
         pytest.param(
             dict(T=9, B=11, I=17, H=19, num_layers=2, bidirectional=True, lengths=True),

@@ -81,17 +81,19 @@ class AmxTileScope {
 // The products of one 32 x 32 block of C in tiles 0-3 (rows 0-15 / 16-31 by columns 0-15 /
 // 16-31), over `steps` steps of 32 k: step s reads A's two 16-row tiles at a0 + s * a_step and
 // a1 + s * a_step (bfloat16 elements, rows a_stride bytes apart) and B's two 16-column slices
-// at b + s * b_step and b + s * b_step + 16 (pair words, rows b_stride bytes apart).
+// at b + s * b_step and b + s * b_step + 16 (pair words, rows b_stride bytes apart). Tiles are
+// not renamed (a load waits for the products that read its tile), so each load sits right
+// before the first product that needs it and overlaps the products before.
 inline void amx_block_products(int64_t steps, const uint16_t* a0, const uint16_t* a1,
                                int64_t a_step, int64_t a_stride, const uint32_t* b, int64_t b_step,
                                int64_t b_stride) {
   for (int64_t s = 0; s < steps; ++s) {
     _tile_loadd(4, a0 + s * a_step, a_stride);
-    _tile_loadd(5, a1 + s * a_step, a_stride);
     _tile_loadd(6, b + s * b_step, b_stride);
-    _tile_loadd(7, b + s * b_step + 16, b_stride);
     _tile_dpbf16ps(0, 4, 6);
+    _tile_loadd(7, b + s * b_step + 16, b_stride);
     _tile_dpbf16ps(1, 4, 7);
+    _tile_loadd(5, a1 + s * a_step, a_stride);
     _tile_dpbf16ps(2, 5, 6);
     _tile_dpbf16ps(3, 5, 7);
   }

@@ -265,10 +265,11 @@ void panel_tile_rows(int64_t M, int64_t K, const float* a, const float* b, float
 // With accumulate, the per-step tiles read C back after their products: in the forward, the
 // input projection of this step, written by the large GEMM long before (from DRAM at B = 64:
 // T B 4H floats do not fit L3). So the C rows of the strip at row m (of a tile of rows
-// [r0, r1), N columns) are prefetched one strip ahead, behind the current strip's products.
+// [r0, r1), N columns; `rows` rows from m) are prefetched ahead, behind the products before.
 template <typename acc>
-void prefetch_strip_rows(acc* C, int64_t ldc, int64_t r0, int64_t r1, int64_t m, int64_t N) {
-  for (int64_t r = m; r < std::min(r1, m + kStrip); ++r) {
+void prefetch_strip_rows(acc* C, int64_t ldc, int64_t r0, int64_t r1, int64_t m, int64_t N,
+                         int64_t rows = kStrip) {
+  for (int64_t r = m; r < std::min(r1, m + rows); ++r) {
     for (int64_t n = 0; n < N; n += 64 / static_cast<int64_t>(sizeof(acc))) {
       __builtin_prefetch(C + (r - r0) * ldc + n, 1, 3);
     }
@@ -340,77 +341,122 @@ void gemm_pairs(int64_t r0, int64_t r1, int64_t c0, int64_t N, int64_t K2, const
 #endif
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-// 16 rows x 16 NT columns (NT = 2 or 4) of hi B + lo B into out (row stride ldo floats), on AMX
-// tiles: C in tiles 0 to NT - 1, the rows' hi and lo pair words (row stride a_words, K2 a
-// multiple of 16) in tiles 4 and 5, each 16-column slice of B in tile 6 or 7 (gemm_pairs's
-// panels: slice q at B + (q / 2) * panel_words + (q % 2) * 16). Two slices are loaded before
-// their four products, so that no product waits on the one before it.
-template <int NT>
-__attribute__((always_inline)) inline void amx_split_tiles(int64_t K2, const uint32_t* hi,
-                                                           const uint32_t* lo, int64_t a_words,
-                                                           const uint32_t* B, int64_t panel_words,
-                                                           float* out, int64_t ldo) {
+// 16 rows x 16 NT columns (NT = 2 or 4) of A B over pair rows [kk0, kk1) (multiples of 16)
+// into out (row stride ldo floats), on AMX tiles: C in tiles 0 to NT - 1 (zeroed when `start`,
+// else loaded from out), 16 rows of A at `hi` (row stride a_words) in tile 4 and, with kSplit,
+// their lo words at `lo` in tile 5 (hi B + lo B), each 16-column slice of B in tile 6 or 7
+// (gemm_pairs's panels: slice q at B + (q / 2) * panel_words + (q % 2) * 16). Tiles are not
+// renamed: a load waits for the products that read its tile, so each load sits right before
+// the first product that needs it.
+template <int NT, bool kSplit>
+__attribute__((always_inline)) inline void amx_pair_tiles(int64_t kk0, int64_t kk1,
+                                                          const uint32_t* hi, const uint32_t* lo,
+                                                          int64_t a_words, const uint32_t* B,
+                                                          int64_t panel_words, float* out,
+                                                          int64_t ldo, bool start) {
   static_assert(NT == 2 || NT == 4, "two or four column tiles");
-  _tile_zero(0);
-  _tile_zero(1);
-  if constexpr (NT == 4) {
-    _tile_zero(2);
-    _tile_zero(3);
-  }
-  constexpr int64_t b_stride = kPanel * 4;
-  for (int64_t kk = 0; kk < K2; kk += 16) {
-    _tile_loadd(4, hi + kk, a_words * 4);
-    _tile_loadd(5, lo + kk, a_words * 4);
-    const uint32_t* b = B + kk * kPanel;
-    _tile_loadd(6, b, b_stride);
-    _tile_loadd(7, b + 16, b_stride);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(0, 5, 6);
-    _tile_dpbf16ps(1, 5, 7);
+  const int64_t c_stride = ldo * 4, a_stride = a_words * 4;
+  if (start) {
+    _tile_zero(0);
+    _tile_zero(1);
     if constexpr (NT == 4) {
-      _tile_loadd(6, b + panel_words, b_stride);
-      _tile_loadd(7, b + panel_words + 16, b_stride);
-      _tile_dpbf16ps(2, 4, 6);
-      _tile_dpbf16ps(3, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+  } else {
+    _tile_loadd(0, out, c_stride);
+    _tile_loadd(1, out + 16, c_stride);
+    if constexpr (NT == 4) {
+      _tile_loadd(2, out + 32, c_stride);
+      _tile_loadd(3, out + 48, c_stride);
     }
   }
-  _tile_stored(0, out, ldo * 4);
-  _tile_stored(1, out + 16, ldo * 4);
+  constexpr int64_t b_stride = kPanel * 4;
+  for (int64_t kk = kk0; kk < kk1; kk += 16) {
+    const uint32_t* b = B + kk * kPanel;
+    _tile_loadd(6, b, b_stride);
+    _tile_loadd(4, hi + kk, a_stride);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_loadd(7, b + 16, b_stride);
+    _tile_dpbf16ps(1, 4, 7);
+    if constexpr (kSplit) {
+      _tile_loadd(5, lo + kk, a_stride);
+      _tile_dpbf16ps(0, 5, 6);
+      _tile_dpbf16ps(1, 5, 7);
+    }
+    if constexpr (NT == 4) {
+      _tile_loadd(6, b + panel_words, b_stride);
+      _tile_dpbf16ps(2, 4, 6);
+      _tile_loadd(7, b + panel_words + 16, b_stride);
+      _tile_dpbf16ps(3, 4, 7);
+      if constexpr (kSplit) {
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+  }
+  _tile_stored(0, out, c_stride);
+  _tile_stored(1, out + 16, c_stride);
   if constexpr (NT == 4) {
-    _tile_stored(2, out + 32, ldo * 4);
-    _tile_stored(3, out + 48, ldo * 4);
+    _tile_stored(2, out + 32, c_stride);
+    _tile_stored(3, out + 48, c_stride);
   }
 }
 
-// gemm_pairs on AMX tiles: A row-major, the hi words of row r at A + r * K2 and its lo words
-// at A + lo + r * K2 (K2 a multiple of 16, zero past the states' pair words; rows past r1
-// are read and their results dropped), B gemm_pairs's panels with K2 pair rows (zero past
-// the weights'). 16 rows by up to 64 columns at a time, through a block added to C.
-void gemm_pairs_amx(int64_t r0, int64_t r1, int64_t c0, int64_t N, int64_t K2, const uint32_t* A,
-                    int64_t lo, const uint32_t* B, float* C, int64_t ldc, bool accumulate) {
-  constexpr int64_t kRowsTile = 16, kCols = 64;
+// How gemm_pairs_amx finds the hi and lo words of a state row (K2 pair words each, K2 a
+// multiple of 16, zero past the states' pair words). `split`: row r's hi words at A + r K2
+// and its lo words at A + lo + r K2; a 16-row tile of hi words and one of lo words meet each
+// slice of B (the most products per tile of B loaded). `interleaved`: hi at A + 2 r K2, lo at
+// A + (2 r + 1) K2; a 16-row tile holds 8 rows' hi and lo words, so that up to 8 rows take
+// half the products of the split layout.
+enum class PairRows { split, interleaved };
+
+// gemm_pairs on AMX tiles, C[r] (+)= (hi_r + lo_r) B for rows [r0, r1) (tile rows past r1 are
+// read and their results dropped), B gemm_pairs's panels with K2 pair rows (zero past the
+// weights'). Up to 64 tile rows by 64 columns at a time, in chunks of 64 pair rows: a chunk of
+// the columns' W_hh^T (16 KB) stays in L1 for the rows' 16-row tiles, which stream from L2,
+// and the sums wait in a block (16 KB) between chunks; then the block is added to C. (Whole-K
+// passes per 16 rows read the columns' W_hh^T from L2 once per row tile.)
+void gemm_pairs_amx(PairRows layout, int64_t r0, int64_t r1, int64_t c0, int64_t N, int64_t K2,
+                    const uint32_t* A, int64_t lo, const uint32_t* B, float* C, int64_t ldc,
+                    bool accumulate) {
+  constexpr int64_t kRowsTile = 16, kCols = 64, kGroupRows = 64, kChunk = 64;
+  const bool split = layout == PairRows::split;
+  const int64_t per_row = split ? 1 : 2;  // tile rows per state row
   AmxTileScope tile_scope;
-  alignas(64) float block[kRowsTile * kCols];
+  alignas(64) float block[kGroupRows * kCols];
   const int64_t panel_words = K2 * kPanel;
-  for (int64_t m = r0; m < r1; m += kRowsTile) {
-    const int64_t rows = std::min(kRowsTile, r1 - m);
-    const uint32_t* hi = A + m * K2;
+  for (int64_t g = r0 * per_row; g < r1 * per_row; g += kGroupRows) {
+    const int64_t tile_rows = std::min(kGroupRows, r1 * per_row - g);
+    const int64_t first = g / per_row, rows = tile_rows / per_row;  // state rows of the group
     for (int64_t n = 0; n < N; n += kCols) {
       const int64_t cols = std::min(kCols, N - n);
       const uint32_t* b = B + ((c0 + n) / kPanel) * panel_words;
-      if (cols > 32) {
-        amx_split_tiles<4>(K2, hi, hi + lo, K2, b, panel_words, block, kCols);
-      } else {
-        amx_split_tiles<2>(K2, hi, hi + lo, K2, b, panel_words, block, kCols);
+      if (accumulate) prefetch_strip_rows(C + n, ldc, r0, r1, first, cols, rows);
+      for (int64_t kk0 = 0; kk0 < K2; kk0 += kChunk) {
+        const int64_t kk1 = std::min(K2, kk0 + kChunk);
+        for (int64_t m = 0; m < tile_rows; m += kRowsTile) {
+          const uint32_t* hi = A + (g + m) * K2;
+          float* out = block + m * kCols;
+          const bool start = kk0 == 0;
+          if (split && cols > 32) {
+            amx_pair_tiles<4, true>(kk0, kk1, hi, hi + lo, K2, b, panel_words, out, kCols, start);
+          } else if (split) {
+            amx_pair_tiles<2, true>(kk0, kk1, hi, hi + lo, K2, b, panel_words, out, kCols, start);
+          } else if (cols > 32) {
+            amx_pair_tiles<4, false>(kk0, kk1, hi, hi, K2, b, panel_words, out, kCols, start);
+          } else {
+            amx_pair_tiles<2, false>(kk0, kk1, hi, hi, K2, b, panel_words, out, kCols, start);
+          }
+        }
       }
       for (int64_t r = 0; r < rows; ++r) {
-        float* c = C + (m - r0 + r) * ldc + n;
+        float* c = C + (first - r0 + r) * ldc + n;
+        const float* sums = block + r * per_row * kCols;
         for (int64_t v = 0; v < cols; v += 16) {
-          detail::store_or_add(c + v, _mm512_load_ps(block + r * kCols + v), accumulate,
-                               detail::tail_mask(cols - v));
+          __m512 sum = _mm512_load_ps(sums + v);
+          if (!split) sum = _mm512_add_ps(sum, _mm512_load_ps(sums + kCols + v));
+          detail::store_or_add(c + v, sum, accumulate, detail::tail_mask(cols - v));
         }
       }
     }
@@ -742,17 +788,19 @@ void layer_forward(const RecurrentForwardParams& p) {
 #else
   constexpr bool kPairs = false;
 #endif
-  // On AMX machines the product runs on AMX tiles (gemm_pairs_amx) from two rows up (one row
-  // fills a sixteenth of each tile; the dot products keep it): the states row-major, hi then
-  // lo, and K2 in whole 16-pair-row tiles on both sides.
+  // On AMX machines the product runs on AMX tiles (gemm_pairs_amx): the states row-major, K2
+  // in whole 16-pair-row tiles on both sides; up to 8 rows with each row's hi and lo words in
+  // consecutive tile rows, more with all hi rows, then all lo rows (PairRows).
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  const bool amx = kPairs && amx_bf16_usable() && B >= 2;
+  const bool amx = kPairs && amx_bf16_usable();
+  const PairRows pair_rows = B <= 8 ? PairRows::interleaved : PairRows::split;
 #else
   constexpr bool amx = false;
 #endif
   const int64_t K2 = amx ? ((P + 1) / 2 + 15) / 16 * 16 : (P + 1) / 2;
   const int64_t KA = kPairs ? 2 * K2 : P, KB = kPairs ? K2 : P;  // A / B words (floats) per k
-  // Rows of the AMX states: a 16-row tile read from any row below B.
+  // Rows of the AMX states (KA words each): a 16-row tile read from any row below B (2 B tile
+  // rows of K2 words when interleaved, which fit).
   const int64_t SA = (B + 15) / 16 * 16 + 16;
 
   // W_hh^T (P x G1 H, blocked gate columns), W_hn^T (reset-before GRU) and W_hr^T (H x P)
@@ -802,13 +850,18 @@ void layer_forward(const RecurrentForwardParams& p) {
       uint32_t hi[kUB / 2], lo[kUB / 2];
       for (int64_t k = 0; k < n; k += kUB) {  // split and paired, then one word per pair
         const int64_t nk = std::min(kUB, n - k);
-        split_pair_words(h + k, nk, hi, lo);
-        if (amx) {
-          uint32_t* dst = reinterpret_cast<uint32_t*>(strips_) + j * K2 + (k0 + k) / 2;
-          std::copy(hi, hi + (nk + 1) / 2, dst);
-          std::copy(lo, lo + (nk + 1) / 2, dst + SA * K2);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+        if (amx) {  // straight into the row: a copy through hi and lo compiled to rep movsq
+          uint32_t* dst = reinterpret_cast<uint32_t*>(strips_) + (k0 + k) / 2;
+          if (pair_rows == PairRows::interleaved) {
+            split_pair_words(h + k, nk, dst + 2 * j * K2, dst + (2 * j + 1) * K2);
+          } else {
+            split_pair_words(h + k, nk, dst + j * K2, dst + (SA + j) * K2);
+          }
           continue;
         }
+#endif
+        split_pair_words(h + k, nk, hi, lo);
         uint32_t* dst = reinterpret_cast<uint32_t*>(strips_) +
                         ((j / kStrip) * K2 + (k0 + k) / 2) * 2 * kStrip + j % kStrip;
         for (int64_t w = 0; w < (nk + 1) / 2; ++w) {
@@ -835,8 +888,8 @@ void layer_forward(const RecurrentForwardParams& p) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
       if (amx) {
         return gemm_pairs_amx(
-            r0, r1, c0, N, K2, reinterpret_cast<const uint32_t*>(h_strips(d, s & 1)), SA * K2,
-            reinterpret_cast<const uint32_t*>(w_pk + d * w_size), out, ldc, accumulate);
+            pair_rows, r0, r1, c0, N, K2, reinterpret_cast<const uint32_t*>(h_strips(d, s & 1)),
+            SA * K2, reinterpret_cast<const uint32_t*>(w_pk + d * w_size), out, ldc, accumulate);
       }
 #endif
       return gemm_pairs(r0, r1, c0, N, K2, reinterpret_cast<const uint32_t*>(h_strips(d, s & 1)),
