@@ -84,4 +84,29 @@ void matmul_bf16_into(Tensor out, const Tensor& a, const Tensor& w, const Tensor
   avx512bf16::gemm_large_bf16(p);
 }
 
+bool amx_products() { return bf16_products() && avx512bf16::amx_products(); }
+
+void matmul_split_bf16_into(Tensor out, const Tensor& a, const Tensor& w, bool accumulate) {
+  FASTATTN_CHECK(amx_products() && a.scalar_type() == kFloat && w.scalar_type() == kBFloat16 &&
+                     out.scalar_type() == kFloat && a.stride(1) == 1 && w.stride(1) == 1 &&
+                     out.stride(1) == 1,
+                 "matmul_split_bf16_into",
+                 "needs AMX-BF16, a float a and a bfloat16 w with unit column strides and a "
+                 "float output");
+  GemmBf16Params p{a.size(0),
+                   out.size(1),
+                   a.size(1),
+                   nullptr,
+                   a.stride(0),
+                   static_cast<const uint16_t*>(w.data_ptr()),
+                   w.stride(0),
+                   nullptr,
+                   out.data_ptr<float>(),
+                   out.stride(0),
+                   nullptr,
+                   accumulate,
+                   a.data_ptr<float>()};
+  avx512bf16::gemm_large_bf16(p);
+}
+
 }  // namespace fastattn::cpu

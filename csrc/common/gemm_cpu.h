@@ -31,4 +31,14 @@ bool bf16_products();
 void matmul_bf16_into(Tensor out, const Tensor& a, const Tensor& w, const Tensor& bias,
                       bool accumulate, const Tensor& w_rows = Tensor());
 
+// Whether bfloat16 products run on AMX tiles here (bf16_products() on a CPU with AMX-BF16,
+// not capped below it by FASTATTN_CPU_ISA).
+bool amx_products();
+
+// out (+)= a @ w^T for float a (M x K, unit column stride), each element split into two
+// bfloat16 parts (hi = bf16(a), lo = bf16(a - hi): a to 2^-18 of |a|), and bfloat16 w (N rows
+// of K, unit column stride), summed in float on AMX tiles: twice the products of a bfloat16 a.
+// Only where amx_products().
+void matmul_split_bf16_into(Tensor out, const Tensor& a, const Tensor& w, bool accumulate);
+
 }  // namespace fastattn::cpu

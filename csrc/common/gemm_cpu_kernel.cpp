@@ -346,15 +346,20 @@ namespace {
 // One 32 x 32 block of C (out, row stride 32) = A B on AMX tiles over K2 pair rows: A's two
 // 16-row tiles in the tile-major copy of gemm_large_bf16_amx (each 16 x 32 bfloat16 tile a
 // contiguous kilobyte, the tiles of a row block in k order, a1 the second row block's), B's two
-// 16-column slices in one of gemm_large_bf16's panels (pair rows of 32 words).
+// 16-column slices in one of gemm_large_bf16's panels (pair rows of 32 words). With `split`, the
+// row blocks hold the hi tiles, then the lo tiles, and both pass over B.
 inline void amx_block_32x32(int64_t K2, const uint16_t* a0, const uint16_t* a1, const uint32_t* b,
-                            float* out) {
+                            float* out, bool split) {
   constexpr int64_t kTileBytes = 64, kPanelBytes = kPairPanel * 4;
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
   amx_block_products(K2 / 16, a0, a1, 512, kTileBytes, b, 16 * kPairPanel, kPanelBytes);
+  if (split) {
+    const int64_t lo = K2 / 16 * 512;
+    amx_block_products(K2 / 16, a0 + lo, a1 + lo, 512, kTileBytes, b, 16 * kPairPanel, kPanelBytes);
+  }
   _tile_stored(0, out, 32 * 4);
   _tile_stored(1, out + 16, 32 * 4);
   _tile_stored(2, out + 16 * 32, 32 * 4);
@@ -378,20 +383,37 @@ void gemm_large_bf16_amx(const GemmBf16Params& p) {
   });
   const int64_t m_blocks = (p.M + kBlockRows - 1) / kBlockRows;
   const int64_t groups = (n_panels + kGroupPanels - 1) / kGroupPanels;
+  const bool split = p.A_split != nullptr;
+  const int64_t row_tiles = (split ? 2 : 1) * k_tiles;  // tiles per 16-row block of the copy
   parallel_or_serial(serial, 0, m_blocks * groups, 1, [&](int64_t begin, int64_t end) {
     AmxTileScope tile_scope;
-    std::vector<uint16_t> Ap(kBlockRows * Kp);
+    std::vector<uint16_t> Ap(kBlockRows * row_tiles * 32);
     alignas(64) float block[kTile * kTile];
     for (int64_t task = begin; task < end; ++task) {
       const int64_t m0 = (task / groups) * kBlockRows, mb = std::min(kBlockRows, p.M - m0);
       const int64_t pn0 = (task % groups) * kGroupPanels;
       const int64_t pn1 = std::min(n_panels, pn0 + kGroupPanels);
-      // Row r, columns [32 kt, 32 kt + 32) at tile (r / 16, kt), row r % 16 of it.
+      // Row r, columns [32 kt, 32 kt + 32) at tile (r / 16, kt), row r % 16 of it (split: the
+      // hi parts there, the lo parts k_tiles tiles on).
       for (int64_t r = 0; r < kBlockRows; ++r) {
-        const uint16_t* src = p.A + (m0 + r) * p.lda;
         for (int64_t kt = 0; kt < k_tiles; ++kt) {
-          uint16_t* dst = Ap.data() + ((r / 16) * k_tiles + kt) * 512 + (r % 16) * 32;
+          uint16_t* dst = Ap.data() + ((r / 16) * row_tiles + kt) * 512 + (r % 16) * 32;
           const int64_t copied = r < mb ? std::clamp<int64_t>(p.K - kt * 32, 0, 32) : 0;
+          if (split) {
+            const float* src = p.A_split + (m0 + r) * p.lda + kt * 32;
+            const __m512 x0 = _mm512_maskz_loadu_ps(detail::tail_mask(copied), src);
+            const __m512 x1 = _mm512_maskz_loadu_ps(detail::tail_mask(copied - 16), src + 16);
+            const __m256bh h0 = _mm512_cvtneps_pbh(x0), h1 = _mm512_cvtneps_pbh(x1);
+            const __m512 f0 = _mm512_cvtpbh_ps(h0), f1 = _mm512_cvtpbh_ps(h1);
+            // lo = 0 where hi is exact (infinities among them: inf - inf would be NaN)
+            const __m512 lo0 = _mm512_maskz_sub_ps(_mm512_cmp_ps_mask(x0, f0, _CMP_NEQ_UQ), x0, f0);
+            const __m512 lo1 = _mm512_maskz_sub_ps(_mm512_cmp_ps_mask(x1, f1, _CMP_NEQ_UQ), x1, f1);
+            _mm512_storeu_si512(
+                dst, _mm512_inserti64x4(_mm512_castsi256_si512((__m256i)h0), (__m256i)h1, 1));
+            _mm512_storeu_si512(dst + k_tiles * 512, (__m512i)_mm512_cvtne2ps_pbh(lo1, lo0));
+            continue;
+          }
+          const uint16_t* src = p.A + (m0 + r) * p.lda;
           const __mmask32 mask = copied == 32 ? ~0u : (1u << copied) - 1u;
           _mm512_storeu_si512(dst, _mm512_maskz_loadu_epi16(mask, src + kt * 32));
         }
@@ -399,11 +421,11 @@ void gemm_large_bf16_amx(const GemmBf16Params& p) {
       const int64_t mb_tiles = (mb + kTile - 1) / kTile * kTile;
       // 32 rows of A (32 KB at K = 512) stay in L1 while the group's panels stream from L2.
       for (int64_t m = 0; m < mb_tiles; m += kTile) {
-        const uint16_t* a0 = Ap.data() + (m / 16) * k_tiles * 512;
+        const uint16_t* a0 = Ap.data() + (m / 16) * row_tiles * 512;
         for (int64_t pn = pn0; pn < pn1; ++pn) {
           const int64_t n = pn * kPairPanel, N = std::min(kPairPanel, p.N - n);
           const __mmask16 mask0 = detail::tail_mask(N), mask1 = detail::tail_mask(N - 16);
-          amx_block_32x32(K2, a0, a0 + k_tiles * 512, Bp + pn * kPairPanel * K2, block);
+          amx_block_32x32(K2, a0, a0 + row_tiles * 512, Bp + pn * kPairPanel * K2, block, split);
           for (int64_t r = 0; r < std::min(kTile, mb - m); ++r) {
             float* c = p.C + (m0 + m + r) * p.ldc + n;
             __m512 v0 = _mm512_load_ps(block + r * kTile);
@@ -430,6 +452,14 @@ void gemm_large_bf16_amx(const GemmBf16Params& p) {
 // panels: it packs its rows (a copy per group; cheap beside the products) and sweeps each panel
 // (32 KB at K = 512: in L1 or L2) over its strips. The whole K in one pass: the float sums
 // round once per product (no K chunks, unlike the float driver, whose panels are twice as big).
+bool amx_products() {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  return amx_bf16_usable();
+#else
+  return false;
+#endif
+}
+
 void gemm_large_bf16(const GemmBf16Params& p) {
   if (p.M <= 0 || p.N <= 0) return;
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)

@@ -34,7 +34,10 @@ struct GemmParams {
 // accumulate) from bfloat16 operands (bits as uint16), summed in float by AVX512-BF16 dot
 // products: A(m, k) = A[m * lda + k], and column n of the product reads row w_rows[n] (or n)
 // of the row-major weight W (N' x K, leading dimension ldw). The input projection of a
-// bfloat16 recurrent layer; only the avx512bf16 copy has it.
+// bfloat16 recurrent layer; only the avx512bf16 copy has it. With A_split (AMX only: see
+// amx_products), A is float instead, A(m, k) = A_split[m * lda + k], each element split into
+// two bfloat16 parts, hi = bf16(a) and lo = bf16(a - hi) (a to 2^-18 of |a|), both multiplying
+// W: the input gradient of a bfloat16 layer (float gate gradients, bfloat16 W_ih).
 struct GemmBf16Params {
   int64_t M, N, K;
   const uint16_t* A;
@@ -46,11 +49,14 @@ struct GemmBf16Params {
   int64_t ldc;
   const float* bias;  // (N,) or nullptr
   bool accumulate;
+  const float* A_split = nullptr;  // float A (then A is unused), or nullptr
 };
 
 namespace avx512bf16 {
 void gemm_large_bf16(const GemmBf16Params&);
-}
+// Whether gemm_large_bf16 runs on AMX tiles here (and so takes A_split).
+bool amx_products();
+}  // namespace avx512bf16
 
 FASTATTN_DECLARE_GEMM_KERNELS(avx512bf16)
 FASTATTN_DECLARE_GEMM_KERNELS(avx512)

@@ -405,10 +405,17 @@ LayerGrads layer_backward_cpu(RecurrentCell cell, const LayerDims& d, const Tens
   }
   // Input gradient: one GEMM (both directions summed), scattered back with the dropout mask.
   if (input_grad && input.numel() > 0) {
-    const Tensor w = w_ih.to(acc);
     Tensor dx = scratch(kInputGrad, {total, d.I}, acc_opts);
+    // bfloat16 layers on AMX: the float gate gradients split in two bfloat16 parts against
+    // W_ih in bfloat16 (exact), twice the products at the tiles' rate (docs/design/cpu_kernels.md).
+    const bool split = input.scalar_type() == kBFloat16 && cpu::amx_products();
+    const Tensor w = split ? w_ih.transpose(1, 2).contiguous() : w_ih.to(acc);
     for (int64_t dir = 0; dir < d.D; ++dir) {
-      cpu::matmul_into(dx, dgates[dir], w[dir], Tensor(), dir > 0);
+      if (split) {
+        cpu::matmul_split_bf16_into(dx, dgates[dir], w[dir], dir > 0);
+      } else {
+        cpu::matmul_into(dx, dgates[dir], w[dir], Tensor(), dir > 0);
+      }
     }
     auto [s, stream] = read_seed(seed, dropout_p);
     cpu::RecurrentScatterParams sp{
