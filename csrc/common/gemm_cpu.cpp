@@ -87,9 +87,11 @@ void matmul_bf16_into(Tensor out, const Tensor& a, const Tensor& w, const Tensor
 bool amx_products() { return bf16_products() && avx512bf16::amx_products(); }
 
 void matmul_split_bf16_into(Tensor out, const Tensor& a, const Tensor& w, bool accumulate) {
+  // A column of one element has any stride (contiguous() keeps such views as they are).
+  auto unit_columns = [](const Tensor& t) { return t.size(1) == 1 || t.stride(1) == 1; };
   FASTATTN_CHECK(amx_products() && a.scalar_type() == kFloat && w.scalar_type() == kBFloat16 &&
-                     out.scalar_type() == kFloat && a.stride(1) == 1 && w.stride(1) == 1 &&
-                     out.stride(1) == 1,
+                     out.scalar_type() == kFloat && unit_columns(a) && unit_columns(w) &&
+                     unit_columns(out),
                  "matmul_split_bf16_into",
                  "needs AMX-BF16, a float a and a bfloat16 w with unit column strides and a "
                  "float output");
