@@ -8,8 +8,8 @@ TABLE = {
         "isa": "avx512bf16",
         "threads": "2-4"
     },
-    "measured": "2026-12-07, cpu: Intel(R) Xeon(R) Processor, avx512bf16+amx, 2 threads, torch 2.14.1+cu130",
-    "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv; benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv; benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv",
+    "measured": "2026-12-08, cpu: Intel(R) Xeon(R) Processor, avx512bf16+amx, 2 threads, torch 2.14.1+cu130",
+    "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-bf16/bench.csv; benchmarks/results/cpu-xeon-amx-2026-12-07/bench.csv; benchmarks/results/cpu-xeon-amx-2026-12-08-recurrent/bench.csv",
     "entries": [
         {
             "op": "add_sinusoidal",
@@ -514,9 +514,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.347,
+            "ratio": 0.399,
             "cases": 2,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-08-recurrent/bench.csv"
         },
         {
             "op": "gru",
@@ -527,9 +527,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.447,
+            "ratio": 0.473,
             "cases": 2,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-08-recurrent/bench.csv"
         },
         {
             "op": "gru",
@@ -539,10 +539,10 @@ TABLE = {
             "features": "bidirectional+lengths+multilayer",
             "pass": "fwd",
             "kernel": "cpu",
-            "faster": "kernel",
-            "ratio": 0.824,
+            "faster": "torch",
+            "ratio": 1.05,
             "cases": 1,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-08-recurrent/bench.csv"
         },
         {
             "op": "gru",
@@ -553,9 +553,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.358,
+            "ratio": 0.413,
             "cases": 1,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-08-recurrent/bench.csv"
         },
         {
             "op": "gru",
@@ -566,9 +566,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.596,
+            "ratio": 0.717,
             "cases": 3,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-08-recurrent/bench.csv"
         },
         {
             "op": "gru",
@@ -579,9 +579,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.365,
+            "ratio": 0.415,
             "cases": 3,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-08-recurrent/bench.csv"
         },
         {
             "op": "lstm",
@@ -592,9 +592,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.382,
+            "ratio": 0.397,
             "cases": 2,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-08-recurrent/bench.csv"
         },
         {
             "op": "lstm",
@@ -605,9 +605,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.679,
+            "ratio": 0.632,
             "cases": 2,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-08-recurrent/bench.csv"
         },
         {
             "op": "lstm",
@@ -618,9 +618,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.78,
+            "ratio": 0.921,
             "cases": 1,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-08-recurrent/bench.csv"
         },
         {
             "op": "lstm",
@@ -631,9 +631,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.874,
+            "ratio": 0.897,
             "cases": 1,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-08-recurrent/bench.csv"
         },
         {
             "op": "lstm",
@@ -643,10 +643,10 @@ TABLE = {
             "features": "bidirectional+multilayer",
             "pass": "fwd",
             "kernel": "cpu",
-            "faster": "kernel",
-            "ratio": 0.992,
+            "faster": "torch",
+            "ratio": 1.014,
             "cases": 1,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-08-recurrent/bench.csv"
         },
         {
             "op": "lstm",
@@ -657,9 +657,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.887,
+            "ratio": 0.869,
             "cases": 1,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-08-recurrent/bench.csv"
         },
         {
             "op": "lstm",
@@ -670,9 +670,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.622,
+            "ratio": 0.657,
             "cases": 1,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-08-recurrent/bench.csv"
         },
         {
             "op": "lstm",
@@ -683,9 +683,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.144,
+            "ratio": 0.131,
             "cases": 1,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-08-recurrent/bench.csv"
         },
         {
             "op": "lstm",
@@ -696,9 +696,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.809,
+            "ratio": 0.826,
             "cases": 4,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-08-recurrent/bench.csv"
         },
         {
             "op": "lstm",
@@ -709,9 +709,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.7,
+            "ratio": 0.764,
             "cases": 3,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-08-recurrent/bench.csv"
         },
         {
             "op": "rnn",
@@ -722,9 +722,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.416,
+            "ratio": 0.445,
             "cases": 2,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-08-recurrent/bench.csv"
         },
         {
             "op": "rnn",
@@ -735,9 +735,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.46,
+            "ratio": 0.573,
             "cases": 2,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-08-recurrent/bench.csv"
         },
         {
             "op": "rnn",
@@ -748,9 +748,9 @@ TABLE = {
             "pass": "fwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.749,
+            "ratio": 0.882,
             "cases": 3,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-08-recurrent/bench.csv"
         },
         {
             "op": "rnn",
@@ -761,9 +761,9 @@ TABLE = {
             "pass": "fwd+bwd",
             "kernel": "cpu",
             "faster": "kernel",
-            "ratio": 0.434,
+            "ratio": 0.546,
             "cases": 3,
-            "source": "benchmarks/results/cpu-xeon-amx-2026-12-07-recurrent-amx/bench.csv"
+            "source": "benchmarks/results/cpu-xeon-amx-2026-12-08-recurrent/bench.csv"
         }
     ]
 }
