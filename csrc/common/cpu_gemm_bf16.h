@@ -243,18 +243,25 @@ inline void pair_columns_transposed(const uint16_t* X, int64_t ld, int64_t rows,
 }
 
 // n <= 32 floats split into bfloat16 hi = bf16(x) and lo = bf16(x - hi) (lo = 0 where x == hi:
-// infinities stay infinite), as pair words hi_words[w], lo_words[w], w < (n + 1) / 2.
-inline void split_pair_words(const float* x, int64_t n, uint32_t* hi_words, uint32_t* lo_words) {
-  const __mmask16 m0 = detail::tail_mask(n), m1 = detail::tail_mask(n - 16);
-  const __m512 x0 = _mm512_maskz_loadu_ps(m0, x), x1 = _mm512_maskz_loadu_ps(m1, x + 16);
+// infinities stay infinite), each as 32 bfloat16 in order (zero past n).
+inline void split_bf16(const float* x, int64_t n, __m512i& hi, __m512i& lo) {
+  const __m512 x0 = _mm512_maskz_loadu_ps(detail::tail_mask(n), x);
+  const __m512 x1 = _mm512_maskz_loadu_ps(detail::tail_mask(n - 16), x + 16);
   const __m256bh h0 = _mm512_cvtneps_pbh(x0), h1 = _mm512_cvtneps_pbh(x1);
   const __m512 f0 = _mm512_cvtpbh_ps(h0), f1 = _mm512_cvtpbh_ps(h1);
   const __m512 r0 = _mm512_maskz_sub_ps(_mm512_cmp_ps_mask(x0, f0, _CMP_NEQ_UQ), x0, f0);
   const __m512 r1 = _mm512_maskz_sub_ps(_mm512_cmp_ps_mask(x1, f1, _CMP_NEQ_UQ), x1, f1);
+  hi = _mm512_inserti64x4(_mm512_castsi256_si512((__m256i)h0), (__m256i)h1, 1);
+  lo = (__m512i)_mm512_cvtne2ps_pbh(r1, r0);
+}
+
+// split_bf16 as pair words hi_words[w], lo_words[w], w < (n + 1) / 2.
+inline void split_pair_words(const float* x, int64_t n, uint32_t* hi_words, uint32_t* lo_words) {
+  __m512i hi, lo;
+  split_bf16(x, n, hi, lo);
   const __mmask16 words = detail::tail_mask((n + 1) / 2);
-  _mm512_mask_storeu_epi32(hi_words, words,
-                           _mm512_inserti64x4(_mm512_castsi256_si512((__m256i)h0), (__m256i)h1, 1));
-  _mm512_mask_storeu_epi32(lo_words, words, (__m512i)_mm512_cvtne2ps_pbh(r1, r0));
+  _mm512_mask_storeu_epi32(hi_words, words, hi);
+  _mm512_mask_storeu_epi32(lo_words, words, lo);
 }
 
 // sum_k a[k] * b[k] of two bfloat16 vectors (bits as uint16), in float: 32 products per dot

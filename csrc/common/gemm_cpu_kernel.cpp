@@ -399,18 +399,11 @@ void gemm_large_bf16_amx(const GemmBf16Params& p) {
         for (int64_t kt = 0; kt < k_tiles; ++kt) {
           uint16_t* dst = Ap.data() + ((r / 16) * row_tiles + kt) * 512 + (r % 16) * 32;
           const int64_t copied = r < mb ? std::clamp<int64_t>(p.K - kt * 32, 0, 32) : 0;
-          if (split) {
-            const float* src = p.A_split + (m0 + r) * p.lda + kt * 32;
-            const __m512 x0 = _mm512_maskz_loadu_ps(detail::tail_mask(copied), src);
-            const __m512 x1 = _mm512_maskz_loadu_ps(detail::tail_mask(copied - 16), src + 16);
-            const __m256bh h0 = _mm512_cvtneps_pbh(x0), h1 = _mm512_cvtneps_pbh(x1);
-            const __m512 f0 = _mm512_cvtpbh_ps(h0), f1 = _mm512_cvtpbh_ps(h1);
-            // lo = 0 where hi is exact (infinities among them: inf - inf would be NaN)
-            const __m512 lo0 = _mm512_maskz_sub_ps(_mm512_cmp_ps_mask(x0, f0, _CMP_NEQ_UQ), x0, f0);
-            const __m512 lo1 = _mm512_maskz_sub_ps(_mm512_cmp_ps_mask(x1, f1, _CMP_NEQ_UQ), x1, f1);
-            _mm512_storeu_si512(
-                dst, _mm512_inserti64x4(_mm512_castsi256_si512((__m256i)h0), (__m256i)h1, 1));
-            _mm512_storeu_si512(dst + k_tiles * 512, (__m512i)_mm512_cvtne2ps_pbh(lo1, lo0));
+          if (split) {  // whole tile rows stored: zeros past K and below M
+            __m512i hi, lo;
+            split_bf16(p.A_split + (m0 + r) * p.lda + kt * 32, copied, hi, lo);
+            _mm512_storeu_si512(dst, hi);
+            _mm512_storeu_si512(dst + k_tiles * 512, lo);
             continue;
           }
           const uint16_t* src = p.A + (m0 + r) * p.lda;
@@ -447,11 +440,6 @@ void gemm_large_bf16_amx(const GemmBf16Params& p) {
 #endif
 
 #if defined(__AVX512BF16__)
-// Rows of A in strips of kGemmRowsVec (8, gemm_bf16's row block), K2 x 8 pair words each;
-// W^T in panels of kPairPanel columns, K2 x 32 words. A task is a block of rows and a group of
-// panels: it packs its rows (a copy per group; cheap beside the products) and sweeps each panel
-// (32 KB at K = 512: in L1 or L2) over its strips. The whole K in one pass: the float sums
-// round once per product (no K chunks, unlike the float driver, whose panels are twice as big).
 bool amx_products() {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   return amx_bf16_usable();
@@ -460,6 +448,11 @@ bool amx_products() {
 #endif
 }
 
+// Rows of A in strips of kGemmRowsVec (8, gemm_bf16's row block), K2 x 8 pair words each;
+// W^T in panels of kPairPanel columns, K2 x 32 words. A task is a block of rows and a group of
+// panels: it packs its rows (a copy per group; cheap beside the products) and sweeps each panel
+// (32 KB at K = 512: in L1 or L2) over its strips. The whole K in one pass: the float sums
+// round once per product (no K chunks, unlike the float driver, whose panels are twice as big).
 void gemm_large_bf16(const GemmBf16Params& p) {
   if (p.M <= 0 || p.N <= 0) return;
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
